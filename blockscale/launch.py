@@ -109,3 +109,49 @@ class Launch:
     kernel: KernelBinary
     grid: tuple[int, int, int]
     bindings: dict[str, Any]
+
+
+def save_kernel(directory: str, key: str, kernel: KernelBinary) -> None:
+    """Write ``kernel`` into a bundle directory as ``<key>.json`` + ``<key>.<binary_kind>``.
+
+    Both files are written atomically (temporary file + rename), binary first, so a reader
+    that finds the JSON also finds a complete binary.
+    """
+    import hashlib
+    import os
+    import tempfile
+
+    os.makedirs(directory, exist_ok=True)
+    meta = kernel.to_json()
+    meta["sha256"] = hashlib.sha256(kernel.binary).hexdigest()
+    for suffix, data in ((kernel.binary_kind, kernel.binary),
+                         ("json", json.dumps(meta, sort_keys=True).encode())):
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{key}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, os.path.join(directory, f"{key}.{suffix}"))
+
+
+def load_kernel(directory: str, key: str) -> KernelBinary | None:
+    """Read a kernel saved by :func:`save_kernel`; None when absent.
+
+    Raises ValueError when the binary does not match the checksum recorded in the JSON.
+    """
+    import hashlib
+    import os
+
+    meta_path = os.path.join(directory, f"{key}.json")
+    if not os.path.exists(meta_path):
+        return None
+    with open(meta_path, encoding="utf-8") as f:
+        meta = json.load(f)
+    bin_path = os.path.join(directory, f"{key}.{meta['binary_kind']}")
+    try:
+        with open(bin_path, "rb") as f:
+            binary = f.read()
+    except FileNotFoundError:
+        return None
+    if hashlib.sha256(binary).hexdigest() != meta.get("sha256"):
+        raise ValueError(f"kernel bundle entry {bin_path}: checksum mismatch (corrupted); "
+                         "delete it and rebuild")
+    return KernelBinary.from_json(meta, binary)
