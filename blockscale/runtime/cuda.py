@@ -1,0 +1,304 @@
+"""CUDA driver runtime on cuda-python (``cuda.bindings.driver``).
+
+The driver is loaded on first use, never at import. A :class:`CudaDevice` retains the GPU's
+primary context (the one torch and CuPy use, so pointers are shared), loads cubins with
+``cuModuleLoadData``, raises the dynamic shared memory limit of kernels that need more than
+48 KiB, and launches with ``cuLaunchKernel`` from a parameter block laid out once per kernel
+(:class:`~blockscale.runtime.device.ArgPack`). Every driver call goes through :func:`check`,
+which raises :class:`CudaError` with the CUDA error name and, for launches, the kernel name.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from blockscale.launch import KernelBinary
+from blockscale.runtime.arrays import DeviceArray
+from blockscale.runtime.device import GpuDevice, cubin_runs_on
+
+__all__ = ["CudaDevice", "CudaError", "Event", "Stream", "check", "cuda_unavailable_reason"]
+
+#: Dynamic shared memory a kernel may use without opting in.
+DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
+
+
+class CudaError(RuntimeError):
+    """A failed CUDA driver call: ``error_name`` (e.g. CUDA_ERROR_INVALID_VALUE), ``kernel``."""
+
+    def __init__(self, message: str, error_name: str, kernel: str | None = None):
+        super().__init__(message)
+        self.error_name = error_name
+        self.kernel = kernel
+
+
+@functools.cache
+def _driver() -> Any:
+    from cuda.bindings import driver
+
+    return driver
+
+
+def _error_text(err: Any) -> tuple[str, str]:
+    drv = _driver()
+    try:
+        e1, name = drv.cuGetErrorName(err)
+        e2, desc = drv.cuGetErrorString(err)
+        return (name.decode() if int(e1) == 0 else str(err),
+                desc.decode() if int(e2) == 0 else "")
+    except Exception:  # the driver may be unusable
+        return str(getattr(err, "name", err)), ""
+
+
+def check(result: Any, what: str = "", kernel: str | None = None) -> Any:
+    """Unpack a cuda-python ``(err, *values)`` result: None, the value, or a tuple of values.
+
+    Raises :class:`CudaError` naming the CUDA error, the call (``what``) and the kernel.
+    """
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        name, desc = _error_text(err)
+        where = f" (kernel {kernel!r})" if kernel else ""
+        raise CudaError(f"{what or 'CUDA call'} failed{where}: {name}: {desc}", name, kernel)
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+@functools.cache
+def cuda_unavailable_reason() -> str | None:
+    """None when a CUDA GPU can be used, else why not (no cuda-python, no libcuda, no GPU)."""
+    try:
+        drv = _driver()
+    except Exception as e:
+        return f"cuda-python is not importable ({type(e).__name__}: {e})"
+    try:
+        check(drv.cuInit(0), "cuInit")
+        count = check(drv.cuDeviceGetCount(), "cuDeviceGetCount")
+    except CudaError as e:
+        return str(e)
+    except Exception as e:  # DynamicLibNotFoundError / RuntimeError without libcuda
+        return f"the CUDA driver (libcuda) cannot be loaded: {type(e).__name__}: {e}"
+    return None if count > 0 else "the CUDA driver reports no GPU"
+
+
+class Stream:
+    """A CUDA stream owned by us (``handle`` is what launches take)."""
+
+    def __init__(self, device: "CudaDevice", non_blocking: bool = True):
+        drv = _driver()
+        device.activate()
+        flags = drv.CUstream_flags.CU_STREAM_NON_BLOCKING if non_blocking else 0
+        self._stream = check(drv.cuStreamCreate(flags), "cuStreamCreate")
+        self.handle = int(self._stream)
+        self.device = device
+
+    def synchronize(self) -> None:
+        self.device.stream_synchronize(self.handle)
+
+    def __del__(self) -> None:
+        try:
+            _driver().cuStreamDestroy(self._stream)
+        except Exception:
+            pass
+
+
+class Event:
+    """A CUDA event for timing: ``record(stream)``, then ``elapsed_ms(end)``."""
+
+    def __init__(self, device: "CudaDevice"):
+        drv = _driver()
+        device.activate()
+        self._event = check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DEFAULT),
+                            "cuEventCreate")
+        self.device = device
+
+    def record(self, stream: Any = None) -> "Event":
+        check(_driver().cuEventRecord(self._event, self.device.resolve_stream(stream)),
+              "cuEventRecord")
+        return self
+
+    def synchronize(self) -> None:
+        check(_driver().cuEventSynchronize(self._event), "cuEventSynchronize")
+
+    def elapsed_ms(self, end: "Event") -> float:
+        """Milliseconds from this event to ``end`` (waits for ``end``)."""
+        end.synchronize()
+        return float(check(_driver().cuEventElapsedTime(self._event, end._event),
+                           "cuEventElapsedTime"))
+
+    def __del__(self) -> None:
+        try:
+            _driver().cuEventDestroy(self._event)
+        except Exception:
+            pass
+
+
+class CudaDevice(GpuDevice):
+    """One NVIDIA GPU through the CUDA driver API (primary context)."""
+
+    name = "cuda"
+    binary_kind = "cubin"
+
+    def __init__(self, ordinal: int = 0):
+        super().__init__(ordinal)
+        reason = cuda_unavailable_reason()
+        if reason is not None:
+            raise RuntimeError(f"device 'cuda' is not usable: {reason}")
+        drv = _driver()
+        count = check(drv.cuDeviceGetCount(), "cuDeviceGetCount")
+        if not 0 <= ordinal < count:
+            raise ValueError(f"device: CUDA ordinal must be in [0, {count}), got {ordinal}")
+        self._dev = check(drv.cuDeviceGet(ordinal), "cuDeviceGet")
+        self._ctx = check(drv.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
+        self._local = threading.local()
+        self.activate()
+        attr = drv.CUdevice_attribute
+        get = lambda a: int(check(drv.cuDeviceGetAttribute(a, self._dev),  # noqa: E731
+                                  "cuDeviceGetAttribute"))
+        self.capability = (get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                           get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
+        self.max_dynamic_smem = get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        raw = check(drv.cuDeviceGetName(256, self._dev), "cuDeviceGetName")
+        self.device_name = bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+        self._modules: list[Any] = []
+
+    def describe(self) -> str:
+        major, minor = self.capability
+        return f"cuda:{self.ordinal} {self.device_name} (compute capability {major}.{minor})"
+
+    def activate(self) -> None:
+        """Make the primary context current on this thread (once per thread)."""
+        if getattr(self._local, "active", False):
+            return
+        check(_driver().cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+        self._local.active = True
+
+    # ---- kernels
+    def check_kernel(self, kernel: KernelBinary) -> None:
+        super().check_kernel(kernel)
+        if not cubin_runs_on(kernel.target, self.capability):
+            major, minor = self.capability
+            raise ValueError(f"kernel {kernel.name!r}: built for {kernel.target}, which does "
+                             f"not run on this GPU ({self.device_name}, compute capability "
+                             f"{major}.{minor}); expected a cubin for sm_{major}{minor}")
+        if kernel.dynamic_shared_bytes > self.max_dynamic_smem:
+            raise ValueError(f"kernel {kernel.name!r}: needs {kernel.dynamic_shared_bytes} "
+                             f"bytes of dynamic shared memory, this GPU allows at most "
+                             f"{self.max_dynamic_smem}")
+
+    def _load_function(self, kernel: KernelBinary) -> Any:
+        drv = _driver()
+        self.activate()
+        image = np.frombuffer(kernel.binary, dtype=np.uint8)
+        module = check(drv.cuModuleLoadData(image.ctypes.data), "cuModuleLoadData", kernel.name)
+        self._modules.append(module)
+        function = check(drv.cuModuleGetFunction(module, kernel.name.encode()),
+                         "cuModuleGetFunction", kernel.name)
+        if kernel.dynamic_shared_bytes > DEFAULT_DYNAMIC_SMEM_LIMIT:
+            attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(drv.cuFuncSetAttribute(function, attr, kernel.dynamic_shared_bytes),
+                  "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", kernel.name)
+        return function
+
+    def _launch_raw(self, function: Any, grid: tuple[int, int, int], kernel: KernelBinary,
+                    stream: int, params_address: int) -> None:
+        self.activate()
+        bx, by, bz = kernel.block
+        check(_driver().cuLaunchKernel(function, grid[0], grid[1], grid[2], bx, by, bz,
+                                       kernel.dynamic_shared_bytes, stream, params_address, 0),
+              "cuLaunchKernel", kernel.name)
+
+    def resolve_args(self, kernel: KernelBinary, args: Any) -> Any:
+        for arg, value in zip(kernel.args, args):
+            if arg.kind == "buffer":
+                self._check_memory(value, f"kernel {kernel.name!r} arg {arg.name!r}")
+        return super().resolve_args(kernel, args)
+
+    def _check_memory(self, value: Any, name: str) -> None:
+        """Device arrays of another device, and foreign pointers on another GPU, are errors."""
+        if isinstance(value, DeviceArray):
+            if value.device is not self:
+                raise ValueError(f"{name}: expected memory on {self.name}:{self.ordinal}, got "
+                                 f"an array on {value.device.name}:{value.device.ordinal}")
+            return
+        dev = getattr(value, "device", None)
+        index = getattr(dev, "index", None)  # torch tensors
+        if getattr(dev, "type", None) == "cuda" and index is not None and index != self.ordinal:
+            raise ValueError(f"{name}: expected a tensor on cuda:{self.ordinal}, got {dev}")
+
+    # ---- memory and streams
+    def _malloc(self, nbytes: int) -> int:
+        self.activate()
+        return int(check(_driver().cuMemAlloc(nbytes), f"cuMemAlloc({nbytes} bytes)"))
+
+    def _free(self, ptr: int) -> None:
+        self.activate()
+        check(_driver().cuMemFree(ptr), "cuMemFree")
+
+    def _htod(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        self.activate()
+        check(_driver().cuMemcpyHtoDAsync(dst, src, nbytes, stream), "cuMemcpyHtoDAsync")
+
+    def _dtoh(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        self.activate()
+        check(_driver().cuMemcpyDtoHAsync(dst, src, nbytes, stream), "cuMemcpyDtoHAsync")
+
+    def _memset(self, dst: int, nbytes: int, stream: int) -> None:
+        self.activate()
+        check(_driver().cuMemsetD8Async(dst, 0, nbytes, stream), "cuMemsetD8Async")
+
+    def copy(self, dst: Any, src: Any, stream: Any = None) -> None:
+        """Device-to-device copy of equal-sized buffers."""
+        from blockscale.runtime.arrays import as_device_buffer
+
+        d, s = as_device_buffer(dst, "dst"), as_device_buffer(src, "src")
+        nbytes = int(np.prod(s.shape, dtype=np.int64)) * s.dtype.itemsize
+        dbytes = int(np.prod(d.shape, dtype=np.int64)) * d.dtype.itemsize
+        if nbytes != dbytes:
+            raise ValueError(f"dst: expected {nbytes} bytes like src, got {dbytes}")
+        self.activate()
+        check(_driver().cuMemcpyDtoDAsync(d.ptr, s.ptr, nbytes, self.resolve_stream(stream)),
+              "cuMemcpyDtoDAsync")
+
+    def default_stream(self) -> int:
+        """torch's current stream when torch is already imported and initialized, else 0."""
+        from blockscale.runtime.arrays import torch_current_stream
+
+        torch_stream = torch_current_stream()
+        return 0 if torch_stream is None else torch_stream
+
+    def create_stream(self, non_blocking: bool = True) -> Stream:
+        return Stream(self, non_blocking)
+
+    def create_event(self) -> Event:
+        return Event(self)
+
+    def stream_synchronize(self, stream: int | None) -> None:
+        self.activate()
+        check(_driver().cuStreamSynchronize(self.resolve_stream(stream)), "cuStreamSynchronize")
+
+    def synchronize(self) -> None:
+        self.activate()
+        check(_driver().cuCtxSynchronize(), "cuCtxSynchronize")
+
+    def time_ms(self, fn: Callable[[], Any], *, stream: Any = None, warmup: int = 3,
+                iters: int = 20) -> float:
+        """Mean milliseconds per ``fn()`` call, timed with events on ``stream``.
+
+        ``fn`` must queue its work on ``stream`` (the default: :meth:`default_stream`).
+        """
+        if iters < 1:
+            raise ValueError(f"iters: expected >= 1, got {iters}")
+        handle = self.resolve_stream(stream)
+        for _ in range(warmup):
+            fn()
+        start, end = Event(self), Event(self)
+        start.record(handle)
+        for _ in range(iters):
+            fn()
+        end.record(handle)
+        return start.elapsed_ms(end) / iters

@@ -1,0 +1,84 @@
+"""The numpy interpreter as a :class:`~blockscale.runtime.device.Device`.
+
+Arrays on this device are plain numpy arrays. :meth:`InterpDevice.launch` hands the kernel's
+MLIR (``KernelBinary.mlir``, before target lowering) to
+``blockscale.runtime.interpreter.run_kernel`` with flat 1-D views of the buffers, which the
+interpreter mutates in place. The interpreter, and through it mlir, is imported only here, at
+the first launch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from blockscale.launch import KernelBinary
+from blockscale.runtime.device import (
+    Device, _dtype_by_name, check_arg_count, check_buffer_dtype, check_scalar, normalize_grid,
+)
+
+__all__ = ["InterpDevice"]
+
+
+class InterpDevice(Device):
+    """Runs kernel IR on the CPU with the numpy interpreter (any target, no GPU)."""
+
+    name = "interp"
+    binary_kind = None
+
+    def describe(self) -> str:
+        return "interp (numpy interpreter of kernel MLIR)"
+
+    def check_kernel(self, kernel: KernelBinary) -> None:
+        if not kernel.mlir:
+            raise ValueError(f"kernel {kernel.name!r}: has no MLIR text (KernelBinary.mlir is "
+                             "empty), so the interpreter cannot run it; rebuild the bundle "
+                             "with the kernel's MLIR kept")
+
+    def launch(self, kernel: KernelBinary, grid: Sequence[int], args: Sequence[Any],
+               stream: Any = None) -> None:
+        """Interpret ``kernel`` on ``grid``; buffers are numpy arrays, updated in place.
+        ``stream`` is accepted for interface parity and ignored (execution is synchronous)."""
+        self.check_kernel(kernel)
+        grid3 = normalize_grid(grid, kernel.name)
+        check_arg_count(kernel, args)
+        flat: list[Any] = []
+        for arg, value in zip(kernel.args, args):
+            where = f"kernel {kernel.name!r} arg {arg.name!r}"
+            if arg.kind == "scalar":
+                flat.append(check_scalar(kernel.name, arg, value))
+                continue
+            if not isinstance(value, np.ndarray):
+                raise TypeError(f"{where}: the interpreter takes numpy arrays, got "
+                                f"{type(value).__name__}")
+            if not value.flags.c_contiguous:
+                raise ValueError(f"{where}: expected a C-contiguous array (it is updated in "
+                                 f"place), got strides {value.strides} for shape {value.shape}")
+            check_buffer_dtype(kernel.name, arg, value.dtype)
+            view = value.reshape(-1)
+            want = np.dtype(_dtype_by_name(arg.dtype))
+            flat.append(view if view.dtype == want else view.view(want))
+        from blockscale.runtime.interpreter import run_kernel
+
+        run_kernel(kernel.mlir, kernel.name, grid3, tuple(kernel.block), flat, kernel.target)
+
+    def alloc(self, shape: Sequence[int], dtype: Any, stream: Any = None) -> np.ndarray:
+        return np.empty(tuple(int(n) for n in shape), dtype=np.dtype(dtype))
+
+    def zeros(self, shape: Sequence[int], dtype: Any, stream: Any = None) -> np.ndarray:
+        return np.zeros(tuple(int(n) for n in shape), dtype=np.dtype(dtype))
+
+    def to_device(self, host: np.ndarray, stream: Any = None) -> np.ndarray:
+        if not isinstance(host, np.ndarray):
+            raise TypeError(f"host: expected a numpy.ndarray, got {type(host).__name__}")
+        return np.array(host, order="C", copy=True)
+
+    def to_host(self, array: Any, stream: Any = None) -> np.ndarray:
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"array: the interpreter device holds numpy arrays, got "
+                            f"{type(array).__name__}")
+        return np.array(array, copy=True)
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: the interpreter runs synchronously."""
