@@ -1,0 +1,132 @@
+"""Host-side helpers of the matmul ops: argument checks, device/target choice, launch.
+
+No MLIR here; compiling goes through :mod:`blockscale.ops._core` (kernel key, bundle, cache).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from blockscale.formats import Format
+
+
+def check_choice(value: object, choices: Sequence[str], arg: str) -> None:
+    """ValueError unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{arg} must be one of {list(choices)}, got {value!r}")
+
+
+def target_name(target: object) -> str:
+    """Canonical GPUTarget name (ValueError / TypeError for unknown ones)."""
+    from blockscale.compiler.targets import GPUTarget
+
+    return GPUTarget.parse(target).name  # type: ignore[arg-type]
+
+
+def shape_of(x: object, arg: str, ndim: int) -> tuple[int, ...]:
+    """The shape of an array-like with ``ndim`` dimensions (numpy, DeviceArray, torch)."""
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        raise TypeError(f"{arg} must be an array (numpy or device array), got "
+                        f"{type(x).__name__}")
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != ndim:
+        raise ValueError(f"{arg} must have {ndim} dimensions, got shape {shape}")
+    return shape
+
+
+def _dtype_of(x: object) -> np.dtype | None:
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        return None
+    try:
+        return np.dtype(dt)
+    except TypeError:
+        name = str(dt).replace("torch.", "")
+        aliases = {"float8_e4m3fn": "float8_e4m3fn", "float8_e8m0fnu": "float8_e8m0fnu",
+                   "uint8": "uint8", "bfloat16": "bfloat16", "float32": "float32",
+                   "int32": "int32"}
+        if name in aliases:
+            import ml_dtypes  # noqa: F401  (registers the narrow float names)
+
+            return np.dtype(getattr(ml_dtypes, name, name))
+        return None
+
+
+def check_dtype(x: object, want: np.dtype | str, arg: str, fmt: Format | None = None,
+                also: Sequence[Any] = ()) -> None:
+    """TypeError unless ``x`` has dtype ``want`` (or one of ``also``)."""
+    got = _dtype_of(x)
+    allowed = [np.dtype(want), *(np.dtype(a) for a in also)]
+    if got not in allowed:
+        what = f" for {fmt.name}" if fmt is not None else ""
+        raise TypeError(f"{arg} must have dtype {' or '.join(str(a) for a in allowed)}{what}, "
+                        f"got {got if got is not None else type(x).__name__}")
+
+
+def finite_f32(v: object, arg: str) -> float:
+    """A finite Python float, exactly representable as float32 after rounding."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)):
+        raise TypeError(f"{arg} must be a number, got {type(v).__name__}")
+    f = float(np.float32(v))
+    if not math.isfinite(f):
+        raise ValueError(f"{arg} must be finite (as float32), got {v!r}")
+    return f
+
+
+def check_epilogue_inputs(inputs: Sequence[Any], given: dict[str, Any], m: int, n: int) -> None:
+    """Every declared epilogue input given, with the right shape and dtype; no extras."""
+    names = {i.name for i in inputs}
+    extra = sorted(set(given) - names)
+    if extra:
+        raise ValueError(f"epilogue_inputs has unknown names {extra}; the epilogue declares "
+                         f"{sorted(names)}")
+    for inp in inputs:
+        if inp.name not in given:
+            raise ValueError(f"epilogue_inputs must include {inp.name!r} "
+                             f"({inp.dtype} {inp.shape(m, n)})")
+        arr = given[inp.name]
+        shape = shape_of(arr, f"epilogue_inputs[{inp.name!r}]", len(inp.shape(m, n)))
+        if shape != inp.shape(m, n):
+            raise ValueError(f"epilogue_inputs[{inp.name!r}] must have shape "
+                             f"{inp.shape(m, n)}, got {shape}")
+        check_dtype(arr, _np_dtype(inp.dtype), f"epilogue_inputs[{inp.name!r}]")
+
+
+def _np_dtype(name: str) -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else np.dtype(name)
+
+
+def device_and_target(device: Any, target: str | None) -> tuple[Any, str]:
+    """The runtime Device for ``device`` and the kernel target name (default: the device's,
+    else sm_90a for the interpreter)."""
+    from blockscale.ops import _core
+
+    return _core.device_and_target(device, target)
+
+
+def launch(spec: Any, grid: tuple[int, int, int], out_shape: tuple[int, ...], out_dtype: str,
+           buffers: dict[str, Any], scalars: dict[str, Any], device: Any, *,
+           empty: bool = False) -> Any:
+    """Get ``spec``'s kernel, allocate the output buffer ``c`` and launch on ``device``.
+
+    ``buffers`` maps input arg names to arrays (numpy or device); the result is numpy when
+    every input is numpy, else a device array.
+    """
+    from blockscale.ops import _core
+
+    return _core.launch_op(spec, grid, buffers, scalars, device,
+                           outputs={"c": (out_shape, _np_dtype(out_dtype))}, empty=empty)["c"]
+
+
+def compile_spec(spec: Any, build: Callable[[Any], Any]) -> Any:
+    """The compiled Kernel (all stages) of ``spec``."""
+    from blockscale.ops import _core
+
+    return _core.kernel(spec)

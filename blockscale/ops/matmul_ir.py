@@ -1,0 +1,135 @@
+"""IR building blocks shared by the portable block-scaled matmul kernels.
+
+Imports MLIR: only the ``build`` functions of :mod:`blockscale.ops.matmul` and
+:mod:`blockscale.ops.matmul_grouped` import this module, lazily.
+
+The K loop (:func:`emit_block_scaled_dot`) walks the K-blocks of one (row, column) pair:
+
+* per K-block j it loads and decodes the two block scales once (|E4M3| with the sign bit
+  masked, D3, or E8M0) and forms their exact product;
+* FP4 (NVFP4, MXFP4): it walks the block's bytes, decoding both nibbles of an A byte and of a
+  B byte to *integers* ``2 * e2m1`` in {0, ±1, ±2, ±3, ±4, ±6, ±8, ±12} with a 32-bit lookup
+  constant (``0xC8643210``: nibble i holds the value of code i), multiplies them and sums the
+  block in int32. The block sum is exact (|sum| <= 32 * 144) and so is its product with
+  ``|sA| * |sB| / 4``;
+* MXFP8: it decodes each E4M3 byte to f32 (exact products, fp32 block sum);
+* it adds the block term to the fp32 accumulator (sequential in j).
+
+So the fp32 rounding happens only once per K-block for FP4 (see tests/test_matmul_common.py
+for the bound this gives).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mlir import ir
+from mlir.dialects import arith
+
+from blockscale.compiler import ir as bir
+from blockscale.compiler.arch import convert
+from blockscale.formats import Format
+from blockscale.layouts import SF_ATOM_BYTES, SF_ATOM_KBLOCKS, SF_ATOM_ROWS
+
+Value = ir.Value
+
+#: nibble i (i = E2M1 magnitude code 0..7) holds 2 * e2m1(i): 0,1,2,3,4,6,8,12.
+E2M1_TWICE_LUT = 0xC8643210
+
+
+def tcgen_row_offset(r: Value, kblock_tiles: Value) -> Value:
+    """Byte offset of row ``r``'s scales in the 5-D layout, K-block 0 (index values):
+    ``(r//128) * D1 * 512 + (r%32) * 16 + ((r%128)//32) * 4`` (SEMANTICS §1.3)."""
+    tile = bir.mul(bir.mul(bir.udiv(r, SF_ATOM_ROWS), kblock_tiles), SF_ATOM_BYTES)
+    inner = bir.add(bir.mul(bir.urem(r, 32), 16), bir.mul(bir.udiv(bir.urem(r, 128), 32), 4))
+    return bir.add(tile, inner)
+
+
+def tcgen_kblock_offset(j: Value) -> Value:
+    """Byte offset of K-block ``j`` within a row's 5-D scales: ``(j//4) * 512 + j%4``."""
+    return bir.add(bir.mul(bir.udiv(j, SF_ATOM_KBLOCKS), SF_ATOM_BYTES),
+                   bir.urem(j, SF_ATOM_KBLOCKS))
+
+
+def load_byte_i32(buf: Value, idx: Value) -> Value:
+    """``memref.load`` of an i8 buffer, zero-extended to i32."""
+    return arith.extui(bir.i32(), bir.load(buf, idx))
+
+
+def decode_scale(fmt: Format, byte_i32: Value) -> Value:
+    """Decoded |block scale| as f32: E8M0 (MX) or E4M3 with the sign bit ignored (NVFP4, D3)."""
+    if fmt.is_mx:
+        return convert.e8m0_to_f32(byte_i32)
+    return convert.e4m3_to_f32(bir.bit_and(byte_i32, 0x7F))
+
+
+def _e2m1_twice(code: Value) -> Value:
+    """Unsigned ``2 * |e2m1(code)|`` (i32) of a 4-bit code, via the lookup constant."""
+    shift = bir.shl(bir.bit_and(code, 7), 2)
+    return bir.bit_and(bir.shru(bir.const(E2M1_TWICE_LUT - (1 << 32), bir.i32()), shift), 0xF)
+
+
+def fp4_code_product(ca: Value, cb: Value) -> Value:
+    """``4 * e2m1(ca) * e2m1(cb)`` as a signed i32 (codes in the low 4 bits): exact."""
+    prod = bir.mul(_e2m1_twice(ca), _e2m1_twice(cb))
+    negative = bir.ne(bir.bit_and(arith.xori(ca, cb), 8), 0)
+    return bir.select(negative, bir.sub(0, prod), prod)
+
+
+def fp4x2_byte_dot(a_byte: Value, b_byte: Value) -> Value:
+    """Both nibbles of two FP4x2 bytes (i32, 0..255): ``4 * (a0*b0 + a1*b1)`` as i32."""
+    lo = fp4_code_product(bir.bit_and(a_byte, 0xF), bir.bit_and(b_byte, 0xF))
+    hi = fp4_code_product(bir.shru(a_byte, 4), bir.shru(b_byte, 4))
+    return bir.add(lo, hi)
+
+
+def emit_block_scaled_dot(fmt: Format, *, a: Value, a_row: Value, b: Value, b_row: Value,
+                          sfa: Value, sfa_offset: Callable[[Value], Value], sfb: Value,
+                          sfb_offset: Callable[[Value], Value], k: Value) -> Value:
+    """The fp32 block-scaled dot product of A row and B row over logical K (module docstring).
+
+    Args:
+        a, b: i8 data buffers; ``a_row`` / ``b_row`` the index of the row's first byte.
+        sfa, sfb: i8 scale buffers; ``sfa_offset(j)`` / ``sfb_offset(j)`` give the byte index
+            of the row's scale for K-block ``j`` (index values).
+        k: logical K (index). FP4 needs K even; a partial last block is handled.
+    Returns the f32 accumulator ``sum_j (block dot) * |sA_j| * |sB_j|``.
+    """
+    bs = fmt.block_size
+    f32 = bir.f32()
+    kblocks = bir.ceil_div(k, bs)
+    with bir.for_range(0, kblocks, carry=[bir.const(0.0, f32)]) as jl:
+        j = jl.iv
+        sa = decode_scale(fmt, load_byte_i32(sfa, sfa_offset(j)))
+        sb = decode_scale(fmt, load_byte_i32(sfb, sfb_offset(j)))
+        sab = arith.mulf(sa, sb)  # exact: <= 8 significant bits
+        k0 = bir.mul(j, bs)
+        k1 = bir.umin(bir.add(k0, bs), k)
+        if fmt.is_fp4:
+            with bir.for_range(bir.udiv(k0, 2), bir.udiv(k1, 2),
+                               carry=[bir.const(0, bir.i32())]) as bl:
+                a_byte = load_byte_i32(a, bir.add(a_row, bl.iv))
+                b_byte = load_byte_i32(b, bir.add(b_row, bl.iv))
+                bl.yield_(bir.add(bl.carried[0], fp4x2_byte_dot(a_byte, b_byte)))
+            block = arith.sitofp(f32, bl.results[0])  # exact: |sum| <= 4608
+            # the int sum counts quarters: fold the exact 1/4 into the scale product
+            sab = arith.mulf(sab, bir.const(0.25, f32))
+        else:
+            with bir.for_range(k0, k1, carry=[bir.const(0.0, f32)]) as bl:
+                av = convert.e4m3_to_f32(load_byte_i32(a, bir.add(a_row, bl.iv)))
+                bv = convert.e4m3_to_f32(load_byte_i32(b, bir.add(b_row, bl.iv)))
+                bl.yield_(arith.addf(bl.carried[0], arith.mulf(av, bv)))
+            block = bl.results[0]
+        jl.yield_(arith.addf(jl.carried[0], arith.mulf(block, sab)))
+    return jl.results[0]
+
+
+def store_output(value: Value, c: Value, idx: Value, out_dtype: str) -> None:
+    """Store an f32 ``value`` (or a value already of the output type) to ``c[idx]``; f32 ->
+    bf16 is ``arith.truncf`` (round to nearest even, ``cvt.rn.bf16.f32`` on NVIDIA)."""
+    want = bir.bf16() if out_dtype == "bfloat16" else bir.f32()
+    if value.type != want:
+        if value.type != bir.f32():
+            raise TypeError(f"epilogue must return an f32 or {want} value, got {value.type}")
+        value = arith.truncf(want, value)
+    bir.store(value, c, idx)
