@@ -23,7 +23,7 @@ def _e2m1_oracle(x: np.ndarray) -> np.ndarray:
         a = min(abs(v), 6.0)
         d = np.abs(vals - a)
         best = np.flatnonzero(d == d.min())
-        code = int(best[0] if len(best) == 1 else [c for c in best if c % 2 == 0][0])
+        code = int(best[0] if len(best) == 1 else next(c for c in best if c % 2 == 0))
         out.append(code | (8 if math.copysign(1, v) < 0 else 0))
     return np.array(out, dtype=np.uint8)
 
@@ -48,7 +48,7 @@ def _e4m3_oracle(x: np.ndarray) -> np.ndarray:
         a = min(abs(v), 448.0)
         d = np.abs(_E4M3_POS - a)
         best = np.flatnonzero(d == d.min())
-        b = int(best[0] if len(best) == 1 else [c for c in best if c % 2 == 0][0])
+        b = int(best[0] if len(best) == 1 else next(c for c in best if c % 2 == 0))
         out.append(b | (0x80 if math.copysign(1, v) < 0 else 0))
     return np.array(out, dtype=np.uint8)
 

@@ -73,18 +73,18 @@ def test_grouped_mxfp4_partial_k_and_indices():
 
 def test_grouped_validation():
     x = np.zeros((10, 32), BF16)
-    ok = dict(expert_start=np.array([0, 4, 10]), scales_offsets=np.array([0, 1]),
-              expert_ids=np.array([0, 1]), tensor_sf=np.ones(2, np.float32))
+    ok = {"expert_start": np.array([0, 4, 10]), "scales_offsets": np.array([0, 1]),
+              "expert_ids": np.array([0, 1]), "tensor_sf": np.ones(2, np.float32)}
     ref.grouped_quantize_dynamic_scaled(x, bs.NVFP4, **ok)
     cases = [
-        (dict(expert_start=np.array([0, 6, 4])), "non-decreasing"),
-        (dict(expert_start=np.array([0, 4, 9])), "must equal the number of rows 10"),
-        (dict(expert_ids=np.array([0, -2])), "-1 or >= 0"),
-        (dict(expert_ids=np.array([0, 2])), "< len\\(tensor_sf\\)=2"),
-        (dict(tensor_sf=None), "NVFP4 requires tensor_sf"),
-        (dict(tensor_sf=np.array([1.0, np.inf])), "tensor_sf must be finite"),
-        (dict(scales_offsets=np.array([0, 0])), "overlap"),
-        (dict(scales_offsets=np.array([0, 5])), "outside the 3 tiles"),
+        ({"expert_start": np.array([0, 6, 4])}, "non-decreasing"),
+        ({"expert_start": np.array([0, 4, 9])}, "must equal the number of rows 10"),
+        ({"expert_ids": np.array([0, -2])}, "-1 or >= 0"),
+        ({"expert_ids": np.array([0, 2])}, "< len\\(tensor_sf\\)=2"),
+        ({"tensor_sf": None}, "NVFP4 requires tensor_sf"),
+        ({"tensor_sf": np.array([1.0, np.inf])}, "tensor_sf must be finite"),
+        ({"scales_offsets": np.array([0, 0])}, "overlap"),
+        ({"scales_offsets": np.array([0, 5])}, "outside the 3 tiles"),
     ]
     for change, msg in cases:
         with pytest.raises(ValueError, match=msg):
@@ -108,7 +108,7 @@ def test_moe_create_indices_small_example():
 def test_moe_indices_feed_grouped_quantize():
     tokens, top_k, experts = 300, 2, 4
     topk = np.stack([RNG.choice(experts, 2, replace=False) for _ in range(tokens)])
-    order, start, restore, ids, usage, offs = ref.moe_create_indices(topk, experts)
+    order, start, _restore, ids, usage, offs = ref.moe_create_indices(topk, experts)
     counts = np.diff(start)
     assert usage[0] == counts.max() and usage[1] == (counts > 0).sum()
     x = RNG.standard_normal((tokens, 64)).astype(BF16)

@@ -34,9 +34,19 @@ from blockscale.reference.quantize import (
 )
 
 __all__ = [
-    "quantize_dynamic_block_scaled", "dequantize_block_scaled", "block_scales_interleave",
-    "block_scales_deinterleave", "quantize_mxfp4_amd", "grouped_quantize_dynamic_scaled",
-    "fused_silu_quantize", "moe_create_indices", "naive_block_scaled_matmul",
-    "grouped_matmul_block_scaled", "grouped_matmul_swiglu", "matmul_dynamic_block_scaled_mxfp4",
-    "grouped_matmul_block_scaled_mxfp4", "sigma_permute_rows", "sigma_unpermute_rows",
+    "block_scales_deinterleave",
+    "block_scales_interleave",
+    "dequantize_block_scaled",
+    "fused_silu_quantize",
+    "grouped_matmul_block_scaled",
+    "grouped_matmul_block_scaled_mxfp4",
+    "grouped_matmul_swiglu",
+    "grouped_quantize_dynamic_scaled",
+    "matmul_dynamic_block_scaled_mxfp4",
+    "moe_create_indices",
+    "naive_block_scaled_matmul",
+    "quantize_dynamic_block_scaled",
+    "quantize_mxfp4_amd",
+    "sigma_permute_rows",
+    "sigma_unpermute_rows",
 ]

@@ -7,6 +7,8 @@ scales_offsets[g]``; every byte not owned by a row of an active group is zero (D
 
 from __future__ import annotations
 
+import itertools
+
 import ml_dtypes
 import numpy as np
 
@@ -36,7 +38,7 @@ def _check_tiles(es: np.ndarray, ids: np.ndarray, tile0: np.ndarray, num_tiles: 
                              f"outside the {num_tiles} tiles of the output")
         spans.append((first, first + n, g))
     spans.sort()
-    for (_, end, g0), (start, _, g1) in zip(spans, spans[1:]):
+    for (_, end, g0), (start, _, g1) in itertools.pairwise(spans):
         if start < end:
             raise ValueError(f"{arg} makes the scale tiles of groups {g0} and {g1} overlap")
 

@@ -266,6 +266,12 @@ def grouped_matmul_block_scaled_mxfp4(a: np.ndarray, b: np.ndarray, a_scales: np
     return out.astype(dt)
 
 
-__all__ = ["naive_block_scaled_matmul", "grouped_matmul_block_scaled", "grouped_matmul_swiglu",
-           "matmul_dynamic_block_scaled_mxfp4", "grouped_matmul_block_scaled_mxfp4",
-           "sigma_permute_rows", "sigma_unpermute_rows"]
+__all__ = [
+    "grouped_matmul_block_scaled",
+    "grouped_matmul_block_scaled_mxfp4",
+    "grouped_matmul_swiglu",
+    "matmul_dynamic_block_scaled_mxfp4",
+    "naive_block_scaled_matmul",
+    "sigma_permute_rows",
+    "sigma_unpermute_rows",
+]

@@ -7,8 +7,14 @@ import numpy as np
 
 from blockscale import formats as F
 from blockscale.formats import Format, ScaleRounding
-from blockscale.layouts import ROW_MAJOR, TCGEN_5D, ScaleLayout, deinterleave, interleave, \
-    scale_shape
+from blockscale.layouts import (
+    ROW_MAJOR,
+    TCGEN_5D,
+    ScaleLayout,
+    deinterleave,
+    interleave,
+    scale_shape,
+)
 from blockscale.reference import _checks as C
 
 
@@ -148,6 +154,16 @@ def quantize_mxfp4_amd(x: np.ndarray, *, scale_rounding: ScaleRounding = "even"
     return quantize_rows(xf, F.MXFP4, 1.0, rounding)
 
 
-__all__ = ["quantize_dynamic_block_scaled", "dequantize_block_scaled", "block_scales_interleave",
-           "block_scales_deinterleave", "quantize_mxfp4_amd", "quantize_rows", "dequantize_rows",
-           "decode_elements", "decode_scales", "ROW_MAJOR", "TCGEN_5D"]
+__all__ = [
+    "ROW_MAJOR",
+    "TCGEN_5D",
+    "block_scales_deinterleave",
+    "block_scales_interleave",
+    "decode_elements",
+    "decode_scales",
+    "dequantize_block_scaled",
+    "dequantize_rows",
+    "quantize_dynamic_block_scaled",
+    "quantize_mxfp4_amd",
+    "quantize_rows",
+]
