@@ -1,0 +1,162 @@
+"""Precompile every kernel the GPU tests and benchmarks need into a bundle directory.
+
+``python -m blockscale.tools.bundle --out build/gpu [--target sm_90a]`` (``make gpu-bundle``)
+collects ``bundle_specs(target)`` of every op module registered in ``blockscale.ops._core``,
+compiles each spec (through the compiler's disk cache), writes it with
+``launch.save_kernel(out, kernel_key(spec), binary)`` and prints one table row per kernel (op,
+spec, key, registers, spills). ``manifest.json`` in the output directory lists the same. The GPU
+machine then only needs the runtime: ``BLOCKSCALE_BUNDLE_DIR=build/gpu pytest -m gpu``.
+Needs MLIR and the target's toolchain; no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any, Sequence
+
+from blockscale.launch import KernelBinary, load_kernel, save_kernel
+
+__all__ = ["BundleEntry", "build_bundle", "main"]
+
+
+@dataclasses.dataclass
+class BundleEntry:
+    """One row of the bundle table / manifest."""
+
+    op: str
+    spec: str
+    key: str
+    kernel: str = ""
+    target: str = ""
+    registers: int | None = None
+    spills: int | None = None
+    dynamic_shared_bytes: int = 0
+    seconds: float = 0.0
+    status: str = "compiled"  # "compiled" | "present" | "failed: ..."
+
+
+def _spec_text(spec: Any) -> str:
+    """A compact one-line spec: its fields without the target (a column of its own)."""
+    if dataclasses.is_dataclass(spec):
+        fields = [f"{f.name}={getattr(spec, f.name)!r}" for f in dataclasses.fields(spec)
+                  if f.name != "target"]
+        return f"{type(spec).__name__}({', '.join(fields)})"
+    return repr(spec)
+
+
+def _entry_from(op: str, spec: Any, key: str, binary: KernelBinary, seconds: float,
+                status: str) -> BundleEntry:
+    meta = binary.meta or {}
+    regs = meta.get("registers")
+    spills = (None if "spill_stores" not in meta and "spill_loads" not in meta
+              else int(meta.get("spill_stores") or 0) + int(meta.get("spill_loads") or 0))
+    return BundleEntry(op, _spec_text(spec), key, binary.name, binary.target, regs, spills,
+                       binary.dynamic_shared_bytes, round(seconds, 3), status)
+
+
+def build_bundle(out: str, targets: Sequence[str], *, only: Sequence[str] = (),
+                 force: bool = False, log: Any = sys.stdout) -> list[BundleEntry]:
+    """Compile the registered ops' bundle specs for ``targets`` into ``out``.
+
+    Entries already in ``out`` under the same key are kept unless ``force``. A spec that
+    fails to compile is reported (status "failed: ...") and the others still run.
+    """
+    import blockscale.ops  # noqa: F401  (the package registers its op modules)
+    from blockscale.ops import _core
+
+    if not _core.op_modules():
+        raise RuntimeError("no op modules are registered in blockscale.ops._core; nothing to "
+                           "bundle")
+    entries: list[BundleEntry] = []
+    for target in targets:
+        for spec in _core.bundle_specs(target):
+            op = str(getattr(spec, "op", type(spec).__name__))
+            if only and op not in only:
+                continue
+            key = _core.kernel_key(spec)
+            t0 = time.perf_counter()
+            existing = None if force else load_kernel(out, key)
+            if existing is not None:
+                entries.append(_entry_from(op, spec, key, existing, 0.0, "present"))
+                continue
+            try:
+                binary = _core.compile_kernel(spec).binary
+            except Exception as e:  # keep going; report at the end
+                entries.append(BundleEntry(op, _spec_text(spec), key,
+                                           status=f"failed: {type(e).__name__}: {e}"))
+                print(f"[bundle] {op} {key} failed:\n{traceback.format_exc()}", file=log)
+                continue
+            save_kernel(out, key, binary)
+            entries.append(_entry_from(op, spec, key, binary, time.perf_counter() - t0,
+                                       "compiled"))
+    return entries
+
+
+def format_table(entries: Sequence[BundleEntry]) -> str:
+    """The entries as an aligned text table."""
+    header = ("op", "target", "spec", "key", "regs", "spills", "smem", "status")
+    rows = [(e.op, e.target, e.spec, e.key,
+             "-" if e.registers is None else str(e.registers),
+             "-" if e.spills is None else str(e.spills), str(e.dynamic_shared_bytes),
+             e.status if e.status != "compiled" else f"compiled {e.seconds:.1f}s")
+            for e in entries]
+    widths = [max([len(h)] + [min(len(r[i]), 90) for r in rows]) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    for r in rows:
+        cells = [c if len(c) <= 90 else c[:87] + "..." for c in r]
+        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)))
+    return "\n".join(lines)
+
+
+def write_manifest(out: str, targets: Sequence[str], entries: Sequence[BundleEntry]) -> str:
+    """Write ``manifest.json`` (atomic); returns its path."""
+    import blockscale
+
+    path = os.path.join(out, "manifest.json")
+    doc = {
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "blockscale_version": getattr(blockscale, "__version__", "0"),
+        "targets": list(targets),
+        "kernels": [dataclasses.asdict(e) for e in entries],
+    }
+    os.makedirs(out, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m blockscale.tools.bundle",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="bundle directory (e.g. build/gpu)")
+    parser.add_argument("--target", action="append", default=None,
+                        help="GPUTarget name; repeat or comma-separate (default: sm_90a)")
+    parser.add_argument("--op", action="append", default=[],
+                        help="only this op (repeatable)")
+    parser.add_argument("--force", action="store_true",
+                        help="recompile entries already in --out")
+    args = parser.parse_args(argv)
+    targets = [t for group in (args.target or ["sm_90a"]) for t in group.split(",") if t]
+    entries = build_bundle(args.out, targets, only=args.op, force=args.force)
+    print(format_table(entries))
+    manifest = write_manifest(args.out, targets, entries)
+    failed = [e for e in entries if e.status.startswith("failed")]
+    print(f"\n{len(entries) - len(failed)} kernels in {args.out} ({manifest}); "
+          f"{len(failed)} failed")
+    if not entries:
+        print("warning: no bundle specs for these targets", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
