@@ -104,29 +104,48 @@ def _np_dtype(name: str) -> np.dtype:
 
 
 def device_and_target(device: Any, target: str | None) -> tuple[Any, str]:
-    """The runtime Device for ``device`` and the kernel target name (default: the device's,
-    else sm_90a for the interpreter)."""
+    """The runtime Device for ``device`` (a name, a Device or None = best available) and the
+    kernel target name (``target``, else the device's, else the default target)."""
+    from blockscale import runtime
     from blockscale.ops import _core
 
-    return _core.device_and_target(device, target)
+    dev = device if hasattr(device, "launch") else runtime.get_device(device)
+    return dev, _core.resolve_target(target, dev)
 
 
 def launch(spec: Any, grid: tuple[int, int, int], out_shape: tuple[int, ...], out_dtype: str,
            buffers: dict[str, Any], scalars: dict[str, Any], device: Any, *,
            empty: bool = False) -> Any:
-    """Get ``spec``'s kernel, allocate the output buffer ``c`` and launch on ``device``.
+    """Get ``spec``'s kernel, allocate the output ``c`` and launch it on ``device``.
 
-    ``buffers`` maps input arg names to arrays (numpy or device); the result is numpy when
-    every input is numpy, else a device array.
+    ``buffers`` maps input argument names to arrays (numpy or device arrays; numpy ones are
+    copied to the device). The result is numpy when every input is numpy, else a device array.
+    ``empty``: the output has no elements; nothing is launched.
     """
     from blockscale.ops import _core
 
-    return _core.launch_op(spec, grid, buffers, scalars, device,
-                           outputs={"c": (out_shape, _np_dtype(out_dtype))}, empty=empty)["c"]
+    dt = _np_dtype(out_dtype)
+    host = all(isinstance(v, np.ndarray) for v in buffers.values())
+    if empty:
+        return np.zeros(out_shape, dt) if host else device.zeros(out_shape, dt)
+    kernel = _core.get_kernel(spec)
+    on_dev = {name: device.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray)
+              else v for name, v in buffers.items()}
+    out = device.alloc(out_shape, dt)
+    args = []
+    for a in kernel.args:
+        if a.name == "c":
+            args.append(out)
+        elif a.kind == "buffer":
+            args.append(on_dev[a.name])
+        else:
+            args.append(scalars[a.name])
+    _core.run_kernel(kernel, grid, args, device)
+    return device.to_host(out) if host else out
 
 
-def compile_spec(spec: Any, build: Callable[[Any], Any]) -> Any:
-    """The compiled Kernel (all stages) of ``spec``."""
+def compile_spec(spec: Any) -> Any:
+    """The compiled Kernel (every asm stage) of ``spec``; needs the compiler."""
     from blockscale.ops import _core
 
-    return _core.kernel(spec)
+    return _core.compile_kernel(spec)

@@ -33,6 +33,8 @@ from blockscale.ops import _matmul_host as H
 from blockscale.ops.matmul_epilogue import Epilogue
 
 BLOCK = (16, 16, 1)
+#: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
+KERNEL_SOURCES = ("blockscale.ops.matmul_ir", "blockscale.ops.matmul_epilogue")
 OUT_DTYPES = ("bfloat16", "float32")
 SCALE_LAYOUTS = ("tcgen5d", "row_major")
 
@@ -287,7 +289,7 @@ def kernel(spec_or_fmt: MatmulSpec | Format | str, target: str = "sm_90a", **spe
     or for a format plus MatmulSpec fields. Needs the compiler."""
     spec = spec_or_fmt if isinstance(spec_or_fmt, MatmulSpec) else MatmulSpec(
         Format.from_name(spec_or_fmt).name, target=target, **spec_fields)
-    return H.compile_spec(spec, build)
+    return H.compile_spec(spec)
 
 
 def bundle_specs(target: str = "sm_90a") -> list[MatmulSpec]:

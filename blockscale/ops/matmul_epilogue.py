@@ -76,33 +76,40 @@ def _callable_fingerprint(fn: Callable[..., Any]) -> str:
     return "\n".join(parts)
 
 
-@dataclasses.dataclass(frozen=True)
 class Epilogue:
     """A fused epilogue: ``fn(value_f32, ctx) -> value`` plus the extra inputs it reads.
 
-    ``key`` (computed) identifies the IR ``fn`` builds; two epilogues with the same key must
-    build the same IR. It enters the kernel cache key, so give closures only values with a
-    faithful ``repr`` (numbers, strings, other Epilogues).
+    ``key`` identifies the IR ``fn`` builds (a hash of its source, closure values, name and
+    inputs); two epilogues with the same key must build the same IR. It enters the kernel
+    cache key, so give closures only values with a faithful ``repr`` (numbers, strings, other
+    Epilogues). Immutable; equality and hashing go by ``key``.
     """
 
-    fn: Callable[[Any, "EpilogueContext"], Any]
-    inputs: tuple[EpilogueInput, ...] = ()
-    name: str = "custom"
-    key: str = dataclasses.field(default="", compare=False)
+    __slots__ = ("fn", "inputs", "name", "key")
 
-    def __post_init__(self) -> None:
-        if not callable(self.fn):
-            raise TypeError(f"Epilogue fn must be callable, got {type(self.fn).__name__}")
-        inputs = tuple(self.inputs)
+    def __init__(self, fn: Callable[[Any, "EpilogueContext"], Any],
+                 inputs: tuple[EpilogueInput, ...] | list[EpilogueInput] = (),
+                 name: str = "custom") -> None:
+        if not callable(fn):
+            raise TypeError(f"Epilogue fn must be callable, got {type(fn).__name__}")
+        inputs = tuple(inputs)
         for inp in inputs:
             if not isinstance(inp, EpilogueInput):
                 raise TypeError(f"Epilogue inputs must be EpilogueInput, got {type(inp).__name__}")
         names = [i.name for i in inputs]
         if len(set(names)) != len(names):
             raise ValueError(f"Epilogue inputs must have unique names, got {names}")
-        object.__setattr__(self, "inputs", inputs)
-        text = "|".join([self.name, repr(inputs), _callable_fingerprint(self.fn)])
-        object.__setattr__(self, "key", hashlib.sha256(text.encode()).hexdigest()[:16])
+        for reserved in ("a", "b", "sfa", "sfb", "c", "m", "n", "k", "alpha"):
+            if reserved in names:
+                raise ValueError(f"Epilogue input name {reserved!r} is reserved (a kernel "
+                                 f"argument), got inputs {names}")
+        text = "|".join([name, repr(inputs), _callable_fingerprint(fn)])
+        for attr, value in (("fn", fn), ("inputs", inputs), ("name", str(name)),
+                            ("key", hashlib.sha256(text.encode()).hexdigest()[:16])):
+            object.__setattr__(self, attr, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Epilogue is immutable")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Epilogue) and self.key == other.key

@@ -1,0 +1,351 @@
+"""Grouped (MoE) block-scaled matmul, portable kernel (SEMANTICS §5, §4.5, D8, D10).
+
+For each group g with rows ``[s, t) = [expert_start[g], expert_start[g+1])`` and expert
+``e = expert_ids[g]``:
+
+    C[m, n] = bf16(acc(m, n; e) * expert_scales[e] (* a_row_scales[m]))     (fp32, in order)
+
+with ``acc`` the fp32 block-scaled dot product of hidden row m and weight row ``W[e, n]``.
+Rows of groups with ``e == -1`` and rows past ``expert_start[G]`` are written as zeros (every
+output byte is written, D7/D8). Per-expert vectors are indexed by expert id (D8).
+
+Two scale layouts:
+
+* ``grouped_matmul_block_scaled`` (NVIDIA-style): ``a_scales`` 5-D with per-expert padded
+  tiles (row m of group g at 5-D row ``(s//128 + a_scale_offsets[g])*128 + (m - s)``) and
+  ``b_scales`` 6-D ``[E, ceil(N/128), ceil(J/4), 32, 4, 4]``;
+* ``grouped_matmul_block_scaled_mxfp4`` (MAX's AMD entry point): row-major E8M0
+  ``a_scales [T, K/32]``, ``b_scales [E, N, K/32]``, groups from ``row_offsets``; no scales.
+
+One thread per output on 16x16 blocks, grid ``(ceil(N/16), ceil(T/16))``; each thread finds its
+group by counting ``expert_start[1..G] <= m`` (a linear scan, G is small), then runs the shared
+K loop of :mod:`blockscale.ops.matmul_ir`. Importing this module does not import MLIR.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import ml_dtypes
+import numpy as np
+
+from blockscale.formats import MXFP4, Format
+from blockscale.launch import KernelArg
+from blockscale.layouts import SF_ATOM_ROWS, scale_shape
+from blockscale.ops import _matmul_host as H
+
+BLOCK = (16, 16, 1)
+#: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
+KERNEL_SOURCES = ("blockscale.ops.matmul_ir",)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedMatmulSpec:
+    """What one portable grouped matmul kernel is specialised on.
+
+    Attributes:
+        fmt: "nvfp4" | "mxfp4" | "mxfp8".
+        scale_layout: "tcgen5d" (5-D A scales with offsets, 6-D B scales) or "row_major".
+        out_dtype: "bfloat16" | "float32".
+        row_scales: whether the kernel reads ``a_row_scales`` (bf16 ``[T]``).
+        target: a GPUTarget name.
+    """
+
+    fmt: str
+    scale_layout: str = "tcgen5d"
+    out_dtype: str = "bfloat16"
+    row_scales: bool = False
+    target: str = "sm_90a"
+
+    op: ClassVar[str] = "grouped_matmul_block_scaled"
+    block: ClassVar[tuple[int, int, int]] = BLOCK
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
+        H.check_choice(self.scale_layout, ("tcgen5d", "row_major"), "scale_layout")
+        H.check_choice(self.out_dtype, ("bfloat16", "float32"), "out_dtype")
+        if not isinstance(self.row_scales, bool):
+            raise TypeError(f"row_scales must be a bool, got {type(self.row_scales).__name__}")
+        object.__setattr__(self, "target", H.target_name(self.target))
+
+    @property
+    def format(self) -> Format:
+        return Format.from_name(self.fmt)
+
+    @property
+    def kernel_name(self) -> str:
+        lay = "5d" if self.scale_layout == "tcgen5d" else "rm"
+        out = "bf16" if self.out_dtype == "bfloat16" else "f32"
+        return f"bs_grouped_matmul_{self.fmt}_{lay}_{out}{'_rowsc' if self.row_scales else ''}"
+
+    def args(self) -> tuple[KernelArg, ...]:
+        """a, w, sfa, sfb, expert_start, [a_scale_offsets], expert_ids, expert_scales,
+        [a_row_scales], c, then t, n, k, num_groups."""
+        fmt = self.format
+        data, scale = fmt.elem_dtype.name, fmt.scale_dtype.name
+        args = [KernelArg("a", "buffer", data), KernelArg("w", "buffer", data),
+                KernelArg("sfa", "buffer", scale), KernelArg("sfb", "buffer", scale),
+                KernelArg("expert_start", "buffer", "int32")]
+        if self.scale_layout == "tcgen5d":
+            args.append(KernelArg("a_scale_offsets", "buffer", "int32"))
+        args += [KernelArg("expert_ids", "buffer", "int32"),
+                 KernelArg("expert_scales", "buffer", "float32")]
+        if self.row_scales:
+            args.append(KernelArg("a_row_scales", "buffer", "bfloat16"))
+        args += [KernelArg("c", "buffer", self.out_dtype, "out"),
+                 KernelArg("t", "scalar", "i32"), KernelArg("n", "scalar", "i32"),
+                 KernelArg("k", "scalar", "i32"), KernelArg("num_groups", "scalar", "i32")]
+        return tuple(args)
+
+
+def grid(t: int, n: int) -> tuple[int, int, int]:
+    """Launch grid for a ``[t, n]`` output."""
+    return (max(1, -(-n // BLOCK[0])), max(1, -(-t // BLOCK[1])), 1)
+
+
+def build(spec: GroupedMatmulSpec) -> Any:
+    """The ``mlir.ir.Module`` of the portable grouped kernel for ``spec``."""
+    from mlir.dialects import arith
+
+    from blockscale.compiler import ir as bir
+    from blockscale.ops import matmul_ir as mir
+
+    fmt = spec.format
+    with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), BLOCK) as kb:
+        f32 = bir.f32()
+        t_count, n_count, k, groups = (bir.as_index(kb.arg(x))
+                                       for x in ("t", "n", "k", "num_groups"))
+        es = kb.arg("expert_start")
+        n = bir.add(bir.mul(bir.block_idx("x"), BLOCK[0]), bir.thread_idx("x"))
+        m = bir.add(bir.mul(bir.block_idx("y"), BLOCK[1]), bir.thread_idx("y"))
+        with bir.when(bir.logical_and(bir.ult(m, t_count), bir.ult(n, n_count))):
+            # group of row m: the number of group ends expert_start[1..G] that are <= m
+            with bir.for_range(1, bir.add(groups, 1), carry=[bir.const(0)]) as gl:
+                end = bir.as_index(bir.load(es, gl.iv))
+                gl.yield_(bir.add(gl.carried[0], bir.select(bir.ule(end, m), bir.const(1), 0)))
+            g = gl.results[0]
+            in_group = bir.ult(g, groups)
+            g_safe = bir.umin(g, bir.sub(groups, 1))
+            expert = bir.load(kb.arg("expert_ids"), g_safe)
+            active = bir.logical_and(
+                in_group, arith.cmpi(arith.CmpIPredicate.sge, expert, bir.const(0, bir.i32())))
+            br = bir.if_(active, [f32])
+            with br.then():
+                e = bir.as_index(expert)
+                row_bytes = bir.udiv(k, 2) if fmt.is_fp4 else k
+                kblocks = bir.ceil_div(k, fmt.block_size)
+                w_row = bir.add(bir.mul(e, n_count), n)  # row of W viewed as [E*N, K]
+                if spec.scale_layout == "tcgen5d":
+                    d1 = bir.ceil_div(kblocks, 4)
+                    start = bir.as_index(bir.load(es, g))
+                    tile0 = bir.add(bir.udiv(start, SF_ATOM_ROWS),
+                                    bir.as_index(bir.load(kb.arg("a_scale_offsets"), g)))
+                    a_srow = bir.add(bir.mul(tile0, SF_ATOM_ROWS), bir.sub(m, start))
+                    n_tiles = bir.ceil_div(n_count, SF_ATOM_ROWS)
+                    b_srow = bir.add(bir.mul(bir.mul(e, n_tiles), SF_ATOM_ROWS), n)
+                    sfa_row = mir.tcgen_row_offset(a_srow, d1)
+                    sfb_row = mir.tcgen_row_offset(b_srow, d1)
+                    sfa_off = lambda j: bir.add(sfa_row, mir.tcgen_kblock_offset(j))  # noqa: E731
+                    sfb_off = lambda j: bir.add(sfb_row, mir.tcgen_kblock_offset(j))  # noqa: E731
+                else:
+                    sfa_row, sfb_row = bir.mul(m, kblocks), bir.mul(w_row, kblocks)
+                    sfa_off = lambda j: bir.add(sfa_row, j)  # noqa: E731
+                    sfb_off = lambda j: bir.add(sfb_row, j)  # noqa: E731
+                acc = mir.emit_block_scaled_dot(
+                    fmt, a=kb.arg("a"), a_row=bir.mul(m, row_bytes), b=kb.arg("w"),
+                    b_row=bir.mul(w_row, row_bytes), sfa=kb.arg("sfa"), sfa_offset=sfa_off,
+                    sfb=kb.arg("sfb"), sfb_offset=sfb_off, k=k)
+                value = arith.mulf(acc, bir.load(kb.arg("expert_scales"), e))
+                if spec.row_scales:  # D10: times the expert scale, then the row scale
+                    value = arith.mulf(value, arith.extf(f32, bir.load(kb.arg("a_row_scales"),
+                                                                       m)))
+                br.yield_(value)
+            with br.else_():
+                br.yield_(bir.const(0.0, f32))
+            mir.store_output(br.results[0], kb.arg("c"), bir.add(bir.mul(m, n_count), n),
+                             spec.out_dtype)
+    return kb.module
+
+
+# ---- host side -------------------------------------------------------------------------------
+
+def _int32_vector(v: Any, arg: str, length: int | None = None) -> Any:
+    """An integer vector as int32 (numpy) or a device array passed through unchecked."""
+    if not isinstance(v, np.ndarray):
+        if hasattr(v, "shape"):
+            return v
+        v = np.asarray(v)
+    if v.ndim != 1 or (v.size and v.dtype.kind not in "iu"):
+        raise TypeError(f"{arg} must be a 1-D integer array, got dtype {v.dtype}, shape "
+                        f"{v.shape}")
+    if length is not None and v.shape[0] != length:
+        raise ValueError(f"{arg} must have length {length}, got {v.shape[0]}")
+    if v.size and (v.min() < -(2 ** 31) or v.max() >= 2 ** 31):
+        raise ValueError(f"{arg} values must fit in int32, got range [{v.min()}, {v.max()}]")
+    return np.ascontiguousarray(v.astype(np.int32))
+
+
+def _check_groups(es: Any, ids: Any, t: int, num_experts: int, exact_total: bool) -> None:
+    """Host checks of expert_start / expert_ids (numpy only; device arrays are trusted)."""
+    if not isinstance(es, np.ndarray) or not isinstance(ids, np.ndarray):
+        return
+    if es.shape[0] < 2:
+        raise ValueError(f"expert_start must have G+1 >= 2 entries, got {es.shape[0]}")
+    if es[0] != 0:
+        raise ValueError(f"expert_start[0] must be 0, got {es[0]}")
+    if np.any(np.diff(es) < 0):
+        raise ValueError(f"expert_start must be non-decreasing, got {es.tolist()}")
+    if (es[-1] != t) if exact_total else (es[-1] > t):
+        want = f"equal to T={t}" if exact_total else f"<= T={t}"
+        raise ValueError(f"expert_start[-1] must be {want}, got {es[-1]}")
+    if np.any(ids < -1) or np.any(ids >= num_experts):
+        raise ValueError(f"expert_ids must be -1 or in [0, {num_experts}), got {ids.tolist()}")
+
+
+def _grouped_dims(a: Any, w: Any, fmt: Format, k: int | None) -> tuple[int, int, int, int]:
+    a_shape, w_shape = H.shape_of(a, "hidden", 2), H.shape_of(w, "weight", 3)
+    H.check_dtype(a, fmt.elem_dtype, "hidden", fmt)
+    H.check_dtype(w, fmt.elem_dtype, "weight", fmt)
+    if w_shape[2] != a_shape[1]:
+        raise ValueError(f"weight.shape[2] must equal hidden.shape[1] = {a_shape[1]}, got "
+                         f"{w_shape[2]}")
+    if k is None:
+        k = 2 * a_shape[1] if fmt.is_fp4 else a_shape[1]
+    fmt.check_k(k)
+    if fmt.data_cols(k) != a_shape[1]:
+        raise ValueError(f"hidden.shape[1] must be {fmt.data_cols(k)} for k={k} ({fmt.name}), "
+                         f"got {a_shape[1]}")
+    t, (e_count, n) = a_shape[0], w_shape[:2]
+    if max(t, e_count * n, k) >= 2 ** 31:
+        raise ValueError(f"T, E*N and K must be < 2^31, got T={t}, E*N={e_count * n}, K={k}")
+    return t, e_count, n, k
+
+
+def grouped_matmul_block_scaled(hidden: Any, weight: Any, a_scales: Any, b_scales: Any,
+                                expert_start: Any, a_scale_offsets: Any, expert_ids: Any,
+                                expert_scales: Any, fmt: Format | str, *, k: int | None = None,
+                                a_row_scales: Any = None, device: Any = None,
+                                target: str | None = None) -> Any:
+    """Grouped (MoE) block-scaled matmul, bf16 ``[T, N]`` (SEMANTICS §5, D8, D10).
+
+    Args:
+        hidden: ``[T, K/2]`` uint8 (FP4) or ``[T, K]`` float8_e4m3fn, rows sorted by group.
+        weight: ``[E, N, K/2 | K]`` (K-major per expert).
+        a_scales: 5-D ``[tiles, ceil(J/4), 32, 4, 4]`` with per-group padded row tiles.
+        b_scales: 6-D ``[E, ceil(N/128), ceil(J/4), 32, 4, 4]``.
+        expert_start: ``[G+1]`` row offsets (0, non-decreasing, ends at T).
+        a_scale_offsets: ``[G]`` tile corrections: group g's first scale tile is
+            ``expert_start[g] // 128 + a_scale_offsets[g]``.
+        expert_ids: ``[G]`` expert of each group; -1 marks an unused group (zero rows).
+        expert_scales: ``[E]`` float32 by expert id; None allowed for MX formats (ones).
+        fmt: the format; k: logical K (default from hidden).
+        a_row_scales: optional bf16 ``[T]`` (NVFP4 only), applied after the expert scale.
+    """
+    fmt = Format.from_name(fmt)
+    t, e_count, n, k = _grouped_dims(hidden, weight, fmt, k)
+    j = fmt.kblocks(k)
+    d1 = scale_shape("tcgen5d", 1, j)[1]
+    sfa_shape = H.shape_of(a_scales, "a_scales", 5)
+    H.check_dtype(a_scales, fmt.scale_dtype, "a_scales", fmt)
+    if sfa_shape[1:] != (d1, 32, 4, 4):
+        raise ValueError(f"a_scales must have shape (tiles, {d1}, 32, 4, 4), got {sfa_shape}")
+    want_b = (e_count, *scale_shape("tcgen5d", n, j))
+    H.check_dtype(b_scales, fmt.scale_dtype, "b_scales", fmt)
+    if H.shape_of(b_scales, "b_scales", 6) != want_b:
+        raise ValueError(f"b_scales must have shape {want_b}, got {tuple(b_scales.shape)}")
+    es = _int32_vector(expert_start, "expert_start")
+    g_count = es.shape[0] - 1
+    ids = _int32_vector(expert_ids, "expert_ids", g_count)
+    offs = _int32_vector(a_scale_offsets, "a_scale_offsets", g_count)
+    _check_groups(es, ids, t, e_count, exact_total=True)
+    if isinstance(es, np.ndarray) and isinstance(offs, np.ndarray):
+        for g in range(g_count):
+            s, e_ = int(es[g]), int(es[g + 1])
+            r0 = (s // SF_ATOM_ROWS + int(offs[g])) * SF_ATOM_ROWS
+            if s < e_ and ids[g] >= 0 and (r0 < 0 or r0 + e_ - s > sfa_shape[0] * SF_ATOM_ROWS):
+                raise ValueError(f"a_scale_offsets[{g}] = {offs[g]} puts group {g}'s scale rows "
+                                 f"at [{r0}, {r0 + e_ - s}), outside a_scales' "
+                                 f"{sfa_shape[0] * SF_ATOM_ROWS} rows")
+    if expert_scales is None:
+        if not fmt.is_mx:
+            raise ValueError("expert_scales must be given for nvfp4 (one float32 per expert), "
+                             "got None")
+        expert_scales = np.ones(e_count, np.float32)
+    if isinstance(expert_scales, np.ndarray) or not hasattr(expert_scales, "shape"):
+        expert_scales = np.asarray(expert_scales)
+        if expert_scales.shape != (e_count,) or expert_scales.dtype.kind != "f":
+            raise ValueError(f"expert_scales must be a float array of shape ({e_count},), got "
+                             f"dtype {expert_scales.dtype}, shape {expert_scales.shape}")
+        expert_scales = np.ascontiguousarray(expert_scales.astype(np.float32))
+    buffers = {"a": hidden, "w": weight, "sfa": a_scales, "sfb": b_scales,
+               "expert_start": es, "a_scale_offsets": offs, "expert_ids": ids,
+               "expert_scales": expert_scales}
+    if a_row_scales is not None:
+        if fmt.is_mx:
+            raise ValueError(f"a_row_scales is NVFP4 only, got fmt={fmt.name}")
+        if H.shape_of(a_row_scales, "a_row_scales", 1) != (t,):
+            raise ValueError(f"a_row_scales must have shape ({t},), got "
+                             f"{tuple(a_row_scales.shape)}")
+        H.check_dtype(a_row_scales, ml_dtypes.bfloat16, "a_row_scales")
+        buffers["a_row_scales"] = a_row_scales
+    dev, tgt = H.device_and_target(device, target)
+    spec = GroupedMatmulSpec(fmt.name, "tcgen5d", "bfloat16", a_row_scales is not None, tgt)
+    return H.launch(spec, grid(t, n), (t, n), "bfloat16", buffers,
+                    {"t": t, "n": n, "k": k, "num_groups": g_count}, dev,
+                    empty=t == 0 or n == 0)
+
+
+def grouped_matmul_block_scaled_mxfp4(a: Any, b: Any, a_scales: Any, b_scales: Any,
+                                      row_offsets: Any, expert_ids: Any, *,
+                                      out_dtype: str = "bfloat16", device: Any = None,
+                                      target: str | None = None) -> Any:
+    """Grouped MXFP4 matmul with row-major E8M0 scales, MAX's AMD entry point (§4.5).
+
+    ``a [T, K/2]``, ``b [E, N, K/2]`` uint8, ``a_scales [T, K/32]``, ``b_scales [E, N, K/32]``;
+    group g's rows ``[row_offsets[g], row_offsets[g+1])`` use expert ``expert_ids[g]``; rows
+    outside every group or of id -1 are 0. K = 2 * b.shape[2] must be a multiple of 32.
+    """
+    b_shape = H.shape_of(b, "b", 3)
+    k = 2 * b_shape[2]
+    if k % 32:
+        raise ValueError(f"K = 2 * b.shape[2] must be a multiple of 32, got {k}")
+    t, e_count, n, k = _grouped_dims(a, b, MXFP4, k)
+    H.check_dtype(a_scales, MXFP4.scale_dtype, "a_scales", MXFP4)
+    H.check_dtype(b_scales, MXFP4.scale_dtype, "b_scales", MXFP4)
+    if H.shape_of(a_scales, "a_scales", 2) != (t, k // 32):
+        raise ValueError(f"a_scales must have shape ({t}, {k // 32}), got "
+                         f"{tuple(a_scales.shape)}")
+    if H.shape_of(b_scales, "b_scales", 3) != (e_count, n, k // 32):
+        raise ValueError(f"b_scales must have shape ({e_count}, {n}, {k // 32}), got "
+                         f"{tuple(b_scales.shape)}")
+    es = _int32_vector(row_offsets, "row_offsets")
+    g_count = es.shape[0] - 1
+    ids = _int32_vector(expert_ids, "expert_ids", g_count)
+    _check_groups(es, ids, t, e_count, exact_total=False)
+    dev, tgt = H.device_and_target(device, target)
+    spec = GroupedMatmulSpec("mxfp4", "row_major", out_dtype, False, tgt)
+    buffers = {"a": a, "w": b, "sfa": a_scales, "sfb": b_scales, "expert_start": es,
+               "expert_ids": ids, "expert_scales": np.ones(e_count, np.float32)}
+    return H.launch(spec, grid(t, n), (t, n), out_dtype, buffers,
+                    {"t": t, "n": n, "k": k, "num_groups": g_count}, dev,
+                    empty=t == 0 or n == 0)
+
+
+def kernel(spec: GroupedMatmulSpec) -> Any:
+    """The compiled Kernel (every asm stage) of ``spec``; needs the compiler."""
+    return H.compile_spec(spec)
+
+
+def bundle_specs(target: str = "sm_90a") -> list[GroupedMatmulSpec]:
+    """Every grouped spec the GPU tests and benchmarks use on ``target``."""
+    specs = [GroupedMatmulSpec(f, "tcgen5d", "bfloat16", False, target)
+             for f in ("nvfp4", "mxfp4", "mxfp8")]
+    specs.append(GroupedMatmulSpec("nvfp4", "tcgen5d", "bfloat16", True, target))
+    specs += [GroupedMatmulSpec("mxfp4", "row_major", o, False, target)
+              for o in ("bfloat16", "float32")]
+    return specs
+
+
+__all__ = ["GroupedMatmulSpec", "build", "grid", "grouped_matmul_block_scaled",
+           "grouped_matmul_block_scaled_mxfp4", "kernel", "bundle_specs"]
