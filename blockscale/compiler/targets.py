@@ -125,6 +125,26 @@ TARGETS: tuple[GPUTarget, ...] = (SM90A, SM100A, GFX942, GFX950)
 DEFAULT_TARGET = SM90A
 
 
+def target_for_cuda_capability(capability: tuple[int, int]) -> GPUTarget:
+    """The CUDA target for a device of compute capability ``(major, minor)``: the exact
+    arch-specific target when we have one (10.0 -> sm_100a), else sm_90a (what runs on 9.x)."""
+    major, minor = capability
+    for t in TARGETS:
+        if t.is_cuda and t.chip == f"sm_{major}{minor}a":
+            return t
+    return SM90A
+
+
+def target_for_amd_arch(arch: str) -> GPUTarget:
+    """The HIP target for an AMD GPU arch name such as "gfx942:sramecc+:xnack-"."""
+    base = arch.split(":")[0].strip().lower()
+    for t in TARGETS:
+        if t.is_hip and t.chip == base:
+            return t
+    raise ValueError(f"AMD GPU arch must be one of {[t.chip for t in TARGETS if t.is_hip]}, "
+                     f"got {arch!r}")
+
+
 def target_names() -> tuple[str, ...]:
     """Names of all targets, in TARGETS order."""
     return tuple(t.name for t in TARGETS)

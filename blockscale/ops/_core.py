@@ -1,0 +1,251 @@
+"""What every op module shares: kernel keys, kernel lookup/compilation, launching, registry.
+
+An op spec is a frozen dataclass with these members (see docs/internals.md):
+
+* ``op`` (ClassVar str): the op name, e.g. "block_scales_interleave";
+* ``target`` (str): a GPUTarget name;
+* ``kernel_name`` (str attribute or property): the kernel symbol;
+* ``args()`` -> tuple of ``KernelArg``: the launch parameters;
+* ``block`` (tuple of 3 ints): the fixed block size;
+* optionally ``dynamic_shared_bytes`` (int).
+
+The generator is the ``build(spec) -> ir.Module`` function of the module defining the spec
+class (or the ``build`` passed explicitly). This module never imports MLIR at import time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import importlib
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from blockscale.launch import KernelBinary, load_kernel
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: op modules (under blockscale.ops) whose ``bundle_specs(target)`` the bundle tool collects.
+_OP_MODULES: list[str] = []
+_MEMORY: dict[str, KernelBinary] = {}
+_LOCK = threading.Lock()
+
+
+def register_op_module(module_name: str) -> None:
+    """Register an op module (e.g. ``"blockscale.ops.interleave"``) for :func:`bundle_specs`."""
+    if module_name not in _OP_MODULES:
+        _OP_MODULES.append(module_name)
+
+
+def op_modules() -> tuple[str, ...]:
+    """Registered op modules, in registration order."""
+    return tuple(_OP_MODULES)
+
+
+def bundle_specs(target: str) -> list[Any]:
+    """Every spec of every op module for ``target`` (for ``make gpu-bundle``): the modules
+    registered with :func:`register_op_module` plus every public module of blockscale.ops
+    that defines ``bundle_specs(target)``."""
+    import blockscale.ops as ops_pkg
+
+    names = list(_OP_MODULES)
+    names += [f"blockscale.ops.{m}" for m in ops_pkg.op_module_names()
+              if f"blockscale.ops.{m}" not in names]
+    specs: list[Any] = []
+    for name in names:
+        module = importlib.import_module(name)
+        fn = getattr(module, "bundle_specs", None)
+        if callable(fn):
+            specs.extend(fn(target))
+    return specs
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+def _package_version() -> str:
+    return getattr(sys.modules.get("blockscale"), "__version__", "0")
+
+
+@functools.cache
+def _file_digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _compiler_sources() -> list[str]:
+    """Source files of blockscale/compiler and launch.py (they shape every kernel)."""
+    files = [os.path.join(_PACKAGE_DIR, "launch.py")]
+    for root, _, names in os.walk(os.path.join(_PACKAGE_DIR, "compiler")):
+        files.extend(os.path.join(root, n) for n in names if n.endswith(".py"))
+    return sorted(files)
+
+
+def generator_sources(spec: Any) -> list[str]:
+    """The source files whose bytes enter the key of ``spec``: the spec's module, any
+    modules it lists in ``KERNEL_SOURCES`` (module names), and the compiler sources."""
+    module = sys.modules[type(spec).__module__]
+    files = [os.path.abspath(module.__file__)]
+    for name in getattr(module, "KERNEL_SOURCES", ()):
+        files.append(os.path.abspath(importlib.import_module(name).__file__))
+    return files + _compiler_sources()
+
+
+def _spec_fields(spec: Any) -> Any:
+    if not dataclasses.is_dataclass(spec):
+        raise TypeError(f"spec must be a dataclass instance, got {type(spec).__name__}")
+
+    def norm(v: Any) -> Any:
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return {"__type__": type(v).__qualname__,
+                    **{f.name: norm(getattr(v, f.name)) for f in dataclasses.fields(v)}}
+        if isinstance(v, list | tuple):
+            return [norm(x) for x in v]
+        if isinstance(v, dict):
+            return {str(k): norm(x) for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))}
+        if isinstance(v, str | int | float | bool) or v is None:
+            return v
+        key = getattr(v, "key", None) or getattr(v, "name", None)
+        return repr(key if key is not None else v)
+
+    return norm(spec)
+
+
+def kernel_key(spec: Any) -> str:
+    """A hex key of the compiled kernel for ``spec``, computed without importing MLIR: hash of
+    the spec's type and fields, the generator's (and compiler's) source bytes, and the
+    package version."""
+    h = hashlib.sha256()
+    h.update(json.dumps({"type": f"{type(spec).__module__}.{type(spec).__qualname__}",
+                         "op": getattr(spec, "op", ""), "fields": _spec_fields(spec),
+                         "version": _package_version()}, sort_keys=True).encode())
+    for path in generator_sources(spec):
+        h.update(os.path.relpath(path, _PACKAGE_DIR).encode())
+        h.update(_file_digest(path).encode())
+    return f"{getattr(spec, 'op', 'kernel')}-{h.hexdigest()[:32]}"
+
+
+# ----------------------------------------------------------------------------- lookup
+
+
+def bundle_dir() -> str | None:
+    """BLOCKSCALE_BUNDLE_DIR, else ``./build/gpu`` when it exists, else None."""
+    env = os.environ.get("BLOCKSCALE_BUNDLE_DIR")
+    if env:
+        return env
+    default = os.path.join("build", "gpu")
+    return default if os.path.isdir(default) else None
+
+
+def _mlir_available() -> bool:
+    try:
+        import mlir.ir  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _builder_of(spec: Any, build: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    if build is not None:
+        return build
+    fn = getattr(sys.modules[type(spec).__module__], "build", None)
+    if fn is None:
+        raise TypeError(f"no build(spec) function in {type(spec).__module__}; pass build=")
+    return fn
+
+
+def compile_kernel(spec: Any, build: Callable[[Any], Any] | None = None) -> Any:
+    """The compiled ``compiler.pipeline.Kernel`` for ``spec`` (all stages in ``.asm``),
+    through the compiler's cache. Needs MLIR. Dumps (BLOCKSCALE_DUMP_DIR) are written on a
+    cache hit too; BLOCKSCALE_DUMP_PASSES=1 recompiles."""
+    from blockscale.compiler import cache as kcache
+    from blockscale.compiler import pipeline, toolchain
+    from blockscale.compiler.config import knobs
+    from blockscale.compiler.targets import GPUTarget
+
+    target = GPUTarget.parse(spec.target)
+    key = kcache.cache_key(kernel_key(spec), target, pipeline.pass_pipeline(target),
+                           toolchain.toolchain_versions(target.backend), _package_version())
+    use_cache = not knobs.disable_cache and not (knobs.dump_dir and knobs.dump_passes)
+    store = kcache.default_cache()
+    if use_cache:
+        hit = store.get(key)
+        if hit is not None:
+            dump = pipeline.dump_directory(hit.name, target)
+            if dump:
+                pipeline.dump_kernel(hit, dump, note="cache hit: stages read from the cache")
+            return hit
+    module = _builder_of(spec, build)(spec)
+    kernel = pipeline.compile_module(
+        module, target, kernel_name=spec.kernel_name, args=spec.args(), block=spec.block,
+        dynamic_shared_bytes=getattr(spec, "dynamic_shared_bytes", 0))
+    kernel.meta["op_key"] = kernel_key(spec)
+    if not knobs.disable_cache:
+        store.put(key, kernel)
+    return kernel
+
+
+def get_kernel(spec: Any, build: Callable[[Any], Any] | None = None) -> KernelBinary:
+    """The launchable binary for ``spec``: memory -> bundle directory -> compile (with the
+    disk cache). Without MLIR, a kernel missing from the bundle raises RuntimeError."""
+    key = kernel_key(spec)
+    with _LOCK:
+        hit = _MEMORY.get(key)
+    if hit is not None:
+        return hit
+    directory = bundle_dir()
+    binary = load_kernel(directory, key) if directory else None
+    if binary is None:
+        if not _mlir_available():
+            raise RuntimeError(
+                f"kernel for op {getattr(spec, 'op', type(spec).__name__)!r} (spec {spec!r}, "
+                f"key {key}) is not in the kernel bundle "
+                f"{directory or 'build/gpu (absent)'} and MLIR is not installed here to "
+                "compile it; run `make gpu-bundle` on a machine with the compiler and copy "
+                "build/gpu here (or set BLOCKSCALE_BUNDLE_DIR)")
+        binary = compile_kernel(spec, build).binary
+    with _LOCK:
+        _MEMORY[key] = binary
+    return binary
+
+
+def clear_memory() -> None:
+    """Forget the in-memory kernels (bundle and disk cache untouched)."""
+    with _LOCK:
+        _MEMORY.clear()
+
+
+# ----------------------------------------------------------------------------- launch
+
+
+def run_kernel(kernel: KernelBinary, grid: Sequence[int], args: Iterable[Any],
+               device: Any = None) -> Any:
+    """Launch ``kernel`` on ``device`` ("cuda" | "hip" | "interp" | None = best available, or
+    a runtime Device); returns the Device used."""
+    from blockscale import runtime
+
+    dev = device if hasattr(device, "launch") else runtime.get_device(device)
+    grid3 = tuple(int(g) for g in grid) + (1,) * (3 - len(tuple(grid)))
+    dev.launch(kernel, grid3, list(args))
+    return dev
+
+
+def resolve_target(target: str | None, device: Any) -> str:
+    """The target name for a call: ``target`` if given, else the one matching the device
+    (CUDA compute capability, AMD arch), else the default target (interpreter)."""
+    from blockscale.compiler import targets as T  # pure python, no mlir
+
+    if target is not None:
+        return T.GPUTarget.parse(target).name
+    capability = getattr(device, "capability", None)
+    if getattr(device, "name", "") == "cuda" and capability:
+        return T.target_for_cuda_capability(tuple(capability)).name
+    arch = getattr(device, "arch", None)
+    if getattr(device, "name", "") == "hip" and isinstance(arch, str):
+        return T.target_for_amd_arch(arch).name
+    return T.DEFAULT_TARGET.name
