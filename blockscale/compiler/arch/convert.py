@@ -40,15 +40,15 @@ def _f32() -> ir.Type:
 
 def _shape_like(value_type: ir.Type, elem: ir.Type) -> ir.Type:
     """``elem`` with the vector shape of ``value_type`` (``elem`` itself for a scalar)."""
-    if ir.VectorType.isinstance(value_type):
+    if isinstance(value_type, ir.VectorType):
         return ir.VectorType.get(ir.VectorType(value_type).shape, elem)
     return elem
 
 
 def const_like(like: ir.Type, value: int | float) -> ir.Value:
     """A constant of type ``like`` (scalar, or a vector splat) holding ``value``."""
-    elem = ir.VectorType(like).element_type if ir.VectorType.isinstance(like) else like
-    if ir.IntegerType.isinstance(elem):
+    elem = ir.VectorType(like).element_type if isinstance(like, ir.VectorType) else like
+    if isinstance(elem, ir.IntegerType):
         width = ir.IntegerType(elem).width
         v = int(value)
         if v >= 1 << (width - 1):  # unsigned bit pattern -> two's complement
@@ -56,7 +56,7 @@ def const_like(like: ir.Type, value: int | float) -> ir.Value:
         attr = ir.IntegerAttr.get(elem, v)
     else:
         attr = ir.FloatAttr.get(elem, float(value))
-    if ir.VectorType.isinstance(like):
+    if isinstance(like, ir.VectorType):
         return arith.constant(like, ir.DenseElementsAttr.get_splat(like, attr))
     return arith.constant(like, attr)
 
@@ -245,7 +245,7 @@ def e8m0_block_scale(amax: ir.Value, *, rounding: str, elem_recip: float, elem_e
     i32 = _shape_like(amax.type, _i32())
     if rounding == "up":
         s = arith.mulf(amax, const_like(amax.type, elem_recip))
-        if target.name == "sm_100a" and not ir.VectorType.isinstance(amax.type):
+        if target.name == "sm_100a" and not isinstance(amax.type, ir.VectorType):
             return e8m0_from_f32_up_sm100(s)
         return e8m0_from_f32_sw(s, "rp")
     if rounding not in ("even", "floor"):
@@ -355,7 +355,7 @@ def convert(value: ir.Value, src: str, dst: str, *, rounding: str | Rounding,
             f"conversion {src} -> {dst} with rounding {rnd!r} on {target.name} is not "
             "supported; go via f32 (supported: "
             f"{sorted({k[:3] for k in CONVERSIONS if k[3] == target.name})})")
-    if ir.VectorType.isinstance(value.type) and fn not in (
+    if isinstance(value.type, ir.VectorType) and fn not in (
             e2m1_from_f32_sw, e4m3_from_f32_sw, e4m3_to_f32, e8m0_to_f32, bf16_to_f32):
         soft = CONVERSIONS[(src, dst, rnd, "gfx942")]
         return soft(value)

@@ -1,0 +1,374 @@
+"""Dynamic block-scaled quantization kernels (SEMANTICS §2.1-§2.4, D1-D7, D9, D12).
+
+bf16 ``[M, K]`` -> packed E2M1 ``[M, K/2]`` (NVFP4, MXFP4) or E4M3 ``[M, K]`` (MXFP8) plus one
+scale per block, written directly in the 5-D TCGEN layout (or row-major where the op says so)
+with every padding byte zeroed by the kernel. The D2 chain is bit-identical to
+:mod:`blockscale.reference` on every target; the kernel IR lives in
+:mod:`blockscale.ops.quantize_ir` (imported only to build). Grouped and fused-activation
+variants: :mod:`blockscale.ops.quantize_grouped`, :mod:`blockscale.ops.quantize_silu`; the AMD
+entry points: :mod:`blockscale.ops.quantize_amd`.
+
+Per-target instructions: sm_90a software E2M1 + ``cvt.rn.satfinite.e4m3x2.f32``; sm_100a
+``cvt.rn.satfinite.e2m1x2.f32`` and ``cvt.rp.satfinite.ue8m0x2.f32``; gfx950
+``v_cvt_scalef32_pk_fp4_f32`` for MXFP4 (power-of-two scales); gfx942 software. The scale
+reciprocal is always an IEEE division (``div.rn.f32``), never ``rcp.approx``.
+
+Importing this module does not import MLIR.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+
+from blockscale.formats import Format
+from blockscale.launch import KernelArg
+from blockscale.layouts import TCGEN_5D, ScaleLayout
+
+BLOCK = (256, 1, 1)
+KERNEL_SOURCES = ("blockscale.ops.quantize_ir", "blockscale.compiler.arch.convert")
+MODES = ("dense", "grouped", "silu")
+#: blocks a launch aims for (132 SMs x 16 resident blocks of 256 threads would be 2112).
+TARGET_BLOCKS = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizeSpec:
+    """What one quantize kernel is specialised on.
+
+    Attributes:
+        fmt: "nvfp4" | "mxfp4" | "mxfp8".
+        target: a GPUTarget name.
+        rounding: E8M0 scale rounding for MX formats ("up" | "even" | "floor"); None for NVFP4.
+        layout: "tcgen5d" or "row_major" (dense only).
+        aligned: K % 8 == 0 (16-byte vector loads and 4/8-byte vector stores).
+        mode: "dense", "grouped" (per-expert, §2.5) or "silu" (fused gated activation, §7.5).
+        gather: grouped with ``indices`` (row i reads ``x[indices[i] // indices_divisor]``).
+        activation, act_alpha, act_limit: the gated activation of mode "silu".
+        name: the kernel symbol's base name (the op it serves).
+    """
+
+    fmt: str
+    target: str = "sm_90a"
+    rounding: str | None = None
+    layout: str = "tcgen5d"
+    aligned: bool = True
+    mode: str = "dense"
+    gather: bool = False
+    activation: str = "silu"
+    act_alpha: float = 1.0
+    act_limit: float = math.inf
+    name: str = "quantize_dynamic_scaled_fp4fp8"
+
+    op: ClassVar[str] = "quantize"
+    block: ClassVar[tuple[int, int, int]] = BLOCK
+
+    def __post_init__(self) -> None:
+        from blockscale.ops._matmul_host import check_choice, target_name
+
+        fmt = Format.from_name(self.fmt)
+        object.__setattr__(self, "fmt", fmt.name)
+        object.__setattr__(self, "rounding", fmt.resolve_scale_rounding(self.rounding))
+        object.__setattr__(self, "target", target_name(self.target))
+        check_choice(self.layout, ("tcgen5d", "row_major"), "layout")
+        check_choice(self.mode, MODES, "mode")
+        check_choice(self.activation, ("silu", "swiglu_oai"), "activation")
+        if self.mode != "dense" and self.layout != "tcgen5d":
+            raise ValueError(f"layout must be 'tcgen5d' for mode {self.mode!r}, "
+                             f"got {self.layout!r}")
+        if self.gather and self.mode != "grouped":
+            raise ValueError(f"gather needs mode 'grouped', got mode {self.mode!r}")
+
+    @property
+    def format(self) -> Format:
+        return Format.from_name(self.fmt)
+
+    @property
+    def kernel_name(self) -> str:
+        parts = [self.name, self.fmt, self.rounding or "rn",
+                 "5d" if self.layout == "tcgen5d" else "rm", "v" if self.aligned else "s"]
+        if self.gather:
+            parts.append("gather")
+        if self.mode == "silu":
+            parts.append(self.activation)
+        return "_".join(parts)
+
+    def args(self) -> tuple[KernelArg, ...]:
+        return kernel_args(self)
+
+
+def kernel_args(spec: QuantizeSpec) -> tuple[KernelArg, ...]:
+    """The launch parameters of ``spec``'s kernel, in order."""
+    fmt = spec.format
+    data_dt = "uint8" if fmt.is_fp4 else "float8_e4m3fn"
+    scale_dt = "float8_e8m0fnu" if fmt.is_mx else "float8_e4m3fn"
+    args = [KernelArg("x", "buffer", "bfloat16"),
+            KernelArg("data", "buffer", data_dt, "out"),
+            KernelArg("scales", "buffer", scale_dt, "out")]
+    if spec.mode in ("grouped", "silu"):
+        args += [KernelArg("expert_start", "buffer", "int32"),
+                 KernelArg("scales_offsets", "buffer", "int32"),
+                 KernelArg("expert_ids", "buffer", "int32"),
+                 KernelArg("tensor_sf", "buffer", "float32")]
+        if spec.gather:
+            args += [KernelArg("indices", "buffer", "int32"),
+                     KernelArg("indices_divisor", "scalar", "i32")]
+        args += [KernelArg("num_groups", "scalar", "i32"),
+                 KernelArg("search_steps", "scalar", "i32")]
+    else:
+        args.append(KernelArg("tensor_sf", "scalar", "f32"))
+    args += [KernelArg(n, "scalar", "i64") for n in
+             ("m", "k", "kblocks_row", "chunks_row", "n_tiles", "tiles_per_step")]
+    args += [KernelArg(n, "scalar", "i32") for n in ("tile_iters", "cb_log2", "split_log2")]
+    return tuple(args)
+
+
+def build(spec: QuantizeSpec) -> Any:
+    """The kernel module of ``spec`` (imports MLIR)."""
+    from blockscale.ops import quantize_ir
+
+    return quantize_ir.build(spec)
+
+
+# ---- launch plan -----------------------------------------------------------------------------
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def launch_plan(spec: QuantizeSpec, m: int, k: int, n_tiles: int
+                ) -> tuple[tuple[int, int, int], dict[str, int]]:
+    """Grid and scalar arguments for ``m`` output rows, logical ``k`` and ``n_tiles`` tiles
+    of 128 rows to visit (see :mod:`blockscale.ops.quantize_ir` for the decomposition)."""
+    fmt = spec.format
+    lanes = fmt.block_size // 8
+    kblocks = fmt.kblocks(k)
+    kblocks_row = -(-kblocks // 4) * 4 if spec.layout == "tcgen5d" else kblocks
+    chunks_row = kblocks_row * lanes
+    cb = min(BLOCK[0], _pow2_ceil(chunks_row))
+    gx = -(-chunks_row // cb)
+    rpb = BLOCK[0] // cb
+    max_splits = 128 // rpb
+    want = -(-TARGET_BLOCKS // max(1, gx * n_tiles))
+    splits = max(1, min(max_splits, _pow2_ceil(want)))
+    tiles_per_step = max(1, min(n_tiles, 65535 // splits))
+    tile_iters = -(-n_tiles // tiles_per_step)
+    grid = (gx, tiles_per_step * splits, 1)
+    scalars = {"m": m, "k": k, "kblocks_row": kblocks_row, "chunks_row": chunks_row,
+               "n_tiles": n_tiles, "tiles_per_step": tiles_per_step, "tile_iters": tile_iters,
+               "cb_log2": cb.bit_length() - 1, "split_log2": splits.bit_length() - 1}
+    return grid, scalars
+
+
+def launch(spec: QuantizeSpec, grid: tuple[int, int, int], outs: dict[str, tuple[tuple, Any]],
+           buffers: dict[str, Any], scalars: dict[str, Any], device: Any) -> dict[str, Any]:
+    """Get the kernel, allocate the outputs ``outs`` (name -> (shape, dtype)), launch it.
+
+    Numpy inputs are copied to the device; numpy in gives numpy out, else device arrays.
+    """
+    from blockscale.ops import _core
+
+    host = all(isinstance(v, np.ndarray) for v in buffers.values())
+    kernel = _core.get_kernel(spec)
+    on_dev = {n: device.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+              for n, v in buffers.items()}
+    out_arrays = {n: device.alloc(shape, np.dtype(dt)) for n, (shape, dt) in outs.items()}
+    args = []
+    for a in kernel.args:
+        if a.name in out_arrays:
+            args.append(out_arrays[a.name])
+        elif a.kind == "buffer":
+            args.append(on_dev[a.name])
+        else:
+            args.append(scalars[a.name])
+    _core.run_kernel(kernel, grid, args, device)
+    if host:
+        return {n: device.to_host(v) for n, v in out_arrays.items()}
+    return out_arrays
+
+
+# ---- argument checks ---------------------------------------------------------------------------
+
+
+def check_input(x: Any, arg: str = "x") -> tuple[int, int]:
+    """Shape of a bf16 ``[M, K]`` input (numpy or device array)."""
+    import ml_dtypes
+
+    from blockscale.ops._matmul_host import check_dtype, shape_of
+
+    shape = shape_of(x, arg, 2)
+    check_dtype(x, np.dtype(ml_dtypes.bfloat16), arg)
+    return shape
+
+
+def check_tensor_sf(fmt: Format, tensor_sf: Any) -> float:
+    """A positive finite float32 tensor scale; exactly 1.0 for MX formats (D9)."""
+    from blockscale.ops._matmul_host import finite_f32
+
+    v = finite_f32(tensor_sf, "tensor_sf")
+    if v <= 0:
+        raise ValueError(f"tensor_sf must be > 0, got {tensor_sf!r}")
+    if fmt.is_mx and v != 1.0:
+        raise ValueError(f"tensor_sf must be 1.0 for {fmt.name} (E8M0 scales take no tensor "
+                         f"scale, D9), got {tensor_sf!r}")
+    return v
+
+
+def out_dtypes(fmt: Format) -> tuple[np.dtype, np.dtype]:
+    """(data dtype, scale dtype) of ``fmt``'s outputs."""
+    return np.dtype(fmt.elem_dtype), np.dtype(fmt.scale_dtype)
+
+
+def _empty(device_like: bool, device: Any, shape: tuple, dt: np.dtype) -> Any:
+    return np.zeros(shape, dt) if not device_like else device.zeros(shape, dt)
+
+
+# ---- dense ops ---------------------------------------------------------------------------------
+
+
+def _dense(x: Any, fmt: Format, tsf: float, rounding: str | None, layout: ScaleLayout,
+           device: Any, target: str | None, name: str) -> tuple[Any, Any]:
+    from blockscale.layouts import scale_shape
+    from blockscale.ops._matmul_host import device_and_target
+
+    m, k = check_input(x)
+    fmt.check_k(k, "x.shape[1]")
+    dev, tgt = device_and_target(device, target)
+    data_dt, scale_dt = out_dtypes(fmt)
+    sshape = scale_shape(layout, m, fmt.kblocks(k))
+    dshape = (m, fmt.data_cols(k))
+    if m == 0 or k == 0:
+        dl = not isinstance(x, np.ndarray)
+        return _empty(dl, dev, dshape, data_dt), _empty(dl, dev, sshape, scale_dt)
+    lay = "tcgen5d" if layout is TCGEN_5D else "row_major"
+    spec = QuantizeSpec(fmt.name, tgt, rounding, lay, k % 8 == 0, name=name)
+    grid, scalars = launch_plan(spec, m, k, -(-m // 128))
+    scalars["tensor_sf"] = tsf
+    out = launch(spec, grid, {"data": (dshape, data_dt), "scales": (sshape, scale_dt)},
+                 {"x": x}, scalars, dev)
+    return out["data"], out["scales"]
+
+
+def quantize_dynamic_scaled_fp4fp8(x: Any, fmt: Format | str, *, tensor_sf: float = 1.0,
+                                   scale_rounding: str | None = None,
+                                   scale_layout: ScaleLayout | str = TCGEN_5D,
+                                   device: Any = None, target: str | None = None
+                                   ) -> tuple[Any, Any]:
+    """The generic quantize kernel (§2.1) for NVFP4, MXFP4 and MXFP8.
+
+    Args:
+        x: bfloat16 ``[M, K]`` (numpy or device array); FP4 needs K even, MXFP8 any K.
+        fmt: the format.
+        tensor_sf: NVFP4 encode scale (``1/input_scale``); 1.0 for MX formats (D9).
+        scale_rounding: MX E8M0 rounding ("up" default, "even", "floor"); None for NVFP4.
+        scale_layout: TCGEN_5D (default) or ROW_MAJOR.
+        device: "cuda" | "hip" | "interp" | a Device; None: best available.
+        target: kernel target; None: the device's.
+
+    Returns:
+        ``(data, scales)`` as :func:`blockscale.reference.quantize_dynamic_block_scaled`.
+    """
+    fmt = Format.from_name(fmt)
+    tsf = check_tensor_sf(fmt, tensor_sf)
+    rounding = fmt.resolve_scale_rounding(scale_rounding)
+    return _dense(x, fmt, tsf, rounding, ScaleLayout.parse(scale_layout), device, target,
+                  "quantize_dynamic_scaled_fp4fp8")
+
+
+def quantize_dynamic_scaled_fp4_async(x: Any, *, tensor_sf: float = 1.0, device: Any = None,
+                                      target: str | None = None) -> tuple[Any, Any]:
+    """NVFP4 quantize with 5-D scales for K % 64 == 0 (MAX's TMA kernel, §2.2).
+
+    Today this runs the generic vectorized kernel (same bytes; the TMA + mbarrier variant is
+    not implemented). Raises ValueError unless K % 64 == 0.
+    """
+    from blockscale.formats import NVFP4
+
+    _, k = check_input(x)
+    if k % 64:
+        raise ValueError(f"x.shape[1] must be a multiple of 64 for the async NVFP4 kernel, "
+                         f"got {k}")
+    return _dense(x, NVFP4, check_tensor_sf(NVFP4, tensor_sf), None, TCGEN_5D, device, target,
+                  "quantize_dynamic_scaled_fp4_async")
+
+
+def quantize_dynamic_block_scaled(x: Any, fmt: Format | str, *, tensor_sf: float = 1.0,
+                                  scale_rounding: str | None = None,
+                                  scale_layout: ScaleLayout | str = TCGEN_5D,
+                                  device: Any = None, target: str | None = None
+                                  ) -> tuple[Any, Any]:
+    """Quantize dispatcher (§2.3): same arguments and results as the reference.
+
+    hip targets with MXFP4 and row-major scales (K % 32 == 0) use the AMD kernel
+    (:func:`blockscale.ops.quantize_amd.quantize_mxfp4_amd`, with ``scale_rounding`` as given,
+    default "up"); NVFP4 with K % 64 == 0 and 5-D scales uses
+    :func:`quantize_dynamic_scaled_fp4_async`; everything else the generic kernel.
+    """
+    from blockscale.ops._matmul_host import device_and_target
+
+    fmt = Format.from_name(fmt)
+    layout = ScaleLayout.parse(scale_layout)
+    tsf = check_tensor_sf(fmt, tensor_sf)
+    rounding = fmt.resolve_scale_rounding(scale_rounding)
+    m, k = check_input(x)
+    dev, tgt = device_and_target(device, target)
+    from blockscale.compiler.targets import GPUTarget
+
+    if (GPUTarget.parse(tgt).is_hip and fmt.name == "mxfp4" and layout is not TCGEN_5D
+            and k % 32 == 0):
+        from blockscale.ops.quantize_amd import quantize_mxfp4_amd
+
+        return quantize_mxfp4_amd(x, scale_rounding=rounding, device=dev, target=tgt)
+    if fmt.name == "nvfp4" and layout is TCGEN_5D and k % 64 == 0 and k > 0:
+        return quantize_dynamic_scaled_fp4_async(x, tensor_sf=tsf, device=dev, target=tgt)
+    return _dense(x, fmt, tsf, rounding, layout, dev, tgt, "quantize_dynamic_scaled_fp4fp8")
+
+
+# ---- compiled kernels (all asm stages) ---------------------------------------------------------
+
+
+def kernel(spec_or_fmt: QuantizeSpec | Format | str, target: str = "sm_90a", **fields: Any
+           ) -> Any:
+    """The compiled Kernel (``.asm[...]``, ``.meta``) of a spec or of a format + spec fields."""
+    from blockscale.ops._matmul_host import compile_spec
+
+    spec = spec_or_fmt if isinstance(spec_or_fmt, QuantizeSpec) else QuantizeSpec(
+        Format.from_name(spec_or_fmt).name, target=target, **fields)
+    return compile_spec(spec)
+
+
+def quantize_dynamic_scaled_fp4fp8_kernel(fmt: Format | str, target: str = "sm_90a",
+                                          **fields: Any) -> Any:
+    """Compiled Kernel of the generic quantize kernel for ``fmt`` on ``target``."""
+    return kernel(fmt, target, **fields)
+
+
+def quantize_dynamic_scaled_fp4_async_kernel(target: str = "sm_90a", **fields: Any) -> Any:
+    """Compiled Kernel behind :func:`quantize_dynamic_scaled_fp4_async`."""
+    return kernel("nvfp4", target, name="quantize_dynamic_scaled_fp4_async", **fields)
+
+
+def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
+    """Every quantize spec the GPU tests and benchmarks use on ``target``."""
+    specs = []
+    for aligned in (True, False):
+        specs += [QuantizeSpec("nvfp4", target, None, "tcgen5d", aligned),
+                  QuantizeSpec("mxfp4", target, "up", "tcgen5d", aligned),
+                  QuantizeSpec("mxfp8", target, "up", "tcgen5d", aligned)]
+    specs += [QuantizeSpec("nvfp4", target, name="quantize_dynamic_scaled_fp4_async")]
+    specs += [QuantizeSpec("mxfp4", target, r, "tcgen5d", True) for r in ("even", "floor")]
+    from blockscale.ops import quantize_amd, quantize_grouped, quantize_silu
+
+    for mod in (quantize_grouped, quantize_silu, quantize_amd):
+        specs += mod.bundle_specs(target)
+    return specs
+
+
+__all__ = ["QuantizeSpec", "kernel_args", "build", "launch_plan", "quantize_dynamic_block_scaled",
+           "quantize_dynamic_scaled_fp4fp8", "quantize_dynamic_scaled_fp4_async", "kernel",
+           "quantize_dynamic_scaled_fp4fp8_kernel", "quantize_dynamic_scaled_fp4_async_kernel",
+           "bundle_specs"]

@@ -1,0 +1,388 @@
+"""The quantize kernel IR (dense, grouped per expert, fused gated activation), for all targets.
+
+One generator builds every quantize kernel from a :class:`blockscale.ops.quantize.QuantizeSpec`.
+Imported lazily (it needs MLIR); ``blockscale.ops.quantize`` holds the spec and host side.
+
+Work decomposition (all launches: ``block = (256, 1, 1)``, ``grid = (gx, gy)``):
+
+* a *chunk* is 8 contiguous elements of one row; one thread owns one chunk per row it visits.
+  ``L = block_size / 8`` neighbouring lanes share a scale block (2 for NVFP4, 4 for MX) and
+  reduce its amax with ``gpu.shuffle xor``; the lane owning the block's first element writes
+  the scale byte (0 for padding slots), so every scale byte is written;
+* rows are visited in 128-row *tiles* (the 5-D layout's row atom): ``blockIdx.y`` selects a
+  tile and a slice of its rows (``2^split_log2`` slices), ``blockIdx.x`` a range of ``2^cb_log2``
+  chunks; a block covers ``256 >> cb_log2`` rows per step. Loop trip counts are uniform across
+  the block, so shuffles never run under divergence;
+* the grouped variant finds the group owning a tile by binary search over
+  ``tile0(g) = expert_start[g] // 128 + scales_offsets[g]`` (non-decreasing, checked on the
+  host) and reads its expert's tensor scale by expert id (D8); inactive groups (id -1) write
+  zero rows and zero scales;
+* ``aligned`` kernels (K % 8 == 0) move 16-byte bf16 vectors in and 4- or 8-byte vectors out;
+  the other kernels use masked scalar accesses (any valid K, D7).
+
+Numerics follow D2 exactly (see :mod:`blockscale.compiler.arch.convert` for the casts); the
+amax is an integer max over |bits| so NaN and Inf are never dropped (D5).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from mlir import ir
+from mlir.dialects import arith, gpu, math, vector
+
+from blockscale.compiler import ir as B
+from blockscale.compiler.arch import convert as C
+from blockscale.formats import RECIP_E2M1_MAX, RECIP_E4M3_MAX, Format
+
+if TYPE_CHECKING:
+    from blockscale.ops.quantize import QuantizeSpec
+
+BLOCK_THREADS = 256
+CHUNK = 8  # elements per thread per row
+
+
+def _c32(v: int) -> ir.Value:
+    return B.const(v, B.i32())
+
+
+def _c64(v: int) -> ir.Value:
+    return B.const(v, B.i64())
+
+
+def _cf(v: float) -> ir.Value:
+    return B.const(float(v), B.f32())
+
+
+def _i64(v: ir.Value) -> ir.Value:
+    return B.cast_int(v, B.i64())
+
+
+def _vconst(values: list[int], elem: ir.Type) -> ir.Value:
+    t = B.vec(len(values), elem)
+    return arith.constant(t, ir.DenseElementsAttr.get(np.array(values, dtype=np.int32), type=t))
+
+
+def _splat(v: ir.Value, n: int) -> ir.Value:
+    return vector.broadcast(B.vec(n, v.type), v)
+
+
+class _Ctx:
+    """Per-kernel constants derived from the spec."""
+
+    def __init__(self, spec: QuantizeSpec) -> None:
+        self.spec = spec
+        self.fmt = Format.from_name(spec.fmt)
+        self.lanes = self.fmt.block_size // CHUNK
+        self.lanes_log2 = self.lanes.bit_length() - 1
+        from blockscale.compiler.targets import GPUTarget
+
+        self.target = GPUTarget.parse(spec.target)
+
+
+# ---- loading a chunk --------------------------------------------------------------------------
+
+
+def _load_chunk_bits(k: _Ctx, buf: ir.Value, row_off: ir.Value, col0: ir.Value,
+                     ncols: ir.Value, load_ok: ir.Value) -> list[ir.Value]:
+    """The f32 bit patterns (i32) of 8 bf16 at ``buf[row_off + col0 + e]``; 0 where invalid.
+
+    Aligned kernels: one 16-byte ``vector.load`` from a clamped (always in-bounds) address.
+    Others: 8 scalar loads, each masked by ``col0 + e < ncols``.
+    """
+    i32 = B.i32()
+    if k.spec.aligned:
+        idx = arith.select(load_ok, arith.addi(row_off, col0), _c64(0))
+        v = B.vector_load(B.vec(CHUNK, B.bf16()), buf, idx, alignment=16)
+        bits = vector.bitcast(B.vec(CHUNK, B.i16()), v)
+        wide = arith.shli(arith.extui(B.vec(CHUNK, i32), bits), C.const_like(B.vec(CHUNK, i32), 16))
+        wide = arith.select(load_ok, wide, C.const_like(wide.type, 0))
+        return [B.extract(wide, e) for e in range(CHUNK)]
+    out = []
+    for e in range(CHUNK):
+        col = arith.addi(col0, _c64(e))
+        ok = arith.andi(load_ok, arith.cmpi(arith.CmpIPredicate.ult, col, ncols))
+        idx = arith.select(ok, arith.addi(row_off, col), _c64(0))
+        v = B.load(buf, idx)
+        b = arith.shli(arith.extui(i32, arith.bitcast(B.i16(), v)), _c32(16))
+        out.append(arith.select(ok, b, _c32(0)))
+    return out
+
+
+def _activation(spec: QuantizeSpec, g: ir.Value, u: ir.Value) -> ir.Value:
+    """The gated activation in f32 (D10): SILU ``(g * (1 / (1 + exp(-g)))) * u`` or the OAI
+    clamped SwiGLU ``((u' + 1) * g') * (1 / (1 + exp(-(alpha * g'))))``; IEEE division."""
+    one = _cf(1.0)
+    if spec.activation == "silu":
+        sig = arith.divf(one, arith.addf(one, math.exp(arith.negf(g))))
+        return arith.mulf(arith.mulf(g, sig), u)
+    lim = _cf(spec.act_limit)
+    g2 = arith.minimumf(g, lim)
+    u2 = arith.minimumf(arith.maximumf(u, arith.negf(lim)), lim)
+    sig = arith.divf(one, arith.addf(one, math.exp(arith.negf(arith.mulf(_cf(spec.act_alpha), g2)))))
+    return arith.mulf(arith.mulf(arith.addf(u2, one), g2), sig)
+
+
+# ---- per-chunk quantization -------------------------------------------------------------------
+
+
+def _block_amax_bits(k: _Ctx, bits: list[ir.Value]) -> ir.Value:
+    """max |bits| over the chunk, then over the L lanes of the scale block (gpu.shuffle xor)."""
+    mask = _c32(0x7FFFFFFF)
+    m = arith.andi(bits[0], mask)
+    for b in bits[1:]:
+        m = arith.maxui(m, arith.andi(b, mask))
+    width = _c32(k.target.warp_size)
+    off = 1
+    while off < k.lanes:
+        other = gpu.shuffle(m, _c32(off), width, gpu.ShuffleMode.XOR)[0]
+        m = arith.maxui(m, other)
+        off *= 2
+    return m
+
+
+def _scale_and_recip(k: _Ctx, amax_bits: ir.Value, tsf: ir.Value | None,
+                     inv_tsf: ir.Value | None) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """(scale byte i32, recip f32, decoded scale f32) of D2 for a finite block max."""
+    amax = arith.bitcast(B.f32(), amax_bits)
+    if k.fmt.is_mx:
+        byte = C.e8m0_block_scale(amax, rounding=k.spec.rounding,
+                                  elem_recip=float(k.fmt.scale_recip),
+                                  elem_emax=k.fmt.elem_emax, target=k.target)
+        sd = C.e8m0_to_f32(byte)
+        recip = arith.divf(_cf(1.0), sd)  # sd >= 2^-127: never 0 (D1)
+        return byte, recip, sd
+    s = arith.mulf(tsf, arith.mulf(amax, _cf(RECIP_E2M1_MAX)))
+    byte = C.convert(s, "f32", "e4m3", rounding="rn", target=k.target)
+    sd = C.e4m3_to_f32(byte)
+    recip = arith.divf(_cf(1.0), arith.mulf(sd, inv_tsf))
+    zero = arith.cmpi(arith.CmpIPredicate.eq, byte, _c32(0))  # D1: decoded scale 0
+    return byte, arith.select(zero, _cf(0.0), recip), sd
+
+
+def _pack_fp4(k: _Ctx, xs: list[ir.Value], recip: ir.Value, sbyte: ir.Value) -> ir.Value:
+    """Eight f32 -> i32 of packed E2M1 codes (element 2j in the low nibble of byte j)."""
+    name = k.target.name
+    if name == "gfx950" and k.fmt.is_mx:
+        return C.fp4x8_from_f32_scaled_gfx950(xs, sbyte)
+    ys = [arith.mulf(x, recip) for x in xs]
+    if name == "sm_100a":
+        word = _c32(0)
+        for j in range(4):
+            byte = C.e2m1x2_from_f32_nvvm(ys[2 * j], ys[2 * j + 1])
+            word = arith.ori(word, arith.shli(byte, _c32(8 * j)))
+        return word
+    yv = vector.from_elements(B.vec(CHUNK, B.f32()), ys)
+    codes = C.e2m1_from_f32_sw(yv)
+    shifted = arith.shli(codes, _vconst([4 * e for e in range(CHUNK)], B.i32()))
+    return vector.reduction(B.i32(), vector.CombiningKind.OR, shifted)
+
+
+def _pack_e4m3(k: _Ctx, xs: list[ir.Value], recip: ir.Value) -> list[ir.Value]:
+    """Eight f32 -> two i32 words of E4M3 bytes (element e in byte e % 4 of word e // 4)."""
+    ys = [arith.mulf(x, recip) for x in xs]
+    words = []
+    for w in range(2):
+        if k.target.is_cuda:
+            lo = C.e4m3x2_from_f32_nvvm(ys[4 * w], ys[4 * w + 1])
+            hi = C.e4m3x2_from_f32_nvvm(ys[4 * w + 2], ys[4 * w + 3])
+            words.append(arith.ori(lo, arith.shli(hi, _c32(16))))
+        else:
+            yv = vector.from_elements(B.vec(4, B.f32()), ys[4 * w:4 * w + 4])
+            codes = C.e4m3_from_f32_sw(yv)
+            shifted = arith.shli(codes, _vconst([0, 8, 16, 24], B.i32()))
+            words.append(vector.reduction(B.i32(), vector.CombiningKind.OR, shifted))
+    return words
+
+
+def _store_data(k: _Ctx, data: ir.Value, words: list[ir.Value], row: ir.Value, col0: ir.Value,
+                ncols: ir.Value, row_ok: ir.Value) -> None:
+    """Store the chunk's packed words at data row ``row`` (masked per byte when unaligned)."""
+    per_elem = 1 if not k.fmt.is_fp4 else 2  # elements per byte
+    row_bytes = ncols if not k.fmt.is_fp4 else arith.shrui(ncols, _c64(1))
+    base = arith.addi(arith.muli(row, row_bytes), arith.divui(col0, _c64(per_elem)))
+    nbytes = CHUNK // per_elem
+    if k.spec.aligned:
+        with B.when(row_ok):
+            wv = vector.from_elements(B.vec(len(words), B.i32()), words)
+            bv = vector.bitcast(B.vec(nbytes, B.i8()), wv)
+            B.vector_store(bv, data, base, alignment=nbytes)
+        return
+    for b in range(nbytes):
+        word = words[(b * 8) // 32]
+        byte = arith.trunci(B.i8(), arith.shrui(word, _c32((b * 8) % 32)))
+        col = arith.addi(col0, _c64(b * per_elem))
+        ok = arith.andi(row_ok, arith.cmpi(arith.CmpIPredicate.ult, col, ncols))
+        with B.when(ok):
+            B.store(byte, data, arith.addi(base, _c64(b)))
+
+
+def _scale_offset(k: _Ctx, srow: ir.Value, j: ir.Value, kblocks_row: ir.Value) -> ir.Value:
+    """Byte offset of scale (srow, j): 5-D TCGEN (§1.3) or row-major ``srow * J + j``."""
+    if k.spec.layout == "row_major":
+        return arith.addi(arith.muli(srow, kblocks_row), j)
+    d1 = arith.shrui(kblocks_row, _c64(2))  # kblocks padded to a multiple of 4
+    tile = arith.shrui(srow, _c64(7))
+    r128 = arith.andi(srow, _c64(127))
+    atom = arith.addi(arith.muli(tile, d1), arith.shrui(j, _c64(2)))
+    inner = arith.addi(arith.addi(arith.muli(arith.andi(r128, _c64(31)), _c64(16)),
+                                  arith.muli(arith.shrui(r128, _c64(5)), _c64(4))),
+                       arith.andi(j, _c64(3)))
+    return arith.addi(arith.muli(atom, _c64(512)), inner)
+
+
+# ---- group lookup (grouped / fused variants) -----------------------------------------------------
+
+
+def _tile0(k: _Ctx, es: ir.Value, offs: ir.Value, g: ir.Value) -> ir.Value:
+    """tile0(g) = expert_start[g] // 128 + scales_offsets[g] (i64)."""
+    s = arith.extui(B.i64(), B.load(es, g))
+    o = arith.extsi(B.i64(), B.load(offs, g))
+    return arith.addi(arith.shrui(s, _c64(7)), o)
+
+
+def _find_group(k: _Ctx, kb: B.KernelBuilder, tile: ir.Value, tile_ok: ir.Value
+                ) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+    """(row_base, rows_valid, active, expert) of the group owning 5-D tile ``tile``.
+
+    Binary search for the last group g with tile0(g) <= tile (``search_steps`` halvings of
+    [0, G)); the tile belongs to g when it lies in g's ceil(n_g/128) tiles. ``rows_valid`` is 0
+    for tiles no group owns; ``active`` is false for expert id -1 (its rows are written as 0).
+    """
+    es, offs, ids = kb.arg("expert_start"), kb.arg("scales_offsets"), kb.arg("expert_ids")
+    ngroups = arith.extui(B.i64(), kb.arg("num_groups"))
+    with B.for_range(0, arith.extui(B.i64(), kb.arg("search_steps")),
+                     carry=[_c64(0), ngroups]) as loop:
+        lo, hi = loop.carried
+        mid = arith.shrui(arith.addi(lo, hi), _c64(1))
+        le = arith.cmpi(arith.CmpIPredicate.sle, _tile0(k, es, offs, mid), tile)
+        loop.yield_(arith.select(le, mid, lo), arith.select(le, hi, mid))
+    g = loop.results[0]
+    t0 = _tile0(k, es, offs, g)
+    start = arith.extui(B.i64(), B.load(es, g))
+    end = arith.extui(B.i64(), B.load(es, arith.addi(g, _c64(1))))
+    ntiles = arith.shrui(arith.addi(arith.subi(end, start), _c64(127)), _c64(7))
+    rel = arith.subi(tile, t0)
+    owns = arith.andi(arith.andi(tile_ok, arith.cmpi(arith.CmpIPredicate.sge, rel, _c64(0))),
+                      arith.cmpi(arith.CmpIPredicate.slt, rel, ntiles))
+    row_base = arith.addi(start, arith.muli(arith.select(owns, rel, _c64(0)), _c64(128)))
+    left = arith.subi(end, row_base)
+    rows_valid = arith.select(owns, arith.minsi(left, _c64(128)), _c64(0))
+    expert = B.load(ids, g)
+    active = arith.cmpi(arith.CmpIPredicate.sge, expert, _c32(0))
+    expert = arith.select(active, expert, _c32(0))
+    return row_base, rows_valid, active, expert
+
+
+# ---- kernel ----------------------------------------------------------------------------------
+
+
+def build(spec: QuantizeSpec) -> ir.Module:
+    """The ``gpu.module`` of the quantize kernel described by ``spec`` (see module docstring)."""
+    from blockscale.ops.quantize import kernel_args
+
+    k = _Ctx(spec)
+    with ir.Context(), ir.Location.unknown():
+        with B.kernel_module(spec.kernel_name, spec.target, kernel_args(spec),
+                             (BLOCK_THREADS, 1, 1)) as kb:
+            _body(k, kb)
+        kb.module.operation.verify()
+        return kb.module
+
+
+def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
+    spec = k.spec
+    grouped = spec.mode in ("grouped", "silu")
+    i64 = B.i64()
+    a = kb.arg
+    m, ncols = a("m"), a("k")
+    kblocks_row, chunks_row = a("kblocks_row"), a("chunks_row")
+    cb = arith.extui(i64, a("cb_log2"))
+    split = arith.extui(i64, a("split_log2"))
+    tid = B.cast_int(B.thread_idx(), i64)
+    bx = B.cast_int(B.block_idx("x"), i64)
+    by = B.cast_int(B.block_idx("y"), i64)
+    ci = arith.andi(tid, arith.subi(arith.shli(_c64(1), cb), _c64(1)))
+    ri = arith.shrui(tid, cb)
+    rpb_log2 = arith.subi(_c64(8), cb)
+    c = arith.ori(arith.shli(bx, cb), ci)
+    j = arith.shrui(c, _c64(k.lanes_log2))
+    lane0 = arith.cmpi(arith.CmpIPredicate.eq, arith.andi(c, _c64(k.lanes - 1)), _c64(0))
+    chunk_ok = arith.cmpi(arith.CmpIPredicate.ult, c, chunks_row)
+    col0 = arith.muli(c, _c64(CHUNK))
+    col_ok = arith.cmpi(arith.CmpIPredicate.ult, col0, ncols)
+    rows_per_part = arith.shrui(_c64(128), split)
+    part = arith.andi(by, arith.subi(arith.shli(_c64(1), split), _c64(1)))
+    tile_base = arith.shrui(by, split)
+    row_iters = arith.shrui(rows_per_part, rpb_log2)
+    in_stride = arith.shli(ncols, _c64(1)) if spec.mode == "silu" else ncols
+    dense_inv_tsf = None
+    if spec.mode == "dense" and not k.fmt.is_mx:
+        dense_inv_tsf = arith.divf(_cf(1.0), a("tensor_sf"))
+
+    with B.for_range(0, arith.extui(i64, a("tile_iters"))) as tloop:
+        titer = B.cast_int(tloop.iv, i64)
+        tile = arith.addi(tile_base, arith.muli(titer, a("tiles_per_step")))
+        tile_ok = arith.cmpi(arith.CmpIPredicate.ult, tile, a("n_tiles"))
+        tsf = inv_tsf = None
+        if grouped:
+            row_base, rows_valid, active, expert = _find_group(k, kb, tile, tile_ok)
+            if not k.fmt.is_mx:
+                v = B.load(a("tensor_sf"), B.cast_int(expert, B.index(), signed=True))
+                tsf = arith.divf(_cf(1.0), v) if spec.mode == "silu" else v
+                inv_tsf = arith.divf(_cf(1.0), tsf)
+        else:
+            row_base = arith.shli(tile, _c64(7))
+            left = arith.subi(m, row_base)
+            rows_valid = arith.select(arith.cmpi(arith.CmpIPredicate.slt, left, _c64(0)),
+                                      _c64(0), arith.minsi(left, _c64(128)))
+            active = arith.constant(B.i1(), ir.BoolAttr.get(True))
+            if not k.fmt.is_mx:
+                tsf, inv_tsf = a("tensor_sf"), dense_inv_tsf
+        with B.for_range(0, row_iters) as rloop:
+            riter = B.cast_int(rloop.iv, i64)
+            rr = arith.addi(arith.addi(arith.muli(part, rows_per_part), ri),
+                            arith.shli(riter, rpb_log2))
+            row_ok = arith.andi(tile_ok, arith.cmpi(arith.CmpIPredicate.slt, rr, rows_valid))
+            drow = arith.addi(row_base, rr)
+            srow = drow
+            if spec.gather:
+                gidx = arith.select(row_ok, drow, _c64(0))
+                src = arith.extsi(i64, B.load(a("indices"), gidx))
+                srow = arith.divui(src, arith.extui(i64, a("indices_divisor")))
+            load_ok = arith.andi(arith.andi(row_ok, col_ok), active)
+            row_off = arith.muli(arith.select(load_ok, srow, _c64(0)), in_stride)
+            if spec.mode == "silu":
+                gb = _load_chunk_bits(k, a("x"), row_off, col0, ncols, load_ok)
+                ub = _load_chunk_bits(k, a("x"), arith.addi(row_off, ncols), col0, ncols, load_ok)
+                bits = []
+                for gbit, ubit in zip(gb, ub):
+                    z = _activation(spec, arith.bitcast(B.f32(), gbit), arith.bitcast(B.f32(), ubit))
+                    bits.append(arith.bitcast(B.i32(), z))
+            else:
+                bits = _load_chunk_bits(k, a("x"), row_off, col0, ncols, load_ok)
+            amax = _block_amax_bits(k, bits)
+            nonfinite = arith.cmpi(arith.CmpIPredicate.uge, amax, _c32(0x7F800000))
+            safe_amax = arith.select(nonfinite, _c32(0), amax)
+            byte, recip, _ = _scale_and_recip(k, safe_amax, tsf, inv_tsf)
+            nan_byte = 0xFF if k.fmt.is_mx else 0x7F
+            byte = arith.select(nonfinite, _c32(nan_byte), byte)
+            xs = [arith.bitcast(B.f32(), b) for b in bits]
+            if k.fmt.is_fp4:
+                words = [_pack_fp4(k, xs, recip, byte)]
+            else:
+                words = _pack_e4m3(k, xs, recip)
+            words = [arith.select(nonfinite, _c32(0), w) for w in words]
+            _store_data(k, a("data"), words, drow, col0, ncols, arith.andi(row_ok, col_ok))
+            # Scale byte: the block's first lane writes it; padding slots get 0 (D7).
+            has_data = arith.andi(row_ok, col_ok)
+            sval = arith.trunci(B.i8(), arith.select(arith.andi(has_data, active), byte, _c32(0)))
+            if spec.layout == "row_major":
+                s_ok = arith.andi(arith.andi(lane0, chunk_ok), row_ok)
+                srow5 = drow
+            else:
+                s_ok = arith.andi(arith.andi(lane0, chunk_ok), tile_ok)
+                srow5 = arith.addi(arith.shli(tile, _c64(7)), rr)
+            with B.when(s_ok):
+                B.store(sval, a("scales"), _scale_offset(k, srow5, j, kblocks_row))
