@@ -107,7 +107,7 @@ def device_and_target(device: Any, target: str | None) -> tuple[Any, str]:
     """The runtime Device for ``device`` (a name, a Device or None = best available) and the
     kernel target name (``target``, else the device's, else the default target)."""
     from blockscale import runtime
-    from blockscale.ops import _core
+    import blockscale.ops._core as _core
 
     dev = device if hasattr(device, "launch") else runtime.get_device(device)
     return dev, _core.resolve_target(target, dev)
@@ -122,7 +122,7 @@ def launch(spec: Any, grid: tuple[int, int, int], out_shape: tuple[int, ...], ou
     copied to the device). The result is numpy when every input is numpy, else a device array.
     ``empty``: the output has no elements; nothing is launched.
     """
-    from blockscale.ops import _core
+    import blockscale.ops._core as _core
 
     dt = _np_dtype(out_dtype)
     host = all(isinstance(v, np.ndarray) for v in buffers.values())
@@ -146,6 +146,6 @@ def launch(spec: Any, grid: tuple[int, int, int], out_shape: tuple[int, ...], ou
 
 def compile_spec(spec: Any) -> Any:
     """The compiled Kernel (every asm stage) of ``spec``; needs the compiler."""
-    from blockscale.ops import _core
+    import blockscale.ops._core as _core
 
     return _core.compile_kernel(spec)

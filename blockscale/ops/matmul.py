@@ -9,7 +9,7 @@
 * fp32 accumulation; ``alpha`` multiplies the fp32 accumulator; output bf16 (RNE) or f32.
 
 The portable kernel runs one thread per output on 16x16 blocks, grid ``(ceil(N/16),
-ceil(M/16))``; its K loop is in :mod:`blockscale.ops.matmul_ir`. It is built for every target
+ceil(M/16))``; its K loop is in :mod:`blockscale.ops._matmul_ir`. It is built for every target
 (sm_90a, sm_100a, gfx942, gfx950) from the same IR.
 
 :func:`block_scaled_matmul` dispatches by target and shape: today always the portable kernel;
@@ -29,12 +29,13 @@ from typing import Any, ClassVar
 from blockscale.formats import MXFP4, Format
 from blockscale.launch import KernelArg
 from blockscale.layouts import scale_shape
-from blockscale.ops import _matmul_host as H
+import blockscale.ops._core as _core
+import blockscale.ops._matmul_host as H
 from blockscale.ops.matmul_epilogue import Epilogue
 
 BLOCK = (16, 16, 1)
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
-KERNEL_SOURCES = ("blockscale.ops.matmul_ir", "blockscale.ops.matmul_epilogue")
+KERNEL_SOURCES = ("blockscale.ops._matmul_ir", "blockscale.ops.matmul_epilogue")
 OUT_DTYPES = ("bfloat16", "float32")
 SCALE_LAYOUTS = ("tcgen5d", "row_major")
 
@@ -104,7 +105,7 @@ def build(spec: MatmulSpec) -> Any:
     from mlir.dialects import arith
 
     from blockscale.compiler import ir as bir
-    from blockscale.ops import matmul_ir as mir
+    import blockscale.ops._matmul_ir as mir
     from blockscale.ops.matmul_epilogue import EpilogueContext
 
     fmt = spec.format
@@ -299,6 +300,13 @@ def bundle_specs(target: str = "sm_90a") -> list[MatmulSpec]:
     specs.append(MatmulSpec("mxfp4", "bfloat16", "row_major", None, target))
     return specs
 
+
+for _fn in (naive_block_scaled_matmul, matmul_dynamic_block_scaled_mxfp4, block_scaled_matmul,
+            block_scaled_matmul_with_epilogue):
+    _fn.kernel = kernel  # type: ignore[attr-defined]
+    _fn.build = build  # type: ignore[attr-defined]
+
+_core.register_op_module(__name__)
 
 __all__ = ["MatmulSpec", "build", "grid", "naive_block_scaled_matmul",
            "matmul_dynamic_block_scaled_mxfp4", "block_scaled_matmul",

@@ -19,7 +19,7 @@ Two scale layouts:
 
 One thread per output on 16x16 blocks, grid ``(ceil(N/16), ceil(T/16))``; each thread finds its
 group by counting ``expert_start[1..G] <= m`` (a linear scan, G is small), then runs the shared
-K loop of :mod:`blockscale.ops.matmul_ir`. Importing this module does not import MLIR.
+K loop of :mod:`blockscale.ops._matmul_ir`. Importing this module does not import MLIR.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ import numpy as np
 from blockscale.formats import MXFP4, Format
 from blockscale.launch import KernelArg
 from blockscale.layouts import SF_ATOM_ROWS, scale_shape
-from blockscale.ops import _matmul_host as H
+import blockscale.ops._core as _core
+import blockscale.ops._matmul_host as H
 
 BLOCK = (16, 16, 1)
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
-KERNEL_SOURCES = ("blockscale.ops.matmul_ir",)
+KERNEL_SOURCES = ("blockscale.ops._matmul_ir",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +110,7 @@ def build(spec: GroupedMatmulSpec) -> Any:
     from mlir.dialects import arith
 
     from blockscale.compiler import ir as bir
-    from blockscale.ops import matmul_ir as mir
+    import blockscale.ops._matmul_ir as mir
 
     fmt = spec.format
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), BLOCK) as kb:
@@ -346,6 +347,12 @@ def bundle_specs(target: str = "sm_90a") -> list[GroupedMatmulSpec]:
               for o in ("bfloat16", "float32")]
     return specs
 
+
+for _fn in (grouped_matmul_block_scaled, grouped_matmul_block_scaled_mxfp4):
+    _fn.kernel = kernel  # type: ignore[attr-defined]
+    _fn.build = build  # type: ignore[attr-defined]
+
+_core.register_op_module(__name__)
 
 __all__ = ["GroupedMatmulSpec", "build", "grid", "grouped_matmul_block_scaled",
            "grouped_matmul_block_scaled_mxfp4", "kernel", "bundle_specs"]
