@@ -61,22 +61,52 @@ def _entry_from(op: str, spec: Any, key: str, binary: KernelBinary, seconds: flo
                        binary.dynamic_shared_bytes, round(seconds, 3), status)
 
 
+def _collect_specs(core: Any, target: str, entries: list[BundleEntry], log: Any) -> list[Any]:
+    """``bundle_specs(target)`` of each registered op module; a module whose collection fails
+    gets a "failed" entry and the others still count."""
+    import importlib
+
+    specs: list[Any] = []
+    for module_name in core.op_modules():
+        fn = getattr(importlib.import_module(module_name), "bundle_specs", None)
+        if fn is None:
+            continue
+        try:
+            specs.extend(fn(target))
+        except Exception as e:
+            entries.append(BundleEntry(module_name.rsplit(".", 1)[-1],
+                                       f"bundle_specs({target!r})", "-", target=target,
+                                       status=f"failed: {e!r}"))
+            print(f"[bundle] {module_name}.bundle_specs({target!r}) failed:\n"
+                  f"{traceback.format_exc()}", file=log)
+    return specs
+
+
 def build_bundle(out: str, targets: Sequence[str], *, only: Sequence[str] = (),
                  force: bool = False, log: Any = sys.stdout) -> list[BundleEntry]:
     """Compile the registered ops' bundle specs for ``targets`` into ``out``.
 
     Entries already in ``out`` under the same key are kept unless ``force``. A spec that
-    fails to compile is reported (status "failed: ...") and the others still run.
+    fails to compile, or an op module whose import or ``bundle_specs`` fails, is reported
+    (status "failed: ...") and the others still run.
     """
-    import blockscale.ops  # noqa: F401  (the package registers its op modules)
+    import importlib
+
+    import blockscale.ops
     from blockscale.ops import _core
 
+    entries: list[BundleEntry] = []
+    for name in blockscale.ops.op_module_names():  # op modules register themselves on import
+        try:
+            importlib.import_module(f"blockscale.ops.{name}")
+        except Exception as e:
+            entries.append(BundleEntry(name, "-", "-", status=f"failed: import: {e!r}"))
+            print(f"[bundle] import of blockscale.ops.{name} failed: {e!r}", file=log)
     if not _core.op_modules():
         raise RuntimeError("no op modules are registered in blockscale.ops._core; nothing to "
                            "bundle")
-    entries: list[BundleEntry] = []
     for target in targets:
-        for spec in _core.bundle_specs(target):
+        for spec in _collect_specs(_core, target, entries, log):
             op = str(getattr(spec, "op", type(spec).__name__))
             if only and op not in only:
                 continue
@@ -96,6 +126,8 @@ def build_bundle(out: str, targets: Sequence[str], *, only: Sequence[str] = (),
             save_kernel(out, key, binary)
             entries.append(_entry_from(op, spec, key, binary, time.perf_counter() - t0,
                                        "compiled"))
+    if only:  # module-level failures (import, bundle_specs) were printed; they are not asked for
+        entries = [e for e in entries if e.key != "-"]
     return entries
 
 
