@@ -1,0 +1,192 @@
+"""Grouped (per-expert) dynamic quantization (SEMANTICS §2.5, D7, D8, D9, D11).
+
+Rows sorted by expert are quantized with their expert's tensor scale (indexed by expert id);
+scales go to the padded, expert-relative 5-D placement ``tile0(g) = expert_start[g] // 128 +
+scales_offsets[g]``. Every output byte is written by the kernel: rows and tiles of groups
+with expert id -1 and all spare tiles are zero. The kernel is the one of
+:mod:`blockscale.ops.quantize_ir` in mode "grouped". No MLIR at import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from blockscale.formats import Format
+from blockscale.ops.quantize import (
+    QuantizeSpec,
+    check_input,
+    launch,
+    launch_plan,
+    out_dtypes,
+)
+
+
+def _host_int(v: Any, arg: str, n: int | None = None) -> np.ndarray | None:
+    """int32 copy of a 1-D numpy integer vector (None for device arrays: not validated)."""
+    if not isinstance(v, np.ndarray):
+        if not hasattr(v, "shape"):
+            raise TypeError(f"{arg} must be an integer array, got {type(v).__name__}")
+        return None
+    if v.ndim != 1 or v.dtype.kind not in "iu":
+        raise TypeError(f"{arg} must be a 1-D integer array, got {v.dtype} {v.shape}")
+    if n is not None and v.shape[0] != n:
+        raise ValueError(f"{arg} must have {n} entries, got {v.shape[0]}")
+    return v.astype(np.int64)
+
+
+def check_groups(expert_start: Any, scales_offsets: Any, expert_ids: Any, num_rows: int,
+                 num_tiles: int) -> int:
+    """Validate the group vectors (numpy ones fully) and return G.
+
+    expert_start ``[G+1]`` non-decreasing from 0 to ``num_rows``; tile0 non-decreasing over
+    non-empty groups, whose tiles lie in ``[0, num_tiles)`` without overlap (the kernel's
+    binary search relies on this).
+    """
+    ng = int(getattr(expert_ids, "shape", (0,))[0])
+    es = _host_int(expert_start, "expert_start", ng + 1)
+    offs = _host_int(scales_offsets, "scales_offsets", ng)
+    ids = _host_int(expert_ids, "expert_ids", ng)
+    if es is None or offs is None or ids is None:
+        return ng
+    if es[0] != 0 or es[-1] != num_rows or np.any(np.diff(es) < 0):
+        raise ValueError(f"expert_start must rise from 0 to {num_rows}, got {es.tolist()[:16]}")
+    end = 0
+    for g in range(ng):
+        n = int(es[g + 1] - es[g])
+        if n == 0:
+            continue
+        t0 = int(es[g] // 128 + offs[g])
+        t1 = t0 + -(-n // 128)
+        if t0 < end or t1 > num_tiles:
+            raise ValueError(f"scales_offsets[{g}] places group {g} at scale tiles [{t0}, {t1}), "
+                             f"which must be >= {end} (sorted, no overlap) and <= {num_tiles}")
+        end = t1
+    return ng
+
+
+def expert_scales_arg(fmt: Format, values: Any, arg: str, ids: Any) -> Any:
+    """The per-expert float32 vector for NVFP4 (required, D9); ones for MX formats."""
+    ng = int(ids.shape[0])
+    if values is None:
+        if not fmt.is_mx:
+            raise ValueError(f"NVFP4 requires {arg} (one float32 per expert), got None")
+        return np.ones(max(1, ng), np.float32)
+    if isinstance(values, np.ndarray):
+        v = values.astype(np.float32).reshape(-1)
+        if fmt.is_mx and np.any(v != 1):
+            raise ValueError(f"{arg} must be None or 1.0 for {fmt.name} (D9), got {v[:8]}")
+        if not np.all(np.isfinite(v)) or np.any(v <= 0):
+            raise ValueError(f"{arg} must be finite and > 0, got {v[:8]}")
+        if isinstance(ids, np.ndarray) and ng and ids.max(initial=-1) >= v.shape[0]:
+            raise ValueError(f"expert_ids must be < len({arg})={v.shape[0]}, "
+                             f"got max {ids.max()}")
+        return v
+    return values
+
+
+def run_grouped(spec: QuantizeSpec, x: Any, k: int, num_rows: int, num_tiles: int,
+                buffers: dict[str, Any], extra: dict[str, int], device: Any) -> tuple[Any, Any]:
+    """Launch a grouped/fused kernel over ``num_tiles`` scale tiles; returns (data, scales)."""
+    fmt = spec.format
+    data_dt, scale_dt = out_dtypes(fmt)
+    dshape = (num_rows, fmt.data_cols(k))
+    sshape = (num_tiles, -(-fmt.kblocks(k) // 4), 32, 4, 4)
+    host = all(isinstance(v, np.ndarray) for v in buffers.values())
+    if num_rows == 0 or k == 0:
+        mk = (lambda s, d: np.zeros(s, d)) if host else device.zeros
+        return mk(dshape, data_dt), mk(sshape, scale_dt)
+    grid, scalars = launch_plan(spec, num_rows, k, num_tiles)
+    ng = int(extra["num_groups"])
+    scalars.update(extra)
+    scalars["search_steps"] = max(1, ng - 1).bit_length() if ng > 1 else 0
+    out = launch(spec, grid, {"data": (dshape, data_dt), "scales": (sshape, scale_dt)},
+                 buffers, scalars, device)
+    return out["data"], out["scales"]
+
+
+def _i32(v: Any) -> Any:
+    return v.astype(np.int32) if isinstance(v, np.ndarray) else v
+
+
+def grouped_quantize_dynamic_scaled(x: Any, fmt: Format | str, expert_start: Any,
+                                    scales_offsets: Any, expert_ids: Any, tensor_sf: Any, *,
+                                    indices: Any = None, indices_divisor: int = 1,
+                                    device: Any = None, target: str | None = None
+                                    ) -> tuple[Any, Any]:
+    """Per-expert quantize, same arguments and results as
+    :func:`blockscale.reference.grouped_quantize_dynamic_scaled`.
+
+    Args:
+        x: bfloat16 ``[T_in, K]``.
+        fmt: the format (MX formats use "up" E8M0 rounding).
+        expert_start: int32 ``[G+1]``; scales_offsets: int32 ``[G]``; expert_ids: int32 ``[G]``
+            (-1: unused group, written as zeros).
+        tensor_sf: float32 ``[E]`` NVFP4 encode scales by expert id (required for NVFP4).
+        indices: optional int32 ``[num_rows]``: row i reads ``x[indices[i] // indices_divisor]``.
+        indices_divisor: positive int.
+        device, target: as for :func:`blockscale.ops.quantize.quantize_dynamic_block_scaled`.
+
+    Numpy group vectors are validated on the host; device arrays are trusted.
+    """
+    from blockscale.ops._matmul_host import device_and_target
+
+    fmt = Format.from_name(fmt)
+    t_in, k = check_input(x)
+    fmt.check_k(k, "x.shape[1]")
+    if isinstance(indices_divisor, bool) or not isinstance(indices_divisor, (int, np.integer)) \
+            or indices_divisor < 1:
+        raise ValueError(f"indices_divisor must be a positive int, got {indices_divisor!r}")
+    if indices is None and indices_divisor != 1:
+        raise ValueError(f"indices_divisor must be 1 without indices, got {indices_divisor!r}")
+    num_rows = t_in
+    if indices is not None:
+        num_rows = int(indices.shape[0])
+        idx = _host_int(indices, "indices", num_rows)
+        if idx is not None and idx.size and (idx.min() < 0
+                                             or (idx // indices_divisor).max() >= t_in):
+            raise ValueError(f"indices // indices_divisor must be in [0, {t_in}), got range "
+                             f"[{idx.min()}, {(idx // indices_divisor).max()}]")
+    ng = int(expert_ids.shape[0])
+    num_tiles = -(-num_rows // 128) + min(ng, num_rows)
+    check_groups(expert_start, scales_offsets, expert_ids, num_rows, num_tiles)
+    tsf = expert_scales_arg(fmt, tensor_sf, "tensor_sf", expert_ids)
+    dev, tgt = device_and_target(device, target)
+    spec = QuantizeSpec(fmt.name, tgt, None, "tcgen5d", k % 8 == 0, "grouped",
+                        gather=indices is not None, name="grouped_quantize_dynamic_scaled")
+    buffers = {"x": x, "expert_start": _i32(expert_start), "scales_offsets": _i32(scales_offsets),
+               "expert_ids": _i32(expert_ids), "tensor_sf": tsf}
+    extra = {"num_groups": ng}
+    if indices is not None:
+        buffers["indices"] = _i32(indices)
+        extra["indices_divisor"] = int(indices_divisor)
+    return run_grouped(spec, x, k, num_rows, num_tiles, buffers, extra, dev)
+
+
+def grouped_quantize_dynamic_scaled_fp4_async(x: Any, fmt: Format | str, expert_start: Any,
+                                              scales_offsets: Any, expert_ids: Any,
+                                              tensor_sf: Any, **kw: Any) -> tuple[Any, Any]:
+    """MAX's name for :func:`grouped_quantize_dynamic_scaled` (same kernel and results)."""
+    return grouped_quantize_dynamic_scaled(x, fmt, expert_start, scales_offsets, expert_ids,
+                                           tensor_sf, **kw)
+
+
+def grouped_quantize_dynamic_scaled_kernel(fmt: Format | str, target: str = "sm_90a", *,
+                                           aligned: bool = True, gather: bool = False) -> Any:
+    """Compiled Kernel of the grouped quantize kernel."""
+    from blockscale.ops.quantize import kernel
+
+    return kernel(QuantizeSpec(Format.from_name(fmt).name, target, None, "tcgen5d", aligned,
+                               "grouped", gather=gather, name="grouped_quantize_dynamic_scaled"))
+
+
+def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
+    """Grouped quantize specs the GPU tests and benchmarks use."""
+    return [QuantizeSpec(f, target, None, "tcgen5d", a, "grouped", gather=g,
+                         name="grouped_quantize_dynamic_scaled")
+            for f in ("nvfp4", "mxfp4", "mxfp8") for a in (True, False) for g in (False, True)]
+
+
+__all__ = ["grouped_quantize_dynamic_scaled", "grouped_quantize_dynamic_scaled_fp4_async",
+           "grouped_quantize_dynamic_scaled_kernel", "bundle_specs", "check_groups"]
