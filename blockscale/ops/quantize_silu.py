@@ -1,0 +1,80 @@
+"""Fused gated activation + grouped quantize (SEMANTICS §7.5, D8, D10).
+
+``z = act(gate, up)`` in float32 from bf16 ``gate_up [T, 2D]`` (gate = columns [0, D), up =
+[D, 2D)), then the grouped quantize of :mod:`blockscale.ops.quantize_grouped` with the NVFP4
+encode scale ``f32(1 / input_scales[expert])`` (by expert id, D8). The sigmoid uses an IEEE
+division and ``math.exp``: bit-exact with the reference in the interpreter; on a GPU the
+device ``expf`` may differ from numpy's in the last ulp (see the module note in tests).
+No MLIR at import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from blockscale.activations import GatedActivation
+from blockscale.formats import Format
+from blockscale.ops.quantize import QuantizeSpec, check_input
+from blockscale.ops.quantize_grouped import _i32, check_groups, expert_scales_arg, run_grouped
+
+
+def _spec(fmt: Format, target: str, act: GatedActivation, aligned: bool) -> QuantizeSpec:
+    return QuantizeSpec(fmt.name, target, None, "tcgen5d", aligned, "silu", False, act.kind,
+                        float(act.alpha), float(act.limit), name="fused_silu_quantize")
+
+
+def fused_silu_quantize(gate_up: Any, fmt: Format | str, expert_start: Any, scales_offsets: Any,
+                        expert_ids: Any, input_scales: Any, *,
+                        activation: GatedActivation | str | None = None,
+                        num_scale_tiles: int | None = None, device: Any = None,
+                        target: str | None = None) -> tuple[Any, Any]:
+    """Gated activation then grouped quantize; arguments and results as
+    :func:`blockscale.reference.fused_silu_quantize` plus ``device`` and ``target``.
+
+    ``input_scales``: float32 ``[E]`` NVFP4 activation scales by expert id, not inverted
+    (required for NVFP4, None for MX). ``activation``: SILU (default) or SWIGLU_OAI.
+    """
+    from blockscale.ops._matmul_host import device_and_target
+
+    fmt = Format.from_name(fmt)
+    act = GatedActivation.parse(activation)
+    t, two_d = check_input(gate_up, "gate_up")
+    if two_d % 2:
+        raise ValueError(f"gate_up.shape[1] must be even (gate then up), got {two_d}")
+    d = two_d // 2
+    fmt.check_k(d, "gate_up.shape[1] // 2")
+    ng = int(expert_ids.shape[0])
+    if num_scale_tiles is None:
+        num_scale_tiles = -(-t // 128) + ng
+    check_groups(expert_start, scales_offsets, expert_ids, t, num_scale_tiles)
+    scales = expert_scales_arg(fmt, input_scales, "input_scales", expert_ids)
+    dev, tgt = device_and_target(device, target)
+    spec = _spec(fmt, tgt, act, d % 8 == 0)
+    buffers = {"x": gate_up, "expert_start": _i32(expert_start),
+               "scales_offsets": _i32(scales_offsets), "expert_ids": _i32(expert_ids),
+               "tensor_sf": scales}
+    if t == 0 and isinstance(gate_up, np.ndarray):
+        return (np.zeros((0, fmt.data_cols(d)), fmt.elem_dtype),
+                np.zeros((num_scale_tiles, -(-fmt.kblocks(d) // 4), 32, 4, 4), fmt.scale_dtype))
+    return run_grouped(spec, gate_up, d, t, num_scale_tiles, buffers, {"num_groups": ng}, dev)
+
+
+def fused_silu_quantize_kernel(fmt: Format | str, target: str = "sm_90a", *,
+                               activation: GatedActivation | str | None = None,
+                               aligned: bool = True) -> Any:
+    """Compiled Kernel of the fused activation + quantize kernel."""
+    from blockscale.ops.quantize import kernel
+
+    return kernel(_spec(Format.from_name(fmt), target, GatedActivation.parse(activation),
+                        aligned))
+
+
+def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
+    """Fused SiLU / SwiGLU-OAI quantize specs for the GPU tests."""
+    return [_spec(Format.from_name(f), target, a, True) for f in ("nvfp4", "mxfp8")
+            for a in (GatedActivation.SILU, GatedActivation.SWIGLU_OAI)]
+
+
+__all__ = ["fused_silu_quantize", "fused_silu_quantize_kernel", "bundle_specs"]
