@@ -156,6 +156,36 @@ def _gpu_module_op(module: Any) -> Any:
     raise CompilationError("module has no gpu.module", stage="lowered")
 
 
+def _check_fully_lowered(module: Any, target: GPUTarget, kernel_name: str, mlir_text: str,
+                         pipeline: str, repro_dir: str | None) -> None:
+    """Raise CompilationError when ops outside the LLVM-level dialects of ``target`` survive
+    the pipeline: translating them fails, and a wrong-target intrinsic aborts the process
+    inside LLVM codegen."""
+    from mlir import ir
+
+    allowed = ("llvm", "builtin", "nvvm" if target.is_cuda else "rocdl")
+
+    leftovers: list[str] = []
+
+    def visit(op: Any) -> Any:
+        name = op.name
+        if name not in ("gpu.module", "gpu.binary") and \
+                name.split(".")[0] not in allowed:
+            leftovers.append(f"{op.location}: {name}")
+        return ir.WalkResult.ADVANCE
+
+    gmod = _gpu_module_op(module)
+    with module.context:
+        gmod.operation.walk(visit)
+    if leftovers:
+        repro = write_repro_file(mlir_text, kernel_name, repro_dir)
+        raise CompilationError(
+            f"lowered: the pass pipeline left {len(leftovers)} op(s) outside the LLVM-level "
+            f"dialects {allowed} in kernel {kernel_name!r}", stage="lowered",
+            diagnostics=[f"{x}: not lowered" for x in leftovers[:20]], repro_file=repro,
+            pipeline=pipeline)
+
+
 def _translate_to_llvm_ir(module: Any, target: GPUTarget) -> str:
     """LLVM IR of the (lowered) gpu.module: its body cloned into a builtin module carrying
     the target triple and data layout, then translated."""
@@ -292,6 +322,7 @@ def compile_module(module: Any, target: GPUTarget | str, *, kernel_name: str,
         lowered = _run_passes(mlir_text, pipeline, kernel_name=kernel_name, stage="lowered",
                               passes_dir=passes_dir, repro_dir=dump)
         asm["lowered"] = module_text(lowered, debug_info=False)
+        _check_fully_lowered(lowered, target, kernel_name, mlir_text, pipeline, dump)
         asm["llvm"] = _translate_to_llvm_ir(lowered, target)
         if target.is_cuda:
             asm["ptx"] = _ptx_of(asm["lowered"], kernel_name, dump)
