@@ -161,11 +161,11 @@ def _scale_and_recip(k: _Ctx, amax_bits: ir.Value, tsf: ir.Value | None,
     return byte, arith.select(zero, _cf(0.0), recip), sd
 
 
-def _pack_fp4(k: _Ctx, xs: list[ir.Value], recip: ir.Value, sbyte: ir.Value) -> ir.Value:
+def _pack_fp4(k: _Ctx, xs: list[ir.Value], recip: ir.Value, sd: ir.Value) -> ir.Value:
     """Eight f32 -> i32 of packed E2M1 codes (element 2j in the low nibble of byte j)."""
     name = k.target.name
     if name == "gfx950" and k.fmt.is_mx:
-        return C.fp4x8_from_f32_scaled_gfx950(xs, sbyte)
+        return C.fp4x8_from_f32_scaled_gfx950(xs, sd)
     ys = [arith.mulf(x, recip) for x in xs]
     if name == "sm_100a":
         word = _c32(0)
@@ -365,12 +365,12 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
             amax = _block_amax_bits(k, bits)
             nonfinite = arith.cmpi(arith.CmpIPredicate.uge, amax, _c32(0x7F800000))
             safe_amax = arith.select(nonfinite, _c32(0), amax)
-            byte, recip, _ = _scale_and_recip(k, safe_amax, tsf, inv_tsf)
+            byte, recip, sd = _scale_and_recip(k, safe_amax, tsf, inv_tsf)
             nan_byte = 0xFF if k.fmt.is_mx else 0x7F
             byte = arith.select(nonfinite, _c32(nan_byte), byte)
             xs = [arith.bitcast(B.f32(), b) for b in bits]
             if k.fmt.is_fp4:
-                words = [_pack_fp4(k, xs, recip, byte)]
+                words = [_pack_fp4(k, xs, recip, sd)]
             else:
                 words = _pack_e4m3(k, xs, recip)
             words = [arith.select(nonfinite, _c32(0), w) for w in words]

@@ -132,18 +132,17 @@ def e2m1x2_from_f32_nvvm(lo: ir.Value, hi: ir.Value) -> ir.Value:
     return arith.extui(_i32(), byte)
 
 
-def fp4x8_from_f32_scaled_gfx950(values: list[ir.Value], e8m0_byte: ir.Value) -> ir.Value:
+def fp4x8_from_f32_scaled_gfx950(values: list[ir.Value], scale: ir.Value) -> ir.Value:
     """Eight f32 -> 32 bits of packed E2M1 (element 2i low nibble of byte i), divided by 2^s.
 
     Emits four ``v_cvt_scalef32_pk_fp4_f32`` (``rocdl.cvt.scalef32.pk.fp4.f32``), which divide
     each value by the scale, use only the scale's exponent, and round RNE with saturation.
-    The scale operand is the f32 whose exponent field is the E8M0 byte ``e8m0_byte`` (i32):
-    the value 2^(b-127). Only valid where the D2 chain is ``x * (1/2^(b-127))``, i.e. MX
-    formats (power-of-two scale, so x / scale == x * recip exactly).
+    ``scale`` is the decoded E8M0 scale (f32 2^(b-127); 0x00 gives the subnormal 2^-127, whose
+    E8M0 exponent is still 0x00). Only valid where the D2 chain is ``x * (1/2^(b-127))``, i.e.
+    MX formats (power-of-two scale, so x / scale == x * recip exactly).
     """
     if len(values) != 8:
         raise ValueError(f"values must hold 8 f32 values, got {len(values)}")
-    scale = arith.bitcast(_f32(), arith.shli(e8m0_byte, const_like(_i32(), 23)))
     word = const_like(_i32(), 0)
     for i in range(4):
         word = rocdl.CvtScaleF32PkFp4F32Op(_i32(), word, values[2 * i], values[2 * i + 1],

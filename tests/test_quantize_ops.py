@@ -1,0 +1,203 @@
+"""Quantize kernels in the numpy interpreter, byte for byte against blockscale.reference.
+
+The IR of all four targets is run (sm_90a, sm_100a, gfx942, gfx950) on reduced versions of
+MAX's cases (SEMANTICS §8): (258,136), (258,184), (33,8200 tsf 0.43), near-zero blocks, NaN/Inf
+blocks, tie values, partial last blocks, every E8M0 rounding, and grouped counts incl. unused
+experts. The full shapes run on the GPU (tests/test_quantize_gpu.py).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from blockscale import reference as ref
+from blockscale.reference import grouped as RG
+
+pytest.importorskip("mlir")
+
+from blockscale.ops import quantize as Q  # noqa: E402
+from blockscale.ops import quantize_amd as QA  # noqa: E402
+from blockscale.ops import quantize_grouped as QG  # noqa: E402
+from blockscale.ops import quantize_silu as QS  # noqa: E402
+
+pytestmark = pytest.mark.interp
+TARGETS = ("sm_90a", "sm_100a", "gfx942", "gfx950")
+
+
+def _bf16(a) -> np.ndarray:
+    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16)
+
+
+def _same(got, want) -> None:
+    g, w = np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8)
+    assert g.shape == w.shape
+    bad = np.argwhere(g != w)
+    assert bad.size == 0, f"{len(bad)} bytes differ, first at {bad[0]}: {g[tuple(bad[0])]:#x} " \
+                          f"vs {w[tuple(bad[0])]:#x}"
+
+
+def _check_dense(x, fmt, target, **kw):
+    d, s = Q.quantize_dynamic_block_scaled(x, fmt, device="interp", target=target, **kw)
+    rd, rs = ref.quantize_dynamic_block_scaled(x, fmt, **kw)
+    _same(d, rd)
+    _same(s, rs)
+
+
+def _edge_input(m: int, k: int, seed: int) -> np.ndarray:
+    """Random data with tie values, a near-zero row, NaN / Inf blocks and -0 sprinkled in."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((m, k)).astype(np.float32) * 3
+    ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, -0.0, 448.0, 464.0],
+                    np.float32)
+    x.flat[rng.integers(0, x.size, x.size // 8)] = rng.choice(ties, x.size // 8)
+    x[1, :] = np.tile(np.array([0.0] + [1e-38] * 15, np.float32), -(-k // 16))[:k]
+    if m > 4 and k > 40:
+        x[2, 3] = np.nan
+        x[3, 35] = np.inf
+        x[4, 0] = -np.inf
+    return _bf16(x)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+def test_max_shapes_reduced(fmt, target):
+    tsf = 0.43 if fmt == "nvfp4" else 1.0
+    for m, k in ((258, 136), (33, 8200)):
+        _check_dense(_edge_input(m, k, m + k), fmt, target, tensor_sf=tsf)
+
+
+@pytest.mark.parametrize("fmt,k", [("nvfp4", 184), ("nvfp4", 30), ("mxfp4", 46), ("mxfp8", 33),
+                                   ("mxfp8", 7)])
+def test_partial_blocks_unaligned(fmt, k):
+    """K % 8 != 0 or partial last block (D7): amax over valid elements, padding zero."""
+    for target in ("sm_90a", "gfx942"):
+        _check_dense(_edge_input(131, k, k), fmt, target)
+
+
+@pytest.mark.parametrize("rounding", ["up", "even", "floor"])
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
+def test_e8m0_roundings(fmt, rounding):
+    x = _edge_input(40, 96, 3)
+    for target in ("sm_90a", "sm_100a", "gfx950"):
+        _check_dense(x, fmt, target, scale_rounding=rounding)
+
+
+@pytest.mark.parametrize("layout", ["row_major", "tcgen5d"])
+def test_layouts_and_tsf(layout):
+    x = _edge_input(70, 64, 5)
+    for tsf in (1.0, 0.5, 768.0):
+        _check_dense(x, "nvfp4", "sm_90a", tensor_sf=tsf, scale_layout=layout)
+
+
+def test_near_zero_blocks_finite():
+    """Blocks [0, 1e-38 x15] (MAX near-zero test): finite decoded values and scales."""
+    x = _bf16(np.tile(np.array([0.0] + [1e-38] * 15, np.float32), (129, 2944 // 16)))
+    d, s = Q.quantize_dynamic_block_scaled(x, "nvfp4", tensor_sf=0.43, device="interp")
+    rd, rs = ref.quantize_dynamic_block_scaled(x, "nvfp4", tensor_sf=0.43)
+    _same(d, rd)
+    _same(s, rs)
+    assert np.all(np.isfinite(ref.dequantize_block_scaled(d, s, "nvfp4", k=2944,
+                                                          tensor_sf=0.43)))
+
+
+def test_amd_and_flat_mxfp4():
+    x = _edge_input(32, 1024, 9)
+    for target in ("gfx950", "gfx942", "sm_90a"):
+        d, s = QA.quantize_mxfp4_amd(x, device="interp", target=target)
+        rd, rs = ref.quantize_mxfp4_amd(x)
+        _same(d, rd)
+        _same(s, rs)
+    d, s = QA.quantize_dynamic_block_scaled_mxfp4(x, device="interp", target="gfx950")
+    rd, rs = ref.quantize_dynamic_block_scaled(x, "mxfp4", scale_layout="row_major")
+    _same(d, rd)
+    _same(s, rs)
+    # the dispatcher routes hip + MXFP4 + row-major to the AMD kernel
+    d, s = Q.quantize_dynamic_block_scaled(x, "mxfp4", scale_layout="row_major",
+                                           device="interp", target="gfx950")
+    _same(s, rs)
+
+
+def _groups(counts):
+    counts = np.asarray(counts)
+    es = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    aligned = np.concatenate([[0], np.cumsum(-(-counts // 128))])
+    return es, (aligned[:-1] - es[:-1] // 128).astype(np.int32)
+
+
+@pytest.mark.parametrize("counts,ids,k", [([256, 128, 256], [0, 1, 2], 64),
+                                          ([100, 200, 50], [2, 0, 1], 72),
+                                          ([13, 999], [1, 0], 40),
+                                          ([0, 3, 1, 2], [-1, 2, -1, 0], 30)])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+def test_grouped(counts, ids, k, fmt):
+    es, offs = _groups(counts)
+    ids = np.asarray(ids, np.int32)
+    x = _edge_input(int(es[-1]), k, k)
+    tsf = np.array([0.43, 1.0, 0.5], np.float32) if fmt == "nvfp4" else None
+    target = TARGETS[len(counts) % 4]
+    d, s = QG.grouped_quantize_dynamic_scaled(x, fmt, es, offs, ids, tsf, device="interp",
+                                              target=target)
+    rd, rs = RG.grouped_quantize_dynamic_scaled(x, fmt, es, offs, ids, tsf)
+    _same(d, rd)
+    _same(s, rs)
+
+
+def test_grouped_indices():
+    es, offs = _groups([100, 60])
+    rng = np.random.default_rng(2)
+    x = _edge_input(81, 64, 4)
+    idx = rng.integers(0, 162, 160).astype(np.int32)
+    tsf = np.array([1.0, 0.5], np.float32)
+    ids = np.array([0, 1], np.int32)
+    d, s = QG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf, indices=idx,
+                                              indices_divisor=2, device="interp")
+    rd, rs = RG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf, indices=idx,
+                                                indices_divisor=2)
+    _same(d, rd)
+    _same(s, rs)
+
+
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_fused_silu(fmt, activation):
+    es, offs = _groups([100, 0, 60])
+    ids = np.array([1, -1, 0], np.int32)
+    gu = _bf16(np.random.default_rng(3).standard_normal((160, 128)) * 4)
+    isc = np.array([0.5, 0.25], np.float32) if fmt == "nvfp4" else None
+    d, s = QS.fused_silu_quantize(gu, fmt, es, offs, ids, isc, activation=activation,
+                                  device="interp", target="sm_90a")
+    rd, rs = RG.fused_silu_quantize(gu, fmt, es, offs, ids, isc, activation=activation)
+    _same(d, rd)
+    _same(s, rs)
+
+
+def test_bad_arguments():
+    x = _bf16(np.ones((4, 32)))
+    with pytest.raises(ValueError, match="tensor_sf"):
+        Q.quantize_dynamic_block_scaled(x, "mxfp4", tensor_sf=2.0, device="interp")
+    with pytest.raises(ValueError, match="even"):
+        Q.quantize_dynamic_block_scaled(_bf16(np.ones((4, 31))), "nvfp4", device="interp")
+    with pytest.raises(TypeError, match="bfloat16"):
+        Q.quantize_dynamic_block_scaled(np.ones((4, 32), np.float32), "nvfp4", device="interp")
+    with pytest.raises(ValueError, match="multiple of 64"):
+        Q.quantize_dynamic_scaled_fp4_async(_bf16(np.ones((4, 32))), device="interp")
+    with pytest.raises(ValueError, match="requires tensor_sf"):
+        es, offs = _groups([4])
+        QG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, np.array([0], np.int32), None,
+                                           device="interp")
+
+
+@pytest.mark.lower
+def test_sm90a_kernel_quality():
+    """16-byte loads, shuffles, IEEE reciprocal (rcp.rn / div.rn, never .approx), no spills."""
+    for fmt in ("nvfp4", "mxfp4", "mxfp8"):
+        k = Q.kernel(fmt, "sm_90a")
+        ptx = k.asm["ptx"]
+        assert "ld.global.v4" in ptx
+        assert "shfl.sync.bfly" in ptx
+        assert ".approx" not in ptx
+        assert k.meta.get("spill_stores", 0) == 0 and k.meta.get("spill_loads", 0) == 0
+    assert "rcp.rn.f32" in Q.kernel("nvfp4", "sm_90a").asm["ptx"] or \
+        "div.rn.f32" in Q.kernel("nvfp4", "sm_90a").asm["ptx"]
