@@ -1,0 +1,139 @@
+"""H200 timing of the quantize kernels (bf16 -> NVFP4 / MXFP4 / MXFP8, 5-D scales).
+
+Usage (on the GPU machine; kernels from the bundle dir, BLOCKSCALE_BUNDLE_DIR or build/gpu)::
+
+    python benchmarks/bench_quantize.py [--shapes 8192x8192,16384x16384] [--torch]
+
+For each shape and format: check the device output against the numpy reference (first and
+last 256 rows) before timing; time with CUDA events (median of per-launch times after warm-up,
+inputs rotated across buffers larger than L2); report GB/s moved (bf16 in + data + scales out)
+next to device-to-device copy bandwidth of the same input bytes, and optionally a
+torch.compile'd implementation of the same semantics (benchmarks/torch_quantize.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import ml_dtypes
+import numpy as np
+
+from blockscale import reference as ref
+from blockscale.layouts import deinterleave
+from blockscale.ops import _core
+from blockscale.ops.quantize import QuantizeSpec, launch_plan
+
+ROTATE = 3  # input buffers (each >= 128 MB at 8192^2 bf16, well above the 50 MB L2)
+
+
+def _median_ms(dev, fn, iters: int = 30, warmup: int = 5) -> float:
+    for i in range(warmup):
+        fn(i)
+    dev.synchronize()
+    times = []
+    for i in range(iters):
+        a, b = dev.create_event(), dev.create_event()
+        a.record()
+        fn(i)
+        b.record()
+        times.append(a.elapsed_ms(b))
+    return statistics.median(times)
+
+
+def _check(dev, fmt, x_host, data, scales, m, k, tsf):
+    """Compare rows [0, 256) and the last 256 rows with the reference."""
+    d_all, s_all = dev.to_host(data), dev.to_host(scales)
+    j = k // (16 if fmt == "nvfp4" else 32)
+    s2 = deinterleave(s_all, m, j).view(np.uint8)
+    for lo in (0, max(0, m - 256)):
+        rows = slice(lo, min(m, lo + 256))
+        rd, rs = ref.quantize_dynamic_block_scaled(x_host[rows], fmt, tensor_sf=tsf,
+                                                   scale_layout="row_major")
+        if not (np.array_equal(d_all[rows].view(np.uint8), rd.view(np.uint8))
+                and np.array_equal(s2[rows], rs.view(np.uint8))):
+            raise SystemExit(f"{fmt} {m}x{k}: device output differs from the reference "
+                             f"in rows {rows}")
+
+
+def bench(shape: tuple[int, int], fmt: str, dev, use_torch: bool) -> dict:
+    m, k = shape
+    tsf = 0.5 if fmt == "nvfp4" else 1.0
+    rng = np.random.default_rng(0)
+    x_host = rng.standard_normal((m, k), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    xs = [dev.to_device(x_host) for _ in range(ROTATE)]
+    spec = QuantizeSpec(fmt, "sm_90a", None, "tcgen5d", True)
+    kernel = _core.get_kernel(spec)
+    grid, scalars = launch_plan(spec, m, k, -(-m // 128))
+    scalars["tensor_sf"] = tsf
+    f = spec.format
+    data = dev.alloc((m, f.data_cols(k)), np.dtype(f.elem_dtype))
+    scales = dev.alloc((-(-m // 128), -(-f.kblocks(k) // 4), 32, 4, 4), np.dtype(f.scale_dtype))
+
+    def run(i):
+        bufs = {"x": xs[i % ROTATE], "data": data, "scales": scales}
+        args = [bufs[a.name] if a.kind == "buffer" else scalars[a.name] for a in kernel.args]
+        dev.launch(kernel, grid, args)
+
+    run(0)
+    dev.synchronize()
+    _check(dev, fmt, x_host, data, scales, m, k, tsf)
+    ms = _median_ms(dev, run)
+    moved = m * k * 2 + m * f.data_cols(k) * np.dtype(f.elem_dtype).itemsize + \
+        int(np.prod((-(-m // 128), -(-f.kblocks(k) // 4), 512)))
+    dst = dev.alloc((m, k), np.dtype(ml_dtypes.bfloat16))
+    copy_ms = _median_ms(dev, lambda i: dev.copy(dst, xs[i % ROTATE]))
+    out = {"shape": f"{m}x{k}", "fmt": fmt, "ms": ms, "GB/s": moved / ms / 1e6,
+           "copy GB/s": 2 * m * k * 2 / copy_ms / 1e6}
+    out["% of copy"] = 100 * out["GB/s"] / out["copy GB/s"]
+    if use_torch:
+        out["torch.compile ms"] = _torch_ms(x_host, fmt, tsf, data, scales, dev)
+    return out
+
+
+def _torch_ms(x_host, fmt, tsf, data, scales, dev) -> float:
+    import torch
+
+    from benchmarks.torch_quantize import quantize
+
+    fn = torch.compile(quantize)
+    xs = [torch.from_numpy(x_host.view(np.int16)).cuda().view(torch.bfloat16)
+          for _ in range(ROTATE)]
+    td, ts = fn(xs[0], fmt, tsf)
+    torch.cuda.synchronize()
+    same = np.array_equal(td.cpu().numpy(), dev.to_host(data).view(np.uint8)) and \
+        np.array_equal(ts.cpu().numpy().ravel(), dev.to_host(scales).view(np.uint8).ravel())
+    if not same:
+        print(f"  note: torch {fmt} output differs from blockscale's")
+    for i in range(5):
+        fn(xs[i % ROTATE], fmt, tsf)
+    times = []
+    for i in range(30):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn(xs[i % ROTATE], fmt, tsf)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def main() -> None:
+    from blockscale import runtime
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default="8192x8192,16384x16384")
+    p.add_argument("--formats", default="nvfp4,mxfp4,mxfp8")
+    p.add_argument("--torch", action="store_true", help="also time torch.compile")
+    a = p.parse_args()
+    dev = runtime.get_device("cuda")
+    for s in a.shapes.split(","):
+        m, k = (int(v) for v in s.split("x"))
+        for fmt in a.formats.split(","):
+            r = bench((m, k), fmt, dev, a.torch)
+            print("  ".join(f"{key}={val:.3f}" if isinstance(val, float) else f"{key}={val}"
+                            for key, val in r.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
