@@ -1,0 +1,52 @@
+"""NVVM (CUDA) instruction helpers. Each docstring names the PTX instruction emitted.
+
+Use inside ``with kernel_module(...)`` for a CUDA target; portable code should prefer the
+``gpu`` dialect helpers of :mod:`blockscale.compiler.ir`.
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import nvvm
+
+from blockscale.compiler.ir_types import _loc, i32
+
+FULL_MASK = 0xFFFFFFFF
+
+
+def lane_id(*, loc: ir.Location | None = None) -> ir.Value:
+    """Lane within the warp (i32): ``mov.u32 %r, %laneid``."""
+    with _loc(loc):
+        return nvvm.read_ptx_sreg_laneid(i32())
+
+
+def _i32_const(v: int) -> ir.Value:
+    from mlir.dialects import arith
+
+    return arith.constant(i32(), ir.IntegerAttr.get(i32(), v if v < 2**31 else v - 2**32))
+
+
+def shfl_xor(value: ir.Value, lane_mask: int, *, loc: ir.Location | None = None) -> ir.Value:
+    """Butterfly exchange of an i32/f32 across the full warp:
+    ``shfl.sync.bfly.b32 %r, %v, lane_mask, 0x1f, 0xffffffff``. All 32 lanes must execute it."""
+    with _loc(loc):
+        return nvvm.shfl_sync(value.type, _i32_const(FULL_MASK), value, _i32_const(lane_mask),
+                              _i32_const(0x1F), nvvm.ShflKind.bfly)
+
+
+def shfl_idx(value: ir.Value, src_lane: ir.Value | int, *,
+             loc: ir.Location | None = None) -> ir.Value:
+    """Read ``value`` from lane ``src_lane``: ``shfl.sync.idx.b32 %r, %v, src, 0x1f, 0xffffffff``.
+    All 32 lanes must execute it."""
+    with _loc(loc):
+        src = _i32_const(src_lane) if isinstance(src_lane, int) else src_lane
+        return nvvm.shfl_sync(value.type, _i32_const(FULL_MASK), value, src, _i32_const(0x1F),
+                              nvvm.ShflKind.idx)
+
+
+def byte_perm(a: ir.Value, b: ir.Value, selector: ir.Value | int, *,
+              loc: ir.Location | None = None) -> ir.Value:
+    """Select 4 bytes out of the 8 bytes of (b:a): ``prmt.b32 %r, %a, %b, %sel``."""
+    with _loc(loc):
+        sel = _i32_const(selector) if isinstance(selector, int) else selector
+        return nvvm.prmt(i32(), a, sel, nvvm.PermuteMode.DEFAULT, hi=b)
