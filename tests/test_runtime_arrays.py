@@ -47,10 +47,14 @@ class HostMemoryGpu(GpuDevice):
         ctypes.memset(dst, 0, nbytes)
 
     def _load_function(self, kernel):
+        self.loaded = getattr(self, "loaded", 0) + 1
         return f"fn:{kernel.name}"
 
+    def _set_dynamic_smem_limit(self, function, kernel):
+        self.smem_limits = getattr(self, "smem_limits", []) + [kernel.dynamic_shared_bytes]
+
     def _launch_raw(self, function, grid, kernel, stream, params_address):
-        pack = self._kernels[(kernel.name, kernel.binary)][1]
+        pack = self.kernel_handle(kernel)[1]
         self.launches.append({"function": function, "grid": grid, "stream": stream,
                               "params": pack.packed_bytes(),
                               "address_ok": params_address == pack.params_address})
@@ -317,3 +321,18 @@ def test_launch_errors_name_kernel_and_argument(gpu):
     with pytest.raises(ValueError, match="kernel 'scale_k': a hsaco"):
         gpu.launch(KernelBinary("scale_k", "gfx942", "hsaco", b"h", ARGS, (64, 1, 1)),
                    (1,), [x, y, 1, 1.0])
+
+
+def test_kernel_cache_rechecks_targets_and_raises_the_smem_limit(gpu):
+    import dataclasses
+
+    x, y = gpu.alloc((4,), ml_dtypes.bfloat16), gpu.alloc((4,), np.uint8)
+    small = dataclasses.replace(KERNEL, dynamic_shared_bytes=1024)
+    big = dataclasses.replace(KERNEL, dynamic_shared_bytes=100 * 1024)
+    for k in (small, small, big, small, big):
+        gpu.launch(k, (1,), [x, y, 4, 1.0])
+    assert gpu.loaded == 1 and gpu.smem_limits == [1024, 100 * 1024]
+    # same name and bytes, another target: checked again, not served from the cache
+    with pytest.raises(ValueError, match="kernel 'scale_k': a hsaco"):
+        gpu.launch(dataclasses.replace(KERNEL, binary_kind="hsaco", target="gfx942"), (1,),
+                   [x, y, 4, 1.0])

@@ -126,10 +126,10 @@ def test_launch_with_dynamic_shared_memory(cuda, smem_bytes):
 def test_cuda_errors_carry_name_and_kernel(cuda):
     from blockscale.runtime.cuda import CudaError
 
-    bad = scale_add_kernel(cuda, 0, name="no_such_kernel")
+    bad = scale_add_kernel(cuda, 1024, name="no_such_kernel")
     with pytest.raises(CudaError, match=r"cuModuleGetFunction failed \(kernel 'no_such_kernel'\)"
                                         r": CUDA_ERROR_NOT_FOUND") as info:
-        cuda.launch(bad, (1,), [cuda.zeros((1,), np.float32)] * 2 + [1, 1.0, 1])
+        cuda.launch(bad, (1,), [cuda.zeros((1,), np.float32)] * 2 + [1, 1.0, 256])
     assert info.value.error_name == "CUDA_ERROR_NOT_FOUND"
     with pytest.raises(ValueError, match="needs 4194304 bytes of dynamic shared memory"):
         cuda.check_kernel(scale_add_kernel(cuda, 4 << 20))
@@ -155,11 +155,13 @@ def test_streams_and_event_timing(cuda):
 
 
 def test_wrong_target_is_rejected(cuda):
-    kernel = scale_add_kernel(cuda, 0)
+    kernel = scale_add_kernel(cuda, 1024)
     other = "sm_100a" if cuda.capability != (10, 0) else "sm_90a"
+    cuda.launch(kernel, (1,), [cuda.zeros((1,), np.float32)] * 2 + [1, 1.0, 256])  # loaded
     wrong = KernelBinary(kernel.name, other, "cubin", kernel.binary, kernel.args, kernel.block)
     with pytest.raises(ValueError, match=f"built for {other}, which does not run on this GPU"):
-        cuda.launch(wrong, (1,), [cuda.zeros((1,), np.float32)] * 2 + [1, 1.0, 1])
+        cuda.launch(wrong, (1,), [cuda.zeros((1,), np.float32)] * 2 + [1, 1.0, 256])
+    cuda.synchronize()
 
 
 # ----------------------------------------------------------------------------- torch interop

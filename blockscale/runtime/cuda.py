@@ -196,13 +196,18 @@ class CudaDevice(GpuDevice):
         image = np.frombuffer(kernel.binary, dtype=np.uint8)
         module = check(drv.cuModuleLoadData(image.ctypes.data), "cuModuleLoadData", kernel.name)
         self._modules.append(module)
-        function = check(drv.cuModuleGetFunction(module, kernel.name.encode()),
-                         "cuModuleGetFunction", kernel.name)
-        if kernel.dynamic_shared_bytes > DEFAULT_DYNAMIC_SMEM_LIMIT:
-            attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            check(drv.cuFuncSetAttribute(function, attr, kernel.dynamic_shared_bytes),
-                  "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", kernel.name)
-        return function
+        return check(drv.cuModuleGetFunction(module, kernel.name.encode()),
+                     "cuModuleGetFunction", kernel.name)
+
+    def _set_dynamic_smem_limit(self, function: Any, kernel: KernelBinary) -> None:
+        """Opt in to more than 48 KiB of dynamic shared memory (cuFuncSetAttribute)."""
+        if kernel.dynamic_shared_bytes <= DEFAULT_DYNAMIC_SMEM_LIMIT:
+            return
+        drv = _driver()
+        self.activate()
+        attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(drv.cuFuncSetAttribute(function, attr, kernel.dynamic_shared_bytes),
+              "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", kernel.name)
 
     def _launch_raw(self, function: Any, grid: tuple[int, int, int], kernel: KernelBinary,
                     stream: int, params_address: int) -> None:

@@ -351,7 +351,8 @@ class GpuDevice(Device):
 
     def __init__(self, ordinal: int = 0):
         self.ordinal = ordinal
-        self._kernels: dict[tuple[str, bytes], tuple[Any, ArgPack]] = {}
+        # (name, binary, target, kind, args) -> [function, ArgPack, dynamic smem limit set]
+        self._kernels: dict[tuple[Any, ...], list[Any]] = {}
         self._kernels_lock = threading.Lock()
 
     # ---- raw driver calls (subclasses)
@@ -445,17 +446,28 @@ class GpuDevice(Device):
 
     # ---- launch
     def kernel_handle(self, kernel: KernelBinary) -> tuple[Any, ArgPack]:
-        """Load ``kernel`` once (module + function + argument layout) and cache it."""
-        key = (kernel.name, kernel.binary)
+        """Load ``kernel`` once (target check, module, function, argument layout) and cache
+        it; raise the function's dynamic shared memory limit when a launch needs more."""
+        key = (kernel.name, kernel.binary, kernel.target, kernel.binary_kind, kernel.args)
         entry = self._kernels.get(key)
         if entry is None:
             self.check_kernel(kernel)
             with self._kernels_lock:
                 entry = self._kernels.get(key)
                 if entry is None:
-                    entry = (self._load_function(kernel), ArgPack(kernel))
+                    entry = [self._load_function(kernel), ArgPack(kernel), 0]
                     self._kernels[key] = entry
-        return entry
+        if kernel.dynamic_shared_bytes > entry[2]:
+            self.check_kernel(kernel)
+            with self._kernels_lock:
+                if kernel.dynamic_shared_bytes > entry[2]:
+                    self._set_dynamic_smem_limit(entry[0], kernel)
+                    entry[2] = kernel.dynamic_shared_bytes
+        return entry[0], entry[1]
+
+    def _set_dynamic_smem_limit(self, function: Any, kernel: KernelBinary) -> None:
+        """Allow ``kernel.dynamic_shared_bytes`` of dynamic shared memory (default: nothing
+        to do; CUDA opts in above 48 KiB)."""
 
     def resolve_args(self, kernel: KernelBinary, args: Sequence[Any]
                      ) -> tuple[list[Any], int | None]:
