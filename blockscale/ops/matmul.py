@@ -154,7 +154,7 @@ class _Dense:
 
 
 def _validate(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format, k: int | None,
-              scale_layout: str) -> _Dense:
+              scale_layout: str, scale_names: tuple[str, str] = ("sfa", "sfb")) -> _Dense:
     a_shape, b_shape = H.shape_of(a, "a", 2), H.shape_of(b, "b", 2)
     H.check_dtype(a, fmt.elem_dtype, "a", fmt)
     H.check_dtype(b, fmt.elem_dtype, "b", fmt)
@@ -172,7 +172,7 @@ def _validate(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format, k: int | None,
         raise ValueError(f"m, n and k must be < 2^31 (i32 kernel scalars), got "
                          f"m={a_shape[0]}, n={b_shape[0]}, k={k}")
     j = fmt.kblocks(k)
-    for arr, rows, name in ((sfa, a_shape[0], "sfa"), (sfb, b_shape[0], "sfb")):
+    for arr, rows, name in ((sfa, a_shape[0], scale_names[0]), (sfb, b_shape[0], scale_names[1])):
         H.check_dtype(arr, fmt.scale_dtype, name, fmt)
         want = scale_shape(scale_layout, rows, j)
         if tuple(arr.shape) != want:
@@ -229,7 +229,7 @@ def matmul_dynamic_block_scaled_mxfp4(a: Any, b: Any, a_scales: Any, b_scales: A
     k = 2 * b_shape[1]
     if k % 32:
         raise ValueError(f"K = 2 * b.shape[1] must be a multiple of 32, got {k}")
-    d = _validate(a, b, a_scales, b_scales, MXFP4, k, "row_major")
+    d = _validate(a, b, a_scales, b_scales, MXFP4, k, "row_major", ("a_scales", "b_scales"))
     dev, tgt = H.device_and_target(device, target)
     spec = MatmulSpec("mxfp4", out_dtype, "row_major", None, tgt)
     return _run_dense(spec, d, a, b, a_scales, b_scales, 1.0, {}, dev)
