@@ -129,6 +129,11 @@ class MemRef:
         return self.buf.data.dtype
 
 
+def _out_of_range(i: np.ndarray, n: int) -> np.ndarray:
+    """``(i < 0) | (i >= n)`` in one comparison (negative int64 views as a huge uint64)."""
+    return i.view(np.uint64) >= np.uint64(n)
+
+
 def _linear(ref: MemRef, idx: Sequence[np.ndarray], f: Frame, vec: int, kind: str
             ) -> np.ndarray:
     """Element offsets ``[T|1]`` (or ``[T|1, vec]`` when vec > 0) of an access, bounds-checked
@@ -136,36 +141,37 @@ def _linear(ref: MemRef, idx: Sequence[np.ndarray], f: Frame, vec: int, kind: st
     if len(idx) != len(ref.shape):
         raise ValueError(f"{kind} of {ref.buf.name}: {len(idx)} indices for rank "
                          f"{len(ref.shape)}")
-    idx = [np.asarray(i, np.int64) for i in idx]
-    lin: np.ndarray = np.asarray(ref.offset, np.int64)
-    lin = lin.reshape(-1) if lin.ndim else lin.reshape(1)
-    bad = np.zeros(1, bool)
+    idx = [i if i.dtype == np.int64 else i.astype(np.int64) for i in idx]
+    lin: np.ndarray = np.asarray(ref.offset, np.int64).reshape(-1)
+    bad = None
+    last = len(idx) - 1
     for k, (i, dim, st) in enumerate(zip(idx, ref.shape, ref.strides)):
-        if vec and k == len(idx) - 1:
-            i = i[:, None] + np.arange(vec, dtype=np.int64)
-            lin = lin[:, None] if lin.ndim == 1 else lin
-            bad = bad[:, None] if bad.ndim == 1 else bad
         if dim is not None:
-            bad = bad | (i < 0) | (i >= dim)
-        lin = lin + i * st
-    bad = bad | (lin < 0) | (lin >= ref.buf.size)
+            span = dim - (vec - 1 if vec and k == last else 0)
+            b = _out_of_range(i, max(span, 0)) if span > 0 else np.ones(i.shape, bool)
+            bad = b if bad is None else (bad | b)
+        lin = lin + i * st if st != 1 else lin + i
+    st_last = ref.strides[last] if ref.strides else 1
+    span = ref.buf.size - (vec - 1) * st_last if vec else ref.buf.size
+    b = _out_of_range(lin, span) if span > 0 else np.ones(lin.shape, bool)
+    if vec and st_last < 0:
+        b = b | _out_of_range(lin + (vec - 1) * st_last, ref.buf.size)
+    bad = b if bad is None else (bad | b)
     if f.mask is not None:
-        m = f.mask if bad.ndim == 1 else f.mask[:, None]
-        bad = bad & m
+        bad = bad & f.mask
     if bad.any():
-        bad_f = np.broadcast_to(bad, (f.T,) + bad.shape[1:])
-        flat = int(np.argmax(bad_f.reshape(-1)))
-        t = flat // (vec or 1)
-        index = tuple(int(np.broadcast_to(i, (f.T,) + i.shape[1:]).reshape(f.T, -1)[t, 0])
-                      for i in idx)
-        lin_t = np.broadcast_to(lin, (f.T,) + lin.shape[1:]).reshape(f.T, -1)[t]
+        t = int(np.argmax(np.broadcast_to(bad, (f.T,))))
+        index = tuple(int(np.broadcast_to(i, (f.T,))[t]) for i in idx)
+        lin_t = int(np.broadcast_to(lin, (f.T,))[t])
+        where_ = [lin_t + j * st_last for j in range(vec)] if vec else lin_t
         raise IndexError(
             f"out-of-bounds {kind} of {ref.buf.name} ({ref.buf.space}, {ref.buf.size} "
-            f"elements, shape {ref.shape}): index {index} -> element(s) "
-            f"{lin_t.tolist() if vec else int(lin_t[0])} at {f.describe(t)}")
+            f"elements, shape {ref.shape}): index {index} -> element(s) {where_} "
+            f"at {f.describe(t)}")
     if f.mask is not None:
-        m = f.mask if lin.ndim == 1 else f.mask[:, None]
-        lin = np.where(m, lin, 0)
+        lin = np.where(f.mask, lin, 0)
+    if vec:
+        lin = lin[:, None] + np.arange(vec, dtype=np.int64) * st_last
     return lin
 
 
