@@ -1,0 +1,231 @@
+"""Benchmark block-scaled matmul on an NVIDIA GPU against torch / Triton baselines.
+
+    BLOCKSCALE_BUNDLE_DIR=build/gpu python benchmarks/bench_matmul.py [--fmt nvfp4|mxfp4|mxfp8]
+        [--m 1,16,128,1024,8192] [--n 5760] [--k 2944] [--iters 20] [--json out.json]
+
+For each M it builds random operands, then for each implementation: checks its output against
+the float64 value on exactly dequantized operands (on a sample of rows; blockscale kernels must
+pass the bf16-consistency check of tests/test_matmul_common.py, baselines are reported with
+their relative error since they quantize differently), then times it with CUDA events (or
+wall clock + synchronize without torch) and prints one row per (M, implementation):
+milliseconds, TFLOP/s (2*M*N*K), and the check result.
+
+Implementations:
+
+* ``blockscale``: ``ops.block_scaled_matmul`` (today the portable kernel; a registered fast
+  path is used automatically when one accepts the shape);
+* ``torch-bf16``: ``torch.matmul`` on bf16 dequantized A and B (the W4A16 upper bound a
+  dequantize-then-GEMM path reaches);
+* ``torch-fp8-rowwise``: ``torch._scaled_mm`` with FP8 E4M3 A/B and per-row / per-column f32
+  scales (re-quantized from the dequantized operands);
+* ``triton-dot-scaled``: a Triton kernel around ``tl.dot_scaled`` (MXFP4 / MXFP8 only: E8M0
+  scales, row-major); on Hopper Triton decomposes it to bf16 dots.
+
+Baselines that cannot run (no torch, no triton, an unsupported format) print why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from blockscale import layouts
+from blockscale.formats import Format
+from blockscale.ops import matmul
+
+
+def _random_case(rng: np.random.Generator, fmt: Format, m: int, n: int, k: int):
+    sys.path.insert(0, "tests")
+    from test_matmul_common import random_data, random_scales_2d
+
+    a, b = random_data(rng, fmt, m, k), random_data(rng, fmt, n, k)
+    sa, sb = random_scales_2d(rng, fmt, m, k), random_scales_2d(rng, fmt, n, k)
+    return a, b, sa, sb
+
+
+def _check_rows(out: np.ndarray, a_deq: np.ndarray, b_deq: np.ndarray, rows: np.ndarray,
+                fmt: Format, k: int, strict: bool) -> str:
+    from test_matmul_common import assert_bf16_consistent, f32_error_bound
+
+    exact = a_deq[rows] @ b_deq.T
+    got = np.asarray(out)[rows]
+    rel = float(np.abs(got.astype(np.float64) - exact).max() / max(np.abs(exact).max(), 1e-30))
+    if strict:
+        bound = f32_error_bound(np.abs(a_deq[rows]) @ np.abs(b_deq).T, fmt, k, n_mul=1)
+        try:
+            assert_bf16_consistent(got, exact, bound)
+        except AssertionError as e:
+            return f"FAIL ({str(e)[:80]})"
+        return f"exact-consistent (max rel {rel:.1e})"
+    return f"max rel err {rel:.2e}"
+
+
+def _timer(fn: Callable[[], Any], iters: int, sync: Callable[[], None]) -> float:
+    """Median milliseconds of ``fn`` (CUDA events when torch is present)."""
+    fn()
+    sync()
+    try:
+        import torch
+
+        times = []
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return float(np.median(times))
+    except ImportError:
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return float(np.median(times))
+
+
+def _triton_dot_scaled(fmt: Format) -> Callable[..., Any] | None:
+    """A Triton matmul over ``tl.dot_scaled`` for MX formats (row-major E8M0 scales)."""
+    import triton
+    import triton.language as tl
+
+    elem = "e2m1" if fmt.is_fp4 else "e4m3"
+    div = 2 if fmt.is_fp4 else 1
+
+    @triton.jit
+    def kernel(a_ptr, b_ptr, sa_ptr, sb_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr, ELEM: tl.constexpr, DIV: tl.constexpr):
+        pm, pn = tl.program_id(0), tl.program_id(1)
+        rm = pm * BM + tl.arange(0, BM)
+        rn = pn * BN + tl.arange(0, BN)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            kb = k0 // DIV + tl.arange(0, BK // DIV)
+            a = tl.load(a_ptr + rm[:, None] * (K // DIV) + kb[None, :], mask=rm[:, None] < M,
+                        other=0)
+            b = tl.load(b_ptr + rn[:, None] * (K // DIV) + kb[None, :], mask=rn[:, None] < N,
+                        other=0)
+            ks = k0 // 32 + tl.arange(0, BK // 32)
+            sa = tl.load(sa_ptr + rm[:, None] * (K // 32) + ks[None, :], mask=rm[:, None] < M,
+                         other=127)
+            sb = tl.load(sb_ptr + rn[:, None] * (K // 32) + ks[None, :], mask=rn[:, None] < N,
+                         other=127)
+            acc = tl.dot_scaled(a, sa, ELEM, tl.trans(b), sb, ELEM, acc)
+        tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc.to(tl.bfloat16),
+                 mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+    def run(a, b, sa, sb, c, m, n, k):
+        grid = (triton.cdiv(m, 64), triton.cdiv(n, 128))
+        kernel[grid](a, b, sa, sb, c, m, n, k, BM=64, BN=128, BK=128, ELEM=elem, DIV=div)
+
+    return run
+
+
+def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any]]:
+    sys.path.insert(0, "tests")
+    from test_matmul_common import dequantize_exact
+
+    rng = np.random.default_rng(m)
+    a, b, sa, sb = _random_case(rng, fmt, m, n, k)
+    sa5, sb5 = layouts.interleave(sa), layouts.interleave(sb)
+    a_deq, b_deq = dequantize_exact(a, sa, fmt, k), dequantize_exact(b, sb, fmt, k)
+    rows = np.unique(np.concatenate([np.arange(min(m, 32)), np.arange(max(0, m - 8), m)]))
+    flops = 2.0 * m * n * k
+    results: list[dict[str, Any]] = []
+
+    def record(name: str, ms: float | None, check: str) -> None:
+        tf = flops / (ms * 1e-3) / 1e12 if ms else None
+        results.append({"fmt": fmt.name, "m": m, "n": n, "k": k, "impl": name, "ms": ms,
+                        "tflops": tf, "check": check})
+        ms_s = f"{ms:9.3f}" if ms else "        -"
+        tf_s = f"{tf:8.2f}" if tf else "       -"
+        print(f"{fmt.name:6} {m:6} {name:20} {ms_s} ms {tf_s} TFLOP/s  {check}", flush=True)
+
+    # blockscale: device arrays so the timing excludes host copies
+    from blockscale import runtime
+
+    dev = runtime.get_device("cuda")
+    args = [dev.to_device(x) for x in (a, b, sa5, sb5)]
+    out = matmul.block_scaled_matmul(*args, fmt, k=k, device=dev, target="sm_90a")
+    check = _check_rows(dev.to_host(out), a_deq, b_deq, rows, fmt, k, strict=True)
+    ms = _timer(lambda: matmul.block_scaled_matmul(*args, fmt, k=k, device=dev,
+                                                   target="sm_90a"),
+                iters, dev.synchronize)
+    record("blockscale", ms, check)
+
+    try:
+        import torch
+    except ImportError as e:
+        record("torch-*", None, f"skipped: {e}")
+        return results
+    ta = torch.tensor(a_deq.astype(np.float32), device="cuda").to(torch.bfloat16)
+    tb = torch.tensor(b_deq.astype(np.float32), device="cuda").to(torch.bfloat16)
+    c = ta @ tb.T
+    record("torch-bf16", _timer(lambda: ta @ tb.T, iters, torch.cuda.synchronize),
+           _check_rows(c.float().cpu().numpy(), a_deq, b_deq, rows, fmt, k, strict=False))
+    try:
+        fa, fb = ta.float(), tb.float()
+        s_a = (fa.abs().amax(dim=1, keepdim=True) / 448).clamp(min=1e-12)
+        s_b = (fb.abs().amax(dim=1, keepdim=True) / 448).clamp(min=1e-12)
+        qa = (fa / s_a).to(torch.float8_e4m3fn)
+        qb = (fb / s_b).to(torch.float8_e4m3fn)
+        sbt = s_b.T.contiguous()
+
+        def fp8() -> Any:
+            return torch._scaled_mm(qa, qb.T, scale_a=s_a, scale_b=sbt, out_dtype=torch.bfloat16)
+
+        c = fp8()
+        record("torch-fp8-rowwise", _timer(fp8, iters, torch.cuda.synchronize),
+               _check_rows(c.float().cpu().numpy(), a_deq, b_deq, rows, fmt, k, strict=False))
+    except Exception as e:  # noqa: BLE001 - report and go on
+        record("torch-fp8-rowwise", None, f"skipped: {type(e).__name__}: {str(e)[:60]}")
+    if not fmt.is_mx:
+        record("triton-dot-scaled", None, "skipped: tl.dot_scaled takes E8M0 scales (MX only)")
+        return results
+    try:
+        run = _triton_dot_scaled(fmt)
+        da = torch.tensor(a.view(np.uint8), device="cuda")
+        db = torch.tensor(b.view(np.uint8), device="cuda")
+        if not fmt.is_fp4:
+            da, db = da.view(torch.float8_e4m3fn), db.view(torch.float8_e4m3fn)
+        dsa = torch.tensor(sa.view(np.uint8), device="cuda")
+        dsb = torch.tensor(sb.view(np.uint8), device="cuda")
+        c = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+        run(da, db, dsa, dsb, c, m, n, k)
+        check = _check_rows(c.float().cpu().numpy(), a_deq, b_deq, rows, fmt, k, strict=False)
+        record("triton-dot-scaled",
+               _timer(lambda: run(da, db, dsa, dsb, c, m, n, k), iters, torch.cuda.synchronize),
+               check)
+    except Exception as e:  # noqa: BLE001
+        record("triton-dot-scaled", None, f"skipped: {type(e).__name__}: {str(e)[:60]}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--fmt", default="nvfp4,mxfp4,mxfp8")
+    p.add_argument("--m", default="1,16,128,1024,8192")
+    p.add_argument("--n", type=int, default=5760)
+    p.add_argument("--k", type=int, default=2944)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--json", default="")
+    ns = p.parse_args(argv)
+    results = []
+    for f in ns.fmt.split(","):
+        for m in (int(x) for x in ns.m.split(",")):
+            results += bench(Format.from_name(f), m, ns.n, ns.k, ns.iters)
+    if ns.json:
+        with open(ns.json, "w", encoding="utf-8") as fh:
+            json.dump(results, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
