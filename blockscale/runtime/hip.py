@@ -93,8 +93,7 @@ class HipDevice(GpuDevice):
         if not 0 <= ordinal < count:
             raise ValueError(f"device: HIP ordinal must be in [0, {count}), got {ordinal}")
         self.activate()
-        props = hip.hipDeviceProp_t()
-        check(hip.hipGetDeviceProperties(props, ordinal), "hipGetDeviceProperties")
+        props = check(hip.hipGetDeviceProperties(ordinal), "hipGetDeviceProperties")
         arch = props.gcnArchName
         self.arch = _arch_base(arch.decode() if isinstance(arch, bytes) else str(arch))
         raw_name = props.name
