@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from blockscale import reference as ref
-from blockscale.formats import FORMATS, NVFP4
-from blockscale.ops import matmul, matmul_grouped
 from test_matmul_common import (
     assert_bf16_consistent,
     assert_f32_within_bound,
@@ -22,6 +18,10 @@ from test_matmul_common import (
     random_dense_case,
 )
 from test_matmul_grouped import exact_grouped, make_grouped_case
+
+from blockscale import reference as ref
+from blockscale.formats import FORMATS, NVFP4
+from blockscale.ops import matmul, matmul_grouped
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
 

@@ -10,11 +10,6 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-
-from blockscale import layouts
-from blockscale import reference as ref
-from blockscale.formats import FORMATS, MXFP4, NVFP4, Format
-from blockscale.ops import matmul_grouped as mg
 from test_matmul_common import (
     assert_bf16_consistent,
     dequantize_exact,
@@ -22,6 +17,11 @@ from test_matmul_common import (
     random_data,
     random_scales_2d,
 )
+
+from blockscale import layouts
+from blockscale import reference as ref
+from blockscale.formats import FORMATS, MXFP4, NVFP4, Format
+from blockscale.ops import matmul_grouped as mg
 
 pytestmark = pytest.mark.interp
 
@@ -47,9 +47,9 @@ def make_grouped_case(rng: np.random.Generator, fmt: Format, counts: list[int],
     w = np.stack([random_data(rng, fmt, n, k) for _ in range(num_experts)])
     w_scales = [random_scales_2d(rng, fmt, n, k) for _ in range(num_experts)]
     sfb6 = np.stack([layouts.interleave(s) for s in w_scales])
-    return dict(hidden=hidden, weight=w, a_scales=sfa5, b_scales=sfb6,
-                expert_start=es.astype(np.uint32), a_scale_offsets=offsets.astype(np.uint32),
-                expert_ids=np.array(ids, dtype=np.int32)), row_scales, w_scales
+    return {"hidden": hidden, "weight": w, "a_scales": sfa5, "b_scales": sfb6,
+                "expert_start": es.astype(np.uint32), "a_scale_offsets": offsets.astype(np.uint32),
+                "expert_ids": np.array(ids, dtype=np.int32)}, row_scales, w_scales
 
 
 def exact_grouped(case, row_scales, w_scales, fmt, k, expert_scales, a_row_scales=None):
@@ -168,13 +168,13 @@ def _small_case():
 
 
 @pytest.mark.parametrize("change,exc,words", [
-    (dict(expert_ids=np.array([0, 2], np.int32)), ValueError, "expert_ids"),
-    (dict(expert_ids=np.array([0], np.int32)), ValueError, "expert_ids must have length 2"),
-    (dict(expert_start=np.array([0, 3, 2], np.uint32)), ValueError, "non-decreasing"),
-    (dict(expert_start=np.array([0, 2, 4], np.uint32)), ValueError, "expert_start[-1]"),
-    (dict(a_scale_offsets=np.array([0, 7], np.uint32)), ValueError, "a_scale_offsets[1]"),
-    (dict(b_scales=np.zeros((2, 1, 1, 32, 4, 4), np.uint8)), TypeError, "b_scales must have dtype"),
-    (dict(hidden=np.zeros((5, 15), np.uint8)), ValueError, "weight.shape[2]"),
+    ({"expert_ids": np.array([0, 2], np.int32)}, ValueError, "expert_ids"),
+    ({"expert_ids": np.array([0], np.int32)}, ValueError, "expert_ids must have length 2"),
+    ({"expert_start": np.array([0, 3, 2], np.uint32)}, ValueError, "non-decreasing"),
+    ({"expert_start": np.array([0, 2, 4], np.uint32)}, ValueError, "expert_start[-1]"),
+    ({"a_scale_offsets": np.array([0, 7], np.uint32)}, ValueError, "a_scale_offsets[1]"),
+    ({"b_scales": np.zeros((2, 1, 1, 32, 4, 4), np.uint8)}, TypeError, "b_scales must have dtype"),
+    ({"hidden": np.zeros((5, 15), np.uint8)}, ValueError, "weight.shape[2]"),
 ])
 def test_grouped_validation(change, exc, words):
     case = {**_small_case(), **change}

@@ -11,21 +11,21 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-
-from blockscale import reference as ref
-from blockscale.formats import FORMATS, MXFP4, NVFP4, Format
-from blockscale.ops import matmul
-from blockscale.ops import matmul_epilogue as ep
 from test_matmul_common import (
     assert_bf16_consistent,
     assert_f32_within_bound,
     dequantize_exact,
     exact_and_abs,
     f32_error_bound,
+    random_data,
     random_dense_case,
     random_scales_2d,
-    random_data,
 )
+
+from blockscale import reference as ref
+from blockscale.formats import FORMATS, MXFP4, NVFP4, Format
+from blockscale.ops import matmul
+from blockscale.ops import matmul_epilogue as ep
 
 pytestmark = pytest.mark.interp
 
@@ -110,7 +110,7 @@ def test_fp4_products_exact_so_result_is_exact_for_one_block():
 def test_nvfp4_scale_sign_bit_ignored():
     """D3: the E4M3 scale's sign bit is ignored (|scale|)."""
     rng = np.random.default_rng(5)
-    a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, NVFP4, 9, 10, 64)
+    a, b, _sfa, _sfb, sfa5, sfb5 = random_dense_case(rng, NVFP4, 9, 10, 64)
     out1 = matmul.naive_block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, device="interp")
     flipped = (sfa5.view(np.uint8) ^ 0x80).view(sfa5.dtype)
     out2 = matmul.naive_block_scaled_matmul(a, b, flipped, sfb5, NVFP4, device="interp")
@@ -122,7 +122,7 @@ def test_nan_scale_propagates(fmt):
     """A NaN scale byte (E8M0 0xFF, E4M3 0x7F) makes its row's outputs NaN, others finite."""
     rng = np.random.default_rng(6)
     m, n, k = 4, 5, 64
-    a, b, sfa, sfb, _, sfb5 = random_dense_case(rng, fmt, m, n, k)
+    a, b, sfa, _sfb, _, sfb5 = random_dense_case(rng, fmt, m, n, k)
     sfa = sfa.copy()
     sfa.view(np.uint8)[2, 1] = 0xFF if fmt.is_mx else 0x7F
     out = matmul.naive_block_scaled_matmul(a, b, matmul_interleave(sfa), sfb5, fmt,

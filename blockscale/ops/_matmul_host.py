@@ -6,7 +6,7 @@ No MLIR here; compiling goes through :mod:`blockscale.ops._core` (kernel key, bu
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -51,7 +51,7 @@ def _dtype_of(x: object) -> np.dtype | None:
                    "uint8": "uint8", "bfloat16": "bfloat16", "float32": "float32",
                    "int32": "int32"}
         if name in aliases:
-            import ml_dtypes  # noqa: F401  (registers the narrow float names)
+            import ml_dtypes
 
             return np.dtype(getattr(ml_dtypes, name, name))
         return None
@@ -106,8 +106,8 @@ def _np_dtype(name: str) -> np.dtype:
 def device_and_target(device: Any, target: str | None) -> tuple[Any, str]:
     """The runtime Device for ``device`` (a name, a Device or None = best available) and the
     kernel target name (``target``, else the device's, else the default target)."""
+    import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
     from blockscale import runtime
-    import blockscale.ops._core as _core
 
     dev = device if hasattr(device, "launch") else runtime.get_device(device)
     return dev, _core.resolve_target(target, dev)
@@ -122,7 +122,7 @@ def launch(spec: Any, grid: tuple[int, int, int], out_shape: tuple[int, ...], ou
     copied to the device). The result is numpy when every input is numpy, else a device array.
     ``empty``: the output has no elements; nothing is launched.
     """
-    import blockscale.ops._core as _core
+    import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 
     dt = _np_dtype(out_dtype)
     host = all(isinstance(v, np.ndarray) for v in buffers.values())
@@ -146,6 +146,6 @@ def launch(spec: Any, grid: tuple[int, int, int], out_shape: tuple[int, ...], ou
 
 def compile_spec(spec: Any) -> Any:
     """The compiled Kernel (every asm stage) of ``spec``; needs the compiler."""
-    import blockscale.ops._core as _core
+    import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 
     return _core.compile_kernel(spec)

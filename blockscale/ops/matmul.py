@@ -26,11 +26,11 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
+import blockscale.ops._matmul_host as H
 from blockscale.formats import MXFP4, Format
 from blockscale.launch import KernelArg
 from blockscale.layouts import scale_shape
-import blockscale.ops._core as _core
-import blockscale.ops._matmul_host as H
 from blockscale.ops.matmul_epilogue import Epilogue
 
 BLOCK = (16, 16, 1)
@@ -104,8 +104,8 @@ def build(spec: MatmulSpec) -> Any:
     """The ``mlir.ir.Module`` of the portable kernel for ``spec`` (IR only, no compile)."""
     from mlir.dialects import arith
 
-    from blockscale.compiler import ir as bir
     import blockscale.ops._matmul_ir as mir
+    from blockscale.compiler import ir as bir
     from blockscale.ops.matmul_epilogue import EpilogueContext
 
     fmt = spec.format
@@ -120,12 +120,12 @@ def build(spec: MatmulSpec) -> Any:
                 d1 = bir.ceil_div(kblocks, 4)
                 sfa_row = mir.tcgen_row_offset(m, d1)
                 sfb_row = mir.tcgen_row_offset(n, d1)
-                sfa_off = lambda j: bir.add(sfa_row, mir.tcgen_kblock_offset(j))  # noqa: E731
-                sfb_off = lambda j: bir.add(sfb_row, mir.tcgen_kblock_offset(j))  # noqa: E731
+                sfa_off = lambda j: bir.add(sfa_row, mir.tcgen_kblock_offset(j))
+                sfb_off = lambda j: bir.add(sfb_row, mir.tcgen_kblock_offset(j))
             else:
                 sfa_row, sfb_row = bir.mul(m, kblocks), bir.mul(n, kblocks)
-                sfa_off = lambda j: bir.add(sfa_row, j)  # noqa: E731
-                sfb_off = lambda j: bir.add(sfb_row, j)  # noqa: E731
+                sfa_off = lambda j: bir.add(sfa_row, j)
+                sfb_off = lambda j: bir.add(sfb_row, j)
             acc = mir.emit_block_scaled_dot(
                 fmt, a=kb.arg("a"), a_row=bir.mul(m, row_bytes), b=kb.arg("b"),
                 b_row=bir.mul(n, row_bytes), sfa=kb.arg("sfa"), sfa_offset=sfa_off,
@@ -308,6 +308,15 @@ for _fn in (naive_block_scaled_matmul, matmul_dynamic_block_scaled_mxfp4, block_
 
 _core.register_op_module(__name__)
 
-__all__ = ["MatmulSpec", "build", "grid", "naive_block_scaled_matmul",
-           "matmul_dynamic_block_scaled_mxfp4", "block_scaled_matmul",
-           "block_scaled_matmul_with_epilogue", "kernel", "bundle_specs", "FAST_PATHS"]
+__all__ = [
+    "FAST_PATHS",
+    "MatmulSpec",
+    "block_scaled_matmul",
+    "block_scaled_matmul_with_epilogue",
+    "build",
+    "bundle_specs",
+    "grid",
+    "kernel",
+    "matmul_dynamic_block_scaled_mxfp4",
+    "naive_block_scaled_matmul",
+]

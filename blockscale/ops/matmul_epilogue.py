@@ -85,9 +85,9 @@ class Epilogue:
     Epilogues). Immutable; equality and hashing go by ``key``.
     """
 
-    __slots__ = ("fn", "inputs", "name", "key")
+    __slots__ = ("fn", "inputs", "key", "name")
 
-    def __init__(self, fn: Callable[[Any, "EpilogueContext"], Any],
+    def __init__(self, fn: Callable[[Any, EpilogueContext], Any],
                  inputs: tuple[EpilogueInput, ...] | list[EpilogueInput] = (),
                  name: str = "custom") -> None:
         if not callable(fn):

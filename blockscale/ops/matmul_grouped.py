@@ -30,11 +30,11 @@ from typing import Any, ClassVar
 import ml_dtypes
 import numpy as np
 
+import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
+import blockscale.ops._matmul_host as H
 from blockscale.formats import MXFP4, Format
 from blockscale.launch import KernelArg
 from blockscale.layouts import SF_ATOM_ROWS, scale_shape
-import blockscale.ops._core as _core
-import blockscale.ops._matmul_host as H
 
 BLOCK = (16, 16, 1)
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
@@ -109,8 +109,8 @@ def build(spec: GroupedMatmulSpec) -> Any:
     """The ``mlir.ir.Module`` of the portable grouped kernel for ``spec``."""
     from mlir.dialects import arith
 
-    from blockscale.compiler import ir as bir
     import blockscale.ops._matmul_ir as mir
+    from blockscale.compiler import ir as bir
 
     fmt = spec.format
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), BLOCK) as kb:
@@ -147,12 +147,12 @@ def build(spec: GroupedMatmulSpec) -> Any:
                     b_srow = bir.add(bir.mul(bir.mul(e, n_tiles), SF_ATOM_ROWS), n)
                     sfa_row = mir.tcgen_row_offset(a_srow, d1)
                     sfb_row = mir.tcgen_row_offset(b_srow, d1)
-                    sfa_off = lambda j: bir.add(sfa_row, mir.tcgen_kblock_offset(j))  # noqa: E731
-                    sfb_off = lambda j: bir.add(sfb_row, mir.tcgen_kblock_offset(j))  # noqa: E731
+                    sfa_off = lambda j: bir.add(sfa_row, mir.tcgen_kblock_offset(j))
+                    sfb_off = lambda j: bir.add(sfb_row, mir.tcgen_kblock_offset(j))
                 else:
                     sfa_row, sfb_row = bir.mul(m, kblocks), bir.mul(w_row, kblocks)
-                    sfa_off = lambda j: bir.add(sfa_row, j)  # noqa: E731
-                    sfb_off = lambda j: bir.add(sfb_row, j)  # noqa: E731
+                    sfa_off = lambda j: bir.add(sfa_row, j)
+                    sfb_off = lambda j: bir.add(sfb_row, j)
                 acc = mir.emit_block_scaled_dot(
                     fmt, a=kb.arg("a"), a_row=bir.mul(m, row_bytes), b=kb.arg("w"),
                     b_row=bir.mul(w_row, row_bytes), sfa=kb.arg("sfa"), sfa_offset=sfa_off,
@@ -354,5 +354,12 @@ for _fn in (grouped_matmul_block_scaled, grouped_matmul_block_scaled_mxfp4):
 
 _core.register_op_module(__name__)
 
-__all__ = ["GroupedMatmulSpec", "build", "grid", "grouped_matmul_block_scaled",
-           "grouped_matmul_block_scaled_mxfp4", "kernel", "bundle_specs"]
+__all__ = [
+    "GroupedMatmulSpec",
+    "build",
+    "bundle_specs",
+    "grid",
+    "grouped_matmul_block_scaled",
+    "grouped_matmul_block_scaled_mxfp4",
+    "kernel",
+]
