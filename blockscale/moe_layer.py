@@ -280,17 +280,18 @@ class MoELayer:
             raise TypeError(f"x must be bfloat16, got {x.dtype}")
 
     def experts(self, x: Any, idx: MoEIndices, *, device: Any = None,
-                fused: bool | None = None) -> Any:
+                fused: bool | None = None, operands: dict[str, Any] | None = None) -> Any:
         """The expert pipeline: ``y [T*k, H]`` bf16 in expert (permuted) row order.
 
         ``x`` is a numpy array (eager: ``device`` as in :mod:`blockscale.moe`) or a graph
         tensor (the ops are added to its graph; then ``idx`` holds graph tensors too).
-        ``fused``: default ``config.can_use_fused_swiglu``.
+        ``fused``: default ``config.can_use_fused_swiglu``. ``operands`` overrides the weight
+        operands (keys of :meth:`weight_operands`), e.g. with named graph constants.
         """
         s = self.strategy
         sc = self.scales
-        q = self.quantized
         fused = self.config.can_use_fused_swiglu if fused is None else fused
+        w = {**self.weight_operands(), **(operands or {})}
         if fused and self.config.is_mxfp4:
             raise ValueError("fused: the fused SwiGLU supports NVFP4 and MXFP8 only (§6), "
                              "got mxfp4")
@@ -303,19 +304,27 @@ class MoELayer:
                               idx.expert_ids, idx.usage_stats)
         if fused:
             h, h_scales = s.grouped_matmul_swiglu(
-                self.gate_up_sigma, self.gate_up_sigma_scales_6d,
+                w["gate_up_sigma"], w["gate_up_sigma_scales"],
                 expert_scales=sc.gate_up_expert if sc else None,
                 input_scales=sc.down_input if sc else None, expert_inputs=tuple(inputs),
                 activation=self.activation, **kw)
         else:
-            gate_up = s.grouped_matmul(q.gate_up, self.gate_up_scales_6d,
+            gate_up = s.grouped_matmul(w["gate_up"], w["gate_up_scales"],
                                        sc.gate_up_expert if sc else None, tuple(inputs), **kw)
             h, h_scales = s.fused_silu_quantize(gate_up, sc.down_input if sc else None,
                                                 tuple(inputs), activation=self.activation,
                                                 **kw)
         down_inputs = inputs._replace(hidden=h, hidden_scales=h_scales)
-        return s.grouped_matmul(q.down, self.down_scales_6d, sc.down_expert if sc else None,
+        return s.grouped_matmul(w["down"], w["down_scales"], sc.down_expert if sc else None,
                                 tuple(down_inputs), **kw)
+
+    def weight_operands(self) -> dict[str, np.ndarray]:
+        """The quantized weight operands of the expert matmuls (6-D scales)."""
+        q = self.quantized
+        return {"gate_up": q.gate_up, "gate_up_scales": self.gate_up_scales_6d,
+                "gate_up_sigma": self.gate_up_sigma,
+                "gate_up_sigma_scales": self.gate_up_sigma_scales_6d,
+                "down": q.down, "down_scales": self.down_scales_6d}
 
     def forward(self, x: np.ndarray, *, device: Any = None, fused: bool | None = None
                 ) -> np.ndarray:
@@ -349,7 +358,19 @@ class MoELayer:
                          g.input("expert_start", (e + 1,), "int32"),
                          None, g.input("expert_ids", (e,), "int32"), None,
                          g.input("scales_offset", (e,), "int32"))
-        y = self.experts(x, idx, fused=fused)
+        fmt, d = self.config.fmt, self.weights.moe_dim
+        layout = "tcgen5d"
+        use_fused = self.config.can_use_fused_swiglu if fused is None else fused
+        operands = {}
+        for key, arr in self.weight_operands().items():
+            if key.startswith("gate_up") and ("sigma" in key) != use_fused:
+                continue
+            kk = d if key.startswith("down") else h
+            typing = {"fmt": fmt, "k": kk}
+            if key.endswith("scales"):
+                typing["layout"] = layout
+            operands[key] = g.constant(arr, key, **typing)
+        y = self.experts(x, idx, fused=fused, operands=operands)
         g.output(y, "y")
         return g
 
