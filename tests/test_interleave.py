@@ -17,7 +17,8 @@ from blockscale.ops import _core, interleave
 from tests._compiler_helpers import fresh_cache, skip_unless_toolchain  # noqa: F401
 
 # SEMANTICS §3 test shapes (the two big ones only on a GPU).
-SMALL_SHAPES = [(128, 4), (129, 4), (129, 5), (1, 1), (3, 7), (200, 9), (256, 8)]
+SMALL_SHAPES = [(128, 4), (129, 4), (129, 5), (1, 1), (3, 7), (200, 9), (256, 8), (130, 16),
+                (257, 36), (128, 20)]
 GPU_SHAPES = SMALL_SHAPES + [(1024, 1024), (16384, 3328), (53248, 1024)]
 DTYPES = [np.uint8, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e8m0fnu]
 
@@ -31,9 +32,12 @@ def test_output_shape_and_plan():
     assert interleave.output_shape(129, 136) == (2, 34, 32, 4, 4)
     assert interleave.output_shape(129, 68) == (2, 17, 32, 4, 4)
     plan = interleave.launch_plan(129, 5)
-    assert plan.num_chunks == 2 * 2 * 32 and plan.grid == (1, 1, 1) and plan.vec_ok == 0
-    assert interleave.launch_plan(16384, 3328).grid == (128 * 832 * 32 // 256, 1, 1)
-    assert interleave.launch_plan(128, 4, input_aligned=False).vec_ok == 0
+    assert plan.num_groups == 2 * 1 * 32 and plan.grid == (1, 1, 1) and plan.vec_ok == 0
+    assert interleave.launch_plan(16384, 3328).grid == (128 * 208 * 32 // 256, 1, 1)
+    assert interleave.launch_plan(16384, 3328).vec_ok == interleave.VEC4 | interleave.VEC16
+    assert interleave.launch_plan(128, 4).vec_ok == interleave.VEC4
+    assert interleave.launch_plan(128, 16, input_alignment=4).vec_ok == interleave.VEC4
+    assert interleave.launch_plan(128, 16, input_alignment=1).vec_ok == 0
 
 
 def test_spec_and_input_validation():

@@ -4,13 +4,13 @@ Output shape ``[ceil(R/128), ceil(J/4), 32, 4, 4]`` (SEMANTICS §1.3, §3): byte
 ``(i0, i1, i2, i3, i4)`` holds ``S[i0*128 + i3*32 + i2, i1*4 + i4]``, or zero in the padding
 (rows >= R, K-blocks >= J). The numpy definition is :func:`blockscale.layouts.interleave`.
 
-Kernel: one thread per 16-byte row ``(i0, i1, i2)`` of a 512-byte atom, so consecutive threads
-write consecutive 16-byte chunks (one ``st.global.v4.b32`` / ``global_store_dwordx4`` each,
-fully coalesced) and every output byte, padding included, is written by the kernel. The 16
-bytes are four 4-byte words, word ``i3`` = ``S[row, 4*i1 : 4*i1+4]`` of row
-``i0*128 + i3*32 + i2``: one aligned 4-byte load per word when the whole chunk is in bounds
-and J % 4 == 0 (``vec_ok``), else byte loads with bounds masks. Shape-generic: one kernel per
-(scale dtype, target).
+Kernel: one thread per group of four 16-byte atom rows ``(i0, i1..i1+3, i2)``. Word ``i3`` of
+row ``(i0, i1, i2)`` is ``S[i0*128 + i3*32 + i2, 4*i1 : 4*i1+4]``, so the thread loads 16
+contiguous bytes from each of its 4 source rows (one 16-byte load each when J % 16 == 0) and
+writes four 16-byte stores; the 32 lanes of a warp (consecutive i2) write 512 contiguous bytes
+per store, and every output byte, padding included, is written by the kernel. Near the edges
+(or when J % 16 != 0) each chunk falls back to aligned 4-byte loads or to masked byte loads.
+Shape-generic: one kernel per (scale dtype, target).
 
 Importing this module does not import MLIR (``build`` does, when called).
 """
@@ -29,6 +29,10 @@ from blockscale.ops import _core
 SCALE_DTYPES = ("uint8", "float8_e4m3fn", "float8_e8m0fnu")
 BLOCK = (256, 1, 1)
 ROWS_PER_ATOM, KBLOCKS_PER_ATOM, CHUNK_BYTES = 128, 4, 16
+#: 16-byte atom rows per thread (consecutive i1): each thread loads 16 contiguous bytes of a row
+CHUNKS_PER_THREAD = 4
+#: bits of the ``vec_ok`` argument: 4-byte / 16-byte input loads are aligned.
+VEC4, VEC16 = 1, 2
 _MAX_CHUNKS = 2**31 - 1
 
 
@@ -54,11 +58,11 @@ class InterleaveSpec:
         return "block_scales_interleave"
 
     def args(self) -> tuple[KernelArg, ...]:
-        """scales [R*J] in, out [5-D bytes] out, rows, kblocks, num_chunks, vec_ok."""
+        """scales [R*J] in, out [5-D bytes] out, rows, kblocks, num_groups, vec_ok flags."""
         return (KernelArg("scales", "buffer", self.dtype, "in"),
                 KernelArg("out", "buffer", self.dtype, "out"),
                 KernelArg("rows", "scalar", "i32"), KernelArg("kblocks", "scalar", "i32"),
-                KernelArg("num_chunks", "scalar", "i32"), KernelArg("vec_ok", "scalar", "i32"))
+                KernelArg("num_groups", "scalar", "i32"), KernelArg("vec_ok", "scalar", "i32"))
 
 
 # ----------------------------------------------------------------------------- host plan
@@ -76,22 +80,26 @@ class LaunchPlan:
     grid: tuple[int, int, int]
     rows: int
     kblocks: int
-    num_chunks: int
+    num_groups: int
     vec_ok: int
 
     def scalars(self) -> list[int]:
-        return [self.rows, self.kblocks, self.num_chunks, self.vec_ok]
+        return [self.rows, self.kblocks, self.num_groups, self.vec_ok]
 
 
-def launch_plan(rows: int, kblocks: int, *, input_aligned: bool = True) -> LaunchPlan:
-    """One thread per 16-byte output chunk; ``vec_ok`` when 4-byte input loads are aligned."""
+def launch_plan(rows: int, kblocks: int, *, input_alignment: int = 16) -> LaunchPlan:
+    """One thread per group of CHUNKS_PER_THREAD 16-byte output chunks (same i0, i2,
+    consecutive i1). ``vec_ok`` flags the aligned load widths (J and the input base address
+    ``input_alignment`` must both be multiples of the width)."""
     d0, d1 = output_shape(rows, kblocks)[:2]
-    chunks = d0 * d1 * 32
-    if chunks > _MAX_CHUNKS or rows * kblocks > _MAX_CHUNKS:
+    groups = d0 * (-(-d1 // CHUNKS_PER_THREAD)) * 32
+    if d0 * d1 * 32 > _MAX_CHUNKS or rows * kblocks > _MAX_CHUNKS:
         raise ValueError(f"scales_2d of shape ({rows}, {kblocks}) is too large: at most "
                          f"{_MAX_CHUNKS} 16-byte output chunks and input bytes")
-    grid = (max(1, -(-chunks // BLOCK[0])), 1, 1)
-    return LaunchPlan(grid, rows, kblocks, chunks, int(kblocks % 4 == 0 and input_aligned))
+    grid = (max(1, -(-groups // BLOCK[0])), 1, 1)
+    flags = (VEC4 if kblocks % 4 == 0 and input_alignment % 4 == 0 else 0) | \
+        (VEC16 if kblocks % 16 == 0 and input_alignment % 16 == 0 else 0)
+    return LaunchPlan(grid, rows, kblocks, groups, flags)
 
 
 # ----------------------------------------------------------------------------- kernel IR
@@ -104,29 +112,67 @@ def build(spec: InterleaveSpec) -> Any:
     with b.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as k:
         src, out = k.arg("scales"), k.arg("out")
         rows, kblocks = b.as_index(k.arg("rows")), b.as_index(k.arg("kblocks"))
-        chunk = b.global_thread_idx()
-        with b.when(b.ult(chunk, b.as_index(k.arg("num_chunks")))):
-            i2 = b.urem(chunk, 32)
-            slab = b.udiv(chunk, 32)
+        flags = k.arg("vec_ok")
+        group = b.global_thread_idx()
+        with b.when(b.ult(group, b.as_index(k.arg("num_groups")))):
+            i2 = b.urem(group, 32)
+            q = b.udiv(group, 32)
             d1 = b.ceil_div(kblocks, KBLOCKS_PER_ATOM)
-            i1, i0 = b.urem(slab, d1), b.udiv(slab, d1)
-            col0 = b.mul(i1, KBLOCKS_PER_ATOM)
+            d1g = b.ceil_div(d1, CHUNKS_PER_THREAD)
+            i1g, i0 = b.urem(q, d1g), b.udiv(q, d1g)
             row0 = b.add(b.mul(i0, ROWS_PER_ATOM), i2)
             rows_of = [b.add(row0, 32 * i3) for i3 in range(4)]
-            # Fast path: all four rows exist, the four K-blocks exist, 4-byte aligned loads.
-            full = b.logical_and(b.ult(rows_of[3], rows), b.ule(b.add(col0, 4), kblocks))
-            full = b.logical_and(full, b.ne(k.arg("vec_ok"), 0))
-            words_t = b.vec(4, b.i32())
-            br = b.if_(full, [words_t])
+            i1_first = b.mul(i1g, CHUNKS_PER_THREAD)
+            col0 = b.mul(i1_first, KBLOCKS_PER_ATOM)
+            span = CHUNKS_PER_THREAD * KBLOCKS_PER_ATOM
+            # Fast path: 4 rows x 16 K-blocks all in bounds, 16-byte aligned row loads.
+            full = b.logical_and(b.ult(rows_of[3], rows), b.ule(b.add(col0, span), kblocks))
+            full = b.logical_and(full, b.ne(b.bit_and(flags, VEC16), 0))
+            br = b.if_(full, [])
             with br.then():
-                words = [_aligned_word(b, src, b.add(b.mul(r, kblocks), col0)) for r in rows_of]
-                br.yield_(b.from_elements(words_t, words))
+                words = []  # words[i3][sub]
+                for r in rows_of:
+                    row16 = b.vector_load(b.vec(span, b.i8()), src,
+                                          b.add(b.mul(r, kblocks), col0), alignment=span)
+                    w4 = b.bitcast(row16, b.vec(CHUNKS_PER_THREAD, b.i32()))
+                    words.append([b.extract(w4, sub) for sub in range(CHUNKS_PER_THREAD)])
+                for sub in range(CHUNKS_PER_THREAD):
+                    chunk = b.from_elements(b.vec(4, b.i32()), [w[sub] for w in words])
+                    _store_chunk(b, out, chunk, i0, b.add(i1_first, sub), d1, i2)
+                br.yield_()
             with br.else_():
-                words = [_masked_word(b, src, r, col0, rows, kblocks) for r in rows_of]
-                br.yield_(b.from_elements(words_t, words))
-            data = b.bitcast(br.results[0], b.vec(CHUNK_BYTES, b.i8()))
-            b.vector_store(data, out, b.mul(chunk, CHUNK_BYTES), alignment=CHUNK_BYTES)
+                for sub in range(CHUNKS_PER_THREAD):
+                    i1 = b.add(i1_first, sub)
+                    with b.when(b.ult(i1, d1)):
+                        chunk = _edge_chunk(b, src, rows_of, i1, rows, kblocks, flags)
+                        _store_chunk(b, out, chunk, i0, i1, d1, i2)
+                br.yield_()
     return k.module
+
+
+def _store_chunk(b: Any, out: Any, words: Any, i0: Any, i1: Any, d1: Any, i2: Any) -> None:
+    """Store 4 words as the 16 bytes of atom row (i0, i1, i2): one 16-byte store."""
+    index = b.add(b.mul(b.add(b.mul(i0, d1), i1), 32), i2)
+    data = b.bitcast(words, b.vec(CHUNK_BYTES, b.i8()))
+    b.vector_store(data, out, b.mul(index, CHUNK_BYTES), alignment=CHUNK_BYTES)
+
+
+def _edge_chunk(b: Any, src: Any, rows_of: list[Any], i1: Any, rows: Any, kblocks: Any,
+                flags: Any) -> Any:
+    """The 4 words of chunk i1 near the edges: aligned 4-byte loads when in bounds, else
+    masked byte loads (zero padding)."""
+    col0 = b.mul(i1, KBLOCKS_PER_ATOM)
+    words_t = b.vec(4, b.i32())
+    full = b.logical_and(b.ult(rows_of[3], rows), b.ule(b.add(col0, 4), kblocks))
+    full = b.logical_and(full, b.ne(b.bit_and(flags, VEC4), 0))
+    br = b.if_(full, [words_t])
+    with br.then():
+        words = [_aligned_word(b, src, b.add(b.mul(r, kblocks), col0)) for r in rows_of]
+        br.yield_(b.from_elements(words_t, words))
+    with br.else_():
+        words = [_masked_word(b, src, r, col0, rows, kblocks) for r in rows_of]
+        br.yield_(b.from_elements(words_t, words))
+    return br.results[0]
 
 
 def _aligned_word(b: Any, src: Any, offset: Any) -> Any:
@@ -160,11 +206,14 @@ def _dtype_name(dtype: Any, arg: str) -> str:
     return name
 
 
-def _input_aligned(x: Any) -> bool:
+def _input_alignment(x: Any) -> int:
+    """Largest of 16/4/1 dividing the input's device address (numpy inputs are copied to
+    fresh, aligned device buffers)."""
     cai = getattr(x, "__cuda_array_interface__", None)
-    if cai is not None:
-        return int(cai["data"][0]) % 4 == 0
-    return True  # numpy inputs are copied to fresh (aligned) device buffers
+    if cai is None:
+        return 16
+    ptr = int(cai["data"][0])
+    return 16 if ptr % 16 == 0 else 4 if ptr % 4 == 0 else 1
 
 
 def block_scales_interleave(scales_2d: Any, *, device: Any = None,
@@ -194,7 +243,7 @@ def block_scales_interleave(scales_2d: Any, *, device: Any = None,
     if rows == 0 or kblocks == 0:
         empty = np.zeros(out_shape, np_dtype)
         return empty if host_io else dev.to_device(empty)
-    plan = launch_plan(rows, kblocks, input_aligned=_input_aligned(scales_2d))
+    plan = launch_plan(rows, kblocks, input_alignment=_input_alignment(scales_2d))
     kernel = _core.get_kernel(spec, build)
     src = dev.to_device(np.ascontiguousarray(scales_2d)) if host_io else scales_2d
     out = dev.alloc(out_shape, np_dtype)
