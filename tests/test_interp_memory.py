@@ -292,3 +292,50 @@ gpu.module @m {
             acc = acc * 4 + lut[(k + t) & 3]
         want.append(acc)
     np.testing.assert_array_equal(y, np.array(want, np.float32))
+
+
+def test_atomic_add_histogram_returns_distinct_old_values():
+    text = _module("%x: memref<?xi32>, %h: memref<?xi32>, %old: memref<?xi32>", """
+    %b = memref.load %x[%i] : memref<?xi32>
+    %bi = arith.index_cast %b : i32 to index
+    %one = arith.constant 1 : i32
+    %o = memref.atomic_rmw addi %one, %h[%bi] : (i32, memref<?xi32>) -> i32
+    memref.store %o, %old[%i] : memref<?xi32>""")
+    x = np.random.default_rng(9).integers(0, 5, 256).astype(np.int32)
+    h = np.zeros(5, np.int32)
+    old = np.full(256, -1, np.int32)
+    run_kernel(text, "k", (2, 1, 1), (128, 1, 1), [x, h, old], "gfx950")
+    np.testing.assert_array_equal(h, np.bincount(x, minlength=5))
+    for v in range(5):  # each thread of a bucket saw a different count
+        np.testing.assert_array_equal(np.sort(old[x == v]), np.arange((x == v).sum()))
+
+
+def test_dynamic_shared_memory_view():
+    text = """
+gpu.module @m {
+  gpu.func @k(%x: memref<?xf32>, %y: memref<?xf32>) kernel {
+    %tid = gpu.thread_id x
+    %c16 = arith.constant 16 : index
+    %c31 = arith.constant 31 : index
+    %dyn = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>
+    %sh = memref.view %dyn[%c16][] : memref<?xi8, #gpu.address_space<workgroup>>
+        to memref<32xf32, #gpu.address_space<workgroup>>
+    %v = memref.load %x[%tid] : memref<?xf32>
+    memref.store %v, %sh[%tid] : memref<32xf32, #gpu.address_space<workgroup>>
+    gpu.barrier
+    %r = arith.subi %c31, %tid : index
+    %w = memref.load %sh[%r] : memref<32xf32, #gpu.address_space<workgroup>>
+    memref.store %w, %y[%tid] : memref<?xf32>
+    gpu.return
+  }
+}"""
+    x = np.arange(32, dtype=np.float32)
+    y = np.zeros_like(x)
+    run_kernel(text, "k", (1, 1, 1), (32, 1, 1), [x, y], "sm_90a", dynamic_shared_bytes=144)
+    np.testing.assert_array_equal(y, x[::-1])
+    with pytest.raises(IndexError, match="dynamic shared memory"):  # 16 + 128 > 140 bytes
+        run_kernel(text, "k", (1, 1, 1), (32, 1, 1), [x, y], "sm_90a",
+                   dynamic_shared_bytes=140)
+    with pytest.raises(SharedMemoryRaceError):
+        run_kernel(text.replace("gpu.barrier", ""), "k", (1, 1, 1), (32, 1, 1), [x, y],
+                   "sm_90a", dynamic_shared_bytes=144)

@@ -44,10 +44,14 @@ class Frame:
     mask: np.ndarray | None = None
     #: raise on reads of never-written shared memory
     check_uninit: bool = True
+    #: bytes of gpu.dynamic_shared_memory per block
+    dynamic_shared_bytes: int = 0
 
     def __post_init__(self) -> None:
         #: shared buffers allocated in this batch (barriers reset their race trackers)
         self.shared: list[Any] = []
+        self.dynamic_shared: Any = None  # the dynamic shared buffer, created on first use
+        self.views: dict[Any, Any] = {}  # typed views of byte buffers (memref.view)
         self.nthreads = self.block[0] * self.block[1] * self.block[2]
         self.T = self.nthreads * self.nblocks
         t = np.arange(self.T, dtype=np.int64)

@@ -33,7 +33,8 @@ class CompiledKernel:
     def __init__(self, mlir_text: str, kernel_name: str) -> None:
         import mlir.ir as ir
 
-        from . import ops_arith, ops_control, ops_gpu, ops_memory  # noqa: F401 (registry)
+        from . import (ops_arith, ops_atomics, ops_control, ops_gpu,  # noqa: F401 (registry)
+                       ops_memory)
 
         self.context = ir.Context()
         self.context.allow_unregistered_dialects = False
@@ -105,7 +106,8 @@ def _check_dims(name: str, v: Sequence[int]) -> tuple[int, int, int]:
 def run_kernel(mlir_text: str, kernel_name: str, grid: Sequence[int], block: Sequence[int],
                args: list, target: str, *, warp_size: int | None = None,
                arg_names: Sequence[str] | None = None, check_uninit: bool = True,
-               batch_threads: int = DEFAULT_BATCH_THREADS) -> None:
+               batch_threads: int = DEFAULT_BATCH_THREADS,
+               dynamic_shared_bytes: int = 0) -> None:
     """Execute the gpu.func ``kernel_name`` of ``mlir_text`` on the CPU.
 
     Args:
@@ -119,6 +121,7 @@ def run_kernel(mlir_text: str, kernel_name: str, grid: Sequence[int], block: Seq
         arg_names: names used in error messages (default ``arg0``, ``arg1``, ...).
         check_uninit: raise on reads of never-written shared memory.
         batch_threads: at most this many threads run in lock-step per batch of blocks.
+        dynamic_shared_bytes: size of ``gpu.dynamic_shared_memory`` per block.
 
     Raises:
         IndexError: an out-of-bounds load or store (buffer, index, thread and block named).
@@ -149,7 +152,7 @@ def run_kernel(mlir_text: str, kernel_name: str, grid: Sequence[int], block: Seq
 
     for first in range(0, nblocks, per_batch):
         f = Frame([None] * slots, block, grid, first, min(per_batch, nblocks - first), ws,
-                  check_uninit=check_uninit)
+                  check_uninit=check_uninit, dynamic_shared_bytes=dynamic_shared_bytes)
         attr_vals = []
         for i, (shape, strides, offset, dt, _), space in k.attributions:
             buf = alloc_buffer(f"attribution #{i - len(args)} ({space})", space, shape, dt, f,

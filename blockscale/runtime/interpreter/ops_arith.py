@@ -43,8 +43,13 @@ class _OpInfo:
         self.in_dt = (dtypes.value_dtype(type_str(op.operands[0]))[1]
                       if len(op.operands) else dt)
 
+        self._ints: dict[str, int] = {}
+
     def int_attr(self, name: str) -> int:
-        return int(str(self.attrs[name]).split(":")[0].strip())
+        v = self._ints.get(name)
+        if v is None:
+            v = self._ints[name] = int(str(self.attrs[name]).split(":")[0].strip())
+        return v
 
 
 def _reg(names: str, fn: Callable[..., np.ndarray]) -> None:
@@ -333,7 +338,14 @@ _reg("arith.index_cast", lambda o, a: a.astype(o.dt) if o.dt != np.bool_ else (a
 _reg("arith.index_castui", _index_castui)
 _reg("arith.bitcast", _bitcast)
 _reg("arith.extf", lambda o, a: dtypes.convert_float(a, o.dt))
-_reg("arith.truncf", lambda o, a: dtypes.convert_float(a, o.dt))
+def _truncf(o, a):
+    mode = o.attrs.get("roundingmode")
+    if mode is not None and "to_nearest_even" not in str(mode) and str(mode) != "0 : i32":
+        raise NotImplementedError(f"interpreter: arith.truncf with rounding mode {mode}")
+    return dtypes.convert_float(a, o.dt)
+
+
+_reg("arith.truncf", _truncf)
 _reg("arith.sitofp", lambda o, a: dtypes.int_to_float(a, o.dt, False))
 _reg("arith.uitofp", lambda o, a: dtypes.int_to_float(a, o.dt, True))
 _reg("arith.fptosi", lambda o, a: dtypes.float_to_int(a, o.dt, False))
