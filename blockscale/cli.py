@@ -2,8 +2,8 @@
 
 Examples::
 
-    blockscale compile block_scales_interleave --rows 129 --kblocks 5 --target gfx950 --emit amdgcn
-    blockscale compile block_scales_interleave --target sm_100a --emit sass -o k.sass
+    blockscale compile block_scales_interleave --rows 129 --kblocks 5 --target <T> --emit amdgcn
+    blockscale compile block_scales_interleave --target <T> --emit sass -o k.sass
     blockscale targets
     blockscale demo
 """
@@ -114,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compile", help="compile an op's kernel and print one stage")
     c.add_argument("op", help="op name, e.g. block_scales_interleave")
-    c.add_argument("--target", default="sm_90a", help="sm_90a | sm_100a | gfx942 | gfx950")
+    from blockscale.compiler.targets import DEFAULT_TARGET, target_names
+
+    c.add_argument("--target", default=DEFAULT_TARGET.name, help=" | ".join(target_names()))
     c.add_argument("--emit", default="mlir", choices=EMIT_CHOICES)
     c.add_argument("--rows", type=int, help="rows (prints the launch plan)")
     c.add_argument("--kblocks", type=int, help="K-blocks (prints the launch plan)")

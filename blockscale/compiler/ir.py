@@ -555,9 +555,8 @@ def block_dim(dim: str = "x", *, loc: ir.Location | None = None) -> Value:
     A constant rather than ``gpu.block_dim``: on ROCDL the latter becomes a call to
     ``__ockl_get_local_size`` from the ROCm device libraries, which we do not link.
     """
-    kb = current_kernel()
-    return const(kb.block["xyz".index(dim)] if dim in "xyz" else _dim(dim), index(),
-                 loc=_loc(loc))
+    _dim(dim)  # validates
+    return const(current_kernel().block["xyz".index(dim)], index(), loc=_loc(loc))
 
 
 def linear_thread_idx(*, loc: ir.Location | None = None) -> Value:

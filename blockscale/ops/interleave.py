@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from blockscale.compiler.targets import DEFAULT_TARGET  # pure Python, no MLIR
 from blockscale.launch import KernelArg
 from blockscale.ops import _core
 
@@ -41,7 +42,7 @@ class InterleaveSpec:
     """The interleave kernel is specialised on the scale dtype and the target only."""
 
     dtype: str = "uint8"
-    target: str = "sm_90a"
+    target: str = DEFAULT_TARGET.name
 
     op: ClassVar[str] = "block_scales_interleave"
     block: ClassVar[tuple[int, int, int]] = BLOCK
@@ -251,7 +252,7 @@ def block_scales_interleave(scales_2d: Any, *, device: Any = None,
     return dev.to_host(out) if host_io else out
 
 
-def kernel(spec_or_dtype: InterleaveSpec | str | Any = "uint8", target: str = "sm_90a",
+def kernel(spec_or_dtype: InterleaveSpec | str | Any = "uint8", target: str = DEFAULT_TARGET.name,
            **_shape: Any) -> Any:
     """The compiled ``Kernel`` (``.asm`` stages, ``.binary``) for a spec, a scale dtype, or a
     sample array. The kernel is shape-generic; shape keywords (rows=, kblocks=) are ignored."""
@@ -264,7 +265,7 @@ def kernel(spec_or_dtype: InterleaveSpec | str | Any = "uint8", target: str = "s
     return _core.compile_kernel(spec, build)
 
 
-def bundle_specs(target: str = "sm_90a") -> list[InterleaveSpec]:
+def bundle_specs(target: str = DEFAULT_TARGET.name) -> list[InterleaveSpec]:
     """Every interleave spec the GPU tests and benchmarks use on ``target``."""
     return [InterleaveSpec(d, target) for d in SCALE_DTYPES]
 
