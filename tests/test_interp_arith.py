@@ -159,7 +159,7 @@ def test_float_min_max_nan_and_signed_zero(name):
     ("oeq", lambda a, b: a == b), ("one", lambda a, b: (a < b) or (a > b)),
     ("olt", lambda a, b: a < b), ("ord", lambda a, b: not (np.isnan(a) or np.isnan(b))),
     ("ueq", lambda a, b: np.isnan(a) or np.isnan(b) or a == b),
-    ("ult", lambda a, b: not (a >= b)), ("une", lambda a, b: not (a == b)),
+    ("ult", lambda a, b: not (a >= b)), ("une", lambda a, b: not (a == b)),  # noqa: SIM201
     ("uno", lambda a, b: bool(np.isnan(a) or np.isnan(b))), ("ogt", lambda a, b: a > b),
     ("uge", lambda a, b: not (a < b)),
 ])

@@ -8,6 +8,7 @@ E8M0 exponent, every E2M1 byte).
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import ml_dtypes
@@ -36,7 +37,7 @@ def e2m1_rne(x: float) -> int:
 
 def _tie_grid() -> np.ndarray:
     """Every E2M1 value and midpoint, their float32 neighbours, both signs, and specials."""
-    pts = E2M1 + [(a + b) / 2 for a, b in zip(E2M1, E2M1[1:])] + [7.0, 1e30, 2.0**-130]
+    pts = E2M1 + [(a + b) / 2 for a, b in itertools.pairwise(E2M1)] + [7.0, 1e30, 2.0**-130]
     x = np.array(pts, np.float32)
     x = np.concatenate([x, np.nextafter(x, np.float32(np.inf)),
                         np.nextafter(x, np.float32(-np.inf))])

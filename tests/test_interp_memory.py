@@ -8,8 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blockscale.runtime.interpreter import (BarrierDivergenceError, SharedMemoryRaceError,
-                                            UninitializedSharedReadError, run_kernel)
+from blockscale.runtime.interpreter import (
+    BarrierDivergenceError,
+    SharedMemoryRaceError,
+    UninitializedSharedReadError,
+    run_kernel,
+)
 
 pytestmark = pytest.mark.interp
 

@@ -9,9 +9,19 @@ and reads of inactive lanes raise). Target intrinsics are modeled from their ISA
 Entry point: :func:`run_kernel` (docs/internals.md).
 """
 
-from .frame import (BarrierDivergenceError, SharedMemoryRaceError, ShuffleError,
-                    UninitializedSharedReadError)
+from .frame import (
+                    BarrierDivergenceError,
+                    SharedMemoryRaceError,
+                    ShuffleError,
+                    UninitializedSharedReadError,
+)
 from .kernel import run_kernel, warp_size_for
 
-__all__ = ["run_kernel", "warp_size_for", "BarrierDivergenceError", "SharedMemoryRaceError",
-           "ShuffleError", "UninitializedSharedReadError"]
+__all__ = [
+                    "BarrierDivergenceError",
+                    "SharedMemoryRaceError",
+                    "ShuffleError",
+                    "UninitializedSharedReadError",
+                    "run_kernel",
+                    "warp_size_for",
+]

@@ -8,7 +8,8 @@ Ops nobody handles raise NotImplementedError naming the op, at compile time.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,10 +32,9 @@ class CompiledKernel:
     """A gpu.func compiled to closures, with its parameter types. Keeps its MLIR context."""
 
     def __init__(self, mlir_text: str, kernel_name: str) -> None:
-        import mlir.ir as ir
+        from mlir import ir
 
-        from . import (ops_arith, ops_atomics, ops_control, ops_gpu,  # noqa: F401 (registry)
-                       ops_memory)
+        from . import ops_arith, ops_atomics, ops_control, ops_gpu, ops_memory  # noqa: F401 (registry)
 
         self.context = ir.Context()
         self.context.allow_unregistered_dialects = False

@@ -15,7 +15,7 @@ are race-checked between barriers (see :class:`RaceTracker`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -186,9 +186,8 @@ def _row(buf: Buffer, f: Frame, lin: np.ndarray) -> np.ndarray | None:
 def load(ref: MemRef, idx: Sequence[np.ndarray], f: Frame, vec: int = 0) -> np.ndarray:
     """memref.load (vec = 0) or vector.load of ``vec`` elements along the last dimension."""
     buf = ref.buf
-    if buf.size == 0:
-        if f.mask is not None and not f.mask.any():
-            return np.zeros((1, vec) if vec else (1,), buf.data.dtype)
+    if f.mask is not None and not f.mask.any():
+        return np.zeros((1, vec) if vec else (1,), buf.data.dtype)
     lin = _linear(ref, idx, f, vec, "load")
     row = _row(buf, f, lin)
     if buf.race is not None:

@@ -7,7 +7,8 @@ other poison cases give deterministic values instead of raising.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +23,7 @@ def _elementwise(fn: Callable[..., np.ndarray]) -> Callable[[Any, Compiler], Any
     def factory(op: Any, c: Compiler):
         ins = c.slots(op.operands)
         out = c.slot(op.results[0])
-        shape, dt = dtypes.value_dtype(type_str(op.results[0]))
+        _, dt = dtypes.value_dtype(type_str(op.results[0]))
         ctx = _OpInfo(op, dt)
 
         def run(f):
@@ -69,7 +70,7 @@ def _nonzero(b: np.ndarray) -> np.ndarray:
 
 @handles("arith.constant")
 def _constant(op: Any, c: Compiler):
-    import mlir.ir as ir
+    from mlir import ir
 
     out = c.slot(op.results[0])
     shape, dt = dtypes.value_dtype(type_str(op.results[0]))

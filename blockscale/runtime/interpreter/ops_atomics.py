@@ -7,7 +7,8 @@ exempt from shared-memory race detection (they are the synchronisation).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -100,7 +101,7 @@ def _view(op: Any, c: Compiler):
     if size_s:
         raise NotImplementedError("interpreter: memref.view with dynamic sizes")
     out = c.slot(op.results[0])
-    shape, strides, offset, dt, space = memref_info(op.results[0].type)
+    shape, strides, offset, dt, _ = memref_info(op.results[0].type)
 
     def run(f: Frame) -> None:
         src: MemRef = f.vals[src_s]

@@ -8,7 +8,8 @@ thread of a block to be active or none, and end the race-detection interval.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -281,9 +282,9 @@ def _cvt_f8x2(op: Any, c: Compiler):
     if dst == "f8E8M0FNU":
         if relu:
             raise NotImplementedError("interpreter: ue8m0x2 conversion with relu")
-        fn = lambda a, b: intrinsics.cvt_f32x2_to_ue8m0x2(a, b, rnd, sat)  # noqa: E731
+        fn = lambda a, b: intrinsics.cvt_f32x2_to_ue8m0x2(a, b, rnd, sat)
     elif dst == "f8E4M3FN" and sat and rnd in ("", "rn"):
-        fn = lambda a, b: intrinsics.cvt_f32x2_to_e4m3x2(a, b, relu)  # noqa: E731
+        fn = lambda a, b: intrinsics.cvt_f32x2_to_e4m3x2(a, b, relu)
     else:
         raise NotImplementedError(f"interpreter: nvvm.convert.f32x2.to.f8x2 to {dst} "
                                   f"rnd={rnd} satfinite={sat}")

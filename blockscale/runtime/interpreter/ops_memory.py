@@ -24,7 +24,7 @@ _SHARED_SPACES = ("#gpu.address_space<workgroup>", "3", "3 : i64", "3 : i32")
 def memref_info(t: Any) -> tuple[tuple[int | None, ...], tuple[int, ...], int, np.dtype, str]:
     """(shape, strides, offset, element dtype, space) of an ``ir.MemRefType``; dynamic dims
     are None; space is "shared", "private" or "global" (anything else)."""
-    import mlir.ir as ir
+    from mlir import ir
 
     mt = ir.MemRefType(t)
     shape = tuple(None if d == _DYN else int(d) for d in mt.shape)
@@ -192,7 +192,7 @@ def _dim(op: Any, c: Compiler):
 
 @handles("memref.get_global")
 def _get_global(op: Any, c: Compiler):
-    import mlir.ir as ir
+    from mlir import ir
 
     out = c.slot(op.results[0])
     name = str(op.attributes["name"]).lstrip("@")
@@ -200,7 +200,7 @@ def _get_global(op: Any, c: Compiler):
     if g is None or g.operation.name != "memref.global":
         raise NotImplementedError(f"interpreter: memref.get_global @{name}: no memref.global")
     shape, strides, offset, dt, _ = memref_info(op.results[0].type)
-    init = g.attributes["initial_value"] if "initial_value" in g.attributes else None
+    init = g.attributes.get("initial_value", None)
     if init is None or not isinstance(init, ir.DenseElementsAttr):
         raise NotImplementedError(f"interpreter: memref.global @{name} without a dense value")
     data = constant_array(init, tuple(d for d in shape), dt, ir).reshape(-1)
