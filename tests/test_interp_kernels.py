@@ -71,3 +71,38 @@ def test_interleave_kernel_reading_past_the_input_is_caught():
         run_kernel(text, "block_scales_interleave", plan.grid, interleave.BLOCK,
                    [scales, out, *plan.scalars()], "sm_90a",
                    arg_names=["scales", "out", "rows", "kblocks", "num_chunks", "vec_ok"])
+
+
+def _bf16_input(shape: tuple[int, int], seed: int) -> np.ndarray:
+    import ml_dtypes
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape) * np.exp2(rng.integers(-6, 6, (shape[0], 1)))
+    return x.astype(ml_dtypes.bfloat16)
+
+
+@pytest.mark.parametrize("target", ["sm_100a", "gfx950"])
+@pytest.mark.parametrize("fmt_name", ["nvfp4", "mxfp4", "mxfp8"])
+def test_quantize_kernel_with_target_intrinsics(fmt_name, target):
+    """The quantize kernels of the targets whose conversions are intrinsics
+    (cvt.rn.satfinite.e2m1x2, cvt.rp.ue8m0x2, v_cvt_scalef32_pk_fp4) on 256x1024."""
+    from blockscale import Format, ops
+
+    fmt = Format.from_name(fmt_name)
+    x = _bf16_input((256, 1024), 1)
+    data, scales = ops.quantize_dynamic_block_scaled(x, fmt, device="interp", target=target)
+    rdata, rscales = ref.quantize_dynamic_block_scaled(x, fmt)
+    np.testing.assert_array_equal(np.asarray(data).view(np.uint8), rdata.view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(scales).view(np.uint8), rscales.view(np.uint8))
+
+
+def test_naive_matmul_kernel_128x128x256():
+    from blockscale import NVFP4, ops
+
+    a, b = _bf16_input((128, 256), 2), _bf16_input((128, 256), 3)
+    qa, sa = ref.quantize_dynamic_block_scaled(a, NVFP4)
+    qb, sb = ref.quantize_dynamic_block_scaled(b, NVFP4)
+    out = ops.naive_block_scaled_matmul(qa, qb, sa, sb, NVFP4, k=256, device="interp",
+                                        target="gfx942")
+    want = ref.naive_block_scaled_matmul(qa, qb, sa, sb, NVFP4, k=256)
+    np.testing.assert_array_equal(np.asarray(out).view(np.uint16), want.view(np.uint16))
