@@ -119,10 +119,10 @@ class Format:
         if isinstance(name, Format):
             return name
         if not isinstance(name, str):
-            raise TypeError(f"format name must be a str, got {type(name).__name__}")
+            raise TypeError(f"fmt: format name must be a str or Format, got {type(name).__name__}")
         fmt = _BY_NAME.get(name.lower())
         if fmt is None:
-            raise ValueError(f"unknown format {name!r}; expected one of {sorted(_BY_NAME)}")
+            raise ValueError(f"fmt: unknown format {name!r}; expected one of {sorted(_BY_NAME)}")
         return fmt
 
     def __repr__(self) -> str:

@@ -162,7 +162,9 @@ class Graph:
         fmt.check_k(k, "x.shape[1]")
         rounding = fmt.resolve_scale_rounding(scale_rounding)
         layout = ScaleLayout.parse(scale_layout)
-        tsf = float(np.float32(tensor_sf))
+        tsf = _finite_f32(c, tensor_sf, "tensor_sf")
+        if not tsf > 0:
+            c.fail("tensor_sf", "a finite float32 > 0", repr(tensor_sf))
         if fmt.is_mx and tsf != 1.0:
             c.fail("tensor_sf", f"1.0 for {fmt.name} (D9)", repr(tensor_sf))
         data = self._new("q_data", (m, fmt.data_cols(k)), fmt.elem_dtype.name, fmt=fmt, k=k,
@@ -206,7 +208,7 @@ class Graph:
         c.choice(out_dtype, "out_dtype", ("bfloat16", "float32"))
         out = self._new("c", (at.shape[0], bt.shape[0]), out_dtype)
         self._node(op, {"a": at, "b": bt, "sfa": sa, "sfb": sb},
-                   {"fmt": fmt, "k": at.k, "alpha": float(np.float32(alpha)),
+                   {"fmt": fmt, "k": at.k, "alpha": _finite_f32(c, alpha, "alpha"),
                     "out_dtype": out_dtype}, (out,))
         return out
 
@@ -436,6 +438,16 @@ class Graph:
         for name, t in self.outputs.items():
             lines.append(f"  output   {name} = %{t.name}")
         return "\n".join(lines)
+
+
+def _finite_f32(c: Checker, v: Any, arg: str) -> float:
+    """A finite float32 scalar attribute (NaN / Inf / non-numbers raise, naming ``arg``)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)):
+        c.fail(arg, "a number", type(v).__name__, TypeError)
+    f = float(np.float32(v))
+    if not np.isfinite(f):
+        c.fail(arg, "a finite float32", repr(v))
+    return f
 
 
 def _i32(v: Any) -> Any:

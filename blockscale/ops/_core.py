@@ -241,7 +241,9 @@ def resolve_target(target: str | None, device: Any) -> str:
     from blockscale.compiler import targets as T  # pure python, no mlir
 
     if target is not None:
-        return T.GPUTarget.parse(target).name
+        name = T.GPUTarget.parse(target).name
+        check_target_device(name, device)
+        return name
     capability = getattr(device, "capability", None)
     if getattr(device, "name", "") == "cuda" and capability:
         return T.target_for_cuda_capability(tuple(capability)).name
@@ -249,3 +251,53 @@ def resolve_target(target: str | None, device: Any) -> str:
     if getattr(device, "name", "") == "hip" and isinstance(arch, str):
         return T.target_for_amd_arch(arch).name
     return T.DEFAULT_TARGET.name
+
+
+def check_target_device(target: str, device: Any) -> None:
+    """ValueError (before anything is compiled) when kernels built for ``target`` cannot run
+    on ``device``: the interpreter runs every target; a GPU needs its binary kind and arch."""
+    from blockscale.compiler import targets as T  # pure python, no mlir
+
+    kind = getattr(device, "binary_kind", None)
+    if kind is None:
+        return
+    t = T.GPUTarget.parse(target)
+    where = getattr(device, "name", type(device).__name__)
+    if t.binary_kind != kind:
+        raise ValueError(f"target {t.name!r} builds a {t.binary_kind}, which cannot run on "
+                         f"device {where!r}; expected a target that builds a {kind}")
+    capability = getattr(device, "capability", None)
+    if where == "cuda" and capability:
+        from blockscale.runtime.device import cubin_runs_on
+
+        if not cubin_runs_on(t.name, tuple(capability)):
+            raise ValueError(f"target {t.name!r} does not run on device {where!r} of compute "
+                             f"capability {tuple(capability)}; expected the device's target")
+    arch = getattr(device, "arch", None)
+    if where == "hip" and isinstance(arch, str) and t.chip != arch:
+        raise ValueError(f"target {t.name!r} does not run on device {where!r} ({arch}); "
+                         f"expected target {arch!r}")
+
+
+def check_buffers(buffers: dict[str, Any], device: Any) -> None:
+    """Host checks of launch buffers, before compiling: numpy arrays are always fine (they
+    are copied, contiguous, to the device); anything else must be contiguous device memory
+    that ``device`` can use. TypeError / ValueError name the argument."""
+    import numpy as np
+
+    from blockscale.runtime.arrays import DeviceArray, as_device_buffer
+
+    where = getattr(device, "name", type(device).__name__)
+    gpu = getattr(device, "binary_kind", None) is not None
+    for name, value in buffers.items():
+        if value is None or isinstance(value, np.ndarray):
+            continue
+        if not gpu:
+            raise TypeError(f"{name}: device {where!r} takes numpy arrays, got "
+                            f"{type(value).__name__} (device memory?); pass a numpy array or "
+                            "choose a GPU device")
+        as_device_buffer(value, name)  # host / non-contiguous / unknown memory raise here
+        owner = value.device if isinstance(value, DeviceArray) else None
+        if owner is not None and owner is not device:
+            raise ValueError(f"{name}: expected memory of device {device!r}, got memory of "
+                             f"device {owner!r}")

@@ -126,6 +126,7 @@ def launch(spec: Any, grid: tuple[int, int, int], out_shape: tuple[int, ...], ou
 
     dt = _np_dtype(out_dtype)
     host = all(isinstance(v, np.ndarray) for v in buffers.values())
+    _core.check_buffers(buffers, device)
     if empty:
         return np.zeros(out_shape, dt) if host else device.zeros(out_shape, dt)
     kernel = _core.get_kernel(spec)

@@ -245,6 +245,7 @@ def block_scales_interleave(scales_2d: Any, *, device: Any = None,
         empty = np.zeros(out_shape, np_dtype)
         return empty if host_io else dev.to_device(empty)
     plan = launch_plan(rows, kblocks, input_alignment=_input_alignment(scales_2d))
+    _core.check_buffers({"scales_2d": scales_2d}, dev)
     kernel = _core.get_kernel(spec, build)
     src = dev.to_device(np.ascontiguousarray(scales_2d)) if host_io else scales_2d
     out = dev.alloc(out_shape, np_dtype)

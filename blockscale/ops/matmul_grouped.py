@@ -279,6 +279,8 @@ def grouped_matmul_block_scaled(hidden: Any, weight: Any, a_scales: Any, b_scale
             raise ValueError(f"expert_scales must be a float array of shape ({e_count},), got "
                              f"dtype {expert_scales.dtype}, shape {expert_scales.shape}")
         expert_scales = np.ascontiguousarray(expert_scales.astype(np.float32))
+        if not np.all(np.isfinite(expert_scales)):
+            raise ValueError(f"expert_scales must be finite, got {expert_scales.tolist()[:8]}")
     buffers = {"a": hidden, "w": weight, "sfa": a_scales, "sfb": b_scales,
                "expert_start": es, "a_scale_offsets": offs, "expert_ids": ids,
                "expert_scales": expert_scales}

@@ -173,6 +173,7 @@ def launch(spec: QuantizeSpec, grid: tuple[int, int, int], outs: dict[str, tuple
     from blockscale.ops import _core
 
     host = all(isinstance(v, np.ndarray) for v in buffers.values())
+    _core.check_buffers(buffers, device)
     kernel = _core.get_kernel(spec)
     on_dev = {n: device.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
               for n, v in buffers.items()}

@@ -36,6 +36,15 @@ def _host_int(v: Any, arg: str, n: int | None = None) -> np.ndarray | None:
     return v.astype(np.int64)
 
 
+def vector_len(v: Any, arg: str) -> int:
+    """Length of a 1-D array argument (numpy or device array); TypeError otherwise."""
+    shape = getattr(v, "shape", None)
+    if shape is None or len(tuple(shape)) != 1:
+        raise TypeError(f"{arg} must be a 1-D integer array, got {type(v).__name__}"
+                        f"{'' if shape is None else f' of shape {tuple(shape)}'}")
+    return int(tuple(shape)[0])
+
+
 def check_groups(expert_start: Any, scales_offsets: Any, expert_ids: Any, num_rows: int,
                  num_tiles: int) -> int:
     """Validate the group vectors (numpy ones fully) and return G.
@@ -44,10 +53,12 @@ def check_groups(expert_start: Any, scales_offsets: Any, expert_ids: Any, num_ro
     non-empty groups, whose tiles lie in ``[0, num_tiles)`` without overlap (the kernel's
     binary search relies on this).
     """
-    ng = int(getattr(expert_ids, "shape", (0,))[0])
+    ng = vector_len(expert_ids, "expert_ids")
     es = _host_int(expert_start, "expert_start", ng + 1)
     offs = _host_int(scales_offsets, "scales_offsets", ng)
     ids = _host_int(expert_ids, "expert_ids", ng)
+    if ids is not None and ng and ids.min() < -1:
+        raise ValueError(f"expert_ids must be -1 (unused group) or >= 0, got {ids.tolist()[:16]}")
     if es is None or offs is None or ids is None:
         return ng
     if es[0] != 0 or es[-1] != num_rows or np.any(np.diff(es) < 0):
@@ -72,9 +83,14 @@ def expert_scales_arg(fmt: Format, values: Any, arg: str, ids: Any) -> Any:
     if values is None:
         if not fmt.is_mx:
             raise ValueError(f"NVFP4 requires {arg} (one float32 per expert), got None")
-        return np.ones(max(1, ng), np.float32)
+        # the kernel reads the vector at every active expert id: cover the largest one
+        top = int(ids.max(initial=-1)) + 1 if isinstance(ids, np.ndarray) else 0
+        return np.ones(max(1, ng, top), np.float32)
     if isinstance(values, np.ndarray):
-        v = values.astype(np.float32).reshape(-1)
+        if values.ndim != 1 or values.dtype.kind not in "fiu":
+            raise TypeError(f"{arg} must be a 1-D float32 array [E], got dtype {values.dtype}, "
+                            f"shape {values.shape}")
+        v = values.astype(np.float32)
         if fmt.is_mx and np.any(v != 1):
             raise ValueError(f"{arg} must be None or 1.0 for {fmt.name} (D9), got {v[:8]}")
         if not np.all(np.isfinite(v)) or np.any(v <= 0):
@@ -142,13 +158,13 @@ def grouped_quantize_dynamic_scaled(x: Any, fmt: Format | str, expert_start: Any
         raise ValueError(f"indices_divisor must be 1 without indices, got {indices_divisor!r}")
     num_rows = t_in
     if indices is not None:
-        num_rows = int(indices.shape[0])
+        num_rows = vector_len(indices, "indices")
         idx = _host_int(indices, "indices", num_rows)
         if idx is not None and idx.size and (idx.min() < 0
                                              or (idx // indices_divisor).max() >= t_in):
             raise ValueError(f"indices // indices_divisor must be in [0, {t_in}), got range "
                              f"[{idx.min()}, {(idx // indices_divisor).max()}]")
-    ng = int(expert_ids.shape[0])
+    ng = vector_len(expert_ids, "expert_ids")
     num_tiles = -(-num_rows // 128) + min(ng, num_rows)
     check_groups(expert_start, scales_offsets, expert_ids, num_rows, num_tiles)
     tsf = expert_scales_arg(fmt, tensor_sf, "tensor_sf", expert_ids)

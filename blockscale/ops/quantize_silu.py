@@ -17,7 +17,9 @@ import numpy as np
 from blockscale.activations import GatedActivation
 from blockscale.formats import Format
 from blockscale.ops.quantize import QuantizeSpec, check_input
-from blockscale.ops.quantize_grouped import _i32, check_groups, expert_scales_arg, run_grouped
+from blockscale.ops.quantize_grouped import (
+    _i32, check_groups, expert_scales_arg, run_grouped, vector_len,
+)
 
 
 def _spec(fmt: Format, target: str, act: GatedActivation, aligned: bool) -> QuantizeSpec:
@@ -45,9 +47,12 @@ def fused_silu_quantize(gate_up: Any, fmt: Format | str, expert_start: Any, scal
         raise ValueError(f"gate_up.shape[1] must be even (gate then up), got {two_d}")
     d = two_d // 2
     fmt.check_k(d, "gate_up.shape[1] // 2")
-    ng = int(expert_ids.shape[0])
+    ng = vector_len(expert_ids, "expert_ids")
     if num_scale_tiles is None:
         num_scale_tiles = -(-t // 128) + ng
+    elif isinstance(num_scale_tiles, bool) or not isinstance(num_scale_tiles, (int, np.integer)) \
+            or num_scale_tiles < 0:
+        raise ValueError(f"num_scale_tiles must be a non-negative int, got {num_scale_tiles!r}")
     check_groups(expert_start, scales_offsets, expert_ids, t, num_scale_tiles)
     scales = expert_scales_arg(fmt, input_scales, "input_scales", expert_ids)
     dev, tgt = device_and_target(device, target)
