@@ -213,3 +213,39 @@ gpu.module @m {
         run_kernel(text, "nope", (1, 1, 1), (64, 1, 1), [np.zeros(1, np.int32)], "sm_90a")
     with pytest.raises(TypeError, match="element size"):
         run_kernel(text, "k", (1, 1, 1), (64, 1, 1), [np.zeros(1, np.int8)], "sm_90a")
+
+
+@pytest.mark.parametrize("target,prefix", [("sm_90a", "nvvm"), ("gfx950", "rocdl")])
+def test_target_id_intrinsics(target, prefix):
+    ops = {"nvvm": ("nvvm.read.ptx.sreg.tid.x", "nvvm.read.ptx.sreg.ctaid.y",
+                    "nvvm.read.ptx.sreg.ntid.x", "nvvm.read.ptx.sreg.nctaid.y"),
+           "rocdl": ("rocdl.workitem.id.x", "rocdl.workgroup.id.y", "rocdl.workgroup.dim.x",
+                     "rocdl.grid.dim.y")}[prefix]
+    text = f"""
+gpu.module @m {{
+  gpu.func @k(%y: memref<?xi32>) kernel {{
+    %t = {ops[0]} : i32
+    %b = {ops[1]} : i32
+    %n = {ops[2]} : i32
+    %g = {ops[3]} : i32
+    %bn = arith.muli %b, %n : i32
+    %i = arith.addi %bn, %t : i32
+    %ii = arith.index_cast %i : i32 to index
+    %gn = arith.muli %g, %n : i32
+    %v = arith.addi %gn, %t : i32
+    memref.store %v, %y[%ii] : memref<?xi32>
+    gpu.return
+  }}
+}}"""
+    y = np.zeros(3 * 16, np.int32)
+    run_kernel(text, "k", (1, 3, 1), (16, 1, 1), [y], target)
+    np.testing.assert_array_equal(y, 3 * 16 + np.tile(np.arange(16), 3))
+
+
+def test_interpreter_import_does_not_import_mlir():
+    import subprocess
+    import sys
+
+    code = ("import sys, blockscale.runtime.interpreter as i; "
+            "sys.exit(any(m == 'mlir' or m.startswith('mlir.') for m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -8,6 +8,7 @@ Ops nobody handles raise NotImplementedError naming the op, at compile time.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -98,17 +99,27 @@ class Compiler:
             factory = HANDLERS.get(name)
             if factory is None:
                 raise NotImplementedError(f"interpreter: op '{name}' is not modeled")
-            body.append(_with_context(factory(op, self), name))
+            body.append(_with_context(factory(op, self), name, str(op.location)))
         return RegionCode(arg_slots, body, term_slots, term_name)
 
 
-def _with_context(fn: Closure, name: str) -> Closure:
-    """Annotate unexpected numpy errors with the op name (modelled errors pass through)."""
+def _with_context(fn: Closure, name: str, loc: str) -> Closure:
+    """Append the op name and its source location to any error raised while running it
+    (once: the innermost op wins)."""
+    m = re.fullmatch(r'loc\("-":(\d+):(\d+)\)', loc)
+    if m:
+        loc = f"line {m.group(1)} of the kernel text"
+    where = f" [in op '{name}'{'' if loc in ('loc(unknown)', '') else ' at ' + loc}]"
+
     def run(f: Frame) -> None:
         try:
             fn(f)
-        except (TypeError, ValueError, FloatingPointError) as e:
-            raise type(e)(f"{e} (in op '{name}')") from e
+        except Exception as e:
+            if not getattr(e, "_interp_located", False) and e.args \
+                    and isinstance(e.args[0], str):
+                e.args = (e.args[0] + where,) + e.args[1:]
+                e._interp_located = True  # type: ignore[attr-defined]
+            raise
     return run
 
 
