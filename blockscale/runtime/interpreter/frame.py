@@ -44,6 +44,8 @@ class Frame:
     mask: np.ndarray | None = None
     #: raise on reads of never-written shared memory
     check_uninit: bool = True
+    #: track shared-memory accesses between barriers (races, uninitialised reads)
+    check_races: bool = True
     #: bytes of gpu.dynamic_shared_memory per block
     dynamic_shared_bytes: int = 0
 

@@ -107,7 +107,7 @@ def run_kernel(mlir_text: str, kernel_name: str, grid: Sequence[int], block: Seq
                args: list, target: str, *, warp_size: int | None = None,
                arg_names: Sequence[str] | None = None, check_uninit: bool = True,
                batch_threads: int = DEFAULT_BATCH_THREADS,
-               dynamic_shared_bytes: int = 0) -> None:
+               dynamic_shared_bytes: int = 0, check_races: bool = True) -> None:
     """Execute the gpu.func ``kernel_name`` of ``mlir_text`` on the CPU.
 
     Args:
@@ -122,6 +122,8 @@ def run_kernel(mlir_text: str, kernel_name: str, grid: Sequence[int], block: Seq
         check_uninit: raise on reads of never-written shared memory.
         batch_threads: at most this many threads run in lock-step per batch of blocks.
         dynamic_shared_bytes: size of ``gpu.dynamic_shared_memory`` per block.
+        check_races: track shared-memory accesses between barriers and raise on races
+            (False also turns off ``check_uninit``; faster for shared-heavy kernels).
 
     Raises:
         IndexError: an out-of-bounds load or store (buffer, index, thread and block named).
@@ -152,7 +154,8 @@ def run_kernel(mlir_text: str, kernel_name: str, grid: Sequence[int], block: Seq
 
     for first in range(0, nblocks, per_batch):
         f = Frame([None] * slots, block, grid, first, min(per_batch, nblocks - first), ws,
-                  check_uninit=check_uninit, dynamic_shared_bytes=dynamic_shared_bytes)
+                  check_uninit=check_uninit, dynamic_shared_bytes=dynamic_shared_bytes,
+                  check_races=check_races)
         attr_vals = []
         for i, (shape, strides, offset, dt, _), space in k.attributions:
             buf = alloc_buffer(f"attribution #{i - len(args)} ({space})", space, shape, dt, f,

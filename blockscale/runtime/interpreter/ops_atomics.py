@@ -84,7 +84,8 @@ def _dynamic_shared(op: Any, c: Compiler):
             buf = memory.Buffer("dynamic shared memory", "shared",
                                 np.zeros((f.nblocks, f.dynamic_shared_bytes), np.int8),
                                 f.dynamic_shared_bytes,
-                                race=memory.RaceTracker(f.nblocks, f.dynamic_shared_bytes),
+                                race=memory.RaceTracker(f.nblocks, f.dynamic_shared_bytes)
+                                if f.check_races else None,
                                 check_uninit=f.check_uninit)
             f.shared.append(buf)
             f.dynamic_shared = buf
@@ -116,7 +117,7 @@ def _view(op: Any, c: Compiler):
         if buf is None:
             data = base.data.view(dt)
             size = data.shape[-1]
-            race = memory.RaceTracker(f.nblocks, size) if base.space == "shared" else None
+            race = memory.RaceTracker(f.nblocks, size) if base.race is not None else None
             buf = Buffer(f"{base.name} as {dt}", base.space, data, size, race=race,
                          check_uninit=False)
             if race is not None:

@@ -45,7 +45,8 @@ def alloc_buffer(name: str, space: str, shape: tuple[int, ...], dt: np.dtype, f:
     size = int(np.prod(shape)) if shape else 1
     if space == "shared":
         buf = Buffer(name, "shared", np.zeros((f.nblocks, size), dt), size,
-                     race=memory.RaceTracker(f.nblocks, size), check_uninit=check_uninit)
+                     race=memory.RaceTracker(f.nblocks, size) if f.check_races else None,
+                     check_uninit=check_uninit)
         f.shared.append(buf)
         return buf
     return Buffer(name, "private", np.zeros((f.T, size), dt), size)
