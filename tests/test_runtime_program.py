@@ -209,8 +209,8 @@ def interleave_program(kernel: KernelBinary, rows: int, kblocks: int, dtype: str
     from blockscale.ops import interleave
 
     plan = interleave.launch_plan(rows, kblocks)
-    bindings = {"scales": "scales", "out": "out", "rows": plan.rows, "kblocks": plan.kblocks,
-                "num_chunks": plan.num_chunks, "vec_ok": plan.vec_ok}
+    # the op's own argument order: scales, out, then the plan's scalars
+    bindings = dict(zip([a.name for a in kernel.args], ["scales", "out", *plan.scalars()]))
     buffers = [BufferDecl("scales", (rows, kblocks), dtype, "input"),
                BufferDecl("out", interleave.output_shape(rows, kblocks), dtype, "output")]
     return Program.from_launches([Launch(kernel, plan.grid, bindings)], buffers,
