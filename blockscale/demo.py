@@ -64,7 +64,7 @@ def _compile_all(graph: Any, out: Any) -> tuple[dict[str, Any], bool]:
         t0 = time.perf_counter()
         try:
             program = graph.compile(target, keep_asm=True)
-        except Exception as e:  # report every target, then fail
+        except Exception as e:  # noqa: BLE001  (report every target, then fail)
             print(f"  {target}: FAILED to compile: {type(e).__name__}: {e}", file=out)
             ok = False
             continue
@@ -83,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     from blockscale.graph import run_program
     from blockscale.moe import QuantConfig
     from blockscale.moe_layer import (
-        MoELayer, MoEWeights, combine_experts, moe_forward_reference,
+        MoELayer,
+        MoEWeights,
+        combine_experts,
+        moe_forward_reference,
     )
     from blockscale.ops import _core
 

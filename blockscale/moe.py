@@ -34,8 +34,9 @@ from blockscale.activations import GatedActivation
 from blockscale.formats import MXFP4, MXFP8, NVFP4, Format
 
 __all__ = ["QuantConfig", "GatedActivation", "NvMxf4f8Strategy", "ExpertInputs",
-           "PreparedSwigluOperands", "Nvfp4Scales", "run_op", "MoELayer", "MoEWeights",
-           "moe_forward", "moe_forward_reference"]
+           "PreparedSwigluOperands", "Nvfp4Scales", "run_op"]
+# also (lazily, from blockscale.moe_layer): MoELayer, MoEWeights, moe_forward,
+# moe_forward_reference
 
 log = logging.getLogger("blockscale.moe")
 

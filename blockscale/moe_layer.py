@@ -31,10 +31,19 @@ import numpy as np
 from blockscale.activations import GatedActivation
 from blockscale.formats import Format
 from blockscale.layouts import ROW_MAJOR
-from blockscale.moe import ExpertInputs, Nvfp4Scales, NvMxf4f8Strategy, QuantConfig  # noqa: F401
+from blockscale.moe import ExpertInputs, Nvfp4Scales, NvMxf4f8Strategy, QuantConfig
 
-__all__ = ["MoEWeights", "QuantizedExperts", "MoEIndices", "MoELayer", "moe_forward",
-           "moe_forward_reference", "route_top_k", "combine_experts", "quantize_experts"]
+__all__ = [
+    "MoEIndices",
+    "MoELayer",
+    "MoEWeights",
+    "QuantizedExperts",
+    "combine_experts",
+    "moe_forward",
+    "moe_forward_reference",
+    "quantize_experts",
+    "route_top_k",
+]
 
 _NVFP4_GLOBAL = np.float32(448.0 * 6.0)
 

@@ -24,6 +24,6 @@ def test_example_runs_and_passes(path: pathlib.Path) -> None:
     if path.name in NEEDS_INTERP:
         pytest.importorskip("mlir.ir", reason="the example compiles kernels (needs MLIR)")
     proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
-                          timeout=120, cwd=path.parent)
+                          timeout=120, cwd=path.parent, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert proc.stdout.strip().splitlines()[-1] == "PASS"

@@ -10,7 +10,11 @@ import blockscale as bs
 from blockscale import reference as ref
 from blockscale.moe import NvMxf4f8Strategy, QuantConfig
 from blockscale.moe_layer import (
-    MoELayer, MoEWeights, combine_experts, moe_forward_reference, route_top_k,
+    MoELayer,
+    MoEWeights,
+    combine_experts,
+    moe_forward_reference,
+    route_top_k,
 )
 
 T, H, D, E, TOP_K = 48, 128, 128, 6, 2

@@ -17,9 +17,25 @@ checked as each op is added. Then:
 from blockscale.graph.builder import Graph
 from blockscale.graph.core import GraphTypeError, Node, Tensor
 from blockscale.graph.lowering import (
-    GraphPlan, PlannedLaunch, compile_graph, graph_mlir, plan_graph, program_constants,
+    GraphPlan,
+    PlannedLaunch,
+    compile_graph,
+    graph_mlir,
+    plan_graph,
+    program_constants,
     run_program,
 )
 
-__all__ = ["Graph", "Tensor", "Node", "GraphTypeError", "GraphPlan", "PlannedLaunch",
-           "plan_graph", "graph_mlir", "compile_graph", "run_program", "program_constants"]
+__all__ = [
+    "Graph",
+    "GraphPlan",
+    "GraphTypeError",
+    "Node",
+    "PlannedLaunch",
+    "Tensor",
+    "compile_graph",
+    "graph_mlir",
+    "plan_graph",
+    "program_constants",
+    "run_program",
+]

@@ -7,7 +7,8 @@ quantize and the fused grouped SwiGLU. Each checks its argument types when calle
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -15,7 +16,12 @@ from blockscale import reference as ref
 from blockscale.activations import GatedActivation
 from blockscale.formats import Format
 from blockscale.graph.core import (
-    REFERENCE_EVALUATORS, Checker, Node, Tensor, check_name, dtype_name,
+    REFERENCE_EVALUATORS,
+    Checker,
+    Node,
+    Tensor,
+    check_name,
+    dtype_name,
     reference_evaluator,
 )
 from blockscale.layouts import ROW_MAJOR, TCGEN_5D, ScaleLayout, scale_shape
@@ -429,7 +435,7 @@ class Graph:
         lines = [f"graph @{self.name}"]
         for t in self.inputs:
             lines.append(f"  input    %{t.name}: {t.type_str()}")
-        for name, arr in self.constants.items():
+        for name in self.constants:
             lines.append(f"  constant %{name}: {self.tensors[name].type_str()}")
         for n in self.nodes:
             ins = ", ".join(f"%{t.name}" for t in n.inputs.values() if t is not None)

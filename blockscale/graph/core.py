@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -24,7 +25,7 @@ import numpy as np
 from blockscale.formats import Format
 from blockscale.layouts import ScaleLayout
 
-__all__ = ["Tensor", "Node", "GraphTypeError", "dtype_name", "np_dtype"]
+__all__ = ["GraphTypeError", "Node", "Tensor", "dtype_name", "np_dtype"]
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: element dtypes a graph tensor may have (launch.BUFFER_DTYPES minus int8/uint32/int64)
@@ -145,10 +146,10 @@ class Checker:
             self.fail(arg, f"{fmt.name} scales", f"{t.fmt.name} scales")
         if t.layout is not layout:
             self.fail(arg, f"scale layout {layout.value}", t.layout.value)
-        if shape is not None and tuple(t.shape) != tuple(shape):
-            if min_rows is None or len(t.shape) != len(shape) or t.shape[1:] != shape[1:] \
-                    or t.shape[0] < min_rows:
-                self.fail(arg, f"shape {tuple(shape)}", f"shape {t.shape}")
+        if shape is not None and tuple(t.shape) != tuple(shape) and (
+                min_rows is None or len(t.shape) != len(shape) or t.shape[1:] != shape[1:]
+                or t.shape[0] < min_rows):
+            self.fail(arg, f"shape {tuple(shape)}", f"shape {t.shape}")
 
     def int_vector(self, t: Tensor, arg: str, length: int | None = None) -> None:
         self.dtype(t, arg, "int32")

@@ -17,15 +17,24 @@ from __future__ import annotations
 import base64
 import dataclasses
 import struct
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from blockscale.graph import plans
 from blockscale.graph.core import Tensor, np_dtype
 
-__all__ = ["GraphPlan", "PlannedLaunch", "plan_graph", "graph_mlir", "compile_graph",
-           "run_program", "run_graph", "program_constants"]
+__all__ = [
+    "GraphPlan",
+    "PlannedLaunch",
+    "compile_graph",
+    "graph_mlir",
+    "plan_graph",
+    "program_constants",
+    "run_graph",
+    "run_program",
+]
 
 _MEMREF_ELEM = {"uint8": "i8", "float8_e4m3fn": "i8", "float8_e8m0fnu": "i8", "int8": "i8",
                 "bfloat16": "bf16", "float32": "f32", "int32": "i32", "int64": "i64"}

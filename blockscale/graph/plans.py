@@ -13,11 +13,12 @@ Nothing here imports MLIR.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from blockscale.graph.core import Node
 
-__all__ = ["plan_node", "PLANNERS"]
+__all__ = ["PLANNERS", "plan_node"]
 
 Launches = list[tuple[Any, tuple[int, int, int], dict[str, Any]]]
 PLANNERS: dict[str, Callable[[Node, str], Launches]] = {}
