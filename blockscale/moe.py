@@ -33,8 +33,15 @@ import numpy as np
 from blockscale.activations import GatedActivation
 from blockscale.formats import MXFP4, MXFP8, NVFP4, Format
 
-__all__ = ["QuantConfig", "GatedActivation", "NvMxf4f8Strategy", "ExpertInputs",
-           "PreparedSwigluOperands", "Nvfp4Scales", "run_op"]
+__all__ = [
+    "ExpertInputs",
+    "GatedActivation",
+    "NvMxf4f8Strategy",
+    "Nvfp4Scales",
+    "PreparedSwigluOperands",
+    "QuantConfig",
+    "run_op",
+]
 # also (lazily, from blockscale.moe_layer): MoELayer, MoEWeights, moe_forward,
 # moe_forward_reference
 
