@@ -155,3 +155,10 @@ def test_rocdl_ds_bpermute():
     y = np.zeros_like(x)
     run_kernel(text, "k", (1, 1, 1), (64, 1, 1), [x, y], "gfx950")
     np.testing.assert_array_equal(y, x[::-1])
+
+
+def test_subgroup_reduce_over_a_partial_warp_is_an_error():
+    x = np.arange(48, dtype=np.int32)
+    with pytest.raises(ShuffleError, match="does not exist"):
+        run_kernel(_reduce("i32", "add", ""), "k", (1, 1, 1), (48, 1, 1),
+                   [x, np.zeros_like(x)], "sm_90a")

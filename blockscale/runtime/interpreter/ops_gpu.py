@@ -112,14 +112,18 @@ def _barrier(op: Any, c: Compiler):
 def gather_lanes(f: Frame, val: np.ndarray, src_lane: np.ndarray, valid: np.ndarray,
                  what: str) -> np.ndarray:
     """Each active thread reads ``val`` from lane ``src_lane`` of its warp where ``valid``
-    (its own value elsewhere)."""
+    (its own value elsewhere). Reading an inactive lane, or a lane past the end of the block
+    (a partial last warp), raises ShuffleError."""
     lane = f.tid % f.warp_size
     t = np.arange(f.T, dtype=np.int64)
-    src_t = t - lane + src_lane
     valid = valid & (src_lane >= 0) & (src_lane < f.warp_size)
-    valid &= (f.tid - lane + src_lane) < f.nthreads
     active = f.active()
-    src_t = np.where(valid, src_t, t)
+    missing = active & valid & ((f.tid - lane + src_lane) >= f.nthreads)
+    if missing.any():
+        i = int(np.argmax(missing))
+        raise ShuffleError(f"{what}: {f.describe(i)} reads lane {int(src_lane[i])}, which does "
+                           f"not exist (block of {f.nthreads} threads, warp of {f.warp_size})")
+    src_t = np.where(valid, t - lane + src_lane, t)
     if f.mask is not None:
         bad = active & valid & ~f.mask[src_t]
         if bad.any():
