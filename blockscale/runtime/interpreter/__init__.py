@@ -7,6 +7,17 @@ and reads of inactive lanes raise). Target intrinsics are modeled from their ISA
 (:mod:`.intrinsics`). mlir is imported only when a kernel is run.
 
 Entry point: :func:`run_kernel` (docs/internals.md).
+
+Modeling choices worth knowing:
+
+* blocks are batched (``batch_threads`` threads at a time) whether or not they use shared
+  memory: shared buffers have one copy per block, barriers are checked per block;
+* ``gpu.subgroup_reduce`` combines lanes in butterfly order (xor 1, 2, 4, ...), the order of
+  the upstream shuffle lowering; atomics apply in thread order;
+* transcendental math ops (exp, log, tanh, ...) use numpy's float32 functions, which are not
+  bit-identical to the GPU approximations; conversions and + - * / fma sqrt are exact IEEE;
+* out-of-range float -> int conversions saturate (NaN -> 0); integer division by zero gives a
+  deterministic value instead of UB.
 """
 
 from .frame import (
