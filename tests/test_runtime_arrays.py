@@ -336,3 +336,11 @@ def test_kernel_cache_rechecks_targets_and_raises_the_smem_limit(gpu):
     with pytest.raises(ValueError, match="kernel 'scale_k': a hsaco"):
         gpu.launch(dataclasses.replace(KERNEL, binary_kind="hsaco", target="gfx942"), (1,),
                    [x, y, 4, 1.0])
+
+
+def test_arrays_of_another_device_are_rejected(gpu):
+    other = HostMemoryGpu()
+    x, y = other.alloc((4,), ml_dtypes.bfloat16), gpu.alloc((4,), np.uint8)
+    with pytest.raises(ValueError, match="kernel 'scale_k' arg 'x': expected memory on cuda:0, "
+                                         "got an array on cuda:0"):
+        gpu.launch(KERNEL, (1,), [x, y, 4, 1.0])

@@ -14,6 +14,7 @@ DLPack producer, checks that it is contiguous, and returns ``(ptr, shape, dtype,
 from __future__ import annotations
 
 import ctypes
+import math
 import sys
 import weakref
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
@@ -102,7 +103,7 @@ class DeviceArray:
     synchronized with it).
     """
 
-    __slots__ = ("device", "ptr", "shape", "dtype", "stream", "_base", "_finalizer",
+    __slots__ = ("device", "ptr", "shape", "dtype", "stream", "size", "_base", "_finalizer",
                  "__weakref__")
 
     def __init__(self, device: "GpuDevice", ptr: int, shape: Sequence[int], dtype: Any, *,
@@ -111,6 +112,7 @@ class DeviceArray:
         self.ptr = int(ptr)
         self.shape = tuple(int(n) for n in shape)
         self.dtype = np.dtype(dtype)
+        self.size = math.prod(self.shape)  # number of elements
         self.stream = stream
         self._base = base  # keeps the owner of borrowed memory alive
         self._finalizer = (weakref.finalize(self, device.free_memory, self.ptr)
@@ -135,10 +137,6 @@ class DeviceArray:
     @property
     def ndim(self) -> int:
         return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
 
     @property
     def nbytes(self) -> int:

@@ -17,7 +17,6 @@ from typing import Any, Callable
 import numpy as np
 
 from blockscale.launch import KernelBinary
-from blockscale.runtime.arrays import DeviceArray
 from blockscale.runtime.device import GpuDevice, cubin_runs_on
 
 __all__ = ["CudaDevice", "CudaError", "Event", "Stream", "check", "cuda_unavailable_reason"]
@@ -217,19 +216,8 @@ class CudaDevice(GpuDevice):
                                        kernel.dynamic_shared_bytes, stream, params_address, 0),
               "cuLaunchKernel", kernel.name)
 
-    def resolve_args(self, kernel: KernelBinary, args: Any) -> Any:
-        for arg, value in zip(kernel.args, args):
-            if arg.kind == "buffer":
-                self._check_memory(value, f"kernel {kernel.name!r} arg {arg.name!r}")
-        return super().resolve_args(kernel, args)
-
-    def _check_memory(self, value: Any, name: str) -> None:
-        """Device arrays of another device, and foreign pointers on another GPU, are errors."""
-        if isinstance(value, DeviceArray):
-            if value.device is not self:
-                raise ValueError(f"{name}: expected memory on {self.name}:{self.ordinal}, got "
-                                 f"an array on {value.device.name}:{value.device.ordinal}")
-            return
+    def check_foreign_memory(self, value: Any, name: str) -> None:
+        """A torch tensor on another GPU is an error (other objects carry no device)."""
         dev = getattr(value, "device", None)
         index = getattr(dev, "index", None)  # torch tensors
         if getattr(dev, "type", None) == "cuda" and index is not None and index != self.ordinal:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import math
 import os
 import re
 import struct
@@ -224,6 +225,9 @@ def cubin_runs_on(target: str, capability: tuple[int, int]) -> bool:
 
 def normalize_grid(grid: Sequence[int] | int, kernel_name: str) -> tuple[int, int, int]:
     """``grid`` as three positive ints (missing trailing dims are 1)."""
+    if type(grid) is tuple and len(grid) == 3 and all(type(v) is int for v in grid):
+        if 1 <= grid[0] < 2**31 and 1 <= grid[1] < 2**16 and 1 <= grid[2] < 2**16:
+            return grid  # type: ignore[return-value]
     g = (grid,) if isinstance(grid, (int, np.integer)) else tuple(grid)
     if not 1 <= len(g) <= 3:
         raise ValueError(f"kernel {kernel_name!r}: grid must have 1 to 3 dims, got {grid!r}")
@@ -268,7 +272,14 @@ class ArgPack:
         self.storage = np.zeros(max(size, 8), dtype=np.uint8)
         base = self.storage.ctypes.data
         self.pointers = np.array([base + o for o in offsets] or [0], dtype=np.uint64)
+        self._params_address = int(self.pointers.ctypes.data)
         self.lock = threading.Lock()
+        # per arg: (is buffer, expected dtype (buffers), (lo, hi) int range or None (f32))
+        self.checks: tuple[tuple[bool, np.dtype | None, tuple[int, int] | None], ...] = tuple(
+            (a.kind == "buffer",
+             np.dtype(_dtype_by_name(a.dtype)) if a.kind == "buffer" else None,
+             _SCALAR_RANGES.get(a.dtype) if a.kind == "scalar" else None)
+            for a in self.args)
 
     @property
     def num_params(self) -> int:
@@ -277,7 +288,7 @@ class ArgPack:
     @property
     def params_address(self) -> int:
         """Address of the ``void*[]`` array for ``kernelParams``."""
-        return int(self.pointers.ctypes.data)
+        return self._params_address
 
     def values(self, resolved: Sequence[Any]) -> list[Any]:
         """Flatten resolved args (buffers as ``(ptr, n_elements)``, scalars as numbers)."""
@@ -353,6 +364,7 @@ class GpuDevice(Device):
         self.ordinal = ordinal
         # (name, binary, target, kind, args) -> [function, ArgPack, dynamic smem limit set]
         self._kernels: dict[tuple[Any, ...], list[Any]] = {}
+        self._by_id: dict[int, tuple[list[Any], KernelBinary]] = {}
         self._kernels_lock = threading.Lock()
 
     # ---- raw driver calls (subclasses)
@@ -389,6 +401,8 @@ class GpuDevice(Device):
     # ---- streams
     def resolve_stream(self, stream: Any) -> int:
         """A stream handle from None (default), an int, or a stream object."""
+        if type(stream) is int:
+            return stream
         if stream is None:
             return self.default_stream()
         if isinstance(stream, (int, np.integer)):
@@ -448,6 +462,9 @@ class GpuDevice(Device):
     def kernel_handle(self, kernel: KernelBinary) -> tuple[Any, ArgPack]:
         """Load ``kernel`` once (target check, module, function, argument layout) and cache
         it; raise the function's dynamic shared memory limit when a launch needs more."""
+        hit = self._by_id.get(id(kernel))
+        if hit is not None and hit[1] is kernel:  # the same object as last time: all checked
+            return hit[0][0], hit[0][1]
         key = (kernel.name, kernel.binary, kernel.target, kernel.binary_kind, kernel.args)
         entry = self._kernels.get(key)
         if entry is None:
@@ -463,29 +480,52 @@ class GpuDevice(Device):
                 if kernel.dynamic_shared_bytes > entry[2]:
                     self._set_dynamic_smem_limit(entry[0], kernel)
                     entry[2] = kernel.dynamic_shared_bytes
+        with self._kernels_lock:
+            if len(self._by_id) > 4096:
+                self._by_id.clear()
+            self._by_id[id(kernel)] = (entry, kernel)  # holding kernel keeps its id unique
         return entry[0], entry[1]
 
     def _set_dynamic_smem_limit(self, function: Any, kernel: KernelBinary) -> None:
         """Allow ``kernel.dynamic_shared_bytes`` of dynamic shared memory (default: nothing
         to do; CUDA opts in above 48 KiB)."""
 
-    def resolve_args(self, kernel: KernelBinary, args: Sequence[Any]
+    def check_foreign_memory(self, value: Any, name: str) -> None:
+        """Hook: reject device memory that is not ours (e.g. a tensor on another GPU)."""
+
+    def resolve_args(self, kernel: KernelBinary, args: Sequence[Any], pack: ArgPack | None = None
                      ) -> tuple[list[Any], int | None]:
         """Buffers -> (ptr, n_elements), scalars -> checked numbers; plus the first stream
         named by a buffer (torch / CAI producers)."""
-        check_arg_count(kernel, args)
+        if len(args) != len(kernel.args):
+            check_arg_count(kernel, args)
+        checks = (pack or ArgPack(kernel)).checks
         resolved: list[Any] = []
         producer_stream: int | None = None
-        for arg, value in zip(kernel.args, args):
-            if arg.kind == "buffer":
-                buf = as_device_buffer(value, f"kernel {kernel.name!r} arg {arg.name!r}")
-                check_buffer_dtype(kernel.name, arg, buf.dtype)
-                n = int(np.prod(buf.shape, dtype=np.int64))
-                if n and not buf.ptr:
-                    raise ValueError(f"kernel {kernel.name!r} arg {arg.name!r}: null pointer")
-                resolved.append((buf.ptr, n))
-                if producer_stream is None and buf.stream is not None:
-                    producer_stream = buf.stream
+        for (is_buffer, want, bounds), arg, value in zip(checks, kernel.args, args):
+            if is_buffer:
+                if type(value) is DeviceArray:  # fast path
+                    if value.device is not self:
+                        raise ValueError(
+                            f"kernel {kernel.name!r} arg {arg.name!r}: expected memory on "
+                            f"{self.name}:{self.ordinal}, got an array on "
+                            f"{value.device.name}:{getattr(value.device, 'ordinal', 0)}")
+                    ptr, n, dtype, stream = value.ptr, value.size, value.dtype, value.stream
+                else:
+                    where = f"kernel {kernel.name!r} arg {arg.name!r}"
+                    self.check_foreign_memory(value, where)
+                    ptr, shape, dtype, stream = as_device_buffer(value, where)
+                    n = math.prod(shape)
+                    if n and not ptr:
+                        raise ValueError(f"{where}: null pointer")
+                if dtype is not want and dtype != want and not (
+                        dtype.itemsize == 1 and want.itemsize == 1):  # type: ignore[union-attr]
+                    check_buffer_dtype(kernel.name, arg, dtype)
+                resolved.append((ptr, n))
+                if producer_stream is None and stream is not None:
+                    producer_stream = stream
+            elif bounds is not None and type(value) is int and bounds[0] <= value <= bounds[1]:
+                resolved.append(value)  # fast path for in-range Python ints
             else:
                 resolved.append(check_scalar(kernel.name, arg, value))
         return resolved, producer_stream
@@ -496,11 +536,11 @@ class GpuDevice(Device):
         (torch's current stream for torch tensors), else :meth:`default_stream`."""
         function, pack = self.kernel_handle(kernel)
         grid3 = normalize_grid(grid, kernel.name)
-        resolved, producer_stream = self.resolve_args(kernel, args)
+        resolved, producer_stream = self.resolve_args(kernel, args, pack)
         handle = self.resolve_stream(stream if stream is not None else producer_stream)
         with pack.lock:
             pack.pack(resolved)
             self._launch_raw(function, grid3, kernel, handle, pack.params_address)
         for value in args:  # our arrays were last written on this stream
-            if isinstance(value, DeviceArray):
+            if type(value) is DeviceArray:
                 value.stream = handle

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from blockscale.launch import KernelBinary
-from blockscale.runtime.arrays import DeviceArray
 from blockscale.runtime.device import GpuDevice
 
 __all__ = ["HipDevice", "HipError", "check", "hip_unavailable_reason"]
@@ -136,15 +135,6 @@ class HipDevice(GpuDevice):
                                            kernel.dynamic_shared_bytes, stream or None,
                                            params_address, None),
               "hipModuleLaunchKernel", kernel.name)
-
-    def resolve_args(self, kernel: KernelBinary, args: Any) -> Any:
-        for arg, value in zip(kernel.args, args):
-            if (arg.kind == "buffer" and isinstance(value, DeviceArray)
-                    and value.device is not self):
-                raise ValueError(f"kernel {kernel.name!r} arg {arg.name!r}: expected memory "
-                                 f"on hip:{self.ordinal}, got an array on "
-                                 f"{value.device.name}:{value.device.ordinal}")
-        return super().resolve_args(kernel, args)
 
     # ---- memory and streams
     def _malloc(self, nbytes: int) -> int:
