@@ -187,9 +187,14 @@ class Program:
         try:
             with open(plan_path, encoding="utf-8") as f:
                 plan = json.load(f)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             raise ValueError(f"path: {path!r} is not a program directory (no plan.json)") \
                 from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"path: {plan_path} is not a valid plan ({e})") from None
+        if not isinstance(plan, dict):
+            raise ValueError(f"path: {plan_path} must hold a JSON object, got "
+                             f"{type(plan).__name__}")
         if plan.get("format") != PLAN_FORMAT or plan.get("version") != PLAN_VERSION:
             raise ValueError(f"{plan_path}: expected format {PLAN_FORMAT!r} version "
                              f"{PLAN_VERSION}, got {plan.get('format')!r} version "
