@@ -12,8 +12,14 @@ from blockscale.runtime import cuda as rt_cuda
 from blockscale.runtime import device as rt_device
 from blockscale.runtime import hip as rt_hip
 from blockscale.runtime.device import (
-    ArgPack, check_buffer_dtype, check_scalar, cubin_runs_on, device_report, get_device,
-    normalize_grid, parse_sm_target,
+    ArgPack,
+    check_buffer_dtype,
+    check_scalar,
+    cubin_runs_on,
+    device_report,
+    get_device,
+    normalize_grid,
+    parse_sm_target,
 )
 from blockscale.runtime.interp_device import InterpDevice
 
@@ -203,7 +209,8 @@ def test_arg_pack_scalars_only_and_empty():
 def test_scalar_checks_name_the_argument():
     arg = KernelArg("rows", "scalar", "i32")
     assert check_scalar("k", arg, np.int64(5)) == 5
-    with pytest.raises(ValueError, match=r"kernel 'k' arg 'rows': i32 must be in .* got 2147483648"):
+    with pytest.raises(ValueError,
+                       match=r"kernel 'k' arg 'rows': i32 must be in .* got 2147483648"):
         check_scalar("k", arg, 2**31)
     with pytest.raises(TypeError, match=r"arg 'rows': expected an int \(i32\), got float"):
         check_scalar("k", arg, 1.5)

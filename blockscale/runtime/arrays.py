@@ -17,7 +17,8 @@ import ctypes
 import math
 import sys
 import weakref
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -103,10 +104,19 @@ class DeviceArray:
     synchronized with it).
     """
 
-    __slots__ = ("device", "ptr", "shape", "dtype", "stream", "size", "_base", "_finalizer",
-                 "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "_base",
+        "_finalizer",
+        "device",
+        "dtype",
+        "ptr",
+        "shape",
+        "size",
+        "stream",
+    )
 
-    def __init__(self, device: "GpuDevice", ptr: int, shape: Sequence[int], dtype: Any, *,
+    def __init__(self, device: GpuDevice, ptr: int, shape: Sequence[int], dtype: Any, *,
                  stream: int | None = None, base: Any = None, owned: bool = False):
         self.device = device
         self.ptr = int(ptr)
@@ -121,13 +131,13 @@ class DeviceArray:
     # ---- construction
     @classmethod
     def empty(cls, shape: Sequence[int], dtype: Any, device: Any = None,
-              stream: Any = None) -> "DeviceArray":
+              stream: Any = None) -> DeviceArray:
         """Uninitialized memory on a GPU device (default: :func:`get_device`)."""
         return _gpu(device).alloc(shape, dtype, stream)
 
     @classmethod
     def from_numpy(cls, array: np.ndarray, device: Any = None,
-                   stream: Any = None) -> "DeviceArray":
+                   stream: Any = None) -> DeviceArray:
         """Copy a numpy array (any layout; copied C-contiguous) to a GPU device."""
         if not isinstance(array, np.ndarray):
             raise TypeError(f"array: expected a numpy.ndarray, got {type(array).__name__}")
@@ -146,7 +156,7 @@ class DeviceArray:
         """A numpy copy of the contents (waits for the array's stream)."""
         return self.device.to_host(self, self.stream)
 
-    def view(self, dtype: Any) -> "DeviceArray":
+    def view(self, dtype: Any) -> DeviceArray:
         """The same memory seen as another dtype of the same item size."""
         dt = np.dtype(dtype)
         if dt.itemsize != self.dtype.itemsize:
@@ -154,7 +164,7 @@ class DeviceArray:
                              f"{self.dtype.name}, got {dt.name} ({dt.itemsize} bytes)")
         return DeviceArray(self.device, self.ptr, self.shape, dt, stream=self.stream, base=self)
 
-    def reshape(self, *shape: Any) -> "DeviceArray":
+    def reshape(self, *shape: Any) -> DeviceArray:
         """The same memory with another shape of the same size (-1 allowed once)."""
         dims = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape
         # numpy resolves -1 and checks the size on a zero-stride stand-in of the same shape
@@ -201,7 +211,7 @@ class DeviceArray:
         return _export_capsule(self)
 
 
-def _gpu(device: Any) -> "GpuDevice":
+def _gpu(device: Any) -> GpuDevice:
     from blockscale.runtime.device import GpuDevice, get_device
 
     dev = get_device(device)
@@ -311,7 +321,7 @@ def torch_current_stream() -> int | None:
         if not torch.cuda.is_initialized():
             return None
         return int(torch.cuda.current_stream().cuda_stream)
-    except Exception:  # torch without CUDA, or a partial import
+    except Exception:  # noqa: BLE001 (torch without CUDA, or a partial import)
         return None
 
 
@@ -338,7 +348,7 @@ def _from_torch(obj: Any, name: str) -> DeviceBuffer:
     try:
         import_torch = sys.modules["torch"]
         stream = int(import_torch.cuda.current_stream(obj.device).cuda_stream)
-    except Exception:
+    except Exception:  # noqa: BLE001
         stream = None
     return DeviceBuffer(int(obj.data_ptr()), tuple(obj.shape), np.dtype(_TORCH_DTYPES[key]),
                         stream)

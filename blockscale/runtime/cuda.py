@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ def _error_text(err: Any) -> tuple[str, str]:
         e2, desc = drv.cuGetErrorString(err)
         return (name.decode() if int(e1) == 0 else str(err),
                 desc.decode() if int(e2) == 0 else "")
-    except Exception:  # the driver may be unusable
+    except Exception:  # noqa: BLE001 (the driver may be unusable)
         return str(getattr(err, "name", err)), ""
 
 
@@ -72,14 +73,14 @@ def cuda_unavailable_reason() -> str | None:
     """None when a CUDA GPU can be used, else why not (no cuda-python, no libcuda, no GPU)."""
     try:
         drv = _driver()
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001
         return f"cuda-python is not importable ({type(e).__name__}: {e})"
     try:
         check(drv.cuInit(0), "cuInit")
         count = check(drv.cuDeviceGetCount(), "cuDeviceGetCount")
     except CudaError as e:
         return str(e)
-    except Exception as e:  # DynamicLibNotFoundError / RuntimeError without libcuda
+    except Exception as e:  # noqa: BLE001 (DynamicLibNotFoundError etc. without libcuda)
         return f"the CUDA driver (libcuda) cannot be loaded: {type(e).__name__}: {e}"
     return None if count > 0 else "the CUDA driver reports no GPU"
 
@@ -87,7 +88,7 @@ def cuda_unavailable_reason() -> str | None:
 class Stream:
     """A CUDA stream owned by us (``handle`` is what launches take)."""
 
-    def __init__(self, device: "CudaDevice", non_blocking: bool = True):
+    def __init__(self, device: CudaDevice, non_blocking: bool = True):
         drv = _driver()
         device.activate()
         flags = drv.CUstream_flags.CU_STREAM_NON_BLOCKING if non_blocking else 0
@@ -101,21 +102,21 @@ class Stream:
     def __del__(self) -> None:
         try:
             _driver().cuStreamDestroy(self._stream)
-        except Exception:
+        except Exception:  # noqa: BLE001, S110  (at interpreter exit the driver may be gone)
             pass
 
 
 class Event:
     """A CUDA event for timing: ``record(stream)``, then ``elapsed_ms(end)``."""
 
-    def __init__(self, device: "CudaDevice"):
+    def __init__(self, device: CudaDevice):
         drv = _driver()
         device.activate()
         self._event = check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DEFAULT),
                             "cuEventCreate")
         self.device = device
 
-    def record(self, stream: Any = None) -> "Event":
+    def record(self, stream: Any = None) -> Event:
         check(_driver().cuEventRecord(self._event, self.device.resolve_stream(stream)),
               "cuEventRecord")
         return self
@@ -123,7 +124,7 @@ class Event:
     def synchronize(self) -> None:
         check(_driver().cuEventSynchronize(self._event), "cuEventSynchronize")
 
-    def elapsed_ms(self, end: "Event") -> float:
+    def elapsed_ms(self, end: Event) -> float:
         """Milliseconds from this event to ``end`` (waits for ``end``)."""
         end.synchronize()
         return float(check(_driver().cuEventElapsedTime(self._event, end._event),
@@ -132,7 +133,7 @@ class Event:
     def __del__(self) -> None:
         try:
             _driver().cuEventDestroy(self._event)
-        except Exception:
+        except Exception:  # noqa: BLE001, S110  (at interpreter exit the driver may be gone)
             pass
 
 
@@ -156,7 +157,7 @@ class CudaDevice(GpuDevice):
         self._local = threading.local()
         self.activate()
         attr = drv.CUdevice_attribute
-        get = lambda a: int(check(drv.cuDeviceGetAttribute(a, self._dev),  # noqa: E731
+        get = lambda a: int(check(drv.cuDeviceGetAttribute(a, self._dev),
                                   "cuDeviceGetAttribute"))
         self.capability = (get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
                            get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))

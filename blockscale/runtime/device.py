@@ -22,7 +22,8 @@ import os
 import re
 import struct
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -123,7 +124,7 @@ def _create(base: str, ordinal: int) -> Device:
     return InterpDevice()
 
 
-def get_device(name: "str | Device | None" = None) -> Device:
+def get_device(name: str | Device | None = None) -> Device:
     """The device called ``name`` ("cuda", "cuda:1", "hip", "interp"), created once.
 
     ``None`` picks ``$BLOCKSCALE_DEVICE`` if set, else the first usable of CUDA, HIP and the
@@ -225,9 +226,9 @@ def cubin_runs_on(target: str, capability: tuple[int, int]) -> bool:
 
 def normalize_grid(grid: Sequence[int] | int, kernel_name: str) -> tuple[int, int, int]:
     """``grid`` as three positive ints (missing trailing dims are 1)."""
-    if type(grid) is tuple and len(grid) == 3 and all(type(v) is int for v in grid):
-        if 1 <= grid[0] < 2**31 and 1 <= grid[1] < 2**16 and 1 <= grid[2] < 2**16:
-            return grid  # type: ignore[return-value]
+    if (type(grid) is tuple and len(grid) == 3 and all(type(v) is int for v in grid)
+            and 1 <= grid[0] < 2**31 and 1 <= grid[1] < 2**16 and 1 <= grid[2] < 2**16):
+        return grid  # type: ignore[return-value]  (fast path)
     g = (grid,) if isinstance(grid, (int, np.integer)) else tuple(grid)
     if not 1 <= len(g) <= 3:
         raise ValueError(f"kernel {kernel_name!r}: grid must have 1 to 3 dims, got {grid!r}")
@@ -421,7 +422,7 @@ class GpuDevice(Device):
         """Free memory from :meth:`alloc` (called by DeviceArray finalizers)."""
         try:
             self._free(ptr)
-        except Exception as e:  # at interpreter exit the driver may be gone
+        except Exception as e:  # noqa: BLE001 (at interpreter exit the driver may be gone)
             log.debug("freeing 0x%x failed: %s", ptr, e)
 
     def alloc(self, shape: Sequence[int], dtype: Any, stream: Any = None) -> Any:

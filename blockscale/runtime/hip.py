@@ -45,7 +45,7 @@ def check(result: Any, what: str = "", kernel: str | None = None) -> Any:
             name = _hip().hipGetErrorName(err)
             name = name[-1] if isinstance(name, tuple) else name
             name = name.decode() if isinstance(name, bytes) else str(name)
-        except Exception:
+        except Exception:  # noqa: BLE001
             name = str(getattr(err, "name", err))
         where = f" (kernel {kernel!r})" if kernel else ""
         raise HipError(f"{what or 'HIP call'} failed{where}: {name}", name, kernel)
@@ -59,14 +59,14 @@ def hip_unavailable_reason() -> str | None:
     """None when a HIP GPU can be used, else why not."""
     try:
         hip = _hip()
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001
         return (f"hip-python is not installed ({type(e).__name__}); "
                 "install the 'rocm' extra on an AMD GPU machine")
     try:
         count = check(hip.hipGetDeviceCount(), "hipGetDeviceCount")
     except HipError as e:
         return str(e)
-    except Exception as e:  # RuntimeError: failed to dlopen libamdhip64.so
+    except Exception as e:  # noqa: BLE001 (RuntimeError: failed to dlopen libamdhip64.so)
         return f"the HIP runtime cannot be loaded: {type(e).__name__}: {e}"
     return None if count > 0 else "the HIP runtime reports no GPU"
 

@@ -9,13 +9,19 @@ the first launch.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from blockscale.launch import KernelBinary
 from blockscale.runtime.device import (
-    Device, _dtype_by_name, check_arg_count, check_buffer_dtype, check_scalar, normalize_grid,
+    Device,
+    _dtype_by_name,
+    check_arg_count,
+    check_buffer_dtype,
+    check_scalar,
+    normalize_grid,
 )
 
 __all__ = ["InterpDevice"]

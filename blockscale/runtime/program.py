@@ -15,7 +15,8 @@ import dataclasses
 import json
 import os
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -101,7 +102,7 @@ class Program:
     @classmethod
     def from_launches(cls, launches: Sequence[Launch], buffers: Iterable[BufferDecl], *,
                       meta: Mapping[str, Any] | None = None,
-                      keys: Mapping[str, str] | None = None) -> "Program":
+                      keys: Mapping[str, str] | None = None) -> Program:
         """A program from ``launch.Launch`` steps whose buffer bindings name ``buffers``.
 
         Kernels are keyed by ``keys[kernel.name]`` when given (e.g. ``ops._core.kernel_key``),
@@ -180,7 +181,7 @@ class Program:
         os.replace(tmp, os.path.join(path, "plan.json"))
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "Program":
+    def load(cls, path: str | os.PathLike[str]) -> Program:
         """Read a directory written by :meth:`save` (no MLIR or LLVM needed)."""
         path = os.fspath(path)
         plan_path = os.path.join(path, "plan.json")

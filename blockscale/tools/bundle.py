@@ -19,7 +19,8 @@ import os
 import sys
 import time
 import traceback
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from blockscale.launch import KernelBinary, load_kernel, save_kernel
 
@@ -73,7 +74,7 @@ def _collect_specs(core: Any, target: str, entries: list[BundleEntry], log: Any)
             continue
         try:
             specs.extend(fn(target))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             entries.append(BundleEntry(module_name.rsplit(".", 1)[-1],
                                        f"bundle_specs({target!r})", "-", target=target,
                                        status=f"failed: {e!r}"))
@@ -99,7 +100,7 @@ def build_bundle(out: str, targets: Sequence[str], *, only: Sequence[str] = (),
     for name in blockscale.ops.op_module_names():  # op modules register themselves on import
         try:
             importlib.import_module(f"blockscale.ops.{name}")
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             entries.append(BundleEntry(name, "-", "-", status=f"failed: import: {e!r}"))
             print(f"[bundle] import of blockscale.ops.{name} failed: {e!r}", file=log)
     if not _core.op_modules():
@@ -118,7 +119,7 @@ def build_bundle(out: str, targets: Sequence[str], *, only: Sequence[str] = (),
                 continue
             try:
                 binary = _core.compile_kernel(spec).binary
-            except Exception as e:  # keep going; report at the end
+            except Exception as e:  # noqa: BLE001 (keep going; report at the end)
                 entries.append(BundleEntry(op, _spec_text(spec), key,
                                            status=f"failed: {type(e).__name__}: {e}"))
                 print(f"[bundle] {op} {key} failed:\n{traceback.format_exc()}", file=log)
@@ -154,7 +155,7 @@ def write_manifest(out: str, targets: Sequence[str], entries: Sequence[BundleEnt
 
     path = os.path.join(out, "manifest.json")
     doc = {
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "blockscale_version": getattr(blockscale, "__version__", "0"),
         "targets": list(targets),
         "kernels": [dataclasses.asdict(e) for e in entries],
