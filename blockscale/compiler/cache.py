@@ -107,12 +107,18 @@ class KernelCache:
                 if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
                     raise ValueError(f"checksum mismatch in {fname}")
                 stages[stage] = data if stage in ("cubin", "hsaco") else data.decode("utf-8")
-        except FileNotFoundError:
+        except FileNotFoundError as e:
+            if not os.path.isdir(entry):
+                return None  # a plain miss
+            err: Exception = e  # an entry missing meta.json or a stage file: corrupted
+            warnings.warn(f"blockscale cache entry {entry} is corrupted ({err}); rebuilding",
+                          RuntimeWarning, stacklevel=3)
+            _discard(entry)
             return None
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             warnings.warn(f"blockscale cache entry {entry} is corrupted ({e}); rebuilding",
                           RuntimeWarning, stacklevel=3)
-            shutil.rmtree(entry, ignore_errors=True)
+            _discard(entry)
             return None
         k = meta["kernel"]
         return Kernel(name=k["name"], target=GPUTarget.parse(k["target"]),
@@ -138,8 +144,31 @@ class KernelCache:
             self._store(key, kernel)
 
     def _store(self, key: str, kernel: Kernel) -> None:
+        """Write the entry into a private temporary directory, then publish it with one
+        atomic rename: readers (and racing writers) see no entry or a complete one."""
         entry = self._entry_dir(key)
-        os.makedirs(entry, exist_ok=True)
+        os.makedirs(os.path.dirname(entry), exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=os.path.dirname(entry), prefix=f".{key[:12]}-",
+                               suffix=".tmp")
+        try:
+            self._write_entry(tmp, key, kernel)
+            try:
+                os.rename(tmp, entry)
+            except OSError:
+                if not os.path.isdir(entry):
+                    raise
+                # another process published this key first; a valid entry is kept, a
+                # corrupted one (removed by _load) is replaced by ours
+                if self._load(key) is None and not os.path.isdir(entry):
+                    try:
+                        os.rename(tmp, entry)
+                    except OSError:
+                        if not os.path.isdir(entry):
+                            raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _write_entry(self, entry: str, key: str, kernel: Kernel) -> None:
         files = {}
         for stage, data in dict(kernel.asm).items():
             if stage in ("sass", "disasm"):
@@ -163,6 +192,17 @@ class KernelCache:
         """Forget the in-memory front (the disk entries stay)."""
         with self._lock:
             self._memory.clear()
+
+
+def _discard(entry: str) -> None:
+    """Remove a corrupted entry: rename it away first (atomic, so no other process ever
+    sees it half deleted), then delete the renamed copy."""
+    trash = f"{entry}.corrupt-{os.getpid()}-{threading.get_ident()}"
+    try:
+        os.rename(entry, trash)
+    except OSError:
+        return  # already gone (another process discarded it) or not ours to move
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 _CACHES: dict[str, KernelCache] = {}
