@@ -373,3 +373,8 @@ __all__ = ["QuantizeSpec", "kernel_args", "build", "launch_plan", "quantize_dyna
            "quantize_dynamic_scaled_fp4fp8", "quantize_dynamic_scaled_fp4_async", "kernel",
            "quantize_dynamic_scaled_fp4fp8_kernel", "quantize_dynamic_scaled_fp4_async_kernel",
            "bundle_specs"]
+
+
+import blockscale.ops._core as _core  # noqa: E402
+
+_core.register_op_module(__name__)

@@ -65,3 +65,8 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
 
 __all__ = ["quantize_mxfp4_amd", "quantize_dynamic_block_scaled_mxfp4",
            "quantize_mxfp4_amd_kernel", "bundle_specs"]
+
+
+import blockscale.ops._core as _core  # noqa: E402
+
+_core.register_op_module(__name__)

@@ -206,3 +206,8 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
 
 __all__ = ["grouped_quantize_dynamic_scaled", "grouped_quantize_dynamic_scaled_fp4_async",
            "grouped_quantize_dynamic_scaled_kernel", "bundle_specs", "check_groups"]
+
+
+import blockscale.ops._core as _core  # noqa: E402
+
+_core.register_op_module(__name__)

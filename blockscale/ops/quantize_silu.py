@@ -83,3 +83,8 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
 
 
 __all__ = ["fused_silu_quantize", "fused_silu_quantize_kernel", "bundle_specs"]
+
+
+import blockscale.ops._core as _core  # noqa: E402
+
+_core.register_op_module(__name__)
