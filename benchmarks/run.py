@@ -12,8 +12,8 @@ status and no number, and the run goes on. At the end the markdown table is prin
 to benchmarks/RESULTS.md, and written with results.json and the PNG plots to --out.
 
 On a machine with the compiler, ``python benchmarks/run.py --bundle build/gpu`` precompiles
-every kernel the benchmarks launch (all ops' bundle specs plus the few extra ones listed in
-EXTRA_SPECS) into a bundle directory to copy to the GPU machine.
+every kernel the benchmarks launch (all ops' bundle specs plus the few extra ones of
+:func:`extra_specs`) into a bundle directory to copy to the GPU machine.
 """
 
 from __future__ import annotations
