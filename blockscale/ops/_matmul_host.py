@@ -40,7 +40,12 @@ def shape_of(x: object, arg: str, ndim: int) -> tuple[int, ...]:
 
 
 def _dtype_of(x: object) -> np.dtype | None:
-    dt = getattr(x, "dtype", None)
+    return as_np_dtype(getattr(x, "dtype", None))
+
+
+def as_np_dtype(dt: object) -> np.dtype | None:
+    """The numpy / ml_dtypes dtype of a numpy or torch dtype (torch by name, never imported);
+    None when there is no such dtype."""
     if dt is None:
         return None
     try:

@@ -200,7 +200,11 @@ def _masked_word(b: Any, src: Any, row: Any, col0: Any, rows: Any, kblocks: Any)
 
 
 def _dtype_name(dtype: Any, arg: str) -> str:
-    dt = np.dtype(dtype)
+    from blockscale.ops._matmul_host import as_np_dtype
+
+    dt = as_np_dtype(dtype)
+    if dt is None:
+        raise TypeError(f"{arg} must have a 1-byte scale dtype {SCALE_DTYPES}, got {dtype!r}")
     name = "uint8" if dt == np.int8 or dt == np.uint8 else dt.name
     if name not in SCALE_DTYPES:
         raise TypeError(f"{arg} must have a 1-byte scale dtype {SCALE_DTYPES}, got {dt.name}")
@@ -210,10 +214,11 @@ def _dtype_name(dtype: Any, arg: str) -> str:
 def _input_alignment(x: Any) -> int:
     """Largest of 16/4/1 dividing the input's device address (numpy inputs are copied to
     fresh, aligned device buffers)."""
-    cai = getattr(x, "__cuda_array_interface__", None)
-    if cai is None:
+    if isinstance(x, np.ndarray):
         return 16
-    ptr = int(cai["data"][0])
+    from blockscale.runtime.arrays import as_device_buffer
+
+    ptr = int(as_device_buffer(x, "scales_2d").ptr)
     return 16 if ptr % 16 == 0 else 4 if ptr % 4 == 0 else 1
 
 
