@@ -21,7 +21,7 @@ for the bound this gives).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from mlir import ir
 from mlir.dialects import arith
@@ -95,33 +95,54 @@ def emit_block_scaled_dot(fmt: Format, *, a: Value, a_row: Value, b: Value, b_ro
         k: logical K (index). FP4 needs K even; a partial last block is handled.
     Returns the f32 accumulator ``sum_j (block dot) * |sA_j| * |sB_j|``.
     """
+    return emit_block_scaled_dots(fmt, a=a, a_row=a_row, b=b, b_rows=[b_row], sfa=sfa,
+                                  sfa_offset=sfa_offset, sfb=sfb, sfb_offsets=[sfb_offset],
+                                  k=k)[0]
+
+
+def emit_block_scaled_dots(fmt: Format, *, a: Value, a_row: Value, b: Value,
+                           b_rows: Sequence[Value], sfa: Value,
+                           sfa_offset: Callable[[Value], Value], sfb: Value,
+                           sfb_offsets: Sequence[Callable[[Value], Value]], k: Value
+                           ) -> list[Value]:
+    """The fp32 block-scaled dot products of one A row with several B rows, in one K loop.
+
+    Each result is computed exactly as :func:`emit_block_scaled_dot` computes it alone (the
+    same operations in the same order per B row); the A bytes and A scales are loaded once
+    per K step for all rows. ``b_rows[i]`` / ``sfb_offsets[i]`` describe B row i.
+    """
+    if len(b_rows) != len(sfb_offsets) or not b_rows:
+        raise ValueError(f"b_rows and sfb_offsets must be non-empty and of equal length, got "
+                         f"{len(b_rows)} and {len(sfb_offsets)}")
+    n = len(b_rows)
     bs = fmt.block_size
     f32 = bir.f32()
     kblocks = bir.ceil_div(k, bs)
-    with bir.for_range(0, kblocks, carry=[bir.const(0.0, f32)]) as jl:
+    with bir.for_range(0, kblocks, carry=[bir.const(0.0, f32)] * n) as jl:
         j = jl.iv
         sa = decode_scale(fmt, load_byte_i32(sfa, sfa_offset(j)))
-        sb = decode_scale(fmt, load_byte_i32(sfb, sfb_offset(j)))
-        sab = arith.mulf(sa, sb)  # exact: <= 8 significant bits
+        sabs = [arith.mulf(sa, decode_scale(fmt, load_byte_i32(sfb, off(j))))  # exact
+                for off in sfb_offsets]
         k0 = bir.mul(j, bs)
         k1 = bir.umin(bir.add(k0, bs), k)
         if fmt.is_fp4:
             with bir.for_range(bir.udiv(k0, 2), bir.udiv(k1, 2),
-                               carry=[bir.const(0, bir.i32())]) as bl:
+                               carry=[bir.const(0, bir.i32())] * n) as bl:
                 a_byte = load_byte_i32(a, bir.add(a_row, bl.iv))
-                b_byte = load_byte_i32(b, bir.add(b_row, bl.iv))
-                bl.yield_(bir.add(bl.carried[0], fp4x2_byte_dot(a_byte, b_byte)))
-            block = arith.sitofp(f32, bl.results[0])  # exact: |sum| <= 4608
+                bl.yield_(*[bir.add(bl.carried[i], fp4x2_byte_dot(
+                    a_byte, load_byte_i32(b, bir.add(b_rows[i], bl.iv)))) for i in range(n)])
+            blocks = [arith.sitofp(f32, r) for r in bl.results]  # exact: |sum| <= 4608
             # the int sum counts quarters: fold the exact 1/4 into the scale product
-            sab = arith.mulf(sab, bir.const(0.25, f32))
+            sabs = [arith.mulf(s, bir.const(0.25, f32)) for s in sabs]
         else:
-            with bir.for_range(k0, k1, carry=[bir.const(0.0, f32)]) as bl:
+            with bir.for_range(k0, k1, carry=[bir.const(0.0, f32)] * n) as bl:
                 av = convert.e4m3_to_f32(load_byte_i32(a, bir.add(a_row, bl.iv)))
-                bv = convert.e4m3_to_f32(load_byte_i32(b, bir.add(b_row, bl.iv)))
-                bl.yield_(arith.addf(bl.carried[0], arith.mulf(av, bv)))
-            block = bl.results[0]
-        jl.yield_(arith.addf(jl.carried[0], arith.mulf(block, sab)))
-    return jl.results[0]
+                bl.yield_(*[arith.addf(bl.carried[i], arith.mulf(av, convert.e4m3_to_f32(
+                    load_byte_i32(b, bir.add(b_rows[i], bl.iv))))) for i in range(n)])
+            blocks = list(bl.results)
+        jl.yield_(*[arith.addf(jl.carried[i], arith.mulf(blocks[i], sabs[i]))
+                    for i in range(n)])
+    return list(jl.results)
 
 
 def store_output(value: Value, c: Value, idx: Value, out_dtype: str) -> None:
