@@ -43,6 +43,7 @@ from benchmarks.common import (
     failed,
     first_run_s,
     interleave_stack,
+    kernel_keys_without_mlir,
     random_bf16,
     random_data,
     random_scales,
@@ -649,6 +650,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true")
     ns = p.parse_args(argv)
+    kernel_keys_without_mlir()
     dev = runtime.get_device("cuda")
     copy = ceilings.copy_tbps([ceilings.copy_bandwidth(dev)])
     run(dev, Budget(600), copy, quick=ns.quick)

@@ -250,6 +250,45 @@ def replay(dev: Any, launches: Sequence[Launch]) -> None:
         dev.launch(ln.kernel, ln.grid, ln.args)
 
 
+def kernel_keys_without_mlir() -> bool:
+    """Workaround, active only where MLIR is not importable (the GPU machine): today
+    ``blockscale.ops._core.generator_sources`` *imports* each ``KERNEL_SOURCES`` module to
+    find its file, and those modules import mlir at import time, so no kernel key (hence no
+    bundle lookup) can be computed there. Hand ``_core`` an ``importlib`` whose
+    ``import_module`` returns, for a module not yet loaded, a stand-in carrying only the
+    module's file path (from ``importlib.util.find_spec``, no import). The key is unchanged:
+    the same files are hashed. Returns whether the workaround was applied."""
+    import importlib
+    import importlib.util
+    import types
+
+    from blockscale.ops import _core
+
+    try:
+        import mlir.ir  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        return False
+
+    class _Importlib(types.ModuleType):
+        def __getattr__(self, name: str) -> Any:
+            return getattr(importlib, name)
+
+        @staticmethod
+        def import_module(name: str, package: str | None = None) -> Any:
+            try:
+                return importlib.import_module(name, package)
+            except ImportError:
+                spec = importlib.util.find_spec(name, package)
+                if spec is None or spec.origin is None:
+                    raise
+                return types.SimpleNamespace(__file__=spec.origin, __name__=name)
+
+    _core.importlib = _Importlib("importlib")
+    return True
+
+
 # ----------------------------------------------------------------------------- random operands
 
 

@@ -32,7 +32,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.common import Budget, Record, failed, short_error, with_rates
+from benchmarks.common import (
+    Budget,
+    Record,
+    failed,
+    kernel_keys_without_mlir,
+    short_error,
+    with_rates,
+)
 
 SUITES = ("quantize", "matmul", "moe")
 #: share of the budget per suite (seconds, scaled to --budget-s / 450)
@@ -266,6 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     shares = QUICK_SHARES if ns.quick else SHARES
     scale = ns.budget_s / 450.0
     log = lambda s: print(s, flush=True)
+    if kernel_keys_without_mlir():
+        log("note: MLIR is not importable here; kernel keys computed without importing the "
+            "KERNEL_SOURCES modules (workaround, see common.kernel_keys_without_mlir)")
     dev = _device()
     device_name = getattr(dev, "device_name", dev.describe())
     log(f"device: {dev.describe()}; bundle: {os.environ.get('BLOCKSCALE_BUNDLE_DIR', 'build/gpu')}")
@@ -299,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = report.run_metadata(["benchmarks/run.py", *argv], device_name)
     json_path = report.write_json(records, meta, out_dir)
     plots = report.write_plots(records, out_dir)
-    notes.append(f"plots: {', '.join(os.path.relpath(x, ROOT) for x in plots)}"
+    notes.append(f"plots: {', '.join(plots)}"
                  if isinstance(plots, list) else plots)
     md = report.markdown(records, meta, notes)
     with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as f:
