@@ -1,0 +1,309 @@
+"""Fused grouped matmul + gated activation + quantize, one kernel (SEMANTICS §6, §7.7, D8, D10).
+
+``grouped_matmul_swiglu`` takes the grouped matmul's operands (§5) with σ-permuted gate/up
+weights ``weight [E, 2D, K/2 | K]`` (row 2i = gate i, row 2i+1 = up i, see
+:func:`blockscale.reference.sigma_permute_rows`; the 6-D ``b_scales`` permuted the same way
+before the interleave) and returns the quantized activation ``(data [T, D/2 | D], scales 5-D)``
+with the scales placed like the A scales (``a_scale_offsets``, ``a_scales.shape[0]`` tiles).
+
+Per element (D10): ``g, u = f32(bf16(acc * expert_scales[e] (* a_row_scales[m])))``, ``z =
+activation(g, u)`` in float32 (IEEE division in the sigmoid, ``math.exp``), then the D2 quantize
+with the NVFP4 encode scale ``1 / input_scales[e]`` (by expert id, D8; raw, not inverted).
+Rows of expert id -1 groups, their scale tiles, padding rows of every tile and spare tiles are
+zero bytes: every output byte is written by the kernel.
+
+It is byte-identical to :func:`blockscale.ops.grouped_matmul_block_scaled` on the un-permuted
+weights followed by :func:`blockscale.ops.fused_silu_quantize` (same K loop, same quantize
+helpers, same ``exp``) on every target, and to :func:`blockscale.reference.grouped_matmul_swiglu`
+wherever the kernel's fp32 accumulation rounds to the same bf16 as the reference's exact sum.
+The IR is in :mod:`blockscale.ops._matmul_swiglu_ir`. Importing this module does not import MLIR.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+import ml_dtypes
+import numpy as np
+
+import blockscale.ops._matmul_host as H
+from blockscale.activations import GatedActivation
+from blockscale.formats import Format
+from blockscale.launch import KernelArg
+from blockscale.layouts import scale_shape
+from blockscale.ops import matmul_grouped as GM
+from blockscale.ops import quantize as Q
+from blockscale.ops import quantize_grouped as QG
+
+BLOCK = Q.BLOCK
+#: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
+KERNEL_SOURCES = ("blockscale.ops._matmul_swiglu_ir", "blockscale.ops._matmul_ir",
+                  "blockscale.ops.quantize_ir", "blockscale.compiler.arch.convert")
+
+
+@dataclasses.dataclass(frozen=True)
+class SwigluSpec:
+    """What one fused grouped-matmul SwiGLU kernel is specialised on.
+
+    Attributes:
+        fmt: "nvfp4" | "mxfp4" | "mxfp8" (operands and output).
+        target: a GPUTarget name.
+        activation, act_alpha, act_limit: the gated activation (``GatedActivation`` fields).
+        row_scales: whether the kernel reads ``a_row_scales`` (bf16 ``[T]``, NVFP4).
+        aligned: D % 8 == 0 (vector stores of the packed output).
+    """
+
+    fmt: str
+    target: str = "sm_90a"
+    activation: str = "silu"
+    act_alpha: float = 1.0
+    act_limit: float = math.inf
+    row_scales: bool = False
+    aligned: bool = True
+
+    op: ClassVar[str] = "grouped_matmul_swiglu"
+    block: ClassVar[tuple[int, int, int]] = BLOCK
+    #: the quantize_ir helpers read these (the chained path's QuantizeSpec fields)
+    layout: ClassVar[str] = "tcgen5d"
+    mode: ClassVar[str] = "swiglu"
+    gather: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
+        object.__setattr__(self, "target", H.target_name(self.target))
+        act = GatedActivation(self.activation, float(self.act_alpha), float(self.act_limit))
+        object.__setattr__(self, "act_alpha", act.alpha)
+        object.__setattr__(self, "act_limit", act.limit)
+        for name in ("row_scales", "aligned"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got "
+                                f"{type(getattr(self, name)).__name__}")
+        if self.row_scales and self.format.is_mx:
+            raise ValueError(f"row_scales is NVFP4 only, got fmt={self.fmt}")
+
+    @property
+    def format(self) -> Format:
+        return Format.from_name(self.fmt)
+
+    @property
+    def rounding(self) -> str | None:
+        """E8M0 rounding of the output scales: the format's default (as the chained path)."""
+        return self.format.resolve_scale_rounding(None)
+
+    @property
+    def kernel_name(self) -> str:
+        parts = ["grouped_matmul_swiglu", self.fmt, "v" if self.aligned else "s",
+                 self.activation]
+        if (self.act_alpha, self.act_limit) not in ((1.0, math.inf), (1.702, 7.0)):
+            parts.append(f"a{self.act_alpha:g}l{self.act_limit:g}".replace(".", "p"))
+        if self.row_scales:
+            parts.append("rowsc")
+        return "_".join(parts)
+
+    def args(self) -> tuple[KernelArg, ...]:
+        """a, w, sfa, sfb, expert_start, scales_offsets (= a_scale_offsets), expert_ids,
+        expert_scales, input_scales, [a_row_scales], data, scales, then the scalars."""
+        fmt = self.format
+        data, scale = fmt.elem_dtype.name, fmt.scale_dtype.name
+        args = [KernelArg("a", "buffer", data), KernelArg("w", "buffer", data),
+                KernelArg("sfa", "buffer", scale), KernelArg("sfb", "buffer", scale),
+                KernelArg("expert_start", "buffer", "int32"),
+                KernelArg("scales_offsets", "buffer", "int32"),
+                KernelArg("expert_ids", "buffer", "int32"),
+                KernelArg("expert_scales", "buffer", "float32"),
+                KernelArg("input_scales", "buffer", "float32")]
+        if self.row_scales:
+            args.append(KernelArg("a_row_scales", "buffer", "bfloat16"))
+        args += [KernelArg("data", "buffer", data, "out"),
+                 KernelArg("scales", "buffer", scale, "out"),
+                 KernelArg("num_groups", "scalar", "i32"),
+                 KernelArg("search_steps", "scalar", "i32"),
+                 KernelArg("kdim", "scalar", "i64")]
+        args += [KernelArg(n, "scalar", "i64") for n in
+                 ("m", "k", "kblocks_row", "chunks_row", "n_tiles", "tiles_per_step")]
+        args += [KernelArg(n, "scalar", "i32") for n in ("tile_iters", "cb_log2", "split_log2")]
+        return tuple(args)
+
+
+def _spec(fmt: Format, target: str, act: GatedActivation, row_scales: bool, aligned: bool
+          ) -> SwigluSpec:
+    return SwigluSpec(fmt.name, target, act.kind, float(act.alpha), float(act.limit),
+                      row_scales, aligned)
+
+
+def build(spec: SwigluSpec) -> Any:
+    """The kernel module of ``spec`` (imports MLIR)."""
+    from blockscale.ops import _matmul_swiglu_ir
+
+    return _matmul_swiglu_ir.build(spec)
+
+
+def launch_plan(spec: SwigluSpec, t: int, d: int, num_tiles: int, num_groups: int, k: int
+                ) -> tuple[tuple[int, int, int], dict[str, int]]:
+    """Grid and scalars for ``t`` rows, ``d`` output columns, ``num_tiles`` scale tiles,
+    ``num_groups`` groups and logical matmul K ``k`` (the quantize kernel's decomposition)."""
+    grid, scalars = Q.launch_plan(spec, t, d, num_tiles)  # type: ignore[arg-type]
+    scalars.update(num_groups=num_groups, kdim=k,
+                   search_steps=max(1, num_groups - 1).bit_length() if num_groups > 1 else 0)
+    return grid, scalars
+
+
+# ---- host side -------------------------------------------------------------------------------
+
+def _expert_scales(expert_scales: Any, fmt: Format, e_count: int) -> Any:
+    """float32 ``[E]`` by expert id (numpy checked; device arrays passed through)."""
+    if expert_scales is None:
+        if not fmt.is_mx:
+            raise ValueError("expert_scales must be given for nvfp4 (one float32 per expert), "
+                             "got None")
+        return np.ones(e_count, np.float32)
+    if isinstance(expert_scales, np.ndarray) or not hasattr(expert_scales, "shape"):
+        v = np.asarray(expert_scales)
+        if v.shape != (e_count,) or v.dtype.kind != "f":
+            raise ValueError(f"expert_scales must be a float array of shape ({e_count},), got "
+                             f"dtype {v.dtype}, shape {v.shape}")
+        v = np.ascontiguousarray(v.astype(np.float32))
+        if not np.all(np.isfinite(v)):
+            raise ValueError(f"expert_scales must be finite, got {v.tolist()[:8]}")
+        return v
+    return expert_scales
+
+
+def grouped_matmul_swiglu(hidden: Any, weight: Any, a_scales: Any, b_scales: Any,
+                          expert_start: Any, a_scale_offsets: Any, expert_ids: Any,
+                          expert_scales: Any, input_scales: Any, fmt: Format | str, *,
+                          k: int | None = None,
+                          activation: GatedActivation | str | None = None,
+                          a_row_scales: Any = None, device: Any = None,
+                          target: str | None = None) -> tuple[Any, Any]:
+    """Fused grouped matmul + gated activation + quantize, one kernel (module docstring).
+
+    Args:
+        hidden: ``[T, K/2]`` uint8 (FP4) or ``[T, K]`` float8_e4m3fn, rows sorted by group.
+        weight: σ-permuted ``[E, 2D, K/2 | K]``; b_scales: its 6-D scales
+            ``[E, ceil(2D/128), ceil(J/4), 32, 4, 4]``.
+        a_scales: 5-D ``[tiles, ceil(J/4), 32, 4, 4]`` with per-group padded row tiles.
+        expert_start: ``[G+1]``; a_scale_offsets: ``[G]`` (group g's first tile is
+            ``expert_start[g] // 128 + a_scale_offsets[g]``, for the A and the output scales);
+            expert_ids: ``[G]``, -1 marks an unused group (zero output).
+        expert_scales: float32 ``[E]`` by expert id; None allowed for MX formats (ones).
+        input_scales: float32 ``[E]`` raw NVFP4 SiLU-output scales by expert id (the encode
+            scale is ``1 / input_scales[e]``); required for NVFP4, None (or ones) for MX.
+        fmt: the format; k: logical K (default from hidden).
+        activation: ``GatedActivation.SILU`` (default) or ``SWIGLU_OAI``.
+        a_row_scales: optional bf16 ``[T]`` (NVFP4 only), applied after the expert scale.
+        device: "cuda" | "hip" | "interp" | a Device; None: best available.
+        target: the kernel's GPUTarget name; None: the device's.
+
+    Returns:
+        ``(data [T, D/2 | D], scales [a_scales.shape[0], ceil(ceil(D/SFV)/4), 32, 4, 4])``.
+    """
+    fmt = Format.from_name(fmt)
+    act = GatedActivation.parse(activation)
+    t, e_count, n, k = GM._grouped_dims(hidden, weight, fmt, k)
+    if n % 2:
+        raise ValueError(f"weight.shape[1] (2D, σ-permuted gate/up rows) must be even, got {n}")
+    d = n // 2
+    fmt.check_k(d, "weight.shape[1] // 2")
+    j = fmt.kblocks(k)
+    d1 = scale_shape("tcgen5d", 1, j)[1]
+    sfa_shape = H.shape_of(a_scales, "a_scales", 5)
+    H.check_dtype(a_scales, fmt.scale_dtype, "a_scales", fmt)
+    if sfa_shape[1:] != (d1, 32, 4, 4):
+        raise ValueError(f"a_scales must have shape (tiles, {d1}, 32, 4, 4), got {sfa_shape}")
+    want_b = (e_count, *scale_shape("tcgen5d", n, j))
+    H.check_dtype(b_scales, fmt.scale_dtype, "b_scales", fmt)
+    if H.shape_of(b_scales, "b_scales", 6) != want_b:
+        raise ValueError(f"b_scales must have shape {want_b}, got {tuple(b_scales.shape)}")
+    es = GM._int32_vector(expert_start, "expert_start")
+    ng = es.shape[0] - 1
+    ids = GM._int32_vector(expert_ids, "expert_ids", ng)
+    offs = GM._int32_vector(a_scale_offsets, "a_scale_offsets", ng)
+    GM._check_groups(es, ids, t, e_count, exact_total=True)
+    num_tiles = sfa_shape[0]
+    QG.check_groups(es, offs, ids, t, num_tiles)
+    buffers = {"a": hidden, "w": weight, "sfa": a_scales, "sfb": b_scales, "expert_start": es,
+               "scales_offsets": offs, "expert_ids": ids,
+               "expert_scales": _expert_scales(expert_scales, fmt, e_count),
+               "input_scales": QG.expert_scales_arg(fmt, input_scales, "input_scales", ids)}
+    if a_row_scales is not None:
+        if fmt.is_mx:
+            raise ValueError(f"a_row_scales is NVFP4 only, got fmt={fmt.name}")
+        if H.shape_of(a_row_scales, "a_row_scales", 1) != (t,):
+            raise ValueError(f"a_row_scales must have shape ({t},), got "
+                             f"{tuple(a_row_scales.shape)}")
+        H.check_dtype(a_row_scales, ml_dtypes.bfloat16, "a_row_scales")
+        buffers["a_row_scales"] = a_row_scales
+    dev, tgt = H.device_and_target(device, target)
+    spec = _spec(fmt, tgt, act, a_row_scales is not None, d % 8 == 0)
+    return QG.run_grouped(spec, hidden, d, t, num_tiles, buffers,  # type: ignore[arg-type]
+                          {"num_groups": ng, "kdim": k}, dev)
+
+
+# ---- compiled kernels, bundle, graph -----------------------------------------------------------
+
+def kernel(spec_or_fmt: SwigluSpec | Format | str, target: str = "sm_90a", **fields: Any
+           ) -> Any:
+    """The compiled Kernel (``.asm[...]``, ``.meta``) of a spec, or of a format plus
+    :class:`SwigluSpec` fields. Needs the compiler."""
+    spec = spec_or_fmt if isinstance(spec_or_fmt, SwigluSpec) else SwigluSpec(
+        Format.from_name(spec_or_fmt).name, target=target, **fields)
+    return H.compile_spec(spec)
+
+
+def grouped_matmul_swiglu_kernel(fmt: Format | str, target: str = "sm_90a", *,
+                                 activation: GatedActivation | str | None = None,
+                                 row_scales: bool = False, aligned: bool = True) -> Any:
+    """Compiled Kernel behind :func:`grouped_matmul_swiglu` for ``fmt`` on ``target``."""
+    return kernel(_spec(Format.from_name(fmt), target, GatedActivation.parse(activation),
+                        row_scales, aligned))
+
+
+def bundle_specs(target: str = "sm_90a") -> list[SwigluSpec]:
+    """The fused specs the GPU tests and the MoE layer use on ``target``."""
+    specs = [_spec(Format.from_name(f), target, act, False, True)
+             for f in ("nvfp4", "mxfp4", "mxfp8")
+             for act in (GatedActivation.SILU, GatedActivation.SWIGLU_OAI)]
+    specs.append(_spec(Format.from_name("nvfp4"), target, GatedActivation.SILU, True, True))
+    return specs
+
+
+def graph_launches(node: Any, target: str) -> list[tuple[Any, tuple[int, int, int],
+                                                          dict[str, Any]]]:
+    """Launch plan of a graph ``grouped_matmul_swiglu`` node (see blockscale/graph/plans.py):
+    ``[(spec, grid, bindings)]``, empty when the output has no rows or columns."""
+    ins = node.inputs
+    data, scales = node.outputs
+    t, d = ins["a"].shape[0], ins["w"].shape[1] // 2
+    if t == 0 or d == 0:
+        return []
+    rs = ins.get("a_row_scales")
+    ng = ins["expert_ids"].shape[0]
+    spec = _spec(node.attrs["fmt"], target, node.attrs["activation"], rs is not None,
+                 d % 8 == 0)
+    grid, scalars = launch_plan(spec, t, d, scales.shape[0], ng, node.attrs["k"])
+    bindings: dict[str, Any] = {name: ins[name].name for name in
+                                ("a", "w", "sfa", "sfb", "expert_start", "expert_ids",
+                                 "expert_scales", "input_scales")}
+    bindings["scales_offsets"] = ins["a_scale_offsets"].name
+    if rs is not None:
+        bindings["a_row_scales"] = rs.name
+    bindings.update(data=data.name, scales=scales.name, **scalars)
+    return [(spec, grid, bindings)]
+
+
+grouped_matmul_swiglu.kernel = kernel  # type: ignore[attr-defined]
+grouped_matmul_swiglu.build = build  # type: ignore[attr-defined]
+
+__all__ = [
+    "SwigluSpec",
+    "build",
+    "bundle_specs",
+    "graph_launches",
+    "grouped_matmul_swiglu",
+    "grouped_matmul_swiglu_kernel",
+    "kernel",
+    "launch_plan",
+]
