@@ -119,6 +119,8 @@ def group_layout(rng: np.random.Generator, t: int) -> tuple[np.ndarray, ...]:
     tiles = -(-np.diff(es) // 128)
     tile0 = np.concatenate([[0], np.cumsum(tiles)[:-1]])
     offs = (tile0 - es[:-1] // 128).astype(np.int32)
+    empty = np.diff(es) == 0  # an empty group's placement means nothing: any offset is valid
+    offs[empty] = rng.integers(-2, 3, int(empty.sum()))
     ids = rng.permutation(g + 3)[:g].astype(np.int32)
     ids[rng.random(g) < 0.2] = -1
     return es, offs, ids

@@ -77,6 +77,29 @@ def check_groups(expert_start: Any, scales_offsets: Any, expert_ids: Any, num_ro
     return ng
 
 
+def search_offsets(expert_start: Any, scales_offsets: Any) -> Any:
+    """``scales_offsets`` as the kernel's binary search needs them (numpy inputs).
+
+    The kernel finds a tile's group as the last g with tile0(g) <= tile, so tile0 must rise
+    over *all* groups. An empty group owns no tiles and its tile0 means nothing (the
+    reference ignores it); here it is moved to the end of the tiles of the groups before it,
+    which keeps tile0 sorted without changing any output. Device arrays pass unchanged.
+    """
+    if not isinstance(expert_start, np.ndarray) or not isinstance(scales_offsets, np.ndarray):
+        return scales_offsets
+    es = expert_start.astype(np.int64)
+    offs = scales_offsets.astype(np.int64).copy()
+    end = 0
+    for g in range(offs.shape[0]):
+        n = int(es[g + 1] - es[g])
+        base = int(es[g] // 128)
+        if n == 0:
+            offs[g] = end - base
+            continue
+        end = base + int(offs[g]) + -(-n // 128)
+    return offs.astype(np.int32)
+
+
 def expert_scales_arg(fmt: Format, values: Any, arg: str, ids: Any) -> Any:
     """The per-expert float32 vector for NVFP4 (required, D9); ones for MX formats."""
     ng = int(ids.shape[0])
@@ -171,7 +194,8 @@ def grouped_quantize_dynamic_scaled(x: Any, fmt: Format | str, expert_start: Any
     dev, tgt = device_and_target(device, target)
     spec = QuantizeSpec(fmt.name, tgt, None, "tcgen5d", k % 8 == 0, "grouped",
                         gather=indices is not None, name="grouped_quantize_dynamic_scaled")
-    buffers = {"x": x, "expert_start": _i32(expert_start), "scales_offsets": _i32(scales_offsets),
+    buffers = {"x": x, "expert_start": _i32(expert_start),
+               "scales_offsets": _i32(search_offsets(expert_start, scales_offsets)),
                "expert_ids": _i32(expert_ids), "tensor_sf": tsf}
     extra = {"num_groups": ng}
     if indices is not None:
@@ -205,7 +229,8 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
 
 
 __all__ = ["grouped_quantize_dynamic_scaled", "grouped_quantize_dynamic_scaled_fp4_async",
-           "grouped_quantize_dynamic_scaled_kernel", "bundle_specs", "check_groups"]
+           "grouped_quantize_dynamic_scaled_kernel", "bundle_specs", "check_groups",
+           "search_offsets"]
 
 
 import blockscale.ops._core as _core  # noqa: E402

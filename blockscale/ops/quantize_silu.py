@@ -18,7 +18,7 @@ from blockscale.activations import GatedActivation
 from blockscale.formats import Format
 from blockscale.ops.quantize import QuantizeSpec, check_input
 from blockscale.ops.quantize_grouped import (
-    _i32, check_groups, expert_scales_arg, run_grouped, vector_len,
+    _i32, check_groups, expert_scales_arg, run_grouped, search_offsets, vector_len,
 )
 
 
@@ -58,7 +58,8 @@ def fused_silu_quantize(gate_up: Any, fmt: Format | str, expert_start: Any, scal
     dev, tgt = device_and_target(device, target)
     spec = _spec(fmt, tgt, act, d % 8 == 0)
     buffers = {"x": gate_up, "expert_start": _i32(expert_start),
-               "scales_offsets": _i32(scales_offsets), "expert_ids": _i32(expert_ids),
+               "scales_offsets": _i32(search_offsets(expert_start, scales_offsets)),
+               "expert_ids": _i32(expert_ids),
                "tensor_sf": scales}
     if t == 0 and isinstance(gate_up, np.ndarray):
         return (np.zeros((0, fmt.data_cols(d)), fmt.elem_dtype),
