@@ -119,7 +119,10 @@ def scalar_type(dtype: str) -> ir.Type:
 
 
 def kernel_arg_type(arg: KernelArg) -> ir.Type:
-    """The gpu.func parameter type of a KernelArg."""
+    """The gpu.func parameter type of a KernelArg (a tensormap: ``!llvm.ptr``, the generic
+    address of the encoded CUtensorMap in global memory; see blockscale.launch)."""
+    if arg.kind == "tensormap":
+        return ir.Type.parse("!llvm.ptr")
     if arg.kind == "buffer":
         return memref_1d(buffer_element_type(arg.dtype))
     return scalar_type(arg.dtype)

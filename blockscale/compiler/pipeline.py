@@ -44,13 +44,13 @@ STAGE_EXTENSIONS = {"mlir": "mlir", "lowered": "mlir", "llvm": "ll", "ptx": "ptx
 def pass_pipeline(target: GPUTarget | str) -> list[str]:
     """The MLIR pass fragments that take a kernel module to the LLVM dialect for ``target``."""
     target = GPUTarget.parse(target)
-    return [
-        "gpu.module(canonicalize,cse)",
-        "gpu.module(convert-scf-to-cf)",
-        f"gpu.module({target.lower_to_llvm_pass()})",
-        "gpu.module(canonicalize,cse)",
-        "reconcile-unrealized-casts",
-    ]
+    fragments = ["gpu.module(canonicalize,cse)", "gpu.module(convert-scf-to-cf)"]
+    if target.is_cuda:  # nvgpu TMA / mbarrier ops (no-ops for kernels without them)
+        fragments.append("gpu.module(convert-nvgpu-to-nvvm)")
+    fragments.append(f"gpu.module({target.lower_to_llvm_pass()})")
+    if target.is_cuda:  # NVVM ops without an LLVM intrinsic (mbarrier.try_wait.parity) -> PTX
+        fragments.append("gpu.module(convert-nvvm-to-llvm)")
+    return fragments + ["gpu.module(canonicalize,cse)", "reconcile-unrealized-casts"]
 
 
 def ptx_pipeline() -> str:
