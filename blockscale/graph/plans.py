@@ -4,15 +4,14 @@
 launch grid and the binding of every kernel argument to a graph tensor name or a scalar. Each
 adapter uses the op module's own pieces: ``QuantizeSpec`` + ``quantize.launch_plan``,
 ``InterleaveSpec`` + ``interleave.launch_plan``, ``MatmulSpec`` + ``matmul.grid``,
-``GroupedMatmulSpec`` + ``matmul_grouped.grid``. The fused grouped SwiGLU is planned through
-``blockscale.ops.matmul_swiglu.graph_launches`` when that module provides it.
+``GroupedMatmulSpec`` + ``matmul_grouped.grid``; the fused grouped SwiGLU by
+``blockscale.ops.matmul_swiglu.graph_launches`` (``SwigluSpec``, one kernel).
 
 Nothing here imports MLIR.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -174,15 +173,6 @@ def _grouped_matmul(node: Node, target: str) -> Launches:
 
 @_planner("grouped_matmul_swiglu")
 def _swiglu(node: Node, target: str) -> Launches:
-    for name in ("blockscale.ops.matmul_swiglu", "blockscale.ops.matmul_grouped_swiglu"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        fn = getattr(module, "graph_launches", None)
-        if fn is not None:
-            return fn(node, target)
-    raise NotImplementedError(
-        "grouped_matmul_swiglu: blockscale.ops has no launch plan for the fused SwiGLU kernel "
-        "yet (expected blockscale.ops.matmul_swiglu.graph_launches(node, target)); use the "
-        "chained grouped_matmul_block_scaled + fused_silu_quantize, or Graph.evaluate")
+    from blockscale.ops import matmul_swiglu as SW
+
+    return SW.graph_launches(node, target)

@@ -82,15 +82,25 @@ def _gate_up_values(k: Q._Ctx, kb: B.KernelBuilder, drow: ir.Value, srow5: ir.Va
     b_srow0 = B.mul(B.mul(e, B.ceil_div(n_w, 128)), 128)
     sfa_row = mir.tcgen_row_offset(_index(srow5), d1)
     koff = _KOffset()
-    last = B.sub(_index(ncols), 1)
     b_rows, sfb_offsets = [], []
-    for i in range(CHUNK):
-        col = B.umin(B.add(_index(col0), i), last)  # a partial chunk's extra columns: masked
-        for half in (0, 1):  # σ-permuted rows: 2c = gate c, 2c + 1 = up c
-            n = B.add(B.mul(col, 2), half)
-            b_rows.append(B.mul(B.add(w_row0, n), row_bytes))
-            srow = mir.tcgen_row_offset(B.add(b_srow0, n), d1)
-            sfb_offsets.append(lambda j, r=srow: B.add(r, koff(j)))
+    if spec.aligned:
+        # D % 8 == 0: the chunk's 16 weight rows 2*col0 + r (2*col0 % 16 == 0) are consecutive
+        # and share one 32-row group of the 5-D layout: row r's scales are 16 bytes further.
+        n0 = B.mul(_index(col0), 2)
+        b_row0 = B.mul(B.add(w_row0, n0), row_bytes)
+        srow0 = mir.tcgen_row_offset(B.add(b_srow0, n0), d1)
+        for r in range(2 * CHUNK):
+            b_rows.append(B.add(b_row0, B.mul(row_bytes, r)))
+            sfb_offsets.append(lambda j, r=r: B.add(B.add(srow0, 16 * r), koff(j)))
+    else:
+        last = B.sub(_index(ncols), 1)
+        for i in range(CHUNK):
+            col = B.umin(B.add(_index(col0), i), last)  # a partial chunk's extra columns: masked
+            for half in (0, 1):  # σ-permuted rows: 2c = gate c, 2c + 1 = up c
+                n = B.add(B.mul(col, 2), half)
+                b_rows.append(B.mul(B.add(w_row0, n), row_bytes))
+                srow = mir.tcgen_row_offset(B.add(b_srow0, n), d1)
+                sfb_offsets.append(lambda j, srow=srow: B.add(srow, koff(j)))
     accs = mir.emit_block_scaled_dots(
         fmt, a=a("a"), a_row=B.mul(_index(drow), row_bytes), b=a("w"), b_rows=b_rows,
         sfa=a("sfa"), sfa_offset=lambda j: B.add(sfa_row, koff(j)), sfb=a("sfb"),
@@ -110,7 +120,7 @@ def _gate_up_values(k: Q._Ctx, kb: B.KernelBuilder, drow: ir.Value, srow5: ir.Va
 
 
 def _body(k: Q._Ctx, kb: B.KernelBuilder) -> None:
-    spec, fmt = k.spec, k.fmt
+    fmt = k.fmt
     i64, f32 = B.i64(), B.f32()
     a = kb.arg
     c64, c32, cf = Q._c64, Q._c32, Q._cf
