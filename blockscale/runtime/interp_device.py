@@ -27,6 +27,17 @@ from blockscale.runtime.device import (
 __all__ = ["InterpDevice"]
 
 
+def _tensormap(kernel: KernelBinary, arg: Any, dims: Any, flat: list[Any]) -> Any:
+    """The interpreter's TensorMap for tensormap ``arg``: the flat view of its buffer arg with
+    the launch ``dims`` (checked as the CUDA runtime checks them)."""
+    from blockscale.launch import tensormap_dims
+    from blockscale.runtime.interpreter.ops_tma import TensorMap
+
+    data = flat[[a.name for a in kernel.args].index(arg.tensor)]
+    dims = tensormap_dims(arg, dims, int(data.size), kernel.name)
+    return TensorMap(f"{arg.name} (over {arg.tensor})", data, dims, arg.box, arg.swizzle)
+
+
 class InterpDevice(Device):
     """Runs kernel IR on the CPU with the numpy interpreter (any target, no GPU)."""
 
@@ -55,6 +66,9 @@ class InterpDevice(Device):
             if arg.kind == "scalar":
                 flat.append(check_scalar(kernel.name, arg, value))
                 continue
+            if arg.kind == "tensormap":
+                flat.append(value)  # replaced by a TensorMap once the buffers are viewed
+                continue
             if not isinstance(value, np.ndarray):
                 raise TypeError(f"{where}: the interpreter takes numpy arrays, got "
                                 f"{type(value).__name__}")
@@ -65,6 +79,9 @@ class InterpDevice(Device):
             view = value.reshape(-1)
             want = np.dtype(_dtype_by_name(arg.dtype))
             flat.append(view if view.dtype == want else view.view(want))
+        for i, arg in enumerate(kernel.args):
+            if arg.kind == "tensormap":
+                flat[i] = _tensormap(kernel, arg, flat[i], flat)
         from blockscale.runtime.interpreter import run_kernel
 
         run_kernel(kernel.mlir, kernel.name, grid3, tuple(kernel.block), flat, kernel.target)

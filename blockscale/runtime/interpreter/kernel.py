@@ -34,7 +34,7 @@ class CompiledKernel:
     def __init__(self, mlir_text: str, kernel_name: str) -> None:
         from mlir import ir
 
-        from . import ops_arith, ops_atomics, ops_control, ops_gpu, ops_memory  # noqa: F401 (registry)
+        from . import ops_arith, ops_atomics, ops_control, ops_gpu, ops_memory, ops_tma  # noqa: F401
 
         self.context = ir.Context()
         self.context.allow_unregistered_dialects = False
@@ -165,6 +165,13 @@ def run_kernel(mlir_text: str, kernel_name: str, grid: Sequence[int], block: Seq
 
 
 def _bind(a: Any, type_str: str, info: Any, name: str) -> Any:
+    if type_str == "!llvm.ptr":  # a tensormap argument (blockscale.launch)
+        from .ops_tma import TensorMap
+
+        if not isinstance(a, TensorMap):
+            raise TypeError(f"{name}: expected a TensorMap for !llvm.ptr, got "
+                            f"{type(a).__name__}")
+        return a
     if info is None:
         dt = dtypes.scalar_dtype(type_str)
         if isinstance(a, np.ndarray) and a.size != 1:
