@@ -158,6 +158,17 @@ def test_row_scales_after_expert_scale(target: str) -> None:
 
 
 @pytest.mark.interp
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_empty_group_sharing_tile0_with_its_neighbour(fmt: str) -> None:
+    """An empty group placed at the tile0 of the group before it must not take over that
+    group's tiles in the kernel's tile -> group search (as for fused_silu_quantize)."""
+    f = Format.from_name(fmt)
+    case = swiglu_case(f, [0, 1, 0], [3, 0, -1], 4, 16, 64, seed=11)
+    case["a_scale_offsets"] = np.zeros(3, np.int32)
+    check_fused(case, f, 64, *_scales_for(f, 4), "silu", "sm_90a")
+
+
+@pytest.mark.interp
 def test_mx_defaults_and_no_rows() -> None:
     """MX: expert_scales None means ones; T == 0 gives empty data and zero scales."""
     f = Format.from_name("mxfp8")

@@ -225,7 +225,8 @@ def grouped_matmul_swiglu(hidden: Any, weight: Any, a_scales: Any, b_scales: Any
     num_tiles = sfa_shape[0]
     QG.check_groups(es, offs, ids, t, num_tiles)
     buffers = {"a": hidden, "w": weight, "sfa": a_scales, "sfb": b_scales, "expert_start": es,
-               "scales_offsets": offs, "expert_ids": ids,
+               # empty groups' tile0 moved so that the kernel's tile -> group search holds
+               "scales_offsets": QG._i32(QG.search_offsets(es, offs)), "expert_ids": ids,
                "expert_scales": _expert_scales(expert_scales, fmt, e_count),
                "input_scales": QG.expert_scales_arg(fmt, input_scales, "input_scales", ids)}
     if a_row_scales is not None:
