@@ -284,17 +284,23 @@ def quantize_dynamic_scaled_fp4_async(x: Any, *, tensor_sf: float = 1.0, device:
                                       target: str | None = None) -> tuple[Any, Any]:
     """NVFP4 quantize with 5-D scales for K % 64 == 0 (MAX's TMA kernel, §2.2).
 
-    Today this runs the generic vectorized kernel (same bytes; the TMA + mbarrier variant is
-    not implemented). Raises ValueError unless K % 64 == 0.
+    On sm_90a / sm_100a this runs the TMA + mbarrier kernel of
+    :mod:`blockscale.ops.quantize_async`; other targets run the generic kernel (same bytes).
+    Raises ValueError unless K % 64 == 0.
     """
     from blockscale.formats import NVFP4
+    from blockscale.ops import quantize_async
+    from blockscale.ops._matmul_host import device_and_target
 
-    _, k = check_input(x)
+    m, k = check_input(x)
     if k % 64:
         raise ValueError(f"x.shape[1] must be a multiple of 64 for the async NVFP4 kernel, "
                          f"got {k}")
-    return _dense(x, NVFP4, check_tensor_sf(NVFP4, tensor_sf), None, TCGEN_5D, device, target,
-                  "quantize_dynamic_scaled_fp4_async")
+    tsf = check_tensor_sf(NVFP4, tensor_sf)
+    dev, tgt = device_and_target(device, target)
+    if m == 0 or k == 0 or not quantize_async.uses_tma(tgt):
+        return _dense(x, NVFP4, tsf, None, TCGEN_5D, dev, tgt, "quantize_dynamic_scaled_fp4fp8")
+    return quantize_async.quantize_fp4_async(x, tsf, dev, tgt)
 
 
 def quantize_dynamic_block_scaled(x: Any, fmt: Format | str, *, tensor_sf: float = 1.0,
@@ -349,8 +355,13 @@ def quantize_dynamic_scaled_fp4fp8_kernel(fmt: Format | str, target: str = "sm_9
 
 
 def quantize_dynamic_scaled_fp4_async_kernel(target: str = "sm_90a", **fields: Any) -> Any:
-    """Compiled Kernel behind :func:`quantize_dynamic_scaled_fp4_async`."""
-    return kernel("nvfp4", target, name="quantize_dynamic_scaled_fp4_async", **fields)
+    """Compiled Kernel behind :func:`quantize_dynamic_scaled_fp4_async` (the TMA kernel on
+    sm_90a / sm_100a, else the generic one)."""
+    from blockscale.ops import quantize_async
+
+    if quantize_async.uses_tma(target) and not fields:
+        return quantize_async.kernel(target)
+    return kernel("nvfp4", target, **fields)
 
 
 def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
@@ -360,7 +371,10 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
         specs += [QuantizeSpec("nvfp4", target, None, "tcgen5d", aligned),
                   QuantizeSpec("mxfp4", target, "up", "tcgen5d", aligned),
                   QuantizeSpec("mxfp8", target, "up", "tcgen5d", aligned)]
-    specs += [QuantizeSpec("nvfp4", target, name="quantize_dynamic_scaled_fp4_async")]
+    from blockscale.ops import quantize_async
+
+    if quantize_async.uses_tma(target):
+        specs += [quantize_async.AsyncQuantizeSpec(target)]
     specs += [QuantizeSpec("mxfp4", target, r, "tcgen5d", True) for r in ("even", "floor")]
     from blockscale.ops import quantize_amd, quantize_grouped, quantize_silu
 

@@ -118,5 +118,10 @@ def kernel(target: str = "sm_90a") -> Any:
     return compile_spec(AsyncQuantizeSpec(target))
 
 
+def quantize_dynamic_scaled_async_fp4_kernel(target: str = "sm_90a") -> Any:
+    """The compiled TMA kernel under MAX's kernel name (§2.2); see :func:`kernel`."""
+    return kernel(target)
+
+
 __all__ = ["AsyncQuantizeSpec", "kernel_args", "build", "launch_plan", "uses_tma",
-           "quantize_fp4_async", "kernel"]
+           "quantize_fp4_async", "kernel", "quantize_dynamic_scaled_async_fp4_kernel"]

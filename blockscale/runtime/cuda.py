@@ -17,13 +17,19 @@ from typing import Any
 
 import numpy as np
 
-from blockscale.launch import KernelBinary
+from blockscale.launch import KernelArg, KernelBinary
 from blockscale.runtime.device import GpuDevice, cubin_runs_on
 
 __all__ = ["CudaDevice", "CudaError", "Event", "Stream", "check", "cuda_unavailable_reason"]
 
 #: Dynamic shared memory a kernel may use without opting in.
 DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
+#: encoded tensor maps kept on the device (a map depends only on its key, so reuse is exact).
+TENSORMAP_CACHE_SIZE = 4096
+_TENSORMAP_DTYPES = {"bfloat16": "BFLOAT16", "float32": "FLOAT32", "int32": "INT32",
+                     "uint32": "UINT32", "int64": "INT64", "uint8": "UINT8", "int8": "UINT8",
+                     "float8_e4m3fn": "UINT8", "float8_e8m0fnu": "UINT8"}
+_TENSORMAP_SWIZZLES = {"none": "NONE", "32b": "32B", "64b": "64B", "128b": "128B"}
 
 
 class CudaError(RuntimeError):
@@ -83,6 +89,38 @@ def cuda_unavailable_reason() -> str | None:
     except Exception as e:  # noqa: BLE001 (DynamicLibNotFoundError etc. without libcuda)
         return f"the CUDA driver (libcuda) cannot be loaded: {type(e).__name__}: {e}"
     return None if count > 0 else "the CUDA driver reports no GPU"
+
+
+def encode_tensormap(arg: KernelArg, ptr: int, dims: tuple[int, ...]) -> bytes:
+    """The 128-byte CUtensorMap of tensormap ``arg`` over the dense row-major tensor at device
+    address ``ptr`` with ``dims`` (innermost first): ``cuTensorMapEncodeTiled`` with element
+    strides 1, no interleave, no L2 promotion and zero out-of-bounds fill."""
+    import struct
+
+    drv = _driver()
+    if ptr % 16:
+        raise ValueError(f"tensormap {arg.name!r}: the address of buffer {arg.tensor!r} must "
+                         f"be 16-byte aligned, got 0x{ptr:x}")
+    from blockscale.runtime.device import _dtype_by_name
+
+    item = np.dtype(_dtype_by_name(arg.dtype)).itemsize
+    strides, s = [], item
+    for d in dims[:-1]:
+        s *= d
+        strides.append(s)
+    dtype = getattr(drv.CUtensorMapDataType,
+                    f"CU_TENSOR_MAP_DATA_TYPE_{_TENSORMAP_DTYPES[arg.dtype]}")
+    swizzle = getattr(drv.CUtensorMapSwizzle,
+                      f"CU_TENSOR_MAP_SWIZZLE_{_TENSORMAP_SWIZZLES[arg.swizzle]}")
+    tmap = check(drv.cuTensorMapEncodeTiled(
+        dtype, drv.cuuint32_t(len(dims)), ptr, [drv.cuuint64_t(d) for d in dims],
+        [drv.cuuint64_t(st) for st in strides], [drv.cuuint32_t(b) for b in arg.box],
+        [drv.cuuint32_t(1)] * len(dims),
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_NONE,
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+        f"cuTensorMapEncodeTiled({arg.name}: dims {dims}, box {arg.box}, swizzle {arg.swizzle})")
+    return struct.pack("<16Q", *(int(q) for q in tmap.opaque))
 
 
 class Stream:
@@ -165,6 +203,8 @@ class CudaDevice(GpuDevice):
         raw = check(drv.cuDeviceGetName(256, self._dev), "cuDeviceGetName")
         self.device_name = bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
         self._modules: list[Any] = []
+        self._tensormaps: dict[tuple[Any, ...], tuple[Any, np.ndarray]] = {}
+        self._tensormaps_lock = threading.Lock()
 
     def describe(self) -> str:
         major, minor = self.capability
@@ -216,6 +256,28 @@ class CudaDevice(GpuDevice):
         check(_driver().cuLaunchKernel(function, grid[0], grid[1], grid[2], bx, by, bz,
                                        kernel.dynamic_shared_bytes, stream, params_address, 0),
               "cuLaunchKernel", kernel.name)
+
+    def tensormap_address(self, arg: KernelArg, ptr: int, dims: tuple[int, ...],
+                          stream: int) -> int:
+        """The encoded map (:func:`encode_tensormap`) in a 128-byte device buffer, copied on
+        ``stream`` before the launch that uses it; cached per (dtype, box, swizzle, address,
+        dims), which determine the map's bytes."""
+        if self.capability < (9, 0):
+            raise ValueError(f"tensormap {arg.name!r}: TMA needs compute capability 9.0+, "
+                             f"this GPU has {self.capability}")
+        key = (arg.dtype, arg.box, arg.swizzle, ptr, dims)
+        hit = self._tensormaps.get(key)
+        if hit is not None:
+            return hit[0].ptr
+        host = np.frombuffer(encode_tensormap(arg, ptr, dims), np.uint8).copy()
+        with self._tensormaps_lock:
+            if len(self._tensormaps) >= TENSORMAP_CACHE_SIZE:
+                self.synchronize()  # no launch may still read a map we free
+                self._tensormaps.clear()
+            dev = self.alloc((128,), np.uint8)
+            self._htod(dev.ptr, host.ctypes.data, 128, stream)
+            self._tensormaps[key] = (dev, host)
+        return dev.ptr
 
     def check_foreign_memory(self, value: Any, name: str) -> None:
         """A torch tensor on another GPU is an error (other objects carry no device)."""

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from blockscale.launch import KernelArg, KernelBinary
+from blockscale.launch import KernelArg, KernelBinary, tensormap_dims
 from blockscale.runtime.arrays import DeviceArray, as_device_buffer
 
 __all__ = [
@@ -261,7 +261,8 @@ class ArgPack:
         self.args: tuple[KernelArg, ...] = tuple(kernel.args)
         fmt, offsets, size = "<", [], 0
         for arg in self.args:
-            for code in (_BUFFER_FORMAT if arg.kind == "buffer" else _SCALAR_FORMATS[arg.dtype]):
+            for code in (_BUFFER_FORMAT if arg.kind == "buffer" else "Q" if arg.kind ==
+                         "tensormap" else _SCALAR_FORMATS[arg.dtype]):
                 width = struct.calcsize(code)
                 pad = -size % width
                 fmt += "x" * pad + code
@@ -275,6 +276,9 @@ class ArgPack:
         self.pointers = np.array([base + o for o in offsets] or [0], dtype=np.uint64)
         self._params_address = int(self.pointers.ctypes.data)
         self.lock = threading.Lock()
+        #: indices of tensormap args (a pointer to the encoded map, filled in at launch)
+        self.tensormaps: tuple[int, ...] = tuple(
+            i for i, a in enumerate(self.args) if a.kind == "tensormap")
         # per arg: (is buffer, expected dtype (buffers), (lo, hi) int range or None (f32))
         self.checks: tuple[tuple[bool, np.dtype | None, tuple[int, int] | None], ...] = tuple(
             (a.kind == "buffer",
@@ -292,7 +296,8 @@ class ArgPack:
         return self._params_address
 
     def values(self, resolved: Sequence[Any]) -> list[Any]:
-        """Flatten resolved args (buffers as ``(ptr, n_elements)``, scalars as numbers)."""
+        """Flatten resolved args (buffers as ``(ptr, n_elements)``, scalars as numbers,
+        tensormaps as the device address of the encoded map)."""
         flat: list[Any] = []
         for arg, value in zip(self.args, resolved):
             if arg.kind == "buffer":
@@ -487,6 +492,14 @@ class GpuDevice(Device):
             self._by_id[id(kernel)] = (entry, kernel)  # holding kernel keeps its id unique
         return entry[0], entry[1]
 
+    def tensormap_address(self, arg: KernelArg, ptr: int, dims: tuple[int, ...],
+                          stream: int) -> int:
+        """Device address of the encoded TMA tensor map of tensormap ``arg`` over the buffer
+        at ``ptr`` with ``dims`` (innermost first), ready before work queued on ``stream``.
+        Only CUDA has tensor maps."""
+        raise ValueError(f"device {self.name!r}: kernels with tensormap args (TMA) run on "
+                         "CUDA GPUs of compute capability 9.0 or newer only")
+
     def _set_dynamic_smem_limit(self, function: Any, kernel: KernelBinary) -> None:
         """Allow ``kernel.dynamic_shared_bytes`` of dynamic shared memory (default: nothing
         to do; CUDA opts in above 48 KiB)."""
@@ -527,6 +540,8 @@ class GpuDevice(Device):
                     producer_stream = stream
             elif bounds is not None and type(value) is int and bounds[0] <= value <= bounds[1]:
                 resolved.append(value)  # fast path for in-range Python ints
+            elif arg.kind == "tensormap":
+                resolved.append(value)  # dims; encoded in launch(), on the launch stream
             else:
                 resolved.append(check_scalar(kernel.name, arg, value))
         return resolved, producer_stream
@@ -539,6 +554,11 @@ class GpuDevice(Device):
         grid3 = normalize_grid(grid, kernel.name)
         resolved, producer_stream = self.resolve_args(kernel, args, pack)
         handle = self.resolve_stream(stream if stream is not None else producer_stream)
+        for i in pack.tensormaps:
+            arg = kernel.args[i]
+            ptr, n = resolved[[a.name for a in kernel.args].index(arg.tensor)]
+            dims = tensormap_dims(arg, resolved[i], n, kernel.name)
+            resolved[i] = self.tensormap_address(arg, ptr, dims, handle)
         with pack.lock:
             pack.pack(resolved)
             self._launch_raw(function, grid3, kernel, handle, pack.params_address)
