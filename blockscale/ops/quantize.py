@@ -383,10 +383,16 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
     return specs
 
 
+def quantize_dynamic_scaled_async_fp4_kernel(target: str = "sm_90a", **fields: Any) -> Any:
+    """MAX's ``quantize_dynamic_scaled_async_fp4_kernel`` (its word order): the compiled Kernel
+    of :func:`quantize_dynamic_scaled_fp4_async_kernel`."""
+    return quantize_dynamic_scaled_fp4_async_kernel(target, **fields)
+
+
 __all__ = ["QuantizeSpec", "kernel_args", "build", "launch_plan", "quantize_dynamic_block_scaled",
            "quantize_dynamic_scaled_fp4fp8", "quantize_dynamic_scaled_fp4_async", "kernel",
            "quantize_dynamic_scaled_fp4fp8_kernel", "quantize_dynamic_scaled_fp4_async_kernel",
-           "bundle_specs"]
+           "quantize_dynamic_scaled_async_fp4_kernel", "bundle_specs"]
 
 
 import blockscale.ops._core as _core  # noqa: E402
