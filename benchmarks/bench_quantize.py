@@ -4,6 +4,9 @@ Usage (on the GPU machine; kernels from the bundle dir, BLOCKSCALE_BUNDLE_DIR or
 
     python benchmarks/bench_quantize.py [--shapes 8192x8192,16384x16384] [--torch]
 
+Format ``nvfp4_tma`` is the TMA + mbarrier NVFP4 kernel (blockscale.ops.quantize_async), timed
+beside the generic ``nvfp4`` kernel on the same inputs.
+
 For each shape and format: check the device output against the numpy reference (first and
 last 256 rows) before timing; time with CUDA events (median of per-launch times after warm-up,
 inputs rotated across buffers larger than L2); report GB/s moved (bf16 in + data + scales out)
@@ -91,6 +94,40 @@ def bench(shape: tuple[int, int], fmt: str, dev, use_torch: bool) -> dict:
     return out
 
 
+def bench_tma(shape: tuple[int, int], dev) -> dict:
+    """The TMA NVFP4 kernel, checked and timed like :func:`bench` (K % 64 == 0)."""
+    from blockscale.ops.quantize_async import AsyncQuantizeSpec
+    from blockscale.ops.quantize_async import launch_plan as tma_plan
+
+    m, k = shape
+    tsf = 0.5
+    rng = np.random.default_rng(0)
+    x_host = rng.standard_normal((m, k), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    xs = [dev.to_device(x_host) for _ in range(ROTATE)]
+    kernel = _core.get_kernel(AsyncQuantizeSpec("sm_90a"))
+    grid, values = tma_plan(m, k)
+    values["tensor_sf"] = tsf
+    data = dev.alloc((m, k // 2), np.dtype(np.uint8))
+    scales = dev.alloc((-(-m // 128), k // 64, 32, 4, 4), np.dtype(ml_dtypes.float8_e4m3fn))
+
+    def run(i):
+        bufs = {"x": xs[i % ROTATE], "data": data, "scales": scales}
+        dev.launch(kernel, grid, [bufs[a.name] if a.kind == "buffer" else values[a.name]
+                                  for a in kernel.args])
+
+    run(0)
+    dev.synchronize()
+    _check(dev, "nvfp4", x_host, data, scales, m, k, tsf)
+    ms = _median_ms(dev, run)
+    moved = m * k * 2 + m * (k // 2) + -(-m // 128) * (k // 64) * 512
+    dst = dev.alloc((m, k), np.dtype(ml_dtypes.bfloat16))
+    copy_ms = _median_ms(dev, lambda i: dev.copy(dst, xs[i % ROTATE]))
+    out = {"shape": f"{m}x{k}", "fmt": "nvfp4_tma", "ms": ms, "GB/s": moved / ms / 1e6,
+           "copy GB/s": 2 * m * k * 2 / copy_ms / 1e6}
+    out["% of copy"] = 100 * out["GB/s"] / out["copy GB/s"]
+    return out
+
+
 def _torch_ms(x_host, fmt, tsf, data, scales, dev) -> float:
     import torch
 
@@ -123,14 +160,14 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="8192x8192,16384x16384")
-    p.add_argument("--formats", default="nvfp4,mxfp4,mxfp8")
+    p.add_argument("--formats", default="nvfp4,nvfp4_tma,mxfp4,mxfp8")
     p.add_argument("--torch", action="store_true", help="also time torch.compile")
     a = p.parse_args()
     dev = runtime.get_device("cuda")
     for s in a.shapes.split(","):
         m, k = (int(v) for v in s.split("x"))
         for fmt in a.formats.split(","):
-            r = bench((m, k), fmt, dev, a.torch)
+            r = bench_tma((m, k), dev) if fmt == "nvfp4_tma" else bench((m, k), fmt, dev, a.torch)
             print("  ".join(f"{key}={val:.3f}" if isinstance(val, float) else f"{key}={val}"
                             for key, val in r.items()), flush=True)
 
