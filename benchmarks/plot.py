@@ -58,11 +58,12 @@ def roofline(records: Sequence[Record], path: str) -> str:
             ax.plot(grid, y, "k" + style, lw=1, label=f"ceiling: cuBLAS {key} "
                     f"{ceil[key]:.0f} TFLOP/s" + (f", copy {bw:.2f} TB/s" if bw else ""))
     markers = {"matmul": "o", "moe_gate_up": "s", "moe_e2e": "^"}
-    for impl in sorted({r.impl for r in pts}):
-        sel = [r for r in pts if r.impl == impl]
+    series = sorted({(r.suite, r.impl) for r in pts})
+    for suite, impl in series:
+        sel = [r for r in pts if r.impl == impl and r.suite == suite]
         ax.scatter([r.params["flops"] / r.params["bytes"] for r in sel],
-                   [r.tflops for r in sel], s=22, label=impl,
-                   marker=markers.get(sel[0].suite, "o"))
+                   [r.tflops for r in sel], s=22, label=f"{suite}: {impl}",
+                   marker=markers.get(suite, "o"))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")
@@ -72,7 +73,7 @@ def roofline(records: Sequence[Record], path: str) -> str:
     ax.grid(True, which="both", lw=0.3)
     q = [r for r in records if r.suite == "quantize" and r.status == "ok" and r.tbps]
     if q:
-        labels = [f"{r.case}\n{r.impl}" for r in q]
+        labels = [f"{r.case} {r.fmt}: {r.impl}" for r in q]
         bx.barh(range(len(q)), [r.tbps for r in q], color="tab:blue")
         bx.set_yticks(range(len(q)), labels, fontsize=6)
         if bw:

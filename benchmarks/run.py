@@ -134,8 +134,8 @@ def matmul_suite(dev: Any, budget: Budget, quick: bool, log: Callable[[str], Non
         for m in ms_list:
             case = f"M={m} N={n} K={k}"
             flops = 2.0 * m * n * k
-            nbytes = (m + n) * (fmt.data_cols(k) + fmt.kblocks(k)) + 2 * m * n
-            params = {"m": m, "n": n, "k": k, "flops": flops, "bytes": nbytes}
+            params = {"m": m, "n": n, "k": k, "flops": flops,
+                      "bytes": _matmul_bytes("blockscale", fmt, m, n, k)}
             if budget.exhausted(reserve=5):
                 recs.append(failed("matmul", case, "all", f, "skipped", "skipped: time budget",
                                    params))
@@ -153,6 +153,8 @@ def matmul_suite(dev: Any, budget: Budget, quick: bool, log: Callable[[str], Non
             for row in rows:
                 check = str(row.get("check", ""))
                 ms = row.get("ms")
+                nbytes = _matmul_bytes(row["impl"], fmt, m, n, k)
+                params = {**params, "bytes": nbytes}
                 if check.startswith("FAIL"):
                     rec = failed("matmul", case, row["impl"], f, "fail", check, params)
                 elif check.startswith("skipped") or ms is None:
@@ -164,6 +166,16 @@ def matmul_suite(dev: Any, budget: Budget, quick: bool, log: Callable[[str], Non
                 recs.append(with_rates(rec, nbytes=nbytes, flops=flops))
                 log(_line(rec))
     return recs
+
+
+def _matmul_bytes(impl: str, fmt: Any, m: int, n: int, k: int) -> float:
+    """Bytes an implementation reads and writes once: its own operand types (bf16 / FP8
+    baselines re-quantize the operands), bf16 output."""
+    if impl.startswith("torch-bf16"):
+        return 2.0 * (m + n) * k + 2.0 * m * n
+    if impl.startswith("torch-fp8"):
+        return 1.0 * (m + n) * k + 4.0 * (m + n) + 2.0 * m * n
+    return (m + n) * (fmt.data_cols(k) + fmt.kblocks(k)) + 2.0 * m * n
 
 
 # ----------------------------------------------------------------------------- moe
