@@ -37,17 +37,6 @@ SEED_FUNCTIONS = (
     "quantize_mxfp4_amd",
 )
 
-#: names absent from blockscale.ops when this test was written (the ops modules are owned by
-#: the ops teammates; reported to the lead). xfail (not strict): they pass once they land.
-KNOWN_MISSING = frozenset({
-    "grouped_matmul_block_scaled_mxfp4_kernel",
-    "grouped_quantize_dynamic_scaled_fp4_async_kernel",
-    "matmul_dynamic_block_scaled_mxfp4_kernel",
-    "naive_block_scaled_matmul_kernel",
-    "quantize_dynamic_block_scaled_mxfp4_kernel",
-    "quantize_dynamic_scaled_async_fp4_kernel",
-})
-
 #: how to call each ``*_kernel`` name: positional arguments (a spec's format or dtype)
 KERNEL_ARGS = {
     "block_scales_interleave_fp4_kernel": ("float8_e4m3fn",),
@@ -62,9 +51,7 @@ KERNEL_ARGS = {
 
 
 def _param(name: str) -> object:
-    marks = [pytest.mark.xfail(reason=f"{name} is not in blockscale.ops yet (ops teammates)",
-                               strict=False)] if name in KNOWN_MISSING else []
-    return pytest.param(name, marks=marks, id=name)
+    return pytest.param(name, id=name)
 
 
 def test_seed_list_is_complete() -> None:
@@ -86,3 +73,31 @@ def test_kernel_name_returns_a_compiled_kernel(name: str) -> None:
     kernel = fn(*KERNEL_ARGS[name], target="sm_90a")
     assert {"mlir", "ptx"} <= set(kernel.asm), (name, sorted(kernel.asm))
     assert ".entry" in kernel.asm["ptx"]
+    assert fn.__doc__, f"{name} has no docstring"
+
+
+#: the kernel symbol behind each seed ``*_kernel`` name (the launcher's kernel)
+KERNEL_SYMBOLS = {
+    "grouped_matmul_block_scaled_mxfp4_kernel": "bs_grouped_matmul_mxfp4_rm_bf16",
+    "grouped_quantize_dynamic_scaled_fp4_async_kernel": "grouped_quantize_dynamic_scaled_nvfp4",
+    "matmul_dynamic_block_scaled_mxfp4_kernel": "bs_matmul_mxfp4_rm_bf16",
+    "naive_block_scaled_matmul_kernel": "bs_matmul_nvfp4_5d_bf16",
+    "quantize_dynamic_block_scaled_mxfp4_kernel": "quantize_dynamic_block_scaled_mxfp4_mxfp4_up",
+}
+
+
+@pytest.mark.lower
+@pytest.mark.parametrize("name", sorted(KERNEL_SYMBOLS))
+def test_kernel_name_builds_its_launchers_kernel_for_another_target(name: str) -> None:
+    kernel = getattr(ops, name)(*KERNEL_ARGS[name], target="gfx950")
+    assert kernel.meta["kernel"].startswith(KERNEL_SYMBOLS[name]), kernel.meta["kernel"]
+    assert "hsaco" in kernel.asm
+
+
+@pytest.mark.lower
+def test_grouped_matmul_kernel_takes_target_like_the_other_modules() -> None:
+    from blockscale.ops import matmul_grouped
+
+    kernel = matmul_grouped.kernel("mxfp8", target="sm_100a", row_scales=False)
+    assert kernel.meta["kernel"] == "bs_grouped_matmul_mxfp8_5d_bf16"
+    assert ".target sm_100a" in kernel.asm["ptx"]

@@ -293,6 +293,20 @@ def kernel(spec_or_fmt: MatmulSpec | Format | str, target: str = "sm_90a", **spe
     return H.compile_spec(spec)
 
 
+def naive_block_scaled_matmul_kernel(fmt: Format | str, target: str = "sm_90a", *,
+                                    out_dtype: str = "bfloat16") -> Any:
+    """Compiled Kernel behind :func:`naive_block_scaled_matmul` (the portable kernel, 5-D
+    scales) for ``fmt`` on ``target``."""
+    return kernel(MatmulSpec(Format.from_name(fmt).name, out_dtype, "tcgen5d", None, target))
+
+
+def matmul_dynamic_block_scaled_mxfp4_kernel(target: str = "sm_90a", *,
+                                             out_dtype: str = "bfloat16") -> Any:
+    """Compiled Kernel behind :func:`matmul_dynamic_block_scaled_mxfp4` (row-major E8M0
+    scales) on ``target``."""
+    return kernel(MatmulSpec("mxfp4", out_dtype, "row_major", None, target))
+
+
 def bundle_specs(target: str = "sm_90a") -> list[MatmulSpec]:
     """Every portable dense-matmul spec the GPU tests and benchmarks use on ``target``."""
     specs = [MatmulSpec(f, o, "tcgen5d", None, target)
@@ -318,5 +332,7 @@ __all__ = [
     "grid",
     "kernel",
     "matmul_dynamic_block_scaled_mxfp4",
+    "matmul_dynamic_block_scaled_mxfp4_kernel",
     "naive_block_scaled_matmul",
+    "naive_block_scaled_matmul_kernel",
 ]

@@ -335,9 +335,20 @@ def grouped_matmul_block_scaled_mxfp4(a: Any, b: Any, a_scales: Any, b_scales: A
                     empty=t == 0 or n == 0)
 
 
-def kernel(spec: GroupedMatmulSpec) -> Any:
-    """The compiled Kernel (every asm stage) of ``spec``; needs the compiler."""
+def kernel(spec_or_fmt: GroupedMatmulSpec | Format | str, target: str = "sm_90a",
+           **spec_fields: Any) -> Any:
+    """The compiled Kernel (every asm stage) of a spec, or of a format plus
+    :class:`GroupedMatmulSpec` fields on ``target``; needs the compiler."""
+    spec = spec_or_fmt if isinstance(spec_or_fmt, GroupedMatmulSpec) else GroupedMatmulSpec(
+        Format.from_name(spec_or_fmt).name, target=target, **spec_fields)
     return H.compile_spec(spec)
+
+
+def grouped_matmul_block_scaled_mxfp4_kernel(target: str = "sm_90a", *,
+                                             out_dtype: str = "bfloat16") -> Any:
+    """Compiled Kernel behind :func:`grouped_matmul_block_scaled_mxfp4` (row-major E8M0
+    scales) on ``target``."""
+    return kernel(GroupedMatmulSpec("mxfp4", "row_major", out_dtype, False, target))
 
 
 def bundle_specs(target: str = "sm_90a") -> list[GroupedMatmulSpec]:
@@ -363,5 +374,6 @@ __all__ = [
     "grid",
     "grouped_matmul_block_scaled",
     "grouped_matmul_block_scaled_mxfp4",
+    "grouped_matmul_block_scaled_mxfp4_kernel",
     "kernel",
 ]

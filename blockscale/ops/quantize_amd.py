@@ -56,6 +56,17 @@ def quantize_mxfp4_amd_kernel(target: str = "gfx950", *, aligned: bool = True) -
                                name="quantize_mxfp4_amd"))
 
 
+def quantize_dynamic_block_scaled_mxfp4_kernel(target: str = "sm_90a", *,
+                                               scale_rounding: str | None = None,
+                                               aligned: bool = True) -> Any:
+    """Compiled Kernel behind :func:`quantize_dynamic_block_scaled_mxfp4` (row-major E8M0
+    scales, rounding "up" by default)."""
+    from blockscale.ops.quantize import kernel
+
+    return kernel(QuantizeSpec("mxfp4", target, MXFP4.resolve_scale_rounding(scale_rounding),
+                               "row_major", aligned, name="quantize_dynamic_block_scaled_mxfp4"))
+
+
 def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
     """AMD-entry specs (built for any target: the same IR runs everywhere)."""
     return [QuantizeSpec("mxfp4", target, r, "row_major", True, name=n)
@@ -64,7 +75,8 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
 
 
 __all__ = ["quantize_mxfp4_amd", "quantize_dynamic_block_scaled_mxfp4",
-           "quantize_mxfp4_amd_kernel", "bundle_specs"]
+           "quantize_mxfp4_amd_kernel", "quantize_dynamic_block_scaled_mxfp4_kernel",
+           "bundle_specs"]
 
 
 import blockscale.ops._core as _core  # noqa: E402

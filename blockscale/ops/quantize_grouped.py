@@ -221,6 +221,15 @@ def grouped_quantize_dynamic_scaled_kernel(fmt: Format | str, target: str = "sm_
                                "grouped", gather=gather, name="grouped_quantize_dynamic_scaled"))
 
 
+def grouped_quantize_dynamic_scaled_fp4_async_kernel(fmt: Format | str = "nvfp4",
+                                                     target: str = "sm_90a", *,
+                                                     aligned: bool = True,
+                                                     gather: bool = False) -> Any:
+    """MAX's name for :func:`grouped_quantize_dynamic_scaled_kernel` (the kernel behind
+    :func:`grouped_quantize_dynamic_scaled_fp4_async`)."""
+    return grouped_quantize_dynamic_scaled_kernel(fmt, target, aligned=aligned, gather=gather)
+
+
 def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
     """Grouped quantize specs the GPU tests and benchmarks use."""
     return [QuantizeSpec(f, target, None, "tcgen5d", a, "grouped", gather=g,
@@ -229,7 +238,8 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
 
 
 __all__ = ["grouped_quantize_dynamic_scaled", "grouped_quantize_dynamic_scaled_fp4_async",
-           "grouped_quantize_dynamic_scaled_kernel", "bundle_specs", "check_groups",
+           "grouped_quantize_dynamic_scaled_kernel",
+           "grouped_quantize_dynamic_scaled_fp4_async_kernel", "bundle_specs", "check_groups",
            "search_offsets"]
 
 
