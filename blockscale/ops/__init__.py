@@ -21,6 +21,7 @@ _KNOWN = {
     "block_scaled_matmul": "matmul",
     "block_scaled_matmul_with_epilogue": "matmul",
     "matmul_dynamic_block_scaled_mxfp4": "matmul",
+    "grouped_matmul_swiglu": "matmul_swiglu",
 }
 
 
@@ -30,8 +31,11 @@ def op_module_names() -> list[str]:
 
 
 def __getattr__(name: str) -> Any:
-    if name.startswith("__"):
-        raise AttributeError(name)
+    # Private and dunder names are never op functions: no module scan for them, so that
+    # ``from blockscale.ops import _core`` (the import system asks this hook first) imports
+    # only that submodule, not every op module (and MLIR through the IR modules).
+    if name.startswith("_"):
+        raise AttributeError(f"module 'blockscale.ops' has no attribute {name!r}")
     candidates = [_KNOWN[name]] if name in _KNOWN else []
     candidates += [m for m in op_module_names() if m not in candidates]
     for mod_name in candidates:

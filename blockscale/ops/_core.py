@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -92,8 +93,21 @@ def generator_sources(spec: Any) -> list[str]:
     module = sys.modules[type(spec).__module__]
     files = [os.path.abspath(module.__file__)]
     for name in getattr(module, "KERNEL_SOURCES", ()):
-        files.append(os.path.abspath(importlib.import_module(name).__file__))
+        files.append(os.path.abspath(_module_file(name)))
     return files + _compiler_sources()
+
+
+def _module_file(name: str) -> str:
+    """The source file of module ``name`` *without running it*: KERNEL_SOURCES are IR
+    modules that import MLIR, and a machine without MLIR (the GPU box running a kernel
+    bundle) must still compute kernel keys."""
+    loaded = getattr(sys.modules.get(name), "__file__", None)
+    if loaded:
+        return loaded
+    found = importlib.util.find_spec(name)
+    if found is None or not found.origin:
+        raise ImportError(f"KERNEL_SOURCES names module {name!r}, which does not exist")
+    return found.origin
 
 
 def _spec_fields(spec: Any) -> Any:
