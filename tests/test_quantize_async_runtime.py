@@ -26,8 +26,8 @@ from blockscale.runtime.device import ArgPack, GpuDevice
 
 
 def _tmap(**kw) -> KernelArg:
-    base = dict(name="x_map", kind="tensormap", dtype="bfloat16", tensor="x", box=(64, 128),
-                swizzle="128b")
+    base = {"name": "x_map", "kind": "tensormap", "dtype": "bfloat16", "tensor": "x", "box": (64, 128),
+                "swizzle": "128b"}
     return KernelArg(**{**base, **kw})
 
 
@@ -38,10 +38,10 @@ def test_tensormap_arg_validation():
     a = _tmap(box=[64, 128])
     assert a.box == (64, 128) and a.box_bytes == 16384
     hash(a)
-    for bad, match in ((dict(swizzle="256b"), "swizzle"), (dict(box=(128, 128)), "at most 128"),
-                       (dict(box=(4, 8)), "multiple of 16"), (dict(box=()), "box"),
-                       (dict(box=(64, 300)), "box"), (dict(tensor=""), "tensor"),
-                       (dict(role="out"), "role"), (dict(dtype="float64"), "dtype")):
+    for bad, match in (({"swizzle": "256b"}, "swizzle"), ({"box": (128, 128)}, "at most 128"),
+                       ({"box": (4, 8)}, "multiple of 16"), ({"box": ()}, "box"),
+                       ({"box": (64, 300)}, "box"), ({"tensor": ""}, "tensor"),
+                       ({"role": "out"}, "role"), ({"dtype": "float64"}, "dtype")):
         with pytest.raises(ValueError, match=match):
             _tmap(**bad)
     with pytest.raises(ValueError, match="tensormap"):
@@ -176,7 +176,7 @@ def test_encode_tensormap_driver_call(monkeypatch):
     monkeypatch.setattr(rc, "_driver", lambda: fake)
     blob = rc.encode_tensormap(_tmap(), 0x10000, (2944, 129))
     assert blob == struct.pack("<16Q", *range(16))
-    dt, rank, ptr, dims, strides, box, estr, inter, sw, l2, oob = seen["args"]
+    dt, rank, ptr, dims, strides, box, estr, inter, sw, _l2, oob = seen["args"]
     assert dt == real.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
     assert int(rank) == 2 and ptr == 0x10000
     assert [int(d) for d in dims] == [2944, 129] and [int(s) for s in strides] == [5888]

@@ -123,5 +123,13 @@ def quantize_dynamic_scaled_async_fp4_kernel(target: str = "sm_90a") -> Any:
     return kernel(target)
 
 
-__all__ = ["AsyncQuantizeSpec", "kernel_args", "build", "launch_plan", "uses_tma",
-           "quantize_fp4_async", "kernel", "quantize_dynamic_scaled_async_fp4_kernel"]
+__all__ = [
+    "AsyncQuantizeSpec",
+    "build",
+    "kernel",
+    "kernel_args",
+    "launch_plan",
+    "quantize_dynamic_scaled_async_fp4_kernel",
+    "quantize_fp4_async",
+    "uses_tma",
+]

@@ -145,7 +145,7 @@ class MBarriers:
 
     @classmethod
     def create(cls, nblocks: int, n: int) -> MBarriers:
-        z = lambda dt: np.zeros((nblocks, n), dt)  # noqa: E731
+        z = lambda dt: np.zeros((nblocks, n), dt)
         return cls(z(bool), z(np.int8), z(np.int64), z(np.int64), z(np.int64))
 
     def complete_phases(self) -> None:
