@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 from mlir import ir
-from mlir.dialects import arith, vector
+from mlir.dialects import arith, math, vector
 
 from blockscale.compiler import ir as bir
 from blockscale.compiler.arch import convert, mma
@@ -398,7 +398,8 @@ def emit_mainloop(plan: Plan, tiles: Tiles, smem: Smem, wc: WarpCoords, a: Opera
                         s_row = sa[2 * mt + (i >> 1)]
                         s = s_row if plan.fold_b_scale else arith.mulf(s_row, sb[nt][i & 1])
                         idx = (mt * nt_n + nt) * 4 + i
-                        acc[idx] = arith.addf(acc[idx], arith.mulf(blk[mt][nt][i], s))
+                        # exact product: fma == add(acc, mul) bit for bit (one FFMA)
+                        acc[idx] = math.fma(blk[mt][nt][i], s, acc[idx])
         bir.barrier()
         loop.yield_(*acc)
     res = loop.results

@@ -223,6 +223,12 @@ def _grouped_dims(a: Any, w: Any, fmt: Format, k: int | None) -> tuple[int, int,
     return t, e_count, n, k
 
 
+#: Fast-path hook of :func:`grouped_matmul_block_scaled`: callables ``(target_name, fmt, t, n,
+#: k, num_groups, row_scales) -> runner`` returning a runner ``(buffers, scalars, device) -> C``
+#: (the portable kernel's argument names) or None when they do not apply. Tried in order.
+FAST_PATHS: list[Any] = []
+
+
 def grouped_matmul_block_scaled(hidden: Any, weight: Any, a_scales: Any, b_scales: Any,
                                 expert_start: Any, a_scale_offsets: Any, expert_ids: Any,
                                 expert_scales: Any, fmt: Format | str, *, k: int | None = None,
@@ -293,6 +299,10 @@ def grouped_matmul_block_scaled(hidden: Any, weight: Any, a_scales: Any, b_scale
         H.check_dtype(a_row_scales, ml_dtypes.bfloat16, "a_row_scales")
         buffers["a_row_scales"] = a_row_scales
     dev, tgt = H.device_and_target(device, target)
+    for fast in FAST_PATHS:
+        runner = fast(tgt, fmt, t, n, k, g_count, a_row_scales is not None)
+        if runner is not None:
+            return runner(buffers, {"t": t, "n": n, "k": k, "num_groups": g_count}, dev)
     spec = GroupedMatmulSpec(fmt.name, "tcgen5d", "bfloat16", a_row_scales is not None, tgt)
     return H.launch(spec, grid(t, n), (t, n), "bfloat16", buffers,
                     {"t": t, "n": n, "k": k, "num_groups": g_count}, dev,
@@ -367,7 +377,10 @@ for _fn in (grouped_matmul_block_scaled, grouped_matmul_block_scaled_mxfp4):
 
 _core.register_op_module(__name__)
 
+import blockscale.ops.matmul_grouped_sm90  # noqa: E402,F401 (registers its FAST_PATHS entry)
+
 __all__ = [
+    "FAST_PATHS",
     "GroupedMatmulSpec",
     "build",
     "bundle_specs",

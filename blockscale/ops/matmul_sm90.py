@@ -34,8 +34,8 @@ THREADS = 128
 KERNEL_SOURCES = ("blockscale.ops._mma_ir", "blockscale.ops.matmul_epilogue",
                   "blockscale.ops._matmul_ir")
 TARGETS = ("sm_90a",)
-#: tile shapes (bm, bn) the kernel is built for
-TILE_CHOICES = ((64, 128), (128, 128), (64, 64))
+#: tile shapes (bm, bn) the kernel is built for (128 x 128 spills: 255 registers)
+TILE_CHOICES = ((64, 128), (64, 64))
 #: BLOCKSCALE_SM90_FAST=0 disables the fast path (the portable kernel runs instead)
 ENV_SWITCH = "BLOCKSCALE_SM90_FAST"
 
@@ -162,12 +162,10 @@ def k_supported(fmt: Format, k: int) -> bool:
     return k % 32 == 0 if fmt.is_fp4 else k % 16 == 0
 
 
-def choose_tiles(m: int, n: int) -> tuple[int, int]:
-    """The CTA tile for an ``[m, n]`` output: 128 x 128 for large outputs, 64 x 128
-    otherwise, 64 x 64 when that leaves the GPU's 132 SMs idle."""
-    if m >= 1024 and n >= 1024:
-        return (128, 128)
-    if -(-m // 64) * -(-n // 128) < 132 and n > 64:
+def choose_tiles(fmt: Format, m: int, n: int) -> tuple[int, int]:
+    """The CTA tile for an ``[m, n]`` output: 64 x 128, or 64 x 64 for MXFP8 (registers) and
+    when 64 x 128 tiles would leave the GPU's 132 SMs idle."""
+    if not fmt.is_fp4 or -(-m // 64) * -(-n // 128) < 132:
         return (64, 64)
     return (64, 128)
 
@@ -180,7 +178,7 @@ def enabled() -> bool:
 def spec_for(fmt: Format, m: int, n: int, out_dtype: str = "bfloat16",
              epilogue: Epilogue | None = None, target: str = "sm_90a") -> Sm90MatmulSpec:
     """The spec the fast path uses for a problem shape."""
-    bm, bn = choose_tiles(m, n)
+    bm, bn = choose_tiles(fmt, m, n)
     return Sm90MatmulSpec(fmt.name, out_dtype, epilogue, bm, bn, target)
 
 
@@ -218,7 +216,7 @@ def block_scaled_matmul_sm90(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | s
         raise ValueError(f"k must be a multiple of {32 if fmt.is_fp4 else 16} for the sm_90a "
                          f"tensor-core kernel ({fmt.name}), got {d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
-    bm, bn = tiles if tiles is not None else choose_tiles(d.m, d.n)
+    bm, bn = tiles if tiles is not None else choose_tiles(fmt, d.m, d.n)
     spec = Sm90MatmulSpec(fmt.name, out_dtype, epilogue, bm, bn, tgt)
     alpha = H.finite_f32(alpha, "alpha")
     extra = dict(epilogue_inputs or {})
