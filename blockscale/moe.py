@@ -371,6 +371,8 @@ class NvMxf4f8Strategy:
         :func:`blockscale.reference.sigma_permute_rows`). Byte-identical to
         :meth:`grouped_matmul` on the un-permuted weights followed by
         :meth:`fused_silu_quantize` (D10). ``a_row_scales``: bf16 ``[T]``, NVFP4 only.
+        Eagerly with a device (``"cuda"``, ``"hip"``, ``"interp"`` or None) this is one kernel,
+        :func:`blockscale.ops.grouped_matmul_swiglu`; in a graph, one launch of it.
         Returns ``(data [T, D/2 | D], scales 5-D)``.
         """
         if a_row_scales is not None and not self.is_nvfp4:
