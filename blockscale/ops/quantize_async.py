@@ -97,8 +97,8 @@ def quantize_fp4_async(x: Any, tensor_sf: float, device: Any, target: str) -> tu
     m, k = (int(s) for s in x.shape)
     grid, values = launch_plan(m, k)
     values["tensor_sf"] = float(tensor_sf)
+    _core.check_buffers({"x": x}, device)  # before any kernel is fetched or compiled
     kernel = _core.get_kernel(AsyncQuantizeSpec(target))
-    _core.check_buffers({"x": x}, device)
     host = isinstance(x, np.ndarray)
     xd = device.to_device(np.ascontiguousarray(x)) if host else x
     data = device.alloc((m, k // 2), np.dtype(np.uint8))
