@@ -70,7 +70,9 @@ def fuzz_specs(target: str = "sm_90a") -> list[Any]:
             for aligned in (True, False):
                 for layout in ("tcgen5d", "row_major"):
                     specs.append(QuantizeSpec(fmt, target, r, layout, aligned))
-    specs.append(QuantizeSpec("nvfp4", target, name="quantize_dynamic_scaled_fp4_async"))
+    from blockscale.ops import quantize as Q
+
+    specs += Q.bundle_specs(target)  # the dispatcher's NVFP4 K % 64 path (TMA kernel) etc.
     specs += QG.bundle_specs(target)
     for fmt in ("nvfp4", "mxfp4", "mxfp8"):
         for act in (GatedActivation.SILU, GatedActivation.SWIGLU_OAI):
