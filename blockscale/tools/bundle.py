@@ -83,8 +83,22 @@ def _collect_specs(core: Any, target: str, entries: list[BundleEntry], log: Any)
     return specs
 
 
+def _extra_specs(extra: Sequence[str], target: str) -> list[Any]:
+    """Specs from ``module:function`` providers (e.g. the GPU fuzzer's ``fuzz_specs``)."""
+    import importlib
+
+    specs: list[Any] = []
+    for item in extra:
+        module_name, _, func = item.partition(":")
+        if not func:
+            raise ValueError(f"--extra must be MODULE:FUNCTION, got {item!r}")
+        specs.extend(getattr(importlib.import_module(module_name), func)(target))
+    return specs
+
+
 def build_bundle(out: str, targets: Sequence[str], *, only: Sequence[str] = (),
-                 force: bool = False, log: Any = sys.stdout) -> list[BundleEntry]:
+                 force: bool = False, log: Any = sys.stdout,
+                 extra: Sequence[str] = ()) -> list[BundleEntry]:
     """Compile the registered ops' bundle specs for ``targets`` into ``out``.
 
     Entries already in ``out`` under the same key are kept unless ``force``. A spec that
@@ -107,7 +121,7 @@ def build_bundle(out: str, targets: Sequence[str], *, only: Sequence[str] = (),
         raise RuntimeError("no op modules are registered in blockscale.ops._core; nothing to "
                            "bundle")
     for target in targets:
-        for spec in _collect_specs(_core, target, entries, log):
+        for spec in _collect_specs(_core, target, entries, log) + _extra_specs(extra, target):
             op = str(getattr(spec, "op", type(spec).__name__))
             if only and op not in only:
                 continue
@@ -178,9 +192,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="only this op (repeatable)")
     parser.add_argument("--force", action="store_true",
                         help="recompile entries already in --out")
+    parser.add_argument("--extra", action="append", default=[],
+                        help="MODULE:FUNCTION returning more specs for a target (repeatable)")
     args = parser.parse_args(argv)
     targets = [t for group in (args.target or ["sm_90a"]) for t in group.split(",") if t]
-    entries = build_bundle(args.out, targets, only=args.op, force=args.force)
+    entries = build_bundle(args.out, targets, only=args.op, force=args.force,
+                           extra=args.extra)
     print(format_table(entries))
     manifest = write_manifest(args.out, targets, entries)
     failed = [e for e in entries if e.status.startswith("failed")]
