@@ -55,9 +55,9 @@ class Sm90GroupedSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
-        if (self.bm, self.bn) not in _dense.TILE_CHOICES:
-            raise ValueError(f"(bm, bn) must be one of {list(_dense.TILE_CHOICES)}, got "
-                             f"{(self.bm, self.bn)}")
+        if (self.bm, self.bn) not in _dense.tiles_for(self.format):
+            raise ValueError(f"(bm, bn) must be one of {list(_dense.tiles_for(self.format))} "
+                             f"for {self.fmt}, got {(self.bm, self.bn)}")
         object.__setattr__(self, "target", H.target_name(self.target))
         H.check_choice(self.target, _dense.TARGETS, "target")
 
@@ -191,12 +191,16 @@ def kernel(spec: Sm90GroupedSpec) -> Any:
     return H.compile_spec(spec)
 
 
+#: (T, N) of the grouped GPU tests (tests/test_matmul_fast_gpu.py) and benchmarks.
+GPU_SHAPES = ((1920, 2048), (8, 2048), (451, 2048), (6, 2048), (64, 7168), (4096, 5760))
+
+
 def bundle_specs(target: str = "sm_90a") -> list[Sm90GroupedSpec]:
     """The grouped specs of the GPU tests (tests/test_matmul_fast_gpu.py) on ``target``."""
     if target not in _dense.TARGETS:
         return []
-    specs = {Sm90GroupedSpec(f, rs, bm, bn, target) for f in ("nvfp4", "mxfp4", "mxfp8")
-             for rs in (False, True) for bm, bn in _dense.TILE_CHOICES
+    specs = {spec_for(Format.from_name(f), t, n, rs, target)
+             for f in ("nvfp4", "mxfp4", "mxfp8") for rs in (False, True) for t, n in GPU_SHAPES
              if not (rs and f != "nvfp4")}
     return sorted(specs, key=lambda s: s.kernel_name)
 

@@ -36,6 +36,13 @@ KERNEL_SOURCES = ("blockscale.ops._mma_ir", "blockscale.ops.matmul_epilogue",
 TARGETS = ("sm_90a",)
 #: tile shapes (bm, bn) the kernel is built for (128 x 128 spills: 255 registers)
 TILE_CHOICES = ((64, 128), (64, 64))
+
+
+def tiles_for(fmt: Format) -> tuple[tuple[int, int], ...]:
+    """The tiles built without register spills for ``fmt`` (MXFP8 64 x 128 spills)."""
+    return TILE_CHOICES if fmt.is_fp4 else ((64, 64),)
+
+
 #: BLOCKSCALE_SM90_FAST=0 disables the fast path (the portable kernel runs instead)
 ENV_SWITCH = "BLOCKSCALE_SM90_FAST"
 
@@ -68,9 +75,9 @@ class Sm90MatmulSpec:
         if self.epilogue is not None and not isinstance(self.epilogue, Epilogue):
             raise TypeError(f"epilogue must be an Epilogue or None, got "
                             f"{type(self.epilogue).__name__}")
-        if (self.bm, self.bn) not in TILE_CHOICES:
-            raise ValueError(f"(bm, bn) must be one of {list(TILE_CHOICES)}, got "
-                             f"{(self.bm, self.bn)}")
+        if (self.bm, self.bn) not in tiles_for(self.format):
+            raise ValueError(f"(bm, bn) must be one of {list(tiles_for(self.format))} for "
+                             f"{self.fmt}, got {(self.bm, self.bn)}")
         object.__setattr__(self, "target", H.target_name(self.target))
         H.check_choice(self.target, TARGETS, "target")
 
