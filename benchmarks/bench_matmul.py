@@ -12,8 +12,9 @@ milliseconds, TFLOP/s (2*M*N*K), and the check result.
 
 Implementations:
 
-* ``blockscale``: ``ops.block_scaled_matmul`` (today the portable kernel; a registered fast
-  path is used automatically when one accepts the shape);
+* ``blockscale``: ``ops.block_scaled_matmul`` (the sm_90a tensor-core fast path of
+  ``ops.matmul_sm90`` when it accepts the shape, else the portable kernel);
+* ``blockscale-portable``: the same call with the fast path off (``BLOCKSCALE_SM90_FAST=0``);
 * ``torch-bf16``: ``torch.matmul`` on bf16 dequantized A and B (the W4A16 upper bound a
   dequantize-then-GEMM path reaches);
 * ``torch-fp8-rowwise``: ``torch._scaled_mm`` with FP8 E4M3 A/B and per-row / per-column f32
@@ -160,6 +161,20 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
                                                    target="sm_90a"),
                 iters, dev.synchronize)
     record("blockscale", ms, check)
+    import os
+
+    from blockscale.ops import matmul_sm90
+
+    os.environ[matmul_sm90.ENV_SWITCH] = "0"  # the portable kernel, for comparison
+    try:
+        out = matmul.block_scaled_matmul(*args, fmt, k=k, device=dev, target="sm_90a")
+        check = _check_rows(dev.to_host(out), a_deq, b_deq, rows, fmt, k, strict=True)
+        record("blockscale-portable",
+               _timer(lambda: matmul.block_scaled_matmul(*args, fmt, k=k, device=dev,
+                                                         target="sm_90a"),
+                      max(1, iters // 4), dev.synchronize), check)
+    finally:
+        del os.environ[matmul_sm90.ENV_SWITCH]
 
     try:
         import torch
