@@ -19,7 +19,8 @@ pytestmark = pytest.mark.lower
 
 def _counts(sass: str) -> dict[str, int]:
     ops: dict[str, int] = {}
-    for op in re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass, re.M):
+    for op in re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)",
+                         sass, re.MULTILINE):
         ops[op] = ops.get(op, 0) + 1
     return ops
 

@@ -322,7 +322,7 @@ for _fn in (naive_block_scaled_matmul, matmul_dynamic_block_scaled_mxfp4, block_
 
 _core.register_op_module(__name__)
 
-import blockscale.ops.matmul_sm90  # noqa: E402,F401 (registers its FAST_PATHS entry)
+import blockscale.ops.matmul_sm90  # noqa: F401 (registers its FAST_PATHS entry)
 
 __all__ = [
     "FAST_PATHS",

@@ -239,9 +239,9 @@ def kernel(spec: Sm90MatmulSpec) -> Any:
     return H.compile_spec(spec)
 
 
-#: (M, N, K) of the GPU tests and the benchmark (tests/test_matmul_fast_gpu.py,
+#: (M, N, K) of the GPU tests and the benchmark (tests/test_matmul_{fast_,}gpu.py,
 #: benchmarks/bench_matmul.py); bundle_specs covers the tiles they choose.
-GPU_SHAPES = ((1, 576, 7168), (777, 2560, 8192), (8192, 5760, 2944),
+GPU_SHAPES = ((1, 576, 7168), (777, 2560, 8192), (8192, 5760, 2944), (1000, 1024, 1056),
               *((m, 2048, 1024) for m in (1, 17, 127, 129, 255)),
               *((m, 5760, 2944) for m in (1, 16, 128, 1024, 8192)))
 
