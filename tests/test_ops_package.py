@@ -27,6 +27,24 @@ def test_private_names_do_not_scan_the_op_modules() -> None:
     assert out.stdout.strip() == "['blockscale.ops._core']", out.stdout
 
 
+_ONE_MODULE = r"""
+import sys
+import blockscale.ops as ops
+before = set(sys.modules)
+from blockscale.ops import quantize_grouped  # a public op module: that module, no scan
+import blockscale.ops.matmul_swiglu  # the fused SwiGLU host module imports no MLIR
+loaded = set(sys.modules) - before
+assert "mlir" not in sys.modules, sorted(loaded)
+assert "blockscale.ops.interleave" not in loaded, sorted(loaded)
+"""
+
+
+def test_op_module_import_does_not_scan_or_import_mlir() -> None:
+    out = subprocess.run([sys.executable, "-c", _ONE_MODULE], capture_output=True, text=True,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+
+
 def test_private_attribute_error_names_the_attribute() -> None:
     from blockscale import ops
 

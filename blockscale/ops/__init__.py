@@ -36,6 +36,8 @@ def __getattr__(name: str) -> Any:
     # only that submodule, not every op module (and MLIR through the IR modules).
     if name.startswith("_"):
         raise AttributeError(f"module 'blockscale.ops' has no attribute {name!r}")
+    if name in op_module_names():  # ``from blockscale.ops import quantize``: that module only
+        return importlib.import_module(f"{__name__}.{name}")
     candidates = [_KNOWN[name]] if name in _KNOWN else []
     candidates += [m for m in op_module_names() if m not in candidates]
     for mod_name in candidates:
