@@ -271,19 +271,24 @@ def kernel_keys_without_mlir() -> bool:
     else:
         return False
 
+    stand_ins: dict[str, Any] = {}
+
     class _Importlib(types.ModuleType):
         def __getattr__(self, name: str) -> Any:
             return getattr(importlib, name)
 
         @staticmethod
         def import_module(name: str, package: str | None = None) -> Any:
+            if name in stand_ins:
+                return stand_ins[name]
             try:
                 return importlib.import_module(name, package)
             except ImportError:
                 spec = importlib.util.find_spec(name, package)
                 if spec is None or spec.origin is None:
                     raise
-                return types.SimpleNamespace(__file__=spec.origin, __name__=name)
+                stand_ins[name] = types.SimpleNamespace(__file__=spec.origin, __name__=name)
+                return stand_ins[name]
 
     _core.importlib = _Importlib("importlib")
     return True

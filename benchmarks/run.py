@@ -165,7 +165,62 @@ def matmul_suite(dev: Any, budget: Budget, quick: bool, log: Callable[[str], Non
                                  "input rotation; blockscale through its Python op)")
                 recs.append(with_rates(rec, nbytes=nbytes, flops=flops))
                 log(_line(rec))
+            rec = dense_replay(dev, fmt, m, n, k, case, {**params, "bytes": _matmul_bytes(
+                "blockscale", fmt, m, n, k)})
+            recs.append(with_rates(rec, nbytes=rec.params["bytes"], flops=flops))
+            log(_line(rec))
     return recs
+
+
+def dense_replay(dev: Any, fmt: Any, m: int, n: int, k: int, case: str,
+                 params: dict[str, Any]) -> Record:
+    """``ops.block_scaled_matmul`` timed like the MoE ops: recorded launches replayed over
+    rotating operand sets (GPU time only), each set checked on sampled rows x columns."""
+    import numpy as np
+
+    from benchmarks import common as C
+    from blockscale import layouts, ops
+    from blockscale import reference as ref
+
+    impl = "blockscale (replayed kernels)"
+    rng = np.random.default_rng(m + 7)
+    per_set = (m + n) * (fmt.data_cols(k) + fmt.kblocks(k))
+    caps, text = [], ""
+    try:
+        for si in range(C.rotation_count(per_set)):
+            a = C.random_data(rng, fmt, (m, fmt.data_cols(k)))
+            b = C.random_data(rng, fmt, (n, fmt.data_cols(k)))
+            sa = C.random_scales(rng, fmt, (m, fmt.kblocks(k)))
+            sb = C.random_scales(rng, fmt, (n, fmt.kblocks(k)))
+            args = [dev.to_device(x) for x in (a, b, layouts.interleave(sa),
+                                               layouts.interleave(sb))]
+            with C.record_launches(dev) as launches:
+                out, sec = C.first_run_s(
+                    lambda args=args: ops.block_scaled_matmul(*args, fmt, k=k, device=dev),
+                    dev.synchronize)
+            if sec > C.FIRST_RUN_CAP_S:
+                return failed("matmul", case, impl, fmt.name, "skipped",
+                              f"skipped: first run took {sec:.2f} s (> 1 s cap)", params)
+            rows = np.unique(np.array([0, m - 1, *rng.integers(0, m, 2)]))
+            cols = np.unique(rng.integers(0, n, 256))
+            da = ref.dequantize_block_scaled(a[rows], sa[rows], fmt, k=k,
+                                             scale_layout="row_major").astype(np.float64)
+            db = ref.dequantize_block_scaled(b[cols], sb[cols], fmt, k=k,
+                                             scale_layout="row_major").astype(np.float64)
+            n_round = fmt.kblocks(k) - 1 + (0 if fmt.is_fp4 else fmt.block_size - 1) + 1
+            ok, t = C.check_rows(dev.to_host(out)[np.ix_(rows, cols)].astype(np.float64),
+                                 da @ db.T, np.abs(da) @ np.abs(db).T, n_round)
+            if not ok:
+                return failed("matmul", case, impl, fmt.name, "fail", f"set {si}: {t}", params)
+            text = text or t
+            caps.append(launches)
+    except Exception as e:  # noqa: BLE001 - missing kernel etc.
+        return failed("matmul", case, impl, fmt.name, "error", short_error(e), params)
+    tm = C.time_ms(lambda i: C.replay(dev, caps[i % len(caps)]), device=dev)
+    names = sorted({ln.kernel.name for c in caps for ln in c})
+    return Record("matmul", case, impl, fmt.name, tm.ms, "ok",
+                  f"{text} x {len(cols)} cols; {len(caps)} sets checked", params=params,
+                  note=f"{tm.method}; {len(caps)} rotating sets; kernels {', '.join(names)}")
 
 
 def _matmul_bytes(impl: str, fmt: Any, m: int, n: int, k: int) -> float:
