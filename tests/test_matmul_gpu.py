@@ -52,9 +52,10 @@ def test_dense_gpu(fmt, shape):
     out16 = matmul.block_scaled_matmul(a, b, sfa5, sfb5, fmt, k=k, alpha=alpha,
                                        device="cuda", target="sm_90a")
     assert_bf16_consistent(out16, exact, bound)
+    # MAX's atol = rtol = 1e-2 is not a bound under cancellation (|C| << sum|a*b|, seen on
+    # the H200 for MXFP8); the reference is held to the same stated bound instead.
     want = ref.naive_block_scaled_matmul(a, b, sfa5, sfb5, fmt, k=k, alpha=alpha)
-    np.testing.assert_allclose(out16.astype(np.float32), want.astype(np.float32),
-                               rtol=1e-2, atol=1e-2)
+    assert_bf16_consistent(want, exact, bound)
 
 
 GROUPED = [  # (counts, ids, E, N, K): MAX's grouped NVFP4 dispatch cases (SEMANTICS §5)
