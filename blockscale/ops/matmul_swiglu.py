@@ -40,7 +40,8 @@ from blockscale.ops import quantize_grouped as QG
 BLOCK = Q.BLOCK
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
 KERNEL_SOURCES = ("blockscale.ops._matmul_swiglu_ir", "blockscale.ops._matmul_ir",
-                  "blockscale.ops.quantize_ir", "blockscale.compiler.arch.convert")
+                  "blockscale.ops.quantize_ir", "blockscale.compiler.arch.convert",
+                  "blockscale.ops._expf_ir", "blockscale.activations")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,8 @@ from blockscale.launch import KernelArg
 from blockscale.layouts import TCGEN_5D, ScaleLayout
 
 BLOCK = (256, 1, 1)
-KERNEL_SOURCES = ("blockscale.ops.quantize_ir", "blockscale.compiler.arch.convert")
+KERNEL_SOURCES = ("blockscale.ops.quantize_ir", "blockscale.compiler.arch.convert",
+                  "blockscale.ops._expf_ir", "blockscale.activations")
 MODES = ("dense", "grouped", "silu")
 #: blocks a launch aims for (132 SMs x 16 resident blocks of 256 threads would be 2112).
 TARGET_BLOCKS = 2048

@@ -30,11 +30,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from mlir import ir
-from mlir.dialects import arith, gpu, math, vector
+from mlir.dialects import arith, gpu, vector
 
 from blockscale.compiler import ir as B
 from blockscale.compiler.arch import convert as C
 from blockscale.formats import RECIP_E2M1_MAX, RECIP_E4M3_MAX, Format
+from blockscale.ops._expf_ir import exp_f32
 
 if TYPE_CHECKING:
     from blockscale.ops.quantize import QuantizeSpec
@@ -112,15 +113,17 @@ def _load_chunk_bits(k: _Ctx, buf: ir.Value, row_off: ir.Value, col0: ir.Value,
 
 def _activation(spec: QuantizeSpec, g: ir.Value, u: ir.Value) -> ir.Value:
     """The gated activation in f32 (D10): SILU ``(g * (1 / (1 + exp(-g)))) * u`` or the OAI
-    clamped SwiGLU ``((u' + 1) * g') * (1 / (1 + exp(-(alpha * g'))))``; IEEE division."""
+    clamped SwiGLU ``((u' + 1) * g') * (1 / (1 + exp(-(alpha * g'))))``; IEEE division; ``exp``
+    is blockscale's :func:`~blockscale.activations.exp_f32` (``ops/_expf_ir.py``), not
+    ``math.exp``, so every target computes the reference's bits."""
     one = _cf(1.0)
     if spec.activation == "silu":
-        sig = arith.divf(one, arith.addf(one, math.exp(arith.negf(g))))
+        sig = arith.divf(one, arith.addf(one, exp_f32(arith.negf(g))))
         return arith.mulf(arith.mulf(g, sig), u)
     lim = _cf(spec.act_limit)
     g2 = arith.minimumf(g, lim)
     u2 = arith.minimumf(arith.maximumf(u, arith.negf(lim)), lim)
-    sig = arith.divf(one, arith.addf(one, math.exp(arith.negf(arith.mulf(_cf(spec.act_alpha), g2)))))
+    sig = arith.divf(one, arith.addf(one, exp_f32(arith.negf(arith.mulf(_cf(spec.act_alpha), g2)))))
     return arith.mulf(arith.mulf(arith.addf(u2, one), g2), sig)
 
 
