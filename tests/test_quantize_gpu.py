@@ -90,8 +90,8 @@ def test_grouped_max_cases(fmt, counts, ids, k):
 
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
 def test_fused_silu_nvfp4(activation):
-    """Byte-exact unless the device expf differs from numpy's in the last ulp (then a few
-    bytes may differ; the failure message counts them)."""
+    """Byte-exact: the sigmoid's exp is blockscale's exp_f32 on the GPU and in the reference
+    (D10; it used to be the device expf, which differed from numpy's in the last ulp)."""
     es, offs = _groups([64, 64])
     gu = _x(128, 256, 3, 4.0)
     isc = np.array([0.5, 0.5], np.float32)

@@ -17,7 +17,7 @@ its 8 output columns c, the two fp32 block-scaled dot products with σ-permuted 
 
 which are the bits the chained path reads back from the grouped matmul's bf16 output. So the
 fused kernel is byte-identical to grouped matmul + fused SiLU quantize on every target (both
-use the same ``math.exp``). The A scales of row m sit at the same padded 5-D row as the output
+use the same ``exp_f32`` sequence of ``ops/_expf_ir.py``). The A scales of row m sit at the same padded 5-D row as the output
 scales (``tile * 128 + row-in-tile``), so one group lookup serves both.
 """
 

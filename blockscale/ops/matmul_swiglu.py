@@ -7,7 +7,8 @@ before the interleave) and returns the quantized activation ``(data [T, D/2 | D]
 with the scales placed like the A scales (``a_scale_offsets``, ``a_scales.shape[0]`` tiles).
 
 Per element (D10): ``g, u = f32(bf16(acc * expert_scales[e] (* a_row_scales[m])))``, ``z =
-activation(g, u)`` in float32 (IEEE division in the sigmoid, ``math.exp``), then the D2 quantize
+activation(g, u)`` in float32 (IEEE division in the sigmoid, blockscale's
+``exp_f32`` as plain mul/add IR, ``ops/_expf_ir.py``), then the D2 quantize
 with the NVFP4 encode scale ``1 / input_scales[e]`` (by expert id, D8; raw, not inverted).
 Rows of expert id -1 groups, their scale tiles, padding rows of every tile and spare tiles are
 zero bytes: every output byte is written by the kernel.

@@ -3,8 +3,8 @@
 ``z = act(gate, up)`` in float32 from bf16 ``gate_up [T, 2D]`` (gate = columns [0, D), up =
 [D, 2D)), then the grouped quantize of :mod:`blockscale.ops.quantize_grouped` with the NVFP4
 encode scale ``f32(1 / input_scales[expert])`` (by expert id, D8). The sigmoid uses an IEEE
-division and ``math.exp``: bit-exact with the reference in the interpreter; on a GPU the
-device ``expf`` may differ from numpy's in the last ulp (see the module note in tests).
+division and blockscale's ``exp_f32`` (a fixed IEEE mul/add sequence, ``ops/_expf_ir.py``,
+not ``math.exp``): bit-exact with the reference in the interpreter and on every GPU target.
 No MLIR at import.
 """
 

@@ -141,7 +141,10 @@ def fused_silu_quantize(gate_up: np.ndarray, fmt: Format | str, expert_start: np
         expert_start, scales_offsets, expert_ids: as in :func:`grouped_quantize_dynamic_scaled`.
         input_scales: ``[E]`` NVFP4 activation scales indexed by expert id, *not* inverted
             (the encode scale is ``f32(1 / input_scales[e])``); required for NVFP4, None for MX.
-        activation: ``GatedActivation.SILU`` (default) or ``SWIGLU_OAI``.
+        activation: ``GatedActivation.SILU`` (default) or ``SWIGLU_OAI``, in float32 with
+            ``sigmoid(v) = 1 / (1 + exp_f32(-v))``: :func:`blockscale.activations.exp_f32` is
+            blockscale's own float32 exp (a fixed IEEE mul/add sequence, < 1 ulp), the one the
+            kernels emit, not ``np.exp`` (docs/internals.md, "Decision: exp").
         num_scale_tiles: row tiles of the scale output; default ``ceil(T/128) + G`` (§7.5).
 
     Returns:

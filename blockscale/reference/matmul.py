@@ -194,7 +194,8 @@ def grouped_matmul_swiglu(a: np.ndarray, w: np.ndarray, sfa: np.ndarray, sfb: np
 
     ``w`` (and ``sfb``) are σ-permuted: weight row 2i is gate i, row 2i+1 is up i, so
     ``w [E, 2D, K/2 | K]``. Per row: ``g, u = bf16(acc * expert_scale (* a_row_scale))``,
-    ``z = activation(g, u)``, then NVFP4/MX quantize with ``1/input_scales[e]`` (expert id,
+    ``z = activation(g, u)`` (float32, sigmoid with :func:`blockscale.activations.exp_f32`,
+    not ``np.exp``), then NVFP4/MX quantize with ``1/input_scales[e]`` (expert id,
     D8) into scales of ``sfa.shape[0]`` row tiles placed with ``a_scale_offsets``.
     Byte-identical to :func:`grouped_matmul_block_scaled` on the un-permuted weights followed
     by :func:`fused_silu_quantize`.

@@ -15,7 +15,9 @@ Modeling choices worth knowing:
 * ``gpu.subgroup_reduce`` combines lanes in butterfly order (xor 1, 2, 4, ...), the order of
   the upstream shuffle lowering; atomics apply in thread order;
 * transcendental math ops (exp, log, tanh, ...) use numpy's float32 functions, which are not
-  bit-identical to the GPU approximations; conversions and + - * / fma sqrt are exact IEEE;
+  bit-identical to the GPU approximations (so no blockscale kernel emits them: the sigmoid's
+  exp is ``exp_f32``, plain IEEE mul/add, see docs/internals.md); conversions and
+  + - * / fma sqrt are exact IEEE;
 * out-of-range float -> int conversions saturate (NaN -> 0); integer division by zero gives a
   deterministic value instead of UB.
 """
