@@ -12,7 +12,7 @@
    construction and the final weighted combine are not in the timed region (host numpy).
 
 Checks before timing: blockscale quantize outputs byte for byte against
-``blockscale.reference`` (the fused SiLU allows 0.1% of bytes to differ: device expf vs numpy);
+``blockscale.reference`` (the fused SiLU too: its exp is exp_f32 on both sides, D10);
 matmul outputs on sampled rows against the float64 product of the operands dequantized with
 ``blockscale.reference.dequantize_block_scaled`` (bf16 rounding + fp32 accumulation bound);
 torch baselines on sampled rows against the float64 product of their own operands (normwise
@@ -521,8 +521,8 @@ def _e2e_set(dev: Any, cfg: E2EConfig, fmt: Any, w1: ExpertWeights, w2: ExpertWe
     rd, rs = ref.fused_silu_quantize(gu_host, fmt, r.expert_start, r.scales_offset,
                                      r.expert_ids, down_in)
     h_h, hs2_h = dev.to_host(h), dev.to_host(h_s)
-    ok1, t1 = check_bytes(h_h, rd, allow_fraction=1e-3)
-    ok2, t2 = check_bytes(hs2_h, rs, allow_fraction=1e-3)
+    ok1, t1 = check_bytes(h_h, rd)
+    ok2, t2 = check_bytes(hs2_h, rs)
     if not (ok1 and ok2):
         raise AssertionError(f"fused silu quantize: data {t1}, scales {t2}")
     # 4. down on sampled rows

@@ -15,7 +15,7 @@ roundings, group layouts with empty groups and unused (-1) experts, gathers. Ops
 * ``interleave`` (three scale dtypes), byte for byte;
 * ``grouped_quantize`` (three formats, with and without ``indices``), byte for byte;
 * ``fused_silu_quantize`` (SiLU and SwiGLU-OAI; NVFP4, MXFP4, MXFP8), byte for byte (the
-  device ``expf`` is expected to agree with numpy; any difference is reported as a mismatch);
+  sigmoid's exp is ``exp_f32`` in kernel and reference; any difference is a mismatch);
 * ``naive_matmul`` (three formats, bf16 / f32 out, random alpha) within the stated bound
   ``K * 2^-24 * alpha * sum|a*b|`` (any fp32 summation order) plus one output rounding.
 
