@@ -8,7 +8,6 @@ from typing import ClassVar
 
 import numpy as np
 
-
 # ---- exp_f32: the one float32 exp of every implementation ---------------------------------------
 #
 # Constants of exp_f32 (exact float32 values, written in hex). The kernels' IR mirror
