@@ -61,7 +61,7 @@ def quantize_suite(dev: Any, budget: Budget, quick: bool, log: Callable[[str], N
     from benchmarks import bench_quantize as bq
 
     shapes = [(8192, 8192)] if quick else [(8192, 8192), (16384, 16384)]
-    fmts = ["nvfp4"] if quick else ["nvfp4", "mxfp4", "mxfp8"]
+    fmts = ["nvfp4"] if quick else ["nvfp4", "nvfp4_tma", "mxfp4", "mxfp8"]
     use_torch = not quick and _torch_ok()
     recs: list[Record] = []
     for m, k in shapes:
@@ -113,6 +113,12 @@ def quantize_suite(dev: Any, budget: Budget, quick: bool, log: Callable[[str], N
             for r in recs[-3:]:
                 if r.case == case and r.fmt in (fmt, "bf16"):
                     log(_line(r))
+    if not quick and not budget.exhausted(reserve=30):
+        from benchmarks import bench_quantize_moe
+
+        for r in bench_quantize_moe.bench(dev):  # grouped quantize, fused SiLU-quantize
+            recs.append(r)
+            log(_line(r))
     return recs
 
 
@@ -285,14 +291,14 @@ def build_bundle(out: str) -> int:
     return 1 if bad else 0
 
 
-def extra_specs() -> list[Any]:
+def extra_specs(target: str = "sm_90a") -> list[Any]:
     """Kernels the benchmarks launch that no op module's bundle_specs lists (today: the
     MXFP4 fused SiLU quantize of the whole-MoE benchmark)."""
     from blockscale.activations import GatedActivation
     from blockscale.formats import MXFP4
     from blockscale.ops import quantize_silu
 
-    return [quantize_silu._spec(MXFP4, "sm_90a", GatedActivation.SILU, True)]
+    return [quantize_silu._spec(MXFP4, target, GatedActivation.SILU, True)]
 
 
 def _device() -> Any:

@@ -1,0 +1,133 @@
+"""H200 timing of the MoE quantizers: grouped (per-expert) quantize and fused SiLU-quantize.
+
+Usage (GPU machine, kernels from the bundle)::
+
+    python3 benchmarks/bench_quantize_moe.py [--rows 8192] [--k 4096] [--experts 64]
+
+Each op is called once per rotating input set through its public function (the output is
+checked byte for byte against ``blockscale.reference`` for the first set), its kernel launches
+are recorded, and the replayed launches are timed with CUDA events (median), so host work is
+excluded. Bytes moved = bf16 input read + packed data + scales written; the ceiling is a
+device-to-device copy of the bf16 input (read + write) in the same process.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import (
+    Record,
+    failed,
+    random_bf16,
+    record_launches,
+    replay,
+    rotation_count,
+    short_error,
+    time_ms,
+    with_rates,
+)
+
+OPS = ("grouped_quantize", "fused_silu_quantize")
+
+
+def _groups(rng: np.random.Generator, rows: int, experts: int) -> tuple[np.ndarray, ...]:
+    """expert_start / scales_offsets / expert_ids of a uniform random routing of ``rows``."""
+    counts = np.bincount(rng.integers(0, experts, rows), minlength=experts)
+    start = np.concatenate([[0], np.cumsum(counts)]).astype(np.uint32)
+    tiles = -(-counts // 128)
+    tile0 = np.concatenate([[0], np.cumsum(tiles)[:-1]])
+    offsets = (tile0 - start[:-1] // 128).astype(np.uint32)
+    ids = np.arange(experts, dtype=np.int32)
+    return start, offsets, ids
+
+
+def _call(op: str, x: Any, fmt: str, groups: tuple[np.ndarray, ...], scales: np.ndarray,
+          device: Any) -> tuple[Any, Any]:
+    from blockscale import ops, reference
+
+    start, offsets, ids = groups
+    if op == "grouped_quantize":
+        fn = ops.grouped_quantize_dynamic_scaled if device is not None \
+            else reference.grouped_quantize_dynamic_scaled
+    else:
+        fn = ops.fused_silu_quantize if device is not None else reference.fused_silu_quantize
+    kwargs = {"device": device} if device is not None else {}
+    return fn(x, fmt, start, offsets, ids, scales, **kwargs)
+
+
+def bench_one(dev: Any, op: str, fmt: str, rows: int, k: int, experts: int,
+              rng: np.random.Generator) -> list[Record]:
+    """Records for one (op, format): ours (checked, then timed) and the copy ceiling."""
+    case = f"{op} T={rows} K={k} E={experts}"
+    params = {"rows": rows, "k": k, "experts": experts}
+    groups = _groups(rng, rows, experts)
+    scales = (rng.uniform(0.5, 2.0, experts).astype(np.float32) if fmt == "nvfp4"
+              else np.ones(experts, np.float32))
+    x0 = random_bf16(rng, (rows, k), scale=2.0)
+    in_bytes = x0.nbytes
+    try:
+        want = _call(op, x0, fmt, groups, scales, None)
+        got = _call(op, dev.to_device(x0), fmt, groups, scales, dev)
+        for name, g, w in zip(("data", "scales"), got, want):
+            g = dev.to_host(g) if not isinstance(g, np.ndarray) else g
+            if not np.array_equal(g.view(np.uint8), w.view(np.uint8)):
+                bad = int(np.count_nonzero(g.view(np.uint8) != w.view(np.uint8)))
+                return [failed("quantize", case, "blockscale", fmt, "fail",
+                               f"FAIL: {name} differs from the reference in {bad} bytes", params)]
+        out_bytes = sum(w.nbytes for w in want)
+        sets = []
+        for _ in range(rotation_count(in_bytes + out_bytes)):
+            xd = dev.to_device(random_bf16(rng, (rows, k), scale=2.0))
+            with record_launches(dev) as launches:
+                _call(op, xd, fmt, groups, scales, dev)
+            sets.append(launches)
+        t = time_ms(lambda i: replay(dev, sets[i % len(sets)]), device=dev)
+    except Exception as e:  # noqa: BLE001 - missing kernel etc.: record and go on
+        return [failed("quantize", case, "blockscale", fmt, "error", short_error(e), params)]
+    moved = in_bytes + out_bytes
+    ours = with_rates(Record("quantize", case, "blockscale", fmt, t.ms, "ok",
+                             "bit-exact vs reference (whole output, first set)",
+                             params={**params, "bytes": moved}, note=t.method), nbytes=moved)
+    src = dev.to_device(x0)
+    dst = dev.alloc(x0.shape, x0.dtype)
+    copy = time_ms(lambda i: dev.copy(dst, src), device=dev) if hasattr(dev, "copy") else None
+    recs = [ours]
+    if copy is not None:
+        recs.append(with_rates(Record("quantize", case, "D2D copy of the bf16 input", "bf16",
+                                      copy.ms, "ok", "ceiling for this shape",
+                                      params={**params, "bytes": 2 * in_bytes}),
+                               nbytes=2 * in_bytes))
+    return recs
+
+
+def bench(dev: Any, *, rows: int = 8192, k: int = 4096, experts: int = 64,
+          fmts: Sequence[str] = ("nvfp4", "mxfp4", "mxfp8"), seed: int = 0) -> list[Record]:
+    """Every op x format at one size."""
+    rng = np.random.default_rng(seed)
+    return [r for op in OPS for f in fmts for r in bench_one(dev, op, f, rows, k, experts, rng)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from blockscale import runtime
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=8192)
+    p.add_argument("--k", type=int, default=4096)
+    p.add_argument("--experts", type=int, default=64)
+    p.add_argument("--formats", default="nvfp4,mxfp4,mxfp8")
+    a = p.parse_args(argv)
+    dev = runtime.get_device("cuda")
+    recs = bench(dev, rows=a.rows, k=a.k, experts=a.experts, fmts=a.formats.split(","))
+    for r in recs:
+        tbps = "" if r.ms is None else f"{r.params['bytes'] / (r.ms * 1e9):.3f} TB/s"
+        print(f"{r.case:42s} {r.impl:28s} {r.fmt:6s} {r.status:5s} "
+              f"{'' if r.ms is None else f'{r.ms:.4f} ms':>10s} {tbps:>12s}  {r.check}")
+    return 0 if all(r.status == "ok" for r in recs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
