@@ -103,7 +103,7 @@ def _demo(ns: argparse.Namespace) -> int:
         print("blockscale demo: blockscale/demo.py is not available in this build",
               file=sys.stderr)
         return 2
-    result = demo.main(*(() if not ns.args else (ns.args,)))
+    result = demo.main(list(ns.args))
     return int(result or 0)
 
 
