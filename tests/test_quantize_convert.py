@@ -139,3 +139,52 @@ def test_native_instructions_in_asm():
     amd = Q.kernel(Q.QuantizeSpec("mxfp4", "gfx950", "even", "row_major",
                                   name="quantize_mxfp4_amd")).asm["amdgcn"]
     assert "v_cvt_scalef32_pk_fp4_f32" in amd
+
+
+def _e2m1_fast_numpy(y: np.ndarray) -> np.ndarray:
+    """numpy model of :func:`C.e2m1x8_pack_fast`'s per-element steps (fma emulated in f64:
+    every product and sum here is exact in f64, then rounded once to f32)."""
+    y = np.asarray(y, np.float32)
+    a = np.minimum(np.abs(y), np.float32(6)).astype(np.float64)
+    t = (a * a + 12.0).astype(np.float32)
+    m = (t.view(np.uint32) & 0x7F800000).view(np.float32).astype(np.float64) * C._E2M1_MAGIC
+    s = (m + a).astype(np.float32)  # exact in f64 for a >= 2^-28; below, s == m either way
+    r = (s.astype(np.float64) - m).astype(np.float32)
+    code = (r.astype(np.float64) * C._E2M1_TO_BITS).astype(np.float32).view(np.uint32) >> 22
+    return (code | ((y.view(np.uint32) >> 31) << 3)).astype(np.uint8)
+
+
+def test_e2m1_fast_model_exhaustive():
+    """The fast E2M1 algorithm over every f32 whose exponent is in [-6, 3] (all ties, every
+    step boundary, saturation up to 16), both signs, against the codec."""
+    for e in range(127 - 6, 127 + 4):
+        bits = (np.uint32(e) << np.uint32(23)) | np.arange(1 << 23, dtype=np.uint32)
+        y = bits.view(np.float32)
+        for v in (y, -y):
+            assert np.array_equal(_e2m1_fast_numpy(v), F.encode_e2m1(v)), e - 127
+
+
+@pytest.mark.interp
+def test_e2m1x8_pack_fast():
+    """The IR of C.e2m1x8_pack_fast (sm_90a) on the tie sweep (NaN excluded: callers route
+    it to the software form), eight values per word, signs from bf16-pair words."""
+    x = _sweep()
+    x = x[~np.isnan(x)]
+    x = np.concatenate([x, np.zeros((-x.size) % 8, np.float32)])
+    n = x.size // 8
+    args = [KernelArg("src", "buffer", "float32"), KernelArg("dst", "buffer", "int32", "out")]
+    with B.kernel_module("conv8", "sm_90a", args, 64) as kb:
+        i = B.global_thread_idx()
+        with B.when(B.ult(i, n)):
+            base = arith.muli(i, B.const(8, i.type))
+            ys = [B.load(kb.arg("src"), arith.addi(base, B.const(e, i.type))) for e in range(8)]
+            xb = [arith.bitcast(B.i32(), v) for v in ys]
+            from blockscale.compiler.arch import nvvm as NV
+
+            pairs = [NV.byte_perm(xb[2 * j], xb[2 * j + 1], 0x7632) for j in range(4)]
+            B.store(C.e2m1x8_pack_fast(ys, pairs), kb.arg("dst"), i)
+    out = np.zeros(n, np.int32)
+    run_kernel(str(kb.module), "conv8", (-(-n // 64), 1, 1), (64, 1, 1), [x.copy(), out],
+               "sm_90a")
+    want = F.pack_fp4(F.encode_e2m1(x).reshape(n, 8)).view(np.uint32).reshape(n)
+    assert np.array_equal(out.view(np.uint32), want)

@@ -34,6 +34,7 @@ from mlir.dialects import arith, gpu, vector
 
 from blockscale.compiler import ir as B
 from blockscale.compiler.arch import convert as C
+from blockscale.compiler.arch import nvvm as NV
 from blockscale.formats import RECIP_E2M1_MAX, RECIP_E4M3_MAX, Format
 from blockscale.ops._expf_ir import exp_f32
 
@@ -89,17 +90,22 @@ def _load_chunk_bits(k: _Ctx, buf: ir.Value, row_off: ir.Value, col0: ir.Value,
                      ncols: ir.Value, load_ok: ir.Value) -> list[ir.Value]:
     """The f32 bit patterns (i32) of 8 bf16 at ``buf[row_off + col0 + e]``; 0 where invalid.
 
-    Aligned kernels: one 16-byte ``vector.load`` from a clamped (always in-bounds) address.
+    Aligned kernels: one 16-byte ``vector.load`` from a clamped (always in-bounds) address,
+    viewed as four bf16-pair words ``w`` (zeroed when invalid: 4 selects, not 8); element 2i is
+    ``w << 16``, element 2i+1 is ``w & 0xFFFF0000`` (one instruction per element).
     Others: 8 scalar loads, each masked by ``col0 + e < ncols``.
     """
     i32 = B.i32()
     if k.spec.aligned:
         idx = arith.select(load_ok, arith.addi(row_off, col0), _c64(0))
         v = B.vector_load(B.vec(CHUNK, B.bf16()), buf, idx, alignment=16)
-        bits = vector.bitcast(B.vec(CHUNK, B.i16()), v)
-        wide = arith.shli(arith.extui(B.vec(CHUNK, i32), bits), C.const_like(B.vec(CHUNK, i32), 16))
-        wide = arith.select(load_ok, wide, C.const_like(wide.type, 0))
-        return [B.extract(wide, e) for e in range(CHUNK)]
+        words = vector.bitcast(B.vec(CHUNK // 2, i32), v)
+        words = arith.select(load_ok, words, C.const_like(words.type, 0))
+        out = []
+        for i in range(CHUNK // 2):
+            w = B.extract(words, i)
+            out += [arith.shli(w, _c32(16)), arith.andi(w, _c32(-65536))]
+        return out
     out = []
     for e in range(CHUNK):
         col = arith.addi(col0, _c64(e))
@@ -164,6 +170,12 @@ def _scale_and_recip(k: _Ctx, amax_bits: ir.Value, tsf: ir.Value | None,
     return byte, arith.select(zero, _cf(0.0), recip), sd
 
 
+def _fast_e2m1(k: _Ctx) -> bool:
+    """Whether ``k``'s FP4 packing uses :func:`convert.e2m1x8_pack_fast` (sm_90a: no native
+    E2M1 instruction; the software form made the kernels issue-bound)."""
+    return k.target.name == "sm_90a"
+
+
 def _pack_fp4(k: _Ctx, xs: list[ir.Value], recip: ir.Value, sd: ir.Value) -> ir.Value:
     """Eight f32 -> i32 of packed E2M1 codes (element 2j in the low nibble of byte j)."""
     name = k.target.name
@@ -176,6 +188,26 @@ def _pack_fp4(k: _Ctx, xs: list[ir.Value], recip: ir.Value, sd: ir.Value) -> ir.
             byte = C.e2m1x2_from_f32_nvvm(ys[2 * j], ys[2 * j + 1])
             word = arith.ori(word, arith.shli(byte, _c32(8 * j)))
         return word
+    if not _fast_e2m1(k):
+        return _pack_fp4_sw(ys)
+    # Signs come from x (sign(y) = sign(x) as recip >= +0), as bf16-pair words (prmt 0x7632
+    # keeps the upper halves of two f32 bit patterns; ptxas folds it with the widening).
+    xb = [arith.bitcast(B.i32(), x) for x in xs]
+    pairs = [NV.byte_perm(xb[2 * i], xb[2 * i + 1], 0x7632) for i in range(CHUNK // 2)]
+    if k.fmt.is_mx:  # recip = 2^(127-b) is finite: y is never NaN
+        return C.e2m1x8_pack_fast(ys, pairs)
+    # NVFP4: recip = +inf (sd * (1/tsf) underflowing) makes 0 * inf = NaN, whose code is 0x7
+    # with the sign cleared; only the software form handles it (a per-block uniform branch).
+    br = B.if_(arith.cmpf(arith.CmpFPredicate.OEQ, recip, _cf(np.inf)), [B.i32()])
+    with br.then():
+        br.yield_(_pack_fp4_sw(ys))
+    with br.else_():
+        br.yield_(C.e2m1x8_pack_fast(ys, pairs))
+    return br.results[0]
+
+
+def _pack_fp4_sw(ys: list[ir.Value]) -> ir.Value:
+    """Eight f32 -> packed E2M1 word with the portable software conversion."""
     yv = vector.from_elements(B.vec(CHUNK, B.f32()), ys)
     codes = C.e2m1_from_f32_sw(yv)
     shifted = arith.shli(codes, _vconst([4 * e for e in range(CHUNK)], B.i32()))
