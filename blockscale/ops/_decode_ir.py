@@ -1,0 +1,293 @@
+"""IR of the decode (few rows) block-scaled matmul kernels: weight streaming + FP32 FMAs.
+
+Imports MLIR: only :func:`blockscale.ops.matmul_decode.build` imports this module.
+
+Work split
+----------
+A CTA of :data:`WARPS` warps owns :data:`COLS` = WARPS x :data:`ROWS_PER_WARP` weight rows
+(output columns) ``n0 ..`` of one group (grouped: ``grid = (ceil(N/COLS), G)``, blockIdx.y is
+the group; dense: one group of M rows, expert 0). The K axis is walked in *windows* of 32
+16-byte chunks per weight row: in a window, lane l of a warp loads chunk l of each of its
+ROWS_PER_WARP weight rows (``ld.global.v4`` = LDG.E.128; ROWS_PER_WARP loads in flight per
+lane, issued before the window's activations are staged) and the 1-byte block scales of the
+chunk. The group's rows are processed in chunks of :data:`ROWS` (a loop; rows past the group
+are skipped by warp-uniform branches, so a 1-row group costs one row of FMAs, not ROWS).
+The activations of a window (ROWS x 32 chunks) are decoded once to f32 in shared memory,
+laid out ``[row][p // 4][lane][p % 4]`` (conflict-free 16-byte reads), with their decoded
+scales.
+
+Numerics (tests/test_matmul_common.py, the stated fp32 bound)
+------------------------------------------------------------
+Weights are decoded in registers with shifts and masks, *without* the exponent bias:
+E2M1 ``(s, e, m)`` -> the f32 with bits ``s<<31 | (e, m)<<22`` = ``dec(w) * 2^-126``; E4M3
+-> ``s<<31 | (e, m)<<20`` = ``dec(w) * 2^-120`` (both exact, subnormal ones included). Per
+scale block (per chunk half for MXFP8) a lane forms ``p = sum dec(a) * raw(w)`` with FMAs:
+for FP4 every product and partial sum is a multiple of 2^-128 below 2^-115 — exact; for
+MXFP8 products are exact (quantum >= 2^-138) and only sums in the normal range round (<= 15
+roundings per half block, inside the B - 1 the bound allows). Then ``t = p * 2^126`` (2^120;
+exact) and ``acc = fma(t, |sA| * |sB|, acc)``: the exact block term added with one rounding.
+Each lane accumulates its chunks in K order and the warp adds the 32 lane sums with a
+butterfly: every block term goes through at most ceil(J / 32) + 5 roundings — an
+accumulation tree of the J block terms, within the J - 1 roundings of the bound (a sum
+tree's error bound depends on its height). Then ``* alpha`` (dense) or ``* expert_scales[e]
+(* a_row_scales[m])`` (grouped, D10 order), and the output cast (RNE).
+
+Known deviation: an E4M3 *weight* NaN code (0x7F / 0xFF) decodes to +-480 * 2^-120 instead
+of NaN in the MXFP8 kernel (scales and activations use the exact decoder).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mlir import ir
+from mlir.dialects import arith, gpu, vector
+from mlir.dialects import math as mmath
+
+import blockscale.ops._matmul_ir as mir
+from blockscale.compiler import ir as bir
+from blockscale.compiler.arch import convert
+from blockscale.formats import Format
+from blockscale.layouts import SF_ATOM_ROWS
+from blockscale.ops._mma_ir import workgroup_buffer
+
+Value = ir.Value
+
+WARPS = 8
+THREADS = 32 * WARPS
+ROWS_PER_WARP = 8
+COLS = WARPS * ROWS_PER_WARP
+#: activation rows per pass over the weights (a group with more rows makes several passes)
+ROWS = 4
+CHUNK_BYTES = 16
+WINDOW_CHUNKS = 32
+
+
+def _i32c(v: int) -> Value:
+    return bir.const(v - (1 << 32) if v >= 1 << 31 else v, bir.i32())
+
+
+def _shift(x: Value, s: int) -> Value:
+    if s > 0:
+        return bir.shl(x, _i32c(s))
+    if s < 0:
+        return bir.shru(x, _i32c(-s))
+    return x
+
+
+class Layout:
+    """Per-format chunk constants."""
+
+    def __init__(self, fmt: Format):
+        self.fmt = fmt
+        self.ew = 32 if fmt.is_fp4 else 16            # elements per 16-byte chunk
+        self.kw = WINDOW_CHUNKS * self.ew             # elements per window
+        # scale slots per chunk and their element spans
+        if fmt.is_fp4:
+            self.slots = CHUNK_BYTES * 2 // fmt.block_size  # NVFP4 2, MXFP4 1
+        else:
+            self.slots = 1                              # MXFP8: half a block
+        self.span = self.ew // self.slots               # elements per slot
+        self.raw_exp = 126 if fmt.is_fp4 else 120       # raw(w) = dec(w) * 2^-raw_exp
+
+    def block_of(self, chunk: Value, slot: int) -> Value:
+        """Global K-block of scale slot ``slot`` of global chunk ``chunk`` (index)."""
+        if self.fmt.is_fp4:
+            return bir.add(bir.mul(chunk, self.slots), slot)
+        return bir.udiv(chunk, 2)
+
+
+def _dequant_weights(lay: Layout, words: list[Value]) -> list[Value]:
+    """The chunk's ``ew`` raw weights (f32, dec(w) * 2^-raw_exp), element order of K."""
+    f32 = bir.f32()
+    out = []
+    for p in range(lay.ew):
+        if lay.fmt.is_fp4:
+            x, j = words[p // 8], p % 8
+            mag = bir.bit_and(_shift(x, 22 - 4 * j), _i32c(0x01C00000))
+            sgn = bir.bit_and(_shift(x, 28 - 4 * j), _i32c(0x80000000))
+        else:
+            x, j = words[p // 4], p % 4
+            mag = bir.bit_and(_shift(x, 20 - 8 * j), _i32c(0x07F00000))
+            sgn = bir.bit_and(_shift(x, 24 - 8 * j), _i32c(0x80000000))
+        out.append(arith.bitcast(f32, bir.bit_or(mag, sgn)))
+    return out
+
+
+def _decode_act(lay: Layout, a: Value, row_base: Value, kk: Value) -> Value:
+    """Exact f32 value of activation element ``kk`` of the row starting at byte row_base."""
+    f32 = bir.f32()
+    if lay.fmt.is_fp4:
+        byte = mir.load_byte_i32(a, bir.add(row_base, bir.udiv(kk, 2)))
+        sh = bir.as_i32(bir.mul(bir.urem(kk, 2), 4))
+        code = bir.bit_and(bir.shru(byte, sh), 0xF)
+        mag = arith.mulf(arith.uitofp(f32, mir._e2m1_twice(code)), bir.const(0.5, f32))
+        return bir.select(bir.ne(bir.bit_and(code, 8), bir.const(0, bir.i32())),
+                          arith.negf(mag), mag)
+    return convert.e4m3_to_f32(mir.load_byte_i32(a, bir.add(row_base, kk)))
+
+
+def _shuffle_xor(v: Value, off: int) -> Value:
+    op = gpu.ShuffleOp(v, _i32c(off), _i32c(32), gpu.ShuffleMode.XOR)
+    return op.results[0]
+
+
+def emit_decode(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
+                n_count: Value, k: Value, a_srow: Callable[[Value], Value],
+                store: Callable[[Value, Value, Value], None]) -> None:
+    """The body for one (group, column slice): rows ``[start, end)`` of ``a`` against weight
+    rows ``expert * N + n`` (``n`` in this CTA's slice); ``a_srow(m)``: the 5-D scale row of
+    activation row m; ``store(total, m, n)`` writes one finished fp32 dot product."""
+    lay = Layout(fmt)
+    f32, i32 = bir.f32(), bir.i32()
+    act = workgroup_buffer(kb, ROWS * lay.kw, f32)
+    sact = workgroup_buffer(kb, ROWS * WINDOW_CHUNKS * lay.slots, f32)
+    a, w, sfa, sfb = (kb.arg(x) for x in ("a", "w" if "w" in kb.values else "b", "sfa", "sfb"))
+
+    tid = bir.thread_idx("x")
+    lane = bir.urem(tid, 32)
+    warp = bir.udiv(tid, 32)
+    row_bytes = bir.udiv(k, 2) if fmt.is_fp4 else k
+    row_chunks = bir.udiv(row_bytes, CHUNK_BYTES)
+    kblocks = bir.ceil_div(k, fmt.block_size)
+    d1 = bir.ceil_div(kblocks, 4)
+    windows = bir.ceil_div(row_chunks, WINDOW_CHUNKS)
+    n0 = bir.add(bir.mul(bir.block_idx("x"), COLS), bir.mul(warp, ROWS_PER_WARP))
+    ns = [bir.add(n0, i) for i in range(ROWS_PER_WARP)]
+    nvalid = [bir.ult(n, n_count) for n in ns]
+    e = bir.as_index(expert)
+    w_rows = [bir.mul(bir.add(bir.mul(e, n_count), n), row_bytes) for n in ns]
+    b_srow0 = bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS)
+    sfb_rows = [mir.tcgen_row_offset(bir.add(b_srow0, n), d1) for n in ns]
+    v16, v4f = bir.vec(16, bir.i8()), bir.vec(4, f32)
+    zero = bir.const(0.0, f32)
+    ident = bir.const(0.0, f32)
+
+    with bir.for_range(start, end, ROWS) as rl:
+        r0 = rl.iv
+        rows_c = bir.umin(bir.sub(end, r0), ROWS)
+        n_acc = ROWS_PER_WARP * ROWS
+        with bir.for_range(0, windows, carry=[ident] * n_acc) as wl:
+            win = wl.iv
+            chunk = bir.add(bir.mul(win, WINDOW_CHUNKS), lane)
+            cvalid = bir.ult(chunk, row_chunks)
+            # weight chunks and their scales: issued before the staging barrier
+            words, sbs = [], []
+            for i in range(ROWS_PER_WARP):
+                ok = bir.logical_and(nvalid[i], cvalid)
+                br = bir.if_(ok, [v16])
+                with br.then():
+                    br.yield_(bir.vector_load(v16, w, bir.add(w_rows[i],
+                                                              bir.mul(chunk, CHUNK_BYTES)),
+                                              alignment=16))
+                with br.else_():
+                    br.yield_(bir.const(0, v16))
+                x = vector.bitcast(bir.vec(4, i32), br.results[0])
+                words.append([bir.extract(x, q) for q in range(4)])
+                row_s = []
+                for s in range(lay.slots):
+                    jb = lay.block_of(chunk, s)
+                    sb = bir.if_(ok, [f32])
+                    with sb.then():
+                        byte = mir.load_byte_i32(sfb, bir.add(sfb_rows[i],
+                                                              mir.tcgen_kblock_offset(jb)))
+                        sb.yield_(mir.decode_scale(fmt, byte))
+                    with sb.else_():
+                        sb.yield_(zero)
+                    row_s.append(sb.results[0])
+                sbs.append(row_s)
+            bir.barrier()  # the previous window's shared reads are done
+            _stage(kb, lay, act, sact, a, sfa, tid, r0, rows_c, win, k, kblocks, d1, a_srow,
+                   row_bytes)
+            bir.barrier()
+            accs = list(wl.carried)
+            for i in range(ROWS_PER_WARP):
+                wv = _dequant_weights(lay, words[i])
+                for r in range(ROWS):
+                    idx = i * ROWS + r
+
+                    def row_body(r: int = r, i: int = i, idx: int = idx) -> Value:
+                        acc = accs[idx]
+                        base = r * lay.kw
+                        av: list[Value] = []
+                        for q in range(lay.ew // 4):
+                            vec = bir.vector_load(v4f, act, bir.add(bir.mul(lane, 4),
+                                                                    base + q * 128),
+                                                  alignment=16)
+                            av += [bir.extract(vec, t) for t in range(4)]
+                        for s in range(lay.slots):
+                            p = bir.const(0.0, f32)
+                            for el in range(s * lay.span, (s + 1) * lay.span):
+                                p = mmath.fma(av[el], wv[el], p)
+                            t = arith.mulf(p, bir.const(2.0 ** lay.raw_exp, f32))
+                            sa = bir.load(sact, bir.add(bir.mul(lane, lay.slots),
+                                                        r * WINDOW_CHUNKS * lay.slots + s))
+                            acc = mmath.fma(t, arith.mulf(sa, sbs[i][s]), acc)
+                        return acc
+
+                    if r == 0:
+                        accs[idx] = row_body()
+                    else:
+                        g = bir.if_(bir.ult(bir.const(r), rows_c), [f32])
+                        with g.then():
+                            g.yield_(row_body())
+                        with g.else_():
+                            g.yield_(accs[idx])
+                        accs[idx] = g.results[0]
+            wl.yield_(*accs)
+        totals = list(wl.results)
+        for r in range(ROWS):
+            with bir.when(bir.ult(bir.const(r), rows_c)):
+                for i in range(ROWS_PER_WARP):
+                    v = totals[i * ROWS + r]
+                    for off in (16, 8, 4, 2, 1):
+                        v = arith.addf(v, _shuffle_xor(v, off))
+                    with bir.when(bir.logical_and(bir.eq(lane, i), nvalid[i])):
+                        store(v, bir.add(r0, r), ns[i])
+        bir.barrier()  # the next row chunk restages the shared buffers
+
+
+def _stage(kb: Any, lay: Layout, act: Value, sact: Value, a: Value, sfa: Value, tid: Value,
+           r0: Value, rows_c: Value, win: Value, k: Value, kblocks: Value, d1: Value,
+           a_srow: Callable[[Value], Value], row_bytes: Value) -> None:
+    """Decode window ``win`` of the chunk's activation rows (and their scales) to shared."""
+    f32 = bir.f32()
+    total = ROWS * lay.kw
+    for it in range(-(-total // THREADS)):
+        idx = bir.add(tid, it * THREADS)
+        r = bir.udiv(idx, lay.kw)
+        el = bir.urem(idx, lay.kw)
+        with bir.when(bir.ult(r, rows_c)):
+            kk = bir.add(bir.mul(win, lay.kw), el)
+            m = bir.add(r0, r)
+            br = bir.if_(bir.ult(kk, k), [f32])
+            with br.then():
+                br.yield_(_decode_act(lay, a, bir.mul(m, row_bytes), kk))
+            with br.else_():
+                br.yield_(bir.const(0.0, f32))
+            ln, p = bir.udiv(el, lay.ew), bir.urem(el, lay.ew)
+            dst = bir.add(bir.add(bir.mul(r, lay.kw), bir.mul(bir.udiv(p, 4), 128)),
+                          bir.add(bir.mul(ln, 4), bir.urem(p, 4)))
+            bir.store(br.results[0], act, dst)
+    slots = ROWS * WINDOW_CHUNKS * lay.slots
+    for it in range(-(-slots // THREADS)):
+        idx = bir.add(tid, it * THREADS)
+        per_row = WINDOW_CHUNKS * lay.slots
+        r = bir.udiv(idx, per_row)
+        rem = bir.urem(idx, per_row)
+        with bir.when(bir.ult(r, rows_c)):
+            chunk = bir.add(bir.mul(win, WINDOW_CHUNKS), bir.udiv(rem, lay.slots))
+            if lay.fmt.is_fp4:
+                jb = bir.add(bir.mul(chunk, lay.slots), bir.urem(rem, lay.slots))
+            else:
+                jb = bir.udiv(chunk, 2)
+            br = bir.if_(bir.ult(jb, kblocks), [f32])
+            with br.then():
+                off = bir.add(mir.tcgen_row_offset(a_srow(bir.add(r0, r)), d1),
+                              mir.tcgen_kblock_offset(jb))
+                br.yield_(mir.decode_scale(lay.fmt, mir.load_byte_i32(sfa, off)))
+            with br.else_():
+                br.yield_(bir.const(0.0, f32))
+            bir.store(br.results[0], sact, idx)
+    del kb

@@ -1,0 +1,309 @@
+"""Decode (few rows per group) block-scaled matmul: stream each weight once, FP32 FMAs.
+
+The MoE decode regime (T <= 128 tokens, a few rows per expert) and the dense matmul at small
+M are memory bound: the floor is reading the FP4/FP8 weights and their scales once. The
+tensor-core kernels tile 64 rows per CTA and waste most of it there; this kernel instead
+walks the weights with 16-byte loads (8 in flight per lane) and does the few rows' dot
+products with FP32 FMAs against activations decoded once per CTA into shared memory. See
+:mod:`blockscale.ops._decode_ir` for the kernel and why it meets the fp32 bound of
+tests/test_matmul_common.py.
+
+* Grouped (SEMANTICS §5, D8, D10): same arguments as the portable grouped kernel; grid
+  ``(ceil(N/64), G)``: CTA (x, g) computes columns ``[64x, 64x+64)`` of group g's rows;
+  groups with id -1 write zeros, empty groups exit at once.
+* Dense (§4.1): same arguments as the portable dense kernel (no epilogue); one group.
+
+Dispatch: registered first in ``matmul_grouped.FAST_PATHS`` and ``matmul.FAST_PATHS``. The
+grouped runner takes the decode kernel when the largest group has <= :data:`MAX_ROWS` rows
+(known when ``expert_start`` is a numpy array; for a device array, when T <= MAX_ROWS), else
+it hands over to the next fast path (the sm_90a tensor-core kernel) or the portable kernel;
+the dense one when M <= MAX_ROWS. ``BLOCKSCALE_DECODE=0`` disables both. FP4 needs
+K % 32 == 0 and MXFP8 K % 16 == 0 (16-byte weight rows). Importing this module does not
+import MLIR.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+
+import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
+import blockscale.ops._matmul_host as H
+from blockscale.formats import Format
+from blockscale.launch import KernelArg
+from blockscale.ops import matmul as _matmul
+from blockscale.ops import matmul_grouped as _grouped
+
+KERNEL_SOURCES = ("blockscale.ops._decode_ir", "blockscale.ops._matmul_ir",
+                  "blockscale.ops._mma_ir")
+#: targets the dispatch uses it on (the IR is portable to every 32-lane target)
+TARGETS = ("sm_90a",)
+IR_TARGETS = ("sm_90a", "sm_100a")
+#: largest group (rows) the decode kernel takes: <= 4 passes of 4 rows over the weights
+MAX_ROWS = 16
+ENV_SWITCH = "BLOCKSCALE_DECODE"
+THREADS = 256
+COLS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSpec:
+    """What one decode kernel is specialised on.
+
+    Attributes:
+        fmt: "nvfp4" | "mxfp4" | "mxfp8".
+        mode: "grouped" (MoE, bf16 output) or "dense".
+        out_dtype: "bfloat16" | "float32" ("bfloat16" only for grouped).
+        row_scales: grouped: whether the kernel reads ``a_row_scales``.
+        target: a 32-lane GPUTarget name (sm_90a, sm_100a).
+    """
+
+    fmt: str
+    mode: str = "grouped"
+    out_dtype: str = "bfloat16"
+    row_scales: bool = False
+    target: str = "sm_90a"
+
+    op: ClassVar[str] = "block_scaled_matmul_decode"
+    block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
+        H.check_choice(self.mode, ("grouped", "dense"), "mode")
+        H.check_choice(self.out_dtype, ("bfloat16",) if self.mode == "grouped"
+                       else ("bfloat16", "float32"), "out_dtype")
+        if self.row_scales and self.mode != "grouped":
+            raise ValueError("row_scales is for the grouped mode only")
+        object.__setattr__(self, "target", H.target_name(self.target))
+        H.check_choice(self.target, IR_TARGETS, "target")
+
+    @property
+    def format(self) -> Format:
+        return Format.from_name(self.fmt)
+
+    @property
+    def kernel_name(self) -> str:
+        out = "bf16" if self.out_dtype == "bfloat16" else "f32"
+        rs = "_rowsc" if self.row_scales else ""
+        return f"bs_decode_{self.mode}_{self.fmt}_{out}{rs}"
+
+    def args(self) -> tuple[KernelArg, ...]:
+        if self.mode == "grouped":
+            return _grouped.GroupedMatmulSpec(self.fmt, "tcgen5d", "bfloat16", self.row_scales,
+                                              self.target).args()
+        return _matmul.MatmulSpec(self.fmt, self.out_dtype, "tcgen5d", None,
+                                  self.target).args()
+
+
+def grid(n: int, groups: int) -> tuple[int, int, int]:
+    """(column slices, groups, 1)."""
+    return (max(1, -(-n // COLS)), max(1, groups), 1)
+
+
+def build(spec: DecodeSpec) -> Any:
+    """The ``mlir.ir.Module`` of the decode kernel for ``spec`` (IR only)."""
+    from mlir.dialects import arith
+
+    import blockscale.ops._decode_ir as D
+    import blockscale.ops._matmul_ir as mir
+    from blockscale.compiler import ir as bir
+    from blockscale.layouts import SF_ATOM_ROWS
+
+    fmt = spec.format
+    with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
+        f32 = bir.f32()
+        k = bir.as_index(kb.arg("k"))
+        n_count = bir.as_index(kb.arg("n"))
+        if spec.mode == "dense":
+            m_count = bir.as_index(kb.arg("m"))
+            alpha = kb.arg("alpha")
+
+            def store(v: Any, m: Any, n: Any) -> None:
+                mir.store_output(arith.mulf(v, alpha), kb.arg("c"),
+                                 bir.add(bir.mul(m, n_count), n), spec.out_dtype)
+
+            D.emit_decode(kb, fmt, start=bir.const(0), end=m_count,
+                          expert=bir.const(0, bir.i32()), n_count=n_count, k=k,
+                          a_srow=lambda m: m, store=store)
+            return kb.module
+        g = bir.block_idx("y")
+        es = kb.arg("expert_start")
+        start = bir.as_index(bir.load(es, g))
+        end = bir.as_index(bir.load(es, bir.add(g, 1)))
+        with bir.when(bir.ult(start, end)):
+            expert = bir.load(kb.arg("expert_ids"), g)
+            active = arith.cmpi(arith.CmpIPredicate.sge, expert, bir.const(0, bir.i32()))
+            br = bir.if_(active, [])
+            with br.then():
+                e = bir.as_index(expert)
+                scale = bir.load(kb.arg("expert_scales"), e)
+                tile0 = bir.add(bir.udiv(start, SF_ATOM_ROWS),
+                                bir.as_index(bir.load(kb.arg("a_scale_offsets"), g)))
+                srow0 = bir.sub(bir.mul(tile0, SF_ATOM_ROWS), start)
+
+                def store_g(v: Any, m: Any, n: Any) -> None:
+                    v = arith.mulf(v, scale)
+                    if spec.row_scales:  # D10: times the expert scale, then the row scale
+                        v = arith.mulf(v, arith.extf(f32, bir.load(kb.arg("a_row_scales"), m)))
+                    mir.store_output(v, kb.arg("c"), bir.add(bir.mul(m, n_count), n),
+                                     "bfloat16")
+
+                D.emit_decode(kb, fmt, start=start, end=end, expert=expert, n_count=n_count,
+                              k=k, a_srow=lambda m: bir.add(srow0, m), store=store_g)
+                br.yield_()
+            with br.else_():  # D8: an unused group's rows are zeros
+                n0 = bir.mul(bir.block_idx("x"), COLS)
+                rows = bir.sub(end, start)
+                tid = bir.thread_idx("x")
+                with bir.for_range(tid, bir.mul(rows, COLS), THREADS) as zl:
+                    m = bir.add(start, bir.udiv(zl.iv, COLS))
+                    n = bir.add(n0, bir.urem(zl.iv, COLS))
+                    with bir.when(bir.ult(n, n_count)):
+                        mir.store_output(bir.const(0.0, f32), kb.arg("c"),
+                                         bir.add(bir.mul(m, n_count), n), "bfloat16")
+                br.yield_()
+    return kb.module
+
+
+# ---- host side -------------------------------------------------------------------------------
+
+
+def enabled() -> bool:
+    """False when BLOCKSCALE_DECODE=0."""
+    return os.environ.get(ENV_SWITCH, "1") not in ("0", "false", "off")
+
+
+def k_supported(fmt: Format, k: int) -> bool:
+    """16-byte weight rows (the kernel's 16-byte loads)."""
+    return k % 32 == 0 if fmt.is_fp4 else k % 16 == 0
+
+
+def max_group_rows(expert_start: Any, t: int) -> int:
+    """The largest group's rows: exact for a numpy ``expert_start``, else T (an upper
+    bound)."""
+    if isinstance(expert_start, np.ndarray) and expert_start.size >= 2:
+        return int(np.max(np.diff(expert_start.astype(np.int64))))
+    return t
+
+
+def grouped_fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_groups: int,
+                      row_scales: bool) -> Callable[..., Any] | None:
+    """The :data:`blockscale.ops.matmul_grouped.FAST_PATHS` hook (registered first)."""
+    if target not in TARGETS or not enabled() or t == 0 or n == 0 or not k_supported(fmt, k):
+        return None
+    spec = DecodeSpec(fmt.name, "grouped", "bfloat16", row_scales, target)
+
+    def run(buffers: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
+        if max_group_rows(buffers["expert_start"], t) <= MAX_ROWS:
+            return H.launch(spec, grid(n, num_groups), (t, n), "bfloat16", buffers, scalars,
+                            device)
+        for fast in _grouped.FAST_PATHS:  # hand over to the tiled kernels
+            if fast is grouped_fast_path:
+                continue
+            runner = fast(target, fmt, t, n, k, num_groups, row_scales)
+            if runner is not None:
+                return runner(buffers, scalars, device)
+        portable = _grouped.GroupedMatmulSpec(fmt.name, "tcgen5d", "bfloat16", row_scales,
+                                              target)
+        return H.launch(portable, _grouped.grid(t, n), (t, n), "bfloat16", buffers, scalars,
+                        device)
+    return run
+
+
+def dense_fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
+                    epilogue: Any) -> Callable[..., Any] | None:
+    """The :data:`blockscale.ops.matmul.FAST_PATHS` hook: M <= MAX_ROWS, no epilogue."""
+    if target not in TARGETS or not enabled() or epilogue is not None or m == 0 or n == 0 \
+            or m > MAX_ROWS or not k_supported(fmt, k):
+        return None
+    spec = DecodeSpec(fmt.name, "dense", out_dtype, False, target)
+
+    def run(a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, extra: dict[str, Any],
+            device: Any) -> Any:
+        alpha = H.finite_f32(alpha, "alpha")
+        H.check_epilogue_inputs((), extra, m, n)
+        return H.launch(spec, grid(n, 1), (m, n), out_dtype,
+                        {"a": a, "b": b, "sfa": sfa, "sfb": sfb},
+                        {"m": m, "n": n, "k": k, "alpha": alpha}, device)
+    return run
+
+
+def grouped_matmul_decode(hidden: Any, weight: Any, a_scales: Any, b_scales: Any,
+                          expert_start: Any, a_scale_offsets: Any, expert_ids: Any,
+                          expert_scales: Any, fmt: Format | str, *, k: int | None = None,
+                          a_row_scales: Any = None, device: Any = None,
+                          target: str = "sm_90a") -> Any:
+    """The decode kernel called directly (no dispatch; any group size), checked like
+    :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled`."""
+    fmt = Format.from_name(fmt)
+    captured: dict[str, Any] = {}
+
+    def hook(tgt: str, f: Format, t: int, n: int, kk: int, g: int, rs: bool) -> Any:
+        def run(buffers: dict[str, Any], scalars: dict[str, Any], dev: Any) -> Any:
+            if not k_supported(f, kk):
+                raise ValueError(f"k must be a multiple of {32 if f.is_fp4 else 16} for the "
+                                 f"decode kernel ({f.name}), got {kk}")
+            spec = DecodeSpec(f.name, "grouped", "bfloat16", rs, tgt)
+            captured["spec"] = spec
+            return H.launch(spec, grid(n, g), (t, n), "bfloat16", buffers, scalars, dev,
+                            empty=t == 0 or n == 0)
+        return run
+
+    saved = list(_grouped.FAST_PATHS)
+    _grouped.FAST_PATHS[:] = [hook]
+    try:
+        return _grouped.grouped_matmul_block_scaled(
+            hidden, weight, a_scales, b_scales, expert_start, a_scale_offsets, expert_ids,
+            expert_scales, fmt, k=k, a_row_scales=a_row_scales, device=device, target=target)
+    finally:
+        _grouped.FAST_PATHS[:] = saved
+
+
+def block_scaled_matmul_decode(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *,
+                               k: int | None = None, alpha: float = 1.0,
+                               out_dtype: str = "bfloat16", device: Any = None,
+                               target: str = "sm_90a") -> Any:
+    """The dense decode kernel called directly (no dispatch; any M)."""
+    fmt = Format.from_name(fmt)
+    d = _matmul._validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
+    if not k_supported(fmt, d.k):
+        raise ValueError(f"k must be a multiple of {32 if fmt.is_fp4 else 16} for the decode "
+                         f"kernel ({fmt.name}), got {d.k}")
+    dev, tgt = H.device_and_target(device, target)
+    spec = DecodeSpec(fmt.name, "dense", out_dtype, False, tgt)
+    return H.launch(spec, grid(d.n, 1), (d.m, d.n), out_dtype,
+                    {"a": a, "b": b, "sfa": sfa, "sfb": sfb},
+                    {"m": d.m, "n": d.n, "k": d.k, "alpha": H.finite_f32(alpha, "alpha")}, dev,
+                    empty=d.m == 0 or d.n == 0)
+
+
+def kernel(spec: DecodeSpec) -> Any:
+    """The compiled Kernel (every asm stage) of ``spec``; needs the compiler."""
+    return H.compile_spec(spec)
+
+
+def bundle_specs(target: str = "sm_90a") -> list[DecodeSpec]:
+    """Every decode spec the dispatch and the GPU tests use on ``target``."""
+    if target not in TARGETS:
+        return []
+    specs = [DecodeSpec(f, "grouped", "bfloat16", False, target)
+             for f in ("nvfp4", "mxfp4", "mxfp8")]
+    specs.append(DecodeSpec("nvfp4", "grouped", "bfloat16", True, target))
+    specs += [DecodeSpec(f, "dense", o, False, target)
+              for f in ("nvfp4", "mxfp4", "mxfp8") for o in ("bfloat16", "float32")]
+    return specs
+
+
+if grouped_fast_path not in _grouped.FAST_PATHS:
+    _grouped.FAST_PATHS.insert(0, grouped_fast_path)
+if dense_fast_path not in _matmul.FAST_PATHS:
+    _matmul.FAST_PATHS.insert(0, dense_fast_path)
+
+_core.register_op_module(__name__)
+
+__all__ = ["DecodeSpec", "MAX_ROWS", "block_scaled_matmul_decode", "build", "bundle_specs",
+           "dense_fast_path", "grid", "grouped_fast_path", "grouped_matmul_decode", "kernel"]
