@@ -76,7 +76,10 @@ class _Ctx:
     def __init__(self, spec: QuantizeSpec) -> None:
         self.spec = spec
         self.fmt = Format.from_name(spec.fmt)
-        self.lanes = self.fmt.block_size // CHUNK
+        from blockscale.ops.quantize import chunk_elems
+
+        self.chunk = chunk_elems(spec)  # elements per thread per row: 8 or 16
+        self.lanes = self.fmt.block_size // self.chunk
         self.lanes_log2 = self.lanes.bit_length() - 1
         from blockscale.compiler.targets import GPUTarget
 
@@ -88,6 +91,11 @@ class _Ctx:
 
 def _load_chunk_bits(k: _Ctx, buf: ir.Value, row_off: ir.Value, col0: ir.Value,
                      ncols: ir.Value, load_ok: ir.Value) -> list[ir.Value]:
+    return _load_chunk(k, buf, row_off, col0, ncols, load_ok)[0]
+
+
+def _load_chunk(k: _Ctx, buf: ir.Value, row_off: ir.Value, col0: ir.Value,
+                ncols: ir.Value, load_ok: ir.Value) -> tuple[list[ir.Value], ir.Value | None]:
     """The f32 bit patterns (i32) of 8 bf16 at ``buf[row_off + col0 + e]``; 0 where invalid.
 
     Aligned kernels: one 16-byte ``vector.load`` from a clamped (always in-bounds) address,
@@ -105,7 +113,7 @@ def _load_chunk_bits(k: _Ctx, buf: ir.Value, row_off: ir.Value, col0: ir.Value,
         for i in range(CHUNK // 2):
             w = B.extract(words, i)
             out += [arith.shli(w, _c32(16)), arith.andi(w, _c32(-65536))]
-        return out
+        return out, words
     out = []
     for e in range(CHUNK):
         col = arith.addi(col0, _c64(e))
@@ -114,7 +122,7 @@ def _load_chunk_bits(k: _Ctx, buf: ir.Value, row_off: ir.Value, col0: ir.Value,
         v = B.load(buf, idx)
         b = arith.shli(arith.extui(i32, arith.bitcast(B.i16(), v)), _c32(16))
         out.append(arith.select(ok, b, _c32(0)))
-    return out
+    return out, None
 
 
 def _activation(spec: QuantizeSpec, g: ir.Value, u: ir.Value) -> ir.Value:
@@ -136,12 +144,26 @@ def _activation(spec: QuantizeSpec, g: ir.Value, u: ir.Value) -> ir.Value:
 # ---- per-chunk quantization -------------------------------------------------------------------
 
 
-def _block_amax_bits(k: _Ctx, bits: list[ir.Value]) -> ir.Value:
-    """max |bits| over the chunk, then over the L lanes of the scale block (gpu.shuffle xor)."""
-    mask = _c32(0x7FFFFFFF)
-    m = arith.andi(bits[0], mask)
-    for b in bits[1:]:
-        m = arith.maxui(m, arith.andi(b, mask))
+def _block_amax_bits(k: _Ctx, bits: list[ir.Value], words: list[ir.Value] | None = None
+                     ) -> ir.Value:
+    """max |bits| over the chunk, then over the L lanes of the scale block (gpu.shuffle xor).
+
+    With ``words`` (the loaded bf16-pair vectors) the max is taken on the 16-bit halves
+    (``and 0x7FFF`` + unsigned max, as ``max.u16x2``): exact, as bf16 -> f32 is ``<< 16``."""
+    if words:
+        i16 = B.i16()
+        m16 = None
+        for wv in words:
+            h = vector.bitcast(B.vec(2 * wv.type.shape[0], i16), wv)
+            h = arith.andi(h, C.const_like(h.type, 0x7FFF))
+            r = vector.reduction(i16, vector.CombiningKind.MAXUI, h)
+            m16 = r if m16 is None else arith.maxui(m16, r)
+        m = arith.shli(arith.extui(B.i32(), m16), _c32(16))
+    else:
+        mask = _c32(0x7FFFFFFF)
+        m = arith.andi(bits[0], mask)
+        for b in bits[1:]:
+            m = arith.maxui(m, arith.andi(b, mask))
     width = _c32(k.target.warp_size)
     off = 1
     while off < k.lanes:
@@ -160,11 +182,23 @@ def _scale_and_recip(k: _Ctx, amax_bits: ir.Value, tsf: ir.Value | None,
                                   elem_recip=float(k.fmt.scale_recip),
                                   elem_emax=k.fmt.elem_emax, target=k.target)
         sd = C.e8m0_to_f32(byte)
-        recip = arith.divf(_cf(1.0), sd)  # sd >= 2^-127: never 0 (D1)
-        return byte, recip, sd
+        # 1 / 2^(b-127) is the power of two 2^(127-b), exactly what div.rn gives: its bits are
+        # (254 - b) << 23, except b = 254 (2^-127, the subnormal 0x00400000). The byte of a
+        # finite amax is <= 254 (D5's 0xFF is selected later), so no division is needed.
+        ebits = arith.shli(arith.subi(_c32(254), byte), _c32(23))
+        ebits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, byte, _c32(254)),
+                             _c32(0x00400000), ebits)
+        return byte, arith.bitcast(B.f32(), ebits), sd
     s = arith.mulf(tsf, arith.mulf(amax, _cf(RECIP_E2M1_MAX)))
     byte = C.convert(s, "f32", "e4m3", rounding="rn", target=k.target)
-    sd = C.e4m3_to_f32(byte)
+    if k.target.is_cuda:
+        # The satfinite byte of a finite s is <= 0x7E. Its 7 bits placed at f32 bits 20..26
+        # give 2^(e-127)(1 + m/8) (e != 0) or the subnormal m * 2^-129; times 2^120 that is
+        # exactly the E4M3 value (2 instructions instead of a software decode; CUDA f32
+        # multiplies keep subnormal inputs).
+        sd = arith.mulf(arith.bitcast(B.f32(), arith.shli(byte, _c32(20))), _cf(2.0 ** 120))
+    else:
+        sd = C.e4m3_to_f32(byte)
     recip = arith.divf(_cf(1.0), arith.mulf(sd, inv_tsf))
     zero = arith.cmpi(arith.CmpIPredicate.eq, byte, _c32(0))  # D1: decoded scale 0
     return byte, arith.select(zero, _cf(0.0), recip), sd
@@ -176,8 +210,12 @@ def _fast_e2m1(k: _Ctx) -> bool:
     return k.target.name == "sm_90a"
 
 
-def _pack_fp4(k: _Ctx, xs: list[ir.Value], recip: ir.Value, sd: ir.Value) -> ir.Value:
-    """Eight f32 -> i32 of packed E2M1 codes (element 2j in the low nibble of byte j)."""
+def _pack_fp4(k: _Ctx, xs: list[ir.Value], recip: ir.Value, sd: ir.Value,
+              pairs: ir.Value | None = None) -> ir.Value:
+    """Eight f32 -> i32 of packed E2M1 codes (element 2j in the low nibble of byte j).
+
+    ``pairs``: optionally the vector<4xi32> of bf16-pair words ``xs`` were widened from (their
+    sign bits; saves four ``prmt``)."""
     name = k.target.name
     if name == "gfx950" and k.fmt.is_mx:
         return C.fp4x8_from_f32_scaled_gfx950(xs, sd)
@@ -192,8 +230,11 @@ def _pack_fp4(k: _Ctx, xs: list[ir.Value], recip: ir.Value, sd: ir.Value) -> ir.
         return _pack_fp4_sw(ys)
     # Signs come from x (sign(y) = sign(x) as recip >= +0), as bf16-pair words (prmt 0x7632
     # keeps the upper halves of two f32 bit patterns; ptxas folds it with the widening).
-    xb = [arith.bitcast(B.i32(), x) for x in xs]
-    pairs = [NV.byte_perm(xb[2 * i], xb[2 * i + 1], 0x7632) for i in range(CHUNK // 2)]
+    if pairs is not None:
+        pairs = [B.extract(pairs, i) for i in range(CHUNK // 2)]
+    else:
+        xb = [arith.bitcast(B.i32(), x) for x in xs]
+        pairs = [NV.byte_perm(xb[2 * i], xb[2 * i + 1], 0x7632) for i in range(CHUNK // 2)]
     if k.fmt.is_mx:  # recip = 2^(127-b) is finite: y is never NaN
         return C.e2m1x8_pack_fast(ys, pairs)
     # NVFP4: recip = +inf (sd * (1/tsf) underflowing) makes 0 * inf = NaN, whose code is 0x7
@@ -345,7 +386,7 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
     j = arith.shrui(c, _c64(k.lanes_log2))
     lane0 = arith.cmpi(arith.CmpIPredicate.eq, arith.andi(c, _c64(k.lanes - 1)), _c64(0))
     chunk_ok = arith.cmpi(arith.CmpIPredicate.ult, c, chunks_row)
-    col0 = arith.muli(c, _c64(CHUNK))
+    col0 = arith.muli(c, _c64(k.chunk))
     col_ok = arith.cmpi(arith.CmpIPredicate.ult, col0, ncols)
     rows_per_part = arith.shrui(_c64(128), split)
     part = arith.andi(by, arith.subi(arith.shli(_c64(1), split), _c64(1)))
@@ -395,21 +436,33 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
                 for gbit, ubit in zip(gb, ub):
                     z = _activation(spec, arith.bitcast(B.f32(), gbit), arith.bitcast(B.f32(), ubit))
                     bits.append(arith.bitcast(B.i32(), z))
+                halves = [(col0, col_ok, bits, None)]
             else:
-                bits = _load_chunk_bits(k, a("x"), row_off, col0, ncols, load_ok)
-            amax = _block_amax_bits(k, bits)
+                # k.chunk // 8 sub-chunks of 8 (dense aligned: 16 elements, two 16-byte loads
+                # in flight per thread and one scale computation per NVFP4 block).
+                halves = []
+                for h in range(k.chunk // CHUNK):
+                    colh = arith.addi(col0, _c64(CHUNK * h))
+                    okh = col_ok if h == 0 else arith.cmpi(arith.CmpIPredicate.ult, colh, ncols)
+                    hb, hw = _load_chunk(k, a("x"), row_off, colh, ncols,
+                                         arith.andi(load_ok, okh))
+                    halves.append((colh, okh, hb, hw))
+                bits = [b for hv in halves for b in hv[2]]
+            wlist = [hv[3] for hv in halves]
+            amax = _block_amax_bits(k, bits, wlist if all(w is not None for w in wlist) else None)
             nonfinite = arith.cmpi(arith.CmpIPredicate.uge, amax, _c32(0x7F800000))
             safe_amax = arith.select(nonfinite, _c32(0), amax)
             byte, recip, sd = _scale_and_recip(k, safe_amax, tsf, inv_tsf)
             nan_byte = 0xFF if k.fmt.is_mx else 0x7F
             byte = arith.select(nonfinite, _c32(nan_byte), byte)
-            xs = [arith.bitcast(B.f32(), b) for b in bits]
-            if k.fmt.is_fp4:
-                words = [_pack_fp4(k, xs, recip, sd)]
-            else:
-                words = _pack_e4m3(k, xs, recip)
-            words = [arith.select(nonfinite, _c32(0), w) for w in words]
-            _store_data(k, a("data"), words, drow, col0, ncols, arith.andi(row_ok, col_ok))
+            for colh, okh, hb, hw in halves:
+                xs = [arith.bitcast(B.f32(), b) for b in hb]
+                if k.fmt.is_fp4:
+                    words = [_pack_fp4(k, xs, recip, sd, hw)]
+                else:
+                    words = _pack_e4m3(k, xs, recip)
+                words = [arith.select(nonfinite, _c32(0), w) for w in words]
+                _store_data(k, a("data"), words, drow, colh, ncols, arith.andi(row_ok, okh))
             # Scale byte: the block's first lane writes it; padding slots get 0 (D7).
             has_data = arith.andi(row_ok, col_ok)
             sval = arith.trunci(B.i8(), arith.select(arith.andi(has_data, active), byte, _c32(0)))
