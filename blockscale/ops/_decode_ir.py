@@ -56,7 +56,7 @@ Value = ir.Value
 
 WARPS = 8
 THREADS = 32 * WARPS
-ROWS_PER_WARP = 8
+ROWS_PER_WARP = 4
 COLS = WARPS * ROWS_PER_WARP
 #: activation rows per pass over the weights (a group with more rows makes several passes)
 ROWS = 4
@@ -203,7 +203,12 @@ def emit_decode(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value
             bir.barrier()
             accs = list(wl.carried)
             for i in range(ROWS_PER_WARP):
-                wv = _dequant_weights(lay, words[i])
+              # Each weight row is a branch (n < N): the compiler keeps one row's 32
+              # dequantized weights live at a time (hoisting them all costs ~40 registers a row).
+              old = accs[i * ROWS:(i + 1) * ROWS]
+              wb = bir.if_(nvalid[i], [f32] * ROWS)
+              with wb.then():
+                wv = _dequant_weights(lay, words[i])  # once per weight row and window
                 for r in range(ROWS):
                     idx = i * ROWS + r
 
@@ -226,15 +231,19 @@ def emit_decode(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value
                             acc = mmath.fma(t, arith.mulf(sa, sbs[i][s]), acc)
                         return acc
 
-                    if r == 0:
-                        accs[idx] = row_body()
-                    else:
-                        g = bir.if_(bir.ult(bir.const(r), rows_c), [f32])
-                        with g.then():
-                            g.yield_(row_body())
-                        with g.else_():
-                            g.yield_(accs[idx])
-                        accs[idx] = g.results[0]
+                    # Every row is a (warp-uniform) branch, row 0 included: no branch
+                    # dominates another, so the compiler cannot keep one row's shared
+                    # loads alive for the next weight row (that costs ~100 registers).
+                    g = bir.if_(bir.ult(bir.const(r), rows_c), [f32])
+                    with g.then():
+                        g.yield_(row_body())
+                    with g.else_():
+                        g.yield_(accs[idx])
+                    accs[idx] = g.results[0]
+                wb.yield_(*accs[i * ROWS:(i + 1) * ROWS])
+              with wb.else_():
+                wb.yield_(*old)
+              accs[i * ROWS:(i + 1) * ROWS] = list(wb.results)
             wl.yield_(*accs)
         totals = list(wl.results)
         for r in range(ROWS):

@@ -47,7 +47,9 @@ IR_TARGETS = ("sm_90a", "sm_100a")
 MAX_ROWS = 16
 ENV_SWITCH = "BLOCKSCALE_DECODE"
 THREADS = 256
-COLS = 64
+#: register cap (nvvm.maxnreg): 2 CTAs of 256 threads per SM
+MAX_REGISTERS = 128
+COLS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +117,8 @@ def build(spec: DecodeSpec) -> Any:
 
     fmt = spec.format
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
+        from mlir import ir as mlir_ir
+        kb.func.attributes["nvvm.maxnreg"] = mlir_ir.IntegerAttr.get(bir.i32(), MAX_REGISTERS)
         f32 = bir.f32()
         k = bir.as_index(kb.arg("k"))
         n_count = bir.as_index(kb.arg("n"))
