@@ -99,10 +99,11 @@ class Layout:
 
 
 def _dequant_weights(lay: Layout, words: list[Value]) -> list[Value]:
-    """The chunk's ``ew`` raw weights (f32, dec(w) * 2^-raw_exp), element order of K."""
+    """The raw values (f32, dec(w) * 2^-raw_exp) of the elements in ``words`` (i32 each,
+    little-endian, low nibble first), in K order."""
     f32 = bir.f32()
     out = []
-    for p in range(lay.ew):
+    for p in range(len(words) * (8 if lay.fmt.is_fp4 else 4)):
         if lay.fmt.is_fp4:
             x, j = words[p // 8], p % 8
             mag = bir.bit_and(_shift(x, 22 - 4 * j), _i32c(0x01C00000))
@@ -113,19 +114,6 @@ def _dequant_weights(lay: Layout, words: list[Value]) -> list[Value]:
             sgn = bir.bit_and(_shift(x, 24 - 8 * j), _i32c(0x80000000))
         out.append(arith.bitcast(f32, bir.bit_or(mag, sgn)))
     return out
-
-
-def _decode_act(lay: Layout, a: Value, row_base: Value, kk: Value) -> Value:
-    """Exact f32 value of activation element ``kk`` of the row starting at byte row_base."""
-    f32 = bir.f32()
-    if lay.fmt.is_fp4:
-        byte = mir.load_byte_i32(a, bir.add(row_base, bir.udiv(kk, 2)))
-        sh = bir.as_i32(bir.mul(bir.urem(kk, 2), 4))
-        code = bir.bit_and(bir.shru(byte, sh), 0xF)
-        mag = arith.mulf(arith.uitofp(f32, mir._e2m1_twice(code)), bir.const(0.5, f32))
-        return bir.select(bir.ne(bir.bit_and(code, 8), bir.const(0, bir.i32())),
-                          arith.negf(mag), mag)
-    return convert.e4m3_to_f32(mir.load_byte_i32(a, bir.add(row_base, kk)))
 
 
 def _shuffle_xor(v: Value, off: int) -> Value:
@@ -160,7 +148,7 @@ def emit_decode(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value
     w_rows = [bir.mul(bir.add(bir.mul(e, n_count), n), row_bytes) for n in ns]
     b_srow0 = bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS)
     sfb_rows = [mir.tcgen_row_offset(bir.add(b_srow0, n), d1) for n in ns]
-    v16, v4f = bir.vec(16, bir.i8()), bir.vec(4, f32)
+    v16 = bir.vec(16, bir.i8())
     zero = bir.const(0.0, f32)
     ident = bir.const(0.0, f32)
 
@@ -203,47 +191,27 @@ def emit_decode(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value
             bir.barrier()
             accs = list(wl.carried)
             for i in range(ROWS_PER_WARP):
-              # Each weight row is a branch (n < N): the compiler keeps one row's 32
-              # dequantized weights live at a time (hoisting them all costs ~40 registers a row).
-              old = accs[i * ROWS:(i + 1) * ROWS]
-              wb = bir.if_(nvalid[i], [f32] * ROWS)
-              with wb.then():
-                wv = _dequant_weights(lay, words[i])  # once per weight row and window
-                for r in range(ROWS):
-                    idx = i * ROWS + r
-
-                    def row_body(r: int = r, i: int = i, idx: int = idx) -> Value:
-                        acc = accs[idx]
-                        base = r * lay.kw
-                        av: list[Value] = []
-                        for q in range(lay.ew // 4):
-                            vec = bir.vector_load(v4f, act, bir.add(bir.mul(lane, 4),
-                                                                    base + q * 128),
-                                                  alignment=16)
-                            av += [bir.extract(vec, t) for t in range(4)]
-                        for s in range(lay.slots):
-                            p = bir.const(0.0, f32)
-                            for el in range(s * lay.span, (s + 1) * lay.span):
-                                p = mmath.fma(av[el], wv[el], p)
-                            t = arith.mulf(p, bir.const(2.0 ** lay.raw_exp, f32))
-                            sa = bir.load(sact, bir.add(bir.mul(lane, lay.slots),
-                                                        r * WINDOW_CHUNKS * lay.slots + s))
-                            acc = mmath.fma(t, arith.mulf(sa, sbs[i][s]), acc)
-                        return acc
-
-                    # Every row is a (warp-uniform) branch, row 0 included: no branch
-                    # dominates another, so the compiler cannot keep one row's shared
-                    # loads alive for the next weight row (that costs ~100 registers).
-                    g = bir.if_(bir.ult(bir.const(r), rows_c), [f32])
-                    with g.then():
-                        g.yield_(row_body())
-                    with g.else_():
-                        g.yield_(accs[idx])
-                    accs[idx] = g.results[0]
-                wb.yield_(*accs[i * ROWS:(i + 1) * ROWS])
-              with wb.else_():
-                wb.yield_(*old)
-              accs[i * ROWS:(i + 1) * ROWS] = list(wb.results)
+                # Each weight row is a branch (n < N) and so is each activation row (r <
+                # rows, row 0 included): no branch dominates another, so the compiler keeps
+                # one weight row's 32 dequantized values and one row's activations live at a
+                # time (hoisting them costs ~40 registers per weight row).
+                sl = slice(i * ROWS, (i + 1) * ROWS)
+                old = accs[sl]
+                wb = bir.if_(nvalid[i], [f32] * ROWS)
+                with wb.then():
+                    wv = _dequant_weights(lay, words[i])  # once per weight row and window
+                    new = []
+                    for r in range(ROWS):
+                        g = bir.if_(bir.ult(bir.const(r), rows_c), [f32])
+                        with g.then():
+                            g.yield_(_row_dot(lay, act, sact, lane, r, wv, sbs[i], old[r]))
+                        with g.else_():
+                            g.yield_(old[r])
+                        new.append(g.results[0])
+                    wb.yield_(*new)
+                with wb.else_():
+                    wb.yield_(*old)
+                accs[sl] = list(wb.results)
             wl.yield_(*accs)
         totals = list(wl.results)
         for r in range(ROWS):
@@ -257,28 +225,62 @@ def emit_decode(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value
         bir.barrier()  # the next row chunk restages the shared buffers
 
 
+
+def _row_dot(lay: Layout, act: Value, sact: Value, lane: Value, r: int, wv: list[Value],
+             sb: list[Value], acc: Value) -> Value:
+    """acc plus this lane's block terms of activation row r against one weight chunk."""
+    f32 = bir.f32()
+    av: list[Value] = []
+    for q in range(lay.ew // 4):  # 16-byte shared reads, consecutive across lanes
+        vec = bir.vector_load(bir.vec(4, f32), act,
+                              bir.add(bir.mul(lane, 4), r * lay.kw + q * 128), alignment=16)
+        av += [bir.extract(vec, t) for t in range(4)]
+    for s in range(lay.slots):
+        p = bir.const(0.0, f32)
+        for el in range(s * lay.span, (s + 1) * lay.span):
+            p = mmath.fma(av[el], wv[el], p)  # exact for FP4 (module docstring)
+        t = arith.mulf(p, bir.const(2.0 ** lay.raw_exp, f32))  # exact: the block sum
+        sa = bir.load(sact, bir.add(bir.mul(lane, lay.slots), r * WINDOW_CHUNKS * lay.slots + s))
+        acc = mmath.fma(t, arith.mulf(sa, sb[s]), acc)  # exact product, one rounding
+    return acc
+
+
 def _stage(kb: Any, lay: Layout, act: Value, sact: Value, a: Value, sfa: Value, tid: Value,
            r0: Value, rows_c: Value, win: Value, k: Value, kblocks: Value, d1: Value,
            a_srow: Callable[[Value], Value], row_bytes: Value) -> None:
     """Decode window ``win`` of the chunk's activation rows (and their scales) to shared."""
     f32 = bir.f32()
-    total = ROWS * lay.kw
-    for it in range(-(-total // THREADS)):
+    v4f = bir.vec(4, f32)
+    words_per_row = WINDOW_CHUNKS * CHUNK_BYTES // 4
+    per_word = 8 if lay.fmt.is_fp4 else 4  # elements per 4-byte word
+    for it in range(-(-ROWS * words_per_row // THREADS)):
         idx = bir.add(tid, it * THREADS)
-        r = bir.udiv(idx, lay.kw)
-        el = bir.urem(idx, lay.kw)
+        r = bir.udiv(idx, words_per_row)
+        wd = bir.urem(idx, words_per_row)
         with bir.when(bir.ult(r, rows_c)):
-            kk = bir.add(bir.mul(win, lay.kw), el)
-            m = bir.add(r0, r)
-            br = bir.if_(bir.ult(kk, k), [f32])
-            with br.then():
-                br.yield_(_decode_act(lay, a, bir.mul(m, row_bytes), kk))
+            col = bir.add(bir.mul(win, WINDOW_CHUNKS * CHUNK_BYTES), bir.mul(wd, 4))
+            br = bir.if_(bir.ult(col, row_bytes), [bir.i32()])
+            with br.then():  # 4-byte rows: K % 32 (FP4) / K % 16 (MXFP8)
+                v = bir.vector_load(bir.vec(4, bir.i8()), a,
+                                    bir.add(bir.mul(bir.add(r0, r), row_bytes), col),
+                                    alignment=4)
+                br.yield_(vector.extract(vector.bitcast(bir.vec(1, bir.i32()), v), [], [0]))
             with br.else_():
-                br.yield_(bir.const(0.0, f32))
+                br.yield_(bir.const(0, bir.i32()))
+            x = br.results[0]
+            if lay.fmt.is_fp4:  # the weights' bit trick, then the exact * 2^126
+                raw = _dequant_weights(lay, [x])
+                vals = [arith.mulf(v, bir.const(2.0 ** 126, f32)) for v in raw]
+            else:  # exact decoder (E4M3 NaN -> NaN)
+                vals = [convert.e4m3_to_f32(bir.bit_and(bir.shru(x, _i32c(8 * j)), 0xFF))
+                        for j in range(4)]
+            el = bir.mul(wd, per_word)  # first element of the word in the window
             ln, p = bir.udiv(el, lay.ew), bir.urem(el, lay.ew)
-            dst = bir.add(bir.add(bir.mul(r, lay.kw), bir.mul(bir.udiv(p, 4), 128)),
-                          bir.add(bir.mul(ln, 4), bir.urem(p, 4)))
-            bir.store(br.results[0], act, dst)
+            base = bir.add(bir.mul(r, lay.kw), bir.mul(ln, 4))
+            for h in range(per_word // 4):
+                dst = bir.add(base, bir.mul(bir.add(bir.udiv(p, 4), h), 128))
+                bir.vector_store(bir.from_elements(v4f, vals[4 * h:4 * h + 4]), act, dst,
+                                 alignment=16)
     slots = ROWS * WINDOW_CHUNKS * lay.slots
     for it in range(-(-slots // THREADS)):
         idx = bir.add(tid, it * THREADS)

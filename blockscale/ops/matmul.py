@@ -323,6 +323,7 @@ for _fn in (naive_block_scaled_matmul, matmul_dynamic_block_scaled_mxfp4, block_
 _core.register_op_module(__name__)
 
 import blockscale.ops.matmul_sm90  # noqa: F401 (registers its FAST_PATHS entry)
+import blockscale.ops.matmul_decode  # noqa: E402, F401 (decode kernel: first in FAST_PATHS)
 
 __all__ = [
     "FAST_PATHS",

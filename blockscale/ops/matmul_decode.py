@@ -309,5 +309,15 @@ if dense_fast_path not in _matmul.FAST_PATHS:
 
 _core.register_op_module(__name__)
 
-__all__ = ["DecodeSpec", "MAX_ROWS", "block_scaled_matmul_decode", "build", "bundle_specs",
-           "dense_fast_path", "grid", "grouped_fast_path", "grouped_matmul_decode", "kernel"]
+__all__ = [
+    "MAX_ROWS",
+    "DecodeSpec",
+    "block_scaled_matmul_decode",
+    "build",
+    "bundle_specs",
+    "dense_fast_path",
+    "grid",
+    "grouped_fast_path",
+    "grouped_matmul_decode",
+    "kernel",
+]

@@ -378,6 +378,7 @@ for _fn in (grouped_matmul_block_scaled, grouped_matmul_block_scaled_mxfp4):
 _core.register_op_module(__name__)
 
 import blockscale.ops.matmul_grouped_sm90  # noqa: F401 (registers its FAST_PATHS entry)
+import blockscale.ops.matmul_decode  # noqa: E402, F401 (decode kernel: first in FAST_PATHS)
 
 __all__ = [
     "FAST_PATHS",
