@@ -105,10 +105,14 @@ def _load_chunk(k: _Ctx, buf: ir.Value, row_off: ir.Value, col0: ir.Value,
     """
     i32 = B.i32()
     if k.spec.aligned:
-        idx = arith.select(load_ok, arith.addi(row_off, col0), _c64(0))
+        if load_ok is None:  # the caller's address is valid and no zeroing is wanted
+            idx = arith.addi(row_off, col0)
+        else:
+            idx = arith.select(load_ok, arith.addi(row_off, col0), _c64(0))
         v = B.vector_load(B.vec(CHUNK, B.bf16()), buf, idx, alignment=16)
         words = vector.bitcast(B.vec(CHUNK // 2, i32), v)
-        words = arith.select(load_ok, words, C.const_like(words.type, 0))
+        if load_ok is not None:
+            words = arith.select(load_ok, words, C.const_like(words.type, 0))
         out = []
         for i in range(CHUNK // 2):
             w = B.extract(words, i)
@@ -216,35 +220,71 @@ def _pack_fp4(k: _Ctx, xs: list[ir.Value], recip: ir.Value, sd: ir.Value,
 
     ``pairs``: optionally the vector<4xi32> of bf16-pair words ``xs`` were widened from (their
     sign bits; saves four ``prmt``)."""
+    return _pack_fp4_all(k, [xs], recip, sd, [pairs])[0]
+
+
+def _pack_fp4_all(k: _Ctx, xs_h: list[list[ir.Value]], recip: ir.Value, sd: ir.Value,
+                  pairs_h: list[ir.Value | None]) -> list[ir.Value]:
+    """:func:`_pack_fp4` of each 8-value sub-chunk of one scale block."""
     name = k.target.name
     if name == "gfx950" and k.fmt.is_mx:
-        return C.fp4x8_from_f32_scaled_gfx950(xs, sd)
-    ys = [arith.mulf(x, recip) for x in xs]
-    if name == "sm_100a":
-        word = _c32(0)
-        for j in range(4):
-            byte = C.e2m1x2_from_f32_nvvm(ys[2 * j], ys[2 * j + 1])
-            word = arith.ori(word, arith.shli(byte, _c32(8 * j)))
-        return word
-    if not _fast_e2m1(k):
-        return _pack_fp4_sw(ys)
-    # Signs come from x (sign(y) = sign(x) as recip >= +0), as bf16-pair words (prmt 0x7632
-    # keeps the upper halves of two f32 bit patterns; ptxas folds it with the widening).
-    if pairs is not None:
-        pairs = [B.extract(pairs, i) for i in range(CHUNK // 2)]
+        return [C.fp4x8_from_f32_scaled_gfx950(xs, sd) for xs in xs_h]
+    if name == "sm_100a" or not _fast_e2m1(k):
+        out = []
+        for xs in xs_h:
+            ys = [arith.mulf(x, recip) for x in xs]
+            if name != "sm_100a":
+                out.append(_pack_fp4_sw(ys))
+                continue
+            word = _c32(0)
+            for j in range(4):
+                byte = C.e2m1x2_from_f32_nvvm(ys[2 * j], ys[2 * j + 1])
+                word = arith.ori(word, arith.shli(byte, _c32(8 * j)))
+            out.append(word)
+        return out
+    # Signs come from x (sign(y) = sign(x) as recip >= +0), as bf16-pair words: the loaded
+    # ones, or prmt 0x7632 of two f32 bit patterns (their upper halves).
+    if all(p is not None for p in pairs_h):
+        words_h = [[B.extract(p, i) for i in range(CHUNK // 2)] for p in pairs_h]
+        if not k.fmt.is_mx:  # MX: recip = 2^(127-b) is finite, y is never NaN
+            # x is re-widened from the (possibly) fixed words: -0 -> +0 still gives NaN.
+            words_h = _nan_product_signs(recip, words_h)
+            xs_h = [[arith.bitcast(B.f32(), v) for w in ws
+                     for v in (arith.shli(w, _c32(16)), arith.andi(w, _c32(-65536)))]
+                    for ws in words_h]
     else:
-        xb = [arith.bitcast(B.i32(), x) for x in xs]
-        pairs = [NV.byte_perm(xb[2 * i], xb[2 * i + 1], 0x7632) for i in range(CHUNK // 2)]
-    if k.fmt.is_mx:  # recip = 2^(127-b) is finite: y is never NaN
-        return C.e2m1x8_pack_fast(ys, pairs)
-    # NVFP4: recip = +inf (sd * (1/tsf) underflowing) makes 0 * inf = NaN, whose code is 0x7
-    # with the sign cleared; only the software form handles it (a per-block uniform branch).
-    br = B.if_(arith.cmpf(arith.CmpFPredicate.OEQ, recip, _cf(np.inf)), [B.i32()])
+        words_h = []
+        for xs in xs_h:
+            xb = [arith.bitcast(B.i32(), x) for x in xs]
+            words_h.append([NV.byte_perm(xb[2 * i], xb[2 * i + 1], 0x7632)
+                            for i in range(CHUNK // 2)])
+        if not k.fmt.is_mx:
+            words_h = _nan_product_signs(recip, words_h)
+    return [C.e2m1x8_pack_fast([arith.mulf(x, recip) for x in xs], w)
+            for xs, w in zip(xs_h, words_h)]
+
+
+def _nan_product_signs(recip: ir.Value, words_h: list[list[ir.Value]]) -> list[list[ir.Value]]:
+    """NVFP4 with recip = +inf (sd * (1/tsf) underflowing): x = ±0 gives y = 0 * inf = NaN,
+    whose E2M1 code is 0x7 with the sign cleared (the fast form already gives magnitude 7 for
+    NaN, min(NaN, 6) = 6). So clear the sign bit of -0 halves in the sign words: a rarely
+    taken, per-block uniform branch that only touches these words (no register cost)."""
+    flat = [w for ws in words_h for w in ws]
+    br = B.if_(arith.cmpf(arith.CmpFPredicate.OEQ, recip, _cf(np.inf)), [B.i32()] * len(flat))
     with br.then():
-        br.yield_(_pack_fp4_sw(ys))
+        fixed = []
+        for w in flat:
+            lo0 = arith.cmpi(arith.CmpIPredicate.eq, arith.andi(w, _c32(0x7FFF)), _c32(0))
+            hi0 = arith.cmpi(arith.CmpIPredicate.eq, arith.andi(w, _c32(0x7FFF0000)), _c32(0))
+            clear = arith.ori(arith.select(lo0, _c32(0x8000), _c32(0)),
+                              arith.select(hi0, _c32(-0x80000000), _c32(0)))
+            fixed.append(arith.andi(w, arith.xori(clear, _c32(-1))))
+        br.yield_(*fixed)
     with br.else_():
-        br.yield_(C.e2m1x8_pack_fast(ys, pairs))
-    return br.results[0]
+        br.yield_(*flat)
+    res = list(br.results)
+    n = len(words_h[0])
+    return [res[i * n:(i + 1) * n] for i in range(len(words_h))]
 
 
 def _pack_fp4_sw(ys: list[ir.Value]) -> ir.Value:
@@ -393,13 +433,27 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
     tile_base = arith.shrui(by, split)
     row_iters = arith.shrui(rows_per_part, rpb_log2)
     in_stride = arith.shli(ncols, _c64(1)) if spec.mode == "silu" else ncols
+    dense_wide = spec.mode == "dense" and k.chunk > CHUNK
+    ld_cols: list[ir.Value] = []
+    if dense_wide:
+        # Load columns of the sub-chunks: their own when valid, else the first column of this
+        # chunk (valid) or of the scale block (0 when the whole block is padding).
+        jcol = arith.muli(j, _c64(k.fmt.block_size))
+        jcol = arith.select(arith.cmpi(arith.CmpIPredicate.ult, jcol, ncols), jcol, _c64(0))
+        first = arith.select(col_ok, col0, jcol)
+        for h in range(k.chunk // CHUNK):
+            colh = arith.addi(col0, _c64(CHUNK * h))
+            ld_cols.append(arith.select(arith.cmpi(arith.CmpIPredicate.ult, colh, ncols),
+                                        colh, first))
     dense_inv_tsf = None
     if spec.mode == "dense" and not k.fmt.is_mx:
         dense_inv_tsf = arith.divf(_cf(1.0), a("tensor_sf"))
 
+    s_jpart = arith.addi(arith.shli(arith.shrui(j, _c64(2)), _c64(9)), arith.andi(j, _c64(3)))
     with B.for_range(0, arith.extui(i64, a("tile_iters"))) as tloop:
         titer = B.cast_int(tloop.iv, i64)
         tile = arith.addi(tile_base, arith.muli(titer, a("tiles_per_step")))
+        tile_soff = arith.shli(arith.muli(tile, arith.shrui(kblocks_row, _c64(2))), _c64(9))
         tile_ok = arith.cmpi(arith.CmpIPredicate.ult, tile, a("n_tiles"))
         tsf = inv_tsf = None
         if grouped:
@@ -428,7 +482,13 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
                 src = arith.extsi(i64, B.load(a("indices"), gidx))
                 srow = arith.divui(src, arith.extui(i64, a("indices_divisor")))
             load_ok = arith.andi(arith.andi(row_ok, col_ok), active)
-            row_off = arith.muli(arith.select(load_ok, srow, _c64(0)), in_stride)
+            if dense_wide:
+                # No zeroing: an invalid sub-chunk re-reads a valid one of the same scale
+                # block (ld_cols), which leaves the block max unchanged; rows past M read row
+                # 0; nothing of an invalid chunk is stored and its scale byte is masked.
+                row_off = arith.muli(arith.select(row_ok, srow, _c64(0)), in_stride)
+            else:
+                row_off = arith.muli(arith.select(load_ok, srow, _c64(0)), in_stride)
             if spec.mode == "silu":
                 gb = _load_chunk_bits(k, a("x"), row_off, col0, ncols, load_ok)
                 ub = _load_chunk_bits(k, a("x"), arith.addi(row_off, ncols), col0, ncols, load_ok)
@@ -444,8 +504,11 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
                 for h in range(k.chunk // CHUNK):
                     colh = arith.addi(col0, _c64(CHUNK * h))
                     okh = col_ok if h == 0 else arith.cmpi(arith.CmpIPredicate.ult, colh, ncols)
-                    hb, hw = _load_chunk(k, a("x"), row_off, colh, ncols,
-                                         arith.andi(load_ok, okh))
+                    if dense_wide:
+                        hb, hw = _load_chunk(k, a("x"), row_off, ld_cols[h], ncols, None)
+                    else:
+                        hb, hw = _load_chunk(k, a("x"), row_off, colh, ncols,
+                                             arith.andi(load_ok, okh))
                     halves.append((colh, okh, hb, hw))
                 bits = [b for hv in halves for b in hv[2]]
             wlist = [hv[3] for hv in halves]
@@ -455,12 +518,12 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
             byte, recip, sd = _scale_and_recip(k, safe_amax, tsf, inv_tsf)
             nan_byte = 0xFF if k.fmt.is_mx else 0x7F
             byte = arith.select(nonfinite, _c32(nan_byte), byte)
-            for colh, okh, hb, hw in halves:
-                xs = [arith.bitcast(B.f32(), b) for b in hb]
-                if k.fmt.is_fp4:
-                    words = [_pack_fp4(k, xs, recip, sd, hw)]
-                else:
-                    words = _pack_e4m3(k, xs, recip)
+            xs_h = [[arith.bitcast(B.f32(), b) for b in hv[2]] for hv in halves]
+            if k.fmt.is_fp4:
+                packed = [[w] for w in _pack_fp4_all(k, xs_h, recip, sd, [hv[3] for hv in halves])]
+            else:
+                packed = [_pack_e4m3(k, xs, recip) for xs in xs_h]
+            for (colh, okh, _, _), words in zip(halves, packed):
                 words = [arith.select(nonfinite, _c32(0), w) for w in words]
                 _store_data(k, a("data"), words, drow, colh, ncols, arith.andi(row_ok, okh))
             # Scale byte: the block's first lane writes it; padding slots get 0 (D7).
@@ -468,9 +531,12 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
             sval = arith.trunci(B.i8(), arith.select(arith.andi(has_data, active), byte, _c32(0)))
             if spec.layout == "row_major":
                 s_ok = arith.andi(arith.andi(lane0, chunk_ok), row_ok)
-                srow5 = drow
+                soff = _scale_offset(k, drow, j, kblocks_row)
             else:
                 s_ok = arith.andi(arith.andi(lane0, chunk_ok), tile_ok)
-                srow5 = arith.addi(arith.shli(tile, _c64(7)), rr)
+                # _scale_offset(tile * 128 + rr, j) with the tile and j parts hoisted (rr < 128)
+                rpart = arith.ori(arith.shli(arith.andi(rr, _c64(31)), _c64(4)),
+                                  arith.shli(arith.shrui(rr, _c64(5)), _c64(2)))
+                soff = arith.addi(arith.addi(tile_soff, s_jpart), rpart)
             with B.when(s_ok):
-                B.store(sval, a("scales"), _scale_offset(k, srow5, j, kblocks_row))
+                B.store(sval, a("scales"), soff)

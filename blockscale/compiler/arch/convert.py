@@ -136,7 +136,8 @@ def e2m1x8_pack_fast(ys: list[ir.Value], sign_words: list[ir.Value]) -> ir.Value
     ``sign_words[i]`` holds the signs of elements 2i (bit 15) and 2i+1 (bit 31), e.g. the raw
     bf16 pair word the values were widened from (the caller guarantees sign(y) = sign(x):
     true for ``y = x * recip`` with ``recip >= +0`` unless ``y`` is NaN, i.e. ``recip == +inf``
-    and ``x == ±0``; callers route that case to the software converter).
+    and ``x == ±0``: a NaN ``y`` gets magnitude 7 here, and the caller clears its sign bit in
+    ``sign_words``, which gives the software form's NaN code 0x7).
 
     Magnitude, per element, 2 ALU + 4 FMA-pipe instructions (the previous software form was
     ~17, mostly ALU, which made the FP4 kernels issue-bound):
