@@ -1,0 +1,50 @@
+"""The decode kernels (blockscale/ops/matmul_decode.py) lower to the intended sm_90a SASS:
+16-byte weight loads (LDG.E.128, 4 per lane per window), 16-byte shared activation reads
+(LDS.128), FFMA dot products, a butterfly reduction (SHFL.BFLY), <= 128 registers (two
+256-thread CTAs per SM) and no register spills inside the streaming loop (the few spills
+ptxas makes under the 128-register cap are of loop-invariant addresses, outside it).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from blockscale.ops import matmul_decode
+
+pytestmark = pytest.mark.lower
+
+_INSN = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
+
+
+def _ops(sass: str) -> list[str]:
+    return [m.group(1) for line in sass.splitlines() if (m := _INSN.match(line))]
+
+
+@pytest.mark.parametrize("spec", matmul_decode.bundle_specs("sm_90a"),
+                         ids=lambda s: s.kernel_name)
+def test_decode_sass(spec):
+    kernel = matmul_decode.kernel(spec)
+    meta, ops = kernel.meta, _ops(kernel.asm["sass"])
+    assert 0 < meta["registers"] <= matmul_decode.MAX_REGISTERS, meta
+    assert ops.count("LDG.E.128") == 4, ops.count("LDG.E.128")  # one per weight row
+    assert ops.count("LDS.128") >= 4 * 4 * (8 if spec.format.is_fp4 else 4) // 2
+    assert ops.count("FFMA") >= 4 * 4 * (32 if spec.format.is_fp4 else 16)
+    assert ops.count("SHFL.BFLY") >= 5 * 4 * 4
+    first = ops.index("LDG.E.128")
+    last_bar = len(ops) - 1 - ops[::-1].index("BAR.SYNC.DEFER_BLOCKING")
+    last_ffma = len(ops) - 1 - ops[::-1].index("FFMA")
+    loop = ops[first:last_ffma]  # weight loads .. the last dot-product FMA
+    assert not [o for o in loop if o.startswith(("STL", "LDL"))], "spill in the weight loop"
+    assert first < last_bar
+    assert meta["static_shared_bytes"] <= 48 * 1024
+
+
+def test_report_registers(capsys):
+    """Registers / spills / shared memory of the decode kernels (printed for the report)."""
+    for spec in matmul_decode.bundle_specs("sm_90a"):
+        k = matmul_decode.kernel(spec)
+        with capsys.disabled():
+            print(f"{k.name}: {k.meta['registers']} regs, spills {k.meta['spill_stores']}/"
+                  f"{k.meta['spill_loads']}, {k.meta['static_shared_bytes']} B smem")
