@@ -100,20 +100,30 @@ class Layout:
 
 def _dequant_weights(lay: Layout, words: list[Value]) -> list[Value]:
     """The raw values (f32, dec(w) * 2^-raw_exp) of the elements in ``words`` (i32 each,
-    little-endian, low nibble first), in K order."""
+    little-endian, low nibble first), in K order.
+
+    Two elements at a time, as the two bf16 halves of one register (bf16 is the top half of
+    an f32, so the bit placement is the f32 one): FP4 elements j and j + 4 of a word
+    (``(x << 6-4j) & 0x01C001C0 | (x << 12-4j) & 0x80008000``), E4M3 bytes 0 and 2 or 1 and
+    3; then each half becomes an f32 (``<< 16`` / ``& 0xFFFF0000``): ~3 ALU ops an element.
+    """
     f32 = bir.f32()
-    out = []
-    for p in range(len(words) * (8 if lay.fmt.is_fp4 else 4)):
-        if lay.fmt.is_fp4:
-            x, j = words[p // 8], p % 8
-            mag = bir.bit_and(_shift(x, 22 - 4 * j), _i32c(0x01C00000))
-            sgn = bir.bit_and(_shift(x, 28 - 4 * j), _i32c(0x80000000))
-        else:
-            x, j = words[p // 4], p % 4
-            mag = bir.bit_and(_shift(x, 20 - 8 * j), _i32c(0x07F00000))
-            sgn = bir.bit_and(_shift(x, 24 - 8 * j), _i32c(0x80000000))
-        out.append(arith.bitcast(f32, bir.bit_or(mag, sgn)))
-    return out
+    per = 8 if lay.fmt.is_fp4 else 4
+    out: list[Value | None] = [None] * (len(words) * per)
+    hi_mask = _i32c(0xFFFF0000)
+    for w, x in enumerate(words):
+        if lay.fmt.is_fp4:  # (element, element + 4, magnitude shift, sign shift)
+            pairs = [(j, j + 4, 6 - 4 * j, 12 - 4 * j) for j in range(4)]
+            m_mask, s_mask = 0x01C001C0, 0x80008000
+        else:  # bytes (0, 2) and (1, 3)
+            pairs = [(0, 2, 4, 8), (1, 3, -4, 0)]
+            m_mask, s_mask = 0x07F007F0, 0x80008000
+        for lo, hi, ms, ss in pairs:
+            r = bir.bit_or(bir.bit_and(_shift(x, ms), _i32c(m_mask)),
+                           bir.bit_and(_shift(x, ss), _i32c(s_mask)))
+            out[w * per + lo] = arith.bitcast(f32, bir.shl(r, _i32c(16)))
+            out[w * per + hi] = arith.bitcast(f32, bir.bit_and(r, hi_mask))
+    return out  # type: ignore[return-value]
 
 
 def _shuffle_xor(v: Value, off: int) -> Value:
