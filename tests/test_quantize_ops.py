@@ -91,6 +91,17 @@ def test_layouts_and_tsf(layout):
         _check_dense(x, "nvfp4", "sm_90a", tensor_sf=tsf, scale_layout=layout)
 
 
+@pytest.mark.parametrize("blocks", [1, 3, 7])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+def test_dense_grid_stride(monkeypatch, fmt, blocks):
+    """The dense kernel's grid-stride row loop with fewer blocks than row groups (each block
+    visits several groups, some one more than others), aligned and unaligned K."""
+    monkeypatch.setattr(Q, "RESIDENT_BLOCKS", blocks)
+    for m, k in ((300, 136), (129, 72), (70, 48)):
+        _check_dense(_edge_input(m, k, m + k), fmt, "sm_90a")
+    _check_dense(_edge_input(40, 42, 9), fmt, "gfx942")
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_infinite_recip_nan_products(target):
     """tensor_sf ~3e38 with bf16-subnormal blocks: sd * (1/tsf) underflows, recip = +inf, so

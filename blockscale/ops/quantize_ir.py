@@ -450,6 +450,99 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
         dense_inv_tsf = arith.divf(_cf(1.0), a("tensor_sf"))
 
     s_jpart = arith.addi(arith.shli(arith.shrui(j, _c64(2)), _c64(9)), arith.andi(j, _c64(3)))
+    def row(tile: ir.Value, tile_ok: ir.Value, row_base: ir.Value, rows_valid: ir.Value,
+            active: ir.Value, tsf: ir.Value | None, inv_tsf: ir.Value | None,
+            tile_soff: ir.Value, rr: ir.Value) -> None:
+        """One row visit: row ``rr`` of tile ``tile``, this thread's chunk."""
+        row_ok = arith.andi(tile_ok, arith.cmpi(arith.CmpIPredicate.slt, rr, rows_valid))
+        drow = arith.addi(row_base, rr)
+        srow = drow
+        if spec.gather:
+            gidx = arith.select(row_ok, drow, _c64(0))
+            src = arith.extsi(i64, B.load(a("indices"), gidx))
+            srow = arith.divui(src, arith.extui(i64, a("indices_divisor")))
+        load_ok = arith.andi(arith.andi(row_ok, col_ok), active)
+        if dense_wide:
+            # No zeroing: an invalid sub-chunk re-reads a valid one of the same scale
+            # block (ld_cols), which leaves the block max unchanged; rows past M read row
+            # 0; nothing of an invalid chunk is stored and its scale byte is masked.
+            row_off = arith.muli(arith.select(row_ok, srow, _c64(0)), in_stride)
+        else:
+            row_off = arith.muli(arith.select(load_ok, srow, _c64(0)), in_stride)
+        if spec.mode == "silu":
+            gb = _load_chunk_bits(k, a("x"), row_off, col0, ncols, load_ok)
+            ub = _load_chunk_bits(k, a("x"), arith.addi(row_off, ncols), col0, ncols, load_ok)
+            bits = []
+            for gbit, ubit in zip(gb, ub):
+                z = _activation(spec, arith.bitcast(B.f32(), gbit), arith.bitcast(B.f32(), ubit))
+                bits.append(arith.bitcast(B.i32(), z))
+            halves = [(col0, col_ok, bits, None)]
+        else:
+            # k.chunk // 8 sub-chunks of 8 (dense aligned: 16 elements, two 16-byte loads
+            # in flight per thread and one scale computation per NVFP4 block).
+            halves = []
+            for h in range(k.chunk // CHUNK):
+                colh = arith.addi(col0, _c64(CHUNK * h))
+                okh = col_ok if h == 0 else arith.cmpi(arith.CmpIPredicate.ult, colh, ncols)
+                if dense_wide:
+                    hb, hw = _load_chunk(k, a("x"), row_off, ld_cols[h], ncols, None)
+                else:
+                    hb, hw = _load_chunk(k, a("x"), row_off, colh, ncols,
+                                         arith.andi(load_ok, okh))
+                halves.append((colh, okh, hb, hw))
+            bits = [b for hv in halves for b in hv[2]]
+        wlist = [hv[3] for hv in halves]
+        amax = _block_amax_bits(k, bits, wlist if all(w is not None for w in wlist) else None)
+        nonfinite = arith.cmpi(arith.CmpIPredicate.uge, amax, _c32(0x7F800000))
+        safe_amax = arith.select(nonfinite, _c32(0), amax)
+        byte, recip, sd = _scale_and_recip(k, safe_amax, tsf, inv_tsf)
+        nan_byte = 0xFF if k.fmt.is_mx else 0x7F
+        byte = arith.select(nonfinite, _c32(nan_byte), byte)
+        xs_h = [[arith.bitcast(B.f32(), b) for b in hv[2]] for hv in halves]
+        if k.fmt.is_fp4:
+            packed = [[w] for w in _pack_fp4_all(k, xs_h, recip, sd, [hv[3] for hv in halves])]
+        else:
+            packed = [_pack_e4m3(k, xs, recip) for xs in xs_h]
+        for (colh, okh, _, _), words in zip(halves, packed):
+            words = [arith.select(nonfinite, _c32(0), w) for w in words]
+            _store_data(k, a("data"), words, drow, colh, ncols, arith.andi(row_ok, okh))
+        # Scale byte: the block's first lane writes it; padding slots get 0 (D7).
+        has_data = arith.andi(row_ok, col_ok)
+        sval = arith.trunci(B.i8(), arith.select(arith.andi(has_data, active), byte, _c32(0)))
+        if spec.layout == "row_major":
+            s_ok = arith.andi(arith.andi(lane0, chunk_ok), row_ok)
+            soff = _scale_offset(k, drow, j, kblocks_row)
+        else:
+            s_ok = arith.andi(arith.andi(lane0, chunk_ok), tile_ok)
+            # _scale_offset(tile * 128 + rr, j) with the tile and j parts hoisted (rr < 128)
+            rpart = arith.ori(arith.shli(arith.andi(rr, _c64(31)), _c64(4)),
+                              arith.shli(arith.shrui(rr, _c64(5)), _c64(2)))
+            soff = arith.addi(arith.addi(tile_soff, s_jpart), rpart)
+        with B.when(s_ok):
+            B.store(sval, a("scales"), soff)
+
+    if spec.mode == "dense":
+        # Grid-stride loop over row groups of 2^rpb_log2 rows (all n_tiles * 128 padded rows):
+        # the launch makes about one resident wave of blocks (launch_plan), each looping, so
+        # there is no partial last wave (2048 equal blocks over ~660 slots left a 10% wave).
+        n_groups = arith.shli(a("n_tiles"), arith.subi(_c64(7), rpb_log2))
+        gy = B.cast_int(B.grid_dim("y"), i64)
+        active = arith.constant(B.i1(), ir.BoolAttr.get(True))
+        tsf = inv_tsf = None
+        if not k.fmt.is_mx:
+            tsf, inv_tsf = a("tensor_sf"), dense_inv_tsf
+        with B.for_range(by, n_groups, gy) as gloop:
+            row0 = arith.shli(B.cast_int(gloop.iv, i64), rpb_log2)
+            tile = arith.shrui(row0, _c64(7))
+            row_base = arith.shli(tile, _c64(7))
+            left = arith.subi(m, row_base)
+            rows_valid = arith.minsi(left, _c64(128))  # >= 1: tile < ceil(m / 128)
+            tile_soff = arith.shli(arith.muli(tile, arith.shrui(kblocks_row, _c64(2))), _c64(9))
+            tile_ok = arith.constant(B.i1(), ir.BoolAttr.get(True))
+            row(tile, tile_ok, row_base, rows_valid, active, tsf, inv_tsf, tile_soff,
+                arith.addi(arith.andi(row0, _c64(127)), ri))
+        return
+
     with B.for_range(0, arith.extui(i64, a("tile_iters"))) as tloop:
         titer = B.cast_int(tloop.iv, i64)
         tile = arith.addi(tile_base, arith.muli(titer, a("tiles_per_step")))
@@ -474,69 +567,4 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
             riter = B.cast_int(rloop.iv, i64)
             rr = arith.addi(arith.addi(arith.muli(part, rows_per_part), ri),
                             arith.shli(riter, rpb_log2))
-            row_ok = arith.andi(tile_ok, arith.cmpi(arith.CmpIPredicate.slt, rr, rows_valid))
-            drow = arith.addi(row_base, rr)
-            srow = drow
-            if spec.gather:
-                gidx = arith.select(row_ok, drow, _c64(0))
-                src = arith.extsi(i64, B.load(a("indices"), gidx))
-                srow = arith.divui(src, arith.extui(i64, a("indices_divisor")))
-            load_ok = arith.andi(arith.andi(row_ok, col_ok), active)
-            if dense_wide:
-                # No zeroing: an invalid sub-chunk re-reads a valid one of the same scale
-                # block (ld_cols), which leaves the block max unchanged; rows past M read row
-                # 0; nothing of an invalid chunk is stored and its scale byte is masked.
-                row_off = arith.muli(arith.select(row_ok, srow, _c64(0)), in_stride)
-            else:
-                row_off = arith.muli(arith.select(load_ok, srow, _c64(0)), in_stride)
-            if spec.mode == "silu":
-                gb = _load_chunk_bits(k, a("x"), row_off, col0, ncols, load_ok)
-                ub = _load_chunk_bits(k, a("x"), arith.addi(row_off, ncols), col0, ncols, load_ok)
-                bits = []
-                for gbit, ubit in zip(gb, ub):
-                    z = _activation(spec, arith.bitcast(B.f32(), gbit), arith.bitcast(B.f32(), ubit))
-                    bits.append(arith.bitcast(B.i32(), z))
-                halves = [(col0, col_ok, bits, None)]
-            else:
-                # k.chunk // 8 sub-chunks of 8 (dense aligned: 16 elements, two 16-byte loads
-                # in flight per thread and one scale computation per NVFP4 block).
-                halves = []
-                for h in range(k.chunk // CHUNK):
-                    colh = arith.addi(col0, _c64(CHUNK * h))
-                    okh = col_ok if h == 0 else arith.cmpi(arith.CmpIPredicate.ult, colh, ncols)
-                    if dense_wide:
-                        hb, hw = _load_chunk(k, a("x"), row_off, ld_cols[h], ncols, None)
-                    else:
-                        hb, hw = _load_chunk(k, a("x"), row_off, colh, ncols,
-                                             arith.andi(load_ok, okh))
-                    halves.append((colh, okh, hb, hw))
-                bits = [b for hv in halves for b in hv[2]]
-            wlist = [hv[3] for hv in halves]
-            amax = _block_amax_bits(k, bits, wlist if all(w is not None for w in wlist) else None)
-            nonfinite = arith.cmpi(arith.CmpIPredicate.uge, amax, _c32(0x7F800000))
-            safe_amax = arith.select(nonfinite, _c32(0), amax)
-            byte, recip, sd = _scale_and_recip(k, safe_amax, tsf, inv_tsf)
-            nan_byte = 0xFF if k.fmt.is_mx else 0x7F
-            byte = arith.select(nonfinite, _c32(nan_byte), byte)
-            xs_h = [[arith.bitcast(B.f32(), b) for b in hv[2]] for hv in halves]
-            if k.fmt.is_fp4:
-                packed = [[w] for w in _pack_fp4_all(k, xs_h, recip, sd, [hv[3] for hv in halves])]
-            else:
-                packed = [_pack_e4m3(k, xs, recip) for xs in xs_h]
-            for (colh, okh, _, _), words in zip(halves, packed):
-                words = [arith.select(nonfinite, _c32(0), w) for w in words]
-                _store_data(k, a("data"), words, drow, colh, ncols, arith.andi(row_ok, okh))
-            # Scale byte: the block's first lane writes it; padding slots get 0 (D7).
-            has_data = arith.andi(row_ok, col_ok)
-            sval = arith.trunci(B.i8(), arith.select(arith.andi(has_data, active), byte, _c32(0)))
-            if spec.layout == "row_major":
-                s_ok = arith.andi(arith.andi(lane0, chunk_ok), row_ok)
-                soff = _scale_offset(k, drow, j, kblocks_row)
-            else:
-                s_ok = arith.andi(arith.andi(lane0, chunk_ok), tile_ok)
-                # _scale_offset(tile * 128 + rr, j) with the tile and j parts hoisted (rr < 128)
-                rpart = arith.ori(arith.shli(arith.andi(rr, _c64(31)), _c64(4)),
-                                  arith.shli(arith.shrui(rr, _c64(5)), _c64(2)))
-                soff = arith.addi(arith.addi(tile_soff, s_jpart), rpart)
-            with B.when(s_ok):
-                B.store(sval, a("scales"), soff)
+            row(tile, tile_ok, row_base, rows_valid, active, tsf, inv_tsf, tile_soff, rr)
