@@ -90,6 +90,9 @@ class Layout:
             self.slots = 1                              # MXFP8: half a block
         self.span = self.ew // self.slots               # elements per slot
         self.raw_exp = 126 if fmt.is_fp4 else 120       # raw(w) = dec(w) * 2^-raw_exp
+        #: FP4: f16x2 products (weights dec * 2^-14, activations dec * 2^8: the block sum
+        #: is dec-sum * 2^-6, exact in f16 for 8 products a lane half)
+        self.half = fmt.is_fp4
 
     def block_of(self, chunk: Value, slot: int) -> Value:
         """Global K-block of scale slot ``slot`` of global chunk ``chunk`` (index)."""
@@ -126,6 +129,31 @@ def _dequant_weights(lay: Layout, words: list[Value]) -> list[Value]:
     return out  # type: ignore[return-value]
 
 
+def _dequant_pairs_f16(words: list[Value]) -> list[Value]:
+    """FP4 weights as ``vector<2xf16>`` pairs (elements j and j + 4 of each word, j = 0..3,
+    in order (word, j)), value dec(w) * 2^-14 (f16 bits ``s<<15 | (e, m)<<9``, subnormal
+    0.5 included): ``(x << 9-4j) & 0x0E000E00 | (x << 12-4j) & 0x80008000``, ~2 ALU ops an
+    element, exact."""
+    out = []
+    for x in words:
+        for j in range(4):
+            r = bir.bit_or(bir.bit_and(_shift(x, 9 - 4 * j), _i32c(0x0E000E00)),
+                           bir.bit_and(_shift(x, 12 - 4 * j), _i32c(0x80008000)))
+            out.append(_as_f16x2(r))
+    return out
+
+
+def _contract() -> ir.Attribute:
+    """``#arith.fastmath<contract>``: lets the backend fuse an exact f16x2 multiply-add
+    (math.fma on f16 lowers to a libdevice f32 call instead)."""
+    return ir.Attribute.parse("#arith.fastmath<contract>")
+
+
+def _as_f16x2(r: Value) -> Value:
+    return vector.bitcast(bir.vec(2, bir.f16()), vector.from_elements(bir.vec(1, bir.i32()),
+                                                                      [r]))
+
+
 def _shuffle_xor(v: Value, off: int) -> Value:
     op = gpu.ShuffleOp(v, _i32c(off), _i32c(32), gpu.ShuffleMode.XOR)
     return op.results[0]
@@ -139,7 +167,8 @@ def emit_decode(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value
     activation row m; ``store(total, m, n)`` writes one finished fp32 dot product."""
     lay = Layout(fmt)
     f32, i32 = bir.f32(), bir.i32()
-    act = workgroup_buffer(kb, ROWS * lay.kw, f32)
+    act = (workgroup_buffer(kb, ROWS * lay.kw // 2, bir.i32()) if lay.half
+           else workgroup_buffer(kb, ROWS * lay.kw, f32))
     sact = workgroup_buffer(kb, ROWS * WINDOW_CHUNKS * lay.slots, f32)
     a, w, sfa, sfb = (kb.arg(x) for x in ("a", "w" if "w" in kb.values else "b", "sfa", "sfb"))
 
@@ -209,7 +238,9 @@ def emit_decode(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value
                 old = accs[sl]
                 wb = bir.if_(nvalid[i], [f32] * ROWS)
                 with wb.then():
-                    wv = _dequant_weights(lay, words[i])  # once per weight row and window
+                    # once per weight row and window
+                    wv = (_dequant_pairs_f16(words[i]) if lay.half
+                          else _dequant_weights(lay, words[i]))
                     new = []
                     for r in range(ROWS):
                         g = bir.if_(bir.ult(bir.const(r), rows_c), [f32])
@@ -240,6 +271,8 @@ def _row_dot(lay: Layout, act: Value, sact: Value, lane: Value, r: int, wv: list
              sb: list[Value], acc: Value) -> Value:
     """acc plus this lane's block terms of activation row r against one weight chunk."""
     f32 = bir.f32()
+    if lay.half:
+        return _row_dot_f16(lay, act, sact, lane, r, wv, sb, acc)
     av: list[Value] = []
     for q in range(lay.ew // 4):  # 16-byte shared reads, consecutive across lanes
         vec = bir.vector_load(bir.vec(4, f32), act,
@@ -248,8 +281,37 @@ def _row_dot(lay: Layout, act: Value, sact: Value, lane: Value, r: int, wv: list
     for s in range(lay.slots):
         p = bir.const(0.0, f32)
         for el in range(s * lay.span, (s + 1) * lay.span):
-            p = mmath.fma(av[el], wv[el], p)  # exact for FP4 (module docstring)
+            p = mmath.fma(av[el], wv[el], p)  # exact products (module docstring)
         t = arith.mulf(p, bir.const(2.0 ** lay.raw_exp, f32))  # exact: the block sum
+        sa = bir.load(sact, bir.add(bir.mul(lane, lay.slots), r * WINDOW_CHUNKS * lay.slots + s))
+        acc = mmath.fma(t, arith.mulf(sa, sb[s]), acc)  # exact product, one rounding
+    return acc
+
+
+def _row_dot_f16(lay: Layout, act: Value, sact: Value, lane: Value, r: int, wv: list[Value],
+                 sb: list[Value], acc: Value) -> Value:
+    """FP4: ``fma.rn.f16x2`` chains of 8 pairs (each half sums 8 products exactly), the two
+    halves widened to f32 and added (exact), then the block term as in :func:`_row_dot`."""
+    f32, v2h = bir.f32(), bir.vec(2, bir.f16())
+    ap: list[Value] = []
+    for q in range(4):  # 16-byte shared reads: 4 pairs of word q, consecutive across lanes
+        vec = bir.vector_load(bir.vec(4, bir.i32()), act,
+                              bir.add(bir.mul(lane, 4), r * (lay.kw // 2) + q * 128),
+                              alignment=16)
+        ap += [_as_f16x2(bir.extract(vec, t)) for t in range(4)]
+    groups = 16 // lay.slots // 8  # chains of 8 pairs per slot: NVFP4 1, MXFP4 2
+    for s in range(lay.slots):
+        p = None
+        for c in range(groups):
+            h = bir.const(0.0, v2h)
+            base = (s * groups + c) * 8
+            for x in range(base, base + 8):  # exact (Layout.half): contract -> fma.rn.f16x2
+                h = arith.addf(arith.mulf(ap[x], wv[x], fastmath=_contract()), h,
+                               fastmath=_contract())
+            part = arith.addf(arith.extf(f32, bir.extract(h, 0)),
+                              arith.extf(f32, bir.extract(h, 1)))
+            p = part if p is None else arith.addf(p, part)  # exact: <= 2^13 quanta
+        t = arith.mulf(p, bir.const(2.0 ** 6, f32))  # exact: the block sum
         sa = bir.load(sact, bir.add(bir.mul(lane, lay.slots), r * WINDOW_CHUNKS * lay.slots + s))
         acc = mmath.fma(t, arith.mulf(sa, sb[s]), acc)  # exact product, one rounding
     return acc
@@ -262,7 +324,6 @@ def _stage(kb: Any, lay: Layout, act: Value, sact: Value, a: Value, sfa: Value, 
     f32 = bir.f32()
     v4f = bir.vec(4, f32)
     words_per_row = WINDOW_CHUNKS * CHUNK_BYTES // 4
-    per_word = 8 if lay.fmt.is_fp4 else 4  # elements per 4-byte word
     for it in range(-(-ROWS * words_per_row // THREADS)):
         idx = bir.add(tid, it * THREADS)
         r = bir.udiv(idx, words_per_row)
@@ -278,19 +339,27 @@ def _stage(kb: Any, lay: Layout, act: Value, sact: Value, a: Value, sfa: Value, 
             with br.else_():
                 br.yield_(bir.const(0, bir.i32()))
             x = br.results[0]
-            if lay.fmt.is_fp4:  # the weights' bit trick, then the exact * 2^126
-                raw = _dequant_weights(lay, [x])
-                vals = [arith.mulf(v, bir.const(2.0 ** 126, f32)) for v in raw]
-            else:  # exact decoder (E4M3 NaN -> NaN)
+            if lay.half:  # f16 pairs (j, j + 4) of dec(a) * 2^8, exact; one 16-byte store
+                raw = _dequant_weights(lay, [x])  # dec(a) * 2^-126
+                vals = [arith.truncf(bir.f16(), arith.mulf(arith.mulf(
+                    v, bir.const(2.0 ** 126, f32)), bir.const(2.0 ** 8, f32))) for v in raw]
+                pairs = [bir.bitcast(bir.from_elements(bir.vec(2, bir.f16()),
+                                                       [vals[j], vals[j + 4]]),
+                                     bir.vec(1, bir.i32())) for j in range(4)]
+                words4 = bir.from_elements(bir.vec(4, bir.i32()),
+                                           [bir.extract(pr, 0) for pr in pairs])
+                ln, q = bir.udiv(wd, 4), bir.urem(wd, 4)
+                dst = bir.add(bir.add(bir.mul(r, lay.kw // 2), bir.mul(q, 128)),
+                              bir.mul(ln, 4))
+                bir.vector_store(words4, act, dst, alignment=16)
+            else:  # MXFP8: f32 through the exact decoder (E4M3 NaN -> NaN)
                 vals = [convert.e4m3_to_f32(bir.bit_and(bir.shru(x, _i32c(8 * j)), 0xFF))
                         for j in range(4)]
-            el = bir.mul(wd, per_word)  # first element of the word in the window
-            ln, p = bir.udiv(el, lay.ew), bir.urem(el, lay.ew)
-            base = bir.add(bir.mul(r, lay.kw), bir.mul(ln, 4))
-            for h in range(per_word // 4):
-                dst = bir.add(base, bir.mul(bir.add(bir.udiv(p, 4), h), 128))
-                bir.vector_store(bir.from_elements(v4f, vals[4 * h:4 * h + 4]), act, dst,
-                                 alignment=16)
+                el = bir.mul(wd, 4)  # first element of the word in the window
+                ln, p = bir.udiv(el, lay.ew), bir.urem(el, lay.ew)
+                dst = bir.add(bir.add(bir.mul(r, lay.kw), bir.mul(ln, 4)),
+                              bir.mul(bir.udiv(p, 4), 128))
+                bir.vector_store(bir.from_elements(v4f, vals), act, dst, alignment=16)
     slots = ROWS * WINDOW_CHUNKS * lay.slots
     for it in range(-(-slots // THREADS)):
         idx = bir.add(tid, it * THREADS)
