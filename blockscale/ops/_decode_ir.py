@@ -188,47 +188,50 @@ def emit_decode(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value
     b_srow0 = bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS)
     sfb_rows = [mir.tcgen_row_offset(bir.add(b_srow0, n), d1) for n in ns]
     v16 = bir.vec(16, bir.i8())
-    zero = bir.const(0.0, f32)
     ident = bir.const(0.0, f32)
 
     with bir.for_range(start, end, ROWS) as rl:
         r0 = rl.iv
         rows_c = bir.umin(bir.sub(end, r0), ROWS)
         n_acc = ROWS_PER_WARP * ROWS
-        with bir.for_range(0, windows, carry=[ident] * n_acc) as wl:
-            win = wl.iv
+
+        def fetch(win: Value) -> list[Value]:
+            """Window ``win``'s weight chunks (vector<16xi8>) and scale bytes (i32) of the
+            warp's rows; zeros past the row end (no load)."""
             chunk = bir.add(bir.mul(win, WINDOW_CHUNKS), lane)
             cvalid = bir.ult(chunk, row_chunks)
-            # weight chunks and their scales: issued before the staging barrier
-            words, sbs = [], []
+            data, sbytes = [], []
             for i in range(ROWS_PER_WARP):
                 ok = bir.logical_and(nvalid[i], cvalid)
-                br = bir.if_(ok, [v16])
+                br = bir.if_(ok, [v16] + [i32] * lay.slots)
                 with br.then():
-                    br.yield_(bir.vector_load(v16, w, bir.add(w_rows[i],
-                                                              bir.mul(chunk, CHUNK_BYTES)),
-                                              alignment=16))
+                    vals = [bir.vector_load(v16, w, bir.add(w_rows[i],
+                                                            bir.mul(chunk, CHUNK_BYTES)),
+                                            alignment=16)]
+                    for s_ in range(lay.slots):
+                        vals.append(mir.load_byte_i32(sfb, bir.add(
+                            sfb_rows[i], mir.tcgen_kblock_offset(lay.block_of(chunk, s_)))))
+                    br.yield_(*vals)
                 with br.else_():
-                    br.yield_(bir.const(0, v16))
-                x = vector.bitcast(bir.vec(4, i32), br.results[0])
-                words.append([bir.extract(x, q) for q in range(4)])
-                row_s = []
-                for s in range(lay.slots):
-                    jb = lay.block_of(chunk, s)
-                    sb = bir.if_(ok, [f32])
-                    with sb.then():
-                        byte = mir.load_byte_i32(sfb, bir.add(sfb_rows[i],
-                                                              mir.tcgen_kblock_offset(jb)))
-                        sb.yield_(mir.decode_scale(fmt, byte))
-                    with sb.else_():
-                        sb.yield_(zero)
-                    row_s.append(sb.results[0])
-                sbs.append(row_s)
+                    br.yield_(bir.const(0, v16), *[bir.const(0, i32)] * lay.slots)
+                data.append(br.results[0])
+                sbytes += list(br.results[1:])
+            return data + sbytes
+
+        # software pipeline: window w + 1's loads are in flight while window w is computed
+        with bir.for_range(0, windows, carry=[ident] * n_acc + fetch(bir.const(0))) as wl:
+            win = wl.iv
+            cur = list(wl.carried[n_acc:])
+            nxt = fetch(bir.add(win, 1))
+            words = [[bir.extract(vector.bitcast(bir.vec(4, i32), cur[i]), q) for q in range(4)]
+                     for i in range(ROWS_PER_WARP)]
+            sbs = [[mir.decode_scale(fmt, cur[ROWS_PER_WARP + i * lay.slots + s_])
+                    for s_ in range(lay.slots)] for i in range(ROWS_PER_WARP)]
             bir.barrier()  # the previous window's shared reads are done
             _stage(kb, lay, act, sact, a, sfa, tid, r0, rows_c, win, k, kblocks, d1, a_srow,
                    row_bytes)
             bir.barrier()
-            accs = list(wl.carried)
+            accs = list(wl.carried[:n_acc])
             for i in range(ROWS_PER_WARP):
                 # Each weight row is a branch (n < N) and so is each activation row (r <
                 # rows, row 0 included): no branch dominates another, so the compiler keeps
@@ -253,8 +256,8 @@ def emit_decode(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value
                 with wb.else_():
                     wb.yield_(*old)
                 accs[sl] = list(wb.results)
-            wl.yield_(*accs)
-        totals = list(wl.results)
+            wl.yield_(*accs, *nxt)
+        totals = list(wl.results[:n_acc])
         for r in range(ROWS):
             with bir.when(bir.ult(bir.const(r), rows_c)):
                 for i in range(ROWS_PER_WARP):
