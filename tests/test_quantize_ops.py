@@ -223,6 +223,7 @@ def test_sm90a_kernel_quality():
         ptx = k.asm["ptx"]
         assert ptx.count("ld.global.v4") >= 2
         assert ("shfl.sync.bfly" in ptx) == (fmt != "nvfp4")
+        assert k.meta["registers"] <= 40  # 6 resident blocks per SM (Q.RESIDENT_BLOCKS)
         assert ".approx" not in ptx
         assert k.meta.get("spill_stores", 0) == 0 and k.meta.get("spill_loads", 0) == 0
     assert "rcp.rn.f32" in Q.kernel("nvfp4", "sm_90a").asm["ptx"] or \

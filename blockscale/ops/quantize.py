@@ -34,11 +34,11 @@ KERNEL_SOURCES = ("blockscale.ops.quantize_ir", "blockscale.compiler.arch.conver
 MODES = ("dense", "grouped", "silu")
 #: blocks a launch aims for (132 SMs x 16 resident blocks of 256 threads would be 2112).
 TARGET_BLOCKS = 2048
-#: blocks of a dense launch (grid-stride loop): about one resident wave on an H200, 132 SMs x
-#: 5 blocks of 256 threads at <= 48 registers (6 at <= 40). 2048 equal blocks were 3.1 waves
-#: of 660: the last 10% ran with a tenth of the bytes in flight. On a GPU with fewer slots the
-#: extra blocks simply queue.
-RESIDENT_BLOCKS = 660
+#: blocks of a dense launch (grid-stride loop): one resident wave on an H200, 132 SMs x 6
+#: blocks of 256 threads (the dense CUDA kernels are capped at 40 registers,
+#: quantize_ir.MAX_REGISTERS). 2048 equal blocks were 2.6-3.1 waves: the last one ran with a
+#: fraction of the bytes in flight. On a GPU with fewer slots the extra blocks simply queue.
+RESIDENT_BLOCKS = 792
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from blockscale.ops.quantize import QuantizeSpec
 
 BLOCK_THREADS = 256
+#: register cap of the dense CUDA kernels (nvvm.maxnreg): 65536 / (6 * 256) rounded down to 8
+MAX_REGISTERS = 40
 CHUNK = 8  # elements per thread per row
 
 
@@ -84,6 +86,8 @@ class _Ctx:
         from blockscale.compiler.targets import GPUTarget
 
         self.target = GPUTarget.parse(spec.target)
+        #: shared f32[128] of the dense NVFP4 reciprocal per scale byte (set by _body)
+        self.recip_table: ir.Value | None = None
 
 
 # ---- loading a chunk --------------------------------------------------------------------------
@@ -195,17 +199,27 @@ def _scale_and_recip(k: _Ctx, amax_bits: ir.Value, tsf: ir.Value | None,
         return byte, arith.bitcast(B.f32(), ebits), sd
     s = arith.mulf(tsf, arith.mulf(amax, _cf(RECIP_E2M1_MAX)))
     byte = C.convert(s, "f32", "e4m3", rounding="rn", target=k.target)
+    sd = _e4m3_decode(k, byte)
+    if k.recip_table is not None:  # the same D2 values, computed once per block (see _body)
+        return byte, B.load(k.recip_table, arith.extui(B.i64(), byte)), sd
+    return byte, _nvfp4_recip(byte, sd, inv_tsf), sd
+
+
+def _e4m3_decode(k: _Ctx, byte: ir.Value) -> ir.Value:
+    """The E4M3 scale byte (a satfinite result, <= 0x7E) as f32, exactly."""
     if k.target.is_cuda:
-        # The satfinite byte of a finite s is <= 0x7E. Its 7 bits placed at f32 bits 20..26
-        # give 2^(e-127)(1 + m/8) (e != 0) or the subnormal m * 2^-129; times 2^120 that is
-        # exactly the E4M3 value (2 instructions instead of a software decode; CUDA f32
-        # multiplies keep subnormal inputs).
-        sd = arith.mulf(arith.bitcast(B.f32(), arith.shli(byte, _c32(20))), _cf(2.0 ** 120))
-    else:
-        sd = C.e4m3_to_f32(byte)
+        # Its 7 bits placed at f32 bits 20..26 give 2^(e-127)(1 + m/8) (e != 0) or the
+        # subnormal m * 2^-129; times 2^120 that is exactly the E4M3 value (2 instructions
+        # instead of a software decode; CUDA f32 multiplies keep subnormal inputs).
+        return arith.mulf(arith.bitcast(B.f32(), arith.shli(byte, _c32(20))), _cf(2.0 ** 120))
+    return C.e4m3_to_f32(byte)
+
+
+def _nvfp4_recip(byte: ir.Value, sd: ir.Value, inv_tsf: ir.Value) -> ir.Value:
+    """D2's ``1 / (sd * (1 / tensor_sf))`` (div.rn), 0 for a zero scale (D1)."""
     recip = arith.divf(_cf(1.0), arith.mulf(sd, inv_tsf))
     zero = arith.cmpi(arith.CmpIPredicate.eq, byte, _c32(0))  # D1: decoded scale 0
-    return byte, arith.select(zero, _cf(0.0), recip), sd
+    return arith.select(zero, _cf(0.0), recip)
 
 
 def _fast_e2m1(k: _Ctx) -> bool:
@@ -402,6 +416,10 @@ def build(spec: QuantizeSpec) -> ir.Module:
     with ir.Context(), ir.Location.unknown():
         with B.kernel_module(spec.kernel_name, spec.target, kernel_args(spec),
                              (BLOCK_THREADS, 1, 1)) as kb:
+            if k.target.is_cuda and spec.mode == "dense":
+                # 6 blocks of 256 threads per SM (launch_plan's RESIDENT_BLOCKS); the dense
+                # kernels need 32-41 registers, none spills at 40.
+                kb.func.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(B.i32(), MAX_REGISTERS)
             _body(k, kb)
         kb.module.operation.verify()
         return kb.module
@@ -448,6 +466,19 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
     dense_inv_tsf = None
     if spec.mode == "dense" and not k.fmt.is_mx:
         dense_inv_tsf = arith.divf(_cf(1.0), a("tensor_sf"))
+        if k.target.is_cuda:
+            # recip depends only on the scale byte (<= 0x7E) and tensor_sf: its 127 values
+            # (D2's division, zero guard) go to shared memory once per block; a block's
+            # reciprocal is then one shared load instead of a decode, a multiply and a
+            # div.rn (whose check-and-branch alone is 6 instructions).
+            from blockscale.compiler.arch import tma
+
+            table = tma.shared_buffer(kb, "128xf32", align=16)
+            with B.when(arith.cmpi(arith.CmpIPredicate.ult, tid, _c64(128))):
+                tb = arith.trunci(B.i32(), tid)
+                B.store(_nvfp4_recip(tb, _e4m3_decode(k, tb), dense_inv_tsf), table, tid)
+            gpu.barrier()
+            k.recip_table = table
 
     s_jpart = arith.addi(arith.shli(arith.shrui(j, _c64(2)), _c64(9)), arith.andi(j, _c64(3)))
     def row(tile: ir.Value, tile_ok: ir.Value, row_base: ir.Value, rows_valid: ir.Value,
