@@ -1,36 +1,46 @@
-"""IR of the decode (few rows) block-scaled matmul kernels: weight streaming + FP32 FMAs.
+"""IR of the decode (few rows) block-scaled matmul kernels: weight streaming + FMAs.
 
 Imports MLIR: only :func:`blockscale.ops.matmul_decode.build` imports this module.
 
 Work split
 ----------
 A CTA of :data:`WARPS` warps owns :data:`COLS` = WARPS x :data:`ROWS_PER_WARP` weight rows
-(output columns) ``n0 ..`` of one group (grouped: ``grid = (ceil(N/COLS), G)``, blockIdx.y is
-the group; dense: one group of M rows, expert 0). The K axis is walked in *windows* of 32
-16-byte chunks per weight row: in a window, lane l of a warp loads chunk l of each of its
-ROWS_PER_WARP weight rows (``ld.global.v4`` = LDG.E.128; ROWS_PER_WARP loads in flight per
-lane, issued before the window's activations are staged) and the 1-byte block scales of the
-chunk. The group's rows are processed in chunks of :data:`ROWS` (a loop; rows past the group
-are skipped by warp-uniform branches, so a 1-row group costs one row of FMAs, not ROWS).
-The activations of a window (ROWS x 32 chunks) are decoded once to f32 in shared memory,
-laid out ``[row][p // 4][lane][p % 4]`` (conflict-free 16-byte reads), with their decoded
-scales.
+(output columns) of one group (grouped: ``grid = (ceil(N/COLS), len(group_list))``, CTA row y
+works on group ``group_list[y]``; dense: one group of M rows, expert 0). The K axis is walked
+in *windows* of 32 16-byte chunks per weight row: in a window, lane l of a warp holds chunk l
+of each of its ROWS_PER_WARP weight rows (``ld.global.v4`` = LDG.E.128) and the chunk's
+1-byte block scales. The loads are software-pipelined: window w + 1's are issued before
+window w is computed (ROWS_PER_WARP x 16 bytes in flight per lane all the time). The group's
+rows are processed in passes of :data:`ROWS` (a loop; rows past the group are skipped by
+warp-uniform branches, so a 1-row group costs one row of FMAs, not ROWS). The activations of
+a window (ROWS x 32 chunks) are decoded once per CTA into shared memory, laid out so that a
+lane's reads are 16 bytes at consecutive addresses across the warp (no bank conflicts), with
+their decoded scales.
 
 Numerics (tests/test_matmul_common.py, the stated fp32 bound)
 ------------------------------------------------------------
-Weights are decoded in registers with shifts and masks, *without* the exponent bias:
-E2M1 ``(s, e, m)`` -> the f32 with bits ``s<<31 | (e, m)<<22`` = ``dec(w) * 2^-126``; E4M3
--> ``s<<31 | (e, m)<<20`` = ``dec(w) * 2^-120`` (both exact, subnormal ones included). Per
-scale block (per chunk half for MXFP8) a lane forms ``p = sum dec(a) * raw(w)`` with FMAs:
-for FP4 every product and partial sum is a multiple of 2^-128 below 2^-115 — exact; for
-MXFP8 products are exact (quantum >= 2^-138) and only sums in the normal range round (<= 15
-roundings per half block, inside the B - 1 the bound allows). Then ``t = p * 2^126`` (2^120;
-exact) and ``acc = fma(t, |sA| * |sB|, acc)``: the exact block term added with one rounding.
-Each lane accumulates its chunks in K order and the warp adds the 32 lane sums with a
-butterfly: every block term goes through at most ceil(J / 32) + 5 roundings — an
-accumulation tree of the J block terms, within the J - 1 roundings of the bound (a sum
-tree's error bound depends on its height). Then ``* alpha`` (dense) or ``* expert_scales[e]
-(* a_row_scales[m])`` (grouped, D10 order), and the output cast (RNE).
+Weights are decoded in registers with shifts and masks, *without* the exponent bias.
+
+* FP4 (NVFP4, MXFP4): E2M1 ``(s, e, m)`` -> the f16 with bits ``s<<15 | (e, m)<<9`` =
+  ``dec(w) * 2^-14`` (exact, the subnormal 0.5 included), two per register (elements j and
+  j + 4 of a 32-bit word: ~2 ALU ops an element). Activations are staged as f16 pairs of
+  ``dec(a) * 2^8`` (exact). A lane sums 8 pairs with ``fma.rn.f16x2``: each half sums 8
+  products ``dec(a) dec(w) * 2^-6``, multiples of 2^-8 of magnitude <= 288 * 2^-6, i.e. at
+  most 1152 quanta < 2^11: exact in f16 (normal range, no subnormal). The halves are widened
+  and added in f32 (exact), ``* 2^6`` (exact): the block's exact dot product
+  ``sum dec(a) dec(w)`` (NVFP4: one chain per 16-element block, MXFP4: two per 32).
+* MXFP8: E4M3 -> the f32 with bits ``s<<31 | (e, m)<<20`` = ``dec(w) * 2^-120`` (exact),
+  f32 FMAs against f32 activations: products exact (quantum >= 2^-138), sums round only in
+  the normal range (<= 15 roundings per half block, inside the B - 1 the bound allows); then
+  ``* 2^120`` (exact).
+
+Then ``acc = fma(p, |sA| * |sB|, acc)``: the exact block term added with one rounding. Each
+lane accumulates its chunks in K order and the warp adds the 32 lane sums with a butterfly:
+every block term goes through at most ceil(J / 32) + 5 roundings — an accumulation tree of
+the J block terms, within the J - 1 roundings of the bound (a sum tree's error bound depends
+on its height; additions of exact zeros from idle lanes do not round). Then ``* alpha``
+(dense) or ``* expert_scales[e] (* a_row_scales[m])`` (grouped, D10 order), and the output
+cast (RNE).
 
 Known deviation: an E4M3 *weight* NaN code (0x7F / 0xFF) decodes to +-480 * 2^-120 instead
 of NaN in the MXFP8 kernel (scales and activations use the exact decoder).

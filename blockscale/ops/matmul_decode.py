@@ -1,17 +1,19 @@
-"""Decode (few rows per group) block-scaled matmul: stream each weight once, FP32 FMAs.
+"""Decode (few rows per group) block-scaled matmul: stream each weight once at full rate.
 
 The MoE decode regime (T <= 128 tokens, a few rows per expert) and the dense matmul at small
 M are memory bound: the floor is reading the FP4/FP8 weights and their scales once. The
 tensor-core kernels tile 64 rows per CTA and waste most of it there; this kernel instead
-walks the weights with 16-byte loads (8 in flight per lane) and does the few rows' dot
-products with FP32 FMAs against activations decoded once per CTA into shared memory. See
-:mod:`blockscale.ops._decode_ir` for the kernel and why it meets the fp32 bound of
-tests/test_matmul_common.py.
+walks the weights with 16-byte loads (4 per lane, issued a window ahead) and does the few
+rows' dot products with exact f16x2 FMAs (FP4) or FP32 FMAs (MXFP8) against activations
+decoded once per CTA into shared memory. See :mod:`blockscale.ops._decode_ir` for the kernel
+and why it meets the fp32 bound of tests/test_matmul_common.py.
 
-* Grouped (SEMANTICS §5, D8, D10): same arguments as the portable grouped kernel; grid
-  ``(ceil(N/64), G)``: CTA (x, g) computes columns ``[64x, 64x+64)`` of group g's rows;
-  groups with id -1 write zeros, empty groups exit at once.
-* Dense (§4.1): same arguments as the portable dense kernel (no epilogue); one group.
+* Grouped (SEMANTICS §5, D8, D10): the portable grouped kernel's arguments plus
+  ``group_list``; grid ``(ceil(N/32), len(group_list))``: CTA (x, y) computes columns
+  ``[32x, 32x+32)`` of group ``group_list[y]``'s rows. The host passes the non-empty groups
+  when ``expert_start`` is a numpy array (decode: most of the E groups are empty), else all;
+  groups with id -1 write zeros (D8).
+* Dense (§4.1): the portable dense kernel's arguments (no epilogue); one group.
 
 Dispatch: registered first in ``matmul_grouped.FAST_PATHS`` and ``matmul.FAST_PATHS``. The
 grouped runner takes the decode kernel when the largest group has <= :data:`MAX_ROWS` rows
@@ -49,6 +51,7 @@ ENV_SWITCH = "BLOCKSCALE_DECODE"
 THREADS = 256
 #: register cap (nvvm.maxnreg): 2 CTAs of 256 threads per SM
 MAX_REGISTERS = 128
+#: output columns per CTA (_decode_ir.COLS)
 COLS = 32
 
 
@@ -94,9 +97,13 @@ class DecodeSpec:
         return f"bs_decode_{self.mode}_{self.fmt}_{out}{rs}"
 
     def args(self) -> tuple[KernelArg, ...]:
+        """The portable kernel's parameters; grouped adds ``group_list`` (int32 ``[grid.y]``:
+        the groups the CTAs of row y of the grid work on, e.g. only the non-empty ones)."""
         if self.mode == "grouped":
-            return _grouped.GroupedMatmulSpec(self.fmt, "tcgen5d", "bfloat16", self.row_scales,
-                                              self.target).args()
+            args = list(_grouped.GroupedMatmulSpec(self.fmt, "tcgen5d", "bfloat16",
+                                                   self.row_scales, self.target).args())
+            at = [a.name for a in args].index("expert_ids") + 1
+            return tuple(args[:at] + [KernelArg("group_list", "buffer", "int32")] + args[at:])
         return _matmul.MatmulSpec(self.fmt, self.out_dtype, "tcgen5d", None,
                                   self.target).args()
 
@@ -134,7 +141,7 @@ def build(spec: DecodeSpec) -> Any:
                           expert=bir.const(0, bir.i32()), n_count=n_count, k=k,
                           a_srow=lambda m: m, store=store)
             return kb.module
-        g = bir.block_idx("y")
+        g = bir.as_index(bir.load(kb.arg("group_list"), bir.block_idx("y")))
         es = kb.arg("expert_start")
         start = bir.as_index(bir.load(es, g))
         end = bir.as_index(bir.load(es, bir.add(g, 1)))
@@ -194,6 +201,27 @@ def max_group_rows(expert_start: Any, t: int) -> int:
     return t
 
 
+def group_list(expert_start: Any, num_groups: int) -> np.ndarray:
+    """The groups the decode grid covers (int32): the non-empty ones when ``expert_start`` is
+    on the host (MoE decode: a few of E groups hold rows; an empty group's CTAs would cost
+    a launch slot each), else all of them."""
+    if isinstance(expert_start, np.ndarray):
+        nonempty = np.nonzero(np.diff(expert_start.astype(np.int64)) > 0)[0]
+        return nonempty.astype(np.int32)
+    return np.arange(num_groups, dtype=np.int32)
+
+
+def _launch_grouped(spec: DecodeSpec, t: int, n: int, num_groups: int,
+                    buffers: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
+    groups = group_list(buffers["expert_start"], num_groups)
+    if groups.size == 0:  # no rows at all (t == 0 is handled by the caller)
+        groups = np.zeros(1, np.int32)
+    host = all(isinstance(v, np.ndarray) for v in buffers.values())
+    buffers = {**buffers, "group_list": groups if host else device.to_device(groups)}
+    return H.launch(spec, grid(n, int(groups.size)), (t, n), "bfloat16", buffers, scalars,
+                    device, empty=t == 0 or n == 0)
+
+
 def grouped_fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_groups: int,
                       row_scales: bool) -> Callable[..., Any] | None:
     """The :data:`blockscale.ops.matmul_grouped.FAST_PATHS` hook (registered first)."""
@@ -203,8 +231,7 @@ def grouped_fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_grou
 
     def run(buffers: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
         if max_group_rows(buffers["expert_start"], t) <= MAX_ROWS:
-            return H.launch(spec, grid(n, num_groups), (t, n), "bfloat16", buffers, scalars,
-                            device)
+            return _launch_grouped(spec, t, n, num_groups, buffers, scalars, device)
         for fast in _grouped.FAST_PATHS:  # hand over to the tiled kernels
             if fast is grouped_fast_path:
                 continue
@@ -244,7 +271,6 @@ def grouped_matmul_decode(hidden: Any, weight: Any, a_scales: Any, b_scales: Any
     """The decode kernel called directly (no dispatch; any group size), checked like
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled`."""
     fmt = Format.from_name(fmt)
-    captured: dict[str, Any] = {}
 
     def hook(tgt: str, f: Format, t: int, n: int, kk: int, g: int, rs: bool) -> Any:
         def run(buffers: dict[str, Any], scalars: dict[str, Any], dev: Any) -> Any:
@@ -252,9 +278,7 @@ def grouped_matmul_decode(hidden: Any, weight: Any, a_scales: Any, b_scales: Any
                 raise ValueError(f"k must be a multiple of {32 if f.is_fp4 else 16} for the "
                                  f"decode kernel ({f.name}), got {kk}")
             spec = DecodeSpec(f.name, "grouped", "bfloat16", rs, tgt)
-            captured["spec"] = spec
-            return H.launch(spec, grid(n, g), (t, n), "bfloat16", buffers, scalars, dev,
-                            empty=t == 0 or n == 0)
+            return _launch_grouped(spec, t, n, g, buffers, scalars, dev)
         return run
 
     saved = list(_grouped.FAST_PATHS)
