@@ -523,7 +523,7 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
                 halves.append((colh, okh, hb, hw))
             bits = [b for hv in halves for b in hv[2]]
         wlist = [hv[3] for hv in halves]
-        amax = _block_amax_bits(k, bits, wlist if all(w is not None for w in wlist) else None)
+        amax = _block_amax_bits(k, bits, wlist if dense_wide else None)
         nonfinite = arith.cmpi(arith.CmpIPredicate.uge, amax, _c32(0x7F800000))
         safe_amax = arith.select(nonfinite, _c32(0), amax)
         byte, recip, sd = _scale_and_recip(k, safe_amax, tsf, inv_tsf)
