@@ -16,8 +16,10 @@ One block of 160 threads quantizes one 128-row x 64-column tile of the bf16 inpu
 * per block the D2 chain of the generic kernel (:func:`quantize_ir._scale_and_recip`,
   :func:`quantize_ir._pack_fp4`): amax as an integer max of |bits| (NaN/Inf -> D5), E4M3
   scale, IEEE ``1 / (sd * (1 / tensor_sf))``, zero guard on the decoded scale (D1);
-* the row's 32 packed bytes go to global memory as two 16-byte stores (rows >= M are not
-  stored); its four scale bytes are one 32-bit word placed in a 512-byte shared atom at
+* each block's 8 packed bytes go to global memory as soon as it is quantized (one 8-byte
+  store; rows >= M are not stored), so only one block's values are live: 47 registers, 8
+  blocks (128 KB of tiles in flight) per SM, where holding the whole 64-element row took 92-114
+  registers and 3-4 blocks; its four scale bytes are one 32-bit word placed in a 512-byte shared atom at
   ``(r % 32) * 16 + (r / 32) * 4`` — the 5-D layout of §1.3 — and after a block barrier
   warp 0 writes the atom to global memory with one coalesced 16-byte store per lane.
   Padding rows read zeros, so their scale bytes are 0 (D7).
@@ -93,21 +95,20 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder, x_map_arg: object) -> None:
     with B.when(is_consumer):
         tma.mbarrier_wait(bar, 0)
         row = arith.addi(arith.muli(rtile, _c64(TILE_ROWS)), tid)
-        words: list[ir.Value] = []
+        row_ok = arith.cmpi(arith.CmpIPredicate.ult, row, m)
+        base = arith.addi(arith.muli(row, arith.shrui(ncols, _c64(1))),
+                          arith.muli(ctile, _c64(TILE_COLS // 2)))
         scale_word = _c32(0)
+        # Block by block, each stored at once (8 bytes): only one block's values are live
+        # (the 64-element row at once needed 114 registers, 3 blocks per SM).
         for j in range(TILE_COLS // 16):
             bits = _read_chunk(tile, tid, 2 * j) + _read_chunk(tile, tid, 2 * j + 1)
             w, byte = _quantize_block(k, bits, tsf, inv_tsf)
-            words += w
             scale_word = arith.ori(scale_word, arith.shli(byte, _c32(8 * j)))
-        row_ok = arith.cmpi(arith.CmpIPredicate.ult, row, m)
-        with B.when(row_ok):
-            base = arith.addi(arith.muli(row, arith.shrui(ncols, _c64(1))),
-                              arith.muli(ctile, _c64(TILE_COLS // 2)))
-            for h in range(2):
-                v = vector.from_elements(B.vec(4, B.i32()), words[4 * h:4 * h + 4])
-                B.vector_store(vector.bitcast(B.vec(16, B.i8()), v), a("data"),
-                               arith.addi(base, _c64(16 * h)), alignment=16)
+            with B.when(row_ok):
+                v = vector.from_elements(B.vec(2, B.i32()), w)
+                B.vector_store(vector.bitcast(B.vec(8, B.i8()), v), a("data"),
+                               arith.addi(base, _c64(8 * j)), alignment=8)
         slot = arith.addi(arith.muli(arith.andi(tid, _c64(31)), _c64(4)),
                           arith.shrui(tid, _c64(5)))
         B.store(scale_word, atom, slot)
