@@ -170,3 +170,18 @@ def test_bundle_specs_and_names():
         matmul_decode.DecodeSpec("nvfp4", "dense", row_scales=True)
     with pytest.raises(ValueError):
         matmul_decode.DecodeSpec("nvfp4", "grouped", "float32")
+
+
+def test_nan_scale_gives_nan_column():
+    """D5: an E4M3 weight scale 0x7F (NaN) makes its output column NaN; others stay finite."""
+    rng = np.random.default_rng(11)
+    m, n, k = 2, 40, 64
+    a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
+    sfb_nan = sfb.copy()
+    sfb_nan.view(np.uint8)[5, 1] = 0x7F
+    from blockscale import layouts
+
+    got = matmul_decode.block_scaled_matmul_decode(a, b, sfa5, layouts.interleave(sfb_nan),
+                                                   NVFP4, k=k, out_dtype="float32",
+                                                   device="interp")
+    assert np.isnan(got[:, 5]).all() and not np.isnan(np.delete(got, 5, axis=1)).any()

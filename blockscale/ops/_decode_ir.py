@@ -164,6 +164,18 @@ def _as_f16x2(r: Value) -> Value:
                                                                       [r]))
 
 
+def _decode_scale_fast(fmt: Format, byte: Value) -> Value:
+    """|block scale| as f32, as :func:`blockscale.ops._matmul_ir.decode_scale` (same value,
+    NaN for E4M3 0x7F): E4M3 by bit placement, ``bits((b & 0x7F) << 20) * 2^120`` (exact,
+    subnormal scales included), 4 ops instead of the generic decoder's ~10."""
+    if fmt.is_mx:
+        return mir.decode_scale(fmt, byte)
+    f32 = bir.f32()
+    v = bir.bit_and(byte, 0x7F)
+    val = arith.mulf(arith.bitcast(f32, bir.shl(v, _i32c(20))), bir.const(2.0 ** 120, f32))
+    return bir.select(bir.eq(v, _i32c(0x7F)), bir.const(float("nan"), f32), val)
+
+
 def _shuffle_xor(v: Value, off: int) -> Value:
     op = gpu.ShuffleOp(v, _i32c(off), _i32c(32), gpu.ShuffleMode.XOR)
     return op.results[0]
@@ -235,7 +247,7 @@ def emit_decode(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value
             nxt = fetch(bir.add(win, 1))
             words = [[bir.extract(vector.bitcast(bir.vec(4, i32), cur[i]), q) for q in range(4)]
                      for i in range(ROWS_PER_WARP)]
-            sbs = [[mir.decode_scale(fmt, cur[ROWS_PER_WARP + i * lay.slots + s_])
+            sbs = [[_decode_scale_fast(fmt, cur[ROWS_PER_WARP + i * lay.slots + s_])
                     for s_ in range(lay.slots)] for i in range(ROWS_PER_WARP)]
             bir.barrier()  # the previous window's shared reads are done
             _stage(kb, lay, act, sact, a, sfa, tid, r0, rows_c, win, k, kblocks, d1, a_srow,
