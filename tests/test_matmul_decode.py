@@ -176,7 +176,7 @@ def test_nan_scale_gives_nan_column():
     """D5: an E4M3 weight scale 0x7F (NaN) makes its output column NaN; others stay finite."""
     rng = np.random.default_rng(11)
     m, n, k = 2, 40, 64
-    a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
+    a, b, _sfa, sfb, sfa5, _sfb5 = random_dense_case(rng, NVFP4, m, n, k)
     sfb_nan = sfb.copy()
     sfb_nan.view(np.uint8)[5, 1] = 0x7F
     from blockscale import layouts
