@@ -195,6 +195,7 @@ def test_sass_has_utmaldg_and_syncs(compiled):
     assert "SYNCS.ARRIVE.TRANS64" in sass and "SYNCS.PHASECHK.TRANS64" in sass
     assert compiled.meta["spill_stores"] == 0 and compiled.meta["spill_loads"] == 0
     assert compiled.meta["static_shared_bytes"] >= 16384 + 512
+    assert compiled.meta["registers"] <= 48  # 8 blocks of 160 threads per SM
 
 
 def test_kernel_names():

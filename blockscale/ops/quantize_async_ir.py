@@ -72,6 +72,7 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder, x_map_arg: object) -> None:
     a = kb.arg
     tile = tma.shared_buffer(kb, f"{TILE_ROWS}x{TILE_COLS}xbf16", align=1024)
     atom = tma.shared_buffer(kb, f"{CONSUMERS}xi32", align=16)
+    table = tma.shared_buffer(kb, f"{CONSUMERS}xf32", align=16)
     bar = tma.mbarrier_group(1)
     desc = tma.descriptor(a("x_map"), x_map_arg)  # type: ignore[arg-type]
     tid = B.cast_int(B.thread_idx(), i64)
@@ -93,6 +94,13 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder, x_map_arg: object) -> None:
     tsf = a("tensor_sf")
     inv_tsf = arith.divf(B.const(1.0, B.f32()), tsf)
     with B.when(is_consumer):
+        # The 127 NVFP4 reciprocals per scale byte (D2, zero guard), one per consumer thread
+        # while the tile is in flight; a block's reciprocal is then one shared load.
+        tb = arith.trunci(B.i32(), tid)
+        B.store(QI._nvfp4_recip(tb, QI._e4m3_decode(k, tb), inv_tsf), table, tid)
+    _barrier()
+    k.recip_table = table
+    with B.when(is_consumer):
         tma.mbarrier_wait(bar, 0)
         row = arith.addi(arith.muli(rtile, _c64(TILE_ROWS)), tid)
         row_ok = arith.cmpi(arith.CmpIPredicate.ult, row, m)
@@ -102,8 +110,8 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder, x_map_arg: object) -> None:
         # Block by block, each stored at once (8 bytes): only one block's values are live
         # (the 64-element row at once needed 114 registers, 3 blocks per SM).
         for j in range(TILE_COLS // 16):
-            bits = _read_chunk(tile, tid, 2 * j) + _read_chunk(tile, tid, 2 * j + 1)
-            w, byte = _quantize_block(k, bits, tsf, inv_tsf)
+            (b0, w0), (b1, w1) = _read_chunk(tile, tid, 2 * j), _read_chunk(tile, tid, 2 * j + 1)
+            w, byte = _quantize_block(k, b0 + b1, tsf, inv_tsf, [w0, w1])
             scale_word = arith.ori(scale_word, arith.shli(byte, _c32(8 * j)))
             with B.when(row_ok):
                 v = vector.from_elements(B.vec(2, B.i32()), w)
@@ -128,21 +136,25 @@ def _barrier() -> None:
     gpu.barrier()
 
 
-def _read_chunk(tile: ir.Value, r: ir.Value, c: int) -> list[ir.Value]:
-    """The f32 bit patterns (i32) of the 8 bf16 of logical chunk ``c`` of tile row ``r``: one
-    16-byte ``vector.load`` (``ld.shared.v4.u32``) at the swizzled chunk."""
+def _read_chunk(tile: ir.Value, r: ir.Value, c: int) -> tuple[list[ir.Value], ir.Value]:
+    """The f32 bit patterns (i32) of the 8 bf16 of logical chunk ``c`` of tile row ``r``, and
+    the four bf16-pair words: one 16-byte ``vector.load`` (``ld.shared.v4.u32``) at the
+    swizzled chunk."""
     i32 = B.i32()
     phys = tma.swizzled_chunk(r, _c64(c))
     col = arith.muli(phys, _c64(8))
     op = vector.LoadOp(B.vec(8, B.bf16()), tile, [B.as_index(r), B.as_index(col)])
     op.attributes["alignment"] = ir.IntegerAttr.get(B.i64(), 16)
-    bits = vector.bitcast(B.vec(8, B.i16()), op.result)
-    wide = arith.shli(arith.extui(B.vec(8, i32), bits), B.const(16, B.vec(8, i32)))
-    return [B.extract(wide, e) for e in range(8)]
+    words = vector.bitcast(B.vec(4, i32), op.result)
+    out = []
+    for i in range(4):
+        w = B.extract(words, i)
+        out += [arith.shli(w, _c32(16)), arith.andi(w, _c32(-65536))]
+    return out, words
 
 
-def _quantize_block(k: QI._Ctx, bits: list[ir.Value], tsf: ir.Value, inv_tsf: ir.Value
-                    ) -> tuple[list[ir.Value], ir.Value]:
+def _quantize_block(k: QI._Ctx, bits: list[ir.Value], tsf: ir.Value, inv_tsf: ir.Value,
+                    pairs: list[ir.Value]) -> tuple[list[ir.Value], ir.Value]:
     """16 f32 bit patterns of one scale block -> (two i32 words of packed E2M1, scale byte)."""
     mask = _c32(0x7FFFFFFF)
     amax = arith.andi(bits[0], mask)
@@ -153,5 +165,5 @@ def _quantize_block(k: QI._Ctx, bits: list[ir.Value], tsf: ir.Value, inv_tsf: ir
     byte, recip, sd = QI._scale_and_recip(k, safe, tsf, inv_tsf)
     byte = arith.select(nonfinite, _c32(0x7F), byte)
     xs = [arith.bitcast(B.f32(), b) for b in bits]
-    words = [QI._pack_fp4(k, xs[8 * h:8 * h + 8], recip, sd) for h in range(2)]
+    words = QI._pack_fp4_all(k, [xs[:8], xs[8:]], recip, sd, pairs)
     return [arith.select(nonfinite, _c32(0), w) for w in words], byte
