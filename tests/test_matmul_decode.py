@@ -131,6 +131,7 @@ def test_dispatch_rules(monkeypatch):
     assert gp("sm_100a", NVFP4, 64, 128, 2880, 4, False) is None
     assert gp("sm_90a", NVFP4, 64, 128, 48, 4, False) is None  # 24-byte rows
     assert gp("sm_90a", MXFP8, 64, 128, 48, 4, False) is not None
+    assert gp("sm_90a", NVFP4, 64, 128, 0, 4, False) is None  # K = 0: portable kernel
     assert dp("sm_90a", NVFP4, 16, 128, 2880, "bfloat16", None) is not None
     assert dp("sm_90a", NVFP4, 17, 128, 2880, "bfloat16", None) is None
     assert dp("sm_90a", NVFP4, 1, 128, 2880, "float32", object()) is None  # epilogue

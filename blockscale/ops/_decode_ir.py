@@ -206,9 +206,13 @@ def emit_decode(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value
     ns = [bir.add(n0, i) for i in range(ROWS_PER_WARP)]
     nvalid = [bir.ult(n, n_count) for n in ns]
     e = bir.as_index(expert)
-    w_rows = [bir.mul(bir.add(bir.mul(e, n_count), n), row_bytes) for n in ns]
+    # loads use clamped rows / chunks (always in bounds, no branch): a clamped row's results
+    # are never stored, a clamped chunk meets zero activations (exact zero products)
+    n_last = bir.sub(n_count, 1)
+    ns_c = [bir.umin(n, n_last) for n in ns]
+    w_rows = [bir.mul(bir.add(bir.mul(e, n_count), n), row_bytes) for n in ns_c]
     b_srow0 = bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS)
-    sfb_rows = [mir.tcgen_row_offset(bir.add(b_srow0, n), d1) for n in ns]
+    sfb_rows = [mir.tcgen_row_offset(bir.add(b_srow0, n), d1) for n in ns_c]
     v16 = bir.vec(16, bir.i8())
     ident = bir.const(0.0, f32)
 
@@ -219,25 +223,22 @@ def emit_decode(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value
 
         def fetch(win: Value) -> list[Value]:
             """Window ``win``'s weight chunks (vector<16xi8>) and scale bytes (i32) of the
-            warp's rows; zeros past the row end (no load)."""
-            chunk = bir.add(bir.mul(win, WINDOW_CHUNKS), lane)
-            cvalid = bir.ult(chunk, row_chunks)
+            warp's rows. Chunks past the row end load the row's last chunk instead (in
+            bounds; the staged activations there are zeros, so they add exact zeros — a NaN
+            scale there already makes the row NaN)."""
+            chunk = bir.umin(bir.add(bir.mul(win, WINDOW_CHUNKS), lane),
+                             bir.sub(row_chunks, 1))
+            off = bir.mul(chunk, CHUNK_BYTES)
+            kb_off = mir.tcgen_kblock_offset(lay.block_of(chunk, 0))
             data, sbytes = [], []
             for i in range(ROWS_PER_WARP):
-                ok = bir.logical_and(nvalid[i], cvalid)
-                br = bir.if_(ok, [v16] + [i32] * lay.slots)
-                with br.then():
-                    vals = [bir.vector_load(v16, w, bir.add(w_rows[i],
-                                                            bir.mul(chunk, CHUNK_BYTES)),
-                                            alignment=16)]
-                    for s_ in range(lay.slots):
-                        vals.append(mir.load_byte_i32(sfb, bir.add(
-                            sfb_rows[i], mir.tcgen_kblock_offset(lay.block_of(chunk, s_)))))
-                    br.yield_(*vals)
-                with br.else_():
-                    br.yield_(bir.const(0, v16), *[bir.const(0, i32)] * lay.slots)
-                data.append(br.results[0])
-                sbytes += list(br.results[1:])
+                data.append(bir.vector_load(v16, w, bir.add(w_rows[i], off), alignment=16))
+                if lay.slots == 2:  # NVFP4: K-blocks 2c, 2c + 1 are adjacent bytes
+                    pair = bir.vector_load(bir.vec(2, bir.i8()), sfb,
+                                           bir.add(sfb_rows[i], kb_off), alignment=2)
+                    sbytes += [arith.extui(i32, bir.extract(pair, q)) for q in range(2)]
+                else:
+                    sbytes.append(mir.load_byte_i32(sfb, bir.add(sfb_rows[i], kb_off)))
             return data + sbytes
 
         # software pipeline: window w + 1's loads are in flight while window w is computed

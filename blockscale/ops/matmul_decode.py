@@ -189,8 +189,8 @@ def enabled() -> bool:
 
 
 def k_supported(fmt: Format, k: int) -> bool:
-    """16-byte weight rows (the kernel's 16-byte loads)."""
-    return k % 32 == 0 if fmt.is_fp4 else k % 16 == 0
+    """K > 0 and 16-byte weight rows (the kernel's 16-byte loads)."""
+    return k > 0 and (k % 32 == 0 if fmt.is_fp4 else k % 16 == 0)
 
 
 def max_group_rows(expert_start: Any, t: int) -> int:
@@ -275,8 +275,8 @@ def grouped_matmul_decode(hidden: Any, weight: Any, a_scales: Any, b_scales: Any
     def hook(tgt: str, f: Format, t: int, n: int, kk: int, g: int, rs: bool) -> Any:
         def run(buffers: dict[str, Any], scalars: dict[str, Any], dev: Any) -> Any:
             if not k_supported(f, kk):
-                raise ValueError(f"k must be a multiple of {32 if f.is_fp4 else 16} for the "
-                                 f"decode kernel ({f.name}), got {kk}")
+                raise ValueError(f"k must be a positive multiple of {32 if f.is_fp4 else 16} "
+                                 f"for the decode kernel ({f.name}), got {kk}")
             spec = DecodeSpec(f.name, "grouped", "bfloat16", rs, tgt)
             return _launch_grouped(spec, t, n, g, buffers, scalars, dev)
         return run
@@ -299,8 +299,8 @@ def block_scaled_matmul_decode(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format |
     fmt = Format.from_name(fmt)
     d = _matmul._validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
     if not k_supported(fmt, d.k):
-        raise ValueError(f"k must be a multiple of {32 if fmt.is_fp4 else 16} for the decode "
-                         f"kernel ({fmt.name}), got {d.k}")
+        raise ValueError(f"k must be a positive multiple of {32 if fmt.is_fp4 else 16} for "
+                         f"the decode kernel ({fmt.name}), got {d.k}")
     dev, tgt = H.device_and_target(device, target)
     spec = DecodeSpec(fmt.name, "dense", out_dtype, False, tgt)
     return H.launch(spec, grid(d.n, 1), (d.m, d.n), out_dtype,
