@@ -242,17 +242,22 @@ def emit_decode(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value
             return data + sbytes
 
         # software pipeline: window w + 1's loads are in flight while window w is computed
-        with bir.for_range(0, windows, carry=[ident] * n_acc + fetch(bir.const(0))) as wl:
+        def fetch_all(win: Value) -> list[Value]:
+            return fetch(win) + _stage_fetch(lay, a, sfa, tid, r0, rows_c, win, kblocks, d1,
+                                             a_srow, row_bytes)
+
+        n_w = ROWS_PER_WARP * (1 + lay.slots)  # weight chunks + scale bytes in the carry
+        with bir.for_range(0, windows, carry=[ident] * n_acc + fetch_all(bir.const(0))) as wl:
             win = wl.iv
-            cur = list(wl.carried[n_acc:])
-            nxt = fetch(bir.add(win, 1))
+            cur = list(wl.carried[n_acc:n_acc + n_w])
+            cur_act = list(wl.carried[n_acc + n_w:])
+            nxt = fetch_all(bir.add(win, 1))  # activations too: no exposed load latency
             words = [[bir.extract(vector.bitcast(bir.vec(4, i32), cur[i]), q) for q in range(4)]
                      for i in range(ROWS_PER_WARP)]
             sbs = [[_decode_scale_fast(fmt, cur[ROWS_PER_WARP + i * lay.slots + s_])
                     for s_ in range(lay.slots)] for i in range(ROWS_PER_WARP)]
             bir.barrier()  # the previous window's shared reads are done
-            _stage(kb, lay, act, sact, a, sfa, tid, r0, rows_c, win, k, kblocks, d1, a_srow,
-                   row_bytes)
+            _stage_store(lay, act, sact, tid, rows_c, cur_act)
             bir.barrier()
             accs = list(wl.carried[:n_acc])
             for i in range(ROWS_PER_WARP):
@@ -343,28 +348,56 @@ def _row_dot_f16(lay: Layout, act: Value, sact: Value, lane: Value, r: int, wv: 
     return acc
 
 
-def _stage(kb: Any, lay: Layout, act: Value, sact: Value, a: Value, sfa: Value, tid: Value,
-           r0: Value, rows_c: Value, win: Value, k: Value, kblocks: Value, d1: Value,
-           a_srow: Callable[[Value], Value], row_bytes: Value) -> None:
-    """Decode window ``win`` of the chunk's activation rows (and their scales) to shared."""
-    f32 = bir.f32()
-    v4f = bir.vec(4, f32)
+def _stage_fetch(lay: Layout, a: Value, sfa: Value, tid: Value, r0: Value, rows_c: Value,
+                 win: Value, kblocks: Value, d1: Value, a_srow: Callable[[Value], Value],
+                 row_bytes: Value) -> list[Value]:
+    """This thread's share of window ``win``'s activations: 4-byte words (i32) and scale
+    bytes (i32); 0 past the row end / the last K-block or for rows past the pass (never
+    read: activations there are zeros, so any scale gives zero terms)."""
+    i32 = bir.i32()
+    out = []
     words_per_row = WINDOW_CHUNKS * CHUNK_BYTES // 4
     for it in range(-(-ROWS * words_per_row // THREADS)):
         idx = bir.add(tid, it * THREADS)
-        r = bir.udiv(idx, words_per_row)
-        wd = bir.urem(idx, words_per_row)
+        r, wd = bir.udiv(idx, words_per_row), bir.urem(idx, words_per_row)
+        col = bir.add(bir.mul(win, WINDOW_CHUNKS * CHUNK_BYTES), bir.mul(wd, 4))
+        br = bir.if_(bir.logical_and(bir.ult(r, rows_c), bir.ult(col, row_bytes)), [i32])
+        with br.then():  # 4-byte aligned: K % 32 (FP4) / K % 16 (MXFP8)
+            v = bir.vector_load(bir.vec(4, bir.i8()), a,
+                                bir.add(bir.mul(bir.add(r0, r), row_bytes), col), alignment=4)
+            br.yield_(vector.extract(vector.bitcast(bir.vec(1, i32), v), [], [0]))
+        with br.else_():
+            br.yield_(bir.const(0, i32))
+        out.append(br.results[0])
+    per_row = WINDOW_CHUNKS * lay.slots
+    for it in range(-(-ROWS * per_row // THREADS)):
+        idx = bir.add(tid, it * THREADS)
+        r, rem = bir.udiv(idx, per_row), bir.urem(idx, per_row)
+        chunk = bir.add(bir.mul(win, WINDOW_CHUNKS), bir.udiv(rem, lay.slots))
+        jb = (bir.add(bir.mul(chunk, lay.slots), bir.urem(rem, lay.slots)) if lay.fmt.is_fp4
+              else bir.udiv(chunk, 2))
+        br = bir.if_(bir.logical_and(bir.ult(r, rows_c), bir.ult(jb, kblocks)), [i32])
+        with br.then():
+            off = bir.add(mir.tcgen_row_offset(a_srow(bir.add(r0, r)), d1),
+                          mir.tcgen_kblock_offset(jb))
+            br.yield_(mir.load_byte_i32(sfa, off))
+        with br.else_():
+            br.yield_(bir.const(0, i32))
+        out.append(br.results[0])
+    return out
+
+
+def _stage_store(lay: Layout, act: Value, sact: Value, tid: Value, rows_c: Value,
+                 fetched: list[Value]) -> None:
+    """Decode :func:`_stage_fetch`'s values into the shared activation / scale buffers."""
+    f32 = bir.f32()
+    words_per_row = WINDOW_CHUNKS * CHUNK_BYTES // 4
+    n_words = -(-ROWS * words_per_row // THREADS)
+    for it in range(n_words):
+        idx = bir.add(tid, it * THREADS)
+        r, wd = bir.udiv(idx, words_per_row), bir.urem(idx, words_per_row)
+        x = fetched[it]
         with bir.when(bir.ult(r, rows_c)):
-            col = bir.add(bir.mul(win, WINDOW_CHUNKS * CHUNK_BYTES), bir.mul(wd, 4))
-            br = bir.if_(bir.ult(col, row_bytes), [bir.i32()])
-            with br.then():  # 4-byte rows: K % 32 (FP4) / K % 16 (MXFP8)
-                v = bir.vector_load(bir.vec(4, bir.i8()), a,
-                                    bir.add(bir.mul(bir.add(r0, r), row_bytes), col),
-                                    alignment=4)
-                br.yield_(vector.extract(vector.bitcast(bir.vec(1, bir.i32()), v), [], [0]))
-            with br.else_():
-                br.yield_(bir.const(0, bir.i32()))
-            x = br.results[0]
             if lay.half:  # f16 pairs (j, j + 4) of dec(a) * 2^8, exact; one 16-byte store
                 raw = _dequant_weights(lay, [x])  # dec(a) * 2^-126
                 vals = [arith.truncf(bir.f16(), arith.mulf(arith.mulf(
@@ -385,25 +418,10 @@ def _stage(kb: Any, lay: Layout, act: Value, sact: Value, a: Value, sfa: Value, 
                 ln, p = bir.udiv(el, lay.ew), bir.urem(el, lay.ew)
                 dst = bir.add(bir.add(bir.mul(r, lay.kw), bir.mul(ln, 4)),
                               bir.mul(bir.udiv(p, 4), 128))
-                bir.vector_store(bir.from_elements(v4f, vals), act, dst, alignment=16)
-    slots = ROWS * WINDOW_CHUNKS * lay.slots
-    for it in range(-(-slots // THREADS)):
+                bir.vector_store(bir.from_elements(bir.vec(4, f32), vals), act, dst,
+                                 alignment=16)
+    per_row = WINDOW_CHUNKS * lay.slots
+    for it in range(-(-ROWS * per_row // THREADS)):
         idx = bir.add(tid, it * THREADS)
-        per_row = WINDOW_CHUNKS * lay.slots
-        r = bir.udiv(idx, per_row)
-        rem = bir.urem(idx, per_row)
-        with bir.when(bir.ult(r, rows_c)):
-            chunk = bir.add(bir.mul(win, WINDOW_CHUNKS), bir.udiv(rem, lay.slots))
-            if lay.fmt.is_fp4:
-                jb = bir.add(bir.mul(chunk, lay.slots), bir.urem(rem, lay.slots))
-            else:
-                jb = bir.udiv(chunk, 2)
-            br = bir.if_(bir.ult(jb, kblocks), [f32])
-            with br.then():
-                off = bir.add(mir.tcgen_row_offset(a_srow(bir.add(r0, r)), d1),
-                              mir.tcgen_kblock_offset(jb))
-                br.yield_(mir.decode_scale(lay.fmt, mir.load_byte_i32(sfa, off)))
-            with br.else_():
-                br.yield_(bir.const(0.0, f32))
-            bir.store(br.results[0], sact, idx)
-    del kb
+        with bir.when(bir.ult(bir.udiv(idx, per_row), rows_c)):
+            bir.store(mir.decode_scale(lay.fmt, fetched[n_words + it]), sact, idx)
