@@ -224,8 +224,10 @@ def _nvfp4_recip(byte: ir.Value, sd: ir.Value, inv_tsf: ir.Value) -> ir.Value:
 
 def _fast_e2m1(k: _Ctx) -> bool:
     """Whether ``k``'s FP4 packing uses :func:`convert.e2m1x8_pack_fast` (sm_90a: no native
-    E2M1 instruction; the software form made the kernels issue-bound)."""
-    return k.target.name == "sm_90a"
+    E2M1 instruction; the software form made the kernels issue-bound). The quantize kernels
+    only: the fused matmul-SwiGLU epilogue (mode "swiglu") keeps the software form, its PTX is
+    held to contain no ``fma.rn.f32`` (D10's exp check) and the fast form uses exact fmas."""
+    return k.target.name == "sm_90a" and k.spec.mode in ("dense", "grouped", "silu")
 
 
 def _pack_fp4(k: _Ctx, xs: list[ir.Value], recip: ir.Value, sd: ir.Value,
