@@ -5,14 +5,18 @@ Imported lazily (it needs MLIR); ``blockscale.ops.quantize`` holds the spec and 
 
 Work decomposition (all launches: ``block = (256, 1, 1)``, ``grid = (gx, gy)``):
 
-* a *chunk* is 8 contiguous elements of one row; one thread owns one chunk per row it visits.
-  ``L = block_size / 8`` neighbouring lanes share a scale block (2 for NVFP4, 4 for MX) and
-  reduce its amax with ``gpu.shuffle xor``; the lane owning the block's first element writes
-  the scale byte (0 for padding slots), so every scale byte is written;
-* rows are visited in 128-row *tiles* (the 5-D layout's row atom): ``blockIdx.y`` selects a
-  tile and a slice of its rows (``2^split_log2`` slices), ``blockIdx.x`` a range of ``2^cb_log2``
-  chunks; a block covers ``256 >> cb_log2`` rows per step. Loop trip counts are uniform across
-  the block, so shuffles never run under divergence;
+* a *chunk* is ``C`` contiguous elements of one row (``quantize.chunk_elems``: 16 for dense
+  aligned kernels, two 16-byte loads; 8 otherwise); one thread owns one chunk per row it
+  visits. ``L = block_size / C`` neighbouring lanes share a scale block (NVFP4: 1 with C = 16,
+  so no shuffle; 2 else; MX: 2 or 4) and reduce its amax with ``gpu.shuffle xor``; the lane
+  owning the block's first element writes the scale byte (0 for padding slots), so every
+  scale byte is written;
+* rows are visited in 128-row *tiles* (the 5-D layout's row atom), ``blockIdx.x`` selects a
+  range of ``2^cb_log2`` chunks and a block covers ``256 >> cb_log2`` rows per step. Dense
+  kernels loop over those row groups with a grid stride (``gy`` = one resident wave,
+  ``quantize.RESIDENT_BLOCKS``); grouped ones visit ``blockIdx.y``'s tile (and a slice of its
+  rows, ``2^split_log2`` slices) per tile step. Loop trip counts are uniform across the block,
+  so shuffles never run under divergence;
 * the grouped variant finds the group owning a tile by binary search over
   ``tile0(g) = expert_start[g] // 128 + scales_offsets[g]`` (non-decreasing, checked on the
   host) and reads its expert's tensor scale by expert id (D8); inactive groups (id -1) write
@@ -22,6 +26,20 @@ Work decomposition (all launches: ``block = (256, 1, 1)``, ``grid = (gx, gy)``):
 
 Numerics follow D2 exactly (see :mod:`blockscale.compiler.arch.convert` for the casts); the
 amax is an integer max over |bits| so NaN and Inf are never dropped (D5).
+
+Performance model (sm_90a, H200: 132 SMs, ~3.9 TB/s copy). The FP4 kernels were issue-bound:
+33.5 SASS instructions per element in the row loop (21 on the half-rate ALU pipe: the
+software E2M1 alone was ~17 per element), i.e. at most ~1.0 T elements/s against the 1.29 T/s
+that 85% of the copy bandwidth needs (2.56 bytes moved per element). Now (dense, aligned):
+NVFP4 16.6, MXFP4 ~17, MXFP8 ~10 instructions per element (ALU ~7.2 / 7.7 / 4.3), from the
+fast E2M1 (:func:`convert.e2m1x8_pack_fast`, ~8.8 per element incl. the multiply and the
+sign/nibble packing), 16 elements per thread (one scale computation and no shuffle per NVFP4
+block), the u16x2 amax, the shared reciprocal table (NVFP4) / exact power-of-two reciprocal
+(MX) instead of a decode + div.rn per block. At the ~65% issue efficiency measured before,
+that is ~1.3 T elements/s for FP4, at the roofline. Memory side (Little's law, ~1 us latency:
+~30 KB in flight per SM): 40 registers -> 6 blocks x 256 threads x 32 bytes = 48 KB per SM,
+and one wave of 792 blocks (the former 2048 blocks were 2.6-3.1 waves, the last one running
+with a fraction of the bytes in flight). Predicted: NVFP4 / MXFP4 >= 85% of copy, MXFP8 ~85-90%.
 """
 
 from __future__ import annotations
