@@ -99,7 +99,9 @@ def test_dense_grid_stride(monkeypatch, fmt, blocks):
     monkeypatch.setattr(Q, "RESIDENT_BLOCKS", blocks)
     for m, k in ((300, 136), (129, 72), (70, 48)):
         _check_dense(_edge_input(m, k, m + k), fmt, "sm_90a")
-    _check_dense(_edge_input(40, 42, 9), fmt, "gfx942")
+    for target in ("sm_90a", "gfx942"):
+        _check_dense(_edge_input(40, 42, 9), fmt, target)
+        _check_dense(_edge_input(131, 136, 4), fmt, target, scale_layout="row_major")
 
 
 @pytest.mark.parametrize("target", TARGETS)
