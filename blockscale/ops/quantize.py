@@ -165,7 +165,9 @@ def launch_plan(spec: QuantizeSpec, m: int, k: int, n_tiles: int
     kblocks = fmt.kblocks(k)
     kblocks_row = -(-kblocks // 4) * 4 if spec.layout == "tcgen5d" else kblocks
     chunks_row = kblocks_row * lanes
-    cb = min(BLOCK[0], _pow2_ceil(chunks_row))
+    # chunk lanes per row: at least BLOCK/128 so a block never spans more than one 128-row
+    # tile (a row-major NVFP4 row of K <= 16 is a single 16-element chunk)
+    cb = min(BLOCK[0], max(BLOCK[0] // 128, _pow2_ceil(chunks_row)))
     gx = -(-chunks_row // cb)
     rpb = BLOCK[0] // cb
     max_splits = 128 // rpb
