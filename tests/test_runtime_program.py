@@ -239,3 +239,23 @@ def test_interleave_program_on_interpreter(tmp_path, dtype, shape):
     want = ref.block_scales_interleave(scales)
     assert out.dtype == want.dtype and out.shape == want.shape
     np.testing.assert_array_equal(out.view(np.uint8), want.view(np.uint8))
+
+
+def test_bundle_collects_every_op_module_with_bundle_specs():
+    """`make gpu-bundle` must not miss an op module that forgot to register itself (the fused
+    SwiGLU kernels were missing from the H200 bundle twice)."""
+    import importlib
+
+    import blockscale.ops
+    from blockscale.ops import _core
+    from blockscale.tools import bundle
+
+    entries: list = []
+    specs = bundle._collect_specs(_core, "sm_90a", entries, None)
+    ops_seen = {str(getattr(s, "op", "")) for s in specs}
+    for name in blockscale.ops.op_module_names():
+        module = importlib.import_module(f"blockscale.ops.{name}")
+        fn = getattr(module, "bundle_specs", None)
+        if callable(fn):
+            assert {str(getattr(s, "op", "")) for s in fn("sm_90a")} <= ops_seen, name
+    assert not entries

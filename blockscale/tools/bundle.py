@@ -63,12 +63,17 @@ def _entry_from(op: str, spec: Any, key: str, binary: KernelBinary, seconds: flo
 
 
 def _collect_specs(core: Any, target: str, entries: list[BundleEntry], log: Any) -> list[Any]:
-    """``bundle_specs(target)`` of each registered op module; a module whose collection fails
-    gets a "failed" entry and the others still count."""
+    """``bundle_specs(target)`` of each op module (registered or public); a module whose
+    collection fails gets a "failed" entry and the others still count."""
     import importlib
 
+    import blockscale.ops
+
+    names = list(core.op_modules())  # registered ones, plus every public op module
+    names += [f"blockscale.ops.{m}" for m in blockscale.ops.op_module_names()
+              if f"blockscale.ops.{m}" not in names]
     specs: list[Any] = []
-    for module_name in core.op_modules():
+    for module_name in names:
         fn = getattr(importlib.import_module(module_name), "bundle_specs", None)
         if fn is None:
             continue
