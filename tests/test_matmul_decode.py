@@ -113,7 +113,7 @@ def test_extreme_weight_codes():
         a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
         codes = np.arange(256, dtype=np.uint8)
         if not fmt.is_fp4:
-            codes[(codes & 0x7F) == 0x7F] = 0x01  # no NaN codes (known deviation, see docs)
+            codes[(codes & 0x7F) == 0x7F] = 0x01  # NaN codes: test_nan_weight_code_gives_nan_column
         bv = b.view(np.uint8)
         bv[:] = np.resize(codes, bv.shape)
         exact, abs_sum = _dense_exact(a, b, sfa, sfb, fmt, k, 1.0)
@@ -186,3 +186,19 @@ def test_nan_scale_gives_nan_column():
                                                    NVFP4, k=k, out_dtype="float32",
                                                    device="interp")
     assert np.isnan(got[:, 5]).all() and not np.isnan(np.delete(got, 5, axis=1)).any()
+
+
+@pytest.mark.parametrize("code", [0x7F, 0xFF])
+def test_nan_weight_code_gives_nan_column(code):
+    """An MXFP8 E4M3 weight NaN code (0x7F / 0xFF) makes its output column NaN, as in the
+    reference (not the +-480 * 2^-120 its bit placement gives); other columns stay finite.
+    The code sits in the last (third, partial) 512-byte window of its weight row."""
+    rng = np.random.default_rng(12)
+    m, n, k = 3, 40, 1040
+    a, b, _sfa, _sfb, sfa5, sfb5 = random_dense_case(rng, MXFP8, m, n, k)
+    bv = b.view(np.uint8)
+    bv[(bv & 0x7F) == 0x7F] = 0x01  # only the planted NaN
+    bv[7, 1030] = code
+    got = matmul_decode.block_scaled_matmul_decode(a, b, sfa5, sfb5, MXFP8, k=k,
+                                                   out_dtype="float32", device="interp")
+    assert np.isnan(got[:, 7]).all() and not np.isnan(np.delete(got, 7, axis=1)).any()

@@ -42,8 +42,11 @@ on its height; additions of exact zeros from idle lanes do not round). Then ``* 
 (dense) or ``* expert_scales[e] (* a_row_scales[m])`` (grouped, D10 order), and the output
 cast (RNE).
 
-Known deviation: an E4M3 *weight* NaN code (0x7F / 0xFF) decodes to +-480 * 2^-120 instead
-of NaN in the MXFP8 kernel (scales and activations use the exact decoder).
+NaN: an E4M3 *weight* NaN code (0x7F / 0xFF) would decode by bit placement to
++-480 * 2^-120, so the MXFP8 kernel tests each 16-byte weight chunk for a NaN code (SWAR, ~3
+ops a word, :func:`_chunk_has_e4m3_nan`) and makes that chunk's block scale NaN: the block
+term, hence the output column, is NaN, as in the reference (scales and activations use the
+exact decoder).
 """
 
 from __future__ import annotations
@@ -137,6 +140,18 @@ def _dequant_weights(lay: Layout, words: list[Value]) -> list[Value]:
             out[w * per + lo] = arith.bitcast(f32, bir.shl(r, _i32c(16)))
             out[w * per + hi] = arith.bitcast(f32, bir.bit_and(r, hi_mask))
     return out  # type: ignore[return-value]
+
+
+def _chunk_has_e4m3_nan(words: list[Value]) -> Value:
+    """i1: whether any byte of ``words`` (i32 each, four E4M3 codes) is a NaN code (0x7F /
+    0xFF). Per word ``((x & 0x7F7F7F7F) + 0x01010101) & 0x80808080``: a byte's bit 7 is set
+    iff its low 7 bits are all ones (0x7F + 1 = 0x80; no carry crosses a byte)."""
+    acc = None
+    for x in words:
+        t = bir.bit_and(bir.add(bir.bit_and(x, _i32c(0x7F7F7F7F)), _i32c(0x01010101)),
+                        _i32c(0x80808080))
+        acc = t if acc is None else bir.bit_or(acc, t)
+    return bir.ne(acc, _i32c(0))
 
 
 def _dequant_pairs_f16(words: list[Value]) -> list[Value]:
@@ -256,6 +271,10 @@ def emit_decode(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value
                      for i in range(ROWS_PER_WARP)]
             sbs = [[_decode_scale_fast(fmt, cur[ROWS_PER_WARP + i * lay.slots + s_])
                     for s_ in range(lay.slots)] for i in range(ROWS_PER_WARP)]
+            if not fmt.is_fp4:  # a NaN weight code makes its block term NaN (docstring)
+                nan = bir.const(float("nan"), f32)
+                sbs = [[bir.select(_chunk_has_e4m3_nan(words[i]), nan, sbs[i][0])]
+                       for i in range(ROWS_PER_WARP)]
             bir.barrier()  # the previous window's shared reads are done
             _stage_store(lay, act, sact, tid, rows_c, cur_act)
             bir.barrier()
