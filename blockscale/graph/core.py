@@ -19,9 +19,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
+from blockscale.dtypes import np_dtype
 from blockscale.formats import Format
 from blockscale.layouts import ScaleLayout
 
@@ -34,11 +34,6 @@ DTYPES = ("uint8", "int32", "float32", "bfloat16", "float8_e4m3fn", "float8_e8m0
 
 class GraphTypeError(ValueError):
     """A type mismatch found while building a graph (a ValueError)."""
-
-
-def np_dtype(name: str) -> np.dtype:
-    """numpy dtype of a tensor dtype name (ml_dtypes for the narrow floats)."""
-    return np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else np.dtype(name)
 
 
 def dtype_name(dtype: Any) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from blockscale.dtypes import as_np_dtype, np_dtype
 from blockscale.formats import Format
 
 
@@ -41,25 +42,6 @@ def shape_of(x: object, arg: str, ndim: int) -> tuple[int, ...]:
 
 def _dtype_of(x: object) -> np.dtype | None:
     return as_np_dtype(getattr(x, "dtype", None))
-
-
-def as_np_dtype(dt: object) -> np.dtype | None:
-    """The numpy / ml_dtypes dtype of a numpy or torch dtype (torch by name, never imported);
-    None when there is no such dtype."""
-    if dt is None:
-        return None
-    try:
-        return np.dtype(dt)
-    except TypeError:
-        name = str(dt).replace("torch.", "")
-        aliases = {"float8_e4m3fn": "float8_e4m3fn", "float8_e8m0fnu": "float8_e8m0fnu",
-                   "uint8": "uint8", "bfloat16": "bfloat16", "float32": "float32",
-                   "int32": "int32"}
-        if name in aliases:
-            import ml_dtypes
-
-            return np.dtype(getattr(ml_dtypes, name, name))
-        return None
 
 
 def check_dtype(x: object, want: np.dtype | str, arg: str, fmt: Format | None = None,
@@ -99,13 +81,7 @@ def check_epilogue_inputs(inputs: Sequence[Any], given: dict[str, Any], m: int, 
         if shape != inp.shape(m, n):
             raise ValueError(f"epilogue_inputs[{inp.name!r}] must have shape "
                              f"{inp.shape(m, n)}, got {shape}")
-        check_dtype(arr, _np_dtype(inp.dtype), f"epilogue_inputs[{inp.name!r}]")
-
-
-def _np_dtype(name: str) -> np.dtype:
-    import ml_dtypes
-
-    return np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else np.dtype(name)
+        check_dtype(arr, np_dtype(inp.dtype), f"epilogue_inputs[{inp.name!r}]")
 
 
 def device_and_target(device: Any, target: str | None) -> tuple[Any, str]:
@@ -129,7 +105,7 @@ def launch(spec: Any, grid: tuple[int, int, int], out_shape: tuple[int, ...], ou
     """
     import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 
-    dt = _np_dtype(out_dtype)
+    dt = np_dtype(out_dtype)
     host = all(isinstance(v, np.ndarray) for v in buffers.values())
     _core.check_buffers(buffers, device)
     if empty:

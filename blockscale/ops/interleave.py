@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from blockscale.compiler.targets import DEFAULT_TARGET  # pure Python, no MLIR
+from blockscale.dtypes import as_np_dtype
 from blockscale.launch import KernelArg
 from blockscale.ops import _core
 
@@ -200,8 +201,6 @@ def _masked_word(b: Any, src: Any, row: Any, col0: Any, rows: Any, kblocks: Any)
 
 
 def _dtype_name(dtype: Any, arg: str) -> str:
-    from blockscale.ops._matmul_host import as_np_dtype
-
     dt = as_np_dtype(dtype)
     if dt is None:
         raise TypeError(f"{arg} must have a 1-byte scale dtype {SCALE_DTYPES}, got {dtype!r}")

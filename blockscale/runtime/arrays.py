@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import ml_dtypes
 import numpy as np
 
+from blockscale.dtypes import TORCH_DTYPES, np_dtype, torch_dtype_name
+
 if TYPE_CHECKING:
     from blockscale.runtime.device import GpuDevice
 
@@ -33,16 +35,6 @@ __all__ = ["DeviceArray", "DeviceBuffer", "as_device_buffer", "io_mode", "is_dev
 KDL_CUDA, KDL_ROCM = 2, 10
 _DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT, _DL_BOOL = 0, 1, 2, 4, 6
 _DL_NARROW = {"float8_e4m3fn": 10, "float8_e5m2": 12, "float8_e8m0fnu": 14, "float4_e2m1fn": 17}
-
-# torch dtype name (after "torch.") -> numpy / ml_dtypes dtype
-_TORCH_DTYPES = {
-    "uint8": np.uint8, "int8": np.int8, "int16": np.int16, "int32": np.int32,
-    "int64": np.int64, "uint32": np.uint32, "float16": np.float16, "float32": np.float32,
-    "float64": np.float64, "bool": np.bool_, "bfloat16": ml_dtypes.bfloat16,
-    "float8_e4m3fn": ml_dtypes.float8_e4m3fn, "float8_e5m2": ml_dtypes.float8_e5m2,
-    "float8_e8m0fnu": ml_dtypes.float8_e8m0fnu,
-}
-
 
 def _dlpack_dtype(dtype: np.dtype) -> tuple[int, int]:
     """(type code, bits) of a numpy / ml_dtypes dtype; TypeError when DLPack has none."""
@@ -59,7 +51,7 @@ def _dlpack_dtype(dtype: np.dtype) -> tuple[int, int]:
 def _dtype_from_dlpack(code: int, bits: int, lanes: int, name: str) -> np.dtype:
     for dt_name, dt_code in _DL_NARROW.items():
         if code == dt_code:
-            return np.dtype(getattr(ml_dtypes, dt_name))
+            return np_dtype(dt_name)
     if code == _DL_BFLOAT and bits == 16:
         return np.dtype(ml_dtypes.bfloat16)
     kind = {_DL_INT: "i", _DL_UINT: "u", _DL_FLOAT: "f", _DL_BOOL: "b"}.get(code)
@@ -340,17 +332,17 @@ def _from_torch(obj: Any, name: str) -> DeviceBuffer:
         raise ValueError(f"{name}: expected a CUDA tensor, got a tensor on {obj.device}")
     if not obj.is_contiguous():
         raise _non_contiguous(name, obj.shape, obj.stride())
-    key = str(obj.dtype).removeprefix("torch.")
-    if key not in _TORCH_DTYPES:
+    key = torch_dtype_name(obj.dtype)
+    if key not in TORCH_DTYPES:
         raise TypeError(f"{name}: unsupported torch dtype {obj.dtype}; expected one of "
-                        f"{sorted(_TORCH_DTYPES)}")
+                        f"{sorted(TORCH_DTYPES)}")
     stream = None
     try:
         import_torch = sys.modules["torch"]
         stream = int(import_torch.cuda.current_stream(obj.device).cuda_stream)
     except Exception:  # noqa: BLE001
         stream = None
-    return DeviceBuffer(int(obj.data_ptr()), tuple(obj.shape), np.dtype(_TORCH_DTYPES[key]),
+    return DeviceBuffer(int(obj.data_ptr()), tuple(obj.shape), TORCH_DTYPES[key],
                         stream)
 
 

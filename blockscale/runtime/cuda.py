@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from blockscale.dtypes import np_dtype
 from blockscale.launch import KernelArg, KernelBinary
 from blockscale.runtime.device import GpuDevice, cubin_runs_on
 
@@ -101,9 +102,7 @@ def encode_tensormap(arg: KernelArg, ptr: int, dims: tuple[int, ...]) -> bytes:
     if ptr % 16:
         raise ValueError(f"tensormap {arg.name!r}: the address of buffer {arg.tensor!r} must "
                          f"be 16-byte aligned, got 0x{ptr:x}")
-    from blockscale.runtime.device import _dtype_by_name
-
-    item = np.dtype(_dtype_by_name(arg.dtype)).itemsize
+    item = np_dtype(arg.dtype).itemsize
     strides, s = [], item
     for d in dims[:-1]:
         s *= d

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from blockscale.dtypes import np_dtype
 from blockscale.launch import KernelArg, KernelBinary, tensormap_dims
 from blockscale.runtime.arrays import DeviceArray, as_device_buffer
 
@@ -282,7 +283,7 @@ class ArgPack:
         # per arg: (is buffer, expected dtype (buffers), (lo, hi) int range or None (f32))
         self.checks: tuple[tuple[bool, np.dtype | None, tuple[int, int] | None], ...] = tuple(
             (a.kind == "buffer",
-             np.dtype(_dtype_by_name(a.dtype)) if a.kind == "buffer" else None,
+             np_dtype(a.dtype) if a.kind == "buffer" else None,
              _SCALAR_RANGES.get(a.dtype) if a.kind == "scalar" else None)
             for a in self.args)
 
@@ -335,7 +336,7 @@ def check_scalar(kernel_name: str, arg: KernelArg, value: Any) -> int | float:
 
 def check_buffer_dtype(kernel_name: str, arg: KernelArg, dtype: np.dtype) -> None:
     """A buffer's dtype must be the declared one; 1-byte types may stand for each other (bytes)."""
-    want = np.dtype(_dtype_by_name(arg.dtype))
+    want = np_dtype(arg.dtype)
     if dtype == want or (dtype.itemsize == 1 and want.itemsize == 1):
         return
     raise TypeError(f"kernel {kernel_name!r} arg {arg.name!r}: expected a {arg.dtype} buffer, "
@@ -347,12 +348,6 @@ def check_arg_count(kernel: KernelBinary, args: Sequence[Any]) -> None:
         names = [a.name for a in kernel.args]
         raise ValueError(f"kernel {kernel.name!r}: expected {len(names)} args {names}, "
                          f"got {len(args)}")
-
-
-def _dtype_by_name(name: str) -> Any:
-    import ml_dtypes
-
-    return getattr(ml_dtypes, name) if hasattr(ml_dtypes, name) else np.dtype(name)
 
 
 # --------------------------------------------------------------------------- GPU base

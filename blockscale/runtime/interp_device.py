@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from blockscale.dtypes import np_dtype
 from blockscale.launch import KernelBinary
 from blockscale.runtime.device import (
     Device,
-    _dtype_by_name,
     check_arg_count,
     check_buffer_dtype,
     check_scalar,
@@ -77,7 +77,7 @@ class InterpDevice(Device):
                                  f"place), got strides {value.strides} for shape {value.shape}")
             check_buffer_dtype(kernel.name, arg, value.dtype)
             view = value.reshape(-1)
-            want = np.dtype(_dtype_by_name(arg.dtype))
+            want = np_dtype(arg.dtype)
             flat.append(view if view.dtype == want else view.view(want))
         for i, arg in enumerate(kernel.args):
             if arg.kind == "tensormap":

@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from blockscale.dtypes import np_dtype
 from blockscale.launch import KernelBinary, Launch, load_kernel, save_kernel
 from blockscale.runtime.arrays import as_device_buffer, io_mode, is_device_array
-from blockscale.runtime.device import Device, GpuDevice, _dtype_by_name, get_device
+from blockscale.runtime.device import Device, GpuDevice, get_device
 
 __all__ = ["BufferDecl", "Program", "Step"]
 
@@ -59,13 +60,13 @@ class BufferDecl:
         if any(n < 0 for n in self.shape):
             raise ValueError(f"buffer {self.name!r}: shape dims must be >= 0, got {self.shape}")
         try:
-            _dtype_by_name(self.dtype)
+            np_dtype(self.dtype)
         except TypeError:
             raise ValueError(f"buffer {self.name!r}: unknown dtype {self.dtype!r}") from None
 
     @property
     def np_dtype(self) -> np.dtype:
-        return np.dtype(_dtype_by_name(self.dtype))
+        return np_dtype(self.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
