@@ -223,6 +223,65 @@ def _grouped_dims(a: Any, w: Any, fmt: Format, k: int | None) -> tuple[int, int,
     return t, e_count, n, k
 
 
+def check_tcgen_scales(a_scales: Any, b_scales: Any, fmt: Format, e_count: int, n: int,
+                       k: int) -> tuple[int, ...]:
+    """Dtypes and shapes of the 5-D ``a_scales`` (any tile count) and the 6-D ``b_scales`` of
+    ``e_count`` experts of ``n`` rows; returns ``a_scales``' shape."""
+    j = fmt.kblocks(k)
+    d1 = scale_shape("tcgen5d", 1, j)[1]
+    sfa_shape = H.shape_of(a_scales, "a_scales", 5)
+    H.check_dtype(a_scales, fmt.scale_dtype, "a_scales", fmt)
+    if sfa_shape[1:] != (d1, 32, 4, 4):
+        raise ValueError(f"a_scales must have shape (tiles, {d1}, 32, 4, 4), got {sfa_shape}")
+    want_b = (e_count, *scale_shape("tcgen5d", n, j))
+    H.check_dtype(b_scales, fmt.scale_dtype, "b_scales", fmt)
+    if H.shape_of(b_scales, "b_scales", 6) != want_b:
+        raise ValueError(f"b_scales must have shape {want_b}, got {tuple(b_scales.shape)}")
+    return sfa_shape
+
+
+def group_vectors(expert_start: Any, a_scale_offsets: Any, expert_ids: Any, t: int,
+                  e_count: int) -> tuple[Any, Any, Any]:
+    """``(expert_start, a_scale_offsets, expert_ids)`` as int32 kernel buffers, checked
+    (:func:`_check_groups`: expert_start ends at T)."""
+    es = _int32_vector(expert_start, "expert_start")
+    g_count = es.shape[0] - 1
+    ids = _int32_vector(expert_ids, "expert_ids", g_count)
+    offs = _int32_vector(a_scale_offsets, "a_scale_offsets", g_count)
+    _check_groups(es, ids, t, e_count, exact_total=True)
+    return es, offs, ids
+
+
+def expert_scales_arg(expert_scales: Any, fmt: Format, e_count: int) -> Any:
+    """float32 ``[E]`` by expert id (numpy checked; device arrays passed through); None is
+    ones for MX formats."""
+    if expert_scales is None:
+        if not fmt.is_mx:
+            raise ValueError("expert_scales must be given for nvfp4 (one float32 per expert), "
+                             "got None")
+        return np.ones(e_count, np.float32)
+    if isinstance(expert_scales, np.ndarray) or not hasattr(expert_scales, "shape"):
+        v = np.asarray(expert_scales)
+        if v.shape != (e_count,) or v.dtype.kind != "f":
+            raise ValueError(f"expert_scales must be a float array of shape ({e_count},), got "
+                             f"dtype {v.dtype}, shape {v.shape}")
+        v = np.ascontiguousarray(v.astype(np.float32))
+        if not np.all(np.isfinite(v)):
+            raise ValueError(f"expert_scales must be finite, got {v.tolist()[:8]}")
+        return v
+    return expert_scales
+
+
+def check_row_scales(a_row_scales: Any, fmt: Format, t: int) -> None:
+    """``a_row_scales``: bf16 ``[T]``, NVFP4 only."""
+    if fmt.is_mx:
+        raise ValueError(f"a_row_scales is NVFP4 only, got fmt={fmt.name}")
+    if H.shape_of(a_row_scales, "a_row_scales", 1) != (t,):
+        raise ValueError(f"a_row_scales must have shape ({t},), got "
+                         f"{tuple(a_row_scales.shape)}")
+    H.check_dtype(a_row_scales, ml_dtypes.bfloat16, "a_row_scales")
+
+
 #: Fast-path hook of :func:`grouped_matmul_block_scaled`: callables ``(target_name, fmt, t, n,
 #: k, num_groups, row_scales) -> runner`` returning a runner ``(buffers, scalars, device) -> C``
 #: (the portable kernel's argument names) or None when they do not apply. Tried in order.
@@ -251,21 +310,9 @@ def grouped_matmul_block_scaled(hidden: Any, weight: Any, a_scales: Any, b_scale
     """
     fmt = Format.from_name(fmt)
     t, e_count, n, k = _grouped_dims(hidden, weight, fmt, k)
-    j = fmt.kblocks(k)
-    d1 = scale_shape("tcgen5d", 1, j)[1]
-    sfa_shape = H.shape_of(a_scales, "a_scales", 5)
-    H.check_dtype(a_scales, fmt.scale_dtype, "a_scales", fmt)
-    if sfa_shape[1:] != (d1, 32, 4, 4):
-        raise ValueError(f"a_scales must have shape (tiles, {d1}, 32, 4, 4), got {sfa_shape}")
-    want_b = (e_count, *scale_shape("tcgen5d", n, j))
-    H.check_dtype(b_scales, fmt.scale_dtype, "b_scales", fmt)
-    if H.shape_of(b_scales, "b_scales", 6) != want_b:
-        raise ValueError(f"b_scales must have shape {want_b}, got {tuple(b_scales.shape)}")
-    es = _int32_vector(expert_start, "expert_start")
+    sfa_shape = check_tcgen_scales(a_scales, b_scales, fmt, e_count, n, k)
+    es, offs, ids = group_vectors(expert_start, a_scale_offsets, expert_ids, t, e_count)
     g_count = es.shape[0] - 1
-    ids = _int32_vector(expert_ids, "expert_ids", g_count)
-    offs = _int32_vector(a_scale_offsets, "a_scale_offsets", g_count)
-    _check_groups(es, ids, t, e_count, exact_total=True)
     if isinstance(es, np.ndarray) and isinstance(offs, np.ndarray):
         for g in range(g_count):
             s, e_ = int(es[g]), int(es[g + 1])
@@ -274,29 +321,11 @@ def grouped_matmul_block_scaled(hidden: Any, weight: Any, a_scales: Any, b_scale
                 raise ValueError(f"a_scale_offsets[{g}] = {offs[g]} puts group {g}'s scale rows "
                                  f"at [{r0}, {r0 + e_ - s}), outside a_scales' "
                                  f"{sfa_shape[0] * SF_ATOM_ROWS} rows")
-    if expert_scales is None:
-        if not fmt.is_mx:
-            raise ValueError("expert_scales must be given for nvfp4 (one float32 per expert), "
-                             "got None")
-        expert_scales = np.ones(e_count, np.float32)
-    if isinstance(expert_scales, np.ndarray) or not hasattr(expert_scales, "shape"):
-        expert_scales = np.asarray(expert_scales)
-        if expert_scales.shape != (e_count,) or expert_scales.dtype.kind != "f":
-            raise ValueError(f"expert_scales must be a float array of shape ({e_count},), got "
-                             f"dtype {expert_scales.dtype}, shape {expert_scales.shape}")
-        expert_scales = np.ascontiguousarray(expert_scales.astype(np.float32))
-        if not np.all(np.isfinite(expert_scales)):
-            raise ValueError(f"expert_scales must be finite, got {expert_scales.tolist()[:8]}")
     buffers = {"a": hidden, "w": weight, "sfa": a_scales, "sfb": b_scales,
                "expert_start": es, "a_scale_offsets": offs, "expert_ids": ids,
-               "expert_scales": expert_scales}
+               "expert_scales": expert_scales_arg(expert_scales, fmt, e_count)}
     if a_row_scales is not None:
-        if fmt.is_mx:
-            raise ValueError(f"a_row_scales is NVFP4 only, got fmt={fmt.name}")
-        if H.shape_of(a_row_scales, "a_row_scales", 1) != (t,):
-            raise ValueError(f"a_row_scales must have shape ({t},), got "
-                             f"{tuple(a_row_scales.shape)}")
-        H.check_dtype(a_row_scales, ml_dtypes.bfloat16, "a_row_scales")
+        check_row_scales(a_row_scales, fmt, t)
         buffers["a_row_scales"] = a_row_scales
     dev, tgt = H.device_and_target(device, target)
     for fast in FAST_PATHS:

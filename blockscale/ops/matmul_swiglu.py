@@ -26,14 +26,10 @@ import dataclasses
 import math
 from typing import Any, ClassVar
 
-import ml_dtypes
-import numpy as np
-
 import blockscale.ops._matmul_host as H
 from blockscale.activations import GatedActivation
 from blockscale.formats import Format
 from blockscale.launch import KernelArg
-from blockscale.layouts import scale_shape
 from blockscale.ops import matmul_grouped as GM
 from blockscale.ops import quantize as Q
 from blockscale.ops import quantize_grouped as QG
@@ -154,25 +150,6 @@ def launch_plan(spec: SwigluSpec, t: int, d: int, num_tiles: int, num_groups: in
 
 # ---- host side -------------------------------------------------------------------------------
 
-def _expert_scales(expert_scales: Any, fmt: Format, e_count: int) -> Any:
-    """float32 ``[E]`` by expert id (numpy checked; device arrays passed through)."""
-    if expert_scales is None:
-        if not fmt.is_mx:
-            raise ValueError("expert_scales must be given for nvfp4 (one float32 per expert), "
-                             "got None")
-        return np.ones(e_count, np.float32)
-    if isinstance(expert_scales, np.ndarray) or not hasattr(expert_scales, "shape"):
-        v = np.asarray(expert_scales)
-        if v.shape != (e_count,) or v.dtype.kind != "f":
-            raise ValueError(f"expert_scales must be a float array of shape ({e_count},), got "
-                             f"dtype {v.dtype}, shape {v.shape}")
-        v = np.ascontiguousarray(v.astype(np.float32))
-        if not np.all(np.isfinite(v)):
-            raise ValueError(f"expert_scales must be finite, got {v.tolist()[:8]}")
-        return v
-    return expert_scales
-
-
 def grouped_matmul_swiglu(hidden: Any, weight: Any, a_scales: Any, b_scales: Any,
                           expert_start: Any, a_scale_offsets: Any, expert_ids: Any,
                           expert_scales: Any, input_scales: Any, fmt: Format | str, *,
@@ -209,35 +186,18 @@ def grouped_matmul_swiglu(hidden: Any, weight: Any, a_scales: Any, b_scales: Any
         raise ValueError(f"weight.shape[1] (2D, σ-permuted gate/up rows) must be even, got {n}")
     d = n // 2
     fmt.check_k(d, "weight.shape[1] // 2")
-    j = fmt.kblocks(k)
-    d1 = scale_shape("tcgen5d", 1, j)[1]
-    sfa_shape = H.shape_of(a_scales, "a_scales", 5)
-    H.check_dtype(a_scales, fmt.scale_dtype, "a_scales", fmt)
-    if sfa_shape[1:] != (d1, 32, 4, 4):
-        raise ValueError(f"a_scales must have shape (tiles, {d1}, 32, 4, 4), got {sfa_shape}")
-    want_b = (e_count, *scale_shape("tcgen5d", n, j))
-    H.check_dtype(b_scales, fmt.scale_dtype, "b_scales", fmt)
-    if H.shape_of(b_scales, "b_scales", 6) != want_b:
-        raise ValueError(f"b_scales must have shape {want_b}, got {tuple(b_scales.shape)}")
-    es = GM._int32_vector(expert_start, "expert_start")
+    sfa_shape = GM.check_tcgen_scales(a_scales, b_scales, fmt, e_count, n, k)
+    es, offs, ids = GM.group_vectors(expert_start, a_scale_offsets, expert_ids, t, e_count)
     ng = es.shape[0] - 1
-    ids = GM._int32_vector(expert_ids, "expert_ids", ng)
-    offs = GM._int32_vector(a_scale_offsets, "a_scale_offsets", ng)
-    GM._check_groups(es, ids, t, e_count, exact_total=True)
     num_tiles = sfa_shape[0]
     QG.check_groups(es, offs, ids, t, num_tiles)
     buffers = {"a": hidden, "w": weight, "sfa": a_scales, "sfb": b_scales, "expert_start": es,
                # empty groups' tile0 moved so that the kernel's tile -> group search holds
                "scales_offsets": QG._i32(QG.search_offsets(es, offs)), "expert_ids": ids,
-               "expert_scales": _expert_scales(expert_scales, fmt, e_count),
+               "expert_scales": GM.expert_scales_arg(expert_scales, fmt, e_count),
                "input_scales": QG.expert_scales_arg(fmt, input_scales, "input_scales", ids)}
     if a_row_scales is not None:
-        if fmt.is_mx:
-            raise ValueError(f"a_row_scales is NVFP4 only, got fmt={fmt.name}")
-        if H.shape_of(a_row_scales, "a_row_scales", 1) != (t,):
-            raise ValueError(f"a_row_scales must have shape ({t},), got "
-                             f"{tuple(a_row_scales.shape)}")
-        H.check_dtype(a_row_scales, ml_dtypes.bfloat16, "a_row_scales")
+        GM.check_row_scales(a_row_scales, fmt, t)
         buffers["a_row_scales"] = a_row_scales
     dev, tgt = H.device_and_target(device, target)
     spec = _spec(fmt, tgt, act, a_row_scales is not None, d % 8 == 0)
