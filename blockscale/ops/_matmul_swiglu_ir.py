@@ -125,31 +125,14 @@ def _body(k: Q._Ctx, kb: B.KernelBuilder) -> None:
     a = kb.arg
     c64, c32, cf = Q._c64, Q._c32, Q._cf
     ncols = a("k")  # D: output columns
-    kblocks_row, chunks_row = a("kblocks_row"), a("chunks_row")
-    cb = arith.extui(i64, a("cb_log2"))
-    split = arith.extui(i64, a("split_log2"))
-    tid = B.cast_int(B.thread_idx(), i64)
-    bx = B.cast_int(B.block_idx("x"), i64)
-    by = B.cast_int(B.block_idx("y"), i64)
-    ci = arith.andi(tid, arith.subi(arith.shli(c64(1), cb), c64(1)))
-    ri = arith.shrui(tid, cb)
-    rpb_log2 = arith.subi(c64(8), cb)
-    c = arith.ori(arith.shli(bx, cb), ci)
-    j = arith.shrui(c, c64(k.lanes_log2))
-    lane0 = arith.cmpi(arith.CmpIPredicate.eq, arith.andi(c, c64(k.lanes - 1)), c64(0))
-    chunk_ok = arith.cmpi(arith.CmpIPredicate.ult, c, chunks_row)
-    col0 = arith.muli(c, c64(CHUNK))
-    col_ok = arith.cmpi(arith.CmpIPredicate.ult, col0, ncols)
-    col_e_ok = [arith.cmpi(arith.CmpIPredicate.ult, arith.addi(col0, c64(e)), ncols)
-                for e in range(CHUNK)]
-    rows_per_part = arith.shrui(c64(128), split)
-    part = arith.andi(by, arith.subi(arith.shli(c64(1), split), c64(1)))
-    tile_base = arith.shrui(by, split)
-    row_iters = arith.shrui(rows_per_part, rpb_log2)
+    kblocks_row = a("kblocks_row")
+    co = Q._coords(k, kb, element_ok=True)  # the quantize kernel's decomposition
+    j, lane0, chunk_ok, col0 = co.j, co.lane0, co.chunk_ok, co.col0
+    col_ok, col_e_ok = co.col_ok, co.col_e_ok
 
     with B.for_range(0, arith.extui(i64, a("tile_iters"))) as tloop:
         titer = B.cast_int(tloop.iv, i64)
-        tile = arith.addi(tile_base, arith.muli(titer, a("tiles_per_step")))
+        tile = arith.addi(co.tile_base, arith.muli(titer, a("tiles_per_step")))
         tile_ok = arith.cmpi(arith.CmpIPredicate.ult, tile, a("n_tiles"))
         row_base, rows_valid, active, expert = Q._find_group(k, kb, tile, tile_ok)
         e_idx = B.cast_int(expert, B.index(), signed=True)
@@ -158,10 +141,8 @@ def _body(k: Q._Ctx, kb: B.KernelBuilder) -> None:
         if not fmt.is_mx:  # the chained path's chain: tsf = 1/input_scale, then 1/tsf (D2)
             tsf = arith.divf(cf(1.0), B.load(a("input_scales"), e_idx))
             inv_tsf = arith.divf(cf(1.0), tsf)
-        with B.for_range(0, row_iters) as rloop:
-            riter = B.cast_int(rloop.iv, i64)
-            rr = arith.addi(arith.addi(arith.muli(part, rows_per_part), ri),
-                            arith.shli(riter, rpb_log2))
+        with B.for_range(0, co.row_iters) as rloop:
+            rr = co.row(B.cast_int(rloop.iv, i64))
             row_ok = arith.andi(tile_ok, arith.cmpi(arith.CmpIPredicate.slt, rr, rows_valid))
             drow = arith.addi(row_base, rr)
             load_ok = arith.andi(arith.andi(row_ok, col_ok), active)

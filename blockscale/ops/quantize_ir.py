@@ -44,7 +44,7 @@ with a fraction of the bytes in flight). Predicted: NVFP4 / MXFP4 >= 85% of copy
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from mlir import ir
@@ -445,13 +445,42 @@ def build(spec: QuantizeSpec) -> ir.Module:
         return kb.module
 
 
-def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
-    spec = k.spec
-    grouped = spec.mode in ("grouped", "silu")
+class _Coords(NamedTuple):
+    """A thread's place in the work decomposition (module docstring), i64 values.
+
+    ``c``: its chunk (column ``col0``), ``j``: the chunk's scale block, ``lane0``: whether
+    it is the block's first lane; ``ri``: its row in a group of ``2^rpb_log2`` rows;
+    ``part``: the part (of ``rows_per_part`` rows) of tile ``tile_base`` (+ tile steps) its
+    block covers in ``row_iters`` row groups; ``col_e_ok``: per element of the chunk, whether
+    its column is < D (only when asked for)."""
+
+    tid: ir.Value
+    by: ir.Value
+    ri: ir.Value
+    rpb_log2: ir.Value
+    j: ir.Value
+    lane0: ir.Value
+    chunk_ok: ir.Value
+    col0: ir.Value
+    col_ok: ir.Value
+    col_e_ok: list[ir.Value]
+    rows_per_part: ir.Value
+    part: ir.Value
+    tile_base: ir.Value
+    row_iters: ir.Value
+
+    def row(self, riter: ir.Value) -> ir.Value:
+        """The thread's row in its tile in row-group iteration ``riter``."""
+        return arith.addi(arith.addi(arith.muli(self.part, self.rows_per_part), self.ri),
+                          arith.shli(riter, self.rpb_log2))
+
+
+def _coords(k: _Ctx, kb: B.KernelBuilder, *, element_ok: bool = False) -> _Coords:
+    """The thread's :class:`_Coords` from the launch scalars (``k`` = D columns,
+    ``chunks_row``, ``cb_log2``, ``split_log2``) and the thread / block ids."""
     i64 = B.i64()
     a = kb.arg
-    m, ncols = a("m"), a("k")
-    kblocks_row, chunks_row = a("kblocks_row"), a("chunks_row")
+    ncols = a("k")
     cb = arith.extui(i64, a("cb_log2"))
     split = arith.extui(i64, a("split_log2"))
     tid = B.cast_int(B.thread_idx(), i64)
@@ -463,13 +492,30 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
     c = arith.ori(arith.shli(bx, cb), ci)
     j = arith.shrui(c, _c64(k.lanes_log2))
     lane0 = arith.cmpi(arith.CmpIPredicate.eq, arith.andi(c, _c64(k.lanes - 1)), _c64(0))
-    chunk_ok = arith.cmpi(arith.CmpIPredicate.ult, c, chunks_row)
+    chunk_ok = arith.cmpi(arith.CmpIPredicate.ult, c, a("chunks_row"))
     col0 = arith.muli(c, _c64(k.chunk))
     col_ok = arith.cmpi(arith.CmpIPredicate.ult, col0, ncols)
+    col_e_ok = ([arith.cmpi(arith.CmpIPredicate.ult, arith.addi(col0, _c64(e)), ncols)
+                 for e in range(k.chunk)] if element_ok else [])
     rows_per_part = arith.shrui(_c64(128), split)
     part = arith.andi(by, arith.subi(arith.shli(_c64(1), split), _c64(1)))
     tile_base = arith.shrui(by, split)
     row_iters = arith.shrui(rows_per_part, rpb_log2)
+    return _Coords(tid, by, ri, rpb_log2, j, lane0, chunk_ok, col0, col_ok, col_e_ok,
+                   rows_per_part, part, tile_base, row_iters)
+
+
+def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
+    spec = k.spec
+    grouped = spec.mode in ("grouped", "silu")
+    i64 = B.i64()
+    a = kb.arg
+    m, ncols = a("m"), a("k")
+    kblocks_row = a("kblocks_row")
+    co = _coords(k, kb)
+    tid, by, ri, rpb_log2 = co.tid, co.by, co.ri, co.rpb_log2
+    j, lane0, chunk_ok, col0, col_ok = co.j, co.lane0, co.chunk_ok, co.col0, co.col_ok
+    tile_base, row_iters = co.tile_base, co.row_iters
     in_stride = arith.shli(ncols, _c64(1)) if spec.mode == "silu" else ncols
     dense_wide = spec.mode == "dense" and k.chunk > CHUNK
     ld_cols: list[ir.Value] = []
@@ -615,7 +661,5 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
             if not k.fmt.is_mx:
                 tsf, inv_tsf = a("tensor_sf"), dense_inv_tsf
         with B.for_range(0, row_iters) as rloop:
-            riter = B.cast_int(rloop.iv, i64)
-            rr = arith.addi(arith.addi(arith.muli(part, rows_per_part), ri),
-                            arith.shli(riter, rpb_log2))
+            rr = co.row(B.cast_int(rloop.iv, i64))
             row(tile, tile_ok, row_base, rows_valid, active, tsf, inv_tsf, tile_soff, rr)
