@@ -145,6 +145,23 @@ def emit_block_scaled_dots(fmt: Format, *, a: Value, a_row: Value, b: Value,
     return list(jl.results)
 
 
+def scale_offsets(layout: str, a_row: Value, b_row: Value, kblocks: Value,
+                  d1: Value | None = None
+                  ) -> tuple[Callable[[Value], Value], Callable[[Value], Value]]:
+    """``(sfa_offset, sfb_offset)`` for :func:`emit_block_scaled_dot`: ``j`` -> byte offset
+    of K-block j's scale of A scale row ``a_row`` and B scale row ``b_row`` (index values).
+
+    ``layout`` "tcgen5d": 5-D rows of ``d1`` = ceil(kblocks / 4) K-groups (computed here
+    when not given); "row_major": rows of ``kblocks`` bytes."""
+    if layout == "tcgen5d":
+        d1 = bir.ceil_div(kblocks, 4) if d1 is None else d1
+        a0, b0 = tcgen_row_offset(a_row, d1), tcgen_row_offset(b_row, d1)
+        return (lambda j: bir.add(a0, tcgen_kblock_offset(j)),
+                lambda j: bir.add(b0, tcgen_kblock_offset(j)))
+    a0, b0 = bir.mul(a_row, kblocks), bir.mul(b_row, kblocks)
+    return lambda j: bir.add(a0, j), lambda j: bir.add(b0, j)
+
+
 def store_output(value: Value, c: Value, idx: Value, out_dtype: str) -> None:
     """Store an f32 ``value`` (or a value already of the output type) to ``c[idx]``; f32 ->
     bf16 is ``arith.truncf`` (round to nearest even, ``cvt.rn.bf16.f32`` on NVIDIA)."""

@@ -116,16 +116,7 @@ def build(spec: MatmulSpec) -> Any:
         with bir.when(bir.logical_and(bir.ult(m, m_count), bir.ult(n, n_count))):
             row_bytes = bir.udiv(k, 2) if fmt.is_fp4 else k
             kblocks = bir.ceil_div(k, fmt.block_size)
-            if spec.scale_layout == "tcgen5d":
-                d1 = bir.ceil_div(kblocks, 4)
-                sfa_row = mir.tcgen_row_offset(m, d1)
-                sfb_row = mir.tcgen_row_offset(n, d1)
-                sfa_off = lambda j: bir.add(sfa_row, mir.tcgen_kblock_offset(j))
-                sfb_off = lambda j: bir.add(sfb_row, mir.tcgen_kblock_offset(j))
-            else:
-                sfa_row, sfb_row = bir.mul(m, kblocks), bir.mul(n, kblocks)
-                sfa_off = lambda j: bir.add(sfa_row, j)
-                sfb_off = lambda j: bir.add(sfb_row, j)
+            sfa_off, sfb_off = mir.scale_offsets(spec.scale_layout, m, n, kblocks)
             acc = mir.emit_block_scaled_dot(
                 fmt, a=kb.arg("a"), a_row=bir.mul(m, row_bytes), b=kb.arg("b"),
                 b_row=bir.mul(n, row_bytes), sfa=kb.arg("sfa"), sfa_offset=sfa_off,

@@ -145,14 +145,10 @@ def build(spec: GroupedMatmulSpec) -> Any:
                     a_srow = bir.add(bir.mul(tile0, SF_ATOM_ROWS), bir.sub(m, start))
                     n_tiles = bir.ceil_div(n_count, SF_ATOM_ROWS)
                     b_srow = bir.add(bir.mul(bir.mul(e, n_tiles), SF_ATOM_ROWS), n)
-                    sfa_row = mir.tcgen_row_offset(a_srow, d1)
-                    sfb_row = mir.tcgen_row_offset(b_srow, d1)
-                    sfa_off = lambda j: bir.add(sfa_row, mir.tcgen_kblock_offset(j))
-                    sfb_off = lambda j: bir.add(sfb_row, mir.tcgen_kblock_offset(j))
                 else:
-                    sfa_row, sfb_row = bir.mul(m, kblocks), bir.mul(w_row, kblocks)
-                    sfa_off = lambda j: bir.add(sfa_row, j)
-                    sfb_off = lambda j: bir.add(sfb_row, j)
+                    d1, a_srow, b_srow = None, m, w_row
+                sfa_off, sfb_off = mir.scale_offsets(spec.scale_layout, a_srow, b_srow,
+                                                     kblocks, d1)
                 acc = mir.emit_block_scaled_dot(
                     fmt, a=kb.arg("a"), a_row=bir.mul(m, row_bytes), b=kb.arg("w"),
                     b_row=bir.mul(w_row, row_bytes), sfa=kb.arg("sfa"), sfa_offset=sfa_off,
