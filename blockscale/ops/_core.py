@@ -43,6 +43,15 @@ def register_op_module(module_name: str) -> None:
         _OP_MODULES.append(module_name)
 
 
+def attach_kernel_api(entry_points: Iterable[Callable[..., Any]], kernel: Callable[..., Any],
+                      build: Callable[[Any], Any]) -> None:
+    """Give each user-facing function of an op module the module's ``kernel`` (compiled
+    Kernel of a spec) and ``build`` (its IR) as ``fn.kernel`` / ``fn.build``."""
+    for fn in entry_points:
+        fn.kernel = kernel  # type: ignore[attr-defined]
+        fn.build = build  # type: ignore[attr-defined]
+
+
 def op_modules() -> tuple[str, ...]:
     """Registered op modules, in registration order."""
     return tuple(_OP_MODULES)

@@ -275,8 +275,7 @@ def bundle_specs(target: str = DEFAULT_TARGET.name) -> list[InterleaveSpec]:
     return [InterleaveSpec(d, target) for d in SCALE_DTYPES]
 
 
-block_scales_interleave.kernel = kernel  # type: ignore[attr-defined]
-block_scales_interleave.build = build  # type: ignore[attr-defined]
+_core.attach_kernel_api((block_scales_interleave,), kernel, build)
 
 #: Seed names (MAX ``fp4_quantization``): the launcher and the kernel.
 block_scales_interleave_fp4 = block_scales_interleave

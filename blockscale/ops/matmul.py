@@ -172,12 +172,16 @@ def _validate(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format, k: int | None,
     return _Dense(fmt, a_shape[0], b_shape[0], k)
 
 
-def _run_dense(spec: MatmulSpec, d: _Dense, a: Any, b: Any, sfa: Any, sfb: Any, alpha: float,
-               extra: dict[str, Any], device: Any) -> Any:
+def _run_dense(spec: Any, d: _Dense, a: Any, b: Any, sfa: Any, sfb: Any, alpha: float,
+               extra: dict[str, Any], device: Any,
+               launch_grid: tuple[int, int, int] | None = None) -> Any:
+    """Check alpha and the epilogue inputs, then launch ``spec``'s dense kernel (``spec``:
+    a MatmulSpec or a spec with its arguments, e.g. the sm_90a one) on ``launch_grid``
+    (default: the portable kernel's :func:`grid`)."""
     alpha = H.finite_f32(alpha, "alpha")
     inputs = spec.epilogue.inputs if spec.epilogue else ()
     H.check_epilogue_inputs(inputs, extra, d.m, d.n)
-    return H.launch(spec, grid(d.m, d.n), (d.m, d.n), spec.out_dtype,
+    return H.launch(spec, launch_grid or grid(d.m, d.n), (d.m, d.n), spec.out_dtype,
                     {"a": a, "b": b, "sfa": sfa, "sfb": sfb, **extra},
                     {"m": d.m, "n": d.n, "k": d.k, "alpha": alpha}, device,
                     empty=d.m == 0 or d.n == 0)
@@ -306,11 +310,8 @@ def bundle_specs(target: str = "sm_90a") -> list[MatmulSpec]:
     return specs
 
 
-for _fn in (naive_block_scaled_matmul, matmul_dynamic_block_scaled_mxfp4, block_scaled_matmul,
-            block_scaled_matmul_with_epilogue):
-    _fn.kernel = kernel  # type: ignore[attr-defined]
-    _fn.build = build  # type: ignore[attr-defined]
-
+_core.attach_kernel_api((naive_block_scaled_matmul, matmul_dynamic_block_scaled_mxfp4,
+                         block_scaled_matmul, block_scaled_matmul_with_epilogue), kernel, build)
 _core.register_op_module(__name__)
 
 import blockscale.ops.matmul_sm90  # noqa: F401 (registers its FAST_PATHS entry)

@@ -396,9 +396,8 @@ def bundle_specs(target: str = "sm_90a") -> list[GroupedMatmulSpec]:
     return specs
 
 
-for _fn in (grouped_matmul_block_scaled, grouped_matmul_block_scaled_mxfp4):
-    _fn.kernel = kernel  # type: ignore[attr-defined]
-    _fn.build = build  # type: ignore[attr-defined]
+_core.attach_kernel_api((grouped_matmul_block_scaled, grouped_matmul_block_scaled_mxfp4),
+                        kernel, build)
 
 _core.register_op_module(__name__)
 

@@ -199,11 +199,8 @@ def fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
 
     def run(a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, extra: dict[str, Any],
             device: Any) -> Any:
-        alpha = H.finite_f32(alpha, "alpha")
-        H.check_epilogue_inputs(epilogue.inputs if epilogue else (), extra, m, n)
-        return H.launch(spec, grid(spec, m, n), (m, n), out_dtype,
-                        {"a": a, "b": b, "sfa": sfa, "sfb": sfb, **extra},
-                        {"m": m, "n": n, "k": k, "alpha": alpha}, device)
+        return _matmul._run_dense(spec, _matmul._Dense(fmt, m, n, k), a, b, sfa, sfb, alpha,
+                                  extra, device, grid(spec, m, n))
     return run
 
 
@@ -225,13 +222,8 @@ def block_scaled_matmul_sm90(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | s
     dev, tgt = H.device_and_target(device, "sm_90a")
     bm, bn = tiles if tiles is not None else choose_tiles(fmt, d.m, d.n)
     spec = Sm90MatmulSpec(fmt.name, out_dtype, epilogue, bm, bn, tgt)
-    alpha = H.finite_f32(alpha, "alpha")
-    extra = dict(epilogue_inputs or {})
-    H.check_epilogue_inputs(epilogue.inputs if epilogue else (), extra, d.m, d.n)
-    return H.launch(spec, grid(spec, d.m, d.n), (d.m, d.n), out_dtype,
-                    {"a": a, "b": b, "sfa": sfa, "sfb": sfb, **extra},
-                    {"m": d.m, "n": d.n, "k": d.k, "alpha": alpha}, dev,
-                    empty=d.m == 0 or d.n == 0)
+    return _matmul._run_dense(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}),
+                              dev, grid(spec, d.m, d.n))
 
 
 def kernel(spec: Sm90MatmulSpec) -> Any:
@@ -259,9 +251,7 @@ def bundle_specs(target: str = "sm_90a") -> list[Sm90MatmulSpec]:
 if fast_path not in _matmul.FAST_PATHS:
     _matmul.FAST_PATHS.append(fast_path)
 
-block_scaled_matmul_sm90.kernel = kernel  # type: ignore[attr-defined]
-block_scaled_matmul_sm90.build = build  # type: ignore[attr-defined]
-
+_core.attach_kernel_api((block_scaled_matmul_sm90,), kernel, build)
 _core.register_op_module(__name__)
 
 __all__ = [

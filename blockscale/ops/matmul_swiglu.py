@@ -26,6 +26,7 @@ import dataclasses
 import math
 from typing import Any, ClassVar
 
+import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 import blockscale.ops._matmul_host as H
 from blockscale.activations import GatedActivation
 from blockscale.formats import Format
@@ -257,8 +258,7 @@ def graph_launches(node: Any, target: str) -> list[tuple[Any, tuple[int, int, in
     return [(spec, grid, bindings)]
 
 
-grouped_matmul_swiglu.kernel = kernel  # type: ignore[attr-defined]
-grouped_matmul_swiglu.build = build  # type: ignore[attr-defined]
+_core.attach_kernel_api((grouped_matmul_swiglu,), kernel, build)
 
 __all__ = [
     "SwigluSpec",
