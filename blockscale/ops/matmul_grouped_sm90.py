@@ -106,7 +106,6 @@ def build(spec: Sm90GroupedSpec) -> Any:
     """The ``mlir.ir.Module`` of the grouped kernel for ``spec`` (IR only)."""
     from mlir.dialects import arith
 
-    import blockscale.ops._matmul_ir as mir
     import blockscale.ops._mma_ir as X
     from blockscale.compiler import ir as bir
     from blockscale.layouts import SF_ATOM_ROWS
@@ -137,12 +136,9 @@ def build(spec: Sm90GroupedSpec) -> Any:
                 b_srow0 = bir.add(bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)),
                                           SF_ATOM_ROWS), n0)
                 # local rows r < bm stay inside the group's padded 128-row scale tiles
-                a = X.Operand(kb.arg("a"), kb.arg("sfa"), lambda r: bir.add(m0, r),
-                              lambda r: bir.ult(bir.add(m0, r), end),
-                              lambda r: mir.tcgen_row_offset(bir.add(srow0, r), d1))
-                b = X.Operand(kb.arg("w"), kb.arg("sfb"), lambda r: bir.add(w_row0, r),
-                              lambda r: bir.ult(bir.add(n0, r), n_count),
-                              lambda r: mir.tcgen_row_offset(bir.add(b_srow0, r), d1))
+                a = _dense.tile_operand(kb.arg("a"), kb.arg("sfa"), m0, m0, end, srow0, d1)
+                b = _dense.tile_operand(kb.arg("w"), kb.arg("sfb"), w_row0, n0, n_count,
+                                        b_srow0, d1)
                 acc = X.emit_mainloop(plan, tiles, smem, wc, a, b, k)
                 scale = bir.load(kb.arg("expert_scales"), e)
 

@@ -105,7 +105,6 @@ def grid(spec: Sm90MatmulSpec, m: int, n: int) -> tuple[int, int, int]:
 
 def build(spec: Sm90MatmulSpec) -> Any:
     """The ``mlir.ir.Module`` of the kernel for ``spec`` (IR only)."""
-    import blockscale.ops._matmul_ir as mir
     import blockscale.ops._mma_ir as X
     from blockscale.compiler import ir as bir
 
@@ -117,17 +116,27 @@ def build(spec: Sm90MatmulSpec) -> Any:
         n0 = bir.mul(bir.block_idx("x"), spec.bn)
         d1 = bir.ceil_div(bir.ceil_div(k, plan.block), 4)
         # Scale rows m0 + r < ceil(M/128)*128 for every local r (bm divides 128): in bounds.
-        a = X.Operand(kb.arg("a"), kb.arg("sfa"), lambda r: bir.add(m0, r),
-                      lambda r: bir.ult(bir.add(m0, r), m_count),
-                      lambda r: mir.tcgen_row_offset(bir.add(m0, r), d1))
-        b = X.Operand(kb.arg("b"), kb.arg("sfb"), lambda r: bir.add(n0, r),
-                      lambda r: bir.ult(bir.add(n0, r), n_count),
-                      lambda r: mir.tcgen_row_offset(bir.add(n0, r), d1))
+        a = tile_operand(kb.arg("a"), kb.arg("sfa"), m0, m0, m_count, m0, d1)
+        b = tile_operand(kb.arg("b"), kb.arg("sfb"), n0, n0, n_count, n0, d1)
         wc = X.WarpCoords.of(tiles)
         acc = X.emit_mainloop(plan, tiles, smem, wc, a, b, k)
         store_tile(spec, kb, acc, wc, m0, n0, m_count, n_count,
                    lambda v, m, n: _alpha(v, kb.arg("alpha")))
     return kb.module
+
+
+def tile_operand(data: Any, scales: Any, row0: Any, valid0: Any, limit: Any, srow0: Any,
+                 d1: Any) -> Any:
+    """The :class:`~blockscale.ops._mma_ir.Operand` of a CTA's rows: local row r is data row
+    ``row0 + r``, holds data while ``valid0 + r < limit``, and has its scales at 5-D row
+    ``srow0 + r`` (rows of ``d1`` K-groups)."""
+    import blockscale.ops._matmul_ir as mir
+    import blockscale.ops._mma_ir as X
+    from blockscale.compiler import ir as bir
+
+    return X.Operand(data, scales, lambda r: bir.add(row0, r),
+                     lambda r: bir.ult(bir.add(valid0, r), limit),
+                     lambda r: mir.tcgen_row_offset(bir.add(srow0, r), d1))
 
 
 def _alpha(value: Any, alpha: Any) -> Any:
