@@ -13,6 +13,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from _quantize_helpers import assert_same_bytes
 
 hypothesis = pytest.importorskip("hypothesis")
 pytest.importorskip("mlir")
@@ -55,14 +56,6 @@ def _values(rng: np.random.Generator, shape: tuple[int, int], special: float, no
         return x.astype(BF16)
 
 
-def _same(got, want, what: str) -> None:
-    g, w = np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8)
-    assert g.shape == w.shape, f"{what}: shape {g.shape} != {w.shape}"
-    bad = np.argwhere(g != w)
-    assert bad.size == 0, (f"{what}: {len(bad)} bytes differ, first at {tuple(bad[0])}: "
-                           f"{g[tuple(bad[0])]:#04x} vs {w[tuple(bad[0])]:#04x}")
-
-
 values_params = st.tuples(st.integers(0, 2**31 - 1), st.sampled_from([0.0, 0.05, 0.3]),
                           st.sampled_from([0.0, 0.0, 0.02]), st.integers(-20, 12))
 
@@ -85,8 +78,8 @@ def test_dense_quantize_matches_reference(fr, target, m, k_half, odd, vp, tsf, l
               tensor_sf=tsf if fmt == "nvfp4" else 1.0)
     d, s = Q.quantize_dynamic_block_scaled(x, fmt, device="interp", target=target, **kw)
     rd, rs = ref.quantize_dynamic_block_scaled(x, fmt, **kw)
-    _same(d, rd, f"{fmt}/{rounding} {target} data")
-    _same(s, rs, f"{fmt}/{rounding} {target} scales")
+    assert_same_bytes(d, rd, f"{fmt}/{rounding} {target} data")
+    assert_same_bytes(s, rs, f"{fmt}/{rounding} {target} scales")
 
 
 def _group_layout(rng: np.random.Generator, g: int, t: int, unused: float
@@ -127,8 +120,8 @@ def test_grouped_quantize_matches_reference(fmt, target, g, t, k_half, vp, unuse
     d, s = QG.grouped_quantize_dynamic_scaled(x, fmt, es, offs, ids, tsf, device="interp",
                                               target=target, **kw)
     rd, rs = ref.grouped_quantize_dynamic_scaled(x, fmt, es, offs, ids, tsf, **kw)
-    _same(d, rd, f"grouped {fmt} {target} data")
-    _same(s, rs, f"grouped {fmt} {target} scales")
+    assert_same_bytes(d, rd, f"grouped {fmt} {target} data")
+    assert_same_bytes(s, rs, f"grouped {fmt} {target} scales")
 
 
 @SETTINGS
@@ -144,8 +137,8 @@ def test_fused_silu_quantize_matches_reference(fmt, target, act, g, t, d_half, v
     d, s = QS.fused_silu_quantize(gu, fmt, es, offs, ids, isc, activation=act, device="interp",
                                   target=target)
     rd, rs = ref.fused_silu_quantize(gu, fmt, es, offs, ids, isc, activation=act)
-    _same(d, rd, f"silu {fmt} {act} {target} data")
-    _same(s, rs, f"silu {fmt} {act} {target} scales")
+    assert_same_bytes(d, rd, f"silu {fmt} {act} {target} data")
+    assert_same_bytes(s, rs, f"silu {fmt} {act} {target} scales")
 
 
 @SETTINGS
@@ -156,7 +149,7 @@ def test_interleave_matches_reference(target, rows, kblocks, dtype, seed):
     raw = np.random.default_rng(seed).integers(0, 256, (rows, kblocks)).astype(np.uint8)
     s = raw.view(np.dtype(getattr(ml_dtypes, dtype, dtype)))
     got = IL.block_scales_interleave(s, device="interp", target=target)
-    _same(got, ref.block_scales_interleave(s), f"interleave {dtype} {target}")
+    assert_same_bytes(got, ref.block_scales_interleave(s), f"interleave {dtype} {target}")
 
 
 @settings(max_examples=12, deadline=None, derandomize=True, database=None,
@@ -197,10 +190,10 @@ def test_empty_group_sharing_tile0_with_its_neighbour(fmt, target):
     d, s = QG.grouped_quantize_dynamic_scaled(x, fmt, es, offs, ids, tsf, device="interp",
                                               target=target)
     rd, rs = ref.grouped_quantize_dynamic_scaled(x, fmt, es, offs, ids, tsf)
-    _same(d, rd, "data")
-    _same(s, rs, "scales")
+    assert_same_bytes(d, rd, "data")
+    assert_same_bytes(s, rs, "scales")
     gu = _values(np.random.default_rng(6), (1, 272), 0.0, 0.0, 0)
     d, s = QS.fused_silu_quantize(gu, fmt, es, offs, ids, tsf, device="interp", target=target)
     rd, rs = ref.fused_silu_quantize(gu, fmt, es, offs, ids, tsf)
-    _same(d, rd, "silu data")
-    _same(s, rs, "silu scales")
+    assert_same_bytes(d, rd, "silu data")
+    assert_same_bytes(s, rs, "silu scales")

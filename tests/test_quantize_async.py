@@ -16,6 +16,7 @@ import re
 import ml_dtypes
 import numpy as np
 import pytest
+from _quantize_helpers import assert_same_bytes, uniform_bf16
 
 from blockscale import reference as ref
 from blockscale.ops import quantize as Q
@@ -23,17 +24,6 @@ from blockscale.ops import quantize_async as QA
 from blockscale.runtime import get_device
 
 TARGETS = ("sm_90a", "sm_100a")
-
-
-def _x(m: int, k: int, seed: int, scale: float = 1.0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return (rng.uniform(-1, 1, (m, k)) * scale).astype(np.float32).astype(ml_dtypes.bfloat16)
-
-
-def _same(got: np.ndarray, want: np.ndarray) -> None:
-    g, w = np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8)
-    assert g.shape == w.shape, (g.shape, w.shape)
-    assert np.array_equal(g, w), f"{int((g != w).sum())} of {g.size} bytes differ"
 
 
 def _run(x: np.ndarray, tsf: float, target: str) -> tuple[np.ndarray, np.ndarray]:
@@ -44,8 +34,8 @@ def _run(x: np.ndarray, tsf: float, target: str) -> tuple[np.ndarray, np.ndarray
 def _check(x: np.ndarray, tsf: float, target: str) -> None:
     d, s = _run(x, tsf, target)
     rd, rs = ref.quantize_dynamic_block_scaled(x, "nvfp4", tensor_sf=tsf)
-    _same(d, rd)
-    _same(s, rs)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
 
 
 # ---- interpreter == reference ----------------------------------------------------------------
@@ -55,7 +45,7 @@ def _check(x: np.ndarray, tsf: float, target: str) -> None:
 @pytest.mark.parametrize("m,k,tsf", [(256, 704, 1.0), (129, 2944, 0.43), (13, 2176, 0.5),
                                      (999, 576, 1.0), (1, 64, 2.0)])
 def test_interp_matches_reference(target, m, k, tsf):
-    _check(_x(m, k, m * 7 + k), tsf, target)
+    _check(uniform_bf16(m, k, m * 7 + k), tsf, target)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -71,7 +61,7 @@ def test_interp_near_zero_blocks(target):
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_interp_nan_inf_and_signed_zero(target):
-    x = _x(130, 128, 5, 4.0).astype(np.float32)
+    x = uniform_bf16(130, 128, 5, 4.0).astype(np.float32)
     x[0, 3] = np.nan
     x[1, 20] = np.inf
     x[2, 47] = -np.inf
@@ -99,8 +89,8 @@ def test_interp_e2m1_ties_and_saturation(target):
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_interp_large_values_and_tensor_scale(target):
-    _check(_x(200, 320, 9, 3e4), 1 / 3e3, target)
-    _check(_x(64, 192, 10, 1e-3), 1e3, target)
+    _check(uniform_bf16(200, 320, 9, 3e4), 1 / 3e3, target)
+    _check(uniform_bf16(64, 192, 10, 1e-3), 1e3, target)
 
 
 # ---- the op entry points -----------------------------------------------------------------------
@@ -115,30 +105,30 @@ def test_entry_uses_tma_kernel_on_cuda_targets(monkeypatch):
         return real(x, tsf, dev, tgt)
 
     monkeypatch.setattr(QA, "quantize_fp4_async", spy)
-    x = _x(130, 192, 3)
+    x = uniform_bf16(130, 192, 3)
     for tgt in TARGETS:
         d, s = Q.quantize_dynamic_scaled_fp4_async(x, tensor_sf=0.5, device="interp",
                                                    target=tgt)
         rd, rs = ref.quantize_dynamic_block_scaled(x, "nvfp4", tensor_sf=0.5)
-        _same(d, rd)
-        _same(s, rs)
+        assert_same_bytes(d, rd)
+        assert_same_bytes(s, rs)
     d, s = Q.quantize_dynamic_block_scaled(x, "nvfp4", device="interp", target="sm_90a")
     assert calls == ["sm_90a", "sm_100a", "sm_90a"]
-    d, s = Q.quantize_dynamic_block_scaled(_x(8, 96, 1), "nvfp4", device="interp",
+    d, s = Q.quantize_dynamic_block_scaled(uniform_bf16(8, 96, 1), "nvfp4", device="interp",
                                            target="sm_90a")  # K % 64 != 0: generic kernel
     assert calls == ["sm_90a", "sm_100a", "sm_90a"]
-    rd, rs = ref.quantize_dynamic_block_scaled(_x(8, 96, 1), "nvfp4")
-    _same(d, rd)
-    _same(s, rs)
+    rd, rs = ref.quantize_dynamic_block_scaled(uniform_bf16(8, 96, 1), "nvfp4")
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
 
 
 def test_entry_generic_fallback_off_cuda_and_empty(monkeypatch):
     monkeypatch.setattr(QA, "quantize_fp4_async", lambda *a: pytest.fail("TMA kernel used"))
-    x = _x(4, 128, 2)
+    x = uniform_bf16(4, 128, 2)
     d, s = Q.quantize_dynamic_scaled_fp4_async(x, device="interp", target="gfx950")
     rd, rs = ref.quantize_dynamic_block_scaled(x, "nvfp4")
-    _same(d, rd)
-    _same(s, rs)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
     d, s = Q.quantize_dynamic_scaled_fp4_async(np.zeros((0, 128), ml_dtypes.bfloat16),
                                                device="interp")
     assert d.shape == (0, 64) and s.shape[0] == 0
@@ -146,7 +136,7 @@ def test_entry_generic_fallback_off_cuda_and_empty(monkeypatch):
 
 def test_entry_rejects_k_not_multiple_of_64():
     with pytest.raises(ValueError, match="multiple of 64"):
-        Q.quantize_dynamic_scaled_fp4_async(_x(4, 96, 0), device="interp")
+        Q.quantize_dynamic_scaled_fp4_async(uniform_bf16(4, 96, 0), device="interp")
 
 
 def test_spec_and_plan():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from _quantize_helpers import assert_same_bytes, uniform_bf16
 
 from blockscale import reference as ref
 from blockscale.ops import quantize as Q
@@ -18,36 +19,25 @@ from blockscale.ops import quantize_async as QA
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
 
 
-def _same(got, want) -> None:
-    g, w = np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8)
-    assert g.shape == w.shape, (g.shape, w.shape)
-    assert np.array_equal(g, w), f"{int((g != w).sum())} of {g.size} bytes differ"
-
-
-def _x(m, k, seed, scale=1.0):
-    rng = np.random.default_rng(seed)
-    return (rng.uniform(-1, 1, (m, k)) * scale).astype(np.float32).astype(ml_dtypes.bfloat16)
-
-
 def _check(x, tsf):
     d, s = Q.quantize_dynamic_scaled_fp4_async(x, tensor_sf=tsf, device="cuda")
     rd, rs = ref.quantize_dynamic_block_scaled(x, "nvfp4", tensor_sf=tsf)
-    _same(d, rd)
-    _same(s, rs)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
 
 
 def test_the_entry_runs_the_tma_kernel(monkeypatch):
     used = []
     real = QA.quantize_fp4_async
     monkeypatch.setattr(QA, "quantize_fp4_async", lambda *a: used.append(a[3]) or real(*a))
-    _check(_x(256, 704, 1), 1.0)
+    _check(uniform_bf16(256, 704, 1), 1.0)
     assert used == ["sm_90a"]
 
 
 @pytest.mark.parametrize("m,k,tsf", [(256, 704, 1.0), (999, 576, 1.0), (129, 2944, 1.0),
                                      (3456, 2944, 0.43), (13, 2176, 0.5), (1, 64, 1.0)])
 def test_max_async_shapes(m, k, tsf):
-    _check(_x(m, k, m + k), tsf)
+    _check(uniform_bf16(m, k, m + k), tsf)
 
 
 @pytest.mark.parametrize("m,k", [(8192, 8192), (16384, 16384)])
@@ -69,20 +59,20 @@ def test_device_arrays_in_and_out():
     from blockscale import runtime
 
     dev = runtime.get_device("cuda")
-    x = _x(300, 1024, 3)
+    x = uniform_bf16(300, 1024, 3)
     d, s = Q.quantize_dynamic_scaled_fp4_async(dev.to_device(x), tensor_sf=0.5, device=dev)
     rd, rs = ref.quantize_dynamic_block_scaled(x, "nvfp4", tensor_sf=0.5)
-    _same(dev.to_host(d), rd)
-    _same(dev.to_host(s), rs)
+    assert_same_bytes(dev.to_host(d), rd)
+    assert_same_bytes(dev.to_host(s), rs)
     # the same buffer again (cached tensor map), then another shape over fresh buffers
     d2, _ = Q.quantize_dynamic_scaled_fp4_async(dev.to_device(x), tensor_sf=0.5, device=dev)
-    _same(dev.to_host(d2), rd)
-    _check(_x(64, 64, 4), 2.0)
+    assert_same_bytes(dev.to_host(d2), rd)
+    _check(uniform_bf16(64, 64, 4), 2.0)
 
 
 def test_dispatcher_matches_generic_kernel():
-    x = _x(777, 4096, 5)
+    x = uniform_bf16(777, 4096, 5)
     d1, s1 = Q.quantize_dynamic_block_scaled(x, "nvfp4", tensor_sf=0.43, device="cuda")
     d2, s2 = Q.quantize_dynamic_scaled_fp4fp8(x, "nvfp4", tensor_sf=0.43, device="cuda")
-    _same(d1, d2)
-    _same(s1, s2)
+    assert_same_bytes(d1, d2)
+    assert_same_bytes(s1, s2)

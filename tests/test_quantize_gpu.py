@@ -9,6 +9,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from _quantize_helpers import assert_same_bytes, group_offsets, uniform_bf16
 
 from blockscale import reference as ref
 from blockscale.ops import quantize as Q
@@ -19,36 +20,26 @@ from blockscale.reference import grouped as RG
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
 
 
-def _same(got, want) -> None:
-    g, w = np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8)
-    assert g.shape == w.shape and np.array_equal(g, w), f"{int((g != w).sum())} bytes differ"
-
-
-def _x(m, k, seed, scale=1.0):
-    rng = np.random.default_rng(seed)
-    return (rng.uniform(-1, 1, (m, k)) * scale).astype(np.float32).astype(ml_dtypes.bfloat16)
-
-
 @pytest.mark.parametrize("m,k,tsf", [(256, 128, 1.0), (258, 136, 1.0), (258, 184, 1.0),
                                      (1000, 8200, 0.43), (2048, 16392, 0.5), (129, 2944, 0.43),
                                      (3456, 2944, 0.43), (13, 2176, 0.5), (999, 576, 1.0)])
 def test_nvfp4_max_shapes(m, k, tsf):
-    x = _x(m, k, m + k)
+    x = uniform_bf16(m, k, m + k)
     d, s = Q.quantize_dynamic_block_scaled(x, "nvfp4", tensor_sf=tsf, device="cuda")
     rd, rs = ref.quantize_dynamic_block_scaled(x, "nvfp4", tensor_sf=tsf)
-    _same(d, rd)
-    _same(s, rs)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
 @pytest.mark.parametrize("m,k", [(1, 128), (258, 128), (999, 576), (999, 15936), (1000, 8200)])
 def test_mx_max_shapes(fmt, m, k):
-    x = _x(m, k, k, 32.0)
+    x = uniform_bf16(m, k, k, 32.0)
     for rounding in ("up", "even", "floor") if (m, k) == (258, 128) else ("up",):
         d, s = Q.quantize_dynamic_block_scaled(x, fmt, scale_rounding=rounding, device="cuda")
         rd, rs = ref.quantize_dynamic_block_scaled(x, fmt, scale_rounding=rounding)
-        _same(d, rd)
-        _same(s, rs)
+        assert_same_bytes(d, rd)
+        assert_same_bytes(s, rs)
 
 
 def test_near_zero_and_nonfinite():
@@ -59,15 +50,8 @@ def test_near_zero_and_nonfinite():
     for fmt, tsf in (("nvfp4", 0.43), ("mxfp4", 1.0), ("mxfp8", 1.0)):
         d, s = Q.quantize_dynamic_block_scaled(xb, fmt, tensor_sf=tsf, device="cuda")
         rd, rs = ref.quantize_dynamic_block_scaled(xb, fmt, tensor_sf=tsf)
-        _same(d, rd)
-        _same(s, rs)
-
-
-def _groups(counts):
-    counts = np.asarray(counts)
-    es = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    aligned = np.concatenate([[0], np.cumsum(-(-counts // 128))])
-    return es, (aligned[:-1] - es[:-1] // 128).astype(np.int32)
+        assert_same_bytes(d, rd)
+        assert_same_bytes(s, rs)
 
 
 @pytest.mark.parametrize("counts,ids,k", [([256, 128, 256], [0, 1, 2], 704),
@@ -78,26 +62,26 @@ def _groups(counts):
                                           ([0, 3, 1, 2], [-1, 2, -1, 0], 2048)])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
 def test_grouped_max_cases(fmt, counts, ids, k):
-    es, offs = _groups(counts)
+    es, offs = group_offsets(counts)
     ids = np.asarray(ids, np.int32)
-    x = _x(int(es[-1]), k, k)
+    x = uniform_bf16(int(es[-1]), k, k)
     tsf = np.array([0.43, 1.0, 0.5], np.float32) if fmt == "nvfp4" else None
     d, s = QG.grouped_quantize_dynamic_scaled(x, fmt, es, offs, ids, tsf, device="cuda")
     rd, rs = RG.grouped_quantize_dynamic_scaled(x, fmt, es, offs, ids, tsf)
-    _same(d, rd)
-    _same(s, rs)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
 
 
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
 def test_fused_silu_nvfp4(activation):
     """Byte-exact: the sigmoid's exp is blockscale's exp_f32 on the GPU and in the reference
     (D10; it used to be the device expf, which differed from numpy's in the last ulp)."""
-    es, offs = _groups([64, 64])
-    gu = _x(128, 256, 3, 4.0)
+    es, offs = group_offsets([64, 64])
+    gu = uniform_bf16(128, 256, 3, 4.0)
     isc = np.array([0.5, 0.5], np.float32)
     ids = np.array([0, 1], np.int32)
     d, s = QS.fused_silu_quantize(gu, "nvfp4", es, offs, ids, isc, activation=activation,
                                   device="cuda")
     rd, rs = RG.fused_silu_quantize(gu, "nvfp4", es, offs, ids, isc, activation=activation)
-    _same(d, rd)
-    _same(s, rs)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)

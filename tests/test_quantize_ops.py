@@ -11,6 +11,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from _quantize_helpers import assert_same_bytes, group_offsets
 
 from blockscale import reference as ref
 from blockscale.reference import grouped as RG
@@ -30,19 +31,11 @@ def _bf16(a) -> np.ndarray:
     return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16)
 
 
-def _same(got, want) -> None:
-    g, w = np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8)
-    assert g.shape == w.shape
-    bad = np.argwhere(g != w)
-    assert bad.size == 0, f"{len(bad)} bytes differ, first at {bad[0]}: {g[tuple(bad[0])]:#x} " \
-                          f"vs {w[tuple(bad[0])]:#x}"
-
-
 def _check_dense(x, fmt, target, **kw):
     d, s = Q.quantize_dynamic_block_scaled(x, fmt, device="interp", target=target, **kw)
     rd, rs = ref.quantize_dynamic_block_scaled(x, fmt, **kw)
-    _same(d, rd)
-    _same(s, rs)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
 
 
 def _edge_input(m: int, k: int, seed: int) -> np.ndarray:
@@ -122,8 +115,8 @@ def test_near_zero_blocks_finite():
     x = _bf16(np.tile(np.array([0.0] + [1e-38] * 15, np.float32), (129, 2944 // 16)))
     d, s = Q.quantize_dynamic_block_scaled(x, "nvfp4", tensor_sf=0.43, device="interp")
     rd, rs = ref.quantize_dynamic_block_scaled(x, "nvfp4", tensor_sf=0.43)
-    _same(d, rd)
-    _same(s, rs)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
     assert np.all(np.isfinite(ref.dequantize_block_scaled(d, s, "nvfp4", k=2944,
                                                           tensor_sf=0.43)))
 
@@ -133,23 +126,16 @@ def test_amd_and_flat_mxfp4():
     for target in ("gfx950", "gfx942", "sm_90a"):
         d, s = QA.quantize_mxfp4_amd(x, device="interp", target=target)
         rd, rs = ref.quantize_mxfp4_amd(x)
-        _same(d, rd)
-        _same(s, rs)
+        assert_same_bytes(d, rd)
+        assert_same_bytes(s, rs)
     d, s = QA.quantize_dynamic_block_scaled_mxfp4(x, device="interp", target="gfx950")
     rd, rs = ref.quantize_dynamic_block_scaled(x, "mxfp4", scale_layout="row_major")
-    _same(d, rd)
-    _same(s, rs)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
     # the dispatcher routes hip + MXFP4 + row-major to the AMD kernel
     d, s = Q.quantize_dynamic_block_scaled(x, "mxfp4", scale_layout="row_major",
                                            device="interp", target="gfx950")
-    _same(s, rs)
-
-
-def _groups(counts):
-    counts = np.asarray(counts)
-    es = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    aligned = np.concatenate([[0], np.cumsum(-(-counts // 128))])
-    return es, (aligned[:-1] - es[:-1] // 128).astype(np.int32)
+    assert_same_bytes(s, rs)
 
 
 @pytest.mark.parametrize("counts,ids,k", [([256, 128, 256], [0, 1, 2], 64),
@@ -158,7 +144,7 @@ def _groups(counts):
                                           ([0, 3, 1, 2], [-1, 2, -1, 0], 30)])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
 def test_grouped(counts, ids, k, fmt):
-    es, offs = _groups(counts)
+    es, offs = group_offsets(counts)
     ids = np.asarray(ids, np.int32)
     x = _edge_input(int(es[-1]), k, k)
     tsf = np.array([0.43, 1.0, 0.5], np.float32) if fmt == "nvfp4" else None
@@ -166,12 +152,12 @@ def test_grouped(counts, ids, k, fmt):
     d, s = QG.grouped_quantize_dynamic_scaled(x, fmt, es, offs, ids, tsf, device="interp",
                                               target=target)
     rd, rs = RG.grouped_quantize_dynamic_scaled(x, fmt, es, offs, ids, tsf)
-    _same(d, rd)
-    _same(s, rs)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
 
 
 def test_grouped_indices():
-    es, offs = _groups([100, 60])
+    es, offs = group_offsets([100, 60])
     rng = np.random.default_rng(2)
     x = _edge_input(81, 64, 4)
     idx = rng.integers(0, 162, 160).astype(np.int32)
@@ -181,22 +167,22 @@ def test_grouped_indices():
                                               indices_divisor=2, device="interp")
     rd, rs = RG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf, indices=idx,
                                                 indices_divisor=2)
-    _same(d, rd)
-    _same(s, rs)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
 
 
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
 def test_fused_silu(fmt, activation):
-    es, offs = _groups([100, 0, 60])
+    es, offs = group_offsets([100, 0, 60])
     ids = np.array([1, -1, 0], np.int32)
     gu = _bf16(np.random.default_rng(3).standard_normal((160, 128)) * 4)
     isc = np.array([0.5, 0.25], np.float32) if fmt == "nvfp4" else None
     d, s = QS.fused_silu_quantize(gu, fmt, es, offs, ids, isc, activation=activation,
                                   device="interp", target="sm_90a")
     rd, rs = RG.fused_silu_quantize(gu, fmt, es, offs, ids, isc, activation=activation)
-    _same(d, rd)
-    _same(s, rs)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
 
 
 def test_bad_arguments():
@@ -210,7 +196,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="multiple of 64"):
         Q.quantize_dynamic_scaled_fp4_async(_bf16(np.ones((4, 32))), device="interp")
     with pytest.raises(ValueError, match="requires tensor_sf"):
-        es, offs = _groups([4])
+        es, offs = group_offsets([4])
         QG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, np.array([0], np.int32), None,
                                            device="interp")
 
