@@ -74,6 +74,20 @@ def exact_and_abs(a_deq: np.ndarray, b_deq: np.ndarray) -> tuple[np.ndarray, np.
     return a_deq @ b_deq.T, np.abs(a_deq) @ np.abs(b_deq).T
 
 
+def exact_dense(a: np.ndarray, b: np.ndarray, sfa: np.ndarray, sfb: np.ndarray, fmt: Format,
+                k: int, alpha: float = 1.0, rows: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(alpha A @ B^T, |alpha| |A| @ |B|^T) in float64 on the exactly dequantized operands
+    (2-D scales), alpha rounded to float32 as the kernels take it; only A rows ``rows`` when
+    given."""
+    if rows is not None:
+        a, sfa = a[rows], sfa[rows]
+    exact, abs_sum = exact_and_abs(dequantize_exact(a, sfa, fmt, k),
+                                   dequantize_exact(b, sfb, fmt, k))
+    al = float(np.float32(alpha))
+    return exact * al, abs_sum * abs(al)
+
+
 def roundings(fmt: Format, k: int, n_mul: int) -> int:
     """n of the docstring: the number of fp32 roundings on the path of one output."""
     j = fmt.kblocks(k)

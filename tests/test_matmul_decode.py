@@ -17,8 +17,7 @@ import pytest
 from test_matmul_common import (
     assert_bf16_consistent,
     assert_f32_within_bound,
-    dequantize_exact,
-    exact_and_abs,
+    exact_dense,
     f32_error_bound,
     random_dense_case,
 )
@@ -66,13 +65,6 @@ def test_grouped_decode_within_bound(case_id, fmt, target):
             assert not got[es[g]:es[g + 1]].view(np.uint16).any()  # D8: zero rows
 
 
-def _dense_exact(a, b, sfa, sfb, fmt, k, alpha):
-    exact, abs_sum = exact_and_abs(dequantize_exact(a, sfa, fmt, k),
-                                   dequantize_exact(b, sfb, fmt, k))
-    al = float(np.float32(alpha))
-    return exact * al, abs_sum * abs(al)
-
-
 DENSE = [(1, 40, 64), (1, 70, 2080), (5, 33, 160), (16, 32, 96)]
 
 
@@ -82,7 +74,7 @@ def test_dense_decode_within_bound(fmt, mnk):
     m, n, k = mnk
     rng = np.random.default_rng(sum(mnk))
     a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
-    exact, abs_sum = _dense_exact(a, b, sfa, sfb, fmt, k, 0.375)
+    exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k, 0.375)
     bound = f32_error_bound(abs_sum, fmt, k, n_mul=1)
     got = matmul_decode.block_scaled_matmul_decode(a, b, sfa5, sfb5, fmt, k=k, alpha=0.375,
                                                    out_dtype="float32", device="interp")
@@ -116,7 +108,7 @@ def test_extreme_weight_codes():
             codes[(codes & 0x7F) == 0x7F] = 0x01  # NaN codes: test_nan_weight_code_gives_nan_column
         bv = b.view(np.uint8)
         bv[:] = np.resize(codes, bv.shape)
-        exact, abs_sum = _dense_exact(a, b, sfa, sfb, fmt, k, 1.0)
+        exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k, 1.0)
         got = matmul_decode.block_scaled_matmul_decode(a, b, sfa5, sfb5, fmt, k=k,
                                                        out_dtype="float32", device="interp")
         assert_f32_within_bound(got, exact, f32_error_bound(abs_sum, fmt, k, n_mul=1))

@@ -13,20 +13,19 @@ keeps FP4 block sums exact, so any difference is a bug, e.g. a tensor core that 
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import pytest
 from test_matmul_common import (
     assert_bf16_consistent,
     assert_f32_within_bound,
-    dequantize_exact,
+    exact_dense,
     f32_error_bound,
     random_dense_case,
 )
-from test_matmul_grouped import exact_grouped, make_grouped_case
+from test_matmul_grouped import GPU_CASES, check_grouped_on_gpu
 
-from blockscale.formats import FORMATS, NVFP4
-from blockscale.ops import matmul, matmul_grouped, matmul_sm90
+from blockscale.formats import FORMATS
+from blockscale.ops import matmul, matmul_sm90
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
 
@@ -37,12 +36,6 @@ DENSE = [  # (M, N, K, alpha): MAX's SM100 FP4 GEMM test shapes, decode M values
 ] + [(m, 2048, 1024, 1.0) for m in (1, 17, 127, 129, 255)]
 
 
-def _exact(a, b, sfa, sfb, fmt, k, alpha, rows):
-    ad, bd = dequantize_exact(a[rows], sfa[rows], fmt, k), dequantize_exact(b, sfb, fmt, k)
-    al = float(np.float32(alpha))
-    return (ad @ bd.T) * al, (np.abs(ad) @ np.abs(bd).T) * abs(al)
-
-
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
 @pytest.mark.parametrize("shape", DENSE, ids=lambda s: "x".join(map(str, s)))
 def test_dense_fast_gpu(fmt, shape):
@@ -51,7 +44,7 @@ def test_dense_fast_gpu(fmt, shape):
     a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
     rows = np.unique(np.concatenate([np.arange(min(m, 64)), np.arange(max(0, m - 64), m),
                                      rng.integers(0, m, 64)]))
-    exact, abs_sum = _exact(a, b, sfa, sfb, fmt, k, alpha, rows)
+    exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k, alpha, rows)
     bound = f32_error_bound(abs_sum, fmt, k, n_mul=1)
     out32 = matmul_sm90.block_scaled_matmul_sm90(a, b, sfa5, sfb5, fmt, k=k, alpha=alpha,
                                                  out_dtype="float32", device="cuda")
@@ -66,27 +59,7 @@ def test_dense_fast_gpu(fmt, shape):
         assert np.array_equal(out32.view(np.uint32), naive.view(np.uint32))
 
 
-GROUPED = [  # (counts, ids, E, N, K): MAX's grouped NVFP4 dispatch cases (SEMANTICS §5)
-    ([128, 256, 512, 1024], [0, 1, 2, 3], 4, 2048, 1024),
-    ([2, 2, 2, 2], [0, 1, 2, 3], 4, 2048, 1024),
-    ([65, 129, 257], [0, 1, 2], 4, 2048, 1024),
-    ([0, 3, 1, 2], [-1, 2, -1, 0], 4, 2048, 1024),
-    ([64], [0], 6, 7168, 2048),
-]
-
-
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
-@pytest.mark.parametrize("case_id", range(len(GROUPED)))
+@pytest.mark.parametrize("case_id", range(len(GPU_CASES)))
 def test_grouped_fast_gpu(fmt, case_id):
-    counts, ids, e_count, n, k = GROUPED[case_id]
-    rng = np.random.default_rng(case_id)
-    case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
-    esc = (1 + (np.arange(e_count) + 1) / e_count).astype(np.float32)
-    rows = rng.uniform(0.5, 2, sum(counts)).astype(ml_dtypes.bfloat16) if fmt is NVFP4 \
-        else None
-    out = matmul_grouped.grouped_matmul_block_scaled(**case, expert_scales=esc, fmt=fmt, k=k,
-                                                     a_row_scales=rows, device="cuda",
-                                                     target="sm_90a")
-    exact, abs_sum = exact_grouped(case, row_scales, w_scales, fmt, k, esc, rows)
-    assert_bf16_consistent(out, exact, f32_error_bound(abs_sum, fmt, k,
-                                                       n_mul=2 if rows is not None else 1))
+    check_grouped_on_gpu(fmt, case_id)

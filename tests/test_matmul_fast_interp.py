@@ -15,14 +15,13 @@ import pytest
 from test_matmul_common import (
     assert_bf16_consistent,
     assert_f32_within_bound,
-    dequantize_exact,
-    exact_and_abs,
+    exact_dense,
     f32_error_bound,
     random_dense_case,
 )
 from test_matmul_grouped import exact_grouped, make_grouped_case
 
-from blockscale.formats import FORMATS, MXFP8, NVFP4, Format
+from blockscale.formats import FORMATS, MXFP8, NVFP4
 from blockscale.ops import matmul, matmul_grouped, matmul_grouped_sm90, matmul_sm90
 from blockscale.runtime.interpreter import ops_mma
 
@@ -31,20 +30,13 @@ pytestmark = pytest.mark.interp
 SHAPES = [(1, 64, 64), (17, 72, 128), (129, 136, 256), (64, 64, 1024)]
 
 
-def _exact(a, b, sfa, sfb, fmt: Format, k: int, alpha: float):
-    ad, bd = dequantize_exact(a, sfa, fmt, k), dequantize_exact(b, sfb, fmt, k)
-    exact, abs_sum = exact_and_abs(ad, bd)
-    al = float(np.float32(alpha))
-    return exact * al, abs_sum * abs(al)
-
-
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
 @pytest.mark.parametrize("mnk", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_dense_matches_exact_and_portable(fmt, mnk):
     m, n, k = mnk
     rng = np.random.default_rng(sum(mnk) + len(fmt.name))
     a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
-    exact, abs_sum = _exact(a, b, sfa, sfb, fmt, k, 0.225)
+    exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k, 0.225)
     bound = f32_error_bound(abs_sum, fmt, k, n_mul=1)
     out_dtype = "float32" if (m + n) % 2 else "bfloat16"  # both dtypes over the shapes
     got = matmul_sm90.block_scaled_matmul_sm90(a, b, sfa5, sfb5, fmt, k=k, alpha=0.225,
@@ -66,7 +58,7 @@ def test_tiles_and_out_dtypes(tiles, out_dtype):
     fmt, (m, n, k) = NVFP4, (70, 130, 96)  # K = 1.5 steps: a partial last K-step
     rng = np.random.default_rng(3)
     a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
-    exact, abs_sum = _exact(a, b, sfa, sfb, fmt, k, 2.0)
+    exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k, 2.0)
     got = matmul_sm90.block_scaled_matmul_sm90(a, b, sfa5, sfb5, fmt, k=k, alpha=2.0,
                                                out_dtype=out_dtype, tiles=tiles,
                                                device="interp")
@@ -82,7 +74,7 @@ def test_mxfp8_partial_block_and_nan():
     fmt, (m, n, k) = MXFP8, (5, 9, 48)
     rng = np.random.default_rng(4)
     a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
-    exact, abs_sum = _exact(a, b, sfa, sfb, fmt, k, 1.0)
+    exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k, 1.0)
     got = matmul_sm90.block_scaled_matmul_sm90(a, b, sfa5, sfb5, fmt, k=k,
                                                out_dtype="float32", device="interp")
     assert_f32_within_bound(got, exact, f32_error_bound(abs_sum, fmt, k, n_mul=1))

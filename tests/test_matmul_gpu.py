@@ -13,15 +13,15 @@ import pytest
 from test_matmul_common import (
     assert_bf16_consistent,
     assert_f32_within_bound,
-    dequantize_exact,
+    exact_dense,
     f32_error_bound,
     random_dense_case,
 )
-from test_matmul_grouped import exact_grouped, make_grouped_case
+from test_matmul_grouped import GPU_CASES, check_grouped_on_gpu
 
 from blockscale import reference as ref
-from blockscale.formats import FORMATS, NVFP4
-from blockscale.ops import matmul, matmul_grouped
+from blockscale.formats import FORMATS
+from blockscale.ops import matmul
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
 
@@ -32,19 +32,13 @@ DENSE = [  # (M, N, K, alpha): MAX's SM100 FP4 GEMM test shapes (SEMANTICS §8)
 ] + [(m, 2048, 1024, 1.0) for m in (1, 17, 127, 129, 255)]
 
 
-def _exact(a, b, sfa, sfb, fmt, k, alpha):
-    ad, bd = dequantize_exact(a, sfa, fmt, k), dequantize_exact(b, sfb, fmt, k)
-    al = float(np.float32(alpha))
-    return (ad @ bd.T) * al, (np.abs(ad) @ np.abs(bd).T) * abs(al)
-
-
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
 @pytest.mark.parametrize("shape", DENSE, ids=lambda s: "x".join(map(str, s)))
 def test_dense_gpu(fmt, shape):
     m, n, k, alpha = shape
     rng = np.random.default_rng(m * 31 + n + k)
     a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
-    exact, abs_sum = _exact(a, b, sfa, sfb, fmt, k, alpha)
+    exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k, alpha)
     bound = f32_error_bound(abs_sum, fmt, k, n_mul=1)
     out32 = matmul.naive_block_scaled_matmul(a, b, sfa5, sfb5, fmt, k=k, alpha=alpha,
                                              out_dtype="float32", device="cuda", target="sm_90a")
@@ -58,30 +52,7 @@ def test_dense_gpu(fmt, shape):
     assert_bf16_consistent(want, exact, bound)
 
 
-GROUPED = [  # (counts, ids, E, N, K): MAX's grouped NVFP4 dispatch cases (SEMANTICS §5)
-    ([128, 256, 512, 1024], [0, 1, 2, 3], 4, 2048, 1024),
-    ([2, 2, 2, 2], [0, 1, 2, 3], 4, 2048, 1024),
-    ([65, 129, 257], [0, 1, 2], 4, 2048, 1024),
-    ([0, 3, 1, 2], [-1, 2, -1, 0], 4, 2048, 1024),
-    ([64], [0], 6, 7168, 2048),
-]
-
-
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
-@pytest.mark.parametrize("case_id", range(len(GROUPED)))
+@pytest.mark.parametrize("case_id", range(len(GPU_CASES)))
 def test_grouped_gpu(fmt, case_id):
-    counts, ids, e_count, n, k = GROUPED[case_id]
-    rng = np.random.default_rng(case_id)
-    case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
-    esc = (1 + (np.arange(e_count) + 1) / e_count).astype(np.float32)
-    rows = None
-    if fmt is NVFP4:
-        import ml_dtypes
-
-        rows = rng.uniform(0.5, 2, sum(counts)).astype(ml_dtypes.bfloat16)
-    out = matmul_grouped.grouped_matmul_block_scaled(**case, expert_scales=esc, fmt=fmt, k=k,
-                                                     a_row_scales=rows, device="cuda",
-                                                     target="sm_90a")
-    exact, abs_sum = exact_grouped(case, row_scales, w_scales, fmt, k, esc, rows)
-    assert_bf16_consistent(out, exact, f32_error_bound(abs_sum, fmt, k,
-                                                       n_mul=2 if rows is not None else 1))
+    check_grouped_on_gpu(fmt, case_id)

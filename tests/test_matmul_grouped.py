@@ -70,6 +70,32 @@ def exact_grouped(case, row_scales, w_scales, fmt, k, expert_scales, a_row_scale
     return exact, abs_sum
 
 
+GPU_CASES = [  # (counts, ids, E, N, K): MAX's grouped NVFP4 dispatch cases (SEMANTICS §5)
+    ([128, 256, 512, 1024], [0, 1, 2, 3], 4, 2048, 1024),
+    ([2, 2, 2, 2], [0, 1, 2, 3], 4, 2048, 1024),
+    ([65, 129, 257], [0, 1, 2], 4, 2048, 1024),
+    ([0, 3, 1, 2], [-1, 2, -1, 0], 4, 2048, 1024),
+    ([64], [0], 6, 7168, 2048),
+]
+
+
+def check_grouped_on_gpu(fmt: Format, case_id: int) -> None:
+    """GPU_CASES[case_id] through :func:`grouped_matmul_block_scaled` on CUDA, sm_90a (the
+    dispatcher picks the kernel; NVFP4 with ``a_row_scales``): the bf16 output is consistent
+    with the exact value (tests/test_matmul_{fast_,}gpu.py)."""
+    counts, ids, e_count, n, k = GPU_CASES[case_id]
+    rng = np.random.default_rng(case_id)
+    case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
+    esc = (1 + (np.arange(e_count) + 1) / e_count).astype(np.float32)
+    rows = rng.uniform(0.5, 2, sum(counts)).astype(ml_dtypes.bfloat16) if fmt is NVFP4 \
+        else None
+    out = mg.grouped_matmul_block_scaled(**case, expert_scales=esc, fmt=fmt, k=k,
+                                         a_row_scales=rows, device="cuda", target="sm_90a")
+    exact, abs_sum = exact_grouped(case, row_scales, w_scales, fmt, k, esc, rows)
+    assert_bf16_consistent(out, exact, f32_error_bound(abs_sum, fmt, k,
+                                                       n_mul=2 if rows is not None else 1))
+
+
 CASES = [  # (counts, expert ids, num experts, N, K)
     ([0, 3, 1, 2], [-1, 2, -1, 0], 3, 40, 128),
     ([65, 129, 257], [0, 1, 2], 3, 16, 64),
