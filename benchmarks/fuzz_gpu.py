@@ -57,12 +57,12 @@ def fuzz_specs(target: str = "sm_90a") -> list[Any]:
     """Every kernel spec this fuzzer (and benchmarks/sanitize_driver.py) launches on
     ``target``: the bundle tool adds these to the bundle."""
     from blockscale.activations import GatedActivation
+    from blockscale.formats import Format
     from blockscale.ops import interleave as IL
     from blockscale.ops import quantize_grouped as QG
     from blockscale.ops.matmul import MatmulSpec
     from blockscale.ops.quantize import QuantizeSpec
     from blockscale.ops.quantize_silu import _spec as silu_spec
-    from blockscale.formats import Format
 
     specs: list[Any] = []
     for fmt, roundings in FMT_ROUNDINGS.items():

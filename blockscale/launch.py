@@ -182,7 +182,7 @@ class KernelBinary:
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any], binary: bytes) -> "KernelBinary":
+    def from_json(cls, d: dict[str, Any], binary: bytes) -> KernelBinary:
         return cls(name=d["name"], target=d["target"], binary_kind=d["binary_kind"],
                    binary=binary, args=tuple(KernelArg(**a) for a in d["args"]),
                    block=tuple(d["block"]), dynamic_shared_bytes=d["dynamic_shared_bytes"],

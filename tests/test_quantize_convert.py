@@ -88,7 +88,7 @@ def test_e8m0_encode_up(target):
 def test_e8m0_block_scale(rounding, fmt):
     amax = np.abs(_sweep())
     for target in ("sm_90a", "sm_100a"):
-        out = _apply(lambda v: C.e8m0_block_scale(
+        out = _apply(lambda v, target=target: C.e8m0_block_scale(
             v, rounding=rounding, elem_recip=float(fmt.scale_recip), elem_emax=fmt.elem_emax,
             target=target), amax, target)
         assert np.array_equal(out.astype(np.uint8), F.e8m0_scale_from_amax(amax, fmt, rounding))

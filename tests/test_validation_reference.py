@@ -50,7 +50,7 @@ def _mm(fmt="nvfp4", **over):
 
 def _gmm(fmt="nvfp4", **over):
     a, _ = _q(fmt, 6, 64)
-    es, offs, ids = _groups()
+    es, _, ids = _groups()
     # per-group padded scale tiles: group 0 at tile 0, group 1 at tile 1
     _, sfa = ref.grouped_quantize_dynamic_scaled(_x(6, 64), fmt, es, np.array([0, 1]), ids,
                                                  np.ones(2, np.float32) if fmt == "nvfp4"

@@ -344,7 +344,7 @@ def quantize_dynamic_block_scaled(x: Any, fmt: Format | str, *, tensor_sf: float
     layout = ScaleLayout.parse(scale_layout)
     tsf = check_tensor_sf(fmt, tensor_sf)
     rounding = fmt.resolve_scale_rounding(scale_rounding)
-    m, k = check_input(x)
+    _, k = check_input(x)
     dev, tgt = device_and_target(device, target)
     from blockscale.compiler.targets import GPUTarget
 
@@ -412,12 +412,22 @@ def quantize_dynamic_scaled_async_fp4_kernel(target: str = "sm_90a", **fields: A
     return quantize_dynamic_scaled_fp4_async_kernel(target, **fields)
 
 
-__all__ = ["QuantizeSpec", "kernel_args", "build", "launch_plan", "quantize_dynamic_block_scaled",
-           "quantize_dynamic_scaled_fp4fp8", "quantize_dynamic_scaled_fp4_async", "kernel",
-           "quantize_dynamic_scaled_fp4fp8_kernel", "quantize_dynamic_scaled_fp4_async_kernel",
-           "quantize_dynamic_scaled_async_fp4_kernel", "bundle_specs"]
+__all__ = [
+    "QuantizeSpec",
+    "build",
+    "bundle_specs",
+    "kernel",
+    "kernel_args",
+    "launch_plan",
+    "quantize_dynamic_block_scaled",
+    "quantize_dynamic_scaled_async_fp4_kernel",
+    "quantize_dynamic_scaled_fp4_async",
+    "quantize_dynamic_scaled_fp4_async_kernel",
+    "quantize_dynamic_scaled_fp4fp8",
+    "quantize_dynamic_scaled_fp4fp8_kernel",
+]
 
 
-import blockscale.ops._core as _core  # noqa: E402
+import blockscale.ops._core as _core  # noqa: E402, PLR0402 (no package __getattr__ scan)
 
 _core.register_op_module(__name__)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from blockscale.formats import MXFP4
 from blockscale.layouts import ROW_MAJOR
 from blockscale.ops.quantize import QuantizeSpec, _dense, check_input
@@ -74,11 +73,15 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
                          ("up", "quantize_dynamic_block_scaled_mxfp4"))]
 
 
-__all__ = ["quantize_mxfp4_amd", "quantize_dynamic_block_scaled_mxfp4",
-           "quantize_mxfp4_amd_kernel", "quantize_dynamic_block_scaled_mxfp4_kernel",
-           "bundle_specs"]
+__all__ = [
+    "bundle_specs",
+    "quantize_dynamic_block_scaled_mxfp4",
+    "quantize_dynamic_block_scaled_mxfp4_kernel",
+    "quantize_mxfp4_amd",
+    "quantize_mxfp4_amd_kernel",
+]
 
 
-import blockscale.ops._core as _core  # noqa: E402
+import blockscale.ops._core as _core  # noqa: E402, PLR0402 (no package __getattr__ scan)
 
 _core.register_op_module(__name__)

@@ -237,12 +237,17 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
             for f in ("nvfp4", "mxfp4", "mxfp8") for a in (True, False) for g in (False, True)]
 
 
-__all__ = ["grouped_quantize_dynamic_scaled", "grouped_quantize_dynamic_scaled_fp4_async",
-           "grouped_quantize_dynamic_scaled_kernel",
-           "grouped_quantize_dynamic_scaled_fp4_async_kernel", "bundle_specs", "check_groups",
-           "search_offsets"]
+__all__ = [
+    "bundle_specs",
+    "check_groups",
+    "grouped_quantize_dynamic_scaled",
+    "grouped_quantize_dynamic_scaled_fp4_async",
+    "grouped_quantize_dynamic_scaled_fp4_async_kernel",
+    "grouped_quantize_dynamic_scaled_kernel",
+    "search_offsets",
+]
 
 
-import blockscale.ops._core as _core  # noqa: E402
+import blockscale.ops._core as _core  # noqa: E402, PLR0402 (no package __getattr__ scan)
 
 _core.register_op_module(__name__)

@@ -53,7 +53,7 @@ from mlir.dialects import arith, gpu, vector
 from blockscale.compiler import ir as B
 from blockscale.compiler.arch import convert as C
 from blockscale.compiler.arch import nvvm as NV
-from blockscale.formats import RECIP_E2M1_MAX, RECIP_E4M3_MAX, Format
+from blockscale.formats import RECIP_E2M1_MAX, Format
 from blockscale.ops._expf_ir import exp_f32
 
 if TYPE_CHECKING:

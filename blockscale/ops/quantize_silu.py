@@ -18,7 +18,12 @@ from blockscale.activations import GatedActivation
 from blockscale.formats import Format
 from blockscale.ops.quantize import QuantizeSpec, check_input
 from blockscale.ops.quantize_grouped import (
-    _i32, check_groups, expert_scales_arg, run_grouped, search_offsets, vector_len,
+    _i32,
+    check_groups,
+    expert_scales_arg,
+    run_grouped,
+    search_offsets,
+    vector_len,
 )
 
 
@@ -83,9 +88,9 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
             for a in (GatedActivation.SILU, GatedActivation.SWIGLU_OAI)]
 
 
-__all__ = ["fused_silu_quantize", "fused_silu_quantize_kernel", "bundle_specs"]
+__all__ = ["bundle_specs", "fused_silu_quantize", "fused_silu_quantize_kernel"]
 
 
-import blockscale.ops._core as _core  # noqa: E402
+import blockscale.ops._core as _core  # noqa: E402, PLR0402 (no package __getattr__ scan)
 
 _core.register_op_module(__name__)

@@ -20,7 +20,7 @@ instructions are used only where their semantics are bit-identical to the softwa
 from __future__ import annotations
 
 import enum
-from typing import Callable
+from collections.abc import Callable
 
 from mlir import ir
 from mlir.dialects import arith, nvvm, rocdl
@@ -47,7 +47,7 @@ def _shape_like(value_type: ir.Type, elem: ir.Type) -> ir.Type:
     return elem
 
 
-def const_like(like: ir.Type, value: int | float) -> ir.Value:
+def const_like(like: ir.Type, value: float) -> ir.Value:
     """A constant of type ``like`` (scalar, or a vector splat) holding ``value``."""
     elem = ir.VectorType(like).element_type if isinstance(like, ir.VectorType) else like
     if isinstance(elem, ir.IntegerType):
