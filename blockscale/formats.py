@@ -137,6 +137,15 @@ _BY_NAME = {f.name: f for f in (NVFP4, MXFP4, MXFP8)}
 FORMATS: tuple[Format, ...] = (NVFP4, MXFP4, MXFP8)
 
 
+class FormatSpec:
+    """Base of the kernel specs (frozen dataclasses) that name their format in a field
+    ``fmt``: ``spec.format`` is that :class:`Format`. Adds no dataclass field."""
+
+    @property
+    def format(self) -> Format:
+        return Format.from_name(self.fmt)  # type: ignore[attr-defined]
+
+
 def _f32(x: np.ndarray | float) -> np.ndarray:
     return np.asarray(x, dtype=np.float32)
 

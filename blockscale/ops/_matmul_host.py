@@ -21,6 +21,11 @@ def check_choice(value: object, choices: Sequence[str], arg: str) -> None:
         raise ValueError(f"{arg} must be one of {list(choices)}, got {value!r}")
 
 
+def out_tag(out_dtype: str) -> str:
+    """The kernel-name tag of an output dtype: "bf16" for bfloat16, else "f32"."""
+    return "bf16" if out_dtype == "bfloat16" else "f32"
+
+
 def target_name(target: object) -> str:
     """Canonical GPUTarget name (ValueError / TypeError for unknown ones)."""
     from blockscale.compiler.targets import GPUTarget

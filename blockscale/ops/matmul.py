@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 import blockscale.ops._matmul_host as H
-from blockscale.formats import MXFP4, Format
+from blockscale.formats import MXFP4, Format, FormatSpec
 from blockscale.launch import KernelArg
 from blockscale.layouts import scale_shape
 from blockscale.ops.matmul_epilogue import Epilogue
@@ -41,7 +41,7 @@ SCALE_LAYOUTS = ("tcgen5d", "row_major")
 
 
 @dataclasses.dataclass(frozen=True)
-class MatmulSpec:
+class MatmulSpec(FormatSpec):
     """What one portable dense matmul kernel is specialised on.
 
     Attributes:
@@ -71,14 +71,10 @@ class MatmulSpec:
         object.__setattr__(self, "target", H.target_name(self.target))
 
     @property
-    def format(self) -> Format:
-        return Format.from_name(self.fmt)
-
-    @property
     def kernel_name(self) -> str:
         ep = f"_ep{self.epilogue.key[:10]}" if self.epilogue else ""
         lay = "5d" if self.scale_layout == "tcgen5d" else "rm"
-        out = "bf16" if self.out_dtype == "bfloat16" else "f32"
+        out = H.out_tag(self.out_dtype)
         return f"bs_matmul_{self.fmt}_{lay}_{out}{ep}"
 
     def args(self) -> tuple[KernelArg, ...]:

@@ -35,7 +35,7 @@ import numpy as np
 
 import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 import blockscale.ops._matmul_host as H
-from blockscale.formats import Format
+from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
 from blockscale.ops import matmul as _matmul
 from blockscale.ops import matmul_grouped as _grouped
@@ -56,7 +56,7 @@ COLS = 32
 
 
 @dataclasses.dataclass(frozen=True)
-class DecodeSpec:
+class DecodeSpec(FormatSpec):
     """What one decode kernel is specialised on.
 
     Attributes:
@@ -87,12 +87,8 @@ class DecodeSpec:
         H.check_choice(self.target, IR_TARGETS, "target")
 
     @property
-    def format(self) -> Format:
-        return Format.from_name(self.fmt)
-
-    @property
     def kernel_name(self) -> str:
-        out = "bf16" if self.out_dtype == "bfloat16" else "f32"
+        out = H.out_tag(self.out_dtype)
         rs = "_rowsc" if self.row_scales else ""
         return f"bs_decode_{self.mode}_{self.fmt}_{out}{rs}"
 

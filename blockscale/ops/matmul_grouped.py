@@ -32,7 +32,7 @@ import numpy as np
 
 import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 import blockscale.ops._matmul_host as H
-from blockscale.formats import MXFP4, Format
+from blockscale.formats import MXFP4, Format, FormatSpec
 from blockscale.launch import KernelArg
 from blockscale.layouts import SF_ATOM_ROWS, scale_shape
 
@@ -42,7 +42,7 @@ KERNEL_SOURCES = ("blockscale.ops._matmul_ir",)
 
 
 @dataclasses.dataclass(frozen=True)
-class GroupedMatmulSpec:
+class GroupedMatmulSpec(FormatSpec):
     """What one portable grouped matmul kernel is specialised on.
 
     Attributes:
@@ -71,13 +71,9 @@ class GroupedMatmulSpec:
         object.__setattr__(self, "target", H.target_name(self.target))
 
     @property
-    def format(self) -> Format:
-        return Format.from_name(self.fmt)
-
-    @property
     def kernel_name(self) -> str:
         lay = "5d" if self.scale_layout == "tcgen5d" else "rm"
-        out = "bf16" if self.out_dtype == "bfloat16" else "f32"
+        out = H.out_tag(self.out_dtype)
         return f"bs_grouped_matmul_{self.fmt}_{lay}_{out}{'_rowsc' if self.row_scales else ''}"
 
     def args(self) -> tuple[KernelArg, ...]:

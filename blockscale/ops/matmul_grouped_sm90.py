@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 import blockscale.ops._matmul_host as H
-from blockscale.formats import Format
+from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
 from blockscale.ops import matmul_grouped as _grouped
 from blockscale.ops import matmul_sm90 as _dense
@@ -33,7 +33,7 @@ KERNEL_SOURCES = ("blockscale.ops._mma_ir", "blockscale.ops._matmul_ir",
 
 
 @dataclasses.dataclass(frozen=True)
-class Sm90GroupedSpec:
+class Sm90GroupedSpec(FormatSpec):
     """What one sm_90a tensor-core grouped kernel is specialised on (bf16 output).
 
     Attributes:
@@ -60,10 +60,6 @@ class Sm90GroupedSpec:
                              f"for {self.fmt}, got {(self.bm, self.bn)}")
         object.__setattr__(self, "target", H.target_name(self.target))
         H.check_choice(self.target, _dense.TARGETS, "target")
-
-    @property
-    def format(self) -> Format:
-        return Format.from_name(self.fmt)
 
     @property
     def kernel_name(self) -> str:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 import blockscale.ops._matmul_host as H
-from blockscale.formats import Format
+from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
 from blockscale.ops import matmul as _matmul
 from blockscale.ops.matmul_epilogue import Epilogue
@@ -48,7 +48,7 @@ ENV_SWITCH = "BLOCKSCALE_SM90_FAST"
 
 
 @dataclasses.dataclass(frozen=True)
-class Sm90MatmulSpec:
+class Sm90MatmulSpec(FormatSpec):
     """What one sm_90a tensor-core dense matmul kernel is specialised on.
 
     Attributes:
@@ -82,13 +82,9 @@ class Sm90MatmulSpec:
         H.check_choice(self.target, TARGETS, "target")
 
     @property
-    def format(self) -> Format:
-        return Format.from_name(self.fmt)
-
-    @property
     def kernel_name(self) -> str:
         ep = f"_ep{self.epilogue.key[:10]}" if self.epilogue else ""
-        out = "bf16" if self.out_dtype == "bfloat16" else "f32"
+        out = H.out_tag(self.out_dtype)
         return f"bs_matmul_mma_{self.fmt}_{self.bm}x{self.bn}_{out}{ep}"
 
     def args(self) -> tuple[KernelArg, ...]:

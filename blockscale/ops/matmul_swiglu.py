@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 import blockscale.ops._matmul_host as H
 from blockscale.activations import GatedActivation
-from blockscale.formats import Format
+from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
 from blockscale.ops import matmul_grouped as GM
 from blockscale.ops import quantize as Q
@@ -43,7 +43,7 @@ KERNEL_SOURCES = ("blockscale.ops._matmul_swiglu_ir", "blockscale.ops._matmul_ir
 
 
 @dataclasses.dataclass(frozen=True)
-class SwigluSpec:
+class SwigluSpec(FormatSpec):
     """What one fused grouped-matmul SwiGLU kernel is specialised on.
 
     Attributes:
@@ -81,10 +81,6 @@ class SwigluSpec:
                                 f"{type(getattr(self, name)).__name__}")
         if self.row_scales and self.format.is_mx:
             raise ValueError(f"row_scales is NVFP4 only, got fmt={self.fmt}")
-
-    @property
-    def format(self) -> Format:
-        return Format.from_name(self.fmt)
 
     @property
     def rounding(self) -> str | None:

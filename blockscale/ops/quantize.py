@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from blockscale.formats import Format
+from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
 from blockscale.layouts import TCGEN_5D, ScaleLayout
 
@@ -45,7 +45,7 @@ RESIDENT_BLOCKS = 792
 
 
 @dataclasses.dataclass(frozen=True)
-class QuantizeSpec:
+class QuantizeSpec(FormatSpec):
     """What one quantize kernel is specialised on.
 
     Attributes:
@@ -90,10 +90,6 @@ class QuantizeSpec:
                              f"got {self.layout!r}")
         if self.gather and self.mode != "grouped":
             raise ValueError(f"gather needs mode 'grouped', got mode {self.mode!r}")
-
-    @property
-    def format(self) -> Format:
-        return Format.from_name(self.fmt)
 
     @property
     def kernel_name(self) -> str:
