@@ -4,29 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _interp_helpers import gpu_module
 
 from blockscale.runtime.interpreter import run_kernel
 
 pytestmark = pytest.mark.interp
 
 
-def _module(sig: str, body: str) -> str:
-    return f"""
-gpu.module @m {{
-  gpu.func @k({sig}) kernel {{
-    %tid = gpu.thread_id x
-    %bid = gpu.block_id x
-    %bd = gpu.block_dim x
-    %base = arith.muli %bid, %bd : index
-    %i = arith.addi %base, %tid : index
-{body}
-    gpu.return
-  }}
-}}"""
-
-
 def test_divergent_if_with_results_and_nested_if():
-    text = _module("%y: memref<?xi32>", """
+    text = gpu_module("%y: memref<?xi32>", """
     %c2 = arith.constant 2 : index
     %c3 = arith.constant 3 : index
     %c0 = arith.constant 0 : index
@@ -58,7 +44,7 @@ def test_divergent_if_with_results_and_nested_if():
 def test_for_with_per_thread_bounds_runs_under_a_mask():
     """Thread t sums 0..t-1 (trip count t): the loop runs to the max with finished threads
     masked; their stores must not happen after they finish."""
-    text = _module("%y: memref<?xi32>, %hits: memref<?xi32>", """
+    text = gpu_module("%y: memref<?xi32>, %hits: memref<?xi32>", """
     %c0 = arith.constant 0 : index
     %c1 = arith.constant 1 : index
     %z = arith.constant 0 : i32
@@ -80,7 +66,7 @@ def test_for_with_per_thread_bounds_runs_under_a_mask():
 def test_while_with_per_thread_trip_counts():
     """Collatz steps: per-thread trip counts, results are the values passed to
     scf.condition at each thread's exit."""
-    text = _module("%y: memref<?xi32>", """
+    text = gpu_module("%y: memref<?xi32>", """
     %one = arith.constant 1 : i32
     %two = arith.constant 2 : i32
     %three = arith.constant 3 : i32
@@ -162,7 +148,7 @@ gpu.module @m {
 
 
 def test_vector_ops():
-    text = _module("%x: memref<?xi8>, %y: memref<?xi32>, %f: memref<?xf32>", """
+    text = gpu_module("%x: memref<?xi8>, %y: memref<?xi32>, %f: memref<?xf32>", """
     %c4 = arith.constant 4 : index
     %j = arith.muli %i, %c4 : index
     %b = vector.load %x[%j] : memref<?xi8>, vector<4xi8>

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _interp_helpers import GLOBAL_ID, gpu_module
 
 from blockscale.runtime.interpreter import (
     BarrierDivergenceError,
@@ -17,26 +18,7 @@ from blockscale.runtime.interpreter import (
 
 pytestmark = pytest.mark.interp
 
-_GID = """
-    %tid = gpu.thread_id x
-    %bid = gpu.block_id x
-    %bd = gpu.block_dim x
-    %base = arith.muli %bid, %bd : index
-    %i = arith.addi %base, %tid : index"""
-
-
-def _module(sig: str, body: str, attrs: str = "") -> str:
-    return f"""
-gpu.module @m {{
-  gpu.func @k({sig}) {attrs} kernel {{
-{_GID}
-{body}
-    gpu.return
-  }}
-}}"""
-
-
-SHIFT = _module("%x: memref<?xf32>, %y: memref<?xf32>, %n: index", """
+SHIFT = gpu_module("%x: memref<?xf32>, %y: memref<?xf32>, %n: index", """
     %c1 = arith.constant 1 : index
     %ok = arith.cmpi slt, %i, %n : index
     scf.if %ok {
@@ -61,7 +43,7 @@ def test_off_by_one_read_names_buffer_index_thread_and_block():
 
 
 def test_out_of_bounds_store_is_caught():
-    text = _module("%y: memref<?xi32>", """
+    text = gpu_module("%y: memref<?xi32>", """
     %v = arith.index_cast %i : index to i32
     memref.store %v, %y[%i] : memref<?xi32>""")
     y = np.zeros(60, np.int32)
@@ -71,7 +53,7 @@ def test_out_of_bounds_store_is_caught():
 
 
 def test_vector_load_tail_out_of_bounds():
-    text = _module("%x: memref<?xi8>, %y: memref<?xi8>", """
+    text = gpu_module("%x: memref<?xi8>, %y: memref<?xi8>", """
     %c4 = arith.constant 4 : index
     %j = arith.muli %i, %c4 : index
     %v = vector.load %x[%j] : memref<?xi8>, vector<4xi8>
@@ -103,7 +85,7 @@ gpu.module @m {{
 def test_shared_memory_reverse_with_barrier_over_many_blocks():
     x = np.arange(64 * 20, dtype=np.float32)
     y = np.zeros_like(x)
-    run_kernel(REVERSE.format(gid=_GID, barrier="gpu.barrier"), "k", (20, 1, 1), (64, 1, 1),
+    run_kernel(REVERSE.format(gid=GLOBAL_ID, barrier="gpu.barrier"), "k", (20, 1, 1), (64, 1, 1),
                [x, y], "sm_90a")
     np.testing.assert_array_equal(y, x.reshape(20, 64)[:, ::-1].reshape(-1))
 
@@ -113,10 +95,10 @@ def test_missing_barrier_is_a_shared_memory_race():
     y = np.zeros_like(x)
     with pytest.raises(SharedMemoryRaceError, match=r"written by thread \(63, 0, 0\) and read "
                                                     r"by thread \(0, 0, 0\)"):
-        run_kernel(REVERSE.format(gid=_GID, barrier=""), "k", (3, 1, 1), (64, 1, 1), [x, y],
+        run_kernel(REVERSE.format(gid=GLOBAL_ID, barrier=""), "k", (3, 1, 1), (64, 1, 1), [x, y],
                    "sm_90a")
     # with race tracking off the racy kernel runs (lock-step hides the race)
-    run_kernel(REVERSE.format(gid=_GID, barrier=""), "k", (3, 1, 1), (64, 1, 1), [x, y],
+    run_kernel(REVERSE.format(gid=GLOBAL_ID, barrier=""), "k", (3, 1, 1), (64, 1, 1), [x, y],
                "sm_90a", check_races=False)
 
 
@@ -137,7 +119,7 @@ gpu.module @m {
 
 
 def test_barrier_under_divergence_is_caught():
-    text = _module("%y: memref<?xi32>", """
+    text = gpu_module("%y: memref<?xi32>", """
     %c16 = arith.constant 16 : index
     %lo = arith.cmpi ult, %tid, %c16 : index
     scf.if %lo {
@@ -148,7 +130,7 @@ def test_barrier_under_divergence_is_caught():
 
 
 def test_barrier_skipped_by_whole_blocks_is_fine():
-    text = _module("%y: memref<?xi32>", """
+    text = gpu_module("%y: memref<?xi32>", """
     %c1 = arith.constant 1 : index
     %first = arith.cmpi ult, %bid, %c1 : index
     scf.if %first {
@@ -302,7 +284,7 @@ gpu.module @m {
 
 
 def test_atomic_add_histogram_returns_distinct_old_values():
-    text = _module("%x: memref<?xi32>, %h: memref<?xi32>, %old: memref<?xi32>", """
+    text = gpu_module("%x: memref<?xi32>, %h: memref<?xi32>, %old: memref<?xi32>", """
     %b = memref.load %x[%i] : memref<?xi32>
     %bi = arith.index_cast %b : i32 to index
     %one = arith.constant 1 : i32

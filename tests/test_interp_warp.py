@@ -4,28 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _interp_helpers import gpu_module
 
 from blockscale.runtime.interpreter import ShuffleError, run_kernel
 
 pytestmark = pytest.mark.interp
 
 
-def _module(sig: str, body: str) -> str:
-    return f"""
-gpu.module @m {{
-  gpu.func @k({sig}) kernel {{
-    %tid = gpu.thread_id x
-    %bid = gpu.block_id x
-    %bd = gpu.block_dim x
-    %base = arith.muli %bid, %bd : index
-    %i = arith.addi %base, %tid : index
-{body}
-    gpu.return
-  }}
-}}"""
-
-
-SHUFFLE = _module("%x: memref<?xi32>, %y: memref<?xi32>, %ok: memref<?xi8>, %off: i32, "
+SHUFFLE = gpu_module("%x: memref<?xi32>, %y: memref<?xi32>, %ok: memref<?xi8>, %off: i32, "
                   "%w: i32", """
     %v = memref.load %x[%i] : memref<?xi32>
     %r, %valid = gpu.shuffle __MODE__ %v, %off, %w : i32
@@ -61,7 +47,7 @@ def test_gpu_shuffle_modes(target, ws, mode, off, width):
 
 
 def test_shuffle_from_inactive_lane_is_an_error():
-    text = _module("%x: memref<?xi32>, %y: memref<?xi32>", """
+    text = gpu_module("%x: memref<?xi32>, %y: memref<?xi32>", """
     %c8 = arith.constant 8 : index
     %lo = arith.cmpi ult, %tid, %c8 : index
     scf.if %lo {
@@ -77,7 +63,7 @@ def test_shuffle_from_inactive_lane_is_an_error():
         run_kernel(text, "k", (1, 1, 1), (32, 1, 1), [x, np.zeros_like(x)], "sm_90a")
 
 
-_REDUCE = _module("%x: memref<?xT>, %y: memref<?xT>", """
+_REDUCE = gpu_module("%x: memref<?xT>, %y: memref<?xT>", """
     %v = memref.load %x[%i] : memref<?xT>
     %r = gpu.subgroup_reduce OP %v CLUSTER : (T) -> T
     memref.store %r, %y[%i] : memref<?xT>""")
@@ -115,7 +101,7 @@ def test_subgroup_reduce_int_and_float(target, ws):
 
 
 def test_lane_and_subgroup_ids_and_nvvm_shfl():
-    text = _module("%y: memref<?xi32>, %z: memref<?xi32>", """
+    text = gpu_module("%y: memref<?xi32>, %z: memref<?xi32>", """
     %lane = gpu.lane_id
     %sg = gpu.subgroup_id : index
     %c100 = arith.constant 100 : index
@@ -142,7 +128,7 @@ def test_lane_and_subgroup_ids_and_nvvm_shfl():
 
 
 def test_rocdl_ds_bpermute():
-    text = _module("%x: memref<?xi32>, %y: memref<?xi32>", """
+    text = gpu_module("%x: memref<?xi32>, %y: memref<?xi32>", """
     %v = memref.load %x[%i] : memref<?xi32>
     %t32 = arith.index_cast %tid : index to i32
     %c63 = arith.constant 63 : i32
