@@ -12,6 +12,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from _validation_helpers import assert_raises_naming
 
 from blockscale import cli
 from blockscale import reference as ref
@@ -231,11 +232,7 @@ CASES = GRAPH_CASES + STRATEGY_CASES + RUNTIME_CASES
 
 @pytest.mark.parametrize("thunk,exc,needles", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_raises_naming_argument(thunk, exc, needles):
-    with pytest.raises(exc) as info:
-        thunk()
-    msg = str(info.value)
-    for needle in needles:
-        assert needle in msg, f"{needle!r} missing from {type(info.value).__name__}: {msg}"
+    assert_raises_naming(thunk, exc, needles)
 
 
 def test_case_ids_distinct():
