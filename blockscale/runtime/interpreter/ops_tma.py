@@ -205,16 +205,23 @@ def _create(op: Any, c: Compiler):
     return run
 
 
+def _barrier_threads(f: Frame, g_s: int, id_s: int, pred: list[int]
+                     ) -> tuple[MBarriers, np.ndarray, np.ndarray]:
+    """(the barrier group, the active threads whose predicate (if any) holds, their
+    barrier ids) of an mbarrier op."""
+    g = _group(f, f.vals[g_s])
+    t = _active_threads(f)
+    if pred:
+        t = t[np.broadcast_to(f.vals[pred[0]].astype(bool), (f.T,))[t]]
+    return g, t, _per_thread(f, f.vals[id_s], t)
+
+
 @handles("nvgpu.mbarrier.init")
 def _init(op: Any, c: Compiler):
     g_s, count_s, id_s, *pred = c.slots(op.operands)
 
     def run(f: Frame) -> None:
-        g = _group(f, f.vals[g_s])
-        t = _active_threads(f)
-        if pred:
-            t = t[np.broadcast_to(f.vals[pred[0]].astype(bool), (f.T,))[t]]
-        ids = _per_thread(f, f.vals[id_s], t)
+        g, t, ids = _barrier_threads(f, g_s, id_s, pred)
         _check_ids(f, g, t, ids, "mbarrier.init", need_init=False)
         b, cnt = _blocks(f, t), _per_thread(f, f.vals[count_s], t)
         g.inited[b, ids] = True
@@ -230,11 +237,7 @@ def _arrive_expect_tx(op: Any, c: Compiler):
     g_s, tx_s, id_s, *pred = c.slots(op.operands)
 
     def run(f: Frame) -> None:
-        g = _group(f, f.vals[g_s])
-        t = _active_threads(f)
-        if pred:
-            t = t[np.broadcast_to(f.vals[pred[0]].astype(bool), (f.T,))[t]]
-        ids = _per_thread(f, f.vals[id_s], t)
+        g, t, ids = _barrier_threads(f, g_s, id_s, pred)
         _check_ids(f, g, t, ids, "mbarrier.arrive.expect_tx")
         b = _blocks(f, t)
         np.add.at(g.tx, (b, ids), _per_thread(f, f.vals[tx_s], t))
