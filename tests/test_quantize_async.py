@@ -112,11 +112,12 @@ def test_entry_uses_tma_kernel_on_cuda_targets(monkeypatch):
         rd, rs = ref.quantize_dynamic_block_scaled(x, "nvfp4", tensor_sf=0.5)
         assert_same_bytes(d, rd)
         assert_same_bytes(s, rs)
+    # the dispatcher keeps the generic kernel (measured faster on the H200), any K
     d, s = Q.quantize_dynamic_block_scaled(x, "nvfp4", device="interp", target="sm_90a")
-    assert calls == ["sm_90a", "sm_100a", "sm_90a"]
+    assert calls == ["sm_90a", "sm_100a"]
     d, s = Q.quantize_dynamic_block_scaled(uniform_bf16(8, 96, 1), "nvfp4", device="interp",
-                                           target="sm_90a")  # K % 64 != 0: generic kernel
-    assert calls == ["sm_90a", "sm_100a", "sm_90a"]
+                                           target="sm_90a")
+    assert calls == ["sm_90a", "sm_100a"]
     rd, rs = ref.quantize_dynamic_block_scaled(uniform_bf16(8, 96, 1), "nvfp4")
     assert_same_bytes(d, rd)
     assert_same_bytes(s, rs)

@@ -331,8 +331,10 @@ def quantize_dynamic_block_scaled(x: Any, fmt: Format | str, *, tensor_sf: float
 
     hip targets with MXFP4 and row-major scales (K % 32 == 0) use the AMD kernel
     (:func:`blockscale.ops.quantize_amd.quantize_mxfp4_amd`, with ``scale_rounding`` as given,
-    default "up"); NVFP4 with K % 64 == 0 and 5-D scales uses
-    :func:`quantize_dynamic_scaled_fp4_async`; everything else the generic kernel.
+    default "up"); everything else the generic kernel. Unlike MAX, NVFP4 does not go to the
+    TMA kernel (:func:`quantize_dynamic_scaled_fp4_async`): on the H200 the generic kernel is
+    faster (16384x16384: 0.243 ms vs 0.324 ms; 8192x8192: 0.081 vs 0.106 ms, commit 7109a01,
+    benchmarks/RESULTS.md); both give the same bytes.
     """
     from blockscale.ops._matmul_host import device_and_target
 
@@ -349,8 +351,6 @@ def quantize_dynamic_block_scaled(x: Any, fmt: Format | str, *, tensor_sf: float
         from blockscale.ops.quantize_amd import quantize_mxfp4_amd
 
         return quantize_mxfp4_amd(x, scale_rounding=rounding, device=dev, target=tgt)
-    if fmt.name == "nvfp4" and layout is TCGEN_5D and k % 64 == 0 and k > 0:
-        return quantize_dynamic_scaled_fp4_async(x, tensor_sf=tsf, device=dev, target=tgt)
     return _dense(x, fmt, tsf, rounding, layout, dev, tgt, "quantize_dynamic_scaled_fp4fp8")
 
 
