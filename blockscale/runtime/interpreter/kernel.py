@@ -34,7 +34,16 @@ class CompiledKernel:
     def __init__(self, mlir_text: str, kernel_name: str) -> None:
         from mlir import ir
 
-        from . import ops_arith, ops_atomics, ops_control, ops_gpu, ops_memory, ops_mma, ops_tma  # noqa: F401
+        from . import (  # noqa: F401
+            ops_arith,
+            ops_atomics,
+            ops_control,
+            ops_gpu,
+            ops_memory,
+            ops_mma,
+            ops_tma,
+            ops_wgmma,
+        )
 
         self.context = ir.Context()
         self.context.allow_unregistered_dialects = False
