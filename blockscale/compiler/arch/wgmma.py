@@ -89,12 +89,15 @@ def descriptor(address: ir.Value, *, lbo: int, sbo: int, swizzle: str = "none",
         return arith.ori(lo, _i64c(descriptor_bits(0, lbo, sbo, swizzle)))
 
 
-def advance(desc: ir.Value, nbytes: int, *, loc: ir.Location | None = None) -> ir.Value:
-    """``desc`` with its start address moved by ``nbytes`` (a multiple of 16; the address
-    field must not overflow): ``add.s64 desc, nbytes >> 4``."""
-    if nbytes % 16:
-        raise ValueError(f"nbytes must be a multiple of 16, got {nbytes}")
+def advance(desc: ir.Value, nbytes: int | ir.Value, *,
+            loc: ir.Location | None = None) -> ir.Value:
+    """``desc`` with its start address moved by ``nbytes`` (an int or an i64 value; a
+    multiple of 16; the address field must not overflow): ``add.s64 desc, nbytes >> 4``."""
     with _loc(loc):
+        if isinstance(nbytes, ir.Value):
+            return arith.addi(desc, arith.shrui(nbytes, _i64c(4)))
+        if nbytes % 16:
+            raise ValueError(f"nbytes must be a multiple of 16, got {nbytes}")
         return arith.addi(desc, _i64c(nbytes >> 4))
 
 

@@ -1,0 +1,139 @@
+"""The sm_90a wgmma block-scaled matmul (NVFP4, BLOCKSCALE_SM90_WGMMA=1).
+
+* interp: the kernel IR (wgmma modeled by runtime/interpreter/ops_wgmma.py from the PTX ISA)
+  against the float64 value on exactly dequantized operands with the fp32 bound of
+  test_matmul_common.py, and bit for bit against the portable kernel (same fp32 roundings
+  in the same order, see blockscale/ops/_wgmma_ir.py); M/N/K tails; the env-gated dispatch.
+* lower: HGMMA.64xNx16.F32.BF16 in the sm_90a SASS, no spills.
+* gpu: the same checks on an H100/H200 (run with the bundle, ``make gpu-bundle`` collects
+  ``matmul_wgmma.bundle_specs``)::
+
+      BLOCKSCALE_BUNDLE_DIR=build/gpu pytest -m gpu tests/test_matmul_wgmma.py
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from test_matmul_common import (
+    assert_bf16_consistent,
+    assert_f32_within_bound,
+    exact_dense,
+    f32_error_bound,
+    random_dense_case,
+)
+
+from blockscale.formats import MXFP8, NVFP4
+from blockscale.ops import matmul, matmul_sm90, matmul_wgmma
+
+
+def _check(m, n, k, alpha, out_dtype, device, run, rows=None, bound_only=False):
+    rng = np.random.default_rng(m * 31 + n + k)
+    a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
+    exact, abs_sum = exact_dense(a, b, sfa, sfb, NVFP4, k, alpha, rows)
+    bound = f32_error_bound(abs_sum, NVFP4, k, n_mul=1)
+    got = run(a, b, sfa5, sfb5, alpha, out_dtype)
+    assert got.shape == (m, n)
+    sel = got if rows is None else got[rows]
+    if out_dtype == "float32":
+        assert_f32_within_bound(sel, exact, bound)
+    else:
+        assert_bf16_consistent(sel, exact, bound)
+    if bound_only:
+        return
+    naive = matmul.naive_block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, k=k, alpha=alpha,
+                                             out_dtype=out_dtype, device=device,
+                                             target="sm_90a")
+    assert np.array_equal(got.view(np.uint8), naive.view(np.uint8))
+
+
+def _direct(tiles, device):
+    def run(a, b, sfa5, sfb5, alpha, out_dtype):
+        return matmul_wgmma.block_scaled_matmul_wgmma(a, b, sfa5, sfb5, NVFP4, alpha=alpha,
+                                                      out_dtype=out_dtype, tiles=tiles,
+                                                      device=device)
+    return run
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("tiles", [(64, 64), (128, 128)])
+@pytest.mark.parametrize("mnk", [(64, 64, 128), (130, 72, 256), (1, 64, 64), (70, 130, 96)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_interp_matches_exact_and_portable(mnk, tiles):
+    m, n, k = mnk
+    out_dtype = "float32" if (m + n + tiles[0]) % 2 else "bfloat16"
+    _check(m, n, k, 0.225, out_dtype, "interp", _direct(tiles, "interp"))
+
+
+@pytest.mark.interp
+def test_dispatch_is_flag_gated(monkeypatch):
+    monkeypatch.delenv(matmul_wgmma.ENV_SWITCH, raising=False)
+    assert matmul_wgmma.fast_path("sm_90a", NVFP4, 64, 64, 128, "bfloat16", None) is None
+    monkeypatch.setenv(matmul_wgmma.ENV_SWITCH, "1")
+    assert matmul_wgmma.fast_path("sm_90a", NVFP4, 64, 64, 128, "bfloat16", None) is not None
+    for args in (("sm_90a", MXFP8, 64, 64, 128), ("sm_90a", NVFP4, 64, 64, 112),
+                 ("sm_100a", NVFP4, 64, 64, 128)):
+        assert matmul_wgmma.fast_path(*args, "bfloat16", None) is None
+    paths = matmul.FAST_PATHS
+    assert paths.index(matmul_wgmma.fast_path) < paths.index(matmul_sm90.fast_path)
+
+    def run(a, b, sfa5, sfb5, alpha, out_dtype):
+        return matmul.block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, alpha=alpha,
+                                          out_dtype=out_dtype, device="interp",
+                                          target="sm_90a")
+    _check(40, 72, 160, 0.5, "bfloat16", "interp", run)
+
+
+def test_spec_checks():
+    with pytest.raises(ValueError):
+        matmul_wgmma.WgmmaMatmulSpec("mxfp8")
+    with pytest.raises(ValueError):
+        matmul_wgmma.WgmmaMatmulSpec("nvfp4", bm=64, bn=128)
+    assert matmul_wgmma.WgmmaMatmulSpec("nvfp4").block == (256, 1, 1)
+    assert matmul_wgmma.bundle_specs("sm_100a") == []
+    assert {(s.bm, s.bn) for s in matmul_wgmma.bundle_specs()} == {(128, 128), (64, 64)}
+
+
+@pytest.mark.lower
+@pytest.mark.parametrize("spec", matmul_wgmma.bundle_specs("sm_90a"),
+                         ids=lambda s: s.kernel_name)
+def test_kernel_sass(spec):
+    kernel = matmul_wgmma.kernel(spec)
+    sass, meta = kernel.asm["sass"], kernel.meta
+    assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32\.BF16", sass)) == 2
+    assert "WARPGROUP.ARRIVE" in sass and "WARPGROUP.DEPBAR.LE" in sass
+    assert "FENCE.VIEW.ASYNC.S" in sass
+    assert "HMMA" not in sass
+    assert meta["spill_stores"] == 0 and meta["spill_loads"] == 0
+    assert meta["registers"] <= 168 and meta["static_shared_bytes"] <= 48 * 1024
+
+
+GPU_DENSE = [(777, 2560, 8192, 0.225), (8192, 5760, 2944, 1.0), (1000, 1024, 1056, 1.0),
+             (1, 5760, 2944, 1.0), (128, 5760, 2944, 0.5)]
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("exact_bits", [False, True], ids=["bound", "bit_identical"])
+@pytest.mark.parametrize("shape", GPU_DENSE, ids=lambda s: "x".join(map(str, s[:3])))
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+def test_gpu(shape, out_dtype, exact_bits, monkeypatch):
+    """``bound``: the stated fp32 bound (and bf16 consistency). ``bit_identical``: equality
+    with the portable kernel, which holds iff HGMMA adds each exact block sum to the fp32
+    accumulator with one round-to-nearest-even (the interpreter's model); a failure there
+    with ``bound`` passing means the tensor core rounds differently (see _wgmma_ir.py)."""
+    monkeypatch.setenv(matmul_wgmma.ENV_SWITCH, "1")
+    m, n, k, alpha = shape
+    rng = np.random.default_rng(m + n)
+    rows = np.unique(np.concatenate([np.arange(min(m, 64)), np.arange(max(0, m - 64), m),
+                                     rng.integers(0, m, 64)]))
+
+    def run(a, b, sfa5, sfb5, alpha, out_dtype):  # through the dispatch (m > decode rows)
+        if m <= 16:
+            return matmul_wgmma.block_scaled_matmul_wgmma(a, b, sfa5, sfb5, NVFP4, alpha=alpha,
+                                                          out_dtype=out_dtype, device="cuda")
+        return matmul.block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, alpha=alpha,
+                                          out_dtype=out_dtype, device="cuda", target="sm_90a")
+    _check(m, n, k, alpha, out_dtype, "cuda", run, rows, bound_only=not exact_bits)
