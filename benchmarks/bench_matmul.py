@@ -14,6 +14,8 @@ Implementations:
 
 * ``blockscale``: ``ops.block_scaled_matmul`` (the sm_90a tensor-core fast path of
   ``ops.matmul_sm90`` when it accepts the shape, else the portable kernel);
+* ``blockscale-wgmma``: the same call with ``BLOCKSCALE_SM90_WGMMA=1`` (the sm_90a wgmma
+  kernel of ``ops.matmul_wgmma``; NVFP4 only, called directly for M <= 16);
 * ``blockscale-portable``: the same call with the fast path off (``BLOCKSCALE_SM90_FAST=0``);
 * ``torch-bf16``: ``torch.matmul`` on bf16 dequantized A and B (the W4A16 upper bound a
   dequantize-then-GEMM path reaches);
@@ -163,7 +165,19 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
     record("blockscale", ms, check)
     import os
 
-    from blockscale.ops import matmul_sm90
+    from blockscale.ops import matmul_sm90, matmul_wgmma
+
+    if matmul_wgmma.supported(fmt, k):  # the flag-gated wgmma kernel (NVFP4)
+        os.environ[matmul_wgmma.ENV_SWITCH] = "1"
+        try:
+            def wg() -> Any:
+                if m <= 16:  # the decode kernel comes first in the dispatch: call directly
+                    return matmul_wgmma.block_scaled_matmul_wgmma(*args, fmt, k=k, device=dev)
+                return matmul.block_scaled_matmul(*args, fmt, k=k, device=dev, target="sm_90a")
+            check = _check_rows(dev.to_host(wg()), a_deq, b_deq, rows, fmt, k, strict=True)
+            record("blockscale-wgmma", _timer(wg, iters, dev.synchronize), check)
+        finally:
+            del os.environ[matmul_wgmma.ENV_SWITCH]
 
     os.environ[matmul_sm90.ENV_SWITCH] = "0"  # the portable kernel, for comparison
     try:
