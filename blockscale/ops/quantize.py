@@ -132,10 +132,11 @@ def kernel_args(spec: QuantizeSpec) -> tuple[KernelArg, ...]:
 
 
 def chunk_elems(spec: QuantizeSpec) -> int:
-    """Elements a thread quantizes per row visit: 16 for dense aligned kernels (two 16-byte
-    loads in flight, a whole NVFP4 block per thread: no shuffle, one scale computation per 16
-    elements), else 8 (one 16-byte load or eight scalar loads)."""
-    return 16 if spec.mode == "dense" and spec.aligned else 8
+    """Elements a thread quantizes per row visit: 16 for aligned quantize kernels (dense,
+    grouped, fused activation: two 16-byte loads per input in flight, a whole NVFP4 block per
+    thread: no shuffle, one scale computation per 16 elements), else 8 (one 16-byte load or
+    eight scalar loads; the fused matmul-SwiGLU kernel, mode "swiglu", keeps 8)."""
+    return 16 if spec.mode in MODES and spec.aligned else 8
 
 
 def build(spec: QuantizeSpec) -> Any:

@@ -5,8 +5,8 @@ Imported lazily (it needs MLIR); ``blockscale.ops.quantize`` holds the spec and 
 
 Work decomposition (all launches: ``block = (256, 1, 1)``, ``grid = (gx, gy)``):
 
-* a *chunk* is ``C`` contiguous elements of one row (``quantize.chunk_elems``: 16 for dense
-  aligned kernels, two 16-byte loads; 8 otherwise); one thread owns one chunk per row it
+* a *chunk* is ``C`` contiguous elements of one row (``quantize.chunk_elems``: 16 for
+  aligned quantize kernels, two 16-byte loads per input; 8 otherwise); one thread owns one chunk per row it
   visits. ``L = block_size / C`` neighbouring lanes share a scale block (NVFP4: 1 with C = 16,
   so no shuffle; 2 else; MX: 2 or 4) and reduce its amax with ``gpu.shuffle xor``; the lane
   owning the block's first element writes the scale byte (0 for padding slots), so every
@@ -40,6 +40,19 @@ that is ~1.3 T elements/s for FP4, at the roofline. Memory side (Little's law, ~
 ~30 KB in flight per SM): 40 registers -> 6 blocks x 256 threads x 32 bytes = 48 KB per SM,
 and one wave of 792 blocks (the former 2048 blocks were 2.6-3.1 waves, the last one running
 with a fraction of the bytes in flight). Predicted: NVFP4 / MXFP4 >= 85% of copy, MXFP8 ~85-90%.
+
+Grouped and fused-activation kernels (sm_90a; SASS of the row loop, static, per element, incl.
+its cold branches; same count for dense: NVFP4 19.2, MXFP4 17.1, MXFP8 9.9). They had 8
+elements per thread, one 16-byte load in flight, an amax shuffle and a decode + div.rn per
+8-element NVFP4 half block: grouped NVFP4 25.0 / MXFP4 20.9 / MXFP8 13.9, fused SiLU NVFP4
+74.3 / MXFP4 71.5 / MXFP8 63.9 (H200, T=8192, K=4096, 64 experts: 39 / 40 / 54 % and 24 / 24 /
+29 % of copy). Now they take the dense kernels' 16 elements per thread (aligned): grouped
+19.6 / 16.4 / 9.3 with 32 bytes in flight per thread (48 KB per SM at 40 registers, the cap
+now also on grouped kernels: its few spills sit outside the row loop), fused 68.8 / 65.8 /
+58.1 with 64 bytes (58-62 registers, 4 blocks per SM as before). Predicted: grouped ~60-65 %
+of copy for FP4, ~65-70 % MXFP8 (the per-block group search, ~8 dependent L2 loads per 64 KB
+block, remains); fused ~35-40 % (its exp_f32 + div.rn are ~45 of the ~64 issued per element:
+D10's fixed sequence and the division's own range check).
 """
 
 from __future__ import annotations
@@ -436,9 +449,10 @@ def build(spec: QuantizeSpec) -> ir.Module:
     with ir.Context(), ir.Location.unknown():
         with B.kernel_module(spec.kernel_name, spec.target, kernel_args(spec),
                              (BLOCK_THREADS, 1, 1)) as kb:
-            if k.target.is_cuda and spec.mode == "dense":
+            if k.target.is_cuda and spec.mode in ("dense", "grouped"):
                 # 6 blocks of 256 threads per SM (launch_plan's RESIDENT_BLOCKS); the dense
-                # kernels need 32-41 registers, none spills at 40.
+                # kernels need 32-41 registers, none spills at 40; the grouped ones need 39-48
+                # and spill a few loop-invariant values outside the row loop at 40.
                 kb.func.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(B.i32(), MAX_REGISTERS)
             _body(k, kb)
         kb.module.operation.verify()
@@ -517,9 +531,9 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
     j, lane0, chunk_ok, col0, col_ok = co.j, co.lane0, co.chunk_ok, co.col0, co.col_ok
     tile_base, row_iters = co.tile_base, co.row_iters
     in_stride = arith.shli(ncols, _c64(1)) if spec.mode == "silu" else ncols
-    dense_wide = spec.mode == "dense" and k.chunk > CHUNK
+    wide = k.chunk > CHUNK  # aligned quantize kernels: 16 elements, two sub-chunks of 8
     ld_cols: list[ir.Value] = []
-    if dense_wide:
+    if wide:
         # Load columns of the sub-chunks: their own when valid, else the first column of this
         # chunk (valid) or of the scale block (0 when the whole block is padding).
         jcol = arith.muli(j, _c64(k.fmt.block_size))
@@ -559,21 +573,29 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
             src = arith.extsi(i64, B.load(a("indices"), gidx))
             srow = arith.divui(src, arith.extui(i64, a("indices_divisor")))
         load_ok = arith.andi(arith.andi(row_ok, col_ok), active)
-        if dense_wide:
+        if wide:
             # No zeroing: an invalid sub-chunk re-reads a valid one of the same scale
             # block (ld_cols), which leaves the block max unchanged; rows past M read row
-            # 0; nothing of an invalid chunk is stored and its scale byte is masked.
+            # 0; nothing of an invalid chunk is stored and its scale byte is masked; rows
+            # of an inactive group (expert id -1) are quantized, then stored as zeros.
             row_off = arith.muli(arith.select(row_ok, srow, _c64(0)), in_stride)
         else:
             row_off = arith.muli(arith.select(load_ok, srow, _c64(0)), in_stride)
         if spec.mode == "silu":
-            gb = _load_chunk_bits(k, a("x"), row_off, col0, ncols, load_ok)
-            ub = _load_chunk_bits(k, a("x"), arith.addi(row_off, ncols), col0, ncols, load_ok)
-            bits = []
-            for gbit, ubit in zip(gb, ub):
-                z = _activation(spec, arith.bitcast(B.f32(), gbit), arith.bitcast(B.f32(), ubit))
-                bits.append(arith.bitcast(B.i32(), z))
-            halves = [(col0, col_ok, bits, None)]
+            halves = []
+            for h in range(k.chunk // CHUNK):
+                colh = arith.addi(col0, _c64(CHUNK * h))
+                okh = col_ok if h == 0 else arith.cmpi(arith.CmpIPredicate.ult, colh, ncols)
+                lcol, lok = (ld_cols[h], None) if wide else (colh, load_ok)
+                gb = _load_chunk_bits(k, a("x"), row_off, lcol, ncols, lok)
+                ub = _load_chunk_bits(k, a("x"), arith.addi(row_off, ncols), lcol, ncols, lok)
+                bits = []
+                for gbit, ubit in zip(gb, ub):
+                    z = _activation(spec, arith.bitcast(B.f32(), gbit),
+                                    arith.bitcast(B.f32(), ubit))
+                    bits.append(arith.bitcast(B.i32(), z))
+                halves.append((colh, okh, bits, None))
+            bits = [b for hv in halves for b in hv[2]]
         else:
             # k.chunk // 8 sub-chunks of 8 (dense aligned: 16 elements, two 16-byte loads
             # in flight per thread and one scale computation per NVFP4 block).
@@ -581,7 +603,7 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
             for h in range(k.chunk // CHUNK):
                 colh = arith.addi(col0, _c64(CHUNK * h))
                 okh = col_ok if h == 0 else arith.cmpi(arith.CmpIPredicate.ult, colh, ncols)
-                if dense_wide:
+                if wide:
                     hb, hw = _load_chunk(k, a("x"), row_off, ld_cols[h], ncols, None)
                 else:
                     hb, hw = _load_chunk(k, a("x"), row_off, colh, ncols,
@@ -589,7 +611,7 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
                 halves.append((colh, okh, hb, hw))
             bits = [b for hv in halves for b in hv[2]]
         wlist = [hv[3] for hv in halves]
-        amax = _block_amax_bits(k, bits, wlist if dense_wide else None)
+        amax = _block_amax_bits(k, bits, wlist if wide and spec.mode != "silu" else None)
         nonfinite = arith.cmpi(arith.CmpIPredicate.uge, amax, _c32(0x7F800000))
         safe_amax = arith.select(nonfinite, _c32(0), amax)
         byte, recip, sd = _scale_and_recip(k, safe_amax, tsf, inv_tsf)
@@ -600,8 +622,11 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
             packed = [[w] for w in _pack_fp4_all(k, xs_h, recip, sd, [hv[3] for hv in halves])]
         else:
             packed = [_pack_e4m3(k, xs, recip) for xs in xs_h]
+        zero = nonfinite
+        if wide and grouped:
+            zero = arith.ori(nonfinite, arith.xori(active, B.const(True, B.i1())))
         for (colh, okh, _, _), words in zip(halves, packed):
-            words = [arith.select(nonfinite, _c32(0), w) for w in words]
+            words = [arith.select(zero, _c32(0), w) for w in words]
             _store_data(k, a("data"), words, drow, colh, ncols, arith.andi(row_ok, okh))
         # Scale byte: the block's first lane writes it; padding slots get 0 (D7).
         has_data = arith.andi(row_ok, col_ok)
