@@ -106,6 +106,7 @@ def test_kernel_sass(spec):
     assert "WARPGROUP.ARRIVE" in sass and "WARPGROUP.DEPBAR.LE" in sass
     assert "FENCE.VIEW.ASYNC.S" in sass
     assert "HMMA" not in sass
+    assert re.search(r"\.shared \.align 1024 \.b8 __wg_", kernel.asm["ptx"])
     assert meta["spill_stores"] == 0 and meta["spill_loads"] == 0
     assert meta["registers"] <= 168 and meta["static_shared_bytes"] <= 48 * 1024
 

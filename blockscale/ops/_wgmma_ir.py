@@ -140,11 +140,25 @@ def _stage_operand(op: Operand, smem: Value, base: Value, r: Value, step: Value,
         bir.vector_store(v, smem, bir.add(base, layout_offset(r, c)), alignment=16)
 
 
+def aligned_workgroup_buffer(kb: bir.KernelBuilder, size: int, align: int = 1024) -> Value:
+    """An i8 workgroup buffer whose shared address is a multiple of ``align`` (the
+    attribution's ``llvm.align``: ``.shared .align 1024`` in PTX), as wgmma operands need
+    (16 bytes without swizzle, the swizzle pattern's repeat with one)."""
+    buf = workgroup_buffer(kb, size, bir.i8())
+    n = int(str(kb.func.attributes["workgroup_attributions"]).split(":")[0])
+    old = list(kb.func.attributes["workgroup_attrib_attrs"]) \
+        if "workgroup_attrib_attrs" in kb.func.attributes else []
+    old += [ir.DictAttr.get({})] * (n - len(old))
+    old[n - 1] = ir.DictAttr.get({"llvm.align": ir.IntegerAttr.get(bir.i64(), align)})
+    kb.func.attributes["workgroup_attrib_attrs"] = ir.ArrayAttr.get(old)
+    return buf
+
+
 def emit_mainloop(kb: bir.KernelBuilder, tiles: Tiles, a: Operand, b: Operand, k: Value
                   ) -> tuple[Value, Value]:
     """The K loop; returns (the warpgroup's accumulator struct, warpgroup index). Every
     thread of the CTA must execute it (barriers, warpgroup-wide wgmma)."""
-    smem = workgroup_buffer(kb, STAGES * tiles.stage_bytes, bir.i8())
+    smem = aligned_workgroup_buffer(kb, STAGES * tiles.stage_bytes)
     tid = bir.thread_idx("x")
     wg = bir.udiv(tid, 128)
     is_a = bir.ult(tid, tiles.bm)
