@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 
+import ml_dtypes
 import numpy as np
 import pytest
 from test_matmul_common import (
@@ -49,22 +50,49 @@ def _check(m, n, k, alpha, out_dtype, device, run, rows=None, bound_only=False):
     assert np.array_equal(got.view(np.uint8), naive.view(np.uint8))
 
 
-def _direct(tiles, device):
+def _direct(tiles, device, dequant="lut"):
     def run(a, b, sfa5, sfb5, alpha, out_dtype):
         return matmul_wgmma.block_scaled_matmul_wgmma(a, b, sfa5, sfb5, NVFP4, alpha=alpha,
                                                       out_dtype=out_dtype, tiles=tiles,
-                                                      device=device)
+                                                      dequant=dequant, device=device)
     return run
 
 
 @pytest.mark.interp
+@pytest.mark.parametrize("dequant", matmul_wgmma.DEQUANT)
 @pytest.mark.parametrize("tiles", [(64, 64), (128, 128)])
 @pytest.mark.parametrize("mnk", [(64, 64, 128), (130, 72, 256), (1, 64, 64), (70, 130, 96)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_interp_matches_exact_and_portable(mnk, tiles):
+def test_interp_matches_exact_and_portable(mnk, tiles, dequant):
     m, n, k = mnk
     out_dtype = "float32" if (m + n + tiles[0]) % 2 else "bfloat16"
-    _check(m, n, k, 0.225, out_dtype, "interp", _direct(tiles, "interp"))
+    _check(m, n, k, 0.225, out_dtype, "interp", _direct(tiles, "interp", dequant))
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("dequant", matmul_wgmma.DEQUANT)
+def test_interp_every_code_and_scale(dequant):
+    """Every E2M1 code against every E4M3 scale byte (NaN codes 0x7F/0xFF included, D3: the
+    scale's sign ignored): rows of A cycle through the 16 codes, scales through 0..255."""
+    m, n, k = 64, 64, 256
+    a = np.tile(np.arange(256, dtype=np.uint8), (m, k // 2 // 256 + 1))[:, :k // 2]
+    a = (a + np.arange(m, dtype=np.uint8)[:, None]).astype(np.uint8)
+    b = np.flip(a, axis=1).copy()[:n]
+    sfa = ((np.arange(m)[:, None] * 16 + np.arange(k // 16)[None, :]) % 256).astype(np.uint8)
+    sfb = np.flip(sfa, axis=0).copy()[:n]
+    from blockscale import layouts
+    from blockscale.formats import decode_e4m3
+
+    sfa, sfb = (x.view(np.uint8) for x in (sfa, sfb))
+    got = _direct((64, 64), "interp", dequant)(a, b, layouts.interleave(sfa.view(
+        ml_dtypes.float8_e4m3fn)), layouts.interleave(sfb.view(ml_dtypes.float8_e4m3fn)),
+        1.0, "float32")
+    naive = matmul.naive_block_scaled_matmul(a, b, layouts.interleave(sfa.view(
+        ml_dtypes.float8_e4m3fn)), layouts.interleave(sfb.view(ml_dtypes.float8_e4m3fn)),
+        NVFP4, alpha=1.0, out_dtype="float32", device="interp")
+    assert np.isnan(decode_e4m3(sfa & 0x7F)).any()
+    assert np.array_equal(np.isnan(got), np.isnan(naive))
+    assert np.array_equal(got.view(np.uint32), naive.view(np.uint32))
 
 
 @pytest.mark.interp
@@ -93,7 +121,8 @@ def test_spec_checks():
         matmul_wgmma.WgmmaMatmulSpec("nvfp4", bm=64, bn=128)
     assert matmul_wgmma.WgmmaMatmulSpec("nvfp4").block == (256, 1, 1)
     assert matmul_wgmma.bundle_specs("sm_100a") == []
-    assert {(s.bm, s.bn) for s in matmul_wgmma.bundle_specs()} == {(128, 128), (64, 64)}
+    assert {(s.bm, s.bn, s.dequant) for s in matmul_wgmma.bundle_specs()} == {
+        (t, t, d) for t in (128, 64) for d in matmul_wgmma.DEQUANT}
 
 
 @pytest.mark.lower
@@ -117,10 +146,11 @@ GPU_DENSE = [(777, 2560, 8192, 0.225), (8192, 5760, 2944, 1.0), (1000, 1024, 105
 
 @pytest.mark.gpu
 @pytest.mark.cuda
+@pytest.mark.parametrize("dequant", matmul_wgmma.DEQUANT)
 @pytest.mark.parametrize("exact_bits", [False, True], ids=["bound", "bit_identical"])
 @pytest.mark.parametrize("shape", GPU_DENSE, ids=lambda s: "x".join(map(str, s[:3])))
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
-def test_gpu(shape, out_dtype, exact_bits, monkeypatch):
+def test_gpu(shape, out_dtype, exact_bits, dequant, monkeypatch):
     """``bound``: the stated fp32 bound (and bf16 consistency). ``bit_identical``: equality
     with the portable kernel, which holds iff HGMMA adds each exact block sum to the fp32
     accumulator with one round-to-nearest-even (the interpreter's model); a failure there
@@ -131,10 +161,11 @@ def test_gpu(shape, out_dtype, exact_bits, monkeypatch):
     rows = np.unique(np.concatenate([np.arange(min(m, 64)), np.arange(max(0, m - 64), m),
                                      rng.integers(0, m, 64)]))
 
-    def run(a, b, sfa5, sfb5, alpha, out_dtype):  # through the dispatch (m > decode rows)
-        if m <= 16:
+    def run(a, b, sfa5, sfb5, alpha, out_dtype):  # "lut": through the dispatch (m > 16)
+        if m <= 16 or dequant != "lut":
             return matmul_wgmma.block_scaled_matmul_wgmma(a, b, sfa5, sfb5, NVFP4, alpha=alpha,
-                                                          out_dtype=out_dtype, device="cuda")
+                                                          out_dtype=out_dtype, device="cuda",
+                                                          dequant=dequant)
         return matmul.block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, alpha=alpha,
                                           out_dtype=out_dtype, device="cuda", target="sm_90a")
     _check(m, n, k, alpha, out_dtype, "cuda", run, rows, bound_only=not exact_bits)

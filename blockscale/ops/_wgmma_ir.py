@@ -56,6 +56,8 @@ STAGES = 3
 #: core-matrix offsets of the operand layout (bytes)
 LBO, SBO = 128, 512
 CHUNKS = STEP_ELEMS // 8  # 16-byte core-matrix rows per row and step
+#: steps whose global loads are in flight (loop-carried registers) ahead of the dequantization
+PREFETCH = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,49 +97,112 @@ def layout_offset(r: Value, c: int) -> Value:
     return bir.add(bir.add(bir.mul(bir.udiv(r, 8), SBO), bir.mul(bir.urem(r, 8), 16)), c * LBO)
 
 
-def _dequant_row(codes: Value, scales: tuple[Value, Value]) -> list[Value]:
+#: dequantization variants: "lut" (``prmt`` table lookups, sign bits moved separately) and
+#: "shift" (sign and magnitude bits placed straight into bf16 fields, see
+#: :func:`_fp4x8_shift`; relies on bf16 subnormal inputs of ``mul.rn.bf16x2``)
+DEQUANT = ("lut", "shift")
+#: "shift" operands are the true values times 2^SHIFT_EXP (products: 2^(2 SHIFT_EXP))
+SHIFT_EXP = -8
+
+
+def _fp4x8_lut(w: Value) -> list[Value]:
+    """Eight E2M1 codes (an i32, code i in nibble i) -> 4 bf16 pairs (i32), codes (0, 1),
+    (2, 3), (4, 5), (6, 7) (:func:`blockscale.ops._mma_ir.fp4x4_to_bf16x2x2`)."""
+    return [*fp4x4_to_bf16x2x2(w), *fp4x4_to_bf16x2x2(bir.shru(w, 16))]
+
+
+def _fp4x8_shift(w: Value) -> list[Value]:
+    """Eight E2M1 codes -> 4 bf16 pairs (i32) *times 2^-126*, codes (0, 4), (1, 5), (2, 6),
+    (3, 7) (a K permutation inside the 8 codes; A and B use the same one, so every block sum
+    is unchanged). Pair i: ``q = w << (12 - 4 i)`` puts code i in bits 12-15 and code i + 4
+    in bits 28-31 (sign bits at 15 / 31, the bf16 sign bits); ``(q >> 6) & 0x01C001C0``
+    moves the magnitudes ``e1 e0 m`` to bf16 bits 8-6 (exponent LSBs, mantissa MSB). As bf16
+    that is ``2^(E-127) (1 + m/2)`` for E > 0 and the subnormal ``m 2^-127`` for E = 0: the
+    E2M1 value ``2^(E-1) (1 + m/2)`` (resp. ``m / 2``) times 2^-126, exactly. 2-3 integer
+    instructions per pair (SHL, SHR, LOP3)."""
+    out = []
+    for i in range(4):
+        q = bir.shl(w, 12 - 4 * i) if i < 3 else w
+        sign = bir.bit_and(q, _i32(0x80008000))
+        mag = bir.bit_and(bir.shru(q, 6), _i32(0x01C001C0))
+        out.append(bir.bit_or(sign, mag))
+    return out
+
+
+def _i32(v: int) -> Value:
+    return bir.const(v - (1 << 32) if v >= 1 << 31 else v, bir.i32())
+
+
+def _dequant_row(codes: Value, scales: tuple[Value, Value], dequant: str) -> list[Value]:
     """16 FP4 bytes (vector<16xi8>) -> 4 vector<4xi32> core-matrix rows of bf16 (block j's
-    |scale|, a ``vector<2xbf16>`` splat, folded into chunks 2j, 2j+1)."""
+    scale factor, a ``vector<2xbf16>`` splat from :func:`_scale_splats`, folded into chunks
+    2j, 2j+1 by ``mul.rn.bf16x2``)."""
     words = vector.bitcast(bir.vec(4, bir.i32()), codes)
     rows = []
     for c in range(CHUNKS):
         w = vector.extract(words, [], [c])
-        regs = [*fp4x4_to_bf16x2x2(w), *fp4x4_to_bf16x2x2(bir.shru(w, 16))]
+        regs = _fp4x8_lut(w) if dequant == "lut" else _fp4x8_shift(w)
         regs = [_scale_bf16x2(x, scales[c // 2]) for x in regs]
         rows.append(vector.from_elements(bir.vec(4, bir.i32()), regs))
     return rows
 
 
-def _row_scales(op: Operand, r: Value, step: Value) -> tuple[Value, Value]:
-    """|scale| of K-blocks 2 step, 2 step + 1 of local row ``r`` as bf16 splats (exact)."""
-    j = bir.mul(step, 2)
-    off = bir.add(op.scale_offset(r), bir.add(bir.mul(bir.udiv(j, 4), SF_ATOM_BYTES),
-                                              bir.urem(j, 4)))
-    pair = bir.vector_load(bir.vec(2, bir.i8()), op.scales, off, alignment=2)
-    v = arith.andi(arith.extui(bir.vec(2, bir.i32()), pair), bir.const(0x7F, bir.vec(2, bir.i32())))
-    s = arith.truncf(bir.vec(2, bir.bf16()), convert.e4m3_to_f32(v))
+def _scale_splats(pair: Value, dequant: str) -> tuple[Value, Value]:
+    """Two E4M3 scale bytes (vector<2xi8>) -> bf16 splats of |scale| ("lut") or
+    |scale| * 2^(126 + SHIFT_EXP) ("shift": <= 448 * 2^118 < 2^127, >= 2^109), exact."""
+    v = arith.andi(arith.extui(bir.vec(2, bir.i32()), pair),
+                   bir.const(0x7F, bir.vec(2, bir.i32())))
+    f = convert.e4m3_to_f32(v)
+    if dequant == "shift":
+        f = arith.mulf(f, bir.const(2.0 ** (126 + SHIFT_EXP), bir.vec(2, bir.f32())))
+    s = arith.truncf(bir.vec(2, bir.bf16()), f)
     return tuple(vector.broadcast(bir.vec(2, bir.bf16()), vector.extract(s, [], [i]))
                  for i in range(2))
 
 
-def _stage_operand(op: Operand, smem: Value, base: Value, r: Value, step: Value,
-                   row_bytes: Value) -> None:
-    """Dequantize local row ``r`` of ``op`` for ``step`` into the tile at byte ``base``."""
-    v16 = bir.vec(16, bir.i8())
+def accumulator_scale(dequant: str) -> float:
+    """What the accumulators must be multiplied by (exactly: a power of two, and no partial
+    sum is subnormal) to give the true sums."""
+    return 1.0 if dequant == "lut" else 2.0 ** (-2 * SHIFT_EXP)
+
+
+def _load_row(op: Operand, r: Value, step: Value, row_bytes: Value
+              ) -> tuple[Value, Value]:
+    """(16 FP4 bytes, 2 scale bytes) of local row ``r`` for ``step`` (K-blocks 2 step,
+    2 step + 1); zeros for rows past the operand and steps past K (so also for the
+    prefetches past the last step), whose scale bytes may be padding or out of bounds."""
+    v16, v2 = bir.vec(16, bir.i8()), bir.vec(2, bir.i8())
     col = bir.mul(step, STEP_ELEMS // 2)
-    ok = bir.logical_and(op.valid(r), bir.ult(col, row_bytes))
-    br = bir.if_(ok, [v16])
+    br = bir.if_(bir.logical_and(op.valid(r), bir.ult(col, row_bytes)), [v16, v2])
     with br.then():
-        br.yield_(bir.vector_load(v16, op.data, bir.add(bir.mul(op.row(r), row_bytes), col),
-                                  alignment=16))
+        data = bir.vector_load(v16, op.data, bir.add(bir.mul(op.row(r), row_bytes), col),
+                               alignment=16)
+        j = bir.mul(step, 2)
+        off = bir.add(op.scale_offset(r), bir.add(bir.mul(bir.udiv(j, 4), SF_ATOM_BYTES),
+                                                  bir.urem(j, 4)))
+        br.yield_(data, bir.vector_load(v2, op.scales, off, alignment=2))
     with br.else_():
-        br.yield_(bir.const(0, v16))
-    rows = _dequant_row(br.results[0], _row_scales(op, r, step))
-    zero = bir.const(0, bir.vec(4, bir.i32()))
-    for c, v in enumerate(rows):
-        # invalid rows store zeros (their scale bytes may be padding, e.g. a NaN code)
-        v = vector.bitcast(bir.vec(16, bir.i8()), arith.select(ok, v, zero))
-        bir.vector_store(v, smem, bir.add(base, layout_offset(r, c)), alignment=16)
+        br.yield_(bir.const(0, v16), bir.const(0, v2))
+    return br.results[0], br.results[1]
+
+
+def _load_either(is_a: Value, a: Operand, b: Operand, r: Value, step: Value,
+                 row_bytes: Value) -> list[Value]:
+    """:func:`_load_row` of A's row ``r`` when ``is_a``, else of B's."""
+    br = bir.if_(is_a, [bir.vec(16, bir.i8()), bir.vec(2, bir.i8())])
+    with br.then():
+        br.yield_(*_load_row(a, r, step, row_bytes))
+    with br.else_():
+        br.yield_(*_load_row(b, r, step, row_bytes))
+    return list(br.results)
+
+
+def _store_row(smem: Value, base: Value, r: Value, data: Value, scales: Value,
+               dequant: str) -> None:
+    """Dequantize one row's step (:func:`_dequant_row`) into the tile at byte ``base``."""
+    for c, v in enumerate(_dequant_row(data, _scale_splats(scales, dequant), dequant)):
+        bir.vector_store(vector.bitcast(bir.vec(16, bir.i8()), v), smem,
+                         bir.add(base, layout_offset(r, c)), alignment=16)
 
 
 def aligned_workgroup_buffer(kb: bir.KernelBuilder, size: int, align: int = 1024) -> Value:
@@ -154,39 +219,42 @@ def aligned_workgroup_buffer(kb: bir.KernelBuilder, size: int, align: int = 1024
     return buf
 
 
-def emit_mainloop(kb: bir.KernelBuilder, tiles: Tiles, a: Operand, b: Operand, k: Value
-                  ) -> tuple[Value, Value]:
+def emit_mainloop(kb: bir.KernelBuilder, tiles: Tiles, a: Operand, b: Operand, k: Value,
+                  dequant: str = "lut") -> tuple[Value, Value]:
     """The K loop; returns (the warpgroup's accumulator struct, warpgroup index). Every
-    thread of the CTA must execute it (barriers, warpgroup-wide wgmma)."""
+    thread of the CTA must execute it (barriers, warpgroup-wide wgmma).
+
+    The global loads of step s + :data:`PREFETCH` are issued (into loop-carried registers)
+    before step s is dequantized, so their latency overlaps a step."""
     smem = aligned_workgroup_buffer(kb, STAGES * tiles.stage_bytes)
     tid = bir.thread_idx("x")
     wg = bir.udiv(tid, 128)
     is_a = bir.ult(tid, tiles.bm)
+    r = arith.select(is_a, tid, bir.sub(tid, tiles.bm))
+    op_base = arith.select(is_a, bir.const(0), bir.const(tiles.operand_bytes[0]))
     row_bytes = bir.udiv(k, 2)
     steps = bir.ceil_div(k, STEP_ELEMS)
     a_bytes = tiles.operand_bytes[0]
     base_desc = W.descriptor(W.shared_address(smem), lbo=LBO, sbo=SBO)
-    acc0 = W.zero_accumulator(tiles.bn)
-    with bir.for_range(0, steps, carry=[acc0]) as loop:
+    pre = [x for p in range(PREFETCH) for x in _load_either(is_a, a, b, r, bir.const(p),
+                                                               row_bytes)]
+    with bir.for_range(0, steps, carry=[W.zero_accumulator(tiles.bn), *pre]) as loop:
         step = loop.iv
+        acc, regs = loop.carried[0], list(loop.carried[1:])
+        nxt = _load_either(is_a, a, b, r, bir.add(step, PREFETCH), row_bytes)
         stage0 = bir.mul(bir.urem(step, STAGES), tiles.stage_bytes)
-        with bir.when(is_a):
-            _stage_operand(a, smem, stage0, tid, step, row_bytes)
-        with bir.when(arith.xori(is_a, bir.const(True, bir.i1()))):
-            _stage_operand(b, smem, bir.add(stage0, a_bytes), bir.sub(tid, tiles.bm), step,
-                           row_bytes)
+        _store_row(smem, bir.add(stage0, op_base), r, regs[0], regs[1], dequant)
         W.fence_proxy_async_shared()
         bir.barrier()
         da = W.advance(base_desc, bir.as_i64(bir.add(stage0, bir.mul(wg, 8 * SBO))))
         db = W.advance(base_desc, bir.as_i64(bir.add(stage0, a_bytes)))
         W.fence()
-        acc = loop.carried[0]
         for h in range(STEP_ELEMS // 16):
             acc = W.mma_async_bf16(acc, W.advance(da, 2 * h * LBO), W.advance(db, 2 * h * LBO),
                                    tiles.bn)
         W.commit_group()
         W.wait_group(1)
-        loop.yield_(acc)
+        loop.yield_(acc, *regs[2:], *nxt)
     W.wait_group(0)
     return loop.results[0], wg
 

@@ -42,6 +42,8 @@ KERNEL_SOURCES = ("blockscale.ops._wgmma_ir", "blockscale.ops._mma_ir",
 TARGETS = ("sm_90a",)
 FORMATS = ("nvfp4",)
 TILE_CHOICES = ((128, 128), (64, 64))
+#: = blockscale.ops._wgmma_ir.DEQUANT (repeated: this module does not import MLIR)
+DEQUANT = ("lut", "shift")
 #: BLOCKSCALE_SM90_WGMMA=1 turns the fast path on (off by default)
 ENV_SWITCH = "BLOCKSCALE_SM90_WGMMA"
 
@@ -56,6 +58,7 @@ class WgmmaMatmulSpec(FormatSpec):
         epilogue: an optional fused :class:`Epilogue`.
         bm, bn: the CTA tile (one of :data:`TILE_CHOICES`).
         target: "sm_90a".
+        dequant: "lut" | "shift" (:data:`blockscale.ops._wgmma_ir.DEQUANT`).
     """
 
     fmt: str
@@ -64,6 +67,7 @@ class WgmmaMatmulSpec(FormatSpec):
     bm: int = 128
     bn: int = 128
     target: str = "sm_90a"
+    dequant: str = "lut"
 
     op: ClassVar[str] = "block_scaled_matmul_wgmma"
 
@@ -79,6 +83,7 @@ class WgmmaMatmulSpec(FormatSpec):
                              f"{(self.bm, self.bn)}")
         object.__setattr__(self, "target", H.target_name(self.target))
         H.check_choice(self.target, TARGETS, "target")
+        H.check_choice(self.dequant, DEQUANT, "dequant")
 
     @property
     def block(self) -> tuple[int, int, int]:  # type: ignore[override]
@@ -87,7 +92,9 @@ class WgmmaMatmulSpec(FormatSpec):
     @property
     def kernel_name(self) -> str:
         ep = f"_ep{self.epilogue.key[:10]}" if self.epilogue else ""
-        return f"bs_matmul_wgmma_{self.fmt}_{self.bm}x{self.bn}_{H.out_tag(self.out_dtype)}{ep}"
+        dq = "" if self.dequant == "lut" else f"_{self.dequant}"
+        return (f"bs_matmul_wgmma_{self.fmt}_{self.bm}x{self.bn}{dq}_{H.out_tag(self.out_dtype)}"
+                f"{ep}")
 
     def args(self) -> tuple[KernelArg, ...]:
         """The portable kernel's parameters: a, b, sfa, sfb, c, epilogue inputs, m, n, k,
@@ -103,6 +110,8 @@ def grid(spec: WgmmaMatmulSpec, m: int, n: int) -> tuple[int, int, int]:
 
 def build(spec: WgmmaMatmulSpec) -> Any:
     """The ``mlir.ir.Module`` of the kernel for ``spec`` (IR only)."""
+    from mlir.dialects import arith
+
     import blockscale.ops._wgmma_ir as X
     from blockscale.compiler import ir as bir
 
@@ -115,10 +124,16 @@ def build(spec: WgmmaMatmulSpec) -> Any:
         # scale rows m0 + r < ceil(M/128)*128 for every local r (bm divides 128): in bounds
         a = _sm90.tile_operand(kb.arg("a"), kb.arg("sfa"), m0, m0, m_count, m0, d1)
         b = _sm90.tile_operand(kb.arg("b"), kb.arg("sfb"), n0, n0, n_count, n0, d1)
-        acc, wg = X.emit_mainloop(kb, tiles, a, b, k)
+        acc, wg = X.emit_mainloop(kb, tiles, a, b, k, spec.dequant)
+        fix = X.accumulator_scale(spec.dequant)
+
+        def scale(v: Any, m: Any, n: Any) -> Any:
+            if fix != 1.0:  # exact power of two first, then alpha (as the portable kernel)
+                v = arith.mulf(v, bir.const(fix, bir.f32()))
+            return _sm90._alpha(v, kb.arg("alpha"))
+
         _sm90.store_tile(spec, kb, X.accumulator_tiles(acc, spec.bn), X.warp_coords(wg),
-                         m0, n0, m_count, n_count,
-                         lambda v, m, n: _sm90._alpha(v, kb.arg("alpha")))
+                         m0, n0, m_count, n_count, scale)
     return kb.module
 
 
@@ -166,10 +181,11 @@ def block_scaled_matmul_wgmma(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | 
                               k: int | None = None, alpha: float = 1.0,
                               out_dtype: str = "bfloat16", epilogue: Epilogue | None = None,
                               epilogue_inputs: dict[str, Any] | None = None,
-                              tiles: tuple[int, int] | None = None, device: Any = None) -> Any:
+                              tiles: tuple[int, int] | None = None, dequant: str = "lut",
+                              device: Any = None) -> Any:
     """The wgmma kernel called directly (no dispatch, no env switch), e.g. by tests and
     benchmarks. Same arguments as
-    :func:`blockscale.ops.matmul_sm90.block_scaled_matmul_sm90`. Raises ValueError for formats
+    :func:`blockscale.ops.matmul_sm90.block_scaled_matmul_sm90`, plus ``dequant``. Raises ValueError for formats
     other than NVFP4 or K % 32 != 0."""
     fmt = Format.from_name(fmt)
     d = _matmul._validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
@@ -178,7 +194,7 @@ def block_scaled_matmul_wgmma(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | 
                          f"{fmt.name}, k={d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
     bm, bn = tiles if tiles is not None else choose_tiles(d.m, d.n)
-    spec = WgmmaMatmulSpec(fmt.name, out_dtype, epilogue, bm, bn, tgt)
+    spec = WgmmaMatmulSpec(fmt.name, out_dtype, epilogue, bm, bn, tgt, dequant)
     return _matmul._run_dense(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}),
                               dev, grid(spec, d.m, d.n))
 
@@ -197,8 +213,9 @@ def bundle_specs(target: str = "sm_90a") -> list[WgmmaMatmulSpec]:
     """Every spec the GPU tests and the benchmark use on ``target`` (none off sm_90a)."""
     if target not in TARGETS:
         return []
-    specs = {spec_for(Format.from_name("nvfp4"), m, n, o, None, target)
-             for o in _matmul.OUT_DTYPES for m, n, _ in GPU_SHAPES}
+    specs = {dataclasses.replace(spec_for(Format.from_name("nvfp4"), m, n, o, None, target),
+                                 dequant=dq)
+             for o in _matmul.OUT_DTYPES for m, n, _ in GPU_SHAPES for dq in DEQUANT}
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
