@@ -107,3 +107,22 @@ def test_tile_loop_refills_recip_table(fmt, monkeypatch):
     rd, rs = RG.fused_silu_quantize(gu, fmt, es, offs, ids, isc)
     assert_same_bytes(d, rd)
     assert_same_bytes(s, rs)
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "gfx942"])
+def test_owner_scan_ignores_empty_group_offsets(target, monkeypatch):
+    """Group vectors as a device array would reach the kernel (search_offsets passes those
+    unchanged): empty groups with arbitrary, out-of-order offsets own nothing, and the warp
+    scan still finds each tile's owner (a binary search over tile0 would not)."""
+    monkeypatch.setattr(QG, "search_offsets", lambda es, offs: offs)
+    counts = [100, 0, 160, 0, 30]
+    es, offs = group_offsets(counts)
+    offs[1], offs[3] = 7, -3  # tile0 = [0, 7, 1, -1, 3]
+    ids = np.array([0, 1, -1, 2, 1], np.int32)
+    x = _edges(int(es[-1]), 64, 15)
+    tsf = np.array([0.43, 2.0, 1e38], np.float32)
+    d, s = QG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf, device="interp",
+                                              target=target)
+    rd, rs = RG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)

@@ -45,14 +45,16 @@ Grouped and fused-activation kernels (sm_90a; SASS of the row loop, static, per 
 its cold branches; same count for dense: NVFP4 19.2, MXFP4 17.1, MXFP8 9.9). They had 8
 elements per thread, one 16-byte load in flight, an amax shuffle and a decode + div.rn per
 8-element NVFP4 half block: grouped NVFP4 25.0 / MXFP4 20.9 / MXFP8 13.9, fused SiLU NVFP4
-74.3 / MXFP4 71.5 / MXFP8 63.9 (H200, T=8192, K=4096, 64 experts: 39 / 40 / 54 % and 24 / 24 /
-29 % of copy). Now they take the dense kernels' 16 elements per thread (aligned): grouped
-19.6 / 16.4 / 9.3 with 32 bytes in flight per thread (48 KB per SM at 40 registers, the cap
-now also on grouped kernels: its few spills sit outside the row loop), fused 68.8 / 65.8 /
-58.1 with 64 bytes (58-62 registers, 4 blocks per SM as before). Predicted: grouped ~60-65 %
-of copy for FP4, ~65-70 % MXFP8 (the per-block group search, ~8 dependent L2 loads per 64 KB
-block, remains); fused ~35-40 % (its exp_f32 + div.rn are ~45 of the ~64 issued per element:
-D10's fixed sequence and the division's own range check).
+74.3 / MXFP4 71.5 / MXFP8 63.9 (H200, T=8192, K=4096, 64 experts: 39 / 40 / 54 % and
+24 / 24 / 29 % of copy). Now they take the dense kernels' 16 elements per thread (aligned):
+grouped 18.4 (19.6 before the per-tile reciprocal table) / 16.5 / 9.5 with 32 bytes in flight
+per thread (capped at 48 registers: 5 blocks, 40 KB per SM; at 40 ptxas spills into the row
+loop); fused 67.5 / 65.8 / 58.0 with 64 bytes (63-64 registers, 4 blocks per SM as before).
+Before its first row load a block now finds its tile's group with a warp scan (~3 dependent L2
+round trips; the binary search took ~8, ~2-3 us per 64 KB block). Predicted: grouped ~60-65 %
+of copy for FP4, ~65-70 % for MXFP8; fused ~35-40 % (exp_f32 + the sigmoid's div.rn are ~45
+of the ~64 instructions issued per element: D10's fixed sequence and the division's own
+range check, so the quantize part is no longer what bounds it).
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ if TYPE_CHECKING:
 BLOCK_THREADS = 256
 #: register cap of the dense CUDA kernels (nvvm.maxnreg): 65536 / (6 * 256) rounded down to 8
 MAX_REGISTERS = 40
+#: register cap of the grouped CUDA kernels: 5 blocks of 256 threads per SM (they need 47-48;
+#: at 40 ptxas spills loop invariants into the row loop)
+MAX_REGISTERS_GROUPED = 48
 CHUNK = 8  # elements per thread per row
 
 
@@ -405,23 +410,73 @@ def _tile0(k: _Ctx, es: ir.Value, offs: ir.Value, g: ir.Value) -> ir.Value:
     return arith.addi(arith.shrui(s, _c64(7)), o)
 
 
-def _find_group(k: _Ctx, kb: B.KernelBuilder, tile: ir.Value, tile_ok: ir.Value
-                ) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+#: groups a lane tests per step of :func:`_owner_scan` (independent loads in flight)
+SCAN_UNROLL = 4
+
+
+def _owner_scan(k: _Ctx, kb: B.KernelBuilder, tile: ir.Value) -> ir.Value:
+    """The group whose tiles ``[tile0(g), tile0(g) + ceil(n_g/128))`` hold ``tile`` (i64;
+    0 when none, which then owns nothing), by a warp-parallel scan instead of the binary
+    search: each lane tests SCAN_UNROLL groups per step with independent loads, one L2 round
+    trip per ``warp_size * 4`` groups (G <= 128 on CUDA: one) instead of one dependent round
+    trip per halving (6 for 64 experts, ~0.3-0.5 us each before the block's first row load);
+    the warp takes the max of its lanes' finds with xor shuffles (uniform trip count: no
+    shuffle under divergence). Non-empty groups do not overlap (checked on the host), so the
+    owner is unique; unlike the binary search it needs no sorted tile0 of empty groups."""
+    i64, i32 = B.i64(), B.i32()
+    es, offs = kb.arg("expert_start"), kb.arg("scales_offsets")
+    ng = arith.extui(i64, kb.arg("num_groups"))
+    ws = k.target.warp_size
+    per_step = ws * SCAN_UNROLL
+    lane = arith.andi(B.cast_int(B.thread_idx(), i64), _c64(ws - 1))
+    steps = arith.shrui(arith.addi(ng, _c64(per_step - 1)), _c64(per_step.bit_length() - 1))
+    with B.for_range(0, steps, carry=[_c32(-1)]) as loop:
+        found = loop.carried[0]
+        base = arith.addi(arith.muli(B.cast_int(loop.iv, i64), _c64(per_step)), lane)
+        for u in range(SCAN_UNROLL):
+            g = arith.addi(base, _c64(u * ws))
+            ok = arith.cmpi(arith.CmpIPredicate.ult, g, ng)
+            gi = arith.select(ok, g, _c64(0))
+            start = arith.extui(i64, B.load(es, gi))
+            end = arith.extui(i64, B.load(es, arith.addi(gi, _c64(1))))
+            t0 = arith.addi(arith.shrui(start, _c64(7)), arith.extsi(i64, B.load(offs, gi)))
+            t1 = arith.addi(t0, arith.shrui(arith.addi(arith.subi(end, start), _c64(127)),
+                                            _c64(7)))
+            own = arith.andi(arith.andi(ok, arith.cmpi(arith.CmpIPredicate.sle, t0, tile)),
+                             arith.cmpi(arith.CmpIPredicate.slt, tile, t1))
+            found = arith.select(own, arith.trunci(i32, g), found)
+        loop.yield_(found)
+    found = loop.results[0]
+    width = _c32(ws)
+    off = 1
+    while off < ws:
+        found = arith.maxsi(found, gpu.shuffle(found, _c32(off), width, gpu.ShuffleMode.XOR)[0])
+        off *= 2
+    return arith.extui(i64, arith.maxsi(found, _c32(0)))
+
+
+def _find_group(k: _Ctx, kb: B.KernelBuilder, tile: ir.Value, tile_ok: ir.Value, *,
+                scan: bool = False) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
     """(row_base, rows_valid, active, expert) of the group owning 5-D tile ``tile``.
 
     Binary search for the last group g with tile0(g) <= tile (``search_steps`` halvings of
-    [0, G)); the tile belongs to g when it lies in g's ceil(n_g/128) tiles. ``rows_valid`` is 0
-    for tiles no group owns; ``active`` is false for expert id -1 (its rows are written as 0).
+    [0, G)), or with ``scan`` the owner from :func:`_owner_scan` (the quantize kernels; the
+    fused matmul-SwiGLU kernel keeps the binary search); the tile belongs to g when it lies
+    in g's ceil(n_g/128) tiles. ``rows_valid`` is 0 for tiles no group owns; ``active`` is
+    false for expert id -1 (its rows are written as 0).
     """
     es, offs, ids = kb.arg("expert_start"), kb.arg("scales_offsets"), kb.arg("expert_ids")
-    ngroups = arith.extui(B.i64(), kb.arg("num_groups"))
-    with B.for_range(0, arith.extui(B.i64(), kb.arg("search_steps")),
-                     carry=[_c64(0), ngroups]) as loop:
-        lo, hi = loop.carried
-        mid = arith.shrui(arith.addi(lo, hi), _c64(1))
-        le = arith.cmpi(arith.CmpIPredicate.sle, _tile0(k, es, offs, mid), tile)
-        loop.yield_(arith.select(le, mid, lo), arith.select(le, hi, mid))
-    g = loop.results[0]
+    if scan:
+        g = _owner_scan(k, kb, tile)
+    else:
+        ngroups = arith.extui(B.i64(), kb.arg("num_groups"))
+        with B.for_range(0, arith.extui(B.i64(), kb.arg("search_steps")),
+                         carry=[_c64(0), ngroups]) as loop:
+            lo, hi = loop.carried
+            mid = arith.shrui(arith.addi(lo, hi), _c64(1))
+            le = arith.cmpi(arith.CmpIPredicate.sle, _tile0(k, es, offs, mid), tile)
+            loop.yield_(arith.select(le, mid, lo), arith.select(le, hi, mid))
+        g = loop.results[0]
     t0 = _tile0(k, es, offs, g)
     start = arith.extui(B.i64(), B.load(es, g))
     end = arith.extui(B.i64(), B.load(es, arith.addi(g, _c64(1))))
@@ -451,9 +506,9 @@ def build(spec: QuantizeSpec) -> ir.Module:
                              (BLOCK_THREADS, 1, 1)) as kb:
             if k.target.is_cuda and spec.mode in ("dense", "grouped"):
                 # 6 blocks of 256 threads per SM (launch_plan's RESIDENT_BLOCKS); the dense
-                # kernels need 32-41 registers, none spills at 40; the grouped ones need 39-48
-                # and spill a few loop-invariant values outside the row loop at 40.
-                kb.func.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(B.i32(), MAX_REGISTERS)
+                # kernels need 32-41 registers, none spills at 40 (grouped: 5 blocks at 48).
+                cap = MAX_REGISTERS if spec.mode == "dense" else MAX_REGISTERS_GROUPED
+                kb.func.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(B.i32(), cap)
             _body(k, kb)
         kb.module.operation.verify()
         return kb.module
@@ -677,7 +732,8 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
         tile_ok = arith.cmpi(arith.CmpIPredicate.ult, tile, a("n_tiles"))
         tsf = inv_tsf = None
         if grouped:
-            row_base, rows_valid, active, expert = _find_group(k, kb, tile, tile_ok)
+            row_base, rows_valid, active, expert = _find_group(k, kb, tile, tile_ok,
+                                                               scan=True)
             if not k.fmt.is_mx:
                 v = B.load(a("tensor_sf"), B.cast_int(expert, B.index(), signed=True))
                 tsf = arith.divf(_cf(1.0), v) if spec.mode == "silu" else v
