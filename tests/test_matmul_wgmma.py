@@ -50,23 +50,25 @@ def _check(m, n, k, alpha, out_dtype, device, run, rows=None, bound_only=False):
     assert np.array_equal(got.view(np.uint8), naive.view(np.uint8))
 
 
-def _direct(tiles, device, dequant="lut"):
+def _direct(tiles, device, dequant="lut", kstep=32):
     def run(a, b, sfa5, sfb5, alpha, out_dtype):
         return matmul_wgmma.block_scaled_matmul_wgmma(a, b, sfa5, sfb5, NVFP4, alpha=alpha,
                                                       out_dtype=out_dtype, tiles=tiles,
-                                                      dequant=dequant, device=device)
+                                                      dequant=dequant, kstep=kstep,
+                                                      device=device)
     return run
 
 
 @pytest.mark.interp
+@pytest.mark.parametrize("kstep", matmul_wgmma.KSTEPS)
 @pytest.mark.parametrize("dequant", matmul_wgmma.DEQUANT)
 @pytest.mark.parametrize("tiles", [(64, 64), (128, 128)])
 @pytest.mark.parametrize("mnk", [(64, 64, 128), (130, 72, 256), (1, 64, 64), (70, 130, 96)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_interp_matches_exact_and_portable(mnk, tiles, dequant):
+def test_interp_matches_exact_and_portable(mnk, tiles, dequant, kstep):
     m, n, k = mnk
     out_dtype = "float32" if (m + n + tiles[0]) % 2 else "bfloat16"
-    _check(m, n, k, 0.225, out_dtype, "interp", _direct(tiles, "interp", dequant))
+    _check(m, n, k, 0.225, out_dtype, "interp", _direct(tiles, "interp", dequant, kstep))
 
 
 @pytest.mark.interp
@@ -121,8 +123,12 @@ def test_spec_checks():
         matmul_wgmma.WgmmaMatmulSpec("nvfp4", bm=64, bn=128)
     assert matmul_wgmma.WgmmaMatmulSpec("nvfp4").block == (256, 1, 1)
     assert matmul_wgmma.bundle_specs("sm_100a") == []
-    assert {(s.bm, s.bn, s.dequant) for s in matmul_wgmma.bundle_specs()} == {
-        (t, t, d) for t in (128, 64) for d in matmul_wgmma.DEQUANT}
+    assert {(s.bm, s.bn, s.dequant, s.kstep) for s in matmul_wgmma.bundle_specs()} == {
+        (t, t, d, ks) for t in (128, 64) for d in matmul_wgmma.DEQUANT
+        for ks in matmul_wgmma.KSTEPS}
+    big = matmul_wgmma.WgmmaMatmulSpec("nvfp4", kstep=64)
+    assert big.dynamic_shared_bytes == 96 * 1024
+    assert matmul_wgmma.WgmmaMatmulSpec("nvfp4", bm=64, bn=64, kstep=64).dynamic_shared_bytes == 0
 
 
 @pytest.mark.lower
@@ -131,11 +137,15 @@ def test_spec_checks():
 def test_kernel_sass(spec):
     kernel = matmul_wgmma.kernel(spec)
     sass, meta = kernel.asm["sass"], kernel.meta
-    assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32\.BF16", sass)) == 2
+    assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32\.BF16", sass)) == spec.kstep // 16
     assert "WARPGROUP.ARRIVE" in sass and "WARPGROUP.DEPBAR.LE" in sass
     assert "FENCE.VIEW.ASYNC.S" in sass
     assert "HMMA" not in sass
-    assert re.search(r"\.shared \.align 1024 \.b8 __wg_", kernel.asm["ptx"])
+    if spec.dynamic_shared_bytes:
+        assert meta["dynamic_shared_bytes"] == spec.dynamic_shared_bytes
+        assert meta["static_shared_bytes"] <= 16  # the __dynamic_shmem__0 symbol (1 byte)
+    else:
+        assert re.search(r"\.shared \.align 1024 \.b8 __wg_", kernel.asm["ptx"])
     assert meta["spill_stores"] == 0 and meta["spill_loads"] == 0
     assert meta["registers"] <= 168 and meta["static_shared_bytes"] <= 48 * 1024
 
@@ -146,11 +156,12 @@ GPU_DENSE = [(777, 2560, 8192, 0.225), (8192, 5760, 2944, 1.0), (1000, 1024, 105
 
 @pytest.mark.gpu
 @pytest.mark.cuda
+@pytest.mark.parametrize("kstep", matmul_wgmma.KSTEPS)
 @pytest.mark.parametrize("dequant", matmul_wgmma.DEQUANT)
 @pytest.mark.parametrize("exact_bits", [False, True], ids=["bound", "bit_identical"])
 @pytest.mark.parametrize("shape", GPU_DENSE, ids=lambda s: "x".join(map(str, s[:3])))
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
-def test_gpu(shape, out_dtype, exact_bits, dequant, monkeypatch):
+def test_gpu(shape, out_dtype, exact_bits, dequant, kstep, monkeypatch):
     """``bound``: the stated fp32 bound (and bf16 consistency). ``bit_identical``: equality
     with the portable kernel, which holds iff HGMMA adds each exact block sum to the fp32
     accumulator with one round-to-nearest-even (the interpreter's model); a failure there
@@ -162,10 +173,10 @@ def test_gpu(shape, out_dtype, exact_bits, dequant, monkeypatch):
                                      rng.integers(0, m, 64)]))
 
     def run(a, b, sfa5, sfb5, alpha, out_dtype):  # "lut": through the dispatch (m > 16)
-        if m <= 16 or dequant != "lut":
+        if m <= 16 or dequant != "lut" or kstep != 32:
             return matmul_wgmma.block_scaled_matmul_wgmma(a, b, sfa5, sfb5, NVFP4, alpha=alpha,
                                                           out_dtype=out_dtype, device="cuda",
-                                                          dequant=dequant)
+                                                          dequant=dequant, kstep=kstep)
         return matmul.block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, alpha=alpha,
                                           out_dtype=out_dtype, device="cuda", target="sm_90a")
     _check(m, n, k, alpha, out_dtype, "cuda", run, rows, bound_only=not exact_bits)

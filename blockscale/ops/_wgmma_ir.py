@@ -49,13 +49,16 @@ from blockscale.ops._mma_ir import Operand, _scale_bf16x2, fp4x4_to_bf16x2x2, wo
 
 Value = ir.Value
 
-#: K elements per step (two NVFP4 blocks; 16 FP4 bytes per row)
+#: K elements per step by default (two NVFP4 blocks; 16 FP4 bytes per row)
 STEP_ELEMS = 32
+#: the K-steps built: 32 (3 stages in 48 KiB of static shared memory at 128 x 128) and 64
+#: (two 16-byte loads per row, half the per-step overhead; 96 KiB of dynamic shared memory)
+KSTEPS = (32, 64)
 #: shared-memory stages (a stage is read by the wgmma group of its step)
 STAGES = 3
-#: core-matrix offsets of the operand layout (bytes)
+#: core-matrix offsets of the operand layout (bytes; SBO for the default step, else
+#: :attr:`Tiles.sbo`)
 LBO, SBO = 128, 512
-CHUNKS = STEP_ELEMS // 8  # 16-byte core-matrix rows per row and step
 #: steps whose global loads are in flight (loop-carried registers) ahead of the dequantization
 PREFETCH = 1
 
@@ -68,11 +71,34 @@ class Tiles:
 
     bm: int = 128
     bn: int = 128
+    #: K elements per step (:data:`KSTEPS`)
+    kstep: int = STEP_ELEMS
 
     def __post_init__(self) -> None:
         if (self.bm, self.bn) not in ((64, 64), (128, 128)):
             raise ValueError(f"tiles: (bm, bn) must be (64, 64) or (128, 128), got "
                              f"{(self.bm, self.bn)}")
+        if self.kstep not in KSTEPS:
+            raise ValueError(f"tiles: kstep must be one of {KSTEPS}, got {self.kstep}")
+
+    @property
+    def chunks(self) -> int:
+        """16-byte core-matrix rows (8 K-elements) per row and step."""
+        return self.kstep // 8
+
+    @property
+    def sbo(self) -> int:
+        """Stride-dimension byte offset: a row group's step is ``chunks`` core matrices."""
+        return self.chunks * LBO
+
+    @property
+    def shared_bytes(self) -> int:
+        return STAGES * self.stage_bytes
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the stages need dynamic shared memory (over the 48 KiB static limit)."""
+        return self.shared_bytes > 48 * 1024
 
     @property
     def threads(self) -> int:
@@ -85,16 +111,16 @@ class Tiles:
     @property
     def operand_bytes(self) -> tuple[int, int]:
         """Shared bytes of A and B per stage."""
-        return self.bm * 2 * STEP_ELEMS, self.bn * 2 * STEP_ELEMS
+        return self.bm * 2 * self.kstep, self.bn * 2 * self.kstep
 
     @property
     def stage_bytes(self) -> int:
         return sum(self.operand_bytes)
 
 
-def layout_offset(r: Value, c: int) -> Value:
+def layout_offset(r: Value, c: int, sbo: int = SBO) -> Value:
     """Byte offset of core-matrix row (row ``r``, K chunk ``c``) in an operand tile."""
-    return bir.add(bir.add(bir.mul(bir.udiv(r, 8), SBO), bir.mul(bir.urem(r, 8), 16)), c * LBO)
+    return bir.add(bir.add(bir.mul(bir.udiv(r, 8), sbo), bir.mul(bir.urem(r, 8), 16)), c * LBO)
 
 
 #: dequantization variants: "lut" (``prmt`` table lookups, sign bits moved separately) and
@@ -137,9 +163,10 @@ def _dequant_row(codes: Value, scales: tuple[Value, Value], dequant: str) -> lis
     """16 FP4 bytes (vector<16xi8>) -> 4 vector<4xi32> core-matrix rows of bf16 (block j's
     scale factor, a ``vector<2xbf16>`` splat from :func:`_scale_splats`, folded into chunks
     2j, 2j+1 by ``mul.rn.bf16x2``)."""
-    words = vector.bitcast(bir.vec(4, bir.i32()), codes)
+    nw = ir.VectorType(codes.type).shape[0] // 4
+    words = vector.bitcast(bir.vec(nw, bir.i32()), codes)
     rows = []
-    for c in range(CHUNKS):
+    for c in range(nw):
         w = vector.extract(words, [], [c])
         regs = _fp4x8_lut(w) if dequant == "lut" else _fp4x8_shift(w)
         regs = [_scale_bf16x2(x, scales[c // 2]) for x in regs]
@@ -147,17 +174,18 @@ def _dequant_row(codes: Value, scales: tuple[Value, Value], dequant: str) -> lis
     return rows
 
 
-def _scale_splats(pair: Value, dequant: str) -> tuple[Value, Value]:
-    """Two E4M3 scale bytes (vector<2xi8>) -> bf16 splats of |scale| ("lut") or
+def _scale_splats(pair: Value, dequant: str) -> tuple[Value, ...]:
+    """E4M3 scale bytes (vector<n x i8>) -> bf16 splats of |scale| ("lut") or
     |scale| * 2^(126 + SHIFT_EXP) ("shift": <= 448 * 2^118 < 2^127, >= 2^109), exact."""
-    v = arith.andi(arith.extui(bir.vec(2, bir.i32()), pair),
-                   bir.const(0x7F, bir.vec(2, bir.i32())))
+    n = ir.VectorType(pair.type).shape[0]
+    v = arith.andi(arith.extui(bir.vec(n, bir.i32()), pair),
+                   bir.const(0x7F, bir.vec(n, bir.i32())))
     f = convert.e4m3_to_f32(v)
     if dequant == "shift":
-        f = arith.mulf(f, bir.const(2.0 ** (126 + SHIFT_EXP), bir.vec(2, bir.f32())))
-    s = arith.truncf(bir.vec(2, bir.bf16()), f)
+        f = arith.mulf(f, bir.const(2.0 ** (126 + SHIFT_EXP), bir.vec(n, bir.f32())))
+    s = arith.truncf(bir.vec(n, bir.bf16()), f)
     return tuple(vector.broadcast(bir.vec(2, bir.bf16()), vector.extract(s, [], [i]))
-                 for i in range(2))
+                 for i in range(n))
 
 
 def accumulator_scale(dequant: str) -> float:
@@ -166,43 +194,67 @@ def accumulator_scale(dequant: str) -> float:
     return 1.0 if dequant == "lut" else 2.0 ** (-2 * SHIFT_EXP)
 
 
-def _load_row(op: Operand, r: Value, step: Value, row_bytes: Value
+def _row_types(kstep: int) -> list[ir.Type]:
+    return [bir.vec(kstep // 2, bir.i8()), bir.vec(kstep // 16, bir.i8())]
+
+
+def _load_row(op: Operand, r: Value, step: Value, row_bytes: Value, kstep: int
               ) -> tuple[Value, Value]:
-    """(16 FP4 bytes, 2 scale bytes) of local row ``r`` for ``step`` (K-blocks 2 step,
-    2 step + 1); zeros for rows past the operand and steps past K (so also for the
-    prefetches past the last step), whose scale bytes may be padding or out of bounds."""
-    v16, v2 = bir.vec(16, bir.i8()), bir.vec(2, bir.i8())
-    col = bir.mul(step, STEP_ELEMS // 2)
-    br = bir.if_(bir.logical_and(op.valid(r), bir.ult(col, row_bytes)), [v16, v2])
+    """(kstep / 2 FP4 bytes, kstep / 16 scale bytes) of local row ``r`` for ``step``
+    (K-blocks ``step * kstep / 16`` on); zeros for rows past the operand and 16-byte pieces
+    past K (K % 32 == 0; so also for the prefetches past the last step), whose scale bytes
+    may be padding or out of bounds."""
+    vd, vs = _row_types(kstep)
+    v16 = bir.vec(16, bir.i8())
+    col = bir.mul(step, kstep // 2)
+    br = bir.if_(bir.logical_and(op.valid(r), bir.ult(col, row_bytes)), [vd, vs])
     with br.then():
-        data = bir.vector_load(v16, op.data, bir.add(bir.mul(op.row(r), row_bytes), col),
-                               alignment=16)
-        j = bir.mul(step, 2)
+        base = bir.add(bir.mul(op.row(r), row_bytes), col)
+        data = bir.vector_load(v16, op.data, base, alignment=16)
+        if kstep == 64:  # the second 16 bytes only while in the row (K % 64 may be 32)
+            hi = bir.if_(bir.ult(bir.add(col, 16), row_bytes), [v16])
+            with hi.then():
+                hi.yield_(bir.vector_load(v16, op.data, bir.add(base, 16), alignment=16))
+            with hi.else_():
+                hi.yield_(bir.const(0, v16))
+            data = vector.shuffle(data, hi.results[0], list(range(32)))
+        j = bir.mul(step, kstep // 16)
         off = bir.add(op.scale_offset(r), bir.add(bir.mul(bir.udiv(j, 4), SF_ATOM_BYTES),
                                                   bir.urem(j, 4)))
-        br.yield_(data, bir.vector_load(v2, op.scales, off, alignment=2))
+        br.yield_(data, bir.vector_load(vs, op.scales, off, alignment=kstep // 16))
     with br.else_():
-        br.yield_(bir.const(0, v16), bir.const(0, v2))
+        br.yield_(bir.const(0, vd), bir.const(0, vs))
     return br.results[0], br.results[1]
 
 
 def _load_either(is_a: Value, a: Operand, b: Operand, r: Value, step: Value,
-                 row_bytes: Value) -> list[Value]:
+                 row_bytes: Value, kstep: int) -> list[Value]:
     """:func:`_load_row` of A's row ``r`` when ``is_a``, else of B's."""
-    br = bir.if_(is_a, [bir.vec(16, bir.i8()), bir.vec(2, bir.i8())])
+    br = bir.if_(is_a, _row_types(kstep))
     with br.then():
-        br.yield_(*_load_row(a, r, step, row_bytes))
+        br.yield_(*_load_row(a, r, step, row_bytes, kstep))
     with br.else_():
-        br.yield_(*_load_row(b, r, step, row_bytes))
+        br.yield_(*_load_row(b, r, step, row_bytes, kstep))
     return list(br.results)
 
 
 def _store_row(smem: Value, base: Value, r: Value, data: Value, scales: Value,
-               dequant: str) -> None:
+               dequant: str, sbo: int) -> None:
     """Dequantize one row's step (:func:`_dequant_row`) into the tile at byte ``base``."""
     for c, v in enumerate(_dequant_row(data, _scale_splats(scales, dequant), dequant)):
         bir.vector_store(vector.bitcast(bir.vec(16, bir.i8()), v), smem,
-                         bir.add(base, layout_offset(r, c)), alignment=16)
+                         bir.add(base, layout_offset(r, c, sbo)), alignment=16)
+
+
+def dynamic_shared_buffer() -> Value:
+    """The kernel's dynamic shared memory as ``memref<?xi8, workgroup>``
+    (``gpu.dynamic_shared_memory``: ``.extern .shared .align 16 .b8 __dynamic_shmem__0[]``;
+    the launch passes the size, :attr:`Tiles.shared_bytes`)."""
+    from mlir.dialects import gpu
+
+    t = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], bir.i8(),
+                          memory_space=ir.Attribute.parse("#gpu.address_space<workgroup>"))
+    return gpu.dynamic_shared_memory(t)
 
 
 def aligned_workgroup_buffer(kb: bir.KernelBuilder, size: int, align: int = 1024) -> Value:
@@ -226,30 +278,32 @@ def emit_mainloop(kb: bir.KernelBuilder, tiles: Tiles, a: Operand, b: Operand, k
 
     The global loads of step s + :data:`PREFETCH` are issued (into loop-carried registers)
     before step s is dequantized, so their latency overlaps a step."""
-    smem = aligned_workgroup_buffer(kb, STAGES * tiles.stage_bytes)
+    smem = dynamic_shared_buffer() if tiles.dynamic else \
+        aligned_workgroup_buffer(kb, tiles.shared_bytes)
+    kstep, sbo = tiles.kstep, tiles.sbo
     tid = bir.thread_idx("x")
     wg = bir.udiv(tid, 128)
     is_a = bir.ult(tid, tiles.bm)
     r = arith.select(is_a, tid, bir.sub(tid, tiles.bm))
     op_base = arith.select(is_a, bir.const(0), bir.const(tiles.operand_bytes[0]))
     row_bytes = bir.udiv(k, 2)
-    steps = bir.ceil_div(k, STEP_ELEMS)
+    steps = bir.ceil_div(k, kstep)
     a_bytes = tiles.operand_bytes[0]
-    base_desc = W.descriptor(W.shared_address(smem), lbo=LBO, sbo=SBO)
+    base_desc = W.descriptor(W.shared_address(smem), lbo=LBO, sbo=sbo)
     pre = [x for p in range(PREFETCH) for x in _load_either(is_a, a, b, r, bir.const(p),
-                                                               row_bytes)]
+                                                               row_bytes, kstep)]
     with bir.for_range(0, steps, carry=[W.zero_accumulator(tiles.bn), *pre]) as loop:
         step = loop.iv
         acc, regs = loop.carried[0], list(loop.carried[1:])
-        nxt = _load_either(is_a, a, b, r, bir.add(step, PREFETCH), row_bytes)
+        nxt = _load_either(is_a, a, b, r, bir.add(step, PREFETCH), row_bytes, kstep)
         stage0 = bir.mul(bir.urem(step, STAGES), tiles.stage_bytes)
-        _store_row(smem, bir.add(stage0, op_base), r, regs[0], regs[1], dequant)
+        _store_row(smem, bir.add(stage0, op_base), r, regs[0], regs[1], dequant, sbo)
         W.fence_proxy_async_shared()
         bir.barrier()
-        da = W.advance(base_desc, bir.as_i64(bir.add(stage0, bir.mul(wg, 8 * SBO))))
+        da = W.advance(base_desc, bir.as_i64(bir.add(stage0, bir.mul(wg, 8 * sbo))))
         db = W.advance(base_desc, bir.as_i64(bir.add(stage0, a_bytes)))
         W.fence()
-        for h in range(STEP_ELEMS // 16):
+        for h in range(kstep // 16):
             acc = W.mma_async_bf16(acc, W.advance(da, 2 * h * LBO), W.advance(db, 2 * h * LBO),
                                    tiles.bn)
         W.commit_group()

@@ -44,6 +44,7 @@ FORMATS = ("nvfp4",)
 TILE_CHOICES = ((128, 128), (64, 64))
 #: = blockscale.ops._wgmma_ir.DEQUANT (repeated: this module does not import MLIR)
 DEQUANT = ("lut", "shift")
+KSTEPS = (32, 64)  # = blockscale.ops._wgmma_ir.KSTEPS
 #: BLOCKSCALE_SM90_WGMMA=1 turns the fast path on (off by default)
 ENV_SWITCH = "BLOCKSCALE_SM90_WGMMA"
 
@@ -59,6 +60,8 @@ class WgmmaMatmulSpec(FormatSpec):
         bm, bn: the CTA tile (one of :data:`TILE_CHOICES`).
         target: "sm_90a".
         dequant: "lut" | "shift" (:data:`blockscale.ops._wgmma_ir.DEQUANT`).
+        kstep: K elements per step, 32 or 64 (:data:`blockscale.ops._wgmma_ir.KSTEPS`; 64
+            with 128 x 128 tiles takes 96 KiB of dynamic shared memory).
     """
 
     fmt: str
@@ -68,6 +71,7 @@ class WgmmaMatmulSpec(FormatSpec):
     bn: int = 128
     target: str = "sm_90a"
     dequant: str = "lut"
+    kstep: int = 32
 
     op: ClassVar[str] = "block_scaled_matmul_wgmma"
 
@@ -84,6 +88,18 @@ class WgmmaMatmulSpec(FormatSpec):
         object.__setattr__(self, "target", H.target_name(self.target))
         H.check_choice(self.target, TARGETS, "target")
         H.check_choice(self.dequant, DEQUANT, "dequant")
+        if self.kstep not in KSTEPS:
+            raise ValueError(f"kstep must be one of {KSTEPS}, got {self.kstep}")
+
+    @property
+    def shared_bytes(self) -> int:
+        """Shared memory of the 3 stages (= _wgmma_ir.Tiles.shared_bytes)."""
+        return 3 * (self.bm + self.bn) * 2 * self.kstep
+
+    @property
+    def dynamic_shared_bytes(self) -> int:
+        """Dynamic shared memory per CTA (the stages when over the 48 KiB static limit)."""
+        return self.shared_bytes if self.shared_bytes > 48 * 1024 else 0
 
     @property
     def block(self) -> tuple[int, int, int]:  # type: ignore[override]
@@ -92,7 +108,8 @@ class WgmmaMatmulSpec(FormatSpec):
     @property
     def kernel_name(self) -> str:
         ep = f"_ep{self.epilogue.key[:10]}" if self.epilogue else ""
-        dq = "" if self.dequant == "lut" else f"_{self.dequant}"
+        dq = ("" if self.dequant == "lut" else f"_{self.dequant}") + \
+            ("" if self.kstep == 32 else f"_k{self.kstep}")
         return (f"bs_matmul_wgmma_{self.fmt}_{self.bm}x{self.bn}{dq}_{H.out_tag(self.out_dtype)}"
                 f"{ep}")
 
@@ -115,7 +132,9 @@ def build(spec: WgmmaMatmulSpec) -> Any:
     import blockscale.ops._wgmma_ir as X
     from blockscale.compiler import ir as bir
 
-    tiles = X.Tiles(spec.bm, spec.bn)
+    tiles = X.Tiles(spec.bm, spec.bn, spec.kstep)
+    if tiles.shared_bytes != spec.shared_bytes:
+        raise AssertionError("WgmmaMatmulSpec.shared_bytes disagrees with _wgmma_ir.Tiles")
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         m_count, n_count, k = (bir.as_index(kb.arg(x)) for x in ("m", "n", "k"))
         m0 = bir.mul(bir.block_idx("y"), spec.bm)
@@ -182,10 +201,10 @@ def block_scaled_matmul_wgmma(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | 
                               out_dtype: str = "bfloat16", epilogue: Epilogue | None = None,
                               epilogue_inputs: dict[str, Any] | None = None,
                               tiles: tuple[int, int] | None = None, dequant: str = "lut",
-                              device: Any = None) -> Any:
+                              kstep: int = 32, device: Any = None) -> Any:
     """The wgmma kernel called directly (no dispatch, no env switch), e.g. by tests and
     benchmarks. Same arguments as
-    :func:`blockscale.ops.matmul_sm90.block_scaled_matmul_sm90`, plus ``dequant``. Raises ValueError for formats
+    :func:`blockscale.ops.matmul_sm90.block_scaled_matmul_sm90`, plus ``dequant`` and ``kstep``. Raises ValueError for formats
     other than NVFP4 or K % 32 != 0."""
     fmt = Format.from_name(fmt)
     d = _matmul._validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
@@ -194,7 +213,7 @@ def block_scaled_matmul_wgmma(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | 
                          f"{fmt.name}, k={d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
     bm, bn = tiles if tiles is not None else choose_tiles(d.m, d.n)
-    spec = WgmmaMatmulSpec(fmt.name, out_dtype, epilogue, bm, bn, tgt, dequant)
+    spec = WgmmaMatmulSpec(fmt.name, out_dtype, epilogue, bm, bn, tgt, dequant, kstep)
     return _matmul._run_dense(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}),
                               dev, grid(spec, d.m, d.n))
 
@@ -214,8 +233,9 @@ def bundle_specs(target: str = "sm_90a") -> list[WgmmaMatmulSpec]:
     if target not in TARGETS:
         return []
     specs = {dataclasses.replace(spec_for(Format.from_name("nvfp4"), m, n, o, None, target),
-                                 dequant=dq)
-             for o in _matmul.OUT_DTYPES for m, n, _ in GPU_SHAPES for dq in DEQUANT}
+                                 dequant=dq, kstep=ks)
+             for o in _matmul.OUT_DTYPES for m, n, _ in GPU_SHAPES for dq in DEQUANT
+             for ks in KSTEPS}
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
