@@ -16,7 +16,8 @@ Implementations:
   ``ops.matmul_sm90`` when it accepts the shape, else the portable kernel);
 * ``blockscale-wgmma``: the same call with ``BLOCKSCALE_SM90_WGMMA=1`` (the sm_90a wgmma
   kernel of ``ops.matmul_wgmma``; NVFP4 only, called directly for M <= 16);
-  ``blockscale-wgmma-shift``: that kernel with ``dequant="shift"`` (called directly);
+  ``blockscale-wgmma-{lut|shift}-k{32|64}``: its other variants (``dequant``, ``kstep``;
+  called directly);
 * ``blockscale-portable``: the same call with the fast path off (``BLOCKSCALE_SM90_FAST=0``);
 * ``torch-bf16``: ``torch.matmul`` on bf16 dequantized A and B (the W4A16 upper bound a
   dequantize-then-GEMM path reaches);
@@ -180,11 +181,14 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
         finally:
             del os.environ[matmul_wgmma.ENV_SWITCH]
 
-        def wg_shift() -> Any:
-            return matmul_wgmma.block_scaled_matmul_wgmma(*args, fmt, k=k, device=dev,
-                                                          dequant="shift")
-        check = _check_rows(dev.to_host(wg_shift()), a_deq, b_deq, rows, fmt, k, strict=True)
-        record("blockscale-wgmma-shift", _timer(wg_shift, iters, dev.synchronize), check)
+        for dq, ks in (("shift", 32), ("lut", 64), ("shift", 64)):  # the other variants
+            def wg_variant(dq: str = dq, ks: int = ks) -> Any:
+                return matmul_wgmma.block_scaled_matmul_wgmma(*args, fmt, k=k, device=dev,
+                                                              dequant=dq, kstep=ks)
+            check = _check_rows(dev.to_host(wg_variant()), a_deq, b_deq, rows, fmt, k,
+                                strict=True)
+            record(f"blockscale-wgmma-{dq}-k{ks}", _timer(wg_variant, iters, dev.synchronize),
+                   check)
 
     os.environ[matmul_sm90.ENV_SWITCH] = "0"  # the portable kernel, for comparison
     try:
