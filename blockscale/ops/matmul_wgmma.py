@@ -245,8 +245,10 @@ def _register() -> None:
     paths = _matmul.FAST_PATHS
     if fast_path in paths:
         return
-    pos = paths.index(_sm90.fast_path) if _sm90.fast_path in paths else len(paths)
-    paths.insert(pos, fast_path)
+    # by module name: matmul_sm90 may be partially imported here (import cycle through
+    # ops.matmul); when it registers later it appends, i.e. after this entry
+    sm90 = [i for i, f in enumerate(paths) if f.__module__ == _sm90.__name__]
+    paths.insert(sm90[0] if sm90 else len(paths), fast_path)
 
 
 _register()
