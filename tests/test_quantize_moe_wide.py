@@ -42,13 +42,17 @@ def _edges(m: int, k: int, seed: int) -> np.ndarray:
     return x.astype(ml_dtypes.bfloat16)
 
 
-def _force_tile_loop(monkeypatch) -> None:
-    """One tile per block step: every block loops over all tiles (tile_iters = n_tiles)."""
+def _force_tile_loop(monkeypatch, whole_tiles: bool = False) -> None:
+    """One tile per block step: every block loops over all tiles (tile_iters = n_tiles);
+    ``whole_tiles``: one block part per tile, so a block visits all row groups of a tile (the
+    ones past the tile's rows only write zero scale bytes)."""
     plan = QG.launch_plan
 
     def one_tile_per_step(spec, m, k, n_tiles):
         grid, sc = plan(spec, m, k, n_tiles)
         sc = dict(sc, tiles_per_step=1, tile_iters=n_tiles)
+        if whole_tiles:
+            sc["split_log2"] = 0
         return (grid[0], 1 << sc["split_log2"], 1), sc
 
     monkeypatch.setattr(QG, "launch_plan", one_tile_per_step)
@@ -124,5 +128,28 @@ def test_owner_scan_ignores_empty_group_offsets(target, monkeypatch):
     d, s = QG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf, device="interp",
                                               target=target)
     rd, rs = RG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "gfx942"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+def test_padding_row_groups_only_write_scales(fmt, target, monkeypatch):
+    """Whole tiles per block: row groups past a tile's rows (partial last tiles of 2, 20 and
+    60 rows, an unused expert, spare tiles) skip the data path and write zero scale bytes."""
+    _force_tile_loop(monkeypatch, whole_tiles=True)
+    es, offs = group_offsets(COUNTS)
+    ids = np.asarray(IDS, np.int32)
+    x = _edges(int(es[-1]), 72, 16)
+    tsf = np.asarray(TSF, np.float32) if fmt == "nvfp4" else None
+    d, s = QG.grouped_quantize_dynamic_scaled(x, fmt, es, offs, ids, tsf, device="interp",
+                                              target=target)
+    rd, rs = RG.grouped_quantize_dynamic_scaled(x, fmt, es, offs, ids, tsf)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
+    gu = _edges(int(es[-1]), 144, 17)
+    isc = np.asarray([2.0, 0.5, 1e-38], np.float32) if fmt == "nvfp4" else None
+    d, s = QS.fused_silu_quantize(gu, fmt, es, offs, ids, isc, device="interp", target=target)
+    rd, rs = RG.fused_silu_quantize(gu, fmt, es, offs, ids, isc)
     assert_same_bytes(d, rd)
     assert_same_bytes(s, rs)

@@ -47,14 +47,17 @@ elements per thread, one 16-byte load in flight, an amax shuffle and a decode + 
 8-element NVFP4 half block: grouped NVFP4 25.0 / MXFP4 20.9 / MXFP8 13.9, fused SiLU NVFP4
 74.3 / MXFP4 71.5 / MXFP8 63.9 (H200, T=8192, K=4096, 64 experts: 39 / 40 / 54 % and
 24 / 24 / 29 % of copy). Now they take the dense kernels' 16 elements per thread (aligned):
-grouped 18.4 (19.6 before the per-tile reciprocal table) / 16.5 / 9.5 with 32 bytes in flight
-per thread (capped at 48 registers: 5 blocks, 40 KB per SM; at 40 ptxas spills into the row
-loop); fused 67.5 / 65.8 / 58.0 with 64 bytes (63-64 registers, 4 blocks per SM as before).
-Before its first row load a block now finds its tile's group with a warp scan (~3 dependent L2
-round trips; the binary search took ~8, ~2-3 us per 64 KB block). Predicted: grouped ~60-65 %
-of copy for FP4, ~65-70 % for MXFP8; fused ~35-40 % (exp_f32 + the sigmoid's div.rn are ~45
-of the ~64 instructions issued per element: D10's fixed sequence and the division's own
-range check, so the quantize part is no longer what bounds it).
+grouped 18.5 (19.6 before the per-tile reciprocal table) / 16.7 / 9.3 with 32 bytes in flight
+per thread (capped at 48 registers: 5 blocks, 40 KB per SM; at 40 ptxas spilled into the row
+loop); fused 67.7 / 65.9 / 58.5 with 64 bytes (capped at 64 registers: 4 blocks per SM as
+before, its few spills outside the row loop). Before its first row load a block finds its
+tile's group with a warp scan (~3 dependent L2 round trips; the binary search took ~8, ~2-3 us
+per 64 KB block), and row groups past the tile's rows only write their zero scale bytes: with
+uniform routing half of the 16384 padded row slots were padding, loaded (row 0), quantized and
+dropped like data rows. Predicted (issue-bound before, so the padding skip is up to ~2x fewer
+instructions per launch): grouped ~70-80 % of copy (at the dense kernels' level), fused ~40-50
+% (exp_f32 + the sigmoid's div.rn are ~45 of the ~64 instructions issued per element: D10's
+fixed sequence and the division's own range check, so the quantize part no longer bounds it).
 """
 
 from __future__ import annotations
@@ -80,6 +83,10 @@ MAX_REGISTERS = 40
 #: register cap of the grouped CUDA kernels: 5 blocks of 256 threads per SM (they need 47-48;
 #: at 40 ptxas spills loop invariants into the row loop)
 MAX_REGISTERS_GROUPED = 48
+#: register cap of the fused-activation CUDA kernels: 4 blocks of 256 threads per SM (they
+#: would take 72-74 since the padding row groups are skipped: 3 blocks; at 64 their few spills
+#: stay outside the row loop)
+MAX_REGISTERS_FUSED = 64
 CHUNK = 8  # elements per thread per row
 
 
@@ -504,10 +511,12 @@ def build(spec: QuantizeSpec) -> ir.Module:
     with ir.Context(), ir.Location.unknown():
         with B.kernel_module(spec.kernel_name, spec.target, kernel_args(spec),
                              (BLOCK_THREADS, 1, 1)) as kb:
-            if k.target.is_cuda and spec.mode in ("dense", "grouped"):
+            if k.target.is_cuda:
                 # 6 blocks of 256 threads per SM (launch_plan's RESIDENT_BLOCKS); the dense
-                # kernels need 32-41 registers, none spills at 40 (grouped: 5 blocks at 48).
-                cap = MAX_REGISTERS if spec.mode == "dense" else MAX_REGISTERS_GROUPED
+                # kernels need 32-41 registers, none spills at 40 (grouped: 5 blocks at 48,
+                # fused: 4 at 64).
+                cap = {"dense": MAX_REGISTERS, "grouped": MAX_REGISTERS_GROUPED,
+                       "silu": MAX_REGISTERS_FUSED}[spec.mode]
                 kb.func.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(B.i32(), cap)
             _body(k, kb)
         kb.module.operation.verify()
@@ -686,6 +695,11 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
         # Scale byte: the block's first lane writes it; padding slots get 0 (D7).
         has_data = arith.andi(row_ok, col_ok)
         sval = arith.trunci(B.i8(), arith.select(arith.andi(has_data, active), byte, _c32(0)))
+        store_scale(tile_ok, tile_soff, rr, drow, row_ok, sval)
+
+    def store_scale(tile_ok: ir.Value, tile_soff: ir.Value, rr: ir.Value, drow: ir.Value,
+                    row_ok: ir.Value, sval: ir.Value) -> None:
+        """Scale byte ``sval`` of row ``rr`` of the tile, by the block's first lane."""
         if spec.layout == "row_major":
             s_ok = arith.andi(arith.andi(lane0, chunk_ok), row_ok)
             soff = _scale_offset(k, drow, j, kblocks_row)
@@ -760,6 +774,20 @@ def _body(k: _Ctx, kb: B.KernelBuilder) -> None:
             active = arith.constant(B.i1(), ir.BoolAttr.get(True))
             if not k.fmt.is_mx:
                 tsf, inv_tsf = a("tensor_sf"), dense_inv_tsf
-        with B.for_range(0, row_iters) as rloop:
+        # Row groups holding at least one of the tile's rows_valid rows (block-uniform, so
+        # shuffles stay convergent); the others only get their zero scale bytes. A group's
+        # last tile is mostly padding and spare tiles have no rows: with uniform routing of
+        # 8192 tokens to 64 experts, 8192 of the 16384 row slots hold data, and the padding
+        # rows used to be loaded (row 0), quantized and dropped like data rows.
+        first = arith.muli(co.part, co.rows_per_part)
+        rpb = arith.shli(_c64(1), rpb_log2)
+        todo = arith.maxsi(arith.subi(rows_valid, first), _c64(0))
+        n_data = arith.minsi(arith.shrui(arith.addi(todo, arith.subi(rpb, _c64(1))), rpb_log2),
+                             row_iters)
+        with B.for_range(0, n_data) as rloop:
             rr = co.row(B.cast_int(rloop.iv, i64))
             row(tile, tile_ok, row_base, rows_valid, active, tsf, inv_tsf, tile_soff, rr)
+        with B.for_range(n_data, row_iters) as ploop:
+            rr = co.row(B.cast_int(ploop.iv, i64))
+            store_scale(tile_ok, tile_soff, rr, arith.addi(row_base, rr),
+                        B.const(False, B.i1()), arith.trunci(B.i8(), _c32(0)))
