@@ -14,6 +14,12 @@ matrix (8 rows x 16 bytes = 8 K-elements) of row group ``g`` and K chunk ``c`` a
 ``g * SBO + c * LBO`` with LBO = 128, SBO = 512 (a step's 4 chunks of a row group are one
 contiguous 512-byte block). Each 16-byte store is one core-matrix row.
 
+Variants (spec fields): ``kstep=64`` stages 64 elements per step (two 16-byte loads per
+row, SBO = 1024, four wgmmas per step; 96 KiB of dynamic shared memory at 128 x 128), and
+``dequant="shift"`` replaces the ``prmt`` table lookups by bf16 bit placement (operands
+scaled by 2^-8 each, undone exactly in the epilogue; see :func:`_fp4x8_shift`). The global
+loads of the next step are issued before the current step is dequantized (:data:`PREFETCH`).
+
 Then ``fence.proxy.async.shared::cta``, a CTA barrier, ``wgmma.fence``, and per warpgroup two
 ``wgmma.mma_async.m64n{bn}k16.f32.bf16.bf16`` (one per NVFP4 block: A rows 64 wg..64 wg+63,
 all bn rows of B), ``commit_group`` and ``wait_group 1``. Shared memory holds
