@@ -75,3 +75,16 @@ def test_kernel_keys_without_mlir_match_keys_with_it() -> None:
         assert out.returncode == 0, out.stderr
         keys.append(json.loads(out.stdout.splitlines()[-1]))
     assert keys[0] == keys[1]
+
+
+def test_every_op_module_imports_first_in_a_fresh_process():
+    """No circular import whichever op module a program imports first (matmul_sm90 used to fail)."""
+    import subprocess
+    import sys
+
+    import blockscale.ops
+
+    for name in blockscale.ops.op_module_names():
+        proc = subprocess.run([sys.executable, "-c", f"import blockscale.ops.{name}"],
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, f"{name}: {proc.stderr[-800:]}"

@@ -26,7 +26,6 @@ import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ sc
 import blockscale.ops._matmul_host as H
 from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
-from blockscale.ops import matmul as _matmul
 from blockscale.ops.matmul_epilogue import Epilogue
 
 THREADS = 128
@@ -252,6 +251,10 @@ def bundle_specs(target: str = "sm_90a") -> list[Sm90MatmulSpec]:
              for m, n, _ in GPU_SHAPES}
     return sorted(specs, key=lambda s: s.kernel_name)
 
+
+# imported last: matmul imports the fast-path modules (matmul_decode -> matmul_grouped ->
+# matmul_grouped_sm90 -> this module) at its end, so this module must be fully defined first
+from blockscale.ops import matmul as _matmul  # noqa: E402
 
 if fast_path not in _matmul.FAST_PATHS:
     _matmul.FAST_PATHS.append(fast_path)
