@@ -12,8 +12,9 @@ Per-target instructions: sm_90a exact fma-based E2M1 (``convert.e2m1x8_pack_fast
 ``cvt.rn.satfinite.e4m3x2.f32``; sm_100a
 ``cvt.rn.satfinite.e2m1x2.f32`` and ``cvt.rp.satfinite.ue8m0x2.f32``; gfx950
 ``v_cvt_scalef32_pk_fp4_f32`` for MXFP4 (power-of-two scales); gfx942 software. The scale
-reciprocal is always an IEEE division (``div.rn.f32``), never ``rcp.approx`` (dense CUDA
-NVFP4 kernels divide once per scale byte into a shared table; MX reciprocals are exact powers
+reciprocal is always an IEEE division (``div.rn.f32``), never ``rcp.approx`` (CUDA NVFP4
+kernels divide once per scale byte into a shared table, per launch when dense, per tile's expert
+when grouped or fused; MX reciprocals are exact powers
 of two built from the byte). Performance model: :mod:`blockscale.ops.quantize_ir`.
 
 Importing this module does not import MLIR.

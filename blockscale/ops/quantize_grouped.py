@@ -50,8 +50,8 @@ def check_groups(expert_start: Any, scales_offsets: Any, expert_ids: Any, num_ro
     """Validate the group vectors (numpy ones fully) and return G.
 
     expert_start ``[G+1]`` non-decreasing from 0 to ``num_rows``; tile0 non-decreasing over
-    non-empty groups, whose tiles lie in ``[0, num_tiles)`` without overlap (the kernel's
-    binary search relies on this).
+    non-empty groups, whose tiles lie in ``[0, num_tiles)`` without overlap (the kernels'
+    group lookups rely on this).
     """
     ng = vector_len(expert_ids, "expert_ids")
     es = _host_int(expert_start, "expert_start", ng + 1)
@@ -78,12 +78,14 @@ def check_groups(expert_start: Any, scales_offsets: Any, expert_ids: Any, num_ro
 
 
 def search_offsets(expert_start: Any, scales_offsets: Any) -> Any:
-    """``scales_offsets`` as the kernel's binary search needs them (numpy inputs).
+    """``scales_offsets`` as a binary search over tile0 needs them (numpy inputs).
 
-    The kernel finds a tile's group as the last g with tile0(g) <= tile, so tile0 must rise
-    over *all* groups. An empty group owns no tiles and its tile0 means nothing (the
-    reference ignores it); here it is moved to the end of the tiles of the groups before it,
-    which keeps tile0 sorted without changing any output. Device arrays pass unchanged.
+    The fused matmul-SwiGLU kernel finds a tile's group as the last g with tile0(g) <= tile
+    (binary search), so tile0 must rise over *all* groups (the quantize kernels' warp scan
+    tests each group's own tiles and does not need it). An empty group owns no tiles and its
+    tile0 means nothing (the reference ignores it); here it is moved to the end of the tiles
+    of the groups before it, which keeps tile0 sorted without changing any output. Device
+    arrays pass unchanged.
     """
     if not isinstance(expert_start, np.ndarray) or not isinstance(scales_offsets, np.ndarray):
         return scales_offsets

@@ -6,8 +6,8 @@ Imported lazily (it needs MLIR); ``blockscale.ops.quantize`` holds the spec and 
 Work decomposition (all launches: ``block = (256, 1, 1)``, ``grid = (gx, gy)``):
 
 * a *chunk* is ``C`` contiguous elements of one row (``quantize.chunk_elems``: 16 for
-  aligned quantize kernels, two 16-byte loads per input; 8 otherwise); one thread owns one chunk per row it
-  visits. ``L = block_size / C`` neighbouring lanes share a scale block (NVFP4: 1 with C = 16,
+  aligned quantize kernels, two 16-byte loads per input; 8 otherwise); one thread owns one
+  chunk per row it visits. ``L = block_size / C`` neighbouring lanes share a scale block (NVFP4: 1 with C = 16,
   so no shuffle; 2 else; MX: 2 or 4) and reduce its amax with ``gpu.shuffle xor``; the lane
   owning the block's first element writes the scale byte (0 for padding slots), so every
   scale byte is written;
@@ -15,12 +15,14 @@ Work decomposition (all launches: ``block = (256, 1, 1)``, ``grid = (gx, gy)``):
   range of ``2^cb_log2`` chunks and a block covers ``256 >> cb_log2`` rows per step. Dense
   kernels loop over those row groups with a grid stride (``gy`` = one resident wave,
   ``quantize.RESIDENT_BLOCKS``); grouped ones visit ``blockIdx.y``'s tile (and a slice of its
-  rows, ``2^split_log2`` slices) per tile step. Loop trip counts are uniform across the block,
-  so shuffles never run under divergence;
-* the grouped variant finds the group owning a tile by binary search over
-  ``tile0(g) = expert_start[g] // 128 + scales_offsets[g]`` (non-decreasing, checked on the
-  host) and reads its expert's tensor scale by expert id (D8); inactive groups (id -1) write
-  zero rows and zero scales;
+  rows, ``2^split_log2`` slices) per tile step, quantizing only the row groups that hold some
+  of the tile's rows (the others just write zero scale bytes). Loop trip counts are uniform
+  across the block, so shuffles never run under divergence;
+* the grouped variant finds the group owning a tile, the one whose tiles
+  ``[tile0(g), tile0(g) + ceil(n_g / 128))`` with ``tile0(g) = expert_start[g] // 128 +
+  scales_offsets[g]`` hold it (non-overlapping, checked on the host), with a warp scan over
+  the groups (:func:`_owner_scan`), and reads its expert's tensor scale by expert id (D8);
+  inactive groups (id -1) write zero rows and zero scales;
 * ``aligned`` kernels (K % 8 == 0) move 16-byte bf16 vectors in and 4- or 8-byte vectors out;
   the other kernels use masked scalar accesses (any valid K, D7).
 
