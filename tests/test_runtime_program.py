@@ -42,7 +42,8 @@ def fake_interpreter(monkeypatch):
     """Stands in for blockscale.runtime.interpreter: runs add_alpha in numpy and records calls."""
     calls = []
 
-    def run_kernel(mlir, name, grid, block, args, target):
+    def run_kernel(mlir, name, grid, block, args, target, *, dynamic_shared_bytes=0):
+        assert dynamic_shared_bytes == 0  # add_alpha uses no dynamic shared memory
         calls.append((mlir, name, grid, block, target))
         x, y, n, alpha = args
         assert x.ndim == 1 and y.ndim == 1  # flat buffers, as the interpreter expects
