@@ -168,6 +168,18 @@ def _validate(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format, k: int | None,
     return _Dense(fmt, a_shape[0], b_shape[0], k)
 
 
+def dense_runner(spec: Any, fmt: Format, m: int, n: int, k: int,
+                 launch_grid: tuple[int, int, int]) -> Callable[..., Any]:
+    """A :data:`FAST_PATHS` runner that launches ``spec`` on ``launch_grid`` through
+    :func:`_run_dense` (the sm_90a fast paths return one)."""
+
+    def run(a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, extra: dict[str, Any],
+            device: Any) -> Any:
+        return _run_dense(spec, _Dense(fmt, m, n, k), a, b, sfa, sfb, alpha, extra, device,
+                          launch_grid)
+    return run
+
+
 def _run_dense(spec: Any, d: _Dense, a: Any, b: Any, sfa: Any, sfb: Any, alpha: float,
                extra: dict[str, Any], device: Any,
                launch_grid: tuple[int, int, int] | None = None) -> Any:

@@ -188,12 +188,7 @@ def fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
     if target not in TARGETS or not enabled() or not supported(fmt, k) or m == 0 or n == 0:
         return None
     spec = spec_for(fmt, m, n, out_dtype, epilogue, target)
-
-    def run(a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, extra: dict[str, Any],
-            device: Any) -> Any:
-        return _matmul._run_dense(spec, _matmul._Dense(fmt, m, n, k), a, b, sfa, sfb, alpha,
-                                  extra, device, grid(spec, m, n))
-    return run
+    return _matmul.dense_runner(spec, fmt, m, n, k, grid(spec, m, n))
 
 
 def block_scaled_matmul_wgmma(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *,
