@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One GPU-machine session: the GPU test tier, the GPU fuzzer, the sanitizers and the benchmarks,
+# each under its own time limit, logs under $OUT (default /tmp/gpu_check). Run from the repo root
+# on the GPU machine after `make gpu-bundle` here and carrying build/gpu and .whl:
+#   bash tools/gpu_check.sh [parts...]   parts: tests fuzz sanitize quantize moe_quantize matmul moe
+set -u
+source tools/gpu_env.sh
+OUT=${OUT:-/tmp/gpu_check}; mkdir -p "$OUT"
+parts=${*:-tests fuzz sanitize quantize moe_quantize matmul}
+summary=()
+step() {  # step NAME SECONDS CMD...
+  local name=$1 secs=$2; shift 2
+  local t0=$(date +%s)
+  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
+  summary+=("$(printf '%-14s rc=%-3s %4ss  %s' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$(tail -n 1 "$OUT/$name.log" | cut -c1-90)")")
+}
+for p in $parts; do case $p in
+  tests)        step tests 200 python3 -m pytest -m gpu -q -p no:cacheprovider ;;
+  fuzz)         step fuzz 150 python3 benchmarks/fuzz_gpu.py --cases 1000 ;;
+  sanitize)     step sanitize 200 bash tools/sanitize.sh python3 ;;
+  quantize)     step quantize 120 python3 benchmarks/bench_quantize.py --torch --formats nvfp4,nvfp4_tma,mxfp4,mxfp8 ;;
+  moe_quantize) step moe_quantize 60 python3 benchmarks/bench_quantize_moe.py ;;
+  matmul)       step matmul 120 python3 benchmarks/bench_matmul.py --fmt nvfp4 ;;
+  moe)          step moe 150 python3 benchmarks/run.py --only moe --out "$OUT/bench" --budget-s 120 --no-append ;;
+esac; done
+printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
