@@ -6,9 +6,9 @@
 For each M it builds random operands, then for each implementation: checks its output against
 the float64 value on exactly dequantized operands (on a sample of rows; blockscale kernels must
 pass the bf16-consistency check of tests/test_matmul_common.py, baselines are reported with
-their relative error since they quantize differently), then times it with CUDA events (or
-wall clock + synchronize without torch) and prints one row per (M, implementation):
-milliseconds, TFLOP/s (2*M*N*K), and the check result.
+their relative error since they quantize differently), then times it with CUDA events
+(``benchmarks.common.time_ms``: the queue kept full, so host overhead is excluded) and prints
+one row per (M, implementation): milliseconds, TFLOP/s (2*M*N*K), and the check result.
 
 Implementations:
 
@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -72,29 +71,13 @@ def _check_rows(out: np.ndarray, a_deq: np.ndarray, b_deq: np.ndarray, rows: np.
 
 
 def _timer(fn: Callable[[], Any], iters: int, sync: Callable[[], None]) -> float:
-    """Median milliseconds of ``fn`` (CUDA events when torch is present)."""
-    fn()
-    sync()
-    try:
-        import torch
+    """Median GPU milliseconds of ``fn``: ``benchmarks.common.time_ms`` (CUDA events with the
+    queue kept full, so the host-side cost of a Python op call is not counted; it was ~0.65 ms
+    per blockscale call and dominated small M before). Without torch: blockscale events."""
+    del sync  # time_ms synchronizes itself
+    from benchmarks import common as C
 
-        times = []
-        for _ in range(iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return float(np.median(times))
-    except ImportError:
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return float(np.median(times))
+    return C.time_ms(lambda i: fn(), min_iters=max(5, iters)).ms
 
 
 def _triton_dot_scaled(fmt: Format) -> Callable[..., Any] | None:

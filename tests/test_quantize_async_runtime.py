@@ -89,12 +89,12 @@ class FakeGpu(GpuDevice):
         super().__init__(0)
         self.blocks, self.launches, self.maps = {}, [], []
 
-    def _malloc(self, nbytes):
+    def _malloc(self, nbytes, stream=0):
         b = ctypes.create_string_buffer(nbytes)
         self.blocks[ctypes.addressof(b)] = b
         return ctypes.addressof(b)
 
-    def _free(self, ptr):
+    def _free(self, ptr, stream=0):
         del self.blocks[ptr]
 
     def _htod(self, dst, src, nbytes, stream):

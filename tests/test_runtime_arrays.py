@@ -29,12 +29,12 @@ class HostMemoryGpu(GpuDevice):
         self.launches: list[dict] = []
         self.synced: list[int] = []
 
-    def _malloc(self, nbytes):
+    def _malloc(self, nbytes, stream=0):
         block = ctypes.create_string_buffer(nbytes)
         self.blocks[ctypes.addressof(block)] = block
         return ctypes.addressof(block)
 
-    def _free(self, ptr):
+    def _free(self, ptr, stream=0):
         del self.blocks[ptr]
 
     def _htod(self, dst, src, nbytes, stream):

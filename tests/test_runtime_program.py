@@ -169,10 +169,10 @@ def test_load_and_run_without_mlir(tmp_path):
             name, binary_kind = "cuda", "cubin"
             def __init__(self):
                 super().__init__(0); self.blocks = {{}}
-            def _malloc(self, n):
+            def _malloc(self, n, stream=0):
                 b = ctypes.create_string_buffer(n); self.blocks[ctypes.addressof(b)] = b
                 return ctypes.addressof(b)
-            def _free(self, p): self.blocks.pop(p)
+            def _free(self, p, stream=0): self.blocks.pop(p)
             def _htod(self, d, s, n, st): ctypes.memmove(d, s, n)
             def _dtoh(self, d, s, n, st): ctypes.memmove(d, s, n)
             def _memset(self, d, n, st): ctypes.memset(d, 0, n)

@@ -74,6 +74,10 @@ class _Knobs:
     bundle_dir = Knob("BLOCKSCALE_BUNDLE_DIR", str, "",
                       "Directory of precompiled kernels (`make gpu-bundle`); default "
                       "`build/gpu` when it exists.")
+    cuda_mempool = Knob("BLOCKSCALE_CUDA_MEMPOOL", bool, True,
+                        "CUDA arrays come from the device's stream-ordered memory pool "
+                        "(cuMemAllocAsync / cuMemFreeAsync, freed memory kept cached); off: "
+                        "cuMemAlloc / cuMemFree, which synchronize the device on every free.")
 
     def all(self) -> tuple[Knob[Any], ...]:
         """Every knob, in declaration order."""

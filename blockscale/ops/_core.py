@@ -142,15 +142,38 @@ def _spec_fields(spec: Any) -> Any:
 def kernel_key(spec: Any) -> str:
     """A hex key of the compiled kernel for ``spec``, computed without importing MLIR: hash of
     the spec's type and fields, the generator's (and compiler's) source bytes, and the
-    package version."""
+    package version. Memoized per spec (an op call computes it on every launch)."""
+    try:
+        return _KEYS[spec]
+    except (KeyError, TypeError):  # TypeError: an unhashable spec, computed every time
+        pass
     h = hashlib.sha256()
     h.update(json.dumps({"type": f"{type(spec).__module__}.{type(spec).__qualname__}",
                          "op": getattr(spec, "op", ""), "fields": _spec_fields(spec),
                          "version": _package_version()}, sort_keys=True).encode())
-    for path in generator_sources(spec):
-        h.update(os.path.relpath(path, _PACKAGE_DIR).encode())
-        h.update(_file_digest(path).encode())
-    return f"{getattr(spec, 'op', 'kernel')}-{h.hexdigest()[:32]}"
+    for rel, digest in _source_digests(type(spec).__module__):
+        h.update(rel.encode())
+        h.update(digest.encode())
+    key = f"{getattr(spec, 'op', 'kernel')}-{h.hexdigest()[:32]}"
+    try:
+        _KEYS[spec] = key
+    except TypeError:
+        pass
+    return key
+
+
+_KEYS: dict[Any, str] = {}
+
+
+@functools.cache
+def _source_digests(module_name: str) -> tuple[tuple[str, str], ...]:
+    """(path relative to the package, sha256) of each generator source of the specs defined in
+    ``module_name``; files are read once per process, like ``_file_digest``."""
+    class _Probe:  # generator_sources only looks at the spec's module
+        pass
+    _Probe.__module__ = module_name
+    return tuple((os.path.relpath(p, _PACKAGE_DIR), _file_digest(p))
+                 for p in generator_sources(_Probe()))
 
 
 # ----------------------------------------------------------------------------- lookup

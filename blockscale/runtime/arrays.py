@@ -117,7 +117,7 @@ class DeviceArray:
         self.size = math.prod(self.shape)  # number of elements
         self.stream = stream
         self._base = base  # keeps the owner of borrowed memory alive
-        self._finalizer = (weakref.finalize(self, device.free_memory, self.ptr)
+        self._finalizer = (weakref.finalize(self, device.free_memory, self.ptr, stream)
                            if owned and self.ptr else None)
 
     # ---- construction

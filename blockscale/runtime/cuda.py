@@ -11,6 +11,7 @@ which raises :class:`CudaError` with the CUDA error name and, for launches, the 
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,8 @@ import numpy as np
 from blockscale.dtypes import np_dtype
 from blockscale.launch import KernelArg, KernelBinary
 from blockscale.runtime.device import GpuDevice, cubin_runs_on
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CudaDevice", "CudaError", "Event", "Stream", "check", "cuda_unavailable_reason"]
 
@@ -204,6 +207,27 @@ class CudaDevice(GpuDevice):
         self._modules: list[Any] = []
         self._tensormaps: dict[tuple[Any, ...], tuple[Any, np.ndarray]] = {}
         self._tensormaps_lock = threading.Lock()
+        self._pool = self._stream_ordered_pool(
+            get(attr.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED))
+
+    def _stream_ordered_pool(self, supported: int) -> Any:
+        """The device's default memory pool, set to keep freed memory cached, or None (then
+        plain cuMemAlloc/cuMemFree). cuMemFree synchronizes the whole device, so freeing the
+        previous call's output stalled every op call on the GPU; cuMemFreeAsync does not."""
+        from blockscale.compiler.config import knobs
+
+        if not supported or not knobs.cuda_mempool:
+            return None
+        drv = _driver()
+        try:
+            pool = check(drv.cuDeviceGetDefaultMemPool(self._dev), "cuDeviceGetDefaultMemPool")
+            check(drv.cuMemPoolSetAttribute(
+                pool, drv.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                drv.cuuint64_t(2**64 - 1)), "cuMemPoolSetAttribute")
+        except Exception as e:  # noqa: BLE001 - an old driver: fall back, say why
+            log.info("cuda: no stream-ordered allocator (%s); using cuMemAlloc", e)
+            return None
+        return pool
 
     def describe(self) -> str:
         major, minor = self.capability
@@ -286,13 +310,19 @@ class CudaDevice(GpuDevice):
             raise ValueError(f"{name}: expected a tensor on cuda:{self.ordinal}, got {dev}")
 
     # ---- memory and streams
-    def _malloc(self, nbytes: int) -> int:
+    def _malloc(self, nbytes: int, stream: int = 0) -> int:
         self.activate()
+        if self._pool is not None:  # ordered on ``stream``: usable by work queued after it
+            return int(check(_driver().cuMemAllocAsync(nbytes, stream),
+                             f"cuMemAllocAsync({nbytes} bytes)"))
         return int(check(_driver().cuMemAlloc(nbytes), f"cuMemAlloc({nbytes} bytes)"))
 
-    def _free(self, ptr: int) -> None:
+    def _free(self, ptr: int, stream: int = 0) -> None:
         self.activate()
-        check(_driver().cuMemFree(ptr), "cuMemFree")
+        if self._pool is not None:  # reused only by work queued on ``stream`` after this
+            check(_driver().cuMemFreeAsync(ptr, stream), "cuMemFreeAsync")
+        else:
+            check(_driver().cuMemFree(ptr), "cuMemFree")
 
     def _htod(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         self.activate()

@@ -370,10 +370,12 @@ class GpuDevice(Device):
 
     # ---- raw driver calls (subclasses)
     @abc.abstractmethod
-    def _malloc(self, nbytes: int) -> int: ...
+    def _malloc(self, nbytes: int, stream: int = 0) -> int:
+        """Device memory usable by work queued on ``stream`` from now on."""
 
     @abc.abstractmethod
-    def _free(self, ptr: int) -> None: ...
+    def _free(self, ptr: int, stream: int = 0) -> None:
+        """Release ``ptr`` after the work queued on ``stream`` so far."""
 
     @abc.abstractmethod
     def _htod(self, dst: int, src: int, nbytes: int, stream: int) -> None: ...
@@ -418,10 +420,11 @@ class GpuDevice(Device):
                             f"{type(stream).__name__}") from None
 
     # ---- memory
-    def free_memory(self, ptr: int) -> None:
-        """Free memory from :meth:`alloc` (called by DeviceArray finalizers)."""
+    def free_memory(self, ptr: int, stream: int | None = None) -> None:
+        """Free memory from :meth:`alloc` (called by DeviceArray finalizers) in the order of
+        ``stream`` (the array's stream; None: the default stream)."""
         try:
-            self._free(ptr)
+            self._free(ptr, self.default_stream() if stream is None else stream)
         except Exception as e:  # noqa: BLE001 (at interpreter exit the driver may be gone)
             log.debug("freeing 0x%x failed: %s", ptr, e)
 
@@ -431,8 +434,9 @@ class GpuDevice(Device):
             raise ValueError(f"shape: dims must be >= 0, got {shape}")
         dt = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        ptr = self._malloc(nbytes) if nbytes else 0
         handle = None if stream is None else self.resolve_stream(stream)
+        ptr = self._malloc(nbytes, self.default_stream() if handle is None else handle) \
+            if nbytes else 0
         return DeviceArray(self, ptr, shape, dt, stream=handle, owned=True)
 
     def zeros(self, shape: Sequence[int], dtype: Any, stream: Any = None) -> Any:

@@ -137,11 +137,11 @@ class HipDevice(GpuDevice):
               "hipModuleLaunchKernel", kernel.name)
 
     # ---- memory and streams
-    def _malloc(self, nbytes: int) -> int:
+    def _malloc(self, nbytes: int, stream: int = 0) -> int:
         self.activate()
         return int(check(_hip().hipMalloc(nbytes), f"hipMalloc({nbytes} bytes)"))
 
-    def _free(self, ptr: int) -> None:
+    def _free(self, ptr: int, stream: int = 0) -> None:
         check(_hip().hipFree(ptr), "hipFree")
 
     def _htod(self, dst: int, src: int, nbytes: int, stream: int) -> None:
