@@ -2,7 +2,7 @@
 # One GPU-machine session: the GPU test tier, the GPU fuzzer, the sanitizers and the benchmarks,
 # each under its own time limit, logs under $OUT (default /tmp/gpu_check). Run from the repo root
 # on the GPU machine after `make gpu-bundle` here and carrying build/gpu and .whl:
-#   bash tools/gpu_check.sh [parts...]   parts: tests fuzz sanitize quantize moe_quantize matmul moe
+#   bash tools/gpu_check.sh [parts...]   parts: tests fuzz sanitize quantize moe_quantize matmul host moe
 set -u
 source tools/gpu_env.sh
 OUT=${OUT:-/tmp/gpu_check}; mkdir -p "$OUT"
@@ -21,6 +21,7 @@ for p in $parts; do case $p in
   quantize)     step quantize 120 python3 benchmarks/bench_quantize.py --torch --formats nvfp4,nvfp4_tma,mxfp4,mxfp8 ;;
   moe_quantize) step moe_quantize 60 python3 benchmarks/bench_quantize_moe.py ;;
   matmul)       step matmul 120 python3 benchmarks/bench_matmul.py --fmt nvfp4 ;;
+  host)         step host 60 python3 benchmarks/bench_host_overhead.py ;;
   moe)          step moe 150 python3 benchmarks/run.py --only moe --out "$OUT/bench" --budget-s 120 --no-append ;;
 esac; done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
