@@ -1,12 +1,13 @@
-"""The sm_90a wgmma block-scaled matmul (NVFP4, BLOCKSCALE_SM90_WGMMA=1).
+"""The sm_90a wgmma block-scaled matmul (the default sm_90a dispatch for M > 16).
 
 * interp: the kernel IR (wgmma modeled by runtime/interpreter/ops_wgmma.py from the PTX ISA)
   against the float64 value on exactly dequantized operands with the fp32 bound of
   test_matmul_common.py, and bit for bit against the portable kernel (same fp32 roundings
-  in the same order, see blockscale/ops/_wgmma_ir.py); M/N/K tails; the env-gated dispatch.
+  in the same order in the interpreter's model, see blockscale/ops/_wgmma_ir.py); M/N/K
+  tails; the dispatch and its BLOCKSCALE_SM90_WGMMA=0 opt-out.
 * lower: HGMMA.64xNx16.F32.BF16 in the sm_90a SASS, no spills.
-* gpu: the same checks on an H100/H200 (run with the bundle, ``make gpu-bundle`` collects
-  ``matmul_wgmma.bundle_specs``)::
+* gpu: the bound checks on an H100/H200 (not bit-identity: HGMMA rounds differently; run
+  with the bundle, ``make gpu-bundle`` collects ``matmul_wgmma.bundle_specs``)::
 
       BLOCKSCALE_BUNDLE_DIR=build/gpu pytest -m gpu tests/test_matmul_wgmma.py
 """
@@ -98,12 +99,12 @@ def test_interp_every_code_and_scale(dequant):
 
 
 @pytest.mark.interp
-def test_dispatch_is_flag_gated(monkeypatch):
-    monkeypatch.delenv(matmul_wgmma.ENV_SWITCH, raising=False)
+def test_dispatch_default_and_opt_out(monkeypatch):
+    monkeypatch.setenv(matmul_wgmma.ENV_SWITCH, "0")
     assert matmul_wgmma.fast_path("sm_90a", NVFP4, 64, 64, 128, "bfloat16", None) is None
-    monkeypatch.setenv(matmul_wgmma.ENV_SWITCH, "1")
+    monkeypatch.delenv(matmul_wgmma.ENV_SWITCH, raising=False)
     assert matmul_wgmma.fast_path("sm_90a", NVFP4, 64, 64, 128, "bfloat16", None) is not None
-    for args in (("sm_90a", MXFP8, 64, 64, 128), ("sm_90a", NVFP4, 64, 64, 112),
+    for args in (("sm_90a", NVFP4, 16, 64, 128), ("sm_90a", NVFP4, 64, 64, 112),
                  ("sm_100a", NVFP4, 64, 64, 128)):
         assert matmul_wgmma.fast_path(*args, "bfloat16", None) is None
     paths = matmul.FAST_PATHS
@@ -158,25 +159,29 @@ GPU_DENSE = [(777, 2560, 8192, 0.225), (8192, 5760, 2944, 1.0), (1000, 1024, 105
 @pytest.mark.cuda
 @pytest.mark.parametrize("kstep", matmul_wgmma.KSTEPS)
 @pytest.mark.parametrize("dequant", matmul_wgmma.DEQUANT)
-@pytest.mark.parametrize("exact_bits", [False, True], ids=["bound", "bit_identical"])
 @pytest.mark.parametrize("shape", GPU_DENSE, ids=lambda s: "x".join(map(str, s[:3])))
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
-def test_gpu(shape, out_dtype, exact_bits, dequant, kstep, monkeypatch):
-    """``bound``: the stated fp32 bound (and bf16 consistency). ``bit_identical``: equality
-    with the portable kernel, which holds iff HGMMA adds each exact block sum to the fp32
-    accumulator with one round-to-nearest-even (the interpreter's model); a failure there
-    with ``bound`` passing means the tensor core rounds differently (see _wgmma_ir.py)."""
-    monkeypatch.setenv(matmul_wgmma.ENV_SWITCH, "1")
+def test_gpu(shape, out_dtype, dequant, kstep):
+    """The stated fp32 bound elementwise (f32 out) and bf16 consistency (bf16 out: equal to
+    bf16(exact) wherever the bound does not straddle a rounding midpoint).
+
+    Finding of the first H200 run: HGMMA's fp32 accumulation does *not* round like the
+    interpreter's model (exact block sum + one RNE per block), so f32 outputs are not
+    bit-identical to the portable kernel for M >= 128; the bound held on every shape. No
+    equality with the portable kernel is asserted on hardware (a bf16 output may flip at a
+    rounding midpoint under either rounding of the fp32 value)."""
     m, n, k, alpha = shape
     rng = np.random.default_rng(m + n)
     rows = np.unique(np.concatenate([np.arange(min(m, 64)), np.arange(max(0, m - 64), m),
                                      rng.integers(0, m, 64)]))
+    default = (dequant, kstep) == (matmul_wgmma.DEFAULT_DEQUANT["nvfp4"],
+                                   matmul_wgmma.DEFAULT_KSTEP)
 
-    def run(a, b, sfa5, sfb5, alpha, out_dtype):  # "lut": through the dispatch (m > 16)
-        if m <= 16 or dequant != "lut" or kstep != 32:
+    def run(a, b, sfa5, sfb5, alpha, out_dtype):  # the default variant through the dispatch
+        if m <= matmul_wgmma.MIN_M or not default:
             return matmul_wgmma.block_scaled_matmul_wgmma(a, b, sfa5, sfb5, NVFP4, alpha=alpha,
                                                           out_dtype=out_dtype, device="cuda",
                                                           dequant=dequant, kstep=kstep)
         return matmul.block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, alpha=alpha,
                                           out_dtype=out_dtype, device="cuda", target="sm_90a")
-    _check(m, n, k, alpha, out_dtype, "cuda", run, rows, bound_only=not exact_bits)
+    _check(m, n, k, alpha, out_dtype, "cuda", run, rows, bound_only=True)
