@@ -162,9 +162,17 @@ class Shared:
     slot: Value
 
 
-def allocate_shared(kb: bir.KernelBuilder, layout: Layout) -> Shared:
-    from blockscale.ops._wgmma_ir import dynamic_shared_buffer
+def dynamic_shared_buffer() -> Value:
+    """The kernel's dynamic shared memory as ``memref<?xi8, workgroup>``
+    (``gpu.dynamic_shared_memory``; the launch passes the size)."""
+    from mlir.dialects import gpu
 
+    t = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], bir.i8(),
+                          memory_space=ir.Attribute.parse("#gpu.address_space<workgroup>"))
+    return gpu.dynamic_shared_memory(t)
+
+
+def allocate_shared(kb: bir.KernelBuilder, layout: Layout) -> Shared:
     bars = tma.shared_buffer(kb, f"{STAGES}xi64", align=8)
     slot = tma.shared_buffer(kb, "1xi32", align=4)
     stages = dynamic_shared_buffer() if layout.dynamic else \
@@ -228,7 +236,7 @@ def emit_kernel_body(kb: bir.KernelBuilder, fmt: Any, layout: Layout,
                         bir.add(base, off["sfa"]))
         _copy_atom_word(kb.arg("sfb"), bir.add(atom_b, step_atom), tid, kmask, sh.stages,
                         bir.add(base, off["sfb"]))
-        tma_fence_proxy()
+        T.fence_proxy_async_shared()
         bir.barrier()
         with bir.when(is0):
             T.fence_after_thread_sync()
@@ -250,13 +258,6 @@ def emit_kernel_body(kb: bir.KernelBuilder, fmt: Any, layout: Layout,
 def _bar(bars_addr: Value, i: Value) -> Value:
     """``!llvm.ptr<3>`` of mbarrier ``i`` (index) of the pair at ``bars_addr``."""
     return T.shared_pointer(arith.addi(bars_addr, bir.as_i64(bir.mul(i, 8))))
-
-
-def tma_fence_proxy() -> None:
-    """``fence.proxy.async.shared::cta`` (generic-proxy stores before async-proxy reads)."""
-    from blockscale.compiler.arch import wgmma as W
-
-    W.fence_proxy_async_shared()
 
 
 def _issue_step(kind: str, layout: Layout, st: Value, tmem: Value, stage_addr: Value,

@@ -34,7 +34,7 @@ from blockscale.ops.matmul_epilogue import Epilogue
 
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
 KERNEL_SOURCES = ("blockscale.ops._tcgen05_ir", "blockscale.ops.matmul_epilogue",
-                  "blockscale.ops._matmul_ir", "blockscale.ops._wgmma_ir")
+                  "blockscale.ops._matmul_ir")
 TARGETS = ("sm_100a",)
 FORMATS = ("nvfp4", "mxfp4", "mxfp8")
 #: = blockscale.ops._tcgen05_ir (repeated: this module does not import MLIR)

@@ -174,6 +174,13 @@ def dealloc(taddr: ir.Value, ncols: int, *, loc: ir.Location | None = None) -> N
         nvvm.tcgen05_dealloc(tmem_pointer(taddr), _i32c(ncols))
 
 
+def fence_proxy_async_shared(*, loc: ir.Location | None = None) -> None:
+    """``fence.proxy.async.shared::cta``: orders this thread's prior generic-proxy shared
+    stores before later async-proxy (tcgen05.mma / tcgen05.cp) reads."""
+    with _loc(loc):
+        nvvm.fence_proxy(nvvm.ProxyKind.async_shared, space=nvvm.SharedSpace.shared_cta)
+
+
 def fence_before_thread_sync(*, loc: ir.Location | None = None) -> None:
     """``tcgen05.fence::before_thread_sync``: orders this thread's prior tcgen05 ops before a
     following thread synchronization (bar.sync / mbarrier)."""
@@ -257,6 +264,7 @@ def true() -> ir.Value:
 
 __all__ = ["KINDS", "MMA_ROW_BYTES", "SWIZZLE_MODES", "advance", "alloc", "commit",
            "copy_scale_atom", "dealloc", "fence_after_thread_sync", "fence_before_thread_sync",
+           "fence_proxy_async_shared",
            "instr_descriptor_bits", "load_32x32b", "mbarrier_init", "mbarrier_wait",
            "mma_block_scale", "relinquish_alloc_permit", "shared_address", "shared_pointer",
            "smem_descriptor", "smem_descriptor_bits", "tmem_pointer", "true", "wait_ld"]
