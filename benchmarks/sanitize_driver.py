@@ -5,7 +5,8 @@ and partial blocks); grouped counts with empty groups, unused (-1) experts and a
 interleave with R = 1, 129 and J = 1, 5, 17; the naive matmul at M, N = 1, 129. Every output
 is checked against the reference (byte for byte, matmul within its bound), so a kernel that
 reads uninitialised or out-of-bounds memory also shows up as a wrong answer.
-Kernels come from the bundle (BLOCKSCALE_BUNDLE_DIR); the specs are those of
+The tiled matmul kernels, the fused SwiGLU op and the TMA quantize kernel:
+benchmarks/sanitize_matmuls.py. Kernels come from the bundle (BLOCKSCALE_BUNDLE_DIR); the specs are those of
 ``benchmarks.fuzz_gpu.fuzz_specs``. Exit status 1 on any wrong result.
 
     BLOCKSCALE_BUNDLE_DIR=build/gpu PYTHONPATH=. python benchmarks/sanitize_driver.py [--device cuda]
@@ -23,8 +24,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.fuzz_gpu import FMT_ROUNDINGS, _bytes_equal, values  # noqa: E402
-from blockscale import reference as ref  # noqa: E402
+from benchmarks.fuzz_gpu import FMT_ROUNDINGS, _bytes_equal, values
+from blockscale import reference as ref
 
 M_TAIL = (1, 129)
 K_TAIL = (8, 30, 136, 184)
@@ -56,7 +57,7 @@ def run(device: str) -> int:
                 x = values(rng, (m, k))
                 for r in roundings:
                     for layout in ("tcgen5d", "row_major"):
-                        kw = dict(scale_rounding=r, scale_layout=layout)
+                        kw = {"scale_rounding": r, "scale_layout": layout}
                         check(f"quantize {fmt}/{r}/{layout} M={m} K={k}",
                               Q.quantize_dynamic_block_scaled(x, fmt, device=device, **kw),
                               ref.quantize_dynamic_block_scaled(x, fmt, **kw))
@@ -117,6 +118,9 @@ def run(device: str) -> int:
                     launches += 1
                     if not np.all(np.abs(got - want.astype(np.float64)) <= bound + 1e-37):
                         bad.append(f"naive matmul {fmt} M={m} N={n} K={k}: outside the bound")
+    from benchmarks import sanitize_matmuls
+
+    launches += sanitize_matmuls.run(device, check, bad)
     for line in bad[:20]:
         print("WRONG", line)
     print(f"sanitize_driver: {launches} launches, {len(bad)} wrong results")
