@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(ns.cases):
             try:
                 ok, detail, measure = OPS[op](rng, dev)
-            except Exception as e:  # a crash is a failure of that case, reported
+            except Exception as e:  # noqa: BLE001 - a crash is a failure of that case, reported
                 ok, detail, measure = False, f"case {i}: {type(e).__name__}: {e}", 0.0
                 errors += 1
             if ok:
