@@ -9,11 +9,13 @@ with expert id -1 and all spare tiles are zero. The kernel is the one of
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
 from blockscale.formats import Format
+from blockscale.ops import quantize as _q
 from blockscale.ops.quantize import (
     QuantizeSpec,
     check_input,
@@ -21,6 +23,79 @@ from blockscale.ops.quantize import (
     launch_plan,
     out_dtypes,
 )
+
+#: kernel schedules of the grouped / fused quantize ops: "tiles" (the tile kernel of
+#: quantize_ir, one block per slice of a 5-D tile) or "rows" / "rows2" (quantize_moe_ir: one
+#: resident wave walking data rows, 1 or 2 row groups in flight per thread)
+SCHEDULES = ("tiles", "rows", "rows2")
+#: the schedule used when an op is called with ``schedule=None``
+DEFAULT_SCHEDULE = "tiles"
+#: SMs of the GPU the rows schedule sizes its single wave for (H200)
+NUM_SMS = 132
+#: modules whose source enters the key of a MoeQuantizeSpec kernel
+KERNEL_SOURCES = _q.KERNEL_SOURCES + ("blockscale.ops.quantize_moe_ir",)
+#: nvvm.maxnreg of the rows-schedule CUDA kernels by (mode, unroll); blocks per SM =
+#: 65536 // (256 * cap): 5, 4, 4, 3
+REGISTER_CAPS = {("grouped", 1): 48, ("grouped", 2): 64, ("silu", 1): 64, ("silu", 2): 80}
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeQuantizeSpec(QuantizeSpec):
+    """A grouped / fused quantize kernel on the rows schedule (:mod:`.quantize_moe_ir`).
+
+    ``unroll``: row groups a thread loads before quantizing them (1 = "rows", 2 = "rows2").
+    """
+
+    unroll: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mode not in ("grouped", "silu"):
+            raise ValueError(f"mode must be 'grouped' or 'silu' for the rows schedule, "
+                             f"got {self.mode!r}")
+        if self.unroll not in (1, 2):
+            raise ValueError(f"unroll must be 1 or 2, got {self.unroll!r}")
+
+    @property
+    def kernel_name(self) -> str:
+        return f"{super().kernel_name}_rows{self.unroll}"
+
+
+def build(spec: MoeQuantizeSpec) -> Any:
+    """The kernel module of a rows-schedule spec (imports MLIR)."""
+    from blockscale.ops import quantize_moe_ir
+
+    return quantize_moe_ir.build(spec)
+
+
+def with_schedule(spec: QuantizeSpec, schedule: str | None, num_groups: int | None = None
+                  ) -> QuantizeSpec:
+    """``spec`` on ``schedule`` (None: DEFAULT_SCHEDULE). The rows schedules hold at most
+    quantize_moe_ir.MAX_GROUPS (256) groups in shared memory: with more, the tile kernel runs
+    (same bytes)."""
+    from blockscale.ops._matmul_host import check_choice
+
+    schedule = DEFAULT_SCHEDULE if schedule is None else schedule
+    check_choice(schedule, SCHEDULES, "schedule")
+    if schedule == "tiles" or (num_groups is not None and num_groups > 256):
+        return spec
+    fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(QuantizeSpec)}
+    return MoeQuantizeSpec(**fields, unroll=2 if schedule == "rows2" else 1)
+
+
+def rows_plan(spec: MoeQuantizeSpec, m: int, k: int, n_tiles: int, ng: int
+              ) -> tuple[tuple[int, int, int], dict[str, int]]:
+    """Grid and scalars of the rows schedule: the tile plan's x split and chunk geometry,
+    ``gy`` = one resident wave of blocks (NUM_SMS x blocks per SM at the register cap), no
+    more than there are units."""
+    grid, sc = launch_plan(spec, m, k, n_tiles)
+    gx = grid[0]
+    rows_per_unit = (256 >> sc["cb_log2"]) * spec.unroll
+    units = -(-m // rows_per_unit) + ng + n_tiles
+    cap = REGISTER_CAPS[(spec.mode, spec.unroll)]
+    resident = NUM_SMS * (65536 // (256 * cap))
+    sc.update(split_log2=0, tiles_per_step=1, tile_iters=1)
+    return (gx, max(1, min(units, resident // gx)), 1), sc
 
 
 def _host_int(v: Any, arg: str, n: int | None = None) -> np.ndarray | None:
@@ -138,8 +213,11 @@ def run_grouped(spec: QuantizeSpec, x: Any, k: int, num_rows: int, num_tiles: in
     if num_rows == 0 or k == 0:
         mk = (lambda s, d: np.zeros(s, d)) if host else device.zeros
         return mk(dshape, data_dt), mk(sshape, scale_dt)
-    grid, scalars = launch_plan(spec, num_rows, k, num_tiles)
     ng = int(extra["num_groups"])
+    if isinstance(spec, MoeQuantizeSpec):
+        grid, scalars = rows_plan(spec, num_rows, k, num_tiles, ng)
+    else:
+        grid, scalars = launch_plan(spec, num_rows, k, num_tiles)
     scalars.update(extra)
     scalars["search_steps"] = max(1, ng - 1).bit_length() if ng > 1 else 0
     out = launch(spec, grid, {"data": (dshape, data_dt), "scales": (sshape, scale_dt)},
@@ -154,8 +232,8 @@ def _i32(v: Any) -> Any:
 def grouped_quantize_dynamic_scaled(x: Any, fmt: Format | str, expert_start: Any,
                                     scales_offsets: Any, expert_ids: Any, tensor_sf: Any, *,
                                     indices: Any = None, indices_divisor: int = 1,
-                                    device: Any = None, target: str | None = None
-                                    ) -> tuple[Any, Any]:
+                                    device: Any = None, target: str | None = None,
+                                    schedule: str | None = None) -> tuple[Any, Any]:
     """Per-expert quantize, same arguments and results as
     :func:`blockscale.reference.grouped_quantize_dynamic_scaled`.
 
@@ -168,6 +246,7 @@ def grouped_quantize_dynamic_scaled(x: Any, fmt: Format | str, expert_start: Any
         indices: optional int32 ``[num_rows]``: row i reads ``x[indices[i] // indices_divisor]``.
         indices_divisor: positive int.
         device, target: as for :func:`blockscale.ops.quantize.quantize_dynamic_block_scaled`.
+        schedule: kernel schedule, one of SCHEDULES (None: DEFAULT_SCHEDULE); same bytes.
 
     Numpy group vectors are validated on the host; device arrays are trusted.
     """
@@ -196,6 +275,7 @@ def grouped_quantize_dynamic_scaled(x: Any, fmt: Format | str, expert_start: Any
     dev, tgt = device_and_target(device, target)
     spec = QuantizeSpec(fmt.name, tgt, None, "tcgen5d", k % 8 == 0, "grouped",
                         gather=indices is not None, name="grouped_quantize_dynamic_scaled")
+    spec = with_schedule(spec, schedule, ng)
     buffers = {"x": x, "expert_start": _i32(expert_start),
                "scales_offsets": _i32(search_offsets(expert_start, scales_offsets)),
                "expert_ids": _i32(expert_ids), "tensor_sf": tsf}
@@ -215,12 +295,14 @@ def grouped_quantize_dynamic_scaled_fp4_async(x: Any, fmt: Format | str, expert_
 
 
 def grouped_quantize_dynamic_scaled_kernel(fmt: Format | str, target: str = "sm_90a", *,
-                                           aligned: bool = True, gather: bool = False) -> Any:
+                                           aligned: bool = True, gather: bool = False,
+                                           schedule: str | None = None) -> Any:
     """Compiled Kernel of the grouped quantize kernel."""
     from blockscale.ops.quantize import kernel
 
-    return kernel(QuantizeSpec(Format.from_name(fmt).name, target, None, "tcgen5d", aligned,
-                               "grouped", gather=gather, name="grouped_quantize_dynamic_scaled"))
+    return kernel(with_schedule(QuantizeSpec(Format.from_name(fmt).name, target, None,
+                                             "tcgen5d", aligned, "grouped", gather=gather,
+                                             name="grouped_quantize_dynamic_scaled"), schedule))
 
 
 def grouped_quantize_dynamic_scaled_fp4_async_kernel(fmt: Format | str = "nvfp4",
@@ -233,13 +315,17 @@ def grouped_quantize_dynamic_scaled_fp4_async_kernel(fmt: Format | str = "nvfp4"
 
 
 def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
-    """Grouped quantize specs the GPU tests and benchmarks use."""
-    return [QuantizeSpec(f, target, None, "tcgen5d", a, "grouped", gather=g,
-                         name="grouped_quantize_dynamic_scaled")
-            for f in ("nvfp4", "mxfp4", "mxfp8") for a in (True, False) for g in (False, True)]
+    """Grouped quantize specs the GPU tests and benchmarks use (every schedule)."""
+    return [with_schedule(QuantizeSpec(f, target, None, "tcgen5d", a, "grouped", gather=g,
+                                       name="grouped_quantize_dynamic_scaled"), sch)
+            for sch in SCHEDULES for f in ("nvfp4", "mxfp4", "mxfp8") for a in (True, False)
+            for g in (False, True)]
 
 
 __all__ = [
+    "DEFAULT_SCHEDULE",
+    "SCHEDULES",
+    "MoeQuantizeSpec",
     "bundle_specs",
     "check_groups",
     "grouped_quantize_dynamic_scaled",
@@ -247,6 +333,7 @@ __all__ = [
     "grouped_quantize_dynamic_scaled_fp4_async_kernel",
     "grouped_quantize_dynamic_scaled_kernel",
     "search_offsets",
+    "with_schedule",
 ]
 
 

@@ -18,30 +18,37 @@ from blockscale.activations import GatedActivation
 from blockscale.formats import Format
 from blockscale.ops.quantize import QuantizeSpec, check_input
 from blockscale.ops.quantize_grouped import (
+    SCHEDULES,
     _i32,
     check_groups,
     expert_scales_arg,
     run_grouped,
     search_offsets,
     vector_len,
+    with_schedule,
 )
 
 
-def _spec(fmt: Format, target: str, act: GatedActivation, aligned: bool) -> QuantizeSpec:
-    return QuantizeSpec(fmt.name, target, None, "tcgen5d", aligned, "silu", False, act.kind,
-                        float(act.alpha), float(act.limit), name="fused_silu_quantize")
+def _spec(fmt: Format, target: str, act: GatedActivation, aligned: bool,
+          schedule: str | None = None, num_groups: int | None = None) -> QuantizeSpec:
+    return with_schedule(QuantizeSpec(fmt.name, target, None, "tcgen5d", aligned, "silu",
+                                      False, act.kind, float(act.alpha), float(act.limit),
+                                      name="fused_silu_quantize"), schedule, num_groups)
 
 
 def fused_silu_quantize(gate_up: Any, fmt: Format | str, expert_start: Any, scales_offsets: Any,
                         expert_ids: Any, input_scales: Any, *,
                         activation: GatedActivation | str | None = None,
                         num_scale_tiles: int | None = None, device: Any = None,
-                        target: str | None = None) -> tuple[Any, Any]:
+                        target: str | None = None, schedule: str | None = None
+                        ) -> tuple[Any, Any]:
     """Gated activation then grouped quantize; arguments and results as
     :func:`blockscale.reference.fused_silu_quantize` plus ``device`` and ``target``.
 
     ``input_scales``: float32 ``[E]`` NVFP4 activation scales by expert id, not inverted
     (required for NVFP4, None for MX). ``activation``: SILU (default) or SWIGLU_OAI.
+    ``schedule``: kernel schedule (:data:`blockscale.ops.quantize_grouped.SCHEDULES`, None:
+    the default one); every schedule gives the same bytes.
     """
     from blockscale.ops._matmul_host import device_and_target
 
@@ -61,7 +68,7 @@ def fused_silu_quantize(gate_up: Any, fmt: Format | str, expert_start: Any, scal
     check_groups(expert_start, scales_offsets, expert_ids, t, num_scale_tiles)
     scales = expert_scales_arg(fmt, input_scales, "input_scales", expert_ids)
     dev, tgt = device_and_target(device, target)
-    spec = _spec(fmt, tgt, act, d % 8 == 0)
+    spec = _spec(fmt, tgt, act, d % 8 == 0, schedule, ng)
     buffers = {"x": gate_up, "expert_start": _i32(expert_start),
                "scales_offsets": _i32(search_offsets(expert_start, scales_offsets)),
                "expert_ids": _i32(expert_ids),
@@ -74,18 +81,22 @@ def fused_silu_quantize(gate_up: Any, fmt: Format | str, expert_start: Any, scal
 
 def fused_silu_quantize_kernel(fmt: Format | str, target: str = "sm_90a", *,
                                activation: GatedActivation | str | None = None,
-                               aligned: bool = True) -> Any:
+                               aligned: bool = True, schedule: str | None = None) -> Any:
     """Compiled Kernel of the fused activation + quantize kernel."""
     from blockscale.ops.quantize import kernel
 
     return kernel(_spec(Format.from_name(fmt), target, GatedActivation.parse(activation),
-                        aligned))
+                        aligned, schedule))
 
 
 def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
-    """Fused SiLU / SwiGLU-OAI quantize specs for the GPU tests."""
-    return [_spec(Format.from_name(f), target, a, True) for f in ("nvfp4", "mxfp8")
-            for a in (GatedActivation.SILU, GatedActivation.SWIGLU_OAI)]
+    """Fused SiLU / SwiGLU-OAI quantize specs for the GPU tests and benchmarks (every
+    schedule; MXFP4 SiLU for bench_quantize_moe)."""
+    specs = [_spec(Format.from_name(f), target, a, True, sch) for sch in SCHEDULES
+             for f in ("nvfp4", "mxfp8")
+             for a in (GatedActivation.SILU, GatedActivation.SWIGLU_OAI)]
+    return specs + [_spec(Format.from_name("mxfp4"), target, GatedActivation.SILU, True, sch)
+                    for sch in SCHEDULES]
 
 
 __all__ = ["bundle_specs", "fused_silu_quantize", "fused_silu_quantize_kernel"]
