@@ -33,7 +33,8 @@ from blockscale.launch import KernelArg
 from blockscale.layouts import TCGEN_5D, ScaleLayout
 
 BLOCK = (256, 1, 1)
-KERNEL_SOURCES = ("blockscale.ops.quantize_ir", "blockscale.compiler.arch.convert",
+KERNEL_SOURCES = ("blockscale.ops.quantize_ir", "blockscale.ops.quantize_pipe_ir",
+                  "blockscale.compiler.arch.convert",
                   "blockscale.ops._expf_ir", "blockscale.activations")
 MODES = ("dense", "grouped", "silu")
 #: blocks a launch aims for (132 SMs x 16 resident blocks of 256 threads would be 2112).
@@ -43,6 +44,13 @@ TARGET_BLOCKS = 2048
 #: quantize_ir.MAX_REGISTERS). 2048 equal blocks were 2.6-3.1 waves: the last one ran with a
 #: fraction of the bytes in flight. On a GPU with fewer slots the extra blocks simply queue.
 RESIDENT_BLOCKS = 792
+#: SMs of the GPU the dense launches are sized for (H200)
+SMS = 132
+#: resident 256-thread blocks per SM of the pipelined dense kernels by ``pipeline`` depth
+#: (their register caps in quantize_ir: 40, 48, 64 -> 6, 5, 4 blocks)
+PIPELINE_BLOCKS_PER_SM = {1: 6, 2: 5, 3: 4}
+#: ``pipeline`` of the dense kernel the ops use when K % 16 == 0 (0: the base kernel)
+DEFAULT_PIPELINE = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +67,9 @@ class QuantizeSpec(FormatSpec):
         gather: grouped with ``indices`` (row i reads ``x[indices[i] // indices_divisor]``).
         activation, act_alpha, act_limit: the gated activation of mode "silu".
         name: the kernel symbol's base name (the op it serves).
+        pipeline: dense aligned kernels only: 0 = the base kernel; P >= 1 = the pipelined
+            kernel (:mod:`blockscale.ops.quantize_pipe_ir`, needs K % 16 == 0) with P row
+            groups of loads in flight per thread (1, 2 or 3).
     """
 
     fmt: str
@@ -72,6 +83,7 @@ class QuantizeSpec(FormatSpec):
     act_alpha: float = 1.0
     act_limit: float = math.inf
     name: str = "quantize_dynamic_scaled_fp4fp8"
+    pipeline: int = 0
 
     op: ClassVar[str] = "quantize"
     block: ClassVar[tuple[int, int, int]] = BLOCK
@@ -91,6 +103,12 @@ class QuantizeSpec(FormatSpec):
                              f"got {self.layout!r}")
         if self.gather and self.mode != "grouped":
             raise ValueError(f"gather needs mode 'grouped', got mode {self.mode!r}")
+        if not isinstance(self.pipeline, int) or isinstance(self.pipeline, bool):
+            raise TypeError(f"pipeline must be an int, got {type(self.pipeline).__name__}")
+        check_choice(self.pipeline, (0, *PIPELINE_BLOCKS_PER_SM), "pipeline")
+        if self.pipeline and not (self.mode == "dense" and self.aligned):
+            raise ValueError(f"pipeline needs mode 'dense' and aligned=True, got mode "
+                             f"{self.mode!r}, aligned={self.aligned!r}")
 
     @property
     def kernel_name(self) -> str:
@@ -100,6 +118,8 @@ class QuantizeSpec(FormatSpec):
             parts.append("gather")
         if self.mode == "silu":
             parts.append(self.activation)
+        if self.pipeline:
+            parts.append(f"p{self.pipeline}")
         return "_".join(parts)
 
     def args(self) -> tuple[KernelArg, ...]:
@@ -178,11 +198,25 @@ def launch_plan(spec: QuantizeSpec, m: int, k: int, n_tiles: int
         # The dense kernel loops over row groups with a grid stride (quantize_ir): about one
         # resident wave of blocks, so no partial last wave (see RESIDENT_BLOCKS).
         n_groups = n_tiles * 128 // rpb
-        grid = (gx, max(1, min(n_groups, RESIDENT_BLOCKS // gx)), 1)
+        grid = (gx, max(1, min(n_groups, resident_blocks(spec) // gx)), 1)
     scalars = {"m": m, "k": k, "kblocks_row": kblocks_row, "chunks_row": chunks_row,
                "n_tiles": n_tiles, "tiles_per_step": tiles_per_step, "tile_iters": tile_iters,
                "cb_log2": cb.bit_length() - 1, "split_log2": splits.bit_length() - 1}
     return grid, scalars
+
+
+def resident_blocks(spec: QuantizeSpec) -> int:
+    """Blocks of one resident wave of a dense launch of ``spec`` on an H200."""
+    if spec.pipeline:
+        return SMS * PIPELINE_BLOCKS_PER_SM[spec.pipeline]
+    return RESIDENT_BLOCKS
+
+
+def check_pipeline_k(spec: QuantizeSpec, k: int) -> None:
+    """ValueError unless the pipelined kernel of ``spec`` can take ``k`` columns."""
+    if spec.pipeline and k % 16:
+        raise ValueError(f"x.shape[1] must be a multiple of 16 for pipeline="
+                         f"{spec.pipeline}, got {k}")
 
 
 def launch(spec: QuantizeSpec, grid: tuple[int, int, int], outs: dict[str, tuple[tuple, Any]],
@@ -253,7 +287,8 @@ def _empty(device_like: bool, device: Any, shape: tuple, dt: np.dtype) -> Any:
 
 
 def _dense(x: Any, fmt: Format, tsf: float, rounding: str | None, layout: ScaleLayout,
-           device: Any, target: str | None, name: str) -> tuple[Any, Any]:
+           device: Any, target: str | None, name: str, pipeline: int | None = None
+           ) -> tuple[Any, Any]:
     from blockscale.layouts import scale_shape
     from blockscale.ops._matmul_host import device_and_target
 
@@ -267,7 +302,10 @@ def _dense(x: Any, fmt: Format, tsf: float, rounding: str | None, layout: ScaleL
         dl = not isinstance(x, np.ndarray)
         return _empty(dl, dev, dshape, data_dt), _empty(dl, dev, sshape, scale_dt)
     lay = "tcgen5d" if layout is TCGEN_5D else "row_major"
-    spec = QuantizeSpec(fmt.name, tgt, rounding, lay, k % 8 == 0, name=name)
+    if pipeline is None:
+        pipeline = DEFAULT_PIPELINE if k % 16 == 0 else 0
+    spec = QuantizeSpec(fmt.name, tgt, rounding, lay, k % 8 == 0, name=name, pipeline=pipeline)
+    check_pipeline_k(spec, k)
     grid, scalars = launch_plan(spec, m, k, -(-m // 128))
     scalars["tensor_sf"] = tsf
     out = launch(spec, grid, {"data": (dshape, data_dt), "scales": (sshape, scale_dt)},
@@ -299,6 +337,20 @@ def quantize_dynamic_scaled_fp4fp8(x: Any, fmt: Format | str, *, tensor_sf: floa
     rounding = fmt.resolve_scale_rounding(scale_rounding)
     return _dense(x, fmt, tsf, rounding, ScaleLayout.parse(scale_layout), device, target,
                   "quantize_dynamic_scaled_fp4fp8")
+
+
+def quantize_dense_variant(x: Any, fmt: Format | str, *, pipeline: int, tensor_sf: float = 1.0,
+                           scale_rounding: str | None = None,
+                           scale_layout: ScaleLayout | str = TCGEN_5D, device: Any = None,
+                           target: str | None = None) -> tuple[Any, Any]:
+    """:func:`quantize_dynamic_scaled_fp4fp8` with the dense kernel variant chosen by
+    ``pipeline`` (0: the base kernel; 1-3: the pipelined kernel, K % 16 == 0). Same bytes
+    for every variant; for tests and benchmarks."""
+    fmt = Format.from_name(fmt)
+    tsf = check_tensor_sf(fmt, tensor_sf)
+    rounding = fmt.resolve_scale_rounding(scale_rounding)
+    return _dense(x, fmt, tsf, rounding, ScaleLayout.parse(scale_layout), device, target,
+                  "quantize_dynamic_scaled_fp4fp8", pipeline)
 
 
 def quantize_dynamic_scaled_fp4_async(x: Any, *, tensor_sf: float = 1.0, device: Any = None,
@@ -417,6 +469,7 @@ __all__ = [
     "kernel",
     "kernel_args",
     "launch_plan",
+    "quantize_dense_variant",
     "quantize_dynamic_block_scaled",
     "quantize_dynamic_scaled_async_fp4_kernel",
     "quantize_dynamic_scaled_fp4_async",

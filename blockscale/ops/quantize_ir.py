@@ -89,6 +89,9 @@ MAX_REGISTERS_GROUPED = 48
 #: would take 72-74 since the padding row groups are skipped: 3 blocks; at 64 their few spills
 #: stay outside the row loop)
 MAX_REGISTERS_FUSED = 64
+#: register caps of the pipelined dense kernels (quantize_pipe_ir) by pipeline depth:
+#: 6 / 5 / 4 blocks of 256 threads per SM (quantize.PIPELINE_BLOCKS_PER_SM)
+MAX_REGISTERS_PIPELINE = {1: 40, 2: 48, 3: 64}
 CHUNK = 8  # elements per thread per row
 
 
@@ -519,8 +522,15 @@ def build(spec: QuantizeSpec) -> ir.Module:
                 # fused: 4 at 64).
                 cap = {"dense": MAX_REGISTERS, "grouped": MAX_REGISTERS_GROUPED,
                        "silu": MAX_REGISTERS_FUSED}[spec.mode]
+                if spec.pipeline:
+                    cap = MAX_REGISTERS_PIPELINE[spec.pipeline]
                 kb.func.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(B.i32(), cap)
-            _body(k, kb)
+            if spec.pipeline:
+                from blockscale.ops import quantize_pipe_ir
+
+                quantize_pipe_ir.build_body(k, kb)
+            else:
+                _body(k, kb)
         kb.module.operation.verify()
         return kb.module
 

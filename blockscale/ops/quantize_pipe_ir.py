@@ -1,0 +1,156 @@
+"""The pipelined dense quantize kernel (``QuantizeSpec.pipeline >= 1``), for all targets.
+
+Same work decomposition and numerics as the dense kernel of :mod:`blockscale.ops.quantize_ir`
+(16-element chunks, ``2^cb_log2`` chunks per block row group, grid-stride loop over the
+``n_tiles * 128 >> rpb_log2`` row groups, D2 chain, D5 / D7 handling), restricted to
+K % 16 == 0 (every chunk is wholly valid or wholly padding), and built for streaming:
+
+* ``pipeline = P`` row groups of loads in flight per thread: the loop carries the raw
+  16-byte words of the next ``P - 1`` row groups, issues the loads of row group ``g + (P-1)
+  gy`` before the math of row group ``g`` (P = 1: no prefetch, the same load-then-compute
+  order as the base kernel). Past the last row group the prefetch reads row 0 (valid, unused);
+* address math hoisted: per row visit one row index (i32), a select for rows past M and a
+  multiply-add; the load column (``col0``, or for a padding chunk of a partly valid MX block
+  the block's first chunk, so the amax shuffle sees no padding) is fixed per thread;
+* one vector store per chunk: 8 bytes (FP4, ``st.global.v2.u32``) or 16 bytes (MXFP8,
+  ``st.global.v4.u32``) instead of one per 8-element half.
+
+Register caps (CUDA, ``nvvm.maxnreg``) keep ``quantize.blocks_per_sm(spec)`` blocks of 256
+threads resident; the launch makes that many blocks per SM (one wave, ``launch_plan``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mlir import ir
+from mlir.dialects import arith, gpu, vector
+
+from blockscale.compiler import ir as B
+from blockscale.ops import quantize_ir as Q
+
+if TYPE_CHECKING:
+    from blockscale.ops.quantize import QuantizeSpec
+
+_c32, _c64 = Q._c32, Q._c64
+
+
+def _widen(words: ir.Value) -> list[ir.Value]:
+    """The f32 bit patterns of the 8 bf16 in a vector<4xi32> (element 2i = ``w << 16``)."""
+    out = []
+    for i in range(Q.CHUNK // 2):
+        w = B.extract(words, i)
+        out += [arith.shli(w, _c32(16)), arith.andi(w, _c32(-65536))]
+    return out
+
+
+def build_body(k: Q._Ctx, kb: B.KernelBuilder) -> None:
+    """The pipelined dense kernel body (module docstring)."""
+    spec = k.spec
+    depth = spec.pipeline
+    i32, i64 = B.i32(), B.i64()
+    a = kb.arg
+    m, ncols, kblocks_row = a("m"), a("k"), a("kblocks_row")
+    co = Q._coords(k, kb)
+    tid, j, lane0, chunk_ok, col0, col_ok = co.tid, co.j, co.lane0, co.chunk_ok, co.col0, co.col_ok
+    # Load column: this chunk's when valid, else the first chunk of its scale block (valid
+    # unless the whole block is padding; then column 0). K % 16 == 0: no partial chunks.
+    jcol = arith.muli(j, _c64(k.fmt.block_size))
+    jcol = arith.select(arith.cmpi(arith.CmpIPredicate.ult, jcol, ncols), jcol, _c64(0))
+    ld_col = arith.select(col_ok, col0, jcol)
+
+    tsf = inv_tsf = None
+    if not k.fmt.is_mx:
+        tsf = a("tensor_sf")
+        inv_tsf = arith.divf(Q._cf(1.0), tsf)
+        if k.target.is_cuda:  # the 127 D2 reciprocals in shared memory (as quantize_ir._body)
+            from blockscale.compiler.arch import tma
+
+            table = tma.shared_buffer(kb, "128xf32", align=16)
+            with B.when(arith.cmpi(arith.CmpIPredicate.ult, tid, _c64(128))):
+                tb = arith.trunci(i32, tid)
+                B.store(Q._nvfp4_recip(tb, Q._e4m3_decode(k, tb), inv_tsf), table, tid)
+            gpu.barrier()
+            k.recip_table = table
+
+    # Rows as i32 (m < 2^31 rows; offsets stay i64, D12).
+    m32 = arith.trunci(i32, m)
+    ri32 = arith.trunci(i32, co.ri)
+    rpb_log2_32 = arith.trunci(i32, co.rpb_log2)
+    by32 = arith.trunci(i32, co.by)
+    gy32 = B.grid_dim("y")
+    gy32 = B.cast_int(gy32, i32)
+    row_step = arith.shli(gy32, rpb_log2_32)  # rows between a thread's row visits
+    n_groups = arith.shli(a("n_tiles"), arith.subi(_c64(7), co.rpb_log2))
+    tile_stride = arith.shli(arith.shrui(kblocks_row, _c64(2)), _c64(9))
+    s_jpart = arith.addi(arith.shli(arith.shrui(j, _c64(2)), _c64(9)), arith.andi(j, _c64(3)))
+    x = a("x")
+    vt = B.vec(Q.CHUNK, B.bf16())
+    wt = B.vec(Q.CHUNK // 2, i32)
+
+    def load(row: ir.Value) -> list[ir.Value]:
+        """The chunk's two 16-byte word vectors of ``row`` (i32; row 0 when row >= m)."""
+        r = arith.select(arith.cmpi(arith.CmpIPredicate.slt, row, m32), row, _c32(0))
+        base = arith.addi(arith.muli(arith.extui(i64, r), ncols), ld_col)
+        return [vector.bitcast(wt, B.vector_load(vt, x, arith.addi(base, _c64(Q.CHUNK * h)),
+                                                 alignment=16))
+                for h in range(2)]
+
+    def first_row(g: ir.Value) -> ir.Value:
+        return arith.addi(arith.shli(g, rpb_log2_32), ri32)
+
+    row0 = first_row(by32)
+    ahead = [load(arith.addi(row0, arith.muli(row_step, _c32(d)))) for d in range(depth - 1)]
+    carry = [w for ws in ahead for w in ws]
+    with B.for_range(co.by, n_groups, B.cast_int(gy32, i64), carry=carry) as loop:
+        g = arith.trunci(i32, B.cast_int(loop.iv, i64))
+        row = first_row(g)
+        nxt = load(arith.addi(row, arith.muli(row_step, _c32(depth - 1))))
+        cur = list(loop.carried[:2]) if depth > 1 else nxt
+        _quantize_row(k, a, row, m32, cur, tsf, inv_tsf, j, lane0, chunk_ok, col0, col_ok,
+                      ncols, kblocks_row, tile_stride, s_jpart)
+        if depth > 1:
+            loop.yield_(*(list(loop.carried[2:]) + nxt))
+
+
+def _quantize_row(k: Q._Ctx, a, row, m32, words, tsf, inv_tsf, j, lane0, chunk_ok, col0,
+                  col_ok, ncols, kblocks_row, tile_stride, s_jpart) -> None:
+    """Quantize this thread's chunk of ``row`` (i32) from its loaded ``words`` and store
+    the data (one vector store) and, from the block's first lane, the scale byte."""
+    i32, i64 = B.i32(), B.i64()
+    row_ok = arith.cmpi(arith.CmpIPredicate.slt, row, m32)
+    halves = [_widen(w) for w in words]
+    bits = halves[0] + halves[1]
+    amax = Q._block_amax_bits(k, bits, words)
+    nonfinite = arith.cmpi(arith.CmpIPredicate.uge, amax, _c32(0x7F800000))
+    safe_amax = arith.select(nonfinite, _c32(0), amax)
+    byte, recip, sd = Q._scale_and_recip(k, safe_amax, tsf, inv_tsf)
+    byte = arith.select(nonfinite, _c32(0xFF if k.fmt.is_mx else 0x7F), byte)
+    xs_h = [[arith.bitcast(B.f32(), b) for b in h] for h in halves]
+    if k.fmt.is_fp4:
+        out = Q._pack_fp4_all(k, xs_h, recip, sd, list(words))
+    else:
+        out = [w for xs in xs_h for w in Q._pack_e4m3(k, xs, recip)]
+    out = [arith.select(nonfinite, _c32(0), w) for w in out]
+    row64 = arith.extui(i64, row)
+    with B.when(arith.andi(row_ok, col_ok)):
+        per_elem = 2 if k.fmt.is_fp4 else 1
+        row_bytes = arith.shrui(ncols, _c64(per_elem - 1))
+        base = arith.addi(arith.muli(row64, row_bytes), arith.shrui(col0, _c64(per_elem - 1)))
+        nbytes = 4 * len(out)
+        bv = vector.bitcast(B.vec(nbytes, B.i8()), vector.from_elements(B.vec(len(out), i32),
+                                                                          out))
+        B.vector_store(bv, a("data"), base, alignment=nbytes)
+    sval = arith.trunci(B.i8(), arith.select(arith.andi(row_ok, col_ok), byte, _c32(0)))
+    if k.spec.layout == "row_major":
+        s_ok = arith.andi(arith.andi(lane0, chunk_ok), row_ok)
+        soff = Q._scale_offset(k, row64, j, kblocks_row)
+    else:
+        s_ok = arith.andi(lane0, chunk_ok)
+        rr = arith.andi(row64, _c64(127))
+        rpart = arith.ori(arith.shli(arith.andi(rr, _c64(31)), _c64(4)),
+                          arith.shli(arith.shrui(rr, _c64(5)), _c64(2)))
+        tile_soff = arith.muli(arith.shrui(row64, _c64(7)), tile_stride)
+        soff = arith.addi(arith.addi(tile_soff, s_jpart), rpart)
+    with B.when(s_ok):
+        B.store(sval, a("scales"), soff)
