@@ -1,0 +1,168 @@
+"""The rows schedule of grouped and fused-SiLU quantize (``schedule="rows"`` / ``"rows2"``,
+blockscale/ops/quantize_moe_ir.py) in the interpreter on all four targets, byte for byte
+against blockscale.reference: edge values (ties, NaN / Inf / -0, near zero, recip = +inf),
+unused experts (id -1), empty groups, partial chunks (K = 72, 30), gathers, and few resident
+blocks (NUM_SMS = 1) so each block walks many units across group changes (the shared
+reciprocal table is refilled) and padding units (partial last tiles, spare tiles)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from _quantize_helpers import assert_same_bytes, group_offsets
+
+from blockscale.reference import grouped as RG
+
+pytest.importorskip("mlir")
+
+from blockscale.ops import quantize_grouped as QG  # noqa: E402
+from blockscale.ops import quantize_silu as QS  # noqa: E402
+
+pytestmark = pytest.mark.interp
+TARGETS = ("sm_90a", "sm_100a", "gfx942", "gfx950")
+COUNTS, IDS, TSF = [130, 20, 60], [2, -1, 0], [0.43, 3.0, 1e38]
+
+
+def _edges(m: int, k: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((m, k)).astype(np.float32) * 3
+    ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, -0.0, 448.0, 464.0, -2.5],
+                    np.float32)
+    x.flat[rng.integers(0, x.size, x.size // 6)] = rng.choice(ties, x.size // 6)
+    row = np.tile(np.array([0.0, -0.0] + [1e-38] * 6 + [-1e-38] * 8, np.float32), -(-k // 16))
+    x[1 % m, :] = row[:k]
+    x[5 % m, 3], x[6 % m, k - 1], x[7 % m, 8] = np.nan, np.inf, -np.inf
+    if m > 140:
+        x[140, :] = row[:k]  # near zero in the second group (an unused expert)
+    return x.astype(ml_dtypes.bfloat16)
+
+
+@pytest.fixture(params=[132, 1], ids=["wave", "few_blocks"])
+def sms(request, monkeypatch):
+    monkeypatch.setattr(QG, "NUM_SMS", request.param)
+    return request.param
+
+
+def _grouped(fmt, target, schedule, counts, ids, k, seed, tsf=None, **kw):
+    es, offs = group_offsets(counts)
+    ids = np.asarray(ids, np.int32)
+    x = _edges(max(int(es[-1]), 8) if "indices" in kw else int(es[-1]), k, seed)
+    if fmt == "nvfp4" and tsf is None:
+        tsf = np.resize(np.asarray(TSF, np.float32), max(3, int(ids.max()) + 1))
+    if fmt != "nvfp4":
+        tsf = None
+    d, s = QG.grouped_quantize_dynamic_scaled(x, fmt, es, offs, ids, tsf, device="interp",
+                                              target=target, schedule=schedule, **kw)
+    rd, rs = RG.grouped_quantize_dynamic_scaled(x, fmt, es, offs, ids, tsf, **kw)
+    assert_same_bytes(d, rd, f"grouped {fmt} {target} {schedule} data")
+    assert_same_bytes(s, rs, f"grouped {fmt} {target} {schedule} scales")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+@pytest.mark.parametrize("schedule", ["rows", "rows2"])
+def test_grouped_rows_edges(schedule, fmt, target, sms):
+    _grouped(fmt, target, schedule, COUNTS, IDS, 72, 11)
+
+
+@pytest.mark.parametrize("case", [([256, 128, 256], [0, 1, 2], 64),
+                                  ([100, 200, 50], [2, 0, 1], 72),
+                                  ([13, 999], [1, 0], 40),
+                                  ([0, 3, 1, 2], [-1, 2, -1, 0], 30)])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+def test_grouped_rows_cases(fmt, case):
+    """The tile kernel's grouped cases (incl. MAX's [0,3,1,2] / [-1,2,-1,0]), each on one
+    target (rotating) and one schedule."""
+    counts, ids, k = case
+    i = (len(counts) + len(fmt)) % 4
+    _grouped(fmt, TARGETS[i], ("rows", "rows2")[i % 2], counts, ids, k, k)
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "gfx942"])
+@pytest.mark.parametrize("schedule", ["rows", "rows2"])
+def test_grouped_rows_gather_and_empty_groups(schedule, target, sms):
+    rng = np.random.default_rng(5)
+    idx = rng.integers(0, 2 * 81, 160).astype(np.int32)
+    es, offs = group_offsets([100, 60])
+    x = _edges(81, 64, 4)
+    tsf = np.array([1.0, 0.5], np.float32)
+    ids = np.array([0, 1], np.int32)
+    d, s = QG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf, indices=idx,
+                                              indices_divisor=2, device="interp",
+                                              target=target, schedule=schedule)
+    rd, rs = RG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf, indices=idx,
+                                                indices_divisor=2)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
+    # empty groups with arbitrary offsets (as device arrays would pass them), spare tiles
+    QG_search = QG.search_offsets
+    try:
+        QG.search_offsets = lambda e, o: o
+        counts = [100, 0, 160, 0, 30]
+        es, offs = group_offsets(counts)
+        offs[1], offs[3] = 7, -3
+        ids = np.array([0, 1, -1, 2, 1], np.int32)
+        x = _edges(int(es[-1]), 64, 15)
+        tsf = np.array([0.43, 2.0, 1e38], np.float32)
+        d, s = QG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf,
+                                                  device="interp", target=target,
+                                                  schedule=schedule)
+        rd, rs = RG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf)
+        assert_same_bytes(d, rd)
+        assert_same_bytes(s, rs)
+    finally:
+        QG.search_offsets = QG_search
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+@pytest.mark.parametrize("schedule", ["rows", "rows2"])
+def test_fused_rows_edges(schedule, activation, target, sms):
+    es, offs = group_offsets(COUNTS)
+    ids = np.asarray(IDS, np.int32)
+    gu = _edges(int(es[-1]), 144, 12)  # D = 72
+    gu[9, :72] = -100.0
+    for fmt in ("nvfp4", "mxfp8") if target in ("sm_90a", "gfx942") else ("nvfp4",):
+        isc = np.asarray([2.0, 0.5, 1e-38], np.float32) if fmt == "nvfp4" else None
+        d, s = QS.fused_silu_quantize(gu, fmt, es, offs, ids, isc, activation=activation,
+                                      device="interp", target=target, schedule=schedule)
+        rd, rs = RG.fused_silu_quantize(gu, fmt, es, offs, ids, isc, activation=activation)
+        assert_same_bytes(d, rd, f"silu {fmt} {activation} {target} data")
+        assert_same_bytes(s, rs, f"silu {fmt} {activation} {target} scales")
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
+def test_fused_rows_unaligned_and_spare_tiles(fmt):
+    """D = 30 (scalar path), num_scale_tiles beyond the groups' tiles (spare tiles)."""
+    es, offs = group_offsets([0, 3, 1, 2])
+    ids = np.array([-1, 2, -1, 0], np.int32)
+    gu = _edges(int(es[-1]), 60, 21)
+    d, s = QS.fused_silu_quantize(gu, fmt, es, offs, ids, None, num_scale_tiles=7,
+                                  device="interp", target="gfx950", schedule="rows")
+    rd, rs = RG.fused_silu_quantize(gu, fmt, es, offs, ids, None, num_scale_tiles=7)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
+
+
+def test_schedule_choice_and_fallback():
+    from blockscale.ops.quantize import QuantizeSpec
+
+    base = QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "grouped",
+                        name="grouped_quantize_dynamic_scaled")
+    assert QG.with_schedule(base, "tiles") is base
+    rows2 = QG.with_schedule(base, "rows2", 64)
+    assert isinstance(rows2, QG.MoeQuantizeSpec) and rows2.unroll == 2
+    assert rows2.kernel_name.endswith("_rows2")
+    assert QG.with_schedule(base, "rows", 257) is base  # > MAX_GROUPS: the tile kernel
+    with pytest.raises(ValueError, match="schedule"):
+        QG.with_schedule(base, "diagonal")
+    with pytest.raises(ValueError, match="unroll"):
+        QG.MoeQuantizeSpec("nvfp4", mode="grouped", unroll=3)
+    with pytest.raises(ValueError, match="mode"):
+        QG.MoeQuantizeSpec("nvfp4", mode="dense")
+    grid, sc = QG.rows_plan(rows2, 8192, 4096, 128, 64)
+    assert grid == (1, 528, 1) and sc["split_log2"] == 0  # 132 SMs x 4 blocks (64 regs)
+    names = {s.kernel_name for s in QG.bundle_specs("sm_90a") + QS.bundle_specs("sm_90a")}
+    assert {"grouped_quantize_dynamic_scaled_nvfp4_rn_5d_v_rows1",
+            "fused_silu_quantize_mxfp4_up_5d_v_silu_rows2"} <= names
