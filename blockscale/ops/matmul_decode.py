@@ -40,8 +40,8 @@ from blockscale.launch import KernelArg
 from blockscale.ops import matmul as _matmul
 from blockscale.ops import matmul_grouped as _grouped
 
-KERNEL_SOURCES = ("blockscale.ops._decode_ir", "blockscale.ops._matmul_ir",
-                  "blockscale.ops._mma_ir")
+KERNEL_SOURCES = ("blockscale.ops._decode_ir", "blockscale.ops._decode_mma_ir",
+                  "blockscale.ops._matmul_ir", "blockscale.ops._mma_ir")
 #: targets the dispatch uses it on (the IR is portable to every 32-lane target)
 TARGETS = ("sm_90a",)
 IR_TARGETS = ("sm_90a", "sm_100a")
@@ -53,6 +53,15 @@ THREADS = 256
 MAX_REGISTERS = 128
 #: output columns per CTA (_decode_ir.COLS)
 COLS = 32
+#: kernel variants: "simt" (FMAs per row, every format), "mma" (FP4: swap-AB mma.sync, the
+#: weights as the MMA's M side; _decode_mma_ir)
+VARIANTS = ("simt", "mma")
+#: threads and output columns per CTA of each variant
+VARIANT_THREADS = {"simt": THREADS, "mma": 128}
+VARIANT_COLS = {"simt": COLS, "mma": 64}
+#: BLOCKSCALE_DECODE_VARIANT: the variant the dispatch uses for FP4 (MXFP8: always "simt")
+VARIANT_ENV = "BLOCKSCALE_DECODE_VARIANT"
+DEFAULT_VARIANT = "simt"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +74,7 @@ class DecodeSpec(FormatSpec):
         out_dtype: "bfloat16" | "float32" ("bfloat16" only for grouped).
         row_scales: grouped: whether the kernel reads ``a_row_scales``.
         target: a 32-lane GPUTarget name (sm_90a, sm_100a).
+        variant: "simt" or "mma" (FP4 only), see :data:`VARIANTS`.
     """
 
     fmt: str
@@ -72,9 +82,18 @@ class DecodeSpec(FormatSpec):
     out_dtype: str = "bfloat16"
     row_scales: bool = False
     target: str = "sm_90a"
+    variant: str = "simt"
 
     op: ClassVar[str] = "block_scaled_matmul_decode"
-    block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (VARIANT_THREADS[self.variant], 1, 1)
+
+    @property
+    def cols(self) -> int:
+        """Output columns per CTA."""
+        return VARIANT_COLS[self.variant]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
@@ -85,12 +104,17 @@ class DecodeSpec(FormatSpec):
             raise ValueError("row_scales is for the grouped mode only")
         object.__setattr__(self, "target", H.target_name(self.target))
         H.check_choice(self.target, IR_TARGETS, "target")
+        H.check_choice(self.variant, VARIANTS, "variant")
+        if self.variant == "mma" and not self.format.is_fp4:
+            raise ValueError(f"variant 'mma' needs an FP4 format (nvfp4, mxfp4), got "
+                             f"{self.fmt}")
 
     @property
     def kernel_name(self) -> str:
         out = H.out_tag(self.out_dtype)
         rs = "_rowsc" if self.row_scales else ""
-        return f"bs_decode_{self.mode}_{self.fmt}_{out}{rs}"
+        var = "" if self.variant == "simt" else f"_{self.variant}"
+        return f"bs_decode_{self.mode}_{self.fmt}_{out}{rs}{var}"
 
     def args(self) -> tuple[KernelArg, ...]:
         """The portable kernel's parameters; grouped adds ``group_list`` (int32 ``[grid.y]``:
@@ -104,9 +128,9 @@ class DecodeSpec(FormatSpec):
                                   self.target).args()
 
 
-def grid(n: int, groups: int) -> tuple[int, int, int]:
-    """(column slices, groups, 1)."""
-    return (max(1, -(-n // COLS)), max(1, groups), 1)
+def grid(n: int, groups: int, cols: int = COLS) -> tuple[int, int, int]:
+    """(column slices of ``cols``, groups, 1)."""
+    return (max(1, -(-n // cols)), max(1, groups), 1)
 
 
 def build(spec: DecodeSpec) -> Any:
@@ -114,11 +138,14 @@ def build(spec: DecodeSpec) -> Any:
     from mlir.dialects import arith
 
     import blockscale.ops._decode_ir as D
+    import blockscale.ops._decode_mma_ir as DM
     import blockscale.ops._matmul_ir as mir
     from blockscale.compiler import ir as bir
     from blockscale.layouts import SF_ATOM_ROWS
 
     fmt = spec.format
+    emit = DM.emit_decode_mma if spec.variant == "mma" else D.emit_decode
+    cols = spec.cols
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         from mlir import ir as mlir_ir
         kb.func.attributes["nvvm.maxnreg"] = mlir_ir.IntegerAttr.get(bir.i32(), MAX_REGISTERS)
@@ -133,7 +160,7 @@ def build(spec: DecodeSpec) -> Any:
                 mir.store_output(arith.mulf(v, alpha), kb.arg("c"),
                                  bir.add(bir.mul(m, n_count), n), spec.out_dtype)
 
-            D.emit_decode(kb, fmt, start=bir.const(0), end=m_count,
+            emit(kb, fmt, start=bir.const(0), end=m_count,
                           expert=bir.const(0, bir.i32()), n_count=n_count, k=k,
                           a_srow=lambda m: m, store=store)
             return kb.module
@@ -159,16 +186,16 @@ def build(spec: DecodeSpec) -> Any:
                     mir.store_output(v, kb.arg("c"), bir.add(bir.mul(m, n_count), n),
                                      "bfloat16")
 
-                D.emit_decode(kb, fmt, start=start, end=end, expert=expert, n_count=n_count,
+                emit(kb, fmt, start=start, end=end, expert=expert, n_count=n_count,
                               k=k, a_srow=lambda m: bir.add(srow0, m), store=store_g)
                 br.yield_()
             with br.else_():  # D8: an unused group's rows are zeros
-                n0 = bir.mul(bir.block_idx("x"), COLS)
+                n0 = bir.mul(bir.block_idx("x"), cols)
                 rows = bir.sub(end, start)
                 tid = bir.thread_idx("x")
-                with bir.for_range(tid, bir.mul(rows, COLS), THREADS) as zl:
-                    m = bir.add(start, bir.udiv(zl.iv, COLS))
-                    n = bir.add(n0, bir.urem(zl.iv, COLS))
+                with bir.for_range(tid, bir.mul(rows, cols), spec.block[0]) as zl:
+                    m = bir.add(start, bir.udiv(zl.iv, cols))
+                    n = bir.add(n0, bir.urem(zl.iv, cols))
                     with bir.when(bir.ult(n, n_count)):
                         mir.store_output(bir.const(0.0, f32), kb.arg("c"),
                                          bir.add(bir.mul(m, n_count), n), "bfloat16")
@@ -214,8 +241,16 @@ def _launch_grouped(spec: DecodeSpec, t: int, n: int, num_groups: int,
         groups = np.zeros(1, np.int32)
     host = all(isinstance(v, np.ndarray) for v in buffers.values())
     buffers = {**buffers, "group_list": groups if host else device.to_device(groups)}
-    return H.launch(spec, grid(n, int(groups.size)), (t, n), "bfloat16", buffers, scalars,
-                    device, empty=t == 0 or n == 0)
+    return H.launch(spec, grid(n, int(groups.size), spec.cols), (t, n), "bfloat16", buffers,
+                    scalars, device, empty=t == 0 or n == 0)
+
+
+def dispatch_variant(fmt: Format) -> str:
+    """The variant the dispatch runs for ``fmt``: ``BLOCKSCALE_DECODE_VARIANT`` (else
+    :data:`DEFAULT_VARIANT`) for FP4, "simt" for MXFP8 (ValueError for an unknown name)."""
+    v = os.environ.get(VARIANT_ENV, DEFAULT_VARIANT)
+    H.check_choice(v, VARIANTS, VARIANT_ENV)
+    return v if fmt.is_fp4 else "simt"
 
 
 def grouped_fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_groups: int,
@@ -223,7 +258,8 @@ def grouped_fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_grou
     """The :data:`blockscale.ops.matmul_grouped.FAST_PATHS` hook (registered first)."""
     if target not in TARGETS or not enabled() or t == 0 or n == 0 or not k_supported(fmt, k):
         return None
-    spec = DecodeSpec(fmt.name, "grouped", "bfloat16", row_scales, target)
+    spec = DecodeSpec(fmt.name, "grouped", "bfloat16", row_scales, target,
+                      dispatch_variant(fmt))
 
     def run(buffers: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
         if max_group_rows(buffers["expert_start"], t) <= MAX_ROWS:
@@ -247,13 +283,13 @@ def dense_fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype:
     if target not in TARGETS or not enabled() or epilogue is not None or m == 0 or n == 0 \
             or m > MAX_ROWS or not k_supported(fmt, k):
         return None
-    spec = DecodeSpec(fmt.name, "dense", out_dtype, False, target)
+    spec = DecodeSpec(fmt.name, "dense", out_dtype, False, target, dispatch_variant(fmt))
 
     def run(a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, extra: dict[str, Any],
             device: Any) -> Any:
         alpha = H.finite_f32(alpha, "alpha")
         H.check_epilogue_inputs((), extra, m, n)
-        return H.launch(spec, grid(n, 1), (m, n), out_dtype,
+        return H.launch(spec, grid(n, 1, spec.cols), (m, n), out_dtype,
                         {"a": a, "b": b, "sfa": sfa, "sfb": sfb},
                         {"m": m, "n": n, "k": k, "alpha": alpha}, device)
     return run
@@ -263,17 +299,19 @@ def grouped_matmul_decode(hidden: Any, weight: Any, a_scales: Any, b_scales: Any
                           expert_start: Any, a_scale_offsets: Any, expert_ids: Any,
                           expert_scales: Any, fmt: Format | str, *, k: int | None = None,
                           a_row_scales: Any = None, device: Any = None,
-                          target: str = "sm_90a") -> Any:
+                          target: str = "sm_90a", variant: str = "simt") -> Any:
     """The decode kernel called directly (no dispatch; any group size), checked like
-    :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled`."""
+    :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled`; ``variant``: one of
+    :data:`VARIANTS` ("mma": FP4 only)."""
     fmt = Format.from_name(fmt)
+    DecodeSpec(fmt.name, variant=variant)  # ValueError for a bad variant / format pair
 
     def hook(tgt: str, f: Format, t: int, n: int, kk: int, g: int, rs: bool) -> Any:
         def run(buffers: dict[str, Any], scalars: dict[str, Any], dev: Any) -> Any:
             if not k_supported(f, kk):
                 raise ValueError(f"k must be a positive multiple of {32 if f.is_fp4 else 16} "
                                  f"for the decode kernel ({f.name}), got {kk}")
-            spec = DecodeSpec(f.name, "grouped", "bfloat16", rs, tgt)
+            spec = DecodeSpec(f.name, "grouped", "bfloat16", rs, tgt, variant)
             return _launch_grouped(spec, t, n, g, buffers, scalars, dev)
         return run
 
@@ -290,16 +328,17 @@ def grouped_matmul_decode(hidden: Any, weight: Any, a_scales: Any, b_scales: Any
 def block_scaled_matmul_decode(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *,
                                k: int | None = None, alpha: float = 1.0,
                                out_dtype: str = "bfloat16", device: Any = None,
-                               target: str = "sm_90a") -> Any:
-    """The dense decode kernel called directly (no dispatch; any M)."""
+                               target: str = "sm_90a", variant: str = "simt") -> Any:
+    """The dense decode kernel called directly (no dispatch; any M); ``variant``: one of
+    :data:`VARIANTS` ("mma": FP4 only)."""
     fmt = Format.from_name(fmt)
     d = _matmul._validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
     if not k_supported(fmt, d.k):
         raise ValueError(f"k must be a positive multiple of {32 if fmt.is_fp4 else 16} for "
                          f"the decode kernel ({fmt.name}), got {d.k}")
     dev, tgt = H.device_and_target(device, target)
-    spec = DecodeSpec(fmt.name, "dense", out_dtype, False, tgt)
-    return H.launch(spec, grid(d.n, 1), (d.m, d.n), out_dtype,
+    spec = DecodeSpec(fmt.name, "dense", out_dtype, False, tgt, variant)
+    return H.launch(spec, grid(d.n, 1, spec.cols), (d.m, d.n), out_dtype,
                     {"a": a, "b": b, "sfa": sfa, "sfb": sfb},
                     {"m": d.m, "n": d.n, "k": d.k, "alpha": H.finite_f32(alpha, "alpha")}, dev,
                     empty=d.m == 0 or d.n == 0)
@@ -319,6 +358,12 @@ def bundle_specs(target: str = "sm_90a") -> list[DecodeSpec]:
     specs.append(DecodeSpec("nvfp4", "grouped", "bfloat16", True, target))
     specs += [DecodeSpec(f, "dense", o, False, target)
               for f in ("nvfp4", "mxfp4", "mxfp8") for o in ("bfloat16", "float32")]
+    # the tensor-core variant (FP4)
+    specs += [DecodeSpec(f, "grouped", "bfloat16", False, target, "mma")
+              for f in ("nvfp4", "mxfp4")]
+    specs.append(DecodeSpec("nvfp4", "grouped", "bfloat16", True, target, "mma"))
+    specs += [DecodeSpec(f, "dense", o, False, target, "mma")
+              for f in ("nvfp4", "mxfp4") for o in ("bfloat16", "float32")]
     return specs
 
 

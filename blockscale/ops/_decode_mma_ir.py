@@ -1,0 +1,346 @@
+"""IR of the decode kernel's tensor-core variant (``variant="mma"``, FP4): swap-AB mma.sync.
+
+Imports MLIR: only :func:`blockscale.ops.matmul_decode.build` imports this module.
+
+The weights are the M side of ``mma.sync.m16n8k16`` (f16 inputs, f32 accumulators), the
+group's rows (tokens) the N side: a warp owns 16 weight rows (output columns) and computes
+them against up to 16 rows (two n-tiles; the second only when the group has > 8 rows) with
+one HMMA per 16 K-elements and n-tile, instead of the SIMT variant's per-row FMAs. Cost per
+weight byte no longer grows with the rows (the SIMT kernel's bound at T = 128).
+
+Work split and streaming
+------------------------
+A CTA of :data:`WARPS` warps owns :data:`COLS` weight rows. K is walked in steps of
+:data:`STEP_BYTES` bytes per weight row (512 FP4 elements). Each thread holds its share of the
+*next* step in registers (8 x 16-byte ``ld.global.v4`` weight loads, the activation chunks
+and the scale words) while the current step is computed from shared memory (register double
+buffering: 16 KB of weights in flight per CTA, 4 CTAs per SM). Weight rows past N load a
+clamped row (never stored), chunks past the row end a clamped chunk (their activations are
+zeros, FP4 has no NaN code: exact zero products).
+
+K order inside an MMA (the same for both operands, so every block sum is unchanged)
+---------------------------------------------------------------------------------
+Lane ``(g, t)`` reads the 2 bytes (4 codes c0..c3) it owns of an MMA unit (NVFP4: bytes
+2t, 2t+1 of the 8-byte block; MXFP4: bytes 4t + 2h, +1 of the 16-byte block for MMA h) and
+spreads them (``prmt``: byte 1 to byte 2) so that codes c0 / c2 and c1 / c3 sit 16 bits
+apart; ``(y << 9) & 0x0E000E00 | (y << 12) & 0x80008000`` then gives the f16 pair (c0, c2)
+and ``(y << 5) & .. | (y << 8) & ..`` the pair (c1, c3), each value ``dec(w) * 2^-14``
+(exact, the 0.5 code an f16 subnormal). The pairs are A registers ``a[0]``/``a[2]`` (row g)
+and ``a[1]``/``a[3]`` (row g + 8); the activations are staged per step into shared memory
+in the B fragment order with the same pairing.
+
+Numerics (bit-identical to the portable kernel)
+-----------------------------------------------
+* NVFP4: activations are staged as ``f16(dec(a) * 2^-14) * f16(|sA|)`` (one ``mul.f16x2``;
+  exact: multiples of 2^-24 below 0.17 with <= 6 significant bits). One MMA per block from a
+  zero accumulator gives ``D = 2^-28 * sA * sum(dec(a) dec(w))`` exactly (<= 16 significant
+  bits; the tensor core sums products of one quantum exactly, see
+  :mod:`blockscale.ops._mma_ir`); ``acc = fma(D, |sB| * 2^28, acc)``: the exact block term
+  ``t * (sA * sB)`` added with one rounding, as the portable kernel does.
+* MXFP4: activations ``dec(a) * 2^-14``; two chained MMAs per 32-element block (exact, <=
+  2^13 quanta); ``acc = fma(D * 2^30, (sA * sB) * 0.25, acc)`` (``D * 2^30`` = the exact
+  block sum in quarters, the scale product formed as the portable kernel forms it).
+
+Each output accumulates its blocks in K order with one rounding each: the portable kernel's
+order, hence its result bit for bit (then alpha / expert scale / row scale and the cast).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mlir import ir
+from mlir.dialects import arith, vector
+from mlir.dialects import math as mmath
+
+import blockscale.ops._matmul_ir as mir
+from blockscale.compiler import ir as bir
+from blockscale.compiler.arch import mma
+from blockscale.compiler.arch.nvvm import byte_perm
+from blockscale.formats import Format
+from blockscale.layouts import SF_ATOM_BYTES, SF_ATOM_ROWS
+from blockscale.ops._mma_ir import workgroup_buffer
+
+Value = ir.Value
+
+WARPS = 4
+THREADS = 32 * WARPS
+#: weight rows (output columns) per CTA: 16 per warp (the MMA's M)
+COLS = 16 * WARPS
+#: group rows per pass over the weights (two n-tiles of 8)
+TOKENS = 16
+#: bytes of each weight row per K step (512 FP4 elements)
+STEP_BYTES = 256
+STEP_CHUNKS = STEP_BYTES // 16
+#: MMAs (16 K-elements each) per step
+UNITS = STEP_BYTES * 2 // 16
+#: padded shared row of staged weights (16 bytes of padding: conflict-free fragment reads)
+W_STRIDE = STEP_BYTES + 16
+#: 2^28: undoes the 2^-14 of both f16 operands
+UNSCALE = 2.0 ** 28
+
+
+def _i32c(v: int) -> Value:
+    return bir.const(v - (1 << 32) if v >= 1 << 31 else v, bir.i32())
+
+
+def _f16x2(r: Value) -> Value:
+    return vector.bitcast(bir.vec(2, bir.f16()),
+                          vector.from_elements(bir.vec(1, bir.i32()), [r]))
+
+
+def fp4_piece_to_f16(x: Value) -> tuple[Value, Value]:
+    """Four E2M1 codes (the low 16 bits of an i32, code i in nibble i) -> the f16 pairs
+    (c0, c2) and (c1, c3) as i32, values ``dec * 2^-14`` (exact): one ``prmt`` and 3 ALU ops
+    per pair."""
+    y = byte_perm(x, _i32c(0), 0x4140)  # bytes (b0, 0, b1, 0): c0/c2 and c1/c3 16 bits apart
+    p0 = bir.bit_or(bir.bit_and(bir.shl(y, _i32c(9)), _i32c(0x0E000E00)),
+                    bir.bit_and(bir.shl(y, _i32c(12)), _i32c(0x80008000)))
+    p1 = bir.bit_or(bir.bit_and(bir.shl(y, _i32c(5)), _i32c(0x0E000E00)),
+                    bir.bit_and(bir.shl(y, _i32c(8)), _i32c(0x80008000)))
+    return p0, p1
+
+
+class _Fmt:
+    """Per-format constants: blocks per step, the piece (2 bytes) of MMA unit u of lane t."""
+
+    def __init__(self, fmt: Format):
+        if not fmt.is_fp4:
+            raise ValueError(f"the mma decode variant is for FP4 formats, got {fmt.name}")
+        self.fmt = fmt
+        self.nv = not fmt.is_mx
+        self.blocks = STEP_BYTES * 2 // fmt.block_size  # NVFP4 32, MXFP4 16
+        self.words = self.blocks // 4  # 5-D scale words per row and step
+
+    def unit_block(self, u: int) -> int:
+        return u if self.nv else u // 2
+
+    def piece_byte(self, u: int, t: Value) -> Value:
+        """Byte offset in the step row of lane t's 2 bytes of MMA unit u."""
+        if self.nv:
+            return bir.add(bir.mul(t, 2), 8 * u)
+        return bir.add(bir.mul(t, 4), 16 * (u // 2) + 2 * (u % 2))
+
+    def chunk_piece(self, c: Value, p: int) -> tuple[Value, Value]:
+        """(unit, t) of the 2-byte piece p (bytes 2p, 2p+1) of 16-byte chunk c of a step row."""
+        if self.nv:
+            return bir.add(bir.mul(c, 2), p // 4), bir.const(p % 4)
+        return bir.add(bir.mul(c, 2), p % 2), bir.const(p // 2)
+
+
+def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
+                    n_count: Value, k: Value, a_srow: Callable[[Value], Value],
+                    store: Callable[[Value, Value, Value], None]) -> None:
+    """The body for one (group, column slice) (the interface of
+    :func:`blockscale.ops._decode_ir.emit_decode`; CTA of :data:`THREADS` threads, columns
+    ``[COLS * block_idx.x, +COLS)``)."""
+    lay = _Fmt(fmt)
+    f32, i32 = bir.f32(), bir.i32()
+    v16 = bir.vec(16, bir.i8())
+    wsm = workgroup_buffer(kb, COLS * W_STRIDE, bir.i8())
+    # B fragments: [unit][token][t][2] i32 (f16 pairs)
+    bsm = workgroup_buffer(kb, UNITS * TOKENS * 4 * 2, i32)
+    # weight scales [block][warp][g][2] (rows 16 warp + g + 8h), f32
+    sbsm = workgroup_buffer(kb, lay.blocks * COLS, f32)
+    sasm = None if lay.nv else workgroup_buffer(kb, lay.blocks * TOKENS, f32)
+    a, w, sfa, sfb = (kb.arg(x) for x in ("a", "w" if "w" in kb.values else "b", "sfa", "sfb"))
+
+    tid = bir.thread_idx("x")
+    lane, warp = bir.urem(tid, 32), bir.udiv(tid, 32)
+    g, t = bir.udiv(lane, 4), bir.urem(lane, 4)
+    row_bytes = bir.udiv(k, 2)
+    kblocks = bir.ceil_div(k, fmt.block_size)
+    d1 = bir.ceil_div(kblocks, 4)
+    steps = bir.ceil_div(row_bytes, STEP_BYTES)
+    n0 = bir.mul(bir.block_idx("x"), COLS)
+    e = bir.as_index(expert)
+    n_last = bir.sub(n_count, 1)
+    b_srow0 = bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS)
+    last_chunk = bir.sub(bir.udiv(row_bytes, 16), 1)
+    zero = bir.const(0.0, f32)
+
+    # this thread's weight chunks (8) and scale words: fixed rows, per-step columns
+    w_iters = COLS * STEP_CHUNKS // THREADS
+    w_rows, w_cs = [], []
+    for it in range(w_iters):
+        cid = bir.add(tid, it * THREADS)
+        r = bir.udiv(cid, STEP_CHUNKS)
+        n_c = bir.umin(bir.add(n0, r), n_last)
+        w_rows.append(bir.mul(bir.add(bir.mul(e, n_count), n_c), row_bytes))
+        w_cs.append(bir.urem(cid, STEP_CHUNKS))
+    s_iters = COLS * lay.words // THREADS
+    s_rows, s_qs = [], []
+    for it in range(s_iters):
+        sid = bir.add(tid, it * THREADS)
+        r = bir.udiv(sid, lay.words)
+        n_c = bir.umin(bir.add(n0, r), n_last)
+        s_rows.append((r, mir.tcgen_row_offset(bir.add(b_srow0, n_c), d1)))
+        s_qs.append(bir.urem(sid, lay.words))
+    a_iters = TOKENS * STEP_CHUNKS // THREADS
+
+    def fetch(step: Value, r0: Value, rows: Value) -> list[Value]:
+        """Step ``step``'s weight chunks, weight scale words, activation chunks and
+        activation scale bytes of this thread (registers)."""
+        out = []
+        for it in range(w_iters):
+            c = bir.umin(bir.add(bir.mul(step, STEP_CHUNKS), w_cs[it]), last_chunk)
+            out.append(bir.vector_load(v16, w, bir.add(w_rows[it], bir.mul(c, 16)),
+                                       alignment=16))
+        for it in range(s_iters):
+            q = bir.add(bir.mul(step, lay.words), s_qs[it])
+            br = bir.if_(bir.ult(q, d1), [i32])
+            with br.then():
+                off = bir.add(s_rows[it][1], bir.mul(q, SF_ATOM_BYTES))
+                v = bir.vector_load(bir.vec(4, bir.i8()), sfb, off, alignment=4)
+                br.yield_(vector.extract(vector.bitcast(bir.vec(1, i32), v), [], [0]))
+            with br.else_():
+                br.yield_(_i32c(0))
+            out.append(br.results[0])
+        for it in range(a_iters):
+            cid = bir.add(tid, it * THREADS)
+            n, c = bir.udiv(cid, STEP_CHUNKS), bir.urem(cid, STEP_CHUNKS)
+            col = bir.add(bir.mul(step, STEP_BYTES), bir.mul(c, 16))
+            ok = bir.logical_and(bir.ult(n, rows), bir.ult(col, row_bytes))
+            br = bir.if_(ok, [v16, i32])
+            with br.then():
+                m = bir.add(r0, n)
+                v = bir.vector_load(v16, a, bir.add(bir.mul(m, row_bytes), col), alignment=16)
+                # the chunk's scale bytes: NVFP4 blocks 2c', 2c'+1 (adjacent), MXFP4 block c'
+                jb = bir.udiv(col, 8 if lay.nv else 16)
+                off = bir.add(mir.tcgen_row_offset(a_srow(m), d1), mir.tcgen_kblock_offset(jb))
+                if lay.nv:
+                    pr = bir.vector_load(bir.vec(2, bir.i8()), sfa, off, alignment=2)
+                    s = arith.extui(i32, vector.extract(vector.bitcast(bir.vec(1, bir.i16()),
+                                                                       pr), [], [0]))
+                else:
+                    s = mir.load_byte_i32(sfa, off)
+                br.yield_(v, s)
+            with br.else_():
+                br.yield_(bir.const(0, v16), _i32c(0))
+            out += list(br.results)
+        return out
+
+    def stage(step: Value, regs: list[Value]) -> None:
+        """Store fetched registers to shared memory (weights raw, scales decoded,
+        activations as B fragments)."""
+        for it in range(w_iters):
+            cid = bir.add(tid, it * THREADS)
+            r = bir.udiv(cid, STEP_CHUNKS)
+            bir.vector_store(regs[it], wsm, bir.add(bir.mul(r, W_STRIDE),
+                                                    bir.mul(w_cs[it], 16)), alignment=16)
+        for it in range(s_iters):
+            word = regs[w_iters + it]
+            r = s_rows[it][0]
+            wp, rr = bir.udiv(r, 16), bir.urem(r, 16)
+            slot = bir.add(bir.mul(wp, 16), bir.add(bir.mul(bir.urem(rr, 8), 2),
+                                                    bir.udiv(rr, 8)))
+            q = bir.add(bir.mul(step, lay.words), s_qs[it])
+            for i in range(4):
+                jl = bir.add(bir.mul(s_qs[it], 4), i)  # block within the step
+                live = bir.ult(bir.add(bir.mul(q, 4), i), kblocks)
+                sv = mir.decode_scale(fmt, bir.bit_and(bir.shru(word, _i32c(8 * i)), 0xFF))
+                if lay.nv:
+                    sv = arith.mulf(sv, bir.const(UNSCALE, f32))
+                bir.store(bir.select(live, sv, zero), sbsm, bir.add(bir.mul(jl, COLS), slot))
+        base = w_iters + s_iters
+        for it in range(a_iters):
+            cid = bir.add(tid, it * THREADS)
+            n, c = bir.udiv(cid, STEP_CHUNKS), bir.urem(cid, STEP_CHUNKS)
+            chunk, sbytes = regs[base + 2 * it], regs[base + 2 * it + 1]
+            words = vector.bitcast(bir.vec(4, i32), chunk)
+            if lay.nv:  # |sA| of the chunk's two blocks as f16 splats (exact)
+                sp = []
+                for s_ in range(2):
+                    sa = mir.decode_scale(fmt, bir.bit_and(bir.shru(sbytes, _i32c(8 * s_)),
+                                                           0xFF))
+                    sp.append(vector.broadcast(bir.vec(2, bir.f16()),
+                                               arith.truncf(bir.f16(), sa)))
+            else:  # E8M0 activation scale of the chunk's block, for the fold
+                bir.store(mir.decode_scale(fmt, sbytes), sasm,  # chunk c = block c of the step
+                          bir.add(bir.mul(c, TOKENS), n))
+            for p in range(8):
+                x = bir.extract(words, p // 2)
+                if p % 2:
+                    x = bir.shru(x, _i32c(16))
+                p0, p1 = fp4_piece_to_f16(x)
+                if lay.nv:
+                    s = sp[p // 4]
+                    p0 = mma.pack_i32(arith.mulf(_f16x2(p0), s))
+                    p1 = mma.pack_i32(arith.mulf(_f16x2(p1), s))
+                u, tt = lay.chunk_piece(c, p)
+                dst = bir.mul(bir.add(bir.mul(bir.add(bir.mul(u, TOKENS), n), 4), tt), 2)
+                bir.vector_store(bir.from_elements(bir.vec(2, i32), [p0, p1]), bsm, dst,
+                                 alignment=8)
+
+    def compute(accs: list[Value], two: bool) -> list[Value]:
+        """One step's MMAs of this warp (n-tile 1 only when ``two``)."""
+        accs = list(accs)
+        rows_g = [bir.add(bir.mul(warp, 16), bir.add(g, 8 * h)) for h in range(2)]
+        wbase = [bir.mul(r, W_STRIDE) for r in rows_g]
+        nts = 2 if two else 1
+        for j in range(lay.blocks):
+            blk = [[zero] * 4 for _ in range(nts)]
+            for u in range(j * (UNITS // lay.blocks), (j + 1) * (UNITS // lay.blocks)):
+                pb = lay.piece_byte(u, t)
+                pairs = []
+                for h in range(2):
+                    v = bir.vector_load(bir.vec(2, bir.i8()), wsm, bir.add(wbase[h], pb),
+                                        alignment=2)
+                    x = arith.extui(i32, vector.extract(vector.bitcast(bir.vec(1, bir.i16()),
+                                                                       v), [], [0]))
+                    pairs.append(fp4_piece_to_f16(x))
+                afr = [_f16x2(pairs[0][0]), _f16x2(pairs[1][0]), _f16x2(pairs[0][1]),
+                       _f16x2(pairs[1][1])]
+                for nt in range(nts):
+                    src = bir.mul(bir.add(bir.mul(bir.add(g, u * TOKENS + 8 * nt), 4), t), 2)
+                    bv = bir.vector_load(bir.vec(2, i32), bsm, src, alignment=8)
+                    bfr = [_f16x2(bir.extract(bv, 0)), _f16x2(bir.extract(bv, 1))]
+                    blk[nt] = list(mma.mma_m16n8k16(afr, bfr, blk[nt], input_type="f16"))
+            sidx = bir.add(bir.mul(warp, 16), bir.add(bir.mul(g, 2), j * COLS))
+            sbv = bir.vector_load(bir.vec(2, f32), sbsm, sidx, alignment=8)
+            sb = [bir.extract(sbv, 0), bir.extract(sbv, 1)]  # rows g, g + 8
+            for nt in range(nts):
+                if not lay.nv:
+                    sav = bir.vector_load(bir.vec(2, f32), sasm,
+                                          bir.add(bir.mul(t, 2), j * TOKENS + 8 * nt),
+                                          alignment=8)
+                    sa = [bir.extract(sav, 0), bir.extract(sav, 1)]
+                for i in range(4):
+                    idx = nt * 4 + i
+                    d = blk[nt][i]
+                    if lay.nv:  # exact product D * sB 2^28 = t * sA * sB, one rounding
+                        accs[idx] = mmath.fma(d, sb[i >> 1], accs[idx])
+                    else:  # the portable kernel's ((sA * sB) / 4) * (4 * block sum)
+                        d = arith.mulf(d, bir.const(4 * UNSCALE, f32))  # exact: quarters
+                        s = arith.mulf(arith.mulf(sa[i & 1], sb[i >> 1]), bir.const(0.25, f32))
+                        accs[idx] = mmath.fma(d, s, accs[idx])
+        return accs
+
+    with bir.for_range(start, end, TOKENS) as pl:
+        r0 = pl.iv
+        rows = bir.umin(bir.sub(end, r0), TOKENS)
+        two = bir.ult(bir.const(8), rows)
+        init = fetch(bir.const(0), r0, rows)
+        with bir.for_range(0, steps, carry=[zero] * 8 + init) as sl:
+            step = sl.iv
+            cur = list(sl.carried[8:])
+            bir.barrier()  # the previous step's shared reads are done
+            stage(step, cur)
+            bir.barrier()
+            nxt = fetch(bir.add(step, 1), r0, rows)
+            accs = list(sl.carried[:8])
+            br = bir.if_(two, [f32] * 8)
+            with br.then():
+                br.yield_(*compute(accs, True))
+            with br.else_():
+                br.yield_(*(compute(accs[:4], False) + accs[4:]))
+            sl.yield_(*br.results, *nxt)
+        totals = list(sl.results[:8])
+        for nt in range(2):
+            for i in range(4):
+                col = bir.add(n0, bir.add(bir.mul(warp, 16), bir.add(g, 8 * (i >> 1))))
+                tok = bir.add(bir.mul(t, 2), nt * 8 + (i & 1))
+                with bir.when(bir.logical_and(bir.ult(tok, rows), bir.ult(col, n_count))):
+                    store(totals[nt * 4 + i], bir.add(r0, tok), col)
+        bir.barrier()  # the next pass restages the shared buffers
