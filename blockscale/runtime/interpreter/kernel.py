@@ -40,7 +40,9 @@ class CompiledKernel:
             ops_control,
             ops_gpu,
             ops_memory,
+            ops_mfma,
             ops_mma,
+            ops_tcgen05,
             ops_tma,
             ops_wgmma,
         )
