@@ -18,6 +18,13 @@ weights followed by :func:`blockscale.ops.fused_silu_quantize` (same K loop, sam
 helpers, same ``exp``) on every target, and to :func:`blockscale.reference.grouped_matmul_swiglu`
 wherever the kernel's fp32 accumulation rounds to the same bf16 as the reference's exact sum.
 The IR is in :mod:`blockscale.ops._matmul_swiglu_ir`. Importing this module does not import MLIR.
+
+MXFP8 on sm_90a (issue #10): where the chained grouped matmul runs the tensor-core kernel
+(:mod:`blockscale.ops.matmul_grouped_sm90`, see :func:`chained_mainloop`), an E4M3 block sum
+rounds inside the tensor core, so the fused kernel must issue the very same MMAs: there it
+runs :class:`SwigluMmaSpec`, whose IR (:mod:`blockscale.ops._matmul_swiglu_mma_ir`, the
+argument in its docstring) calls the chained kernel's mainloop and adds this op's epilogue.
+FP4 block sums are exact, so FP4 keeps the portable K loop on every target.
 """
 
 from __future__ import annotations
@@ -39,7 +46,11 @@ BLOCK = Q.BLOCK
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
 KERNEL_SOURCES = ("blockscale.ops._matmul_swiglu_ir", "blockscale.ops._matmul_ir",
                   "blockscale.ops.quantize_ir", "blockscale.compiler.arch.convert",
-                  "blockscale.ops._expf_ir", "blockscale.activations")
+                  "blockscale.ops._expf_ir", "blockscale.activations",
+                  "blockscale.ops._matmul_swiglu_mma_ir", "blockscale.ops._mma_ir",
+                  "blockscale.ops.matmul_sm90")
+#: threads of the sm_90a MXFP8 mma kernel (2 x 2 warps, as the chained tensor-core kernel)
+MMA_THREADS = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,14 +133,111 @@ class SwigluSpec(FormatSpec):
         return tuple(args)
 
 
+@dataclasses.dataclass(frozen=True)
+class SwigluMmaSpec(FormatSpec):
+    """The sm_90a MXFP8 fused kernel on the chained grouped matmul's tensor-core mainloop.
+
+    Attributes:
+        fmt: "mxfp8" (the only format whose block sums round, see the module docstring).
+        target: "sm_90a".
+        activation, act_alpha, act_limit: the gated activation (``GatedActivation`` fields).
+    """
+
+    fmt: str = "mxfp8"
+    target: str = "sm_90a"
+    activation: str = "silu"
+    act_alpha: float = 1.0
+    act_limit: float = math.inf
+
+    op: ClassVar[str] = "grouped_matmul_swiglu_mma"
+    block: ClassVar[tuple[int, int, int]] = (MMA_THREADS, 1, 1)
+    #: the quantize_ir helpers read these (the chained path's QuantizeSpec fields)
+    layout: ClassVar[str] = "tcgen5d"
+    mode: ClassVar[str] = "swiglu"
+    gather: ClassVar[bool] = False
+    aligned: ClassVar[bool] = True
+    row_scales: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
+        if self.fmt != "mxfp8":
+            raise ValueError(f"fmt must be 'mxfp8' for the mma fused kernel, got {self.fmt!r}")
+        object.__setattr__(self, "target", H.target_name(self.target))
+        H.check_choice(self.target, ("sm_90a",), "target")
+        act = GatedActivation(self.activation, float(self.act_alpha), float(self.act_limit))
+        object.__setattr__(self, "act_alpha", act.alpha)
+        object.__setattr__(self, "act_limit", act.limit)
+
+    @property
+    def rounding(self) -> str | None:
+        """E8M0 rounding of the output scales: the format's default (as the chained path)."""
+        return self.format.resolve_scale_rounding(None)
+
+    @property
+    def kernel_name(self) -> str:
+        parts = ["grouped_matmul_swiglu_mma", self.fmt, self.activation]
+        if (self.act_alpha, self.act_limit) not in ((1.0, math.inf), (1.702, 7.0)):
+            parts.append(f"a{self.act_alpha:g}l{self.act_limit:g}".replace(".", "p"))
+        return "_".join(parts)
+
+    def args(self) -> tuple[KernelArg, ...]:
+        """a, w, sfa, sfb, expert_start, scales_offsets, expert_ids, expert_scales, data,
+        scales, then the scalars."""
+        data, scale = "float8_e4m3fn", "float8_e8m0fnu"
+        return (KernelArg("a", "buffer", data), KernelArg("w", "buffer", data),
+                KernelArg("sfa", "buffer", scale), KernelArg("sfb", "buffer", scale),
+                KernelArg("expert_start", "buffer", "int32"),
+                KernelArg("scales_offsets", "buffer", "int32"),
+                KernelArg("expert_ids", "buffer", "int32"),
+                KernelArg("expert_scales", "buffer", "float32"),
+                KernelArg("data", "buffer", data, "out"),
+                KernelArg("scales", "buffer", scale, "out"),
+                KernelArg("num_groups", "scalar", "i32"),
+                KernelArg("search_steps", "scalar", "i32"),
+                *(KernelArg(n, "scalar", "i64") for n in ("kdim", "d", "kblocks_row",
+                                                          "n_tiles")))
+
+
+def mma_launch_plan(d: int, num_tiles: int, num_groups: int, k: int
+                    ) -> tuple[tuple[int, int, int], dict[str, int]]:
+    """Grid and scalars of :class:`SwigluMmaSpec` for ``d`` output columns, ``num_tiles``
+    scale tiles, ``num_groups`` groups and matmul K ``k``: CTA (x, y) = output K-block x
+    (padded to a multiple of 4) of rows ``[64 (y & 1), +64)`` of scale tile ``y >> 1``."""
+    kblocks_row = -(-(-(-d // 32)) // 4) * 4
+    grid = (kblocks_row, 2 * num_tiles, 1)
+    return grid, {"num_groups": num_groups, "kdim": k, "d": d, "kblocks_row": kblocks_row,
+                  "n_tiles": num_tiles,
+                  "search_steps": max(1, num_groups - 1).bit_length() if num_groups > 1 else 0}
+
+
+def chained_mainloop(target: str, fmt: Format, t: int, n: int, k: int, num_groups: int,
+                     expert_start: Any, row_scales: bool = False) -> str:
+    """Which kernel :func:`blockscale.ops.grouped_matmul_block_scaled` runs for these
+    operands (mirrors its ``FAST_PATHS`` order): "decode" (sm_90a, groups of <= 16 rows),
+    "mma" (the sm_90a tensor-core kernel) or "portable"."""
+    from blockscale.ops import matmul_decode as MD
+    from blockscale.ops import matmul_grouped_sm90 as GS
+
+    if MD.grouped_fast_path(target, fmt, t, n, k, num_groups, row_scales) is not None and \
+            MD.max_group_rows(expert_start, t) <= MD.MAX_ROWS:
+        return "decode"
+    if GS.fast_path(target, fmt, t, n, k, num_groups, row_scales) is not None:
+        return "mma"
+    return "portable"
+
+
 def _spec(fmt: Format, target: str, act: GatedActivation, row_scales: bool, aligned: bool
           ) -> SwigluSpec:
     return SwigluSpec(fmt.name, target, act.kind, float(act.alpha), float(act.limit),
                       row_scales, aligned)
 
 
-def build(spec: SwigluSpec) -> Any:
+def build(spec: SwigluSpec | SwigluMmaSpec) -> Any:
     """The kernel module of ``spec`` (imports MLIR)."""
+    if isinstance(spec, SwigluMmaSpec):
+        from blockscale.ops import _matmul_swiglu_mma_ir
+
+        return _matmul_swiglu_mma_ir.build(spec)
     from blockscale.ops import _matmul_swiglu_ir
 
     return _matmul_swiglu_ir.build(spec)
@@ -197,18 +305,36 @@ def grouped_matmul_swiglu(hidden: Any, weight: Any, a_scales: Any, b_scales: Any
         GM.check_row_scales(a_row_scales, fmt, t)
         buffers["a_row_scales"] = a_row_scales
     dev, tgt = H.device_and_target(device, target)
+    if fmt.name == "mxfp8" and t > 0 and \
+            chained_mainloop(tgt, fmt, t, n, k, ng, expert_start) == "mma":
+        return _run_mma(SwigluMmaSpec(fmt.name, tgt, act.kind, float(act.alpha),
+                                      float(act.limit)), buffers, t, d, num_tiles, ng, k, dev)
     spec = _spec(fmt, tgt, act, a_row_scales is not None, d % 8 == 0)
     return QG.run_grouped(spec, hidden, d, t, num_tiles, buffers,  # type: ignore[arg-type]
                           {"num_groups": ng, "kdim": k}, dev)
 
 
+def _run_mma(spec: SwigluMmaSpec, buffers: dict[str, Any], t: int, d: int, num_tiles: int,
+             num_groups: int, k: int, device: Any) -> tuple[Any, Any]:
+    """Launch the sm_90a MXFP8 mma kernel; returns (data, scales) like QG.run_grouped."""
+    fmt = spec.format
+    data_dt, scale_dt = QG.out_dtypes(fmt)
+    grid, scalars = mma_launch_plan(d, num_tiles, num_groups, k)
+    bufs = {n: v for n, v in buffers.items() if n != "input_scales"}  # MX: no tensor scale
+    out = Q.launch(spec, grid, {"data": ((t, d), data_dt),  # type: ignore[arg-type]
+                                "scales": ((num_tiles, scalars["kblocks_row"] // 4, 32, 4, 4),
+                                           scale_dt)},
+                   bufs, scalars, device)
+    return out["data"], out["scales"]
+
+
 # ---- compiled kernels, bundle, graph -----------------------------------------------------------
 
-def kernel(spec_or_fmt: SwigluSpec | Format | str, target: str = "sm_90a", **fields: Any
-           ) -> Any:
+def kernel(spec_or_fmt: SwigluSpec | SwigluMmaSpec | Format | str, target: str = "sm_90a",
+           **fields: Any) -> Any:
     """The compiled Kernel (``.asm[...]``, ``.meta``) of a spec, or of a format plus
     :class:`SwigluSpec` fields. Needs the compiler."""
-    spec = spec_or_fmt if isinstance(spec_or_fmt, SwigluSpec) else SwigluSpec(
+    spec = spec_or_fmt if isinstance(spec_or_fmt, (SwigluSpec, SwigluMmaSpec)) else SwigluSpec(
         Format.from_name(spec_or_fmt).name, target=target, **fields)
     return H.compile_spec(spec)
 
@@ -221,12 +347,15 @@ def grouped_matmul_swiglu_kernel(fmt: Format | str, target: str = "sm_90a", *,
                         row_scales, aligned))
 
 
-def bundle_specs(target: str = "sm_90a") -> list[SwigluSpec]:
+def bundle_specs(target: str = "sm_90a") -> list[SwigluSpec | SwigluMmaSpec]:
     """The fused specs the GPU tests and the MoE layer use on ``target``."""
     specs = [_spec(Format.from_name(f), target, act, False, True)
              for f in ("nvfp4", "mxfp4", "mxfp8")
              for act in (GatedActivation.SILU, GatedActivation.SWIGLU_OAI)]
     specs.append(_spec(Format.from_name("nvfp4"), target, GatedActivation.SILU, True, True))
+    if target == "sm_90a":
+        specs += [SwigluMmaSpec("mxfp8", target, act.kind, float(act.alpha), float(act.limit))
+                  for act in (GatedActivation.SILU, GatedActivation.SWIGLU_OAI)]
     return specs
 
 
@@ -257,7 +386,10 @@ def graph_launches(node: Any, target: str) -> list[tuple[Any, tuple[int, int, in
 _core.attach_kernel_api((grouped_matmul_swiglu,), kernel, build)
 
 __all__ = [
+    "SwigluMmaSpec",
     "SwigluSpec",
+    "chained_mainloop",
+    "mma_launch_plan",
     "build",
     "bundle_specs",
     "graph_launches",
