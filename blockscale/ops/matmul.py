@@ -234,6 +234,10 @@ def matmul_dynamic_block_scaled_mxfp4(a: Any, b: Any, a_scales: Any, b_scales: A
         raise ValueError(f"K = 2 * b.shape[1] must be a multiple of 32, got {k}")
     d = _validate(a, b, a_scales, b_scales, MXFP4, k, "row_major", ("a_scales", "b_scales"))
     dev, tgt = H.device_and_target(device, target)
+    for fast in ROW_MAJOR_PATHS:
+        runner = fast(tgt, MXFP4, d.m, d.n, d.k, out_dtype, None)
+        if runner is not None:
+            return runner(a, b, a_scales, b_scales, 1.0, {}, dev)
     spec = MatmulSpec("mxfp4", out_dtype, "row_major", None, tgt)
     return _run_dense(spec, d, a, b, a_scales, b_scales, 1.0, {}, dev)
 
@@ -242,6 +246,8 @@ def matmul_dynamic_block_scaled_mxfp4(a: Any, b: Any, a_scales: Any, b_scales: A
 #: returning a runner ``(a, b, sfa, sfb, alpha, extra, device) -> C`` or None when they do not
 #: apply. :func:`block_scaled_matmul` tries them in order before the portable kernel.
 FAST_PATHS: list[Callable[..., Any]] = []
+#: The same hook for :func:`matmul_dynamic_block_scaled_mxfp4` (row-major E8M0 scales).
+ROW_MAJOR_PATHS: list[Callable[..., Any]] = []
 
 
 def block_scaled_matmul(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *,
@@ -326,6 +332,7 @@ import blockscale.ops.matmul_sm90  # noqa: F401 (registers its FAST_PATHS entry)
 import blockscale.ops.matmul_decode  # noqa: E402, F401 (decode kernel: first in FAST_PATHS)
 import blockscale.ops.matmul_wgmma  # noqa: F401 (sm_90a default; BLOCKSCALE_SM90_WGMMA=0: off)
 import blockscale.ops.matmul_tcgen05  # noqa: E402, F401 (sm_100a: tcgen05 kernel)
+import blockscale.ops.matmul_mfma  # noqa: E402, F401 (gfx942 / gfx950: MFMA kernels)
 
 __all__ = [
     "FAST_PATHS",
