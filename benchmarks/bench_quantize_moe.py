@@ -7,7 +7,8 @@ Usage (GPU machine, kernels from the bundle)::
 Each op is called once per rotating input set through its public function (the output is
 checked byte for byte against ``blockscale.reference`` for the first set), its kernel launches
 are recorded, and the replayed launches are timed with CUDA events (median), so host work is
-excluded. Bytes moved = bf16 input read + packed data + scales written; the ceiling is a
+excluded. Every kernel schedule of the ops (``quantize_grouped.SCHEDULES``: "tiles", "rows",
+"rows2") gets its own row (``--schedules`` picks some). Bytes moved = bf16 input read + packed data + scales written; the ceiling is a
 device-to-device copy of the bf16 input (read + write) in the same process.
 """
 
@@ -32,6 +33,7 @@ from benchmarks.common import (
 )
 
 OPS = ("grouped_quantize", "fused_silu_quantize")
+SCHEDULES = ("tiles", "rows", "rows2")
 
 
 def _groups(rng: np.random.Generator, rows: int, experts: int) -> tuple[np.ndarray, ...]:
@@ -46,7 +48,7 @@ def _groups(rng: np.random.Generator, rows: int, experts: int) -> tuple[np.ndarr
 
 
 def _call(op: str, x: Any, fmt: str, groups: tuple[np.ndarray, ...], scales: np.ndarray,
-          device: Any) -> tuple[Any, Any]:
+          device: Any, schedule: str | None = None) -> tuple[Any, Any]:
     from blockscale import ops, reference
 
     start, offsets, ids = groups
@@ -55,15 +57,18 @@ def _call(op: str, x: Any, fmt: str, groups: tuple[np.ndarray, ...], scales: np.
             else reference.grouped_quantize_dynamic_scaled
     else:
         fn = ops.fused_silu_quantize if device is not None else reference.fused_silu_quantize
-    kwargs = {"device": device} if device is not None else {}
+    kwargs = {"device": device, "schedule": schedule} if device is not None else {}
     return fn(x, fmt, start, offsets, ids, scales, **kwargs)
 
 
 def bench_one(dev: Any, op: str, fmt: str, rows: int, k: int, experts: int,
-              rng: np.random.Generator) -> list[Record]:
-    """Records for one (op, format): ours (checked, then timed) and the copy ceiling."""
+              rng: np.random.Generator, schedule: str = "tiles", copy: bool = True
+              ) -> list[Record]:
+    """Records for one (op, format, schedule): ours (checked, then timed) and, with
+    ``copy``, the copy ceiling."""
     case = f"{op} T={rows} K={k} E={experts}"
-    params = {"rows": rows, "k": k, "experts": experts}
+    impl = "blockscale" if schedule == "tiles" else f"blockscale-{schedule}"
+    params = {"rows": rows, "k": k, "experts": experts, "schedule": schedule}
     groups = _groups(rng, rows, experts)
     scales = (rng.uniform(0.5, 2.0, experts).astype(np.float32) if fmt == "nvfp4"
               else np.ones(experts, np.float32))
@@ -71,44 +76,49 @@ def bench_one(dev: Any, op: str, fmt: str, rows: int, k: int, experts: int,
     in_bytes = x0.nbytes
     try:
         want = _call(op, x0, fmt, groups, scales, None)
-        got = _call(op, dev.to_device(x0), fmt, groups, scales, dev)
+        got = _call(op, dev.to_device(x0), fmt, groups, scales, dev, schedule)
         for name, g, w in zip(("data", "scales"), got, want):
             g = dev.to_host(g) if not isinstance(g, np.ndarray) else g
             if not np.array_equal(g.view(np.uint8), w.view(np.uint8)):
                 bad = int(np.count_nonzero(g.view(np.uint8) != w.view(np.uint8)))
-                return [failed("quantize", case, "blockscale", fmt, "fail",
+                return [failed("quantize", case, impl, fmt, "fail",
                                f"FAIL: {name} differs from the reference in {bad} bytes", params)]
         out_bytes = sum(w.nbytes for w in want)
         sets = []
         for _ in range(rotation_count(in_bytes + out_bytes)):
             xd = dev.to_device(random_bf16(rng, (rows, k), scale=2.0))
             with record_launches(dev) as launches:
-                _call(op, xd, fmt, groups, scales, dev)
+                _call(op, xd, fmt, groups, scales, dev, schedule)
             sets.append(launches)
         t = time_ms(lambda i: replay(dev, sets[i % len(sets)]), device=dev)
     except Exception as e:  # noqa: BLE001 - missing kernel etc.: record and go on
-        return [failed("quantize", case, "blockscale", fmt, "error", short_error(e), params)]
+        return [failed("quantize", case, impl, fmt, "error", short_error(e), params)]
     moved = in_bytes + out_bytes
-    ours = with_rates(Record("quantize", case, "blockscale", fmt, t.ms, "ok",
+    ours = with_rates(Record("quantize", case, impl, fmt, t.ms, "ok",
                              "bit-exact vs reference (whole output, first set)",
                              params={**params, "bytes": moved}, note=t.method), nbytes=moved)
+    if not copy:
+        return [ours]
     src = dev.to_device(x0)
     dst = dev.alloc(x0.shape, x0.dtype)
-    copy = time_ms(lambda i: dev.copy(dst, src), device=dev) if hasattr(dev, "copy") else None
+    ct = time_ms(lambda i: dev.copy(dst, src), device=dev) if hasattr(dev, "copy") else None
     recs = [ours]
-    if copy is not None:
+    if ct is not None:
         recs.append(with_rates(Record("quantize", case, "D2D copy of the bf16 input", "bf16",
-                                      copy.ms, "ok", "ceiling for this shape",
+                                      ct.ms, "ok", "ceiling for this shape",
                                       params={**params, "bytes": 2 * in_bytes}),
                                nbytes=2 * in_bytes))
     return recs
 
 
 def bench(dev: Any, *, rows: int = 8192, k: int = 4096, experts: int = 64,
-          fmts: Sequence[str] = ("nvfp4", "mxfp4", "mxfp8"), seed: int = 0) -> list[Record]:
-    """Every op x format at one size."""
+          fmts: Sequence[str] = ("nvfp4", "mxfp4", "mxfp8"), seed: int = 0,
+          schedules: Sequence[str] = SCHEDULES) -> list[Record]:
+    """Every op x format x schedule at one size (one copy ceiling per op x format)."""
     rng = np.random.default_rng(seed)
-    return [r for op in OPS for f in fmts for r in bench_one(dev, op, f, rows, k, experts, rng)]
+    return [r for op in OPS for f in fmts for i, sch in enumerate(schedules)
+            for r in bench_one(dev, op, f, rows, k, experts, rng, sch,
+                               copy=i == len(schedules) - 1)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -119,9 +129,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=4096)
     p.add_argument("--experts", type=int, default=64)
     p.add_argument("--formats", default="nvfp4,mxfp4,mxfp8")
+    p.add_argument("--schedules", default=",".join(SCHEDULES))
     a = p.parse_args(argv)
     dev = runtime.get_device("cuda")
-    recs = bench(dev, rows=a.rows, k=a.k, experts=a.experts, fmts=a.formats.split(","))
+    recs = bench(dev, rows=a.rows, k=a.k, experts=a.experts, fmts=a.formats.split(","),
+                 schedules=a.schedules.split(","))
     for r in recs:
         tbps = "" if r.ms is None else f"{r.params['bytes'] / (r.ms * 1e9):.3f} TB/s"
         print(f"{r.case:42s} {r.impl:28s} {r.fmt:6s} {r.status:5s} "
