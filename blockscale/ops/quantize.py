@@ -449,6 +449,10 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
     if quantize_async.uses_tma(target):
         specs += [quantize_async.AsyncQuantizeSpec(target)]
     specs += [QuantizeSpec("mxfp4", target, r, "tcgen5d", True) for r in ("even", "floor")]
+    # the pipelined dense variants (benchmarks/bench_quantize.py rows, DEFAULT_PIPELINE)
+    specs += [QuantizeSpec(f, target, None if f == "nvfp4" else "up", "tcgen5d", True,
+                           pipeline=p)
+              for p in PIPELINE_BLOCKS_PER_SM for f in ("nvfp4", "mxfp4", "mxfp8")]
     from blockscale.ops import quantize_amd, quantize_grouped, quantize_silu
 
     for mod in (quantize_grouped, quantize_silu, quantize_amd):
