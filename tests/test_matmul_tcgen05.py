@@ -1,0 +1,168 @@
+"""The sm_100a tcgen05 block-scaled matmul (compile only: no Blackwell GPU here).
+
+* lower: the sm_100a PTX has ``tcgen05.mma.cta_group::1.kind::<kind>.block_scale`` for NVFP4
+  (mxf4nvf4, block16), MXFP4 (mxf4, block32) and MXFP8 (mxf8f6f4, block32), ptxas makes a
+  cubin, and its SASS has the UTC*MMA (UTCOMMA.4X / UTCOMMA / UTCQMMA), the UTCCP scale
+  copies, UTCBAR and LDTM; no spills.
+* interp: the kernel IR in the numpy interpreter (tcgen05 modeled from the PTX ISA in
+  runtime/interpreter/ops_tcgen05.py) against the float64 value on exactly dequantized
+  operands, within the fp32 bound of test_matmul_common.py, M/N/K tails (every output
+  written); the model's descriptor and TMEM scale layout pieces; its ordering checks fire on
+  broken kernels; sm_100a dispatch.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from test_matmul_common import (
+    assert_bf16_consistent,
+    assert_f32_within_bound,
+    exact_dense,
+    f32_error_bound,
+    random_dense_case,
+)
+
+from blockscale import layouts
+from blockscale.formats import Format
+from blockscale.ops import matmul, matmul_tcgen05
+
+#: format -> (PTX kind + scale vector qualifier, SASS MMA, MMAs per K-step)
+EXPECT = {"nvfp4": ("kind::mxf4nvf4.block_scale.block16", r"UTCOMMA\.4X", 1),
+          "mxfp4": ("kind::mxf4.block_scale.block32", r"UTCOMMA(?!\.4X)", 2),
+          "mxfp8": ("kind::mxf8f6f4.block_scale.block32", r"UTCQMMA", 4)}
+
+
+# ---- lower: PTX, cubin, SASS ----------------------------------------------------------------
+
+@pytest.mark.lower
+@pytest.mark.parametrize("spec", matmul_tcgen05.bundle_specs("sm_100a"),
+                         ids=lambda s: s.kernel_name)
+def test_kernel_ptx_and_sass(spec):
+    kernel = matmul_tcgen05.kernel(spec)
+    ptx, sass, meta = kernel.asm["ptx"], kernel.asm["sass"], kernel.meta
+    kind, sass_mma, per_step = EXPECT[spec.fmt]
+    assert ".target sm_100a" in ptx
+    assert len(re.findall(rf"tcgen05\.mma\.cta_group::1\.{re.escape(kind)}\b", ptx)) == per_step
+    assert len(re.findall(r"tcgen05\.cp\.cta_group::1\.32x128b\.warpx4", ptx)) == 2
+    for insn in ("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32",
+                 "tcgen05.dealloc.cta_group::1", "tcgen05.relinquish_alloc_permit",
+                 "tcgen05.commit.cta_group::1.mbarrier::arrive::one",
+                 "tcgen05.ld.sync.aligned.32x32b.x32.b32", "tcgen05.wait::ld",
+                 "mbarrier.try_wait.parity", "fence.proxy.async.shared::cta"):
+        assert insn in ptx, insn
+    assert kernel.asm["cubin"][:4] == b"\x7fELF"
+    assert len(re.findall(sass_mma, sass)) == per_step
+    assert len(re.findall(r"UTCCP\.T\.S\.4x32dp128bit", sass)) == 2
+    assert "UTCBAR" in sass and len(re.findall(r"LDTM\.x32", sass)) == 4
+    assert "HMMA" not in sass and "HGMMA" not in sass
+    assert meta["spill_stores"] == 0 and meta["spill_loads"] == 0
+    assert meta["registers"] <= 96
+    assert meta["dynamic_shared_bytes"] == spec.dynamic_shared_bytes
+    assert meta["static_shared_bytes"] <= 48 * 1024
+
+
+# ---- interp: against the float64 reference -----------------------------------------------------
+
+def _check(fmt_name, m, n, k, alpha, out_dtype, run):
+    fmt = Format.from_name(fmt_name)
+    rng = np.random.default_rng(m * 131 + n * 7 + k)
+    a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
+    exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k, alpha)
+    bound = f32_error_bound(abs_sum, fmt, k, n_mul=1)
+    got = run(a, b, sfa5, sfb5, fmt, k, alpha, out_dtype)
+    assert got.shape == (m, n)
+    if out_dtype == "float32":
+        assert_f32_within_bound(got, exact, bound)
+    else:
+        assert_bf16_consistent(got, exact, bound)
+
+
+def _direct(a, b, sfa5, sfb5, fmt, k, alpha, out_dtype):
+    return matmul_tcgen05.block_scaled_matmul_tcgen05(a, b, sfa5, sfb5, fmt, k=k, alpha=alpha,
+                                                      out_dtype=out_dtype, device="interp")
+
+
+#: (M, N, K): one full tile and one K-step; tails in M, N and K with several K-steps (the
+#: second stage, mbarrier phase flips and stage reuse)
+SHAPES = {"nvfp4": [(128, 128, 64), (130, 72, 288)],
+          "mxfp4": [(128, 128, 128), (100, 200, 416)],
+          "mxfp8": [(128, 128, 128), (129, 33, 352)]}
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("fmt_name,mnk", [(f, s) for f, ss in SHAPES.items() for s in ss],
+                         ids=lambda x: x if isinstance(x, str) else "x".join(map(str, x)))
+def test_interp_within_f32_bound(fmt_name, mnk):
+    m, n, k = mnk
+    out_dtype = "float32" if (m + n) % 2 == 0 else "bfloat16"
+    _check(fmt_name, m, n, k, 0.375, out_dtype, _direct)
+
+
+@pytest.mark.interp
+def test_interp_nan_scale_stays_in_its_row_and_padding_kblocks_are_masked():
+    """An E8M0 NaN scale (0xFF) poisons exactly its row; 0xFF bytes in the 5-D padding
+    K-blocks (past ceil(K/32)) are masked by the kernel and change nothing."""
+    fmt = Format.from_name("mxfp4")
+    m, n, k = 40, 24, 96  # 3 K-blocks: the atom's 4th K-block is padding
+    rng = np.random.default_rng(7)
+    a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
+    sfa5 = sfa5.copy()
+    raw = sfa5.view(np.uint8).reshape(-1)
+    def offset(r, j):  # SEMANTICS §1.3, one 128-row x 4-K-block atom
+        return r % 32 * 16 + r // 32 * 4 + j
+
+    assert sfa5.shape == (1, 1, 32, 4, 4)
+    assert layouts.deinterleave(sfa5, m, 3).view(np.uint8)[9, 2] == raw[offset(9, 2)]
+    raw[[offset(r, 3) for r in range(m)]] = 0xFF
+    row = 5
+    raw[offset(row, 1)] = 0xFF
+    got = _direct(a, b, sfa5, sfb5, fmt, k, 1.0, "float32")
+    assert np.isnan(got[row]).all()
+    keep = np.arange(m) != row
+    exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k, 1.0)
+    assert_f32_within_bound(got[keep], exact[keep],
+                            f32_error_bound(abs_sum, fmt, k, n_mul=1)[keep])
+
+
+@pytest.mark.interp
+def test_dispatch_sm100a_uses_tcgen05(monkeypatch):
+    """block_scaled_matmul(target="sm_100a") runs the tcgen05 kernel for K % 32 == 0, the
+    portable kernel otherwise."""
+    launched = []
+    real = matmul.H.launch
+
+    def spy(spec, *args, **kwargs):
+        launched.append(type(spec).__name__)
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(matmul.H, "launch", spy)
+
+    def via_dispatch(a, b, sfa5, sfb5, fmt, k, alpha, out_dtype):
+        return matmul.block_scaled_matmul(a, b, sfa5, sfb5, fmt, k=k, alpha=alpha,
+                                          out_dtype=out_dtype, device="interp",
+                                          target="sm_100a")
+
+    _check("nvfp4", 33, 40, 64, 1.5, "float32", via_dispatch)
+    _check("nvfp4", 33, 40, 48, 1.5, "float32", via_dispatch)
+    assert launched == ["Tcgen05MatmulSpec", "MatmulSpec"]
+
+
+def test_spec_and_argument_checks():
+    assert [s.kernel_name for s in matmul_tcgen05.bundle_specs("sm_100a")] == [
+        f"bs_matmul_tcgen05_{f}_128x128_{o}" for f in ("nvfp4", "mxfp4", "mxfp8")
+        for o in ("bf16", "f32")]
+    assert matmul_tcgen05.bundle_specs("sm_90a") == []
+    with pytest.raises(ValueError, match="target"):
+        matmul_tcgen05.Tcgen05MatmulSpec("nvfp4", target="sm_90a")
+    fmt = Format.from_name("nvfp4")
+    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(0), fmt, 8, 8, 48)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        matmul_tcgen05.block_scaled_matmul_tcgen05(a, b, sfa5, sfb5, fmt, device="interp")
+    assert matmul_tcgen05.fast_path("sm_90a", fmt, 8, 8, 64, "float32", None) is None
+    assert matmul_tcgen05.fast_path("sm_100a", fmt, 8, 8, 48, "float32", None) is None
+    assert matmul_tcgen05.fast_path("sm_100a", fmt, 8, 8, 64, "float32", None) is not None
+    assert matmul_tcgen05.Tcgen05MatmulSpec("mxfp8").dynamic_shared_bytes == 67584
+    assert matmul_tcgen05.Tcgen05MatmulSpec("mxfp4").dynamic_shared_bytes == 0
