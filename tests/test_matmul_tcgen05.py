@@ -166,3 +166,119 @@ def test_spec_and_argument_checks():
     assert matmul_tcgen05.fast_path("sm_100a", fmt, 8, 8, 64, "float32", None) is not None
     assert matmul_tcgen05.Tcgen05MatmulSpec("mxfp8").dynamic_shared_bytes == 67584
     assert matmul_tcgen05.Tcgen05MatmulSpec("mxfp4").dynamic_shared_bytes == 0
+
+
+# ---- the interpreter's tcgen05 model ------------------------------------------------------------
+
+def test_descriptor_bits_round_trip():
+    """The builder's descriptor bits decode to the fields the model reads (ISA tables)."""
+    from blockscale.compiler.arch import tcgen05 as T
+    from blockscale.runtime.interpreter import ops_tcgen05 as O
+
+    d = O.decode_smem_descriptor(T.smem_descriptor_bits(0x1230, 128, 1024))
+    assert d == {"start": 0x1230, "lbo": 128, "sbo": 1024, "fixed": 1, "base_offset": 0,
+                 "lbo_mode": 0, "swizzle": 0}
+    for kind, code, st in (("mxf4nvf4", 1, 0), ("mxf4", 1, 1), ("mxf8f6f4", 0, 1)):
+        ids = (0, 2) if kind == "mxf4" else (3, 1) if kind == "mxf8f6f4" else (0, 0)
+        i = O.decode_instr_descriptor(T.instr_descriptor_bits(kind, 128, 128, *ids))
+        assert (i["atype"], i["btype"], i["scale_type"], i["m"], i["n"]) == (code, code, st,
+                                                                             128, 128)
+        assert (i["sfa_id"], i["sfb_id"]) == ids
+        assert not (i["sparse"] or i["negate"] or i["transpose"] or i["k96"] or i["reserved"])
+    with pytest.raises(ValueError, match="sfa_id"):
+        T.instr_descriptor_bits("mxf4", 128, 128, 1, 0)
+    with pytest.raises(ValueError, match="lbo"):
+        T.smem_descriptor_bits(0, 8, 128)
+    # a no-swizzle K-major operand: chunk c of row r at (r // 8) SBO + c LBO + 16 (r % 8)
+    addr = O.operand_addresses(T.smem_descriptor_bits(1024, 128, 512), 16, 32)
+    assert addr[9, 17] == 1024 + 512 + 128 + 16 + 1
+
+
+def test_scale_atom_in_tmem_is_the_5d_layout():
+    """A 5-D SF atom copied by the 32x128b.warpx4 model and read back by the MMA model's
+    per-row (lane r, column r // 32) rule gives S[r, j] for every row and K-block, for each
+    scale vector size and ID."""
+    from blockscale.runtime.interpreter import ops_tcgen05 as O
+
+    s2 = np.random.default_rng(3).integers(0, 256, (128, 4), dtype=np.uint8)
+    atom = layouts.interleave(s2).reshape(32, 16)  # row i2: 16 bytes
+    cells = np.zeros((128, 4), np.uint32)
+    for p in range(4):  # what the cp model writes
+        cells[32 * p:32 * p + 32] = atom.copy().view(np.uint32)
+    rows = np.arange(128)
+    per_row = cells[rows, rows // 32]
+    for vec, ids in ((4, (0,)), (2, (0, 2)), (1, (0, 1, 2, 3))):
+        for sf_id in ids:
+            got = O.scale_values(per_row, sf_id, vec, ue8m0=True)
+            want = np.ldexp(1.0, s2[:, sf_id:sf_id + vec].astype(np.int64) - 127)
+            want[s2[:, sf_id:sf_id + vec] == 0xFF] = np.nan
+            np.testing.assert_array_equal(got, want)
+
+
+def _run_broken(monkeypatch, fmt_name, m, n, k, **patches):
+    """Build the kernel with tcgen05 helpers replaced by ``patches`` and run its IR."""
+    from blockscale.compiler.arch import tcgen05 as T
+    from blockscale.runtime.interpreter import run_kernel
+
+    for name, fn in patches.items():
+        monkeypatch.setattr(T, name, fn)
+    spec = matmul_tcgen05.Tcgen05MatmulSpec(fmt_name, "float32")
+    text = str(matmul_tcgen05.build(spec))
+    fmt = Format.from_name(fmt_name)
+    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(1), fmt, m, n, k)
+    c = np.zeros((m, n), np.float32)
+    args = [x.view(np.uint8).reshape(-1) for x in (a, b, sfa5, sfb5)]
+    run_kernel(text, spec.kernel_name, matmul_tcgen05.grid(m, n), spec.block,
+               [*args, c.reshape(-1), m, n, k, 1.0], "sm_100a",
+               dynamic_shared_bytes=spec.dynamic_shared_bytes)
+    return c
+
+
+@pytest.mark.interp
+def test_model_runs_unpatched(monkeypatch):
+    c = _run_broken(monkeypatch, "nvfp4", 16, 16, 128)
+    assert np.isfinite(c).all() and np.abs(c).max() > 0
+
+
+@pytest.mark.interp
+def test_model_rejects_missing_proxy_fence(monkeypatch):
+    from blockscale.runtime.interpreter.ops_tcgen05 import Tcgen05OrderError
+
+    with pytest.raises(Tcgen05OrderError, match="fence.proxy.async"):
+        _run_broken(monkeypatch, "nvfp4", 16, 16, 64, fence_proxy_async_shared=lambda: None)
+
+
+@pytest.mark.interp
+def test_model_rejects_stage_overwrite_before_wait(monkeypatch):
+    """Without the per-stage mbarrier wait, step s + 2 rewrites operands the MMAs of step s
+    may still read (3 steps: the third refills stage 0)."""
+    from blockscale.runtime.interpreter.ops_tcgen05 import Tcgen05OrderError
+
+    calls = []
+    from blockscale.compiler.arch import tcgen05 as T
+    real = T.mbarrier_wait
+
+    def first_wait_dropped(bar, parity, **kw):  # the in-loop wait is built first
+        calls.append(1)
+        if len(calls) > 1:
+            real(bar, parity, **kw)
+
+    with pytest.raises(Tcgen05OrderError, match="overwritten before a wait"):
+        _run_broken(monkeypatch, "nvfp4", 16, 16, 192, mbarrier_wait=first_wait_dropped)
+
+
+@pytest.mark.interp
+def test_model_rejects_accumulator_load_without_wait(monkeypatch):
+    from blockscale.compiler.arch import tcgen05 as T
+    from blockscale.runtime.interpreter.ops_tcgen05 import Tcgen05OrderError
+
+    calls = []
+    real = T.mbarrier_wait
+
+    def final_wait_dropped(bar, parity, **kw):  # the wait before the epilogue is the second
+        calls.append(1)
+        if len(calls) != 2:
+            real(bar, parity, **kw)
+
+    with pytest.raises(Tcgen05OrderError, match="no wait has observed"):
+        _run_broken(monkeypatch, "mxfp8", 16, 16, 128, mbarrier_wait=final_wait_dropped)

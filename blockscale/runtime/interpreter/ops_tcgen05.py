@@ -89,8 +89,10 @@ class _Tmem:
         self.unobserved = np.zeros((nblocks, COLS), bool)
         #: per block: async ops issued since the last commit (reads, D columns)
         self.uncommitted: dict[int, list[Any]] = {}
-        #: (block, mbarrier address, phase) -> tracked async ops of the commits of that phase
-        self.tracked: dict[tuple[int, int, int], list[Any]] = {}
+        #: commits not yet observed by a wait: (block, mbarrier address, phase, sequence
+        #: number, the async ops they track)
+        self.commits: list[tuple[int, int, int, int, list[Any]]] = []
+        self.seq = 0
         #: (block, address) -> [parity, pending, expected]
         self.bars: dict[tuple[int, int], list[int]] = {}
 
@@ -151,7 +153,8 @@ def _arrive(f: Frame, tm: _Tmem, blk: int, addr: int, ops: list[Any]) -> None:
     if bar is None:
         raise RuntimeError(f"tcgen05.commit: mbarrier at shared address {addr:#x} of "
                            f"{f.describe_block(blk)} is not initialised")
-    tm.tracked.setdefault((blk, addr, bar[0]), []).extend(ops)
+    tm.seq += 1
+    tm.commits.append((blk, addr, bar[0], tm.seq, ops))
     bar[1] -= 1
     if bar[1] == 0:
         bar[0] ^= 1
@@ -186,18 +189,31 @@ def _mbar_wait(op: Any, c: Compiler):
 
 
 def _observe(f: Frame, tm: _Tmem, key: tuple[int, int, int]) -> None:
-    """A wait observed the phase ``key``: its tracked reads must be intact, its D columns
-    become readable."""
+    """A wait observed the phase ``key`` = (block, address, parity): the commits of that
+    phase, and every earlier commit of the block (a commit tracks all prior async ops of its
+    thread), are complete: their tracked reads must be intact, their D columns become
+    readable."""
     blk = key[0]
-    for kind, *rest in tm.tracked.pop(key, []):
-        if kind == "read":
-            buf, offs, snap, what = rest
-            if not np.array_equal(buf.data[blk].view(np.uint8)[offs], snap):
-                raise Tcgen05OrderError(
-                    f"shared bytes of {buf.name} read by {what} in {f.describe_block(blk)} "
-                    "were overwritten before a wait observed the commit tracking it")
-        else:
-            tm.unobserved[blk, rest[0]] = False
+    seqs = [c[3] for c in tm.commits if c[:3] == key]
+    if not seqs:
+        return
+    last = max(seqs)
+    keep = []
+    for c in tm.commits:
+        if c[0] != blk or c[3] > last:
+            keep.append(c)
+            continue
+        for kind, *rest in c[4]:
+            if kind == "read":
+                buf, offs, snap, what = rest
+                if not np.array_equal(buf.data[blk].view(np.uint8)[offs], snap):
+                    raise Tcgen05OrderError(
+                        f"shared bytes of {buf.name} read by {what} in "
+                        f"{f.describe_block(blk)} were overwritten before a wait observed "
+                        "the commit tracking it")
+            else:
+                tm.unobserved[blk, rest[0]] = False
+    tm.commits = keep
 
 
 # ---- allocation ------------------------------------------------------------------------------
