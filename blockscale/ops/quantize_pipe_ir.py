@@ -8,7 +8,8 @@ K % 16 == 0 (every chunk is wholly valid or wholly padding), and built for strea
 * ``pipeline = P`` row groups of loads in flight per thread: the loop carries the raw
   16-byte words of the next ``P - 1`` row groups, issues the loads of row group ``g + (P-1)
   gy`` before the math of row group ``g`` (P = 1: no prefetch, the same load-then-compute
-  order as the base kernel). Past the last row group the prefetch reads row 0 (valid, unused);
+  order as the base kernel), unrolled by P so the buffers rotate without register moves.
+  Past the last row group the prefetch reads row 0 (valid, unused);
 * address math hoisted: per row visit one row index (i32), a select for rows past M and a
   multiply-add; the load column (``col0``, or for a padding chunk of a partly valid MX block
   the block's first chunk, so the amax shuffle sees no padding) is fixed per thread;
@@ -101,20 +102,37 @@ def build_body(k: Q._Ctx, kb: B.KernelBuilder) -> None:
 
     row0 = first_row(by32)
     ahead = [load(arith.addi(row0, arith.muli(row_step, _c32(d)))) for d in range(depth - 1)]
-    carry = [w for ws in ahead for w in ws]
-    with B.for_range(co.by, n_groups, B.cast_int(gy32, i64), carry=carry) as loop:
-        g = arith.trunci(i32, B.cast_int(loop.iv, i64))
-        row = first_row(g)
-        nxt = load(arith.addi(row, arith.muli(row_step, _c32(depth - 1))))
-        cur = list(loop.carried[:2]) if depth > 1 else nxt
-        _quantize_row(k, a, row, m32, cur, tsf, inv_tsf, j, lane0, chunk_ok, col0, col_ok,
-                      ncols, kblocks_row, tile_stride, s_jpart)
-        if depth > 1:
-            loop.yield_(*(list(loop.carried[2:]) + nxt))
+    args = (k, a, m32, tsf, inv_tsf, j, lane0, chunk_ok, col0, col_ok, ncols, kblocks_row,
+            tile_stride, s_jpart)
+    if depth == 1:
+        with B.for_range(co.by, n_groups, B.cast_int(gy32, i64)) as loop:
+            row = first_row(arith.trunci(i32, B.cast_int(loop.iv, i64)))
+            _quantize_row(*args, row, load(row))
+        return
+    # Unrolled by ``depth``: sub-step d loads row group g + (d + depth - 1) gy into the
+    # buffer that row group g + (d - 1) gy used, then quantizes row group g + d gy; after
+    # ``depth`` sub-steps the carried buffers are back in their places (no register moves).
+    # Sub-steps past the last row group skip the math (block-uniform condition).
+    gy64 = B.cast_int(gy32, i64)
+    with B.for_range(co.by, n_groups, arith.muli(gy64, _c64(depth)),
+                     carry=[w for ws in ahead for w in ws]) as loop:
+        g = B.cast_int(loop.iv, i64)
+        bufs = [list(loop.carried[2 * d:2 * d + 2]) for d in range(depth - 1)]
+        for d in range(depth):
+            gd = arith.addi(g, arith.muli(gy64, _c64(d)))
+            row = first_row(arith.trunci(i32, gd))
+            bufs.append(load(arith.addi(row, arith.muli(row_step, _c32(depth - 1)))))
+            cur = bufs.pop(0)
+            if d == 0:
+                _quantize_row(*args, row, cur)
+            else:
+                with B.when(arith.cmpi(arith.CmpIPredicate.ult, gd, n_groups)):
+                    _quantize_row(*args, row, cur)
+        loop.yield_(*[w for ws in bufs for w in ws])
 
 
-def _quantize_row(k: Q._Ctx, a, row, m32, words, tsf, inv_tsf, j, lane0, chunk_ok, col0,
-                  col_ok, ncols, kblocks_row, tile_stride, s_jpart) -> None:
+def _quantize_row(k: Q._Ctx, a, m32, tsf, inv_tsf, j, lane0, chunk_ok, col0, col_ok, ncols,
+                  kblocks_row, tile_stride, s_jpart, row, words) -> None:
     """Quantize this thread's chunk of ``row`` (i32) from its loaded ``words`` and store
     the data (one vector store) and, from the block's first lane, the scale byte."""
     i32, i64 = B.i32(), B.i64()
