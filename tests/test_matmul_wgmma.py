@@ -27,15 +27,34 @@ from test_matmul_common import (
     random_dense_case,
 )
 
-from blockscale.formats import MXFP8, NVFP4
+from blockscale import layouts
+from blockscale.formats import MXFP4, MXFP8, NVFP4, Format
 from blockscale.ops import matmul, matmul_sm90, matmul_wgmma
 
+#: (fmt, dequant, scaling, kstep) of every variant built
+VARIANTS = [(f, dq, sc, ks) for f, v in matmul_wgmma.VARIANTS.items()
+            for (dq, sc), ksteps in v.items() for ks in ksteps]
 
-def _check(m, n, k, alpha, out_dtype, device, run, rows=None, bound_only=False):
+
+def _extra_roundings(fmt, scaling, k):
+    """MX "fold": the two k16 wgmmas of a 32-block each round the accumulator (J more)."""
+    return fmt.kblocks(k) if fmt.is_mx and scaling == "fold" else 0
+
+
+def _identical_to(fmt, scaling):
+    """What the interpreter's result equals bit for bit: the portable kernel (FP4 except MX
+    "fold"), the mma.sync kernel (MXFP8: the same two k16 roundings per block), or None."""
+    if fmt.name == "mxfp8":
+        return "mma"
+    return None if fmt.is_mx and scaling == "fold" else "portable"
+
+
+def _check(m, n, k, alpha, out_dtype, device, run, rows=None, bound_only=False, fmt=NVFP4,
+           extra=0, identical="portable"):
     rng = np.random.default_rng(m * 31 + n + k)
-    a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
-    exact, abs_sum = exact_dense(a, b, sfa, sfb, NVFP4, k, alpha, rows)
-    bound = f32_error_bound(abs_sum, NVFP4, k, n_mul=1)
+    a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
+    exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k, alpha, rows)
+    bound = f32_error_bound(abs_sum, fmt, k, n_mul=1 + extra)
     got = run(a, b, sfa5, sfb5, alpha, out_dtype)
     assert got.shape == (m, n)
     sel = got if rows is None else got[rows]
@@ -43,20 +62,24 @@ def _check(m, n, k, alpha, out_dtype, device, run, rows=None, bound_only=False):
         assert_f32_within_bound(sel, exact, bound)
     else:
         assert_bf16_consistent(sel, exact, bound)
-    if bound_only:
+    if bound_only or identical is None:
         return
-    naive = matmul.naive_block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, k=k, alpha=alpha,
-                                             out_dtype=out_dtype, device=device,
-                                             target="sm_90a")
-    assert np.array_equal(got.view(np.uint8), naive.view(np.uint8))
+    if identical == "mma":
+        ref = matmul_sm90.block_scaled_matmul_sm90(a, b, sfa5, sfb5, fmt, alpha=alpha,
+                                                   out_dtype=out_dtype, device=device)
+    else:
+        ref = matmul.naive_block_scaled_matmul(a, b, sfa5, sfb5, fmt, k=k, alpha=alpha,
+                                               out_dtype=out_dtype, device=device,
+                                               target="sm_90a")
+    assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))
 
 
-def _direct(tiles, device, dequant="lut", kstep=32):
+def _direct(tiles, device, dequant="lut", kstep=32, fmt=NVFP4, scaling=None):
     def run(a, b, sfa5, sfb5, alpha, out_dtype):
-        return matmul_wgmma.block_scaled_matmul_wgmma(a, b, sfa5, sfb5, NVFP4, alpha=alpha,
+        return matmul_wgmma.block_scaled_matmul_wgmma(a, b, sfa5, sfb5, fmt, alpha=alpha,
                                                       out_dtype=out_dtype, tiles=tiles,
                                                       dequant=dequant, kstep=kstep,
-                                                      device=device)
+                                                      scaling=scaling, device=device)
     return run
 
 
@@ -70,6 +93,57 @@ def test_interp_matches_exact_and_portable(mnk, tiles, dequant, kstep):
     m, n, k = mnk
     out_dtype = "float32" if (m + n + tiles[0]) % 2 else "bfloat16"
     _check(m, n, k, 0.225, out_dtype, "interp", _direct(tiles, "interp", dequant, kstep))
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v[0] != "nvfp4"],
+                         ids=lambda v: "-".join(map(str, v)))
+@pytest.mark.parametrize("tiles", [(64, 64), (128, 128)])
+@pytest.mark.parametrize("mnk", [(130, 72, 256), (70, 130, 96), (1, 64, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_interp_mx(mnk, tiles, variant):
+    """MXFP4 / MXFP8 variants: the bound (MX "fold": J more roundings), bit-identity where
+    :func:`_identical_to` says so."""
+    name, dequant, scaling, kstep = variant
+    fmt = Format.from_name(name)
+    m, n, k = mnk
+    out_dtype = "float32" if (m + n + tiles[0]) % 2 else "bfloat16"
+    _check(m, n, k, 0.5, out_dtype, "interp",
+           _direct(tiles, "interp", dequant, kstep, fmt, scaling), fmt=fmt,
+           extra=_extra_roundings(fmt, scaling, k), identical=_identical_to(fmt, scaling))
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v[0] == "mxfp4"],
+                         ids=lambda v: "-".join(map(str, v)))
+def test_interp_every_e8m0_scale(variant):
+    """Every E8M0 byte (0x00 = 2^-127 .. 0xFE = 2^127, 0xFF NaN) on A, B's scale 254 - A's
+    (sA sB = 2^(r - c): normal f32), every E2M1 code pair: "fold" operands stay exact bf16
+    (MX_FOLD_EXP; 2^-130 subnormals, no overflow), "promote" equals the portable kernel."""
+    _, dequant, scaling, kstep = variant
+    m = n = 32
+    k = 256  # 8 blocks: scale byte 32 j + r covers 0..255 once
+    rng = np.random.default_rng(5)
+    a = rng.integers(0, 256, (m, k // 2), dtype=np.uint8)
+    b = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    sfa = (32 * np.arange(8)[None, :] + np.arange(m)[:, None]).astype(np.uint8)
+    sfb = np.where(sfa == 255, 255, 254 - sfa.astype(np.int64)).astype(np.uint8)
+    sfa, sfb = (x.view(ml_dtypes.float8_e8m0fnu) for x in (sfa, sfb))
+    sfa5, sfb5 = layouts.interleave(sfa), layouts.interleave(sfb)
+    got = _direct((64, 64), "interp", dequant, kstep, MXFP4, scaling)(a, b, sfa5, sfb5, 1.0,
+                                                                      "float32")
+    naive = matmul.naive_block_scaled_matmul(a, b, sfa5, sfb5, MXFP4, alpha=1.0,
+                                             out_dtype="float32", device="interp")
+    nan = np.isnan(naive)
+    assert nan[m - 1].all() and nan[:, n - 1].all() and nan.sum() == m + n - 1
+    assert np.array_equal(np.isnan(got), nan)
+    if scaling == "promote":
+        assert np.array_equal(got.view(np.uint32), naive.view(np.uint32))
+    fin = ~nan
+    with np.errstate(invalid="ignore"):
+        exact, abs_sum = exact_dense(a, b, sfa, sfb, MXFP4, k)
+    bound = f32_error_bound(abs_sum, MXFP4, k, n_mul=1 + _extra_roundings(MXFP4, scaling, k))
+    assert_f32_within_bound(got[fin], exact[fin], bound[fin])
 
 
 @pytest.mark.interp
@@ -105,31 +179,43 @@ def test_dispatch_default_and_opt_out(monkeypatch):
     monkeypatch.delenv(matmul_wgmma.ENV_SWITCH, raising=False)
     assert matmul_wgmma.fast_path("sm_90a", NVFP4, 64, 64, 128, "bfloat16", None) is not None
     for args in (("sm_90a", NVFP4, 16, 64, 128), ("sm_90a", NVFP4, 64, 64, 112),
-                 ("sm_100a", NVFP4, 64, 64, 128)):
+                 ("sm_90a", MXFP8, 64, 64, 48), ("sm_100a", NVFP4, 64, 64, 128)):
         assert matmul_wgmma.fast_path(*args, "bfloat16", None) is None
     paths = matmul.FAST_PATHS
     assert paths.index(matmul_wgmma.fast_path) < paths.index(matmul_sm90.fast_path)
-
-    def run(a, b, sfa5, sfb5, alpha, out_dtype):
-        return matmul.block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, alpha=alpha,
-                                          out_dtype=out_dtype, device="interp",
-                                          target="sm_90a")
-    _check(40, 72, 160, 0.5, "bfloat16", "interp", run)
+    for fmt in (NVFP4, MXFP4, MXFP8):
+        def run(a, b, sfa5, sfb5, alpha, out_dtype, fmt=fmt):
+            return matmul.block_scaled_matmul(a, b, sfa5, sfb5, fmt, alpha=alpha,
+                                              out_dtype=out_dtype, device="interp",
+                                              target="sm_90a")
+        _dq, sc, _ = matmul_wgmma.DEFAULTS[fmt.name]
+        _check(40, 72, 160, 0.5, "bfloat16", "interp", run, fmt=fmt,
+               extra=_extra_roundings(fmt, sc, 160), identical=_identical_to(fmt, sc))
 
 
 def test_spec_checks():
-    with pytest.raises(ValueError):
-        matmul_wgmma.WgmmaMatmulSpec("mxfp8")
-    with pytest.raises(ValueError):
-        matmul_wgmma.WgmmaMatmulSpec("nvfp4", bm=64, bn=128)
+    for bad in ({"fmt": "nvfp4", "bm": 64, "bn": 128}, {"fmt": "mxfp8", "dequant": "lut"},
+                {"fmt": "mxfp8", "kstep": 64}, {"fmt": "mxfp4", "scaling": "promote", "kstep": 64},
+                {"fmt": "nvfp4", "scaling": "promote"}, {"fmt": "mxfp4", "dequant": "shift"}):
+        with pytest.raises(ValueError):
+            matmul_wgmma.WgmmaMatmulSpec(**bad)
     assert matmul_wgmma.WgmmaMatmulSpec("nvfp4").block == (256, 1, 1)
+    for f, (dq, sc, ks) in matmul_wgmma.DEFAULTS.items():
+        spec = matmul_wgmma.WgmmaMatmulSpec(f)
+        assert (spec.dequant, spec.scaling, spec.kstep) == (dq, sc, ks)
     assert matmul_wgmma.bundle_specs("sm_100a") == []
-    assert {(s.bm, s.bn, s.dequant, s.kstep) for s in matmul_wgmma.bundle_specs()} == {
-        (t, t, d, ks) for t in (128, 64) for d in matmul_wgmma.DEQUANT
-        for ks in matmul_wgmma.KSTEPS}
+    assert {(s.fmt, s.dequant, s.scaling, s.kstep) for s in matmul_wgmma.bundle_specs()} == \
+        set(VARIANTS)
+    assert {(s.bm, s.bn) for s in matmul_wgmma.bundle_specs()} == {(128, 128), (64, 64)}
     big = matmul_wgmma.WgmmaMatmulSpec("nvfp4", kstep=64)
     assert big.dynamic_shared_bytes == 96 * 1024
     assert matmul_wgmma.WgmmaMatmulSpec("nvfp4", bm=64, bn=64, kstep=64).dynamic_shared_bytes == 0
+    assert matmul_wgmma.WgmmaMatmulSpec("mxfp8").dynamic_shared_bytes == 3 * 256 * (64 + 4)
+
+
+#: registers ptxas gives each variant at most (measured: 128 x 128 MX "promote" holds two
+#: 64-register fragments; one CTA of 256 threads per SM at <= 255)
+MAX_REGISTERS = {"fold": 168, "promote": 232}
 
 
 @pytest.mark.lower
@@ -138,7 +224,8 @@ def test_spec_checks():
 def test_kernel_sass(spec):
     kernel = matmul_wgmma.kernel(spec)
     sass, meta = kernel.asm["sass"], kernel.meta
-    assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32\.BF16", sass)) == spec.kstep // 16
+    suffix = r"\.BF16" if spec.fmt != "mxfp8" else r"(?!\.BF16)"  # f16: no type suffix
+    assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32{suffix}", sass)) == spec.kstep // 16
     assert "WARPGROUP.ARRIVE" in sass and "WARPGROUP.DEPBAR.LE" in sass
     assert "FENCE.VIEW.ASYNC.S" in sass
     assert "HMMA" not in sass
@@ -148,7 +235,8 @@ def test_kernel_sass(spec):
     else:
         assert re.search(r"\.shared \.align 1024 \.b8 __wg_", kernel.asm["ptx"])
     assert meta["spill_stores"] == 0 and meta["spill_loads"] == 0
-    assert meta["registers"] <= 168 and meta["static_shared_bytes"] <= 48 * 1024
+    assert meta["registers"] <= MAX_REGISTERS[spec.scaling]
+    assert meta["static_shared_bytes"] <= 48 * 1024
 
 
 GPU_DENSE = [(777, 2560, 8192, 0.225), (8192, 5760, 2944, 1.0), (1000, 1024, 1056, 1.0),
@@ -157,31 +245,37 @@ GPU_DENSE = [(777, 2560, 8192, 0.225), (8192, 5760, 2944, 1.0), (1000, 1024, 105
 
 @pytest.mark.gpu
 @pytest.mark.cuda
-@pytest.mark.parametrize("kstep", matmul_wgmma.KSTEPS)
-@pytest.mark.parametrize("dequant", matmul_wgmma.DEQUANT)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v)))
 @pytest.mark.parametrize("shape", GPU_DENSE, ids=lambda s: "x".join(map(str, s[:3])))
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
-def test_gpu(shape, out_dtype, dequant, kstep):
-    """The stated fp32 bound elementwise (f32 out) and bf16 consistency (bf16 out: equal to
-    bf16(exact) wherever the bound does not straddle a rounding midpoint).
+def test_gpu(shape, out_dtype, variant):
+    """The stated fp32 bound elementwise (f32 out; MX "fold": J more roundings) and bf16
+    consistency (bf16 out: equal to bf16(exact) wherever the bound does not straddle a
+    rounding midpoint). Each format's default variant runs through the dispatch (M > 16).
 
     Finding of the first H200 run: HGMMA's fp32 accumulation does *not* round like the
-    interpreter's model (exact block sum + one RNE per block), so f32 outputs are not
-    bit-identical to the portable kernel for M >= 128; the bound held on every shape. No
-    equality with the portable kernel is asserted on hardware (a bf16 output may flip at a
-    rounding midpoint under either rounding of the fp32 value)."""
+    interpreter's model (exact block sum + one RNE per block), so NVFP4 f32 outputs are not
+    bit-identical to the portable kernel for M >= 128; the bound held on every shape. So no
+    equality is asserted where HGMMA adds into a running accumulator. MXFP4 "promote" is
+    different: each block's HGMMAs start from zero and sum at most 32 multiples of 1/4 below
+    2^11 (exact in any adder of >= 13 bits), and the block is added by an IEEE FFMA, so its
+    f32 output must equal the portable kernel's bit for bit on hardware too."""
+    name, dequant, scaling, kstep = variant
+    fmt = Format.from_name(name)
     m, n, k, alpha = shape
     rng = np.random.default_rng(m + n)
     rows = np.unique(np.concatenate([np.arange(min(m, 64)), np.arange(max(0, m - 64), m),
                                      rng.integers(0, m, 64)]))
-    default = (dequant, kstep) == (matmul_wgmma.DEFAULT_DEQUANT["nvfp4"],
-                                   matmul_wgmma.DEFAULT_KSTEP)
+    default = (dequant, scaling, kstep) == matmul_wgmma.DEFAULTS[name]
 
     def run(a, b, sfa5, sfb5, alpha, out_dtype):  # the default variant through the dispatch
         if m <= matmul_wgmma.MIN_M or not default:
-            return matmul_wgmma.block_scaled_matmul_wgmma(a, b, sfa5, sfb5, NVFP4, alpha=alpha,
+            return matmul_wgmma.block_scaled_matmul_wgmma(a, b, sfa5, sfb5, fmt, alpha=alpha,
                                                           out_dtype=out_dtype, device="cuda",
-                                                          dequant=dequant, kstep=kstep)
-        return matmul.block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, alpha=alpha,
+                                                          dequant=dequant, kstep=kstep,
+                                                          scaling=scaling)
+        return matmul.block_scaled_matmul(a, b, sfa5, sfb5, fmt, alpha=alpha,
                                           out_dtype=out_dtype, device="cuda", target="sm_90a")
-    _check(m, n, k, alpha, out_dtype, "cuda", run, rows, bound_only=True)
+    exact_bits = (name, scaling, out_dtype) == ("mxfp4", "promote", "float32")
+    _check(m, n, k, alpha, out_dtype, "cuda", run, rows, bound_only=not exact_bits, fmt=fmt,
+           extra=_extra_roundings(fmt, scaling, k))

@@ -1,4 +1,4 @@
-"""IR building blocks of the sm_90a wgmma block-scaled matmul (NVFP4).
+"""IR building blocks of the sm_90a wgmma block-scaled matmul (NVFP4, MXFP4, MXFP8).
 
 Imports MLIR: only :func:`blockscale.ops.matmul_wgmma.build` imports it.
 
@@ -19,6 +19,17 @@ row, SBO = 1024, four wgmmas per step; 96 KiB of dynamic shared memory at 128 x 
 ``dequant="shift"`` replaces the ``prmt`` table lookups by bf16 bit placement (operands
 scaled by 2^-8 each, undone exactly in the epilogue; see :func:`_fp4x8_shift`). The global
 loads of the next step are issued before the current step is dequantized (:data:`PREFETCH`).
+
+MX formats (:data:`VARIANTS`): a row's step is ``kstep / 2`` (MXFP4) or ``kstep`` (MXFP8)
+bytes in 16-byte pieces and ``kstep / 32`` E8M0 bytes. "fold" (MXFP4) multiplies the bf16 codes
+by ``2^(e - 127 + MX_FOLD_EXP)`` (exact for every byte: 2^-130 .. 6 * 2^125) and the epilogue
+by ``2^(-2 MX_FOLD_EXP)``; its 32-block is two k16 wgmmas, i.e. up to two accumulator
+roundings per block. "promote" (kstep = 32, one block per step) stores plain bf16 (E2M1) or
+f16 (E4M3, ``cvt.rn.f16x2.e4m3x2``) and the row's decoded f32 scale in the stage; the two
+k16 wgmmas write a zero-started block fragment, which the next step (after its
+``wait_group 0``) adds as ``acc = fma(blk, sA * sB, acc)`` (:func:`_promote`): the mma.sync
+kernel's order, so MXFP4 equals the portable kernel and MXFP8 the mma.sync kernel bit for bit
+in the interpreter.
 
 Then ``fence.proxy.async.shared::cta``, a CTA barrier, ``wgmma.fence``, and per warpgroup two
 ``wgmma.mma_async.m64n{bn}k16.f32.bf16.bf16`` (one per NVFP4 block: A rows 64 wg..64 wg+63,
@@ -48,10 +59,16 @@ from mlir import ir
 from mlir.dialects import arith, vector
 
 from blockscale.compiler import ir as bir
-from blockscale.compiler.arch import convert
+from blockscale.compiler.arch import convert, mma
 from blockscale.compiler.arch import wgmma as W
 from blockscale.layouts import SF_ATOM_BYTES
-from blockscale.ops._mma_ir import Operand, _scale_bf16x2, fp4x4_to_bf16x2x2, workgroup_buffer
+from blockscale.ops._mma_ir import (
+    Operand,
+    _scale_bf16x2,
+    e4m3x4_to_f16x2x2,
+    fp4x4_to_bf16x2x2,
+    workgroup_buffer,
+)
 
 Value = ir.Value
 
@@ -69,16 +86,32 @@ LBO, SBO = 128, 512
 PREFETCH = 1
 
 
+#: per-format (dequant, scaling) variants and the K-steps each is built for. "fold": block
+#: scales folded into the 16-bit operands (exact), the wgmmas accumulate in place; "promote":
+#: plain operands, each scale block's wgmmas start from zero into a second fragment that is
+#: then added as ``acc = fma(blk, sA * sB, acc)`` (the portable kernel's order)
+VARIANTS = {
+    "nvfp4": {("lut", "fold"): (32, 64), ("shift", "fold"): (32, 64)},
+    "mxfp4": {("lut", "fold"): (32, 64), ("lut", "promote"): (32,)},
+    "mxfp8": {("cvt", "promote"): (32,)},
+}
+#: MX "fold" operands are the true values times 2^MX_FOLD_EXP (6 * 2^127 * 2^-2 < bf16 max;
+#: the smallest, 0.5 * 2^-127 * 2^-2 = 2^-130, is still an exact bf16 subnormal)
+MX_FOLD_EXP = -2
+
+
 @dataclasses.dataclass(frozen=True)
 class Tiles:
     """CTA tile: ``bm = 64 * warpgroups`` rows of A, ``bn`` of B; one thread per row (so
     bm == bn: the bm + bn threads are exactly the 2 bm / 128 warpgroups that run the wgmma
-    of their 64 rows of A)."""
+    of their 64 rows of A); the format and the scaling variant (:data:`VARIANTS`)."""
 
     bm: int = 128
     bn: int = 128
     #: K elements per step (:data:`KSTEPS`)
     kstep: int = STEP_ELEMS
+    fmt: str = "nvfp4"
+    scaling: str = "fold"
 
     def __post_init__(self) -> None:
         if (self.bm, self.bn) not in ((64, 64), (128, 128)):
@@ -86,6 +119,41 @@ class Tiles:
                              f"{(self.bm, self.bn)}")
         if self.kstep not in KSTEPS:
             raise ValueError(f"tiles: kstep must be one of {KSTEPS}, got {self.kstep}")
+        if self.fmt not in VARIANTS:
+            raise ValueError(f"tiles: fmt must be one of {list(VARIANTS)}, got {self.fmt!r}")
+        if self.scaling not in ("fold", "promote"):
+            raise ValueError(f"tiles: scaling must be 'fold' or 'promote', got "
+                             f"{self.scaling!r}")
+        if self.promote and self.kstep != self.block:
+            raise ValueError(f"tiles: scaling='promote' takes one scale block per step "
+                             f"(kstep={self.block}), got kstep={self.kstep}")
+
+    @property
+    def block(self) -> int:
+        """Elements per scale block."""
+        return 16 if self.fmt == "nvfp4" else 32
+
+    @property
+    def fp8(self) -> bool:
+        return self.fmt == "mxfp8"
+
+    @property
+    def promote(self) -> bool:
+        return self.scaling == "promote"
+
+    @property
+    def row_step_bytes(self) -> int:
+        """Global bytes of one row per step (FP4: two codes a byte)."""
+        return self.kstep if self.fp8 else self.kstep // 2
+
+    @property
+    def scales_per_step(self) -> int:
+        return self.kstep // self.block
+
+    @property
+    def mma_type(self) -> str:
+        """The wgmma operand type: f16 for E4M3 (exact, ``cvt.rn.f16x2.e4m3x2``), else bf16."""
+        return "f16" if self.fp8 else "bf16"
 
     @property
     def chunks(self) -> int:
@@ -120,8 +188,13 @@ class Tiles:
         return self.bm * 2 * self.kstep, self.bn * 2 * self.kstep
 
     @property
+    def scale_bytes(self) -> int:
+        """Shared bytes of the decoded f32 scales per stage ("promote": A's bm, then B's bn)."""
+        return 4 * (self.bm + self.bn) if self.promote else 0
+
+    @property
     def stage_bytes(self) -> int:
-        return sum(self.operand_bytes)
+        return sum(self.operand_bytes) + self.scale_bytes
 
 
 def layout_offset(r: Value, c: int, sbo: int = SBO) -> Value:
@@ -165,91 +238,154 @@ def _i32(v: int) -> Value:
     return bir.const(v - (1 << 32) if v >= 1 << 31 else v, bir.i32())
 
 
-def _dequant_row(codes: Value, scales: tuple[Value, Value], dequant: str) -> list[Value]:
-    """16 FP4 bytes (vector<16xi8>) -> 4 vector<4xi32> core-matrix rows of bf16 (block j's
-    scale factor, a ``vector<2xbf16>`` splat from :func:`_scale_splats`, folded into chunks
-    2j, 2j+1 by ``mul.rn.bf16x2``)."""
+def _fp8x8_cvt(w0: Value, w1: Value) -> list[Value]:
+    """Eight E4M3 bytes (two i32, element i in byte i) -> 4 f16 pairs (i32), exact
+    (``cvt.rn.f16x2.e4m3x2``; NaN codes give NaN)."""
+    return [mma.pack_i32(h) for w in (w0, w1) for h in e4m3x4_to_f16x2x2(w)]
+
+
+def _dequant_row(codes: Value, scales: tuple[Value, ...] | None, dequant: str, block: int
+                 ) -> list[Value]:
+    """One row's step of codes (vector<n x i8>: FP4 pairs, or E4M3 for ``dequant="cvt"``)
+    -> vector<4xi32> core-matrix rows (8 K-elements each) of bf16 / f16; with ``scales``
+    (``vector<2xbf16>`` splats from :func:`_scale_splats`, one per scale block of ``block``
+    elements) folded in by ``mul.rn.bf16x2``."""
     nw = ir.VectorType(codes.type).shape[0] // 4
     words = vector.bitcast(bir.vec(nw, bir.i32()), codes)
+    word = [vector.extract(words, [], [i]) for i in range(nw)]
     rows = []
-    for c in range(nw):
-        w = vector.extract(words, [], [c])
-        regs = _fp4x8_lut(w) if dequant == "lut" else _fp4x8_shift(w)
-        regs = [_scale_bf16x2(x, scales[c // 2]) for x in regs]
+    for c in range(nw // 2 if dequant == "cvt" else nw):
+        if dequant == "cvt":
+            regs = _fp8x8_cvt(word[2 * c], word[2 * c + 1])
+        else:
+            regs = _fp4x8_lut(word[c]) if dequant == "lut" else _fp4x8_shift(word[c])
+        if scales is not None:
+            regs = [_scale_bf16x2(x, scales[c * 8 // block]) for x in regs]
         rows.append(vector.from_elements(bir.vec(4, bir.i32()), regs))
     return rows
 
 
-def _scale_splats(pair: Value, dequant: str) -> tuple[Value, ...]:
-    """E4M3 scale bytes (vector<n x i8>) -> bf16 splats of |scale| ("lut") or
-    |scale| * 2^(126 + SHIFT_EXP) ("shift": <= 448 * 2^118 < 2^127, >= 2^109), exact."""
+def _scale_splats(pair: Value, dequant: str, fmt: str = "nvfp4") -> tuple[Value, ...]:
+    """Scale bytes (vector<n x i8>) -> bf16 splats. NVFP4: |scale| ("lut") or
+    |scale| * 2^(126 + SHIFT_EXP) ("shift": <= 448 * 2^118 < 2^127, >= 2^109), exact. MX
+    (E8M0): scale * 2^MX_FOLD_EXP (exact: 2^-129 .. 2^125; 0xFF -> NaN)."""
     n = ir.VectorType(pair.type).shape[0]
-    v = arith.andi(arith.extui(bir.vec(n, bir.i32()), pair),
-                   bir.const(0x7F, bir.vec(n, bir.i32())))
-    f = convert.e4m3_to_f32(v)
-    if dequant == "shift":
-        f = arith.mulf(f, bir.const(2.0 ** (126 + SHIFT_EXP), bir.vec(n, bir.f32())))
+    v = arith.extui(bir.vec(n, bir.i32()), pair)
+    if fmt == "nvfp4":
+        f = convert.e4m3_to_f32(arith.andi(v, bir.const(0x7F, bir.vec(n, bir.i32()))))
+        if dequant == "shift":
+            f = arith.mulf(f, bir.const(2.0 ** (126 + SHIFT_EXP), bir.vec(n, bir.f32())))
+    else:
+        f = arith.mulf(convert.e8m0_to_f32(v), bir.const(2.0 ** MX_FOLD_EXP,
+                                                          bir.vec(n, bir.f32())))
     s = arith.truncf(bir.vec(n, bir.bf16()), f)
     return tuple(vector.broadcast(bir.vec(2, bir.bf16()), vector.extract(s, [], [i]))
                  for i in range(n))
 
 
-def accumulator_scale(dequant: str) -> float:
+def accumulator_scale(dequant: str, fmt: str = "nvfp4", scaling: str = "fold") -> float:
     """What the accumulators must be multiplied by (exactly: a power of two, and no partial
     sum is subnormal) to give the true sums."""
+    if scaling == "promote":
+        return 1.0
+    if fmt != "nvfp4":
+        return 2.0 ** (-2 * MX_FOLD_EXP)
     return 1.0 if dequant == "lut" else 2.0 ** (-2 * SHIFT_EXP)
 
 
-def _row_types(kstep: int) -> list[ir.Type]:
-    return [bir.vec(kstep // 2, bir.i8()), bir.vec(kstep // 16, bir.i8())]
+def _row_types(tiles: Tiles) -> list[ir.Type]:
+    return [bir.vec(tiles.row_step_bytes, bir.i8()), bir.vec(tiles.scales_per_step, bir.i8())]
 
 
-def _load_row(op: Operand, r: Value, step: Value, row_bytes: Value, kstep: int
+def _load_row(op: Operand, r: Value, step: Value, row_bytes: Value, tiles: Tiles
               ) -> tuple[Value, Value]:
-    """(kstep / 2 FP4 bytes, kstep / 16 scale bytes) of local row ``r`` for ``step``
-    (K-blocks ``step * kstep / 16`` on); zeros for rows past the operand and 16-byte pieces
-    past K (K % 32 == 0; so also for the prefetches past the last step), whose scale bytes
-    may be padding or out of bounds."""
-    vd, vs = _row_types(kstep)
+    """(the step's bytes, its scale bytes) of local row ``r`` for ``step`` (K-blocks
+    ``step * scales_per_step`` on); zeros for rows past the operand and 16-byte pieces past
+    the row end (rows are whole 16-byte pieces; so also for the prefetches past the last
+    step), whose scale bytes may be padding or out of bounds."""
+    vd, vs = _row_types(tiles)
     v16 = bir.vec(16, bir.i8())
-    col = bir.mul(step, kstep // 2)
+    col = bir.mul(step, tiles.row_step_bytes)
     br = bir.if_(bir.logical_and(op.valid(r), bir.ult(col, row_bytes)), [vd, vs])
     with br.then():
         base = bir.add(bir.mul(op.row(r), row_bytes), col)
         data = bir.vector_load(v16, op.data, base, alignment=16)
-        if kstep == 64:  # the second 16 bytes only while in the row (K % 64 may be 32)
-            hi = bir.if_(bir.ult(bir.add(col, 16), row_bytes), [v16])
+        for p in range(1, tiles.row_step_bytes // 16):  # later pieces only while in the row
+            hi = bir.if_(bir.ult(bir.add(col, 16 * p), row_bytes), [v16])
             with hi.then():
-                hi.yield_(bir.vector_load(v16, op.data, bir.add(base, 16), alignment=16))
+                hi.yield_(bir.vector_load(v16, op.data, bir.add(base, 16 * p), alignment=16))
             with hi.else_():
                 hi.yield_(bir.const(0, v16))
-            data = vector.shuffle(data, hi.results[0], list(range(32)))
-        j = bir.mul(step, kstep // 16)
+            data = vector.shuffle(data, hi.results[0], list(range(16 * (p + 1))))
+        nsc = tiles.scales_per_step
+        j = bir.mul(step, nsc)
         off = bir.add(op.scale_offset(r), bir.add(bir.mul(bir.udiv(j, 4), SF_ATOM_BYTES),
                                                   bir.urem(j, 4)))
-        br.yield_(data, bir.vector_load(vs, op.scales, off, alignment=kstep // 16))
+        br.yield_(data, bir.vector_load(vs, op.scales, off, alignment=nsc))
     with br.else_():
         br.yield_(bir.const(0, vd), bir.const(0, vs))
     return br.results[0], br.results[1]
 
 
 def _load_either(is_a: Value, a: Operand, b: Operand, r: Value, step: Value,
-                 row_bytes: Value, kstep: int) -> list[Value]:
+                 row_bytes: Value, tiles: Tiles) -> list[Value]:
     """:func:`_load_row` of A's row ``r`` when ``is_a``, else of B's."""
-    br = bir.if_(is_a, _row_types(kstep))
+    br = bir.if_(is_a, _row_types(tiles))
     with br.then():
-        br.yield_(*_load_row(a, r, step, row_bytes, kstep))
+        br.yield_(*_load_row(a, r, step, row_bytes, tiles))
     with br.else_():
-        br.yield_(*_load_row(b, r, step, row_bytes, kstep))
+        br.yield_(*_load_row(b, r, step, row_bytes, tiles))
     return list(br.results)
 
 
 def _store_row(smem: Value, base: Value, r: Value, data: Value, scales: Value,
-               dequant: str, sbo: int) -> None:
-    """Dequantize one row's step (:func:`_dequant_row`) into the tile at byte ``base``."""
-    for c, v in enumerate(_dequant_row(data, _scale_splats(scales, dequant), dequant)):
+               dequant: str, tiles: Tiles) -> None:
+    """Dequantize one row's step (:func:`_dequant_row`, scales folded unless "promote")
+    into the tile at byte ``base``."""
+    splats = None if tiles.promote else _scale_splats(scales, dequant, tiles.fmt)
+    for c, v in enumerate(_dequant_row(data, splats, dequant, tiles.block)):
         bir.vector_store(vector.bitcast(bir.vec(16, bir.i8()), v), smem,
-                         bir.add(base, layout_offset(r, c, sbo)), alignment=16)
+                         bir.add(base, layout_offset(r, c, tiles.sbo)), alignment=16)
+
+
+def _store_scale(smem: Value, at: Value, scales: Value) -> None:
+    """The row's (one) E8M0 scale byte decoded to f32 at shared byte ``at`` ("promote")."""
+    v = arith.extui(bir.vec(1, bir.i32()), scales)
+    f = arith.bitcast(bir.vec(1, bir.f32()), arith.bitcast(bir.vec(1, bir.i32()),
+                                                           convert.e8m0_to_f32(v)))
+    bir.vector_store(vector.bitcast(bir.vec(4, bir.i8()), f), smem, at, alignment=4)
+
+
+def _load_f32(smem: Value, at: Value, n: int) -> list[Value]:
+    """``n`` f32 at shared byte ``at`` (one ``ld.shared``)."""
+    v = vector.bitcast(bir.vec(n, bir.f32()),
+                       bir.vector_load(bir.vec(4 * n, bir.i8()), smem, at, alignment=4 * n))
+    return [vector.extract(v, [], [i]) for i in range(n)]
+
+
+def _promote(acc: Value, blk: Value, smem: Value, scales_at: Value, wg: Value,
+             tiles: Tiles) -> Value:
+    """``acc + blk * (sA * sB)`` per fragment element (one FMUL + one FFMA; the product of
+    two E8M0 scales is the portable kernel's f32 product, the block sum times it is exact
+    for FP4), with the f32 scales of the stage at shared byte ``scales_at``."""
+    from mlir.dialects import llvm, math
+
+    tid = bir.thread_idx("x")
+    lane = bir.urem(tid, 32)
+    row0 = bir.add(bir.add(bir.mul(wg, 64), bir.mul(bir.urem(bir.udiv(tid, 32), 4), 16)),
+                   bir.udiv(lane, 4))
+    sa = [_load_f32(smem, bir.add(scales_at, bir.mul(bir.add(row0, 8 * h), 4)), 1)[0]
+          for h in range(2)]
+    col0 = bir.add(tiles.bm, bir.mul(bir.urem(lane, 4), 2))
+    n = tiles.bn
+    sb = [_load_f32(smem, bir.add(scales_at, bir.mul(bir.add(col0, 8 * nt), 4)), 2)
+          for nt in range(n // 8)]
+    a_vals, b_vals = W.accumulator_values(acc, n), W.accumulator_values(blk, n)
+    out = W.zero_accumulator(n)
+    for i in range(n // 2):
+        s = arith.mulf(sa[(i % 4) // 2], sb[i // 4][i % 2])
+        out = llvm.insertvalue(out, math.fma(b_vals[i], s, a_vals[i]), [i])
+    return out
 
 
 def dynamic_shared_buffer() -> Value:
@@ -283,7 +419,9 @@ def emit_mainloop(kb: bir.KernelBuilder, tiles: Tiles, a: Operand, b: Operand, k
     thread of the CTA must execute it (barriers, warpgroup-wide wgmma).
 
     The global loads of step s + :data:`PREFETCH` are issued (into loop-carried registers)
-    before step s is dequantized, so their latency overlaps a step."""
+    before step s is dequantized, so their latency overlaps a step. "promote": the block
+    fragment of step s is added to the accumulators in step s + 1 (after its
+    ``wait_group 0``), so the wgmmas of step s overlap the dequantization of step s + 1."""
     smem = dynamic_shared_buffer() if tiles.dynamic else \
         aligned_workgroup_buffer(kb, tiles.shared_bytes)
     kstep, sbo = tiles.kstep, tiles.sbo
@@ -292,31 +430,63 @@ def emit_mainloop(kb: bir.KernelBuilder, tiles: Tiles, a: Operand, b: Operand, k
     is_a = bir.ult(tid, tiles.bm)
     r = arith.select(is_a, tid, bir.sub(tid, tiles.bm))
     op_base = arith.select(is_a, bir.const(0), bir.const(tiles.operand_bytes[0]))
-    row_bytes = bir.udiv(k, 2)
+    row_bytes = k if tiles.fp8 else bir.udiv(k, 2)
     steps = bir.ceil_div(k, kstep)
     a_bytes = tiles.operand_bytes[0]
+    scales0 = sum(tiles.operand_bytes)  # the f32 scales' offset in a stage ("promote")
     base_desc = W.descriptor(W.shared_address(smem), lbo=LBO, sbo=sbo)
     pre = [x for p in range(PREFETCH) for x in _load_either(is_a, a, b, r, bir.const(p),
-                                                               row_bytes, kstep)]
-    with bir.for_range(0, steps, carry=[W.zero_accumulator(tiles.bn), *pre]) as loop:
+                                                               row_bytes, tiles)]
+    zero = W.zero_accumulator(tiles.bn)
+    carry = [zero, zero] if tiles.promote else [zero]
+    nacc = len(carry)
+    with bir.for_range(0, steps, carry=[*carry, *pre]) as loop:
         step = loop.iv
-        acc, regs = loop.carried[0], list(loop.carried[1:])
-        nxt = _load_either(is_a, a, b, r, bir.add(step, PREFETCH), row_bytes, kstep)
+        acc, regs = loop.carried[0], list(loop.carried[nacc:])
+        nxt = _load_either(is_a, a, b, r, bir.add(step, PREFETCH), row_bytes, tiles)
         stage0 = bir.mul(bir.urem(step, STAGES), tiles.stage_bytes)
-        _store_row(smem, bir.add(stage0, op_base), r, regs[0], regs[1], dequant, sbo)
+        _store_row(smem, bir.add(stage0, op_base), r, regs[0], regs[1], dequant, tiles)
+        if tiles.promote:
+            _store_scale(smem, bir.add(bir.add(stage0, scales0), bir.mul(tid, 4)), regs[1])
         W.fence_proxy_async_shared()
         bir.barrier()
         da = W.advance(base_desc, bir.as_i64(bir.add(stage0, bir.mul(wg, 8 * sbo))))
         db = W.advance(base_desc, bir.as_i64(bir.add(stage0, a_bytes)))
+        if tiles.promote:
+            W.wait_group(0)  # the block fragment of step - 1
+            prev = bir.mul(bir.urem(bir.add(step, STAGES - 1), STAGES), tiles.stage_bytes)
+            br = bir.if_(bir.ult(bir.const(0), step), [acc.type])
+            with br.then():
+                br.yield_(_promote(acc, loop.carried[1], smem, bir.add(prev, scales0), wg,
+                                   tiles))
+            with br.else_():
+                br.yield_(acc)
+            acc, blk = br.results[0], loop.carried[1]
         W.fence()
         for h in range(kstep // 16):
-            acc = W.mma_async_bf16(acc, W.advance(da, 2 * h * LBO), W.advance(db, 2 * h * LBO),
-                                   tiles.bn)
+            if tiles.promote:
+                blk = W.mma_async(blk, W.advance(da, 2 * h * LBO), W.advance(db, 2 * h * LBO),
+                                  tiles.bn, dtype=tiles.mma_type, accumulate=h > 0)
+            else:
+                acc = W.mma_async(acc, W.advance(da, 2 * h * LBO),
+                                  W.advance(db, 2 * h * LBO), tiles.bn, dtype=tiles.mma_type)
         W.commit_group()
-        W.wait_group(1)
-        loop.yield_(acc, *regs[2:], *nxt)
+        if tiles.promote:
+            loop.yield_(acc, blk, *regs[2:], *nxt)
+        else:
+            W.wait_group(1)
+            loop.yield_(acc, *regs[2:], *nxt)
     W.wait_group(0)
-    return loop.results[0], wg
+    acc = loop.results[0]
+    if tiles.promote:
+        last = bir.mul(bir.urem(bir.add(steps, STAGES - 1), STAGES), tiles.stage_bytes)
+        br = bir.if_(bir.ult(bir.const(0), steps), [acc.type])
+        with br.then():
+            br.yield_(_promote(acc, loop.results[1], smem, bir.add(last, scales0), wg, tiles))
+        with br.else_():
+            br.yield_(acc)
+        acc = br.results[0]
+    return acc, wg
 
 
 def accumulator_tiles(acc: Value, n: int) -> list[list[list[Value]]]:

@@ -1,24 +1,34 @@
-"""sm_90a (Hopper) block-scaled matmul on warpgroup MMAs (``wgmma``).
+"""sm_90a (Hopper) block-scaled matmul on warpgroup MMAs (``wgmma``): NVFP4, MXFP4, MXFP8.
 
 Same contract as :func:`blockscale.ops.matmul.block_scaled_matmul` (SEMANTICS §4.1): 5-D
 scales, fp32 accumulation, ``alpha`` on the fp32 accumulator, bf16 (RNE) or f32 output, an
 optional fused :class:`~blockscale.ops.matmul_epilogue.Epilogue`.
 
 Kernel (see :mod:`blockscale.ops._wgmma_ir`): a CTA of ``bm / 64`` warpgroups computes a
-``bm x bn`` tile of C (default 128 x 128, 256 threads); per K-step of 32 elements every
-thread dequantizes one row of A or B to bf16 with its E4M3 block scale folded in (exact)
-into shared memory in the wgmma K-major layout, then each warpgroup runs
-``wgmma.mma_async.m64n{bn}k16.f32.bf16.bf16`` per NVFP4 block from shared-memory descriptors
-into fp32 accumulators (3 shared stages, one barrier per step); the epilogue multiplies by
-alpha and stores with bounds masks. FP4 results equal the portable kernel's bit for bit in the
-interpreter (one fp32 rounding per block, in the same order).
+``bm x bn`` tile of C (128 x 128, 256 threads; 64 x 64 when there are few tiles); per K-step
+every thread dequantizes one row of A or B to bf16 (FP4) or f16 (E4M3) into shared memory in
+the wgmma K-major layout, then each warpgroup runs ``wgmma.mma_async.m64n{bn}k16`` from
+shared-memory descriptors into fp32 accumulators (3 shared stages, one barrier per step).
+Variants (:data:`VARIANTS`, spec fields ``dequant``, ``scaling``, ``kstep``):
+
+* ``scaling="fold"``: the block scales are folded into the operands, exactly (NVFP4:
+  E2M1 x E4M3 has <= 6 significant bits; MX: E2M1 x 2^(e - 127 - 2), see
+  ``_wgmma_ir.MX_FOLD_EXP``), and the wgmmas accumulate in place. NVFP4: one k16 per block,
+  one rounding per block (the portable kernel's roundings in the interpreter's model); MX:
+  a 32-block is two k16s, so up to two roundings per block.
+* ``scaling="promote"`` (MX): plain operands; each block's two k16 wgmmas start from zero
+  into a second fragment, added as ``acc = fma(blk, sA * sB, acc)`` one step later (the
+  mma.sync kernel's scheme; MXFP4 equals the portable kernel bit for bit).
+* ``dequant``: "lut" (``prmt`` tables), "shift" (NVFP4 bit placement), "cvt" (MXFP8:
+  ``cvt.rn.f16x2.e4m3x2``); ``kstep`` 32 or 64 K elements per step.
 
 Dispatch: the :data:`blockscale.ops.matmul.FAST_PATHS` entry (placed before the mma.sync
-kernel's) runs by default on sm_90a for M > 16 and K % 32 == 0, with the default variant
-(``dequant="shift"``, ``kstep=64``); ``BLOCKSCALE_SM90_WGMMA=0`` turns it off (the mma.sync
+kernel's) runs by default on sm_90a for M > 16 and K % 32 == 0, with the format's
+:data:`DEFAULTS` variant (NVFP4 shift/fold/k64, MX promote/k32); ``BLOCKSCALE_SM90_WGMMA=0`` turns it off (the mma.sync
 kernel, which also takes what this one does not, runs instead). On the H200 the f32 results
 are within the stated fp32 bound but not bit-identical to the portable kernel (HGMMA's fp32
-accumulation rounds differently from the interpreter's model). Importing this module does not import MLIR.
+accumulation rounds differently from the interpreter's model). Importing this module does
+not import MLIR.
 """
 
 from __future__ import annotations
@@ -41,15 +51,26 @@ KERNEL_SOURCES = ("blockscale.ops._wgmma_ir", "blockscale.ops._mma_ir",
                   "blockscale.ops.matmul_epilogue", "blockscale.ops._matmul_ir",
                   "blockscale.ops.matmul_sm90")
 TARGETS = ("sm_90a",)
-FORMATS = ("nvfp4",)
+FORMATS = ("nvfp4", "mxfp4", "mxfp8")
 TILE_CHOICES = ((128, 128), (64, 64))
-#: = blockscale.ops._wgmma_ir.DEQUANT (repeated: this module does not import MLIR)
+#: NVFP4's dequantization variants (= blockscale.ops._wgmma_ir.DEQUANT; this module does not
+#: import MLIR)
 DEQUANT = ("lut", "shift")
 KSTEPS = (32, 64)  # = blockscale.ops._wgmma_ir.KSTEPS
+#: fmt -> {(dequant, scaling): K-steps built} (= blockscale.ops._wgmma_ir.VARIANTS)
+VARIANTS = {
+    "nvfp4": {("lut", "fold"): (32, 64), ("shift", "fold"): (32, 64)},
+    "mxfp4": {("lut", "fold"): (32, 64), ("lut", "promote"): (32,)},
+    "mxfp8": {("cvt", "promote"): (32,)},
+}
 #: the default variant (the fastest of the first H200 run: shift-k64 1.45 ms vs lut-k32 2.02
 #: ms at 8192 x 5760 x 2944, host overhead included)
-DEFAULT_DEQUANT = {"nvfp4": "shift"}
+DEFAULT_DEQUANT = {"nvfp4": "shift", "mxfp4": "lut", "mxfp8": "cvt"}
 DEFAULT_KSTEP = 64
+#: fmt -> (dequant, scaling, kstep) of the dispatch. MX: "promote" (per-block sums added with
+#: the portable kernel's one rounding; "fold" rounds twice per 32-block, see _wgmma_ir)
+DEFAULTS = {"nvfp4": ("shift", "fold", DEFAULT_KSTEP), "mxfp4": ("lut", "promote", 32),
+            "mxfp8": ("cvt", "promote", 32)}
 #: the dispatch takes M > MIN_M (smaller M: the decode / mma.sync kernels)
 MIN_M = 16
 #: BLOCKSCALE_SM90_WGMMA=0 turns the fast path off (on by default)
@@ -61,14 +82,15 @@ class WgmmaMatmulSpec(FormatSpec):
     """What one sm_90a wgmma dense matmul kernel is specialised on.
 
     Attributes:
-        fmt: "nvfp4".
+        fmt: "nvfp4" | "mxfp4" | "mxfp8".
         out_dtype: "bfloat16" | "float32".
         epilogue: an optional fused :class:`Epilogue`.
         bm, bn: the CTA tile (one of :data:`TILE_CHOICES`).
         target: "sm_90a".
-        dequant: "lut" | "shift" (:data:`blockscale.ops._wgmma_ir.DEQUANT`).
+        dequant: "lut" | "shift" (FP4), "cvt" (MXFP8); None: the format's default.
         kstep: K elements per step, 32 or 64 (:data:`blockscale.ops._wgmma_ir.KSTEPS`; 64
-            with 128 x 128 tiles takes 96 KiB of dynamic shared memory).
+            with 128 x 128 tiles takes 96 KiB of dynamic shared memory); None: default.
+        scaling: "fold" | "promote" (:data:`VARIANTS`); None: the format's default.
     """
 
     fmt: str
@@ -77,8 +99,9 @@ class WgmmaMatmulSpec(FormatSpec):
     bm: int = 128
     bn: int = 128
     target: str = "sm_90a"
-    dequant: str = "shift"
-    kstep: int = DEFAULT_KSTEP
+    dequant: str | None = None
+    kstep: int | None = None
+    scaling: str | None = None
 
     op: ClassVar[str] = "block_scaled_matmul_wgmma"
 
@@ -94,14 +117,30 @@ class WgmmaMatmulSpec(FormatSpec):
                              f"{(self.bm, self.bn)}")
         object.__setattr__(self, "target", H.target_name(self.target))
         H.check_choice(self.target, TARGETS, "target")
-        H.check_choice(self.dequant, DEQUANT, "dequant")
-        if self.kstep not in KSTEPS:
-            raise ValueError(f"kstep must be one of {KSTEPS}, got {self.kstep}")
+        dq, sc, ks = DEFAULTS[self.fmt]
+        variants = VARIANTS[self.fmt]
+        if self.dequant is None:
+            object.__setattr__(self, "dequant", dq)
+        if self.scaling is None:  # the default's, else the first built with this dequant
+            object.__setattr__(self, "scaling", sc if self.dequant == dq else next(
+                (s for d, s in variants if d == self.dequant), "fold"))
+        if self.kstep is None:  # the default's, else the variant's largest
+            object.__setattr__(self, "kstep", ks if (self.dequant, self.scaling) == (dq, sc)
+                               else max(variants.get((self.dequant, self.scaling), KSTEPS)))
+        if (self.dequant, self.scaling) not in variants:
+            raise ValueError(f"(dequant, scaling) must be one of {list(variants)} for "
+                             f"{self.fmt}, got {(self.dequant, self.scaling)}")
+        ksteps = variants[(self.dequant, self.scaling)]
+        if self.kstep not in ksteps:
+            raise ValueError(f"kstep must be one of {ksteps} for {self.fmt} "
+                             f"{self.dequant}/{self.scaling}, got {self.kstep}")
 
     @property
     def shared_bytes(self) -> int:
-        """Shared memory of the 3 stages (= _wgmma_ir.Tiles.shared_bytes)."""
-        return 3 * (self.bm + self.bn) * 2 * self.kstep
+        """Shared memory of the 3 stages (= _wgmma_ir.Tiles.shared_bytes): bf16 / f16
+        operands, plus the f32 scales of "promote"."""
+        per_row = 2 * self.kstep + (4 if self.scaling == "promote" else 0)
+        return 3 * (self.bm + self.bn) * per_row
 
     @property
     def dynamic_shared_bytes(self) -> int:
@@ -115,8 +154,7 @@ class WgmmaMatmulSpec(FormatSpec):
     @property
     def kernel_name(self) -> str:
         ep = f"_ep{self.epilogue.key[:10]}" if self.epilogue else ""
-        dq = ("" if self.dequant == "lut" else f"_{self.dequant}") + \
-            ("" if self.kstep == 32 else f"_k{self.kstep}")
+        dq = f"_{self.dequant}_{self.scaling}_k{self.kstep}"
         return (f"bs_matmul_wgmma_{self.fmt}_{self.bm}x{self.bn}{dq}_{H.out_tag(self.out_dtype)}"
                 f"{ep}")
 
@@ -139,19 +177,21 @@ def build(spec: WgmmaMatmulSpec) -> Any:
     import blockscale.ops._wgmma_ir as X
     from blockscale.compiler import ir as bir
 
-    tiles = X.Tiles(spec.bm, spec.bn, spec.kstep)
+    tiles = X.Tiles(spec.bm, spec.bn, spec.kstep, spec.fmt, spec.scaling)
+    if X.VARIANTS != VARIANTS:
+        raise AssertionError("matmul_wgmma.VARIANTS disagrees with _wgmma_ir.VARIANTS")
     if tiles.shared_bytes != spec.shared_bytes:
         raise AssertionError("WgmmaMatmulSpec.shared_bytes disagrees with _wgmma_ir.Tiles")
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         m_count, n_count, k = (bir.as_index(kb.arg(x)) for x in ("m", "n", "k"))
         m0 = bir.mul(bir.block_idx("y"), spec.bm)
         n0 = bir.mul(bir.block_idx("x"), spec.bn)
-        d1 = bir.ceil_div(bir.ceil_div(k, 16), 4)
+        d1 = bir.ceil_div(bir.ceil_div(k, tiles.block), 4)
         # scale rows m0 + r < ceil(M/128)*128 for every local r (bm divides 128): in bounds
         a = _sm90.tile_operand(kb.arg("a"), kb.arg("sfa"), m0, m0, m_count, m0, d1)
         b = _sm90.tile_operand(kb.arg("b"), kb.arg("sfb"), n0, n0, n_count, n0, d1)
         acc, wg = X.emit_mainloop(kb, tiles, a, b, k, spec.dequant)
-        fix = X.accumulator_scale(spec.dequant)
+        fix = X.accumulator_scale(spec.dequant, spec.fmt, spec.scaling)
 
         def scale(v: Any, m: Any, n: Any) -> Any:
             if fix != 1.0:  # exact power of two first, then alpha (as the portable kernel)
@@ -172,7 +212,8 @@ def enabled() -> bool:
 
 
 def supported(fmt: Format, k: int) -> bool:
-    """NVFP4 rows of whole 16-byte pieces (K % 32 == 0)."""
+    """NVFP4 / MXFP4 / MXFP8 with K % 32 == 0 (rows of whole 16-byte pieces, whole MX
+    blocks)."""
     return fmt.name in FORMATS and k % 32 == 0
 
 
@@ -183,7 +224,7 @@ def choose_tiles(m: int, n: int) -> tuple[int, int]:
 
 def spec_for(fmt: Format, m: int, n: int, out_dtype: str = "bfloat16",
              epilogue: Epilogue | None = None, target: str = "sm_90a") -> WgmmaMatmulSpec:
-    """The spec the fast path uses for a problem shape."""
+    """The spec the fast path uses for a problem shape (the format's :data:`DEFAULTS`)."""
     bm, bn = choose_tiles(m, n)
     return WgmmaMatmulSpec(fmt.name, out_dtype, epilogue, bm, bn, target)
 
@@ -203,20 +244,21 @@ def block_scaled_matmul_wgmma(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | 
                               k: int | None = None, alpha: float = 1.0,
                               out_dtype: str = "bfloat16", epilogue: Epilogue | None = None,
                               epilogue_inputs: dict[str, Any] | None = None,
-                              tiles: tuple[int, int] | None = None, dequant: str = "shift",
-                              kstep: int = DEFAULT_KSTEP, device: Any = None) -> Any:
+                              tiles: tuple[int, int] | None = None, dequant: str | None = None,
+                              kstep: int | None = None, scaling: str | None = None,
+                              device: Any = None) -> Any:
     """The wgmma kernel called directly (no dispatch, no env switch), e.g. by tests and
-    benchmarks. Same arguments as
-    :func:`blockscale.ops.matmul_sm90.block_scaled_matmul_sm90`, plus ``dequant`` and ``kstep``. Raises ValueError for formats
-    other than NVFP4 or K % 32 != 0."""
+    benchmarks. Same arguments as :func:`blockscale.ops.matmul_sm90.block_scaled_matmul_sm90`,
+    plus the variant: ``dequant``, ``kstep``, ``scaling`` (:class:`WgmmaMatmulSpec`; None:
+    the format's default). Raises ValueError when K % 32 != 0 or the variant is not built."""
     fmt = Format.from_name(fmt)
     d = _matmul._validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
     if not supported(fmt, d.k):
-        raise ValueError(f"the sm_90a wgmma kernel takes NVFP4 with k % 32 == 0, got "
+        raise ValueError(f"the sm_90a wgmma kernel takes k % 32 == 0, got "
                          f"{fmt.name}, k={d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
     bm, bn = tiles if tiles is not None else choose_tiles(d.m, d.n)
-    spec = WgmmaMatmulSpec(fmt.name, out_dtype, epilogue, bm, bn, tgt, dequant, kstep)
+    spec = WgmmaMatmulSpec(fmt.name, out_dtype, epilogue, bm, bn, tgt, dequant, kstep, scaling)
     return _matmul._run_dense(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}),
                               dev, grid(spec, d.m, d.n))
 
@@ -235,10 +277,10 @@ def bundle_specs(target: str = "sm_90a") -> list[WgmmaMatmulSpec]:
     """Every spec the GPU tests and the benchmark use on ``target`` (none off sm_90a)."""
     if target not in TARGETS:
         return []
-    specs = {dataclasses.replace(spec_for(Format.from_name("nvfp4"), m, n, o, None, target),
-                                 dequant=dq, kstep=ks)
-             for o in _matmul.OUT_DTYPES for m, n, _ in GPU_SHAPES for dq in DEQUANT
-             for ks in KSTEPS}
+    specs = {dataclasses.replace(spec_for(Format.from_name(f), m, n, o, None, target),
+                                 dequant=dq, scaling=sc, kstep=ks)
+             for f, variants in VARIANTS.items() for (dq, sc), ksteps in variants.items()
+             for ks in ksteps for o in _matmul.OUT_DTYPES for m, n, _ in GPU_SHAPES}
     return sorted(specs, key=lambda s: s.kernel_name)
 
 

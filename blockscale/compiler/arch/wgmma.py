@@ -148,24 +148,39 @@ def wait_group(pending: int, *, loc: ir.Location | None = None) -> None:
         nvvm.wgmma_wait_group_sync_aligned(pending)
 
 
-def mma_async_bf16(acc: ir.Value, desc_a: ir.Value, desc_b: ir.Value, n: int, *,
-                   accumulate: bool = True, loc: ir.Location | None = None) -> ir.Value:
-    """``wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16`` (HGMMA.64xNx16.F32.BF16 in
-    SASS) with both operands K-major in shared memory: returns the new accumulator fragment
-    ``A @ B + (acc if accumulate else 0)``. Must be bracketed by :func:`fence` /
-    :func:`commit_group` / :func:`wait_group` (module docstring)."""
+#: operand types of :func:`mma_async` (both operands the same type, 2-byte elements, k16)
+MMA_TYPES = ("bf16", "f16")
+
+
+def mma_async(acc: ir.Value, desc_a: ir.Value, desc_b: ir.Value, n: int, *,
+              dtype: str = "bf16", accumulate: bool = True,
+              loc: ir.Location | None = None) -> ir.Value:
+    """``wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}.{bf16,f16}``
+    (HGMMA.64xNx16.F32[.BF16] in SASS) with both operands K-major in shared memory: returns
+    the new accumulator fragment ``A @ B + (acc if accumulate else 0)`` (``acc`` is then
+    only a placeholder). Must be bracketed by :func:`fence` / :func:`commit_group` /
+    :func:`wait_group` (module docstring)."""
+    if dtype not in MMA_TYPES:
+        raise ValueError(f"dtype must be one of {MMA_TYPES}, got {dtype!r}")
     t = accumulator_type(n)
+    ty = nvvm.WGMMATypes.bf16 if dtype == "bf16" else nvvm.WGMMATypes.f16
     with _loc(loc):
         shape = ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = 16>")
         return nvvm.wgmma_mma_async(
-            t, acc, desc_a, desc_b, shape, nvvm.WGMMATypes.bf16, nvvm.WGMMATypes.bf16,
-            nvvm.WGMMATypes.f32,
+            t, acc, desc_a, desc_b, shape, ty, ty, nvvm.WGMMATypes.f32,
             nvvm.WGMMAScaleOut.one if accumulate else nvvm.WGMMAScaleOut.zero,
             nvvm.WGMMAScaleIn.one, nvvm.WGMMAScaleIn.one,
             nvvm.MMALayout.row, nvvm.MMALayout.col)
 
 
-__all__ = ["SWIZZLE_MODES", "accumulator_type", "accumulator_values", "advance",
+def mma_async_bf16(acc: ir.Value, desc_a: ir.Value, desc_b: ir.Value, n: int, *,
+                   accumulate: bool = True, loc: ir.Location | None = None) -> ir.Value:
+    """:func:`mma_async` on bf16 operands (``...m64nNk16.f32.bf16.bf16``,
+    HGMMA.64xNx16.F32.BF16)."""
+    return mma_async(acc, desc_a, desc_b, n, dtype="bf16", accumulate=accumulate, loc=loc)
+
+
+__all__ = ["MMA_TYPES", "SWIZZLE_MODES", "accumulator_type", "accumulator_values", "advance",
            "commit_group", "descriptor", "descriptor_bits", "fence",
-           "fence_proxy_async_shared", "mma_async_bf16", "shared_address",
+           "fence_proxy_async_shared", "mma_async", "mma_async_bf16", "shared_address",
            "wait_group", "zero_accumulator"]

@@ -1,7 +1,7 @@
 """Warpgroup MMA (sm_90a ``wgmma``) and shared addresses, modeled from the PTX ISA.
 
 Ops: ``memref.extract_aligned_pointer_as_index`` (of workgroup memrefs), ``llvm.mlir.zero``
-(of f32 structs), ``nvvm.fence.proxy`` (async.shared), ``nvvm.wgmma.fence.aligned``,
+and ``llvm.insertvalue`` (of f32 structs), ``nvvm.fence.proxy`` (async.shared), ``nvvm.wgmma.fence.aligned``,
 ``nvvm.wgmma.mma_async``, ``nvvm.wgmma.commit.group.sync.aligned``,
 ``nvvm.wgmma.wait.group.sync.aligned``. ``blockscale/compiler/arch/wgmma.py`` restates the
 ISA definitions this module implements independently:
@@ -115,6 +115,26 @@ def _zero(op: Any, c: Compiler):
     return run
 
 
+@handles("llvm.insertvalue")
+def _insertvalue(op: Any, c: Compiler):
+    """``llvm.insertvalue`` of an f32 into an f32 struct (an accumulator fragment)."""
+    t = type_str(op.results[0])
+    text = str(op.attributes["position"])  # "array<i64: 0>"
+    pos = [int(x) for x in re.findall(r"-?\d+", text.split(":", 1)[-1])]
+    m = re.fullmatch(r"!llvm\.struct<\(((?:f32, )*f32)\)>", t)
+    if m is None or len(pos) != 1:
+        raise NotImplementedError(f"interpreter: llvm.insertvalue {pos} into {t}")
+    n, p = m.group(1).count("f32"), pos[0]
+    src, val = c.slots(op.operands)
+    out = c.slot(op.results[0])
+
+    def run(f: Frame) -> None:
+        res = np.array(np.broadcast_to(f.full(f.vals[src]), (f.T, n)), np.float32)
+        res[:, p] = f.full(f.vals[val])
+        f.vals[out] = res
+    return run
+
+
 # ---- operand addressing ------------------------------------------------------------------
 
 
@@ -141,11 +161,12 @@ def operand_addresses(desc: int, rows: int) -> np.ndarray:
     return a ^ (((a >> 7) & (span // 16 - 1)) << 4)
 
 
-def read_operand(data: np.ndarray, offs: np.ndarray) -> np.ndarray:
-    """bf16 values (float64) at byte offsets ``offs`` [rows, 32] of a uint8 row."""
+def read_operand(data: np.ndarray, offs: np.ndarray, dtype: Any = ml_dtypes.bfloat16
+                 ) -> np.ndarray:
+    """bf16 (or f16) values (float64) at byte offsets ``offs`` [rows, 32] of a uint8 row."""
     lo = data[offs[:, 0::2]].astype(np.uint16)
     hi = data[offs[:, 1::2]].astype(np.uint16)
-    return (lo | (hi << 8)).view(ml_dtypes.bfloat16).astype(np.float64)
+    return (lo | (hi << 8)).view(dtype).astype(np.float64)
 
 
 def fragment_coords(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -275,8 +296,10 @@ def _mma_async(op: Any, c: Compiler):
     types = [str(op.attributes[x]) for x in ("typeA", "typeB", "typeD")]
     lay = [str(op.attributes[x]) for x in ("layoutA", "layoutB")]
     scales = [str(op.attributes[x]) for x in ("scaleA", "scaleB")]
-    if not ("bf16" in types[0] and "bf16" in types[1] and "f32" in types[2]):
-        raise NotImplementedError(f"interpreter: wgmma types {types} (only bf16 -> f32)")
+    ab = [t.rsplit("<", 1)[-1].rstrip(">").strip() for t in types[:2]]
+    if not (ab[0] == ab[1] and ab[0] in ("bf16", "f16") and "f32" in types[2]):
+        raise NotImplementedError(f"interpreter: wgmma types {types} (bf16 / f16 -> f32)")
+    dtype = ml_dtypes.bfloat16 if ab[0] == "bf16" else np.float16
     if "row" not in lay[0] or "col" not in lay[1] or any("one" not in s for s in scales):
         raise NotImplementedError(f"interpreter: wgmma layouts {lay} / scales {scales} "
                                   "(only K-major A and B, no negation)")
@@ -303,7 +326,7 @@ def _mma_async(op: Any, c: Compiler):
             raise WgmmaOrderError(
                 f"wgmma.mma_async reads bytes of {buf.name} in {f.describe_block(blk)} written "
                 "after the last fence.proxy.async.shared::cta (or with none)")
-        return read_operand(data, offs), (buf, offs, snap)
+        return read_operand(data, offs, dtype), (buf, offs, snap)
 
     def run(f: Frame) -> None:
         st = _state(f)
