@@ -23,8 +23,11 @@ def _ops(sass: str) -> list[str]:
     return [m.group(1) for line in sass.splitlines() if (m := _INSN.match(line))]
 
 
-@pytest.mark.parametrize("spec", matmul_decode.bundle_specs("sm_90a"),
-                         ids=lambda s: s.kernel_name)
+SIMT = [s for s in matmul_decode.bundle_specs("sm_90a") if s.variant == "simt"]
+MMA = [s for s in matmul_decode.bundle_specs("sm_90a") if s.variant == "mma"]
+
+
+@pytest.mark.parametrize("spec", SIMT, ids=lambda s: s.kernel_name)
 def test_decode_sass(spec):
     kernel = matmul_decode.kernel(spec)
     meta, ops = kernel.meta, _ops(kernel.asm["sass"])
@@ -54,3 +57,24 @@ def test_report_registers(capsys):
         with capsys.disabled():
             print(f"{k.name}: {k.meta['registers']} regs, spills {k.meta['spill_stores']}/"
                   f"{k.meta['spill_loads']}, {k.meta['static_shared_bytes']} B smem")
+
+
+@pytest.mark.parametrize("spec", MMA, ids=lambda s: s.kernel_name)
+def test_decode_mma_sass(spec):
+    """The mma variant: HMMA.16816.F32 (32 per step and n-tile: the one- and two-n-tile
+    paths), 16-byte weight loads (8 per thread and step, issued before the step's MMAs),
+    <= 128 registers (4 CTAs of 128 threads per SM), <= 48 KB static shared memory, and no
+    spill between the step's second barrier and its last MMA (ptxas spills loop-invariant
+    addresses, reloaded a few times per 16 KB step in the staging part)."""
+    kernel = matmul_decode.kernel(spec)
+    meta, ops = kernel.meta, _ops(kernel.asm["sass"])
+    assert 0 < meta["registers"] <= matmul_decode.MAX_REGISTERS, meta
+    assert ops.count("HMMA.16816.F32") == 32 * 3, ops.count("HMMA.16816.F32")
+    assert ops.count("LDG.E.128") >= 2 * 8
+    bars = [i for i, o in enumerate(ops) if o == "BAR.SYNC.DEFER_BLOCKING"]
+    last_mma = len(ops) - 1 - ops[::-1].index("HMMA.16816.F32")
+    second = max(b for b in bars if b < last_mma)
+    compute = ops[second:last_mma]
+    assert not [o for o in compute if o.startswith(("STL", "LDL"))], "spill in the MMAs"
+    assert "LDG.E.128" in compute  # the next step's weights are in flight during the MMAs
+    assert meta["static_shared_bytes"] <= 48 * 1024
