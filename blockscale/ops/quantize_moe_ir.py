@@ -144,11 +144,13 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
     u_hi = arith.divui(arith.muli(arith.addi(by, _c64(1)), total), gy)
 
     def group_state(g: ir.Value) -> list[ir.Value]:
-        """(g, first unit of g+1, tensor_sf, 1/tensor_sf) of group g; refills the table."""
-        hi = B.load(t_units, arith.addi(g, _c64(1)))
-        out = [arith.trunci(i32, g), hi]
+        """Group g's loop-carried state: (first unit of g+1, first unit of g, first row,
+        end row, first tile, expert id[, tensor_sf, 1/tensor_sf]) (i32, f32); refills the
+        NVFP4 reciprocal table."""
+        out = [B.load(t_units, arith.addi(g, _c64(1))), B.load(t_units, g),
+               B.load(t_start, g), B.load(t_end, g), B.load(t_tile0, g), B.load(t_ids, g)]
         if nvfp4:
-            expert = B.load(t_ids, g)
+            expert = out[5]
             expert = arith.select(arith.cmpi(arith.CmpIPredicate.sge, expert, _c32(0)),
                                   expert, _c32(0))
             v = B.load(a("tensor_sf"), B.cast_int(expert, B.index(), signed=True))
@@ -163,14 +165,14 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
             out += [tsf, inv_tsf]
         return out
 
-    carry_types = [i32, i32] + ([B.f32(), B.f32()] if nvfp4 else [])
-    init = [_c32(0), _c32(0)] + ([_cf(1.0), _cf(1.0)] if nvfp4 else [])
+    carry_types = [i32] * 6 + ([B.f32(), B.f32()] if nvfp4 else [])
+    init = [_c32(0)] * 6 + ([_cf(1.0), _cf(1.0)] if nvfp4 else [])
     with B.for_range(u_lo, u_hi, carry=init) as loop:
         u = B.cast_int(loop.iv, i64)
         is_data = arith.cmpi(arith.CmpIPredicate.ult, u, n_data)
         br = B.if_(is_data, carry_types)
         with br.then():
-            leave = arith.cmpi(arith.CmpIPredicate.uge, u, arith.extsi(i64, loop.carried[1]))
+            leave = arith.cmpi(arith.CmpIPredicate.uge, u, arith.extsi(i64, loop.carried[0]))
             sb = B.if_(leave, carry_types)
             with sb.then():
                 lo, hi = _c64(0), _c64(MAX_GROUPS)
@@ -184,12 +186,11 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
             with sb.else_():
                 sb.yield_(*loop.carried)
             state = list(sb.results)
-            g = arith.extsi(i64, state[0])
-            tsf, inv_tsf = (state[2], state[3]) if nvfp4 else (None, None)
+            tsf, inv_tsf = (state[6], state[7]) if nvfp4 else (None, None)
             if table is not None:
                 k.recip_table = table
-            _data_unit(k, kb, co, ld_cols, in_stride, d1, s_jpart, g, u, upr_log2,
-                       t_start, t_end, t_tile0, t_ids, t_units, tsf, inv_tsf)
+            _data_unit(k, kb, co, ld_cols, in_stride, d1, s_jpart, u, upr_log2,
+                       [arith.extsi(i64, v) for v in state[1:5]], state[5], tsf, inv_tsf)
             br.yield_(*state)
         with br.else_():
             _padding_unit(k, kb, co, d1, arith.subi(u, n_data), t_start, t_end, t_tile0,
@@ -242,19 +243,18 @@ def _padding_unit(k: QI._Ctx, kb: B.KernelBuilder, co: QI._Coords, d1: ir.Value,
 
 
 def _data_unit(k: QI._Ctx, kb: B.KernelBuilder, co: QI._Coords, ld_cols: list[ir.Value],
-               in_stride: ir.Value, d1: ir.Value, s_jpart: ir.Value, g: ir.Value,
-               u: ir.Value, upr_log2: ir.Value, t_start: ir.Value, t_end: ir.Value,
-               t_tile0: ir.Value, t_ids: ir.Value, t_units: ir.Value,
+               in_stride: ir.Value, d1: ir.Value, s_jpart: ir.Value, u: ir.Value,
+               upr_log2: ir.Value, group: list[ir.Value], expert: ir.Value,
                tsf: ir.Value | None, inv_tsf: ir.Value | None) -> None:
-    """Quantize data unit ``u`` of group ``g``: loads of all its row groups, then each."""
+    """Quantize data unit ``u`` of the group whose (first unit, first row, end row, first
+    tile) are ``group``: loads of all its row groups, then each."""
     spec = k.spec
     i64 = B.i64()
     a = kb.arg
     ncols = a("k")
-    start, end, t0 = _lds(t_start, g), _lds(t_end, g), _lds(t_tile0, g)
-    expert = B.load(t_ids, g)
+    ufirst, start, end, t0 = group
     active = arith.cmpi(arith.CmpIPredicate.sge, expert, _c32(0))
-    first = arith.shli(arith.subi(u, _lds(t_units, g)), upr_log2)
+    first = arith.shli(arith.subi(u, ufirst), upr_log2)
     subs = []
     for s in range(spec.unroll):
         rel = arith.addi(first, arith.addi(arith.shli(_c64(s), co.rpb_log2), co.ri))
