@@ -12,13 +12,15 @@ one row per (M, implementation): milliseconds, TFLOP/s (2*M*N*K), and the check 
 
 Implementations:
 
-* ``blockscale``: ``ops.block_scaled_matmul`` (the sm_90a tensor-core fast path of
-  ``ops.matmul_sm90`` when it accepts the shape, else the portable kernel);
-* ``blockscale-wgmma``: the same call with ``BLOCKSCALE_SM90_WGMMA=1`` (the sm_90a wgmma
-  kernel of ``ops.matmul_wgmma``; NVFP4 only, called directly for M <= 16);
-  ``blockscale-wgmma-{lut|shift}-k{32|64}``: its other variants (``dequant``, ``kstep``;
-  called directly);
-* ``blockscale-portable``: the same call with the fast path off (``BLOCKSCALE_SM90_FAST=0``);
+* ``blockscale``: ``ops.block_scaled_matmul`` (on sm_90a the wgmma kernel of
+  ``ops.matmul_wgmma`` for M > 16, else the decode / mma.sync fast paths, else the portable
+  kernel);
+* ``blockscale-mma``: the same call with ``BLOCKSCALE_SM90_WGMMA=0`` (the mma.sync kernel of
+  ``ops.matmul_sm90``);
+* ``blockscale-wgmma-{dequant}-{scaling}-k{kstep}``: every variant of the wgmma kernel
+  (``matmul_wgmma.VARIANTS``), called directly;
+* ``blockscale-portable``: the same call with both fast paths off (``BLOCKSCALE_SM90_FAST=0``,
+  ``BLOCKSCALE_SM90_WGMMA=0``);
 * ``torch-bf16``: ``torch.matmul`` on bf16 dequantized A and B (the W4A16 upper bound a
   dequantize-then-GEMM path reaches);
 * ``torch-fp8-rowwise``: ``torch._scaled_mm`` with FP8 E4M3 A/B and per-row / per-column f32
@@ -54,14 +56,14 @@ def _random_case(rng: np.random.Generator, fmt: Format, m: int, n: int, k: int):
 
 
 def _check_rows(out: np.ndarray, a_deq: np.ndarray, b_deq: np.ndarray, rows: np.ndarray,
-                fmt: Format, k: int, strict: bool) -> str:
+                fmt: Format, k: int, strict: bool, n_mul: int = 1) -> str:
     from test_matmul_common import assert_bf16_consistent, f32_error_bound
 
     exact = a_deq[rows] @ b_deq.T
     got = np.asarray(out)[rows]
     rel = float(np.abs(got.astype(np.float64) - exact).max() / max(np.abs(exact).max(), 1e-30))
     if strict:
-        bound = f32_error_bound(np.abs(a_deq[rows]) @ np.abs(b_deq).T, fmt, k, n_mul=1)
+        bound = f32_error_bound(np.abs(a_deq[rows]) @ np.abs(b_deq).T, fmt, k, n_mul=n_mul)
         try:
             assert_bf16_consistent(got, exact, bound)
         except AssertionError as e:
@@ -152,27 +154,30 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
 
     from blockscale.ops import matmul_sm90, matmul_wgmma
 
-    if matmul_wgmma.supported(fmt, k):  # the flag-gated wgmma kernel (NVFP4)
-        os.environ[matmul_wgmma.ENV_SWITCH] = "1"
+    if matmul_wgmma.supported(fmt, k):  # the wgmma kernel (the default dispatch for M > 16)
+        os.environ[matmul_wgmma.ENV_SWITCH] = "0"  # the mma.sync kernel, for comparison
         try:
-            def wg() -> Any:
-                if m <= 16:  # the decode kernel comes first in the dispatch: call directly
-                    return matmul_wgmma.block_scaled_matmul_wgmma(*args, fmt, k=k, device=dev)
-                return matmul.block_scaled_matmul(*args, fmt, k=k, device=dev, target="sm_90a")
-            check = _check_rows(dev.to_host(wg()), a_deq, b_deq, rows, fmt, k, strict=True)
-            record("blockscale-wgmma", _timer(wg, iters, dev.synchronize), check)
+            out = matmul.block_scaled_matmul(*args, fmt, k=k, device=dev, target="sm_90a")
+            check = _check_rows(dev.to_host(out), a_deq, b_deq, rows, fmt, k, strict=True)
+            record("blockscale-mma",
+                   _timer(lambda: matmul.block_scaled_matmul(*args, fmt, k=k, device=dev,
+                                                             target="sm_90a"),
+                          iters, dev.synchronize), check)
         finally:
             del os.environ[matmul_wgmma.ENV_SWITCH]
-
-        for dq, ks in (("shift", 32), ("lut", 64), ("shift", 64)):  # the other variants
-            def wg_variant(dq: str = dq, ks: int = ks) -> Any:
+        variants = [(dq, sc, ks) for (dq, sc), ksteps in matmul_wgmma.VARIANTS[fmt.name].items()
+                    for ks in ksteps]
+        for dq, sc, ks in variants:  # every variant, called directly
+            def wg_variant(dq: str = dq, sc: str = sc, ks: int = ks) -> Any:
                 return matmul_wgmma.block_scaled_matmul_wgmma(*args, fmt, k=k, device=dev,
-                                                              dequant=dq, kstep=ks)
+                                                              dequant=dq, scaling=sc, kstep=ks)
+            extra = fmt.kblocks(k) if fmt.is_mx and sc == "fold" else 0  # 2 k16s per block
             check = _check_rows(dev.to_host(wg_variant()), a_deq, b_deq, rows, fmt, k,
-                                strict=True)
-            record(f"blockscale-wgmma-{dq}-k{ks}", _timer(wg_variant, iters, dev.synchronize),
-                   check)
+                                strict=True, n_mul=1 + extra)
+            record(f"blockscale-wgmma-{dq}-{sc}-k{ks}",
+                   _timer(wg_variant, iters, dev.synchronize), check)
 
+    os.environ[matmul_wgmma.ENV_SWITCH] = "0"
     os.environ[matmul_sm90.ENV_SWITCH] = "0"  # the portable kernel, for comparison
     try:
         out = matmul.block_scaled_matmul(*args, fmt, k=k, device=dev, target="sm_90a")
@@ -182,7 +187,7 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
                                                          target="sm_90a"),
                       max(1, iters // 4), dev.synchronize), check)
     finally:
-        del os.environ[matmul_sm90.ENV_SWITCH]
+        del os.environ[matmul_sm90.ENV_SWITCH], os.environ[matmul_wgmma.ENV_SWITCH]
 
     try:
         import torch
