@@ -203,7 +203,8 @@ def mma_launch_plan(d: int, num_tiles: int, num_groups: int, k: int
     """Grid and scalars of :class:`SwigluMmaSpec` for ``d`` output columns, ``num_tiles``
     scale tiles, ``num_groups`` groups and matmul K ``k``: CTA (x, y) = output K-block x
     (padded to a multiple of 4) of rows ``[64 (y & 1), +64)`` of scale tile ``y >> 1``."""
-    kblocks_row = -(-(-(-d // 32)) // 4) * 4
+    kblocks = -(-d // 32)  # output MXFP8 blocks per row
+    kblocks_row = -(-kblocks // 4) * 4
     grid = (kblocks_row, 2 * num_tiles, 1)
     return grid, {"num_groups": num_groups, "kdim": k, "d": d, "kblocks_row": kblocks_row,
                   "n_tiles": num_tiles,
@@ -388,13 +389,13 @@ _core.attach_kernel_api((grouped_matmul_swiglu,), kernel, build)
 __all__ = [
     "SwigluMmaSpec",
     "SwigluSpec",
-    "chained_mainloop",
-    "mma_launch_plan",
     "build",
     "bundle_specs",
+    "chained_mainloop",
     "graph_launches",
     "grouped_matmul_swiglu",
     "grouped_matmul_swiglu_kernel",
     "kernel",
     "launch_plan",
+    "mma_launch_plan",
 ]
