@@ -1,0 +1,186 @@
+"""Decode (few rows) block-scaled matmul variants on the GPU, one run: SIMT vs mma.sync.
+
+1. MoE gate_up of gpt-oss-120b (E=128, top-4, K=2880, N=5760) and DeepSeek-V3 (E=256, top-8,
+   K=7168, N=4096) at T in {1, 16, 128} tokens (uniform random routing, every group <= 16
+   rows), NVFP4 and MXFP4, each decode variant called directly
+   (``matmul_decode.grouped_matmul_decode(..., variant=v)``).
+2. Dense M in {1, 16} at (N, K) = (5760, 2880) and (4096, 7168), both variants, beside torch's
+   bf16 ``x @ w.T`` (cuBLAS) when torch is there.
+
+Each timed call is first checked on sampled rows against the float64 product of the
+dequantized operands (benchmarks/bench_moe.check_grouped_matmul / common.check_rows). Rates
+count the active experts' weight and scale bytes (what the kernel must read) and are given
+as a percentage of the measured D2D copy bandwidth.
+
+Usage: ``python benchmarks/bench_decode.py [--quick]`` (needs the bundle: ``make gpu-bundle``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
+
+from benchmarks.bench_moe import (
+    GATE_UP,
+    check_grouped_matmul,
+    grouped_activation_scales,
+    make_weights,
+    route,
+    sample_rows,
+)
+from benchmarks.common import (
+    check_rows,
+    kernel_keys_without_mlir,
+    random_data,
+    random_scales,
+    record_launches,
+    replay,
+    short_error,
+    time_ms,
+)
+
+VARIANTS = ("simt", "mma")
+T_VALUES = (1, 16, 128)
+DENSE = ((5760, 2880), (4096, 7168))
+
+
+def _row(case: str, impl: str, ms: float | None, nbytes: float, copy: float | None,
+         note: str) -> str:
+    if ms is None:
+        return f"  {case:32} {impl:26}         - ms  {note}"
+    tbps = nbytes / (ms * 1e-3) / 1e12
+    pct = f"{100 * tbps / copy:5.1f} % of copy" if copy else ""
+    return f"  {case:32} {impl:26} {ms:9.4f} ms {tbps:6.2f} TB/s {pct}  {note[:70]}"
+
+
+def bench_moe_decode(dev: Any, copy: float | None, *, t_values: Sequence[int] = T_VALUES,
+                     fmts: Sequence[str] = ("nvfp4", "mxfp4"), shapes=GATE_UP) -> None:
+    from blockscale.formats import Format
+    from blockscale.ops import matmul_decode
+
+    for shape in shapes:
+        rng = np.random.default_rng(1)
+        for f in fmts:
+            fmt = Format.from_name(f)
+            w = make_weights(dev, rng, fmt, shape.experts, shape.n, shape.k)
+            for t in t_values:
+                routings = [route(rng, t, shape.experts, shape.top_k) for _ in range(4)]
+                nbytes = float(np.mean([len(r.active) for r in routings])) * w.expert_bytes()
+                case = f"{shape.name} T={t} {f}"
+                sets = []
+                for r in routings:
+                    a = random_data(rng, fmt, (r.rows, fmt.data_cols(shape.k)))
+                    a_sc2d, a_sc5 = grouped_activation_scales(rng, fmt, r, shape.k)
+                    sets.append((r, a, a_sc2d, dev.to_device(a), dev.to_device(a_sc5)))
+                for v in VARIANTS:
+                    try:
+                        caps, note = [], ""
+                        for si, (r, a, a_sc2d, a_dev, sc_dev) in enumerate(sets):
+                            with record_launches(dev) as launches:
+                                out = matmul_decode.grouped_matmul_decode(
+                                    a_dev, w.data_dev, sc_dev, w.scales_dev, r.expert_start,
+                                    r.scales_offset, r.expert_ids, w.expert_scales, fmt,
+                                    k=shape.k, device=dev, variant=v)
+                                dev.synchronize()
+                            rows = sample_rows(rng, r.rows, 3)
+                            ok, text = check_grouped_matmul(dev.to_host(out)[rows], a, a_sc2d,
+                                                            rows, r, w)
+                            if not ok:
+                                raise AssertionError(f"set {si}: {text}")
+                            note = note or text
+                            caps.append(launches)
+                        tm = time_ms(lambda i, caps=caps: replay(dev, caps[i % len(caps)]),
+                                     device=dev)
+                        print(_row(case, f"decode-{v}", tm.ms, nbytes, copy, note), flush=True)
+                    except Exception as e:  # noqa: BLE001 - missing kernel, wrong output
+                        print(_row(case, f"decode-{v}", None, nbytes, copy,
+                                   f"FAIL/ERROR: {short_error(e)}"), flush=True)
+            del w
+
+
+def bench_dense_decode(dev: Any, copy: float | None, *, ms_values: Sequence[int] = (1, 16),
+                       fmts: Sequence[str] = ("nvfp4", "mxfp4")) -> None:
+    from blockscale import reference as ref
+    from blockscale.formats import Format
+    from blockscale.layouts import interleave
+    from blockscale.ops import matmul_decode
+
+    rng = np.random.default_rng(2)
+    torch = None
+    try:
+        import torch as _t
+
+        torch = _t if _t.cuda.is_available() else None
+    except ImportError:
+        pass
+    for n, k in DENSE:
+        for m in ms_values:
+            if torch is not None:
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                wt = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+                tm = time_ms(lambda i: x @ wt.T)
+                print(_row(f"dense M={m} N={n} K={k}", "torch bf16 (cuBLAS)", tm.ms,
+                           2.0 * n * k, copy, "bf16 weights"), flush=True)
+            for f in fmts:
+                fmt = Format.from_name(f)
+                a = random_data(rng, fmt, (m, fmt.data_cols(k)))
+                b = random_data(rng, fmt, (n, fmt.data_cols(k)))
+                sa = random_scales(rng, fmt, (m, fmt.kblocks(k)))
+                sb = random_scales(rng, fmt, (n, fmt.kblocks(k)))
+                args = [dev.to_device(x) for x in (a, b, interleave(sa), interleave(sb))]
+                ad = ref.dequantize_block_scaled(a, sa, fmt, k=k, scale_layout="row_major")
+                cols = np.unique(np.concatenate([[0, 63, 64, n - 1],
+                                                 rng.integers(0, n, 60)]))
+                bd = ref.dequantize_block_scaled(b[cols], sb[cols], fmt, k=k,
+                                                 scale_layout="row_major")
+                exact = ad.astype(np.float64) @ bd.astype(np.float64).T
+                abs_sum = np.abs(ad).astype(np.float64) @ np.abs(bd).astype(np.float64).T
+                nbytes = b.nbytes + sb.nbytes
+                for v in VARIANTS:
+                    case = f"dense M={m} N={n} K={k} {f}"
+                    try:
+                        def call(v: str = v) -> Any:
+                            return matmul_decode.block_scaled_matmul_decode(
+                                *args, fmt, k=k, out_dtype="float32", device=dev, variant=v)
+                        out = dev.to_host(call())
+                        ok, text = check_rows(out[:, cols].astype(np.float64), exact, abs_sum,
+                                              fmt.kblocks(k))
+                        if not ok:
+                            raise AssertionError(text)
+                        tm = time_ms(lambda i, call=call: call(), device=dev)
+                        print(_row(case, f"decode-{v}", tm.ms, nbytes, copy, text), flush=True)
+                    except Exception as e:  # noqa: BLE001
+                        print(_row(case, f"decode-{v}", None, nbytes, copy,
+                                   f"FAIL/ERROR: {short_error(e)}"), flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    from benchmarks import ceilings
+    from blockscale import runtime
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="gpt-oss NVFP4 and dense M=1 only")
+    ns = p.parse_args(argv)
+    kernel_keys_without_mlir()
+    dev = runtime.get_device("cuda")
+    copy = ceilings.copy_tbps([ceilings.copy_bandwidth(dev)])
+    print(f"D2D copy: {copy} TB/s", flush=True)
+    if ns.quick:
+        bench_moe_decode(dev, copy, fmts=("nvfp4",), shapes=GATE_UP[:1])
+        bench_dense_decode(dev, copy, ms_values=(1,), fmts=("nvfp4",))
+    else:
+        bench_moe_decode(dev, copy)
+        bench_dense_decode(dev, copy)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
