@@ -119,3 +119,45 @@ def test_dense_decode_gpu(fmt, nk, m):
     out16 = matmul.block_scaled_matmul(a, b, sfa5, sfb5, fmt, k=k, alpha=0.5, device="cuda",
                                        target="sm_90a")  # dispatch: the decode kernel
     assert_bf16_consistent(out16[:, cols], exact, bound)
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 128])
+@pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
+def test_moe_decode_mma_gpu(fmt, tokens):
+    """The mma variant (FP4) at gpt-oss-120b gate_up, T up to 128 (groups <= 16 rows)."""
+    experts, top_k, k, n = MODELS["gpt-oss-120b"]
+    rng = np.random.default_rng(tokens * 11 + 1)
+    case, a2d, w2d, esc = _moe_case(rng, fmt, experts, top_k, k, n, tokens)
+    if matmul_decode.max_group_rows(case["expert_start"], 0) > matmul_decode.MAX_ROWS:
+        pytest.skip("a group of > 16 rows in this routing")
+    out = matmul_decode.grouped_matmul_decode(**case, expert_scales=esc, fmt=fmt, k=k,
+                                              device="cuda", variant="mma")
+    cols = _columns(rng, n)
+    es, eids = case["expert_start"].astype(np.int64), case["expert_ids"]
+    ad = dequantize_exact(case["hidden"], a2d, fmt, k)
+    for g, e in enumerate(eids):
+        s, t = es[g], es[g + 1]
+        if s == t or e < 0:
+            continue
+        wd = dequantize_exact(case["weight"][e][cols], w2d[e][cols], fmt, k)
+        exact = (ad[s:t] @ wd.T) * float(esc[e])
+        abs_sum = (np.abs(ad[s:t]) @ np.abs(wd).T) * float(esc[e])
+        assert_bf16_consistent(out[s:t][:, cols], exact,
+                               f32_error_bound(abs_sum, fmt, k, n_mul=1))
+
+
+@pytest.mark.parametrize("m", [1, 9, 16])
+@pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
+def test_dense_decode_mma_bit_identical_gpu(fmt, m):
+    """The mma variant equals the portable kernel bit for bit on the GPU too (exact f16
+    tensor-core block sums, subnormal f16 operands included; every code present)."""
+    n, k = 576, 7168
+    rng = np.random.default_rng(m + 100)
+    a, b, _sfa, _sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
+    b.view(np.uint8)[:] = np.resize(np.arange(256, dtype=np.uint8), b.shape)
+    got = matmul_decode.block_scaled_matmul_decode(a, b, sfa5, sfb5, fmt, k=k, alpha=0.5,
+                                                   out_dtype="float32", device="cuda",
+                                                   variant="mma")
+    want = matmul.naive_block_scaled_matmul(a, b, sfa5, sfb5, fmt, k=k, alpha=0.5,
+                                            out_dtype="float32", device="cuda")
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
