@@ -15,6 +15,13 @@ and why it meets the fp32 bound of tests/test_matmul_common.py.
   groups with id -1 write zeros (D8).
 * Dense (§4.1): the portable dense kernel's arguments (no epilogue); one group.
 
+Variants (``DecodeSpec.variant``, the ``variant=`` keyword of the direct calls):
+``"simt"`` (above; every format) and ``"mma"`` (FP4: swap-AB ``mma.sync`` with the weights as
+the MMA's M side, 64 columns per 128-thread CTA, weights streamed a 256-byte step ahead
+through registers into shared memory; cost per weight byte independent of the rows, result
+bit-identical to the portable kernel; :mod:`blockscale.ops._decode_mma_ir`). The dispatch
+runs ``BLOCKSCALE_DECODE_VARIANT`` (default :data:`DEFAULT_VARIANT`) for FP4.
+
 Dispatch: registered first in ``matmul_grouped.FAST_PATHS`` and ``matmul.FAST_PATHS``. The
 grouped runner takes the decode kernel when the largest group has <= :data:`MAX_ROWS` rows
 (known when ``expert_start`` is a numpy array; for a device array, when T <= MAX_ROWS), else
