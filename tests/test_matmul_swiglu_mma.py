@@ -109,6 +109,19 @@ def test_nan_input_block(mma_runs) -> None:
     assert not _b(data[5]).any() and (_b(scales) == 0xFF).sum() == 2
 
 
+@pytest.mark.interp
+def test_empty_group_sharing_tile0(mma_runs) -> None:
+    """An empty group at the tile0 of the group before it does not take its tiles over."""
+    case = swiglu_case(MXFP8, [0, 20, 0], [3, 0, -1], 4, 16, 64, seed=11)
+    case["a_scale_offsets"] = np.zeros(3, np.int32)
+    data, scales = _fused(case, 64, "silu", None)
+    c_data, c_scales = _chained(case, 64, "silu", None)
+    assert len(mma_runs) == 1
+    np.testing.assert_array_equal(_b(data), _b(c_data))
+    np.testing.assert_array_equal(_b(scales), _b(c_scales))
+    assert _b(data).any()
+
+
 def _element_records(calls: list) -> Counter:
     """Every (A row, B column, C, D) element evaluation of the recorded MMAs, as bytes."""
     out: Counter = Counter()
