@@ -13,8 +13,8 @@ schedule instead:
   in data order, no padding slots); a *padding unit* (one per 5-D tile, after the data units)
   writes the tile's scale bytes of rows no data row covers (a group's last partial tile, spare
   tiles) as 4-byte zero stores;
-* the group vectors (<= :data:`MAX_GROUPS` groups) are copied to shared memory once per block
-  with one load per thread, and a block-wide prefix sum gives each group's first unit; a
+* the group vectors (<= :data:`MAX_GROUPS` groups) and, for NVFP4, each group's tensor scale
+  are copied to shared memory once per block (one load per thread), and a block-wide prefix sum gives each group's first unit; a
   unit's group is found by a shared-memory binary search, only when the unit leaves the
   current group;
 * ``unroll = 2``: a thread loads both row groups of a unit before quantizing either (2x the
@@ -120,7 +120,14 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
     B.store(start, t_start, tid)
     B.store(end, t_end, tid)
     B.store(t0, t_tile0, tid)
-    B.store(B.load(ids, gi), t_ids, tid)
+    gid = B.load(ids, gi)
+    B.store(gid, t_ids, tid)
+    t_tsf = None
+    if nvfp4:  # the group's tensor scale, so a group change needs no global load
+        t_tsf = _smem(kb, MAX_GROUPS, "f32")
+        expert = arith.select(arith.cmpi(arith.CmpIPredicate.sge, gid, _c32(0)), gid, _c32(0))
+        B.store(B.load(a("tensor_sf"), B.cast_int(expert, B.index(), signed=True)), t_tsf,
+                tid)
     slot = arith.addi(tid, _c64(1))
     B.store(units, t_units, slot)
     with B.when(arith.cmpi(arith.CmpIPredicate.eq, tid, _c64(0))):
@@ -150,10 +157,7 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
         out = [B.load(t_units, arith.addi(g, _c64(1))), B.load(t_units, g),
                B.load(t_start, g), B.load(t_end, g), B.load(t_tile0, g), B.load(t_ids, g)]
         if nvfp4:
-            expert = out[5]
-            expert = arith.select(arith.cmpi(arith.CmpIPredicate.sge, expert, _c32(0)),
-                                  expert, _c32(0))
-            v = B.load(a("tensor_sf"), B.cast_int(expert, B.index(), signed=True))
+            v = B.load(t_tsf, g)
             tsf = arith.divf(_cf(1.0), v) if spec.mode == "silu" else v
             inv_tsf = arith.divf(_cf(1.0), tsf)
             if table is not None:  # block-uniform branch: the barriers are too
