@@ -86,10 +86,11 @@ def _direct(a, b, sfa5, sfb5, fmt, k, alpha, out_dtype):
 
 
 #: (M, N, K): one full tile and one K-step; tails in M, N and K with several K-steps (the
-#: second stage, mbarrier phase flips and stage reuse)
-SHAPES = {"nvfp4": [(128, 128, 64), (130, 72, 288)],
-          "mxfp4": [(128, 128, 128), (100, 200, 416)],
-          "mxfp8": [(128, 128, 128), (129, 33, 352)]}
+#: second stage, mbarrier phase flips and stage reuse); K not a multiple of 32 (byte loads,
+#: a partial last K-block)
+SHAPES = {"nvfp4": [(128, 128, 64), (130, 72, 288), (20, 17, 40)],
+          "mxfp4": [(128, 128, 128), (100, 200, 416), (9, 140, 70)],
+          "mxfp8": [(128, 128, 128), (129, 33, 352), (31, 5, 45)]}
 
 
 @pytest.mark.interp
@@ -129,8 +130,8 @@ def test_interp_nan_scale_stays_in_its_row_and_padding_kblocks_are_masked():
 
 @pytest.mark.interp
 def test_dispatch_sm100a_uses_tcgen05(monkeypatch):
-    """block_scaled_matmul(target="sm_100a") runs the tcgen05 kernel for K % 32 == 0, the
-    portable kernel otherwise."""
+    """block_scaled_matmul(target="sm_100a") runs the tcgen05 kernel (16-byte loads for
+    K % 32 == 0, byte loads otherwise)."""
     launched = []
     real = matmul.H.launch
 
@@ -147,23 +148,26 @@ def test_dispatch_sm100a_uses_tcgen05(monkeypatch):
 
     _check("nvfp4", 33, 40, 64, 1.5, "float32", via_dispatch)
     _check("nvfp4", 33, 40, 48, 1.5, "float32", via_dispatch)
-    assert launched == ["Tcgen05MatmulSpec", "MatmulSpec"]
+    assert launched == ["Tcgen05MatmulSpec", "Tcgen05MatmulSpec"]
 
 
 def test_spec_and_argument_checks():
     assert [s.kernel_name for s in matmul_tcgen05.bundle_specs("sm_100a")] == [
-        f"bs_matmul_tcgen05_{f}_128x128_{o}" for f in ("nvfp4", "mxfp4", "mxfp8")
-        for o in ("bf16", "f32")]
+        f"bs_matmul_tcgen05_{f}_128x128{ua}_{o}" for f in ("nvfp4", "mxfp4", "mxfp8")
+        for ua in ("", "_ua") for o in ("bf16", "f32")]
     assert matmul_tcgen05.bundle_specs("sm_90a") == []
     with pytest.raises(ValueError, match="target"):
         matmul_tcgen05.Tcgen05MatmulSpec("nvfp4", target="sm_90a")
     fmt = Format.from_name("nvfp4")
-    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(0), fmt, 8, 8, 48)
-    with pytest.raises(ValueError, match="multiple of 32"):
-        matmul_tcgen05.block_scaled_matmul_tcgen05(a, b, sfa5, sfb5, fmt, device="interp")
+    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(0), fmt, 8, 8, 64)
+    z = np.zeros((8, 0), np.uint8)
+    zs = np.zeros(layouts.scale_shape("tcgen5d", 8, 0), sfa5.dtype)
+    with pytest.raises(ValueError, match="k must be positive"):
+        matmul_tcgen05.block_scaled_matmul_tcgen05(z, z, zs, zs, fmt, device="interp")
     assert matmul_tcgen05.fast_path("sm_90a", fmt, 8, 8, 64, "float32", None) is None
-    assert matmul_tcgen05.fast_path("sm_100a", fmt, 8, 8, 48, "float32", None) is None
-    assert matmul_tcgen05.fast_path("sm_100a", fmt, 8, 8, 64, "float32", None) is not None
+    assert matmul_tcgen05.fast_path("sm_100a", fmt, 0, 8, 64, "float32", None) is None
+    assert matmul_tcgen05.spec_for(fmt, 48).aligned is False
+    assert matmul_tcgen05.spec_for(fmt, 64).aligned is True
     assert matmul_tcgen05.Tcgen05MatmulSpec("mxfp8").dynamic_shared_bytes == 67584
     assert matmul_tcgen05.Tcgen05MatmulSpec("mxfp4").dynamic_shared_bytes == 0
 

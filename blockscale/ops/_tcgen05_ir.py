@@ -8,7 +8,7 @@ Per K-step (one SF atom: 4 K-blocks, i.e. 64 NVFP4 / 128 MXFP4 / 128 MXFP8 eleme
 :data:`STEP_BYTES` bytes of each row), stage ``s % 2`` of shared memory:
 
 1. thread ``t`` loads row ``t`` of A's tile and row ``t`` of B's tile (16-byte ``ld.global``
-   pieces, zeros for rows past M / N and pieces past K) into the canonical no-swizzle K-major
+   pieces when K % 32 == 0, else bytes; zeros for rows past M / N and bytes past K) into the canonical no-swizzle K-major
    layout (core matrix of row group ``g``, 16-byte chunk ``c`` at ``g * SBO + c * 128``), and
    word ``t`` of the 512-byte SF atom of A's and B's 128-row tile (the 5-D TCGEN layout is the
    layout ``tcgen05.cp.32x128b.warpx4`` consumes; K-blocks past ceil(K / SFV) are masked to
@@ -118,20 +118,39 @@ def _i32(v: int) -> Value:
 
 
 def _copy_row(src: Value, row: Value, valid: Value, row_bytes: Value, step: Value,
-              smem: Value, base: Value, r: Value, layout: Layout) -> None:
-    """Row ``row`` (local ``r``) of an operand: the step's 16-byte pieces to shared memory."""
+              smem: Value, base: Value, r: Value, layout: Layout, aligned: bool) -> None:
+    """Row ``row`` (local ``r``) of an operand: the step's 16-byte pieces to shared memory,
+    zeros past the row end and for invalid rows. ``aligned``: rows are whole 16-byte pieces
+    (``ld.global.v4``, unrolled); otherwise a loop over the pieces loads each byte from a
+    clamped, always in-bounds address and zeroes it past the end (any K; the loop bounds
+    the bytes in flight, i.e. the registers)."""
     v16 = bir.vec(16, bir.i8())
     col0 = bir.mul(step, layout.row_bytes)
-    for c in range(layout.row_bytes // 16):
-        col = bir.add(col0, 16 * c)
-        br = bir.if_(bir.logical_and(valid, bir.ult(col, row_bytes)), [v16])
-        with br.then():
-            br.yield_(bir.vector_load(v16, src, bir.add(bir.mul(row, row_bytes), col),
-                                      alignment=16))
-        with br.else_():
-            br.yield_(bir.const(0, v16))
-        bir.vector_store(br.results[0], smem, bir.add(base, chunk_offset(r, c, layout.sbo)),
-                         alignment=16)
+    if aligned:
+        for c in range(layout.row_bytes // 16):
+            col = bir.add(col0, 16 * c)
+            br = bir.if_(bir.logical_and(valid, bir.ult(col, row_bytes)), [v16])
+            with br.then():
+                br.yield_(bir.vector_load(v16, src, bir.add(bir.mul(row, row_bytes), col),
+                                          alignment=16))
+            with br.else_():
+                br.yield_(bir.const(0, v16))
+            bir.vector_store(br.results[0], smem,
+                             bir.add(base, chunk_offset(r, c, layout.sbo)), alignment=16)
+        return
+    last = bir.sub(row_bytes, 1)
+    row_base = bir.mul(arith.select(valid, row, bir.const(0)), row_bytes)
+    zero = bir.const(0, bir.i8())
+    with bir.for_range(0, layout.row_bytes // 16) as loop:
+        c = loop.iv
+        col = bir.add(col0, bir.mul(c, 16))
+        elems = []
+        for i in range(16):
+            ci = bir.add(col, i)
+            v = bir.load(src, bir.add(row_base, bir.umin(ci, last)))
+            elems.append(arith.select(bir.logical_and(valid, bir.ult(ci, row_bytes)), v, zero))
+        dst = bir.add(bir.add(base, chunk_offset(r, 0, layout.sbo)), bir.mul(c, LBO))
+        bir.vector_store(vector.from_elements(v16, elems), smem, dst, alignment=16)
 
 
 def _copy_atom_word(scales: Value, atom: Value, t: Value, kmask: Value, smem: Value,
@@ -180,10 +199,11 @@ def allocate_shared(kb: bir.KernelBuilder, layout: Layout) -> Shared:
     return Shared(stages, bars, slot)
 
 
-def emit_kernel_body(kb: bir.KernelBuilder, fmt: Any, layout: Layout,
-                     store: Any) -> None:
-    """The whole kernel: TMEM allocation, the K loop, the epilogue (``store(value_f32_vec,
-    m, n0_local)`` per 32 columns is done by :func:`emit_epilogue`), TMEM free."""
+def emit_kernel_body(kb: bir.KernelBuilder, fmt: Any, layout: Layout, store: Any, *,
+                     aligned: bool = True) -> None:
+    """The whole kernel: TMEM allocation, the K loop, the epilogue (:func:`emit_epilogue`
+    calls ``store(value_f32, m, n)``), TMEM free. ``aligned``: K % 32 == 0 (16-byte row
+    pieces), else byte loads (:func:`_copy_row`)."""
     sh = allocate_shared(kb, layout)
     tid = bir.thread_idx("x")
     m_count, n_count, k = (bir.as_index(kb.arg(x)) for x in ("m", "n", "k"))
@@ -227,9 +247,9 @@ def emit_kernel_body(kb: bir.KernelBuilder, fmt: Any, layout: Layout,
             T.mbarrier_wait(bar_st, bir.as_i32(bir.urem(bir.add(bir.udiv(s, STAGES), 1), 2)))
         off = layout.offsets(0)
         _copy_row(kb.arg("a"), row_a, valid_a, row_bytes, s, sh.stages,
-                  bir.add(base, off["a"]), tid, layout)
+                  bir.add(base, off["a"]), tid, layout, aligned)
         _copy_row(kb.arg("b"), row_b, valid_b, row_bytes, s, sh.stages,
-                  bir.add(base, off["b"]), tid, layout)
+                  bir.add(base, off["b"]), tid, layout, aligned)
         kmask = _kblock_mask(kblocks, s)
         step_atom = bir.mul(s, SF_ATOM_BYTES)
         _copy_atom_word(kb.arg("sfa"), bir.add(atom_a, step_atom), tid, kmask, sh.stages,

@@ -15,9 +15,9 @@ sm_100a cubin by ptxas, its SASS is checked for the tcgen05 MMA, and its IR runs
 interpreter (tcgen05 modeled from the PTX ISA: ``runtime/interpreter/ops_tcgen05.py``)
 against the float64 reference. It is never called "tested on hardware".
 
-Dispatch: the :data:`blockscale.ops.matmul.FAST_PATHS` entry takes target sm_100a with
-K % 32 == 0 (16-byte row pieces); other shapes use the portable kernel. Importing this
-module does not import MLIR.
+Dispatch: the :data:`blockscale.ops.matmul.FAST_PATHS` entry takes target sm_100a for every
+format and K > 0: the 16-byte-load variant when K % 32 == 0, byte loads otherwise (partial
+K-blocks, rows not 16-byte aligned). Importing this module does not import MLIR.
 """
 
 from __future__ import annotations
@@ -55,12 +55,15 @@ class Tcgen05MatmulSpec(FormatSpec):
         out_dtype: "bfloat16" | "float32".
         epilogue: an optional fused :class:`Epilogue`.
         target: "sm_100a".
+        aligned: K % 32 == 0 (rows of whole 16-byte pieces, ``ld.global.v4``); False loads
+            the operands byte by byte (any valid K).
     """
 
     fmt: str
     out_dtype: str = "bfloat16"
     epilogue: Epilogue | None = None
     target: str = "sm_100a"
+    aligned: bool = True
 
     op: ClassVar[str] = "block_scaled_matmul_tcgen05"
     block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
@@ -87,7 +90,9 @@ class Tcgen05MatmulSpec(FormatSpec):
     @property
     def kernel_name(self) -> str:
         ep = f"_ep{self.epilogue.key[:10]}" if self.epilogue else ""
-        return f"bs_matmul_tcgen05_{self.fmt}_{TILE}x{TILE}_{H.out_tag(self.out_dtype)}{ep}"
+        ua = "" if self.aligned else "_ua"
+        return (f"bs_matmul_tcgen05_{self.fmt}_{TILE}x{TILE}{ua}_{H.out_tag(self.out_dtype)}"
+                f"{ep}")
 
     def args(self) -> tuple[KernelArg, ...]:
         """The portable kernel's parameters: a, b, sfa, sfb, c, epilogue inputs, m, n, k,
@@ -126,7 +131,7 @@ def build(spec: Tcgen05MatmulSpec) -> Any:
             mir.store_output(value, kb.arg("c"), bir.add(bir.mul(m, n_count), n),
                              spec.out_dtype)
 
-        X.emit_kernel_body(kb, spec.format, layout, store)
+        X.emit_kernel_body(kb, spec.format, layout, store, aligned=spec.aligned)
     return kb.module
 
 
@@ -134,17 +139,23 @@ def build(spec: Tcgen05MatmulSpec) -> Any:
 
 
 def supported(fmt: Format, k: int) -> bool:
-    """Rows of whole 16-byte pieces: K % 32 == 0 (and K > 0)."""
-    return fmt.name in FORMATS and k > 0 and k % 32 == 0
+    """Every format, K > 0 (K = 0 is the portable kernel's: zeros)."""
+    return fmt.name in FORMATS and k > 0
+
+
+def spec_for(fmt: Format, k: int, out_dtype: str = "bfloat16",
+             epilogue: Epilogue | None = None, target: str = "sm_100a") -> Tcgen05MatmulSpec:
+    """The spec for a problem: the 16-byte-load variant when K % 32 == 0."""
+    return Tcgen05MatmulSpec(fmt.name, out_dtype, epilogue, target, k % 32 == 0)
 
 
 def fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
               epilogue: Epilogue | None) -> Callable[..., Any] | None:
-    """The :data:`blockscale.ops.matmul.FAST_PATHS` hook: a runner for sm_100a and
-    K % 32 == 0, else None."""
+    """The :data:`blockscale.ops.matmul.FAST_PATHS` hook: a runner for sm_100a (K > 0),
+    else None."""
     if target not in TARGETS or not supported(fmt, k) or m == 0 or n == 0:
         return None
-    spec = Tcgen05MatmulSpec(fmt.name, out_dtype, epilogue, target)
+    spec = spec_for(fmt, k, out_dtype, epilogue, target)
     return _matmul.dense_runner(spec, fmt, m, n, k, grid(m, n))
 
 
@@ -155,14 +166,14 @@ def block_scaled_matmul_tcgen05(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format 
                                 device: Any = None) -> Any:
     """The tcgen05 kernel called directly (no dispatch), e.g. by tests. Same arguments as
     :func:`blockscale.ops.matmul.block_scaled_matmul_with_epilogue`; raises ValueError when
-    K % 32 != 0. Runs where an sm_100a kernel can: the interpreter (or a Blackwell GPU)."""
+    K == 0. Runs where an sm_100a kernel can: the interpreter (or a Blackwell GPU)."""
     fmt = Format.from_name(fmt)
     d = _matmul._validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
     if not supported(fmt, d.k):
-        raise ValueError(f"k must be a positive multiple of 32 for the sm_100a tcgen05 kernel "
-                         f"({fmt.name}), got {d.k}")
+        raise ValueError(f"k must be positive for the sm_100a tcgen05 kernel ({fmt.name}), "
+                         f"got {d.k}")
     dev, tgt = H.device_and_target(device, "sm_100a")
-    spec = Tcgen05MatmulSpec(fmt.name, out_dtype, epilogue, tgt)
+    spec = spec_for(fmt, d.k, out_dtype, epilogue, tgt)
     return _matmul._run_dense(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}),
                               dev, grid(d.m, d.n))
 
@@ -173,11 +184,12 @@ def kernel(spec: Tcgen05MatmulSpec) -> Any:
 
 
 def bundle_specs(target: str = "sm_100a") -> list[Tcgen05MatmulSpec]:
-    """Every tcgen05 spec on ``target`` (none off sm_100a): each format x output dtype."""
+    """Every tcgen05 spec on ``target`` (none off sm_100a): each format x output dtype x
+    load variant."""
     if target not in TARGETS:
         return []
-    return [Tcgen05MatmulSpec(f, o, None, target) for f in FORMATS
-            for o in ("bfloat16", "float32")]
+    return [Tcgen05MatmulSpec(f, o, None, target, al) for f in FORMATS
+            for al in (True, False) for o in ("bfloat16", "float32")]
 
 
 # imported last (the ops.matmul import cycle, as matmul_sm90)
