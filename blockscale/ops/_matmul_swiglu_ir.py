@@ -16,8 +16,11 @@ its 8 output columns c, the two fp32 block-scaled dot products with σ-permuted 
     u = f32(bf16(acc_up   * expert_scales[e] (* a_row_scales[m])))
 
 which are the bits the chained path reads back from the grouped matmul's bf16 output. So the
-fused kernel is byte-identical to grouped matmul + fused SiLU quantize on every target (both
-use the same ``exp_f32`` sequence of ``ops/_expf_ir.py``). The A scales of row m sit at the same padded 5-D row as the output
+fused kernel is byte-identical to grouped matmul + fused SiLU quantize wherever the chained
+matmul runs this K loop, and for FP4 also against the sm_90a tensor-core kernel (exact block
+sums, see ``ops/_mma_ir.py``); both use the same ``exp_f32`` sequence of ``ops/_expf_ir.py``.
+MXFP8 block sums round, so where the chained path runs the tensor-core kernel the op runs
+:mod:`blockscale.ops._matmul_swiglu_mma_ir` instead (issue #10). The A scales of row m sit at the same padded 5-D row as the output
 scales (``tile * 128 + row-in-tile``), so one group lookup serves both.
 """
 
