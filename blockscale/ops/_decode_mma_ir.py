@@ -60,6 +60,7 @@ from blockscale.compiler.arch import mma
 from blockscale.compiler.arch.nvvm import byte_perm
 from blockscale.formats import Format
 from blockscale.layouts import SF_ATOM_BYTES, SF_ATOM_ROWS
+from blockscale.ops._decode_ir import _decode_scale_fast
 from blockscale.ops._mma_ir import workgroup_buffer
 
 Value = ir.Value
@@ -239,7 +240,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             for i in range(4):
                 jl = bir.add(bir.mul(s_qs[it], 4), i)  # block within the step
                 live = bir.ult(bir.add(bir.mul(q, 4), i), kblocks)
-                sv = mir.decode_scale(fmt, bir.bit_and(bir.shru(word, _i32c(8 * i)), 0xFF))
+                sv = _decode_scale_fast(fmt, bir.bit_and(bir.shru(word, _i32c(8 * i)), 0xFF))
                 if lay.nv:
                     sv = arith.mulf(sv, bir.const(UNSCALE, f32))
                 bir.store(bir.select(live, sv, zero), sbsm, bir.add(bir.mul(jl, COLS), slot))
@@ -252,8 +253,8 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             if lay.nv:  # |sA| of the chunk's two blocks as f16 splats (exact)
                 sp = []
                 for s_ in range(2):
-                    sa = mir.decode_scale(fmt, bir.bit_and(bir.shru(sbytes, _i32c(8 * s_)),
-                                                           0xFF))
+                    sa = _decode_scale_fast(fmt, bir.bit_and(bir.shru(sbytes, _i32c(8 * s_)),
+                                                             0xFF))
                     sp.append(vector.broadcast(bir.vec(2, bir.f16()),
                                                arith.truncf(bir.f16(), sa)))
             else:  # E8M0 activation scale of the chunk's block, for the fold
