@@ -151,6 +151,26 @@ def test_dispatch_sm100a_uses_tcgen05(monkeypatch):
     assert launched == ["Tcgen05MatmulSpec", "Tcgen05MatmulSpec"]
 
 
+@pytest.mark.interp
+def test_interp_fused_epilogue():
+    """A fused epilogue (bias, relu) sees the kernel's own f32 value: bit-exact against the
+    same ops applied to the unfused tcgen05 result."""
+    from blockscale.ops import matmul_epilogue as ep
+
+    fmt = Format.from_name("mxfp4")
+    rng = np.random.default_rng(5)
+    m, n, k = 70, 20, 128
+    a, b, _, _, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
+    bias = (rng.standard_normal(n) * 50).astype(np.float32)
+    got = matmul.block_scaled_matmul_with_epilogue(
+        a, b, sfa5, sfb5, fmt, alpha=0.5, out_dtype="float32",
+        epilogue=ep.chain(ep.bias(), ep.relu()), epilogue_inputs={"bias": bias},
+        device="interp", target="sm_100a")
+    base = _direct(a, b, sfa5, sfb5, fmt, k, 0.5, "float32")
+    want = np.maximum(base + bias[None, :], np.float32(0))
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
 def test_spec_and_argument_checks():
     assert [s.kernel_name for s in matmul_tcgen05.bundle_specs("sm_100a")] == [
         f"bs_matmul_tcgen05_{f}_128x128{ua}_{o}" for f in ("nvfp4", "mxfp4", "mxfp8")
