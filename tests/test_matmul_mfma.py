@@ -46,9 +46,8 @@ def _pack_lanes(mat_codes: np.ndarray, fp4: bool, rows: int) -> np.ndarray:
             if fp4:
                 k = 32 * g + e
                 raw[e // 2] |= int(mat_codes[r, k]) << (4 * (e % 2))
-            else:
-                s = 32 // groups
-                k = 32 * (e // s) + s * g + e % s
+            else:  # two 16-byte runs half a K-step apart
+                k = 16 * groups * (e // 16) + 16 * g + e % 16
                 raw[e] = int(mat_codes[r, k])
         regs[lane] = np.frombuffer(bytes(raw[:4 * regs.shape[1]]), np.uint32)
     return regs

@@ -138,10 +138,10 @@ def _scaled_fragment(fmt: Format, op: Operand, lane: Lane, sub: int, step: Value
         col = bir.add(bir.mul(step, 64), bir.mul(lane.g, 16))
         regs = bir.bitcast(load_chunk(op.data, row, ok, row_bytes, col, 16, aligned),
                            bir.vec(4, bir.i32()))
-    else:  # four 8-byte stripes: bytes 32 s + 8 g of the step
-        base = bir.add(bir.mul(step, 128), bir.mul(lane.g, 8))
-        parts = [load_chunk(op.data, row, ok, row_bytes, bir.add(base, 32 * s), 8, aligned)
-                 for s in range(4)]
+    else:  # two 16-byte runs: bytes 16 g and 64 + 16 g of the step
+        base = bir.add(bir.mul(step, 128), bir.mul(lane.g, 16))
+        parts = [load_chunk(op.data, row, ok, row_bytes, bir.add(base, 64 * h), 16, aligned)
+                 for h in range(2)]
         regs = bir.bitcast(_concat(parts), bir.vec(8, bir.i32()))
     j = bir.add(bir.mul(step, 4), lane.g)
     return regs, load_scale(op, row, ok, j, kblocks, 127)

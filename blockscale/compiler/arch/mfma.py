@@ -18,8 +18,8 @@ so a K-major ``[N, K]`` B is loaded exactly like A):
 
     * FP4: lane (g, r) holds row r, k = 32 g + i in nibble i (nibble 2j = low nibble of
       byte j: the 16 contiguous bytes of the row's K-block g).
-    * FP8: lane (g, r) holds row r, k = 32 (b // 8) + 8 g + b % 8 in byte b (b = 0..31):
-      four 8-byte stripes, one per K-block.
+    * FP8: lane (g, r) holds row r, k = 64 (b // 16) + 16 g + b % 16 in byte b (b = 0..31):
+      two 16-byte runs, K 16 g .. 16 g + 15 and 64 + 16 g .. 64 + 16 g + 15.
     * Scales: lane (g, r) supplies the scale of row r, K-block g (k in [32 g, 32 g + 32)) as
       byte ``opsel`` (0..3, an immediate: ``op_sel``/``op_sel_hi`` bits) of its 32-bit scale
       register; byte 0xFF is NaN.
@@ -31,10 +31,14 @@ so a K-major ``[N, K]`` B is loaded exactly like A):
     8 (e // 4) + 4 g + e % 4, column r.
 
 Sources (layouts restated, no code taken): LLVM's AMDGPU intrinsic definitions and
-``llvm.amdgcn.mfma.scale.*`` codegen tests (operand order, immediates, op_sel encoding),
-the CDNA3/CDNA4 ISA matrix-core chapters as restated by AMD's composable_kernel / aiter
-``opus`` MXFP tests and Modular's ``mxfp4_matmul_amd`` documentation (FP4 and FP8 lane
-layouts, scale lane mapping). The numpy model of these instructions is
+``llvm.amdgcn.mfma.scale.*`` codegen tests (operand order, immediates, op_sel encoding);
+the register maps of composable_kernel's MX-MFMA op test (``load_mx_A_row_major``: FP8 /
+FP4 K per lane and register, scale of row l % M, K-block l / M from lane l, tested there
+with per-block scales); Modular's ``mxfp4_matmul_amd`` documentation (FP4 lanes, scale
+slot (lane % 16, lane / 16)). AMD's aiter ``opus`` MXFP test packs FP8 16x16x128 in
+8-byte stripes instead, but with one uniform scale, which does not tell the two apart (the
+same K permutation of A and B leaves an unscaled dot product unchanged); the per-block
+scaled CK test does. The numpy model of these instructions is
 ``blockscale/runtime/interpreter/ops_mfma.py``.
 """
 

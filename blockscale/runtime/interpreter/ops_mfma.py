@@ -8,8 +8,8 @@ The layouts (restated in ``blockscale/compiler/arch/mfma.py``; sources there), l
   B[4 g + t, r]; D element e is D[4 g + e, r].
 * scaled f8f6f4, G = K / 32 lane groups: FP4 nibble i of lane (g, r) is A[r, 32 g + i]
   (nibble 2j = low nibble of byte j of the little-endian registers); an 8-bit element in
-  byte b is A[r, 32 (b // s) + s g + b % s] with s = 32 / G (8 for 16x16x128, 16 for
-  32x32x64); B alike with its column r. The scale of row r, K-block g is byte ``opsel`` of
+  byte b is A[r, 16 G (b // 16) + 16 g + b % 16] (two 16-byte runs, half a K-step apart);
+  B alike with its column r. The scale of row r, K-block g is byte ``opsel`` of
   lane (g, r)'s scale register, decoded as E8M0 (2^(byte - 127); 0xFF is NaN, so the
   products of that block are NaN). D element e is D[4 g + e, r] (16x16) or
   D[8 (e // 4) + 4 g + e % 4, r] (32x32).
@@ -74,8 +74,7 @@ def _k_of(code: int, groups: int, g: np.ndarray, e: np.ndarray) -> np.ndarray:
     """K index of element e of lane group g (see the module docstring)."""
     if code == 4:
         return 32 * g + e
-    s = 32 // groups
-    return 32 * (e // s) + s * g + e % s
+    return 16 * groups * (e // 16) + 16 * g + e % 16
 
 
 def _operand(regs: np.ndarray, code: int, rows: int, k: int) -> np.ndarray:
