@@ -179,9 +179,8 @@ def test_spec_and_argument_checks():
     with pytest.raises(ValueError, match="target"):
         matmul_tcgen05.Tcgen05MatmulSpec("nvfp4", target="sm_90a")
     fmt = Format.from_name("nvfp4")
-    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(0), fmt, 8, 8, 64)
     z = np.zeros((8, 0), np.uint8)
-    zs = np.zeros(layouts.scale_shape("tcgen5d", 8, 0), sfa5.dtype)
+    zs = np.zeros(layouts.scale_shape("tcgen5d", 8, 0), fmt.scale_dtype)
     with pytest.raises(ValueError, match="k must be positive"):
         matmul_tcgen05.block_scaled_matmul_tcgen05(z, z, zs, zs, fmt, device="interp")
     assert matmul_tcgen05.fast_path("sm_90a", fmt, 8, 8, 64, "float32", None) is None

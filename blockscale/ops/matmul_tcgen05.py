@@ -193,7 +193,7 @@ def bundle_specs(target: str = "sm_100a") -> list[Tcgen05MatmulSpec]:
 
 
 # imported last (the ops.matmul import cycle, as matmul_sm90)
-from blockscale.ops import matmul as _matmul  # noqa: E402
+from blockscale.ops import matmul as _matmul
 
 if fast_path not in _matmul.FAST_PATHS:
     _matmul.FAST_PATHS.append(fast_path)
