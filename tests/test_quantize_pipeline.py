@@ -9,6 +9,8 @@ padding K-blocks of the 5-D layout and MX blocks half past K (K % 32 == 16).
 
 from __future__ import annotations
 
+import ml_dtypes
+import numpy as np
 import pytest
 from _quantize_helpers import assert_same_bytes
 from test_quantize_ops import _edge_input
@@ -64,5 +66,66 @@ def test_pipelined_bad_arguments():
     with pytest.raises(ValueError, match="mode 'dense'"):
         Q.QuantizeSpec("nvfp4", "sm_90a", mode="grouped", pipeline=2)
     x = _edge_input(8, 40, 1)
+    with pytest.raises(ValueError, match="bf16x2 needs fmt 'mxfp4'"):
+        Q.QuantizeSpec("nvfp4", "sm_90a", pipeline=2, bf16x2=True)
+    with pytest.raises(ValueError, match="bf16x2 needs"):
+        Q.QuantizeSpec("mxfp4", "sm_90a", "up", pipeline=0, bf16x2=True)
     with pytest.raises(ValueError, match="multiple of 16"):
         Q.quantize_dense_variant(x, "mxfp8", pipeline=2, device="interp", target="sm_90a")
+
+
+def _all_bf16_blocks(shift: int, top: float) -> np.ndarray:
+    """Every bf16 magnitude up to ``top`` (both signs, -0 included), 31 per 32-element block
+    after a block maximum ``top``, all times 2^shift: the E8M0 scale is 2^shift times that
+    of ``top`` and the products x * recip run over every bf16 value of their range (top 6,
+    "up": [0, 6]; top 7.97: "up" [0, 4), "even" / "floor" [0, 8), incl. saturation)."""
+    mags = np.arange(0, 0x4100, dtype=np.uint16)
+    vals = np.concatenate([mags, mags | 0x8000]).view(ml_dtypes.bfloat16).astype(np.float32)
+    vals = vals[np.abs(vals) <= top]
+    blocks = -(-vals.size // 31)
+    body = np.zeros(blocks * 31, np.float32)
+    body[:vals.size] = vals
+    x = np.concatenate([np.full((blocks, 1), top, np.float32), body.reshape(blocks, 31)], 1)
+    rows = -(-blocks // 16)
+    x = np.concatenate([x, np.zeros((rows * 16 - blocks, 32), np.float32)]).reshape(rows, 512)
+    return (x.astype(np.float64) * 2.0 ** shift).astype(np.float32).astype(ml_dtypes.bfloat16)
+
+
+@pytest.mark.parametrize("top", [6.0, 7.96875])
+@pytest.mark.parametrize("shift", [0, -126, -133, 120, 124])
+def test_bf16x2_every_product(shift, top):
+    """MXFP4 with ``bf16x2`` on every bf16 product value, tie and sign, at extreme scales
+    (2^-126 .. 2^-133: subnormal inputs, scale byte 0 and recip 2^127; 2^124: the largest
+    finite blocks), all three E8M0 roundings; byte for byte against the reference."""
+    x = _all_bf16_blocks(shift, top)
+    for rounding in ("up", "even", "floor"):
+        d, s = Q.quantize_dense_variant(x, "mxfp4", pipeline=2, bf16x2=True,
+                                        scale_rounding=rounding, device="interp",
+                                        target="sm_90a")
+        rd, rs = ref.quantize_dynamic_block_scaled(x, "mxfp4", scale_rounding=rounding)
+        assert_same_bytes(d, rd, f"bf16x2 {rounding} 2^{shift} data")
+        assert_same_bytes(s, rs, f"bf16x2 {rounding} 2^{shift} scales")
+
+
+def test_bf16x2_edge_inputs(monkeypatch):
+    """bf16x2 on the edge inputs (NaN / Inf blocks, ties, near zero) with looping blocks."""
+    monkeypatch.setattr(Q, "SMS", 1)
+    for m, k, layout in CASES:
+        x = _edge_input(m, k, m + k)
+        for p in (1, 3):
+            for rounding in ("up", "floor"):
+                d, s = Q.quantize_dense_variant(x, "mxfp4", pipeline=p, bf16x2=True,
+                                                scale_rounding=rounding, scale_layout=layout,
+                                                device="interp", target="sm_90a")
+                rd, rs = ref.quantize_dynamic_block_scaled(x, "mxfp4", scale_rounding=rounding,
+                                                           scale_layout=layout)
+                assert_same_bytes(d, rd, f"p{p} {rounding} {layout} data")
+                assert_same_bytes(s, rs, f"p{p} {rounding} {layout} scales")
+
+
+def test_bf16x2_ptx():
+    """The bf16x2 variant's E2M1 runs on packed bf16 instructions."""
+    ptx = Q.kernel(Q.QuantizeSpec("mxfp4", "sm_90a", "up", pipeline=2, bf16x2=True)).asm["ptx"]
+    for instr in ("mul.rn.bf16x2", "fma.rn.bf16x2", "min.NaN.bf16x2"):
+        assert instr in ptx, instr
+    assert "cvt.f32.bf16" not in ptx  # no bf16 op was promoted to f32

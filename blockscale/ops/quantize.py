@@ -70,6 +70,9 @@ class QuantizeSpec(FormatSpec):
         pipeline: dense aligned kernels only: 0 = the base kernel; P >= 1 = the pipelined
             kernel (:mod:`blockscale.ops.quantize_pipe_ir`, needs K % 16 == 0) with P row
             groups of loads in flight per thread (1, 2 or 3).
+        bf16x2: MXFP4 on sm_90a with pipeline >= 1: E2M1 rounding on bf16 pairs
+            (``quantize_pipe_ir.e2m1x8_mx_bf16x2``, exact since MX reciprocals are powers
+            of two).
     """
 
     fmt: str
@@ -84,6 +87,7 @@ class QuantizeSpec(FormatSpec):
     act_limit: float = math.inf
     name: str = "quantize_dynamic_scaled_fp4fp8"
     pipeline: int = 0
+    bf16x2: bool = False
 
     op: ClassVar[str] = "quantize"
     block: ClassVar[tuple[int, int, int]] = BLOCK
@@ -109,6 +113,11 @@ class QuantizeSpec(FormatSpec):
         if self.pipeline and not (self.mode == "dense" and self.aligned):
             raise ValueError(f"pipeline needs mode 'dense' and aligned=True, got mode "
                              f"{self.mode!r}, aligned={self.aligned!r}")
+        if self.bf16x2 and not (self.fmt == "mxfp4" and self.target == "sm_90a"
+                                and self.pipeline):
+            raise ValueError(f"bf16x2 needs fmt 'mxfp4', target 'sm_90a' and pipeline >= 1, "
+                             f"got fmt {self.fmt!r}, target {self.target!r}, pipeline "
+                             f"{self.pipeline!r}")
 
     @property
     def kernel_name(self) -> str:
@@ -120,6 +129,8 @@ class QuantizeSpec(FormatSpec):
             parts.append(self.activation)
         if self.pipeline:
             parts.append(f"p{self.pipeline}")
+        if self.bf16x2:
+            parts.append("bf16x2")
         return "_".join(parts)
 
     def args(self) -> tuple[KernelArg, ...]:
@@ -287,8 +298,8 @@ def _empty(device_like: bool, device: Any, shape: tuple, dt: np.dtype) -> Any:
 
 
 def _dense(x: Any, fmt: Format, tsf: float, rounding: str | None, layout: ScaleLayout,
-           device: Any, target: str | None, name: str, pipeline: int | None = None
-           ) -> tuple[Any, Any]:
+           device: Any, target: str | None, name: str, pipeline: int | None = None,
+           bf16x2: bool = False) -> tuple[Any, Any]:
     from blockscale.layouts import scale_shape
     from blockscale.ops._matmul_host import device_and_target
 
@@ -304,7 +315,8 @@ def _dense(x: Any, fmt: Format, tsf: float, rounding: str | None, layout: ScaleL
     lay = "tcgen5d" if layout is TCGEN_5D else "row_major"
     if pipeline is None:
         pipeline = DEFAULT_PIPELINE if k % 16 == 0 else 0
-    spec = QuantizeSpec(fmt.name, tgt, rounding, lay, k % 8 == 0, name=name, pipeline=pipeline)
+    spec = QuantizeSpec(fmt.name, tgt, rounding, lay, k % 8 == 0, name=name, pipeline=pipeline,
+                        bf16x2=bf16x2)
     check_pipeline_k(spec, k)
     grid, scalars = launch_plan(spec, m, k, -(-m // 128))
     scalars["tensor_sf"] = tsf
@@ -339,18 +351,18 @@ def quantize_dynamic_scaled_fp4fp8(x: Any, fmt: Format | str, *, tensor_sf: floa
                   "quantize_dynamic_scaled_fp4fp8")
 
 
-def quantize_dense_variant(x: Any, fmt: Format | str, *, pipeline: int, tensor_sf: float = 1.0,
-                           scale_rounding: str | None = None,
+def quantize_dense_variant(x: Any, fmt: Format | str, *, pipeline: int, bf16x2: bool = False,
+                           tensor_sf: float = 1.0, scale_rounding: str | None = None,
                            scale_layout: ScaleLayout | str = TCGEN_5D, device: Any = None,
                            target: str | None = None) -> tuple[Any, Any]:
     """:func:`quantize_dynamic_scaled_fp4fp8` with the dense kernel variant chosen by
-    ``pipeline`` (0: the base kernel; 1-3: the pipelined kernel, K % 16 == 0). Same bytes
-    for every variant; for tests and benchmarks."""
+    ``pipeline`` (0: the base kernel; 1-3: the pipelined kernel, K % 16 == 0) and ``bf16x2``
+    (see :class:`QuantizeSpec`). Same bytes for every variant; for tests and benchmarks."""
     fmt = Format.from_name(fmt)
     tsf = check_tensor_sf(fmt, tensor_sf)
     rounding = fmt.resolve_scale_rounding(scale_rounding)
     return _dense(x, fmt, tsf, rounding, ScaleLayout.parse(scale_layout), device, target,
-                  "quantize_dynamic_scaled_fp4fp8", pipeline)
+                  "quantize_dynamic_scaled_fp4fp8", pipeline, bf16x2)
 
 
 def quantize_dynamic_scaled_fp4_async(x: Any, *, tensor_sf: float = 1.0, device: Any = None,

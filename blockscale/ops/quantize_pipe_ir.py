@@ -13,6 +13,7 @@ K % 16 == 0 (every chunk is wholly valid or wholly padding), and built for strea
 * address math hoisted: per row visit one row index (i32), a select for rows past M and a
   multiply-add; the load column (``col0``, or for a padding chunk of a partly valid MX block
   the block's first chunk, so the amax shuffle sees no padding) is fixed per thread;
+* ``bf16x2`` (MXFP4 on sm_90a): the E2M1 rounding on bf16 pairs (:func:`e2m1x8_mx_bf16x2`);
 * one vector store per chunk: 8 bytes (FP4, ``st.global.v2.u32``) or 16 bytes (MXFP8,
   ``st.global.v4.u32``) instead of one per 8-element half.
 
@@ -145,7 +146,10 @@ def _quantize_row(k: Q._Ctx, a, m32, tsf, inv_tsf, j, lane0, chunk_ok, col0, col
     byte, recip, sd = Q._scale_and_recip(k, safe_amax, tsf, inv_tsf)
     byte = arith.select(nonfinite, _c32(0xFF if k.fmt.is_mx else 0x7F), byte)
     xs_h = [[arith.bitcast(B.f32(), b) for b in h] for h in halves]
-    if k.fmt.is_fp4:
+    if k.spec.bf16x2:
+        rbits = arith.bitcast(i32, recip)
+        out = [e2m1x8_mx_bf16x2(w, rbits) for w in words]
+    elif k.fmt.is_fp4:
         out = Q._pack_fp4_all(k, xs_h, recip, sd, list(words))
     else:
         out = [w for xs in xs_h for w in Q._pack_e4m3(k, xs, recip)]
@@ -172,3 +176,83 @@ def _quantize_row(k: Q._Ctx, a, m32, tsf, inv_tsf, j, lane0, chunk_ok, col0, col
         soff = arith.addi(arith.addi(tile_soff, s_jpart), rpart)
     with B.when(s_ok):
         B.store(sval, a("scales"), soff)
+
+
+# ---- MXFP4 E2M1 on bf16x2 pairs (sm_90a, QuantizeSpec.bf16x2) --------------------------------
+
+
+def _bf16_splat(n: int, value: float) -> ir.Value:
+    t = B.vec(n, B.bf16())
+    return arith.constant(t, ir.DenseElementsAttr.get_splat(t, ir.FloatAttr.get(B.bf16(),
+                                                                                value)))
+
+
+def _i16_splat(value: int) -> ir.Value:
+    t = B.vec(8, B.i16())
+    return arith.constant(t, ir.DenseElementsAttr.get_splat(t, ir.IntegerAttr.get(B.i16(),
+                                                                                  value)))
+
+
+def _fma(a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
+    """``a * b + c`` with the contract flag (NVPTX: one fma.rn.bf16x2)."""
+    fm = ir.Attribute.parse("#arith.fastmath<contract>")
+    return arith.addf(arith.mulf(a, b, fastmath=fm), c, fastmath=fm)
+
+
+def e2m1x8_mx_bf16x2(words: ir.Value, recip_bits: ir.Value) -> ir.Value:
+    """Eight bf16 (``words``: vector<4xi32> of bf16 pairs) times the MX reciprocal
+    (``recip_bits``: the f32 bits of 2^(127-b)) -> one i32 of packed E2M1 codes (element 2j
+    in the low nibble of byte j), bit-identical to the f32 chain of D2.
+
+    MX reciprocals are powers of two, so ``y = x * recip`` is exact in bf16 as in f32 (a
+    product below 2^-126 may lose bits as a bf16 subnormal, but |y| < 0.25 gives code 0 with
+    x's sign either way), and the magnitude rounding of
+    :func:`blockscale.compiler.arch.convert.e2m1x8_pack_fast` runs on bf16x2 pairs, two
+    elements per instruction (``mul.rn.bf16x2``, ``min.bf16x2``, ``fma.rn.bf16x2``):
+
+    * ``a = min(|y|, 6)``; ``t = fma(a, a, 12)`` (bf16 rounding moves the binade switch only
+      inside [1.99, 2] and [4.46, 4.48], where both grids give the same value);
+      ``T = bits(t) & 0x7F80`` is 8, 16 or 32;
+    * ``s = fma(T, 8, a)``: M = 8T (64, 128, 256) has the bf16 ulp of the E2M1 step there
+      (0.5, 1, 2) and M / ulp = 128 is even: one RNE rounding to the grid with E2M1's ties;
+      ``r = fma(T, -8, s)`` is the E2M1 value exactly;
+    * ``r * 2^-126`` (a bf16 subnormal for r < 1) has the bits ``code << 6``: per pair word
+      codes at bits 6 and 22; ``u = c | c >> 12`` puts the odd one at bit 10 (a byte at bits
+      6..13), two ``prmt`` + one masked shift-merge place the four bytes, and the signs come
+      from ``words`` as in ``e2m1x8_pack_fast`` (4 ``prmt`` + 2 ``lop3``).
+    """
+    from blockscale.compiler.arch import nvvm as NV
+
+    bf, i16, i32 = B.bf16(), B.i16(), B.i32()
+    xv = vector.bitcast(B.vec(8, bf), words)
+    r16 = arith.trunci(i16, arith.shrui(recip_bits, _c32(16)))
+    rv = vector.bitcast(B.vec(8, bf), vector.broadcast(B.vec(8, i16), r16))
+    y = arith.mulf(xv, rv)
+    # |y| as an integer and (math.absf / math.fma on bf16 would become f32 libdevice calls);
+    # the fmas are mul + add marked contract, which NVPTX fuses into fma.rn.bf16x2: fused or
+    # not, every result below is the same (a * a may round first: t only picks the binade,
+    # inside the ranges where both grids agree; T * 8 and r are exact).
+    ybits = vector.bitcast(B.vec(8, i16), y)
+    a = arith.minimumf(vector.bitcast(B.vec(8, bf), arith.andi(ybits, _i16_splat(0x7FFF))),
+                      _bf16_splat(8, 6.0))
+    t = _fma(a, a, _bf16_splat(8, 12.0))
+    tb = vector.bitcast(B.vec(8, i16), t)
+    big_t = vector.bitcast(B.vec(8, bf), arith.andi(tb, _i16_splat(0x7F80)))
+    s = _fma(big_t, _bf16_splat(8, 8.0), a)
+    r = _fma(big_t, _bf16_splat(8, -8.0), s)
+    c = vector.bitcast(B.vec(4, i32), arith.mulf(r, _bf16_splat(8, 2.0 ** -126)))
+    u = []
+    for i in range(4):
+        ci = B.extract(c, i)
+        u.append(arith.ori(ci, arith.shrui(ci, _c32(12))))
+    t02 = NV.byte_perm(u[0], u[2], 0x5410)
+    t13 = NV.byte_perm(u[1], u[3], 0x5410)
+    word = arith.ori(arith.andi(arith.shrui(t02, _c32(6)), _c32(0x00FF00FF)),
+                     arith.andi(arith.shli(t13, _c32(2)), _c32(-0x00FF0100)))
+    sw = [B.extract(words, i) for i in range(4)]
+    q0 = NV.byte_perm(sw[0], sw[1], 0xFDB9)  # [s0, s1, s2, s3] as 0x00 / 0xFF bytes
+    q1 = NV.byte_perm(sw[2], sw[3], 0xFDB9)
+    even = NV.byte_perm(q0, q1, 0x6420)
+    odd = NV.byte_perm(q0, q1, 0x7531)
+    word = arith.ori(word, arith.andi(even, _c32(0x08080808)))
+    return arith.ori(word, arith.andi(odd, _c32(-0x7F7F7F80)))
