@@ -193,8 +193,8 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
             tsf, inv_tsf = (state[6], state[7]) if nvfp4 else (None, None)
             if table is not None:
                 k.recip_table = table
-            _data_unit(k, kb, co, ld_cols, in_stride, d1, s_jpart, u, upr_log2,
-                       [arith.extsi(i64, v) for v in state[1:5]], state[5], tsf, inv_tsf)
+            _data_unit(k, kb, co, ld_cols, in_stride, d1, s_jpart, u, upr_log2, state[1:5],
+                       state[5], tsf, inv_tsf)
             br.yield_(*state)
         with br.else_():
             _padding_unit(k, kb, co, d1, arith.subi(u, n_data), t_start, t_end, t_tile0,
@@ -256,31 +256,31 @@ def _data_unit(k: QI._Ctx, kb: B.KernelBuilder, co: QI._Coords, ld_cols: list[ir
     i64 = B.i64()
     a = kb.arg
     ncols = a("k")
-    ufirst, start, end, t0 = group
+    ufirst, start, end, t0 = group  # i32: rows and tiles fit (expert_start is int32)
+    i32 = B.i32()
     active = arith.cmpi(arith.CmpIPredicate.sge, expert, _c32(0))
-    first = arith.shli(arith.subi(u, ufirst), upr_log2)
+    first = arith.shli(arith.subi(arith.trunci(i32, u), ufirst), arith.trunci(i32, upr_log2))
+    rpb_log2, ri = arith.trunci(i32, co.rpb_log2), arith.trunci(i32, co.ri)
     subs = []
     for s in range(spec.unroll):
-        rel = arith.addi(first, arith.addi(arith.shli(_c64(s), co.rpb_log2), co.ri))
+        rel = arith.addi(first, arith.addi(arith.shli(_c32(s), rpb_log2), ri))
         drow = arith.addi(start, rel)
         row_ok = arith.cmpi(arith.CmpIPredicate.slt, drow, end)
-        srow = drow
+        srow = arith.extui(i64, drow)
         if spec.gather:
-            gidx = arith.select(row_ok, drow, _c64(0))
+            gidx = arith.select(row_ok, srow, _c64(0))
             src = arith.extsi(i64, B.load(a("indices"), gidx))
             srow = arith.divui(src, arith.extui(i64, a("indices_divisor")))
         load_ok = arith.andi(row_ok, co.col_ok)
-        if k.chunk > CHUNK:
-            row_off = arith.muli(arith.select(row_ok, srow, _c64(0)), in_stride)
-        else:
-            row_off = arith.muli(arith.select(load_ok, srow, _c64(0)), in_stride)
-        subs.append((rel, drow, row_ok, load_ok, row_off, _load(k, a, co, ld_cols, row_off,
-                                                                load_ok, ncols)))
-    for rel, drow, row_ok, _load_ok, _row_off, loaded in subs:
-        tile = arith.addi(t0, arith.shrui(rel, _c64(7)))
-        rr = arith.andi(rel, _c64(127))
+        ok = row_ok if k.chunk > CHUNK else load_ok
+        row_off = arith.muli(arith.select(ok, srow, _c64(0)), in_stride)
+        subs.append((rel, drow, row_ok, _load(k, a, co, ld_cols, row_off, load_ok, ncols)))
+    for rel, drow, row_ok, loaded in subs:
+        tile = arith.extui(i64, arith.addi(t0, arith.shrui(rel, _c32(7))))
+        rr = arith.extui(i64, arith.andi(rel, _c32(127)))
         soff = arith.shli(arith.muli(tile, d1), _c64(9))
-        _quantize(k, a, co, loaded, drow, row_ok, active, tsf, inv_tsf, soff, s_jpart, rr)
+        _quantize(k, a, co, loaded, arith.extui(i64, drow), row_ok, active, tsf, inv_tsf,
+                  soff, s_jpart, rr)
 
 
 def _load(k: QI._Ctx, a, co: QI._Coords, ld_cols: list[ir.Value], row_off: ir.Value,
