@@ -51,15 +51,21 @@ THREADS = WAVE * WAVES_M * WAVES_N
 
 @dataclasses.dataclass
 class Operand:
-    """One operand's buffers and rows: ``row0`` is the wavefront's first row, ``count`` the
-    number of rows (M or N); ``scale_offset(row, j)`` the byte index of row ``row``'s scale
-    of K-block ``j`` (index values, in bounds for valid rows and blocks)."""
+    """One operand's buffers and rows: ``row0`` is the wavefront's first row, rows below
+    ``count`` are valid (M, N, or a group's end); row ``row`` is data row ``base + row``
+    (``base`` None: 0; the grouped kernel's expert offset of W); ``scale_offset(row, j)`` the
+    byte index of row ``row``'s scale of K-block ``j`` (index values, in bounds for valid rows
+    and blocks)."""
 
     data: Value
     scales: Value
     row0: Value
     count: Value
     scale_offset: Callable[[Value, Value], Value]
+    base: Value | None = None
+
+    def data_row(self, row: Value) -> Value:
+        return row if self.base is None else bir.add(self.base, row)
 
 
 @dataclasses.dataclass
@@ -82,7 +88,7 @@ class Lane:
 
 
 def _row(op: Operand, local: Value) -> tuple[Value, Value]:
-    """(clamped row, valid) of local row ``local`` (rows past ``count`` read row 0)."""
+    """(clamped row, valid) of the wavefront's row ``local`` (invalid rows read row 0)."""
     row = bir.add(op.row0, local)
     ok = bir.ult(row, op.count)
     return bir.select(ok, row, 0), ok
@@ -136,12 +142,12 @@ def _scaled_fragment(fmt: Format, op: Operand, lane: Lane, sub: int, step: Value
     row, ok = _row(op, bir.add(lane.r, 16 * sub))
     if fmt.is_fp4:  # 16 contiguous bytes: K-block 4 step + g
         col = bir.add(bir.mul(step, 64), bir.mul(lane.g, 16))
-        regs = bir.bitcast(load_chunk(op.data, row, ok, row_bytes, col, 16, aligned),
-                           bir.vec(4, bir.i32()))
+        regs = bir.bitcast(load_chunk(op.data, op.data_row(row), ok, row_bytes, col, 16,
+                                      aligned), bir.vec(4, bir.i32()))
     else:  # two 16-byte runs: bytes 16 g and 64 + 16 g of the step
         base = bir.add(bir.mul(step, 128), bir.mul(lane.g, 16))
-        parts = [load_chunk(op.data, row, ok, row_bytes, bir.add(base, 64 * h), 16, aligned)
-                 for h in range(2)]
+        parts = [load_chunk(op.data, op.data_row(row), ok, row_bytes, bir.add(base, 64 * h),
+                            16, aligned) for h in range(2)]
         regs = bir.bitcast(_concat(parts), bir.vec(8, bir.i32()))
     j = bir.add(bir.mul(step, 4), lane.g)
     return regs, load_scale(op, row, ok, j, kblocks, 127)
@@ -220,15 +226,15 @@ def _bf16_fragment(fmt: Format, op: Operand, lane: Lane, sub: int, j: Value,
     if fmt.is_fp4:
         nbytes = fmt.block_size // 8  # 2 (NVFP4) or 4 (MXFP4) bytes per lane
         col = bir.add(bir.mul(j, fmt.block_size // 2), bir.mul(lane.g, nbytes))
-        chunk = load_chunk(op.data, row, ok, row_bytes, col, nbytes, aligned)
+        chunk = load_chunk(op.data, op.data_row(row), ok, row_bytes, col, nbytes, aligned)
         wide = bir.i16() if nbytes == 2 else bir.i32()
         word = vector.extract(bir.bitcast(chunk, bir.vec(1, wide)), [], [0])
         if nbytes == 2:
             word = arith.extui(bir.i32(), word)
         return _halves(fp4_to_bf16_bits(word, 2 * nbytes))
     col = bir.add(bir.mul(j, 32), bir.mul(lane.g, 8))  # MXFP8: 8 bytes per lane
-    return _halves(e4m3_to_bf16_bits(load_chunk(op.data, row, ok, row_bytes, col, 8,
-                                                aligned)))
+    return _halves(e4m3_to_bf16_bits(load_chunk(op.data, op.data_row(row), ok, row_bytes, col,
+                                                8, aligned)))
 
 
 def emit_bf16_mainloop(fmt: Format, a: Operand, b: Operand, lane: Lane, k: Value,
@@ -275,3 +281,18 @@ def out_coords(lane: Lane, m0: Value, n0: Value, i: int, jj: int, e: int
     m = bir.add(bir.add(m0, lane.wm), bir.add(bir.mul(lane.g, 4), 16 * i + e))
     n = bir.add(bir.add(n0, lane.wn), bir.add(lane.r, 16 * jj))
     return m, n
+
+
+def store_acc(c: Value, out_dtype: str, acc: list[list[Value]], lane: Lane, m0: Value,
+              n0: Value, m_limit: Value, n_count: Value,
+              value_fn: Callable[[Value, Value, Value], Value]) -> None:
+    """Store ``value_fn(acc element, m, n)`` (f32, or already the output type) to
+    ``c[m * n_count + n]`` for every accumulator element with ``m < m_limit`` and
+    ``n < n_count``."""
+    for i, row in enumerate(acc):
+        for jj, v in enumerate(row):
+            for e in range(4):
+                m, n = out_coords(lane, m0, n0, i, jj, e)
+                with bir.when(bir.logical_and(bir.ult(m, m_limit), bir.ult(n, n_count))):
+                    mir.store_output(value_fn(vector.extract(v, [], [e]), m, n), c,
+                                     bir.add(bir.mul(m, n_count), n), out_dtype)

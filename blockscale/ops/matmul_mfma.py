@@ -117,7 +117,7 @@ def grid(m: int, n: int) -> tuple[int, int, int]:
 
 def build(spec: MfmaMatmulSpec) -> Any:
     """The ``mlir.ir.Module`` of the kernel for ``spec`` (IR only)."""
-    from mlir.dialects import arith, vector
+    from mlir.dialects import arith
 
     import blockscale.ops._matmul_ir as mir
     import blockscale.ops._mfma_ir as X
@@ -146,17 +146,12 @@ def build(spec: MfmaMatmulSpec) -> Any:
         out_type = bir.bf16() if spec.out_dtype == "bfloat16" else bir.f32()
         ep = spec.epilogue
         buffers = {i.name: (i, kb.arg(i.name)) for i in ep.inputs} if ep else {}
-        for i, row in enumerate(acc):
-            for jj, v in enumerate(row):
-                for e in range(4):
-                    m, n = X.out_coords(lane, m0, n0, i, jj, e)
-                    with bir.when(bir.logical_and(bir.ult(m, m_count), bir.ult(n, n_count))):
-                        value = arith.mulf(vector.extract(v, [], [e]), kb.arg("alpha"))
-                        if ep is not None:
-                            value = ep.fn(value, EpilogueContext(m, n, n_count, out_type,
-                                                                 buffers))
-                        mir.store_output(value, kb.arg("c"), bir.add(bir.mul(m, n_count), n),
-                                         spec.out_dtype)
+
+        def value(v: Any, m: Any, n: Any) -> Any:
+            v = arith.mulf(v, kb.arg("alpha"))
+            return ep.fn(v, EpilogueContext(m, n, n_count, out_type, buffers)) if ep else v
+
+        X.store_acc(kb.arg("c"), spec.out_dtype, acc, lane, m0, n0, m_count, n_count, value)
     return kb.module
 
 
