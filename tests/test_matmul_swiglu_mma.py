@@ -199,6 +199,14 @@ def test_chained_mainloop_dispatch(counts, k, target, want) -> None:
     assert got == want
 
 
+@pytest.mark.parametrize("env,counts,want", [("BLOCKSCALE_DECODE", [16, 3], "mma"),
+                                             ("BLOCKSCALE_SM90_FAST", [17, 30], "portable")])
+def test_chained_mainloop_follows_the_switches(monkeypatch, env, counts, want) -> None:
+    monkeypatch.setenv(env, "0")
+    es = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    assert SW.chained_mainloop("sm_90a", MXFP8, int(es[-1]), 64, 128, len(counts), es) == want
+
+
 def test_mma_spec_validation() -> None:
     with pytest.raises(ValueError, match="fmt must be 'mxfp8'"):
         SW.SwigluMmaSpec("nvfp4")

@@ -214,16 +214,22 @@ def mma_launch_plan(d: int, num_tiles: int, num_groups: int, k: int
 def chained_mainloop(target: str, fmt: Format, t: int, n: int, k: int, num_groups: int,
                      expert_start: Any, row_scales: bool = False) -> str:
     """Which kernel :func:`blockscale.ops.grouped_matmul_block_scaled` runs for these
-    operands (mirrors its ``FAST_PATHS`` order): "decode" (sm_90a, groups of <= 16 rows),
-    "mma" (the sm_90a tensor-core kernel) or "portable"."""
+    operands, found by walking its ``FAST_PATHS`` as it does: "decode" (sm_90a, groups of
+    <= 16 rows), "mma" (the sm_90a tensor-core kernel), "portable", or the module name of
+    a fast path this op does not know (the fused op then runs its portable kernel)."""
     from blockscale.ops import matmul_decode as MD
     from blockscale.ops import matmul_grouped_sm90 as GS
 
-    if MD.grouped_fast_path(target, fmt, t, n, k, num_groups, row_scales) is not None and \
-            MD.max_group_rows(expert_start, t) <= MD.MAX_ROWS:
-        return "decode"
-    if GS.fast_path(target, fmt, t, n, k, num_groups, row_scales) is not None:
-        return "mma"
+    for hook in GM.FAST_PATHS:
+        if hook(target, fmt, t, n, k, num_groups, row_scales) is None:
+            continue
+        if hook is MD.grouped_fast_path:
+            if MD.max_group_rows(expert_start, t) <= MD.MAX_ROWS:
+                return "decode"
+            continue  # its runner hands over to the next fast path
+        if hook is GS.fast_path:
+            return "mma"
+        return str(getattr(hook, "__module__", hook))
     return "portable"
 
 
