@@ -198,6 +198,10 @@ def test_descriptor_bits_round_trip():
     from blockscale.compiler.arch import tcgen05 as T
     from blockscale.runtime.interpreter import ops_tcgen05 as O
 
+    # literal values from the ISA tables (independent of the decoder)
+    assert T.smem_descriptor_bits(0x1230, 128, 1024) == 0x0000404000080123
+    assert T.instr_descriptor_bits("mxf4nvf4", 128, 128) == 0x08200480  # E2M1, UE4M3
+    assert T.instr_descriptor_bits("mxf8f6f4", 128, 128, 1, 3) == 0x28a00030  # E4M3, UE8M0
     d = O.decode_smem_descriptor(T.smem_descriptor_bits(0x1230, 128, 1024))
     assert d == {"start": 0x1230, "lbo": 128, "sbo": 1024, "fixed": 1, "base_offset": 0,
                  "lbo_mode": 0, "swizzle": 0}
