@@ -222,7 +222,34 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             out += list(br.results)
         return out
 
-    def stage(step: Value, regs: list[Value]) -> None:
+    def _stage_act(n: Value, c: Value, chunk: Value, sbytes: Value) -> None:
+        """Activation chunk c of row n as B fragments (f16 pairs; NVFP4 times |sA|)."""
+        words = vector.bitcast(bir.vec(4, i32), chunk)
+        if lay.nv:  # |sA| of the chunk's two blocks as f16 splats (exact)
+            sp = []
+            for s_ in range(2):
+                sa = _decode_scale_fast(fmt, bir.bit_and(bir.shru(sbytes, _i32c(8 * s_)),
+                                                         0xFF))
+                sp.append(vector.broadcast(bir.vec(2, bir.f16()),
+                                           arith.truncf(bir.f16(), sa)))
+        else:  # E8M0 activation scale of the chunk's block, for the fold
+            bir.store(mir.decode_scale(fmt, sbytes), sasm,  # chunk c = block c of the step
+                      bir.add(bir.mul(c, TOKENS), n))
+        for p in range(8):
+            x = bir.extract(words, p // 2)
+            if p % 2:
+                x = bir.shru(x, _i32c(16))
+            p0, p1 = fp4_piece_to_f16(x)
+            if lay.nv:
+                s = sp[p // 4]
+                p0 = mma.pack_i32(arith.mulf(_f16x2(p0), s))
+                p1 = mma.pack_i32(arith.mulf(_f16x2(p1), s))
+            u, tt = lay.chunk_piece(c, p)
+            dst = bir.mul(bir.add(bir.mul(bir.add(bir.mul(u, TOKENS), n), 4), tt), 2)
+            bir.vector_store(bir.from_elements(bir.vec(2, i32), [p0, p1]), bsm, dst,
+                             alignment=8)
+
+    def stage(step: Value, regs: list[Value], rows: Value) -> None:
         """Store fetched registers to shared memory (weights raw, scales decoded,
         activations as B fragments)."""
         for it in range(w_iters):
@@ -248,31 +275,10 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         for it in range(a_iters):
             cid = bir.add(tid, it * THREADS)
             n, c = bir.udiv(cid, STEP_CHUNKS), bir.urem(cid, STEP_CHUNKS)
-            chunk, sbytes = regs[base + 2 * it], regs[base + 2 * it + 1]
-            words = vector.bitcast(bir.vec(4, i32), chunk)
-            if lay.nv:  # |sA| of the chunk's two blocks as f16 splats (exact)
-                sp = []
-                for s_ in range(2):
-                    sa = _decode_scale_fast(fmt, bir.bit_and(bir.shru(sbytes, _i32c(8 * s_)),
-                                                             0xFF))
-                    sp.append(vector.broadcast(bir.vec(2, bir.f16()),
-                                               arith.truncf(bir.f16(), sa)))
-            else:  # E8M0 activation scale of the chunk's block, for the fold
-                bir.store(mir.decode_scale(fmt, sbytes), sasm,  # chunk c = block c of the step
-                          bir.add(bir.mul(c, TOKENS), n))
-            for p in range(8):
-                x = bir.extract(words, p // 2)
-                if p % 2:
-                    x = bir.shru(x, _i32c(16))
-                p0, p1 = fp4_piece_to_f16(x)
-                if lay.nv:
-                    s = sp[p // 4]
-                    p0 = mma.pack_i32(arith.mulf(_f16x2(p0), s))
-                    p1 = mma.pack_i32(arith.mulf(_f16x2(p1), s))
-                u, tt = lay.chunk_piece(c, p)
-                dst = bir.mul(bir.add(bir.mul(bir.add(bir.mul(u, TOKENS), n), 4), tt), 2)
-                bir.vector_store(bir.from_elements(bir.vec(2, i32), [p0, p1]), bsm, dst,
-                                 alignment=8)
+            # rows past the pass are not staged: their stale B columns only reach
+            # their own (never stored) outputs (an MMA column is one row)
+            with bir.when(bir.ult(n, rows)):
+                _stage_act(n, c, regs[base + 2 * it], regs[base + 2 * it + 1])
 
     def compute(accs: list[Value], two: bool) -> list[Value]:
         """One step's MMAs of this warp (n-tile 1 only when ``two``)."""
@@ -318,6 +324,16 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                         accs[idx] = mmath.fma(d, s, accs[idx])
         return accs
 
+    # B fragments (and MX activation scales) of rows past a pass are never staged: zero
+    # them once (stale or zero, they only reach their own unstored MMA columns)
+    vz = bir.const(0, bir.vec(4, i32))
+    for it in range(UNITS * TOKENS * 8 // 4 // THREADS):
+        bir.vector_store(vz, bsm, bir.mul(bir.add(tid, it * THREADS), 4), alignment=16)
+    if sasm is not None:
+        for it in range(-(-lay.blocks * TOKENS // THREADS)):
+            idx = bir.add(tid, it * THREADS)
+            with bir.when(bir.ult(idx, lay.blocks * TOKENS)):
+                bir.store(zero, sasm, idx)
     with bir.for_range(start, end, TOKENS) as pl:
         r0 = pl.iv
         rows = bir.umin(bir.sub(end, r0), TOKENS)
@@ -327,7 +343,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             step = sl.iv
             cur = list(sl.carried[8:])
             bir.barrier()  # the previous step's shared reads are done
-            stage(step, cur)
+            stage(step, cur, rows)
             bir.barrier()
             nxt = fetch(bir.add(step, 1), r0, rows)
             accs = list(sl.carried[:8])
