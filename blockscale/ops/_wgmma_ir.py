@@ -2,20 +2,25 @@
 
 Imports MLIR: only :func:`blockscale.ops.matmul_wgmma.build` imports it.
 
-Data path (per K-step of :data:`STEP_ELEMS` = 32 elements, two NVFP4 blocks)
----------------------------------------------------------------------------
-Every thread of the CTA owns one row of the step: threads 0..bm-1 a row of A, the next bn a
-row of B. It reads the row's 16 FP4 bytes (one ``ld.global.v4``, zeros for rows past M / N
-and for bytes past the row end) and the two E4M3 block scales of its row, dequantizes the 32
-codes to bf16 with the block scale folded in (``prmt`` table lookup, then ``mul.rn.bf16x2``
-by the scale: E2M1 x E4M3 has at most 6 significant bits in [2^-10, 2688], exact in bf16),
-and stores them to shared memory in the canonical no-swizzle K-major wgmma layout: the core
-matrix (8 rows x 16 bytes = 8 K-elements) of row group ``g`` and K chunk ``c`` at
-``g * SBO + c * LBO`` with LBO = 128, SBO = 512 (a step's 4 chunks of a row group are one
-contiguous 512-byte block). Each 16-byte store is one core-matrix row.
+Data path (per K-step of ``kstep`` elements)
+--------------------------------------------
+The CTA is ``bm / 64`` warpgroups (:attr:`Tiles.threads`). A step of a row is
+``kstep / 2`` FP4 bytes (``kstep`` E4M3 bytes) in 16-byte *pieces*; the ``(bm + bn) * pieces``
+pieces of A's rows then B's are dealt to the threads piece-major (item ``i * threads + tid``
+is piece ``item // (bm + bn)`` of row ``item % (bm + bn)``; a partial last round guarded):
+one for 64 x 64 / 128 x 128 at kstep 32, three for 128 x 256 at kstep 64. A thread reads its
+piece (one ``ld.global.v4``, zeros for rows past M / N and for pieces past the row end) and
+its scale bytes, dequantizes it to bf16 with the block scale folded in (``prmt`` table lookup,
+then ``mul.rn.bf16x2`` by the scale: E2M1 x E4M3 has at most 6 significant bits in
+[2^-10, 2688], exact in bf16) and stores it to shared memory in the canonical no-swizzle
+K-major wgmma layout: the core matrix (8 rows x 16 bytes = 8 K-elements) of row group ``g``
+and K chunk ``c`` at ``g * SBO + c * LBO`` with LBO = 128, SBO = 128 * kstep / 8 (a step's
+chunks of a row group are one contiguous block). Each 16-byte store is one core-matrix row;
+the 8 threads of a store phase write 8 consecutive rows (no bank conflicts).
 
-Variants (spec fields): ``kstep=64`` stages 64 elements per step (two 16-byte loads per
-row, SBO = 1024, four wgmmas per step; 96 KiB of dynamic shared memory at 128 x 128), and
+Variants (spec fields): ``kstep=64`` stages 64 elements per step (two pieces per row,
+four wgmmas per step; 96 KiB of dynamic shared memory at 128 x 128), tiles 128 x 256 (two
+warpgroups of m64n256, 144 KiB at kstep 64: 0.75x the dequantization per flop), and
 ``dequant="shift"`` replaces the ``prmt`` table lookups by bf16 bit placement (operands
 scaled by 2^-8 each, undone exactly in the epilogue; see :func:`_fp4x8_shift`). The global
 loads of the next step are issued before the current step is dequantized (:data:`PREFETCH`).
@@ -79,6 +84,8 @@ STEP_ELEMS = 32
 KSTEPS = (32, 64)
 #: shared-memory stages (a stage is read by the wgmma group of its step)
 STAGES = 3
+#: CTA tiles (bm, bn); 128 x 256: two warpgroups of m64n256 (128 accumulator registers)
+TILES = ((64, 64), (128, 128), (128, 256))
 #: core-matrix offsets of the operand layout (bytes; SBO for the default step, else
 #: :attr:`Tiles.sbo`)
 LBO, SBO = 128, 512
@@ -114,9 +121,12 @@ class Tiles:
     scaling: str = "fold"
 
     def __post_init__(self) -> None:
-        if (self.bm, self.bn) not in ((64, 64), (128, 128)):
-            raise ValueError(f"tiles: (bm, bn) must be (64, 64) or (128, 128), got "
+        if (self.bm, self.bn) not in TILES:
+            raise ValueError(f"tiles: (bm, bn) must be one of {TILES}, got "
                              f"{(self.bm, self.bn)}")
+        if self.promote and self.bn > 128:
+            raise ValueError(f"tiles: scaling='promote' holds two fragments: bn <= 128, got "
+                             f"{self.bn}")
         if self.kstep not in KSTEPS:
             raise ValueError(f"tiles: kstep must be one of {KSTEPS}, got {self.kstep}")
         if self.fmt not in VARIANTS:
@@ -176,7 +186,39 @@ class Tiles:
 
     @property
     def threads(self) -> int:
-        return self.bm + self.bn
+        """The warpgroups that run the wgmmas (``bm / 64``); all of them dequantize."""
+        return 2 * self.bm
+
+    @property
+    def pieces(self) -> int:
+        """16-byte global pieces per row and step."""
+        return self.row_step_bytes // 16
+
+    @property
+    def items(self) -> int:
+        """Pieces per step (A's rows, then B's, piece-major: item ``p * (bm + bn) + row``)."""
+        return (self.bm + self.bn) * self.pieces
+
+    @property
+    def rounds(self) -> int:
+        """Items per thread and step (the last round guarded when it is partial)."""
+        return -(-self.items // self.threads)
+
+    @property
+    def piece_chunks(self) -> int:
+        """Core-matrix rows (8 K-elements) per piece: 4 (FP4), 2 (E4M3)."""
+        return 2 if self.fp8 else 4
+
+    @property
+    def piece_scales(self) -> int:
+        """Scale bytes a piece needs: 2 (NVFP4: 32 codes), 1 (MX)."""
+        return 2 if self.fmt == "nvfp4" else 1
+
+    def piece_block(self, piece: Value) -> Value:
+        """The step-local index of a piece's first scale block."""
+        if self.fmt == "nvfp4":
+            return bir.mul(piece, 2)
+        return bir.udiv(piece, 2) if self.fp8 else piece
 
     @property
     def warpgroups(self) -> int:
@@ -293,59 +335,83 @@ def accumulator_scale(dequant: str, fmt: str = "nvfp4", scaling: str = "fold") -
     return 1.0 if dequant == "lut" else 2.0 ** (-2 * SHIFT_EXP)
 
 
-def _row_types(tiles: Tiles) -> list[ir.Type]:
-    return [bir.vec(tiles.row_step_bytes, bir.i8()), bir.vec(tiles.scales_per_step, bir.i8())]
+def _item_types(tiles: Tiles) -> list[ir.Type]:
+    return [bir.vec(16, bir.i8()), bir.vec(tiles.piece_scales, bir.i8())]
 
 
-def _load_row(op: Operand, r: Value, step: Value, row_bytes: Value, tiles: Tiles
-              ) -> tuple[Value, Value]:
-    """(the step's bytes, its scale bytes) of local row ``r`` for ``step`` (K-blocks
-    ``step * scales_per_step`` on); zeros for rows past the operand and 16-byte pieces past
-    the row end (rows are whole 16-byte pieces; so also for the prefetches past the last
-    step), whose scale bytes may be padding or out of bounds."""
-    vd, vs = _row_types(tiles)
-    v16 = bir.vec(16, bir.i8())
-    col = bir.mul(step, tiles.row_step_bytes)
-    br = bir.if_(bir.logical_and(op.valid(r), bir.ult(col, row_bytes)), [vd, vs])
+@dataclasses.dataclass
+class _Item:
+    """One thread's piece of a round: operand row ``r`` of A (``is_a``) or B, its 16-byte
+    ``piece`` of the step, ``row`` in 0 .. bm + bn - 1, ``live`` (None: always)."""
+
+    is_a: Value
+    r: Value
+    row: Value
+    piece: Value
+    live: Value | None
+
+
+def _items(tiles: Tiles, tid: Value) -> list[_Item]:
+    """The thread's items of every round (item ``i * threads + tid``; piece-major, so the 8
+    threads of a 16-byte store phase write 8 consecutive rows: no bank conflicts)."""
+    out = []
+    total = tiles.bm + tiles.bn
+    for i in range(tiles.rounds):
+        item = bir.add(tid, i * tiles.threads)
+        row, piece = bir.urem(item, total), bir.udiv(item, total)
+        is_a = bir.ult(row, tiles.bm)
+        r = arith.select(is_a, row, bir.sub(row, tiles.bm))
+        live = bir.ult(item, tiles.items) if (i + 1) * tiles.threads > tiles.items else None
+        out.append(_Item(is_a, r, row, piece, live))
+    return out
+
+
+def _load_piece(op: Operand, it: _Item, step: Value, row_bytes: Value, tiles: Tiles
+                ) -> tuple[Value, Value]:
+    """(16 bytes, the piece's scale bytes) of ``it`` for ``step``; zeros for rows past the
+    operand, pieces past the row end (so also for the prefetches past the last step) and
+    dead items, whose scale bytes may be padding or out of bounds."""
+    vd, vs = _item_types(tiles)
+    col = bir.add(bir.mul(step, tiles.row_step_bytes), bir.mul(it.piece, 16))
+    ok = bir.logical_and(op.valid(it.r), bir.ult(col, row_bytes))
+    if it.live is not None:
+        ok = bir.logical_and(ok, it.live)
+    br = bir.if_(ok, [vd, vs])
     with br.then():
-        base = bir.add(bir.mul(op.row(r), row_bytes), col)
-        data = bir.vector_load(v16, op.data, base, alignment=16)
-        for p in range(1, tiles.row_step_bytes // 16):  # later pieces only while in the row
-            hi = bir.if_(bir.ult(bir.add(col, 16 * p), row_bytes), [v16])
-            with hi.then():
-                hi.yield_(bir.vector_load(v16, op.data, bir.add(base, 16 * p), alignment=16))
-            with hi.else_():
-                hi.yield_(bir.const(0, v16))
-            data = vector.shuffle(data, hi.results[0], list(range(16 * (p + 1))))
-        nsc = tiles.scales_per_step
-        j = bir.mul(step, nsc)
-        off = bir.add(op.scale_offset(r), bir.add(bir.mul(bir.udiv(j, 4), SF_ATOM_BYTES),
-                                                  bir.urem(j, 4)))
-        br.yield_(data, bir.vector_load(vs, op.scales, off, alignment=nsc))
+        data = bir.vector_load(vd, op.data, bir.add(bir.mul(op.row(it.r), row_bytes), col),
+                               alignment=16)
+        j = bir.add(bir.mul(step, tiles.scales_per_step), tiles.piece_block(it.piece))
+        off = bir.add(op.scale_offset(it.r), bir.add(bir.mul(bir.udiv(j, 4), SF_ATOM_BYTES),
+                                                     bir.urem(j, 4)))
+        br.yield_(data, bir.vector_load(vs, op.scales, off, alignment=tiles.piece_scales))
     with br.else_():
         br.yield_(bir.const(0, vd), bir.const(0, vs))
     return br.results[0], br.results[1]
 
 
-def _load_either(is_a: Value, a: Operand, b: Operand, r: Value, step: Value,
-                 row_bytes: Value, tiles: Tiles) -> list[Value]:
-    """:func:`_load_row` of A's row ``r`` when ``is_a``, else of B's."""
-    br = bir.if_(is_a, _row_types(tiles))
+def _load_item(a: Operand, b: Operand, it: _Item, step: Value, row_bytes: Value,
+               tiles: Tiles) -> list[Value]:
+    """:func:`_load_piece` from A when ``it.is_a``, else from B."""
+    br = bir.if_(it.is_a, _item_types(tiles))
     with br.then():
-        br.yield_(*_load_row(a, r, step, row_bytes, tiles))
+        br.yield_(*_load_piece(a, it, step, row_bytes, tiles))
     with br.else_():
-        br.yield_(*_load_row(b, r, step, row_bytes, tiles))
+        br.yield_(*_load_piece(b, it, step, row_bytes, tiles))
     return list(br.results)
 
 
-def _store_row(smem: Value, base: Value, r: Value, data: Value, scales: Value,
-               dequant: str, tiles: Tiles) -> None:
-    """Dequantize one row's step (:func:`_dequant_row`, scales folded unless "promote")
-    into the tile at byte ``base``."""
+def _store_piece(smem: Value, stage0: Value, it: _Item, data: Value, scales: Value,
+                 dequant: str, tiles: Tiles) -> None:
+    """Dequantize one piece (:func:`_dequant_row`, scales folded unless "promote") into its
+    core-matrix rows of the stage at byte ``stage0``."""
+    base = bir.add(stage0, arith.select(it.is_a, bir.const(0),
+                                        bir.const(tiles.operand_bytes[0])))
     splats = None if tiles.promote else _scale_splats(scales, dequant, tiles.fmt)
+    c0 = bir.mul(it.piece, tiles.piece_chunks)
     for c, v in enumerate(_dequant_row(data, splats, dequant, tiles.block)):
-        bir.vector_store(vector.bitcast(bir.vec(16, bir.i8()), v), smem,
-                         bir.add(base, layout_offset(r, c, tiles.sbo)), alignment=16)
+        off = bir.add(layout_offset(it.r, 0, tiles.sbo), bir.mul(bir.add(c0, c), LBO))
+        bir.vector_store(vector.bitcast(bir.vec(16, bir.i8()), v), smem, bir.add(base, off),
+                         alignment=16)
 
 
 def _store_scale(smem: Value, at: Value, scales: Value) -> None:
@@ -427,27 +493,38 @@ def emit_mainloop(kb: bir.KernelBuilder, tiles: Tiles, a: Operand, b: Operand, k
     kstep, sbo = tiles.kstep, tiles.sbo
     tid = bir.thread_idx("x")
     wg = bir.udiv(tid, 128)
-    is_a = bir.ult(tid, tiles.bm)
-    r = arith.select(is_a, tid, bir.sub(tid, tiles.bm))
-    op_base = arith.select(is_a, bir.const(0), bir.const(tiles.operand_bytes[0]))
+    items = _items(tiles, tid)
     row_bytes = k if tiles.fp8 else bir.udiv(k, 2)
     steps = bir.ceil_div(k, kstep)
     a_bytes = tiles.operand_bytes[0]
     scales0 = sum(tiles.operand_bytes)  # the f32 scales' offset in a stage ("promote")
     base_desc = W.descriptor(W.shared_address(smem), lbo=LBO, sbo=sbo)
-    pre = [x for p in range(PREFETCH) for x in _load_either(is_a, a, b, r, bir.const(p),
-                                                               row_bytes, tiles)]
+    pre = [x for p in range(PREFETCH) for it in items
+           for x in _load_item(a, b, it, bir.const(p), row_bytes, tiles)]
     zero = W.zero_accumulator(tiles.bn)
     carry = [zero, zero] if tiles.promote else [zero]
     nacc = len(carry)
+    per_step = 2 * len(items)
     with bir.for_range(0, steps, carry=[*carry, *pre]) as loop:
         step = loop.iv
         acc, regs = loop.carried[0], list(loop.carried[nacc:])
-        nxt = _load_either(is_a, a, b, r, bir.add(step, PREFETCH), row_bytes, tiles)
+        nxt = [x for it in items
+               for x in _load_item(a, b, it, bir.add(step, PREFETCH), row_bytes, tiles)]
         stage0 = bir.mul(bir.urem(step, STAGES), tiles.stage_bytes)
-        _store_row(smem, bir.add(stage0, op_base), r, regs[0], regs[1], dequant, tiles)
-        if tiles.promote:
-            _store_scale(smem, bir.add(bir.add(stage0, scales0), bir.mul(tid, 4)), regs[1])
+        for i, it in enumerate(items):
+            data, scales = regs[2 * i], regs[2 * i + 1]
+            if it.live is None:
+                _store_piece(smem, stage0, it, data, scales, dequant, tiles)
+            else:
+                with bir.when(it.live):
+                    _store_piece(smem, stage0, it, data, scales, dequant, tiles)
+            if tiles.promote:
+                first = bir.eq(it.piece, 0)
+                if it.live is not None:
+                    first = bir.logical_and(first, it.live)
+                with bir.when(first):
+                    _store_scale(smem, bir.add(bir.add(stage0, scales0), bir.mul(it.row, 4)),
+                                 scales)
         W.fence_proxy_async_shared()
         bir.barrier()
         da = W.advance(base_desc, bir.as_i64(bir.add(stage0, bir.mul(wg, 8 * sbo))))
@@ -472,10 +549,10 @@ def emit_mainloop(kb: bir.KernelBuilder, tiles: Tiles, a: Operand, b: Operand, k
                                   W.advance(db, 2 * h * LBO), tiles.bn, dtype=tiles.mma_type)
         W.commit_group()
         if tiles.promote:
-            loop.yield_(acc, blk, *regs[2:], *nxt)
+            loop.yield_(acc, blk, *regs[per_step:], *nxt)
         else:
             W.wait_group(1)
-            loop.yield_(acc, *regs[2:], *nxt)
+            loop.yield_(acc, *regs[per_step:], *nxt)
     W.wait_group(0)
     acc = loop.results[0]
     if tiles.promote:

@@ -52,7 +52,8 @@ KERNEL_SOURCES = ("blockscale.ops._wgmma_ir", "blockscale.ops._mma_ir",
                   "blockscale.ops.matmul_sm90")
 TARGETS = ("sm_90a",)
 FORMATS = ("nvfp4", "mxfp4", "mxfp8")
-TILE_CHOICES = ((128, 128), (64, 64))
+#: CTA tiles (= blockscale.ops._wgmma_ir.TILES); 128 x 256 only with scaling="fold"
+TILE_CHOICES = ((128, 128), (64, 64), (128, 256))
 #: NVFP4's dequantization variants (= blockscale.ops._wgmma_ir.DEQUANT; this module does not
 #: import MLIR)
 DEQUANT = ("lut", "shift")
@@ -122,6 +123,7 @@ class WgmmaMatmulSpec(FormatSpec):
         if self.dequant is None:
             object.__setattr__(self, "dequant", dq)
         if self.scaling is None:  # the default's, else the first built with this dequant
+            sc = "fold" if self.bn > 128 and (self.dequant, "fold") in variants else sc
             object.__setattr__(self, "scaling", sc if self.dequant == dq else next(
                 (s for d, s in variants if d == self.dequant), "fold"))
         if self.kstep is None:  # the default's, else the variant's largest
@@ -130,6 +132,9 @@ class WgmmaMatmulSpec(FormatSpec):
         if (self.dequant, self.scaling) not in variants:
             raise ValueError(f"(dequant, scaling) must be one of {list(variants)} for "
                              f"{self.fmt}, got {(self.dequant, self.scaling)}")
+        if self.bn > 128 and self.scaling == "promote":
+            raise ValueError(f"scaling='promote' takes bn <= 128, got (bm, bn) = "
+                             f"{(self.bm, self.bn)}")
         ksteps = variants[(self.dequant, self.scaling)]
         if self.kstep not in ksteps:
             raise ValueError(f"kstep must be one of {ksteps} for {self.fmt} "
@@ -149,7 +154,8 @@ class WgmmaMatmulSpec(FormatSpec):
 
     @property
     def block(self) -> tuple[int, int, int]:  # type: ignore[override]
-        return (self.bm + self.bn, 1, 1)
+        """The ``bm / 64`` warpgroups (= _wgmma_ir.Tiles.threads)."""
+        return (2 * self.bm, 1, 1)
 
     @property
     def kernel_name(self) -> str:
@@ -281,6 +287,9 @@ def bundle_specs(target: str = "sm_90a") -> list[WgmmaMatmulSpec]:
                                  dequant=dq, scaling=sc, kstep=ks)
              for f, variants in VARIANTS.items() for (dq, sc), ksteps in variants.items()
              for ks in ksteps for o in _matmul.OUT_DTYPES for m, n, _ in GPU_SHAPES}
+    specs |= {WgmmaMatmulSpec(f, o, None, 128, 256, target, dq, ks, sc)  # tiles=(128, 256)
+              for f, variants in VARIANTS.items() for (dq, sc), ksteps in variants.items()
+              if sc == "fold" for ks in ksteps for o in _matmul.OUT_DTYPES}
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
