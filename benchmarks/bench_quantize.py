@@ -7,7 +7,8 @@ Usage (on the GPU machine; kernels from the bundle dir, BLOCKSCALE_BUNDLE_DIR or
 Format ``nvfp4_tma`` is the TMA + mbarrier NVFP4 kernel (blockscale.ops.quantize_async), timed
 beside the generic ``nvfp4`` kernel on the same inputs. ``<fmt>_p<P>`` (P = 1, 2, 3) is the
 pipelined dense kernel (``QuantizeSpec.pipeline = P``: P row groups of loads in flight per
-thread, blockscale.ops.quantize_pipe_ir); the default ``--formats`` times all of them.
+thread, blockscale.ops.quantize_pipe_ir), ``mxfp4_p<P>_bf16x2`` the same with the E2M1
+rounding on bf16 pairs (``QuantizeSpec.bf16x2``); the default ``--formats`` times all of them.
 
 For each shape and format: check the device output against the numpy reference (first and
 last 256 rows) before timing; time with CUDA events (median of per-launch times after warm-up,
@@ -65,12 +66,14 @@ def bench(shape: tuple[int, int], fmt: str, dev, use_torch: bool) -> dict:
     m, k = shape
     label = fmt
     fmt, _, p = fmt.partition("_p")
+    p, _, packed = p.partition("_")
     pipeline = int(p) if p else 0
     tsf = 0.5 if fmt == "nvfp4" else 1.0
     rng = np.random.default_rng(0)
     x_host = rng.standard_normal((m, k), dtype=np.float32).astype(ml_dtypes.bfloat16)
     xs = [dev.to_device(x_host) for _ in range(ROTATE)]
-    spec = QuantizeSpec(fmt, "sm_90a", None, "tcgen5d", True, pipeline=pipeline)
+    spec = QuantizeSpec(fmt, "sm_90a", None, "tcgen5d", True, pipeline=pipeline,
+                        bf16x2=packed == "bf16x2")
     kernel = _core.get_kernel(spec)
     grid, scalars = launch_plan(spec, m, k, -(-m // 128))
     scalars["tensor_sf"] = tsf
@@ -193,7 +196,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="8192x8192,16384x16384")
     p.add_argument("--formats", default="nvfp4,nvfp4_tma,nvfp4_p1,nvfp4_p2,nvfp4_p3,mxfp4,"
-                   "mxfp4_p1,mxfp4_p2,mxfp4_p3,mxfp8,mxfp8_p1,mxfp8_p2,mxfp8_p3")
+                   "mxfp4_p1,mxfp4_p2,mxfp4_p3,mxfp4_p1_bf16x2,mxfp4_p2_bf16x2,mxfp4_p3_bf16x2,"
+                   "mxfp8,mxfp8_p1,mxfp8_p2,mxfp8_p3")
     p.add_argument("--torch", action="store_true", help="also time torch.compile")
     a = p.parse_args()
     dev = runtime.get_device("cuda")

@@ -12,16 +12,17 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _quantize_helpers import assert_same_bytes, group_offsets
+from _quantize_inputs import _edge_input
 
 from blockscale import reference as ref
 from blockscale.reference import grouped as RG
 
 pytest.importorskip("mlir")
 
-from blockscale.ops import quantize as Q  # noqa: E402
-from blockscale.ops import quantize_amd as QA  # noqa: E402
-from blockscale.ops import quantize_grouped as QG  # noqa: E402
-from blockscale.ops import quantize_silu as QS  # noqa: E402
+from blockscale.ops import quantize as Q
+from blockscale.ops import quantize_amd as QA
+from blockscale.ops import quantize_grouped as QG
+from blockscale.ops import quantize_silu as QS
 
 pytestmark = pytest.mark.interp
 TARGETS = ("sm_90a", "sm_100a", "gfx942", "gfx950")
@@ -36,21 +37,6 @@ def _check_dense(x, fmt, target, **kw):
     rd, rs = ref.quantize_dynamic_block_scaled(x, fmt, **kw)
     assert_same_bytes(d, rd)
     assert_same_bytes(s, rs)
-
-
-def _edge_input(m: int, k: int, seed: int) -> np.ndarray:
-    """Random data with tie values, a near-zero row, NaN / Inf blocks and -0 sprinkled in."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((m, k)).astype(np.float32) * 3
-    ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, -0.0, 448.0, 464.0],
-                    np.float32)
-    x.flat[rng.integers(0, x.size, x.size // 8)] = rng.choice(ties, x.size // 8)
-    x[1, :] = np.tile(np.array([0.0] + [1e-38] * 15, np.float32), -(-k // 16))[:k]
-    if m > 4 and k > 40:
-        x[2, 3] = np.nan
-        x[3, 35] = np.inf
-        x[4, 0] = -np.inf
-    return _bf16(x)
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -9,17 +9,15 @@ padding K-blocks of the 5-D layout and MX blocks half past K (K % 32 == 16).
 
 from __future__ import annotations
 
-import ml_dtypes
-import numpy as np
 import pytest
 from _quantize_helpers import assert_same_bytes
-from test_quantize_ops import _edge_input
+from _quantize_inputs import _all_bf16_blocks, _edge_input
 
 from blockscale import reference as ref
 
 pytest.importorskip("mlir")
 
-from blockscale.ops import quantize as Q  # noqa: E402
+from blockscale.ops import quantize as Q
 
 pytestmark = pytest.mark.interp
 TARGETS = ("sm_90a", "sm_100a", "gfx942", "gfx950")
@@ -72,23 +70,6 @@ def test_pipelined_bad_arguments():
         Q.QuantizeSpec("mxfp4", "sm_90a", "up", pipeline=0, bf16x2=True)
     with pytest.raises(ValueError, match="multiple of 16"):
         Q.quantize_dense_variant(x, "mxfp8", pipeline=2, device="interp", target="sm_90a")
-
-
-def _all_bf16_blocks(shift: int, top: float) -> np.ndarray:
-    """Every bf16 magnitude up to ``top`` (both signs, -0 included), 31 per 32-element block
-    after a block maximum ``top``, all times 2^shift: the E8M0 scale is 2^shift times that
-    of ``top`` and the products x * recip run over every bf16 value of their range (top 6,
-    "up": [0, 6]; top 7.97: "up" [0, 4), "even" / "floor" [0, 8), incl. saturation)."""
-    mags = np.arange(0, 0x4100, dtype=np.uint16)
-    vals = np.concatenate([mags, mags | 0x8000]).view(ml_dtypes.bfloat16).astype(np.float32)
-    vals = vals[np.abs(vals) <= top]
-    blocks = -(-vals.size // 31)
-    body = np.zeros(blocks * 31, np.float32)
-    body[:vals.size] = vals
-    x = np.concatenate([np.full((blocks, 1), top, np.float32), body.reshape(blocks, 31)], 1)
-    rows = -(-blocks // 16)
-    x = np.concatenate([x, np.zeros((rows * 16 - blocks, 32), np.float32)]).reshape(rows, 512)
-    return (x.astype(np.float64) * 2.0 ** shift).astype(np.float32).astype(ml_dtypes.bfloat16)
 
 
 @pytest.mark.parametrize("top", [6.0, 7.96875])

@@ -465,6 +465,11 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
     specs += [QuantizeSpec(f, target, None if f == "nvfp4" else "up", "tcgen5d", True,
                            pipeline=p)
               for p in PIPELINE_BLOCKS_PER_SM for f in ("nvfp4", "mxfp4", "mxfp8")]
+    if target == "sm_90a":
+        specs += [QuantizeSpec("mxfp4", target, r, "tcgen5d", True, pipeline=p, bf16x2=True)
+                  for p in PIPELINE_BLOCKS_PER_SM for r in ("up",)]
+        specs += [QuantizeSpec("mxfp4", target, r, "tcgen5d", True, pipeline=2, bf16x2=True)
+                  for r in ("even", "floor")]
     from blockscale.ops import quantize_amd, quantize_grouped, quantize_silu
 
     for mod in (quantize_grouped, quantize_silu, quantize_amd):
@@ -495,6 +500,6 @@ __all__ = [
 ]
 
 
-import blockscale.ops._core as _core  # noqa: E402, PLR0402 (no package __getattr__ scan)
+import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 
 _core.register_op_module(__name__)

@@ -23,16 +23,11 @@ threads resident; the launch makes that many blocks per SM (one wave, ``launch_p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from mlir import ir
 from mlir.dialects import arith, gpu, vector
 
 from blockscale.compiler import ir as B
 from blockscale.ops import quantize_ir as Q
-
-if TYPE_CHECKING:
-    from blockscale.ops.quantize import QuantizeSpec
 
 _c32, _c64 = Q._c32, Q._c64
 
