@@ -26,8 +26,10 @@ from blockscale.ops.quantize import (
 
 #: kernel schedules of the grouped / fused quantize ops: "tiles" (the tile kernel of
 #: quantize_ir, one block per slice of a 5-D tile) or "rows" / "rows2" (quantize_moe_ir: one
-#: resident wave walking data rows, 1 or 2 row groups in flight per thread)
-SCHEDULES = ("tiles", "rows", "rows2")
+#: resident wave walking data rows, 1 or 2 row groups in flight per thread); "*_lut": the
+#: fused op reads its sigmoid from a table indexed by the bf16 gate (quantize_silu.sigmoid_lut,
+#: bit-identical), the grouped op runs the same kernel as without
+SCHEDULES = ("tiles", "rows", "rows2", "rows_lut", "rows2_lut")
 #: the schedule used when an op is called with ``schedule=None``
 DEFAULT_SCHEDULE = "tiles"
 #: SMs of the GPU the rows schedule sizes its single wave for (H200)
@@ -44,9 +46,18 @@ class MoeQuantizeSpec(QuantizeSpec):
     """A grouped / fused quantize kernel on the rows schedule (:mod:`.quantize_moe_ir`).
 
     ``unroll``: row groups a thread loads before quantizing them (1 = "rows", 2 = "rows2").
+    ``lut``: mode "silu" only: the sigmoid comes from a shared-memory table indexed by the
+    bf16 gate (:func:`blockscale.ops.quantize_silu.sigmoid_lut`) instead of exp_f32 + div.rn.
     """
 
     unroll: int = 1
+    lut: bool = False
+
+    def args(self) -> tuple[Any, ...]:
+        from blockscale.launch import KernelArg
+
+        extra = (KernelArg("sig_table", "buffer", "float32"),) if self.lut else ()
+        return _q.kernel_args(self) + extra
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -55,10 +66,12 @@ class MoeQuantizeSpec(QuantizeSpec):
                              f"got {self.mode!r}")
         if self.unroll not in (1, 2):
             raise ValueError(f"unroll must be 1 or 2, got {self.unroll!r}")
+        if self.lut and self.mode != "silu":
+            raise ValueError(f"lut needs mode 'silu', got mode {self.mode!r}")
 
     @property
     def kernel_name(self) -> str:
-        return f"{super().kernel_name}_rows{self.unroll}"
+        return f"{super().kernel_name}_rows{self.unroll}" + ("_lut" if self.lut else "")
 
 
 def build(spec: MoeQuantizeSpec) -> Any:
@@ -80,7 +93,8 @@ def with_schedule(spec: QuantizeSpec, schedule: str | None, num_groups: int | No
     if schedule == "tiles" or (num_groups is not None and num_groups > 256):
         return spec
     fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(QuantizeSpec)}
-    return MoeQuantizeSpec(**fields, unroll=2 if schedule == "rows2" else 1)
+    return MoeQuantizeSpec(**fields, unroll=2 if schedule.startswith("rows2") else 1,
+                           lut=schedule.endswith("_lut") and spec.mode == "silu")
 
 
 def rows_plan(spec: MoeQuantizeSpec, m: int, k: int, n_tiles: int, ng: int
@@ -315,10 +329,10 @@ def grouped_quantize_dynamic_scaled_fp4_async_kernel(fmt: Format | str = "nvfp4"
 
 
 def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
-    """Grouped quantize specs the GPU tests and benchmarks use (every schedule)."""
+    """Grouped quantize specs the GPU tests and benchmarks use (every kernel schedule)."""
     return [with_schedule(QuantizeSpec(f, target, None, "tcgen5d", a, "grouped", gather=g,
                                        name="grouped_quantize_dynamic_scaled"), sch)
-            for sch in SCHEDULES for f in ("nvfp4", "mxfp4", "mxfp8") for a in (True, False)
+            for sch in SCHEDULES[:3] for f in ("nvfp4", "mxfp4", "mxfp8") for a in (True, False)
             for g in (False, True)]
 
 

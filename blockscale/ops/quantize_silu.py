@@ -10,6 +10,7 @@ No MLIR at import.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,49 @@ from blockscale.ops.quantize_grouped import (
     vector_len,
     with_schedule,
 )
+
+
+#: most table entries (both signs) a sigmoid table may have (its shared-memory copy: 32 KiB)
+MAX_LUT = 8192
+
+
+@functools.cache
+def sigmoid_lut(kind: str, alpha: float, limit: float) -> tuple[np.ndarray, int, int]:
+    """The gated activation's sigmoid as a table over the bf16 gate (D10, bit-identical).
+
+    ``sigmoid(v)`` (SILU: ``v = g``; SWIGLU_OAI: ``v = alpha * min(g, limit)``) depends only
+    on the gate's 16 bf16 bits, and is constant for gate magnitudes (bits ``& 0x7FFF``) below
+    some ``lo`` or above some ``hi`` (exp_f32's clamps, ``1 + e`` rounding to 1), per sign.
+    Returns ``(table, lo, width)``: float32 ``[2 * width]``, entry ``sign * width +
+    min(max(mag, lo), lo + width - 1) - lo`` is the sigmoid of every gate with that sign and
+    magnitude (Inf included; a NaN gate reads a finite entry, but its product is NaN anyway).
+    Computed with :func:`blockscale.activations.exp_f32` and an IEEE float32 division, and
+    checked here over all 65536 gates.
+    """
+    from blockscale.activations import exp_f32
+
+    bits = np.arange(1 << 16, dtype=np.uint32)
+    g = (bits << 16).view(np.float32)
+    one = np.float32(1.0)
+    with np.errstate(all="ignore"):
+        v = g if kind == "silu" else np.float32(alpha) * np.minimum(g, np.float32(limit))
+        sig = one / (one + exp_f32(-v))
+    sb = sig.view(np.uint32).reshape(2, 1 << 15)[:, :0x7F81]  # finite gates and Inf
+    lo = min(int(np.argmax(row != row[0])) - 1 for row in sb)
+    hi = max(0x7F80 - int(np.argmax(row[::-1] != row[-1])) for row in sb) + 1
+    width = hi - lo + 1
+    if lo < 0 or 2 * width > MAX_LUT:
+        raise ValueError(f"activation {kind}(alpha={alpha}, limit={limit}): its sigmoid varies "
+                         f"over gate magnitudes [{lo:#x}, {hi:#x}], more than {MAX_LUT} "
+                         "table entries")
+    mag = np.arange(1 << 15)
+    idx = np.clip(mag, lo, hi) - lo
+    table = np.concatenate([sig[:1 << 15][lo:hi + 1], sig[1 << 15:][lo:hi + 1]])
+    for sign in (0, 1):  # every finite / infinite gate reads its own sigmoid
+        got = table[sign * width + idx[:0x7F81]].view(np.uint32)
+        if not np.array_equal(got, sb[sign]):
+            raise AssertionError("sigmoid table does not reproduce the sigmoid")
+    return table.astype(np.float32), lo, width
 
 
 def _spec(fmt: Format, target: str, act: GatedActivation, aligned: bool,
@@ -73,6 +117,8 @@ def fused_silu_quantize(gate_up: Any, fmt: Format | str, expert_start: Any, scal
                "scales_offsets": _i32(search_offsets(expert_start, scales_offsets)),
                "expert_ids": _i32(expert_ids),
                "tensor_sf": scales}
+    if getattr(spec, "lut", False):
+        buffers["sig_table"] = sigmoid_lut(spec.activation, spec.act_alpha, spec.act_limit)[0]
     if t == 0 and isinstance(gate_up, np.ndarray):
         return (np.zeros((0, fmt.data_cols(d)), fmt.elem_dtype),
                 np.zeros((num_scale_tiles, -(-fmt.kblocks(d) // 4), 32, 4, 4), fmt.scale_dtype))
@@ -99,7 +145,9 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
                     for sch in SCHEDULES]
 
 
-__all__ = ["bundle_specs", "fused_silu_quantize", "fused_silu_quantize_kernel"]
+__all__ = ["MAX_LUT", "bundle_specs", "fused_silu_quantize", "fused_silu_quantize_kernel",
+           "sigmoid_lut"]
+
 
 
 import blockscale.ops._core as _core  # noqa: E402, PLR0402 (no package __getattr__ scan)
