@@ -278,6 +278,9 @@ def check_row_scales(a_row_scales: Any, fmt: Format, t: int) -> None:
 #: k, num_groups, row_scales) -> runner`` returning a runner ``(buffers, scalars, device) -> C``
 #: (the portable kernel's argument names) or None when they do not apply. Tried in order.
 FAST_PATHS: list[Any] = []
+#: Hook of :func:`grouped_matmul_block_scaled_mxfp4` (row-major scales): callables ``(target,
+#: fmt, t, n, k, num_groups, out_dtype) -> runner`` or None, as :data:`FAST_PATHS`.
+ROW_MAJOR_PATHS: list[Any] = []
 
 
 def grouped_matmul_block_scaled(hidden: Any, weight: Any, a_scales: Any, b_scales: Any,
@@ -361,6 +364,10 @@ def grouped_matmul_block_scaled_mxfp4(a: Any, b: Any, a_scales: Any, b_scales: A
     spec = GroupedMatmulSpec("mxfp4", "row_major", out_dtype, False, tgt)
     buffers = {"a": a, "w": b, "sfa": a_scales, "sfb": b_scales, "expert_start": es,
                "expert_ids": ids, "expert_scales": np.ones(e_count, np.float32)}
+    for fast in ROW_MAJOR_PATHS:
+        runner = fast(tgt, MXFP4, t, n, k, g_count, out_dtype)
+        if runner is not None:
+            return runner(buffers, {"t": t, "n": n, "k": k, "num_groups": g_count}, dev)
     return H.launch(spec, grid(t, n), (t, n), out_dtype, buffers,
                     {"t": t, "n": n, "k": k, "num_groups": g_count}, dev,
                     empty=t == 0 or n == 0)
@@ -398,6 +405,7 @@ _core.attach_kernel_api((grouped_matmul_block_scaled, grouped_matmul_block_scale
 _core.register_op_module(__name__)
 
 import blockscale.ops.matmul_grouped_sm90  # noqa: F401 (registers its FAST_PATHS entry)
+import blockscale.ops.matmul_grouped_mfma  # noqa: E402, F401 (gfx942 / gfx950 MFMA)
 import blockscale.ops.matmul_decode  # noqa: E402, F401 (decode kernel: first in FAST_PATHS)
 
 __all__ = [

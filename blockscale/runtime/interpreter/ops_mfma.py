@@ -18,7 +18,8 @@ Numerics (the ISA does not specify the internal order or precision): every produ
 ``a * sa * b * sb`` is formed exactly in float64 (FP8 x FP8 products have <= 8 significant
 bits; E8M0 scales are powers of two), the products and C are summed in float64 (exact while
 the terms span fewer than ~38 binades) and rounded once to float32 with RNE: "exact sum, one
-rounding", as for ``nvvm.mma.sync`` (ops_mma). Every lane of a wavefront must be active.
+rounding", as for ``nvvm.mma.sync`` (ops_mma). Every lane of a wavefront must be active
+(or none: a wavefront that branched around the MFMA).
 FP6 operands (format codes 2, 3) raise NotImplementedError.
 """
 
@@ -39,14 +40,15 @@ WAVE = 64
 
 
 def _waves(f: Frame, what: str) -> int:
-    """Number of whole wavefronts in the batch (all lanes active), else raise."""
+    """Number of wavefronts in the batch; each must be fully active or fully inactive (a
+    wavefront that branched around the MFMA: its results are unused), else raise."""
     if f.warp_size != WAVE or f.nthreads % WAVE:
         raise NotImplementedError(f"interpreter: {what} needs wavefronts of 64 and a block of "
                                   f"whole wavefronts, got warp {f.warp_size}, block of "
                                   f"{f.nthreads}")
     if f.mask is not None:
         per = f.mask.reshape(-1, WAVE)
-        partial = ~per.all(axis=1)
+        partial = ~per.all(axis=1) & per.any(axis=1)
         if partial.any():
             w = int(np.argmax(partial))
             raise RuntimeError(f"{what}: executed by {int(per[w].sum())} of 64 lanes of "
