@@ -8,7 +8,8 @@ Each op is called once per rotating input set through its public function (the o
 checked byte for byte against ``blockscale.reference`` for the first set), its kernel launches
 are recorded, and the replayed launches are timed with CUDA events (median), so host work is
 excluded. Every kernel schedule of the ops (``quantize_grouped.SCHEDULES``: "tiles", "rows",
-"rows2") gets its own row (``--schedules`` picks some). Bytes moved = bf16 input read + packed data + scales written; the ceiling is a
+"rows2", and for the fused op "rows_lut", "rows2_lut") gets its own row (``--schedules``
+picks some). Bytes moved = bf16 input read + packed data + scales written; the ceiling is a
 device-to-device copy of the bf16 input (read + write) in the same process.
 """
 
@@ -33,7 +34,7 @@ from benchmarks.common import (
 )
 
 OPS = ("grouped_quantize", "fused_silu_quantize")
-SCHEDULES = ("tiles", "rows", "rows2")
+SCHEDULES = ("tiles", "rows", "rows2", "rows_lut", "rows2_lut")
 
 
 def _groups(rng: np.random.Generator, rows: int, experts: int) -> tuple[np.ndarray, ...]:
@@ -116,9 +117,15 @@ def bench(dev: Any, *, rows: int = 8192, k: int = 4096, experts: int = 64,
           schedules: Sequence[str] = SCHEDULES) -> list[Record]:
     """Every op x format x schedule at one size (one copy ceiling per op x format)."""
     rng = np.random.default_rng(seed)
-    return [r for op in OPS for f in fmts for i, sch in enumerate(schedules)
-            for r in bench_one(dev, op, f, rows, k, experts, rng, sch,
-                               copy=i == len(schedules) - 1)]
+    out = []
+    for op in OPS:
+        # the *_lut schedules only change the fused op (grouped: the rows kernels again)
+        scheds = [s for s in schedules if op != "grouped_quantize" or not s.endswith("_lut")]
+        for f in fmts:
+            for i, sch in enumerate(scheds):
+                out += bench_one(dev, op, f, rows, k, experts, rng, sch,
+                                 copy=i == len(scheds) - 1)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
