@@ -409,3 +409,23 @@ def test_spec_and_dispatch_choices(monkeypatch):
         specs = matmul_mfma.bundle_specs(t)
         assert len({s.kernel_name for s in specs}) == len(specs) == 14
     assert matmul_mfma.bundle_specs("sm_90a") == []
+
+
+@pytest.mark.interp
+def test_mfma_under_divergence_raises():
+    """An MFMA reached by part of a wavefront raises (the ISA needs all 64 lanes)."""
+    from blockscale.compiler import ir as bir
+    from blockscale.compiler.arch import mfma
+    from blockscale.launch import KernelArg
+    from blockscale.runtime.interpreter import run_kernel
+
+    args = (KernelArg("c", "buffer", "float32", "out"),)
+    with bir.kernel_module("probe", "gfx942", args, (64, 1, 1)) as kb:
+        lane = bir.thread_idx("x")
+        with bir.when(bir.ult(lane, 32)):
+            z = bir.const(0, bir.vec(4, bir.i16()))
+            d = mfma.mfma_bf16_16x16x16(z, z, bir.const(0.0, bir.vec(4, bir.f32())))
+            bir.vector_store(d, kb.arg("c"), bir.mul(lane, 4))
+    with pytest.raises(RuntimeError, match="executed by 32 of 64 lanes"):
+        run_kernel(str(kb.module), "probe", (1, 1, 1), (64, 1, 1),
+                   [np.zeros(256, np.float32)], "gfx942")
