@@ -1,5 +1,5 @@
-"""The rows schedule of grouped and fused-SiLU quantize (``schedule="rows"`` / ``"rows2"``,
-blockscale/ops/quantize_moe_ir.py) in the interpreter on all four targets, byte for byte
+"""The rows schedules of grouped and fused-SiLU quantize (``schedule="rows"`` / ``"rows2"`` /
+``"rows_lut"`` / ``"rows2_lut"``, blockscale/ops/quantize_moe_ir.py) in the interpreter on all four targets, byte for byte
 against blockscale.reference: edge values (ties, NaN / Inf / -0, near zero, recip = +inf),
 unused experts (id -1), empty groups, partial chunks (K = 72, 30), gathers, and few resident
 blocks (NUM_SMS = 1) so each block walks many units across group changes (the shared
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from _quantize_helpers import assert_same_bytes, group_offsets
 
+from blockscale.activations import GatedActivation, exp_f32
 from blockscale.reference import grouped as RG
 
 pytest.importorskip("mlir")
@@ -117,7 +118,7 @@ def test_grouped_rows_gather_and_empty_groups(schedule, target, sms):
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
-@pytest.mark.parametrize("schedule", ["rows", "rows2"])
+@pytest.mark.parametrize("schedule", ["rows", "rows2", "rows_lut", "rows2_lut"])
 def test_fused_rows_edges(schedule, activation, target, sms):
     es, offs = group_offsets(COUNTS)
     ids = np.asarray(IDS, np.int32)
@@ -166,3 +167,61 @@ def test_schedule_choice_and_fallback():
     names = {s.kernel_name for s in QG.bundle_specs("sm_90a") + QS.bundle_specs("sm_90a")}
     assert {"grouped_quantize_dynamic_scaled_nvfp4_rn_5d_v_rows1",
             "fused_silu_quantize_mxfp4_up_5d_v_silu_rows2"} <= names
+
+
+ACTS = [GatedActivation.SILU, GatedActivation.SWIGLU_OAI,
+        GatedActivation.swiglu_oai(1.0, 10.0)]
+
+
+@pytest.mark.parametrize("act", ACTS, ids=["silu", "oai", "oai_1_10"])
+def test_sigmoid_lut_every_gate(act):
+    """The table gives D10's sigmoid bits for all 65536 bf16 gates (NaN gates excepted: their
+    products are NaN whatever the entry)."""
+    table, lo, width = QS.sigmoid_lut(act.kind, float(act.alpha), float(act.limit))
+    assert table.dtype == np.float32 and table.shape == (2 * width,)
+    assert 2 * width <= QS.MAX_LUT
+    b = np.arange(1 << 16, dtype=np.uint32)
+    g = (b << 16).view(np.float32)
+    one = np.float32(1)
+    with np.errstate(all="ignore"):
+        v = g if act.kind == "silu" else np.float32(act.alpha) * np.minimum(g, np.float32(
+            act.limit))
+        want = one / (one + exp_f32(-v))
+    idx = (b >> 15) * width + np.clip(b & 0x7FFF, lo, lo + width - 1) - lo
+    got = table[idx]
+    finite = ~np.isnan(g)
+    assert np.array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("act", ACTS[:2], ids=["silu", "oai"])
+def test_fused_lut_every_gate_through_the_kernel(act, target):
+    """Every bf16 bit pattern as a gate (NaN, Inf, subnormals, both zeros) through the rows_lut
+    kernel, byte for byte against the reference."""
+    gate = np.arange(1 << 16, dtype=np.uint16).reshape(256, 256).view(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(7)
+    up = (rng.standard_normal((256, 256)) * 2).astype(ml_dtypes.bfloat16)
+    gu = np.concatenate([gate, up], axis=1)
+    es, offs = group_offsets([120, 136])
+    ids = np.array([1, 0], np.int32)
+    isc = np.array([0.7, 3.0], np.float32)
+    d, s = QS.fused_silu_quantize(gu, "nvfp4", es, offs, ids, isc, activation=act,
+                                  device="interp", target=target, schedule="rows_lut")
+    rd, rs = RG.fused_silu_quantize(gu, "nvfp4", es, offs, ids, isc, activation=act)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
+
+
+def test_fused_lut_kernel_reads_the_table(monkeypatch):
+    """A perturbed table entry changes the output: the kernel's sigmoid is the table's."""
+    table, lo, width = QS.sigmoid_lut("silu", 1.0, float("inf"))
+    bad = table.copy()
+    mag = 0x3F80 - lo  # gate +1.0
+    bad[mag] = np.float32(0.25)
+    monkeypatch.setattr(QS, "sigmoid_lut", lambda *a: (bad, lo, width))
+    es, offs = group_offsets([16])
+    gu = np.ones((16, 64), ml_dtypes.bfloat16)
+    d, s = QS.fused_silu_quantize(gu, "mxfp8", es, offs, np.array([0], np.int32), None,
+                                  device="interp", target="sm_90a", schedule="rows_lut")
+    rd, rs = RG.fused_silu_quantize(gu, "mxfp8", es, offs, np.array([0], np.int32), None)
+    assert not np.array_equal(np.asarray(d).view(np.uint8), rd.view(np.uint8))
