@@ -105,8 +105,11 @@ def test_bf16x2_edge_inputs(monkeypatch):
 
 
 def test_bf16x2_ptx():
-    """The bf16x2 variant's E2M1 runs on packed bf16 instructions."""
-    ptx = Q.kernel(Q.QuantizeSpec("mxfp4", "sm_90a", "up", pipeline=2, bf16x2=True)).asm["ptx"]
-    for instr in ("mul.rn.bf16x2", "fma.rn.bf16x2", "min.NaN.bf16x2"):
-        assert instr in ptx, instr
-    assert "cvt.f32.bf16" not in ptx  # no bf16 op was promoted to f32
+    """The bf16x2 variant's E2M1 runs on packed bf16 instructions; "up" needs no saturation."""
+    for rounding, sat in (("up", False), ("floor", True)):
+        spec = Q.QuantizeSpec("mxfp4", "sm_90a", rounding, pipeline=2, bf16x2=True)
+        ptx = Q.kernel(spec).asm["ptx"]
+        for instr in ("mul.rn.bf16x2", "fma.rn.bf16x2"):
+            assert instr in ptx, instr
+        assert ("min.NaN.bf16x2" in ptx) == sat
+        assert "cvt.f32.bf16" not in ptx  # no bf16 op was promoted to f32

@@ -143,7 +143,8 @@ def _quantize_row(k: Q._Ctx, a, m32, tsf, inv_tsf, j, lane0, chunk_ok, col0, col
     xs_h = [[arith.bitcast(B.f32(), b) for b in h] for h in halves]
     if k.spec.bf16x2:
         rbits = arith.bitcast(i32, recip)
-        out = [e2m1x8_mx_bf16x2(w, rbits) for w in words]
+        sat = k.spec.rounding != "up"
+        out = [e2m1x8_mx_bf16x2(w, rbits, sat) for w in words]
     elif k.fmt.is_fp4:
         out = Q._pack_fp4_all(k, xs_h, recip, sd, list(words))
     else:
@@ -194,7 +195,7 @@ def _fma(a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
     return arith.addf(arith.mulf(a, b, fastmath=fm), c, fastmath=fm)
 
 
-def e2m1x8_mx_bf16x2(words: ir.Value, recip_bits: ir.Value) -> ir.Value:
+def e2m1x8_mx_bf16x2(words: ir.Value, recip_bits: ir.Value, saturate: bool = True) -> ir.Value:
     """Eight bf16 (``words``: vector<4xi32> of bf16 pairs) times the MX reciprocal
     (``recip_bits``: the f32 bits of 2^(127-b)) -> one i32 of packed E2M1 codes (element 2j
     in the low nibble of byte j), bit-identical to the f32 chain of D2.
@@ -205,7 +206,7 @@ def e2m1x8_mx_bf16x2(words: ir.Value, recip_bits: ir.Value) -> ir.Value:
     :func:`blockscale.compiler.arch.convert.e2m1x8_pack_fast` runs on bf16x2 pairs, two
     elements per instruction (``mul.rn.bf16x2``, ``min.bf16x2``, ``fma.rn.bf16x2``):
 
-    * ``a = min(|y|, 6)``; ``t = fma(a, a, 12)`` (bf16 rounding moves the binade switch only
+    * ``a = min(|y|, 6)`` (``saturate``; else ``a = y``, see the code); ``t = fma(a, a, 12)`` (bf16 rounding moves the binade switch only
       inside [1.99, 2] and [4.46, 4.48], where both grids give the same value);
       ``T = bits(t) & 0x7F80`` is 8, 16 or 32;
     * ``s = fma(T, 8, a)``: M = 8T (64, 128, 256) has the bf16 ulp of the E2M1 step there
@@ -227,14 +228,23 @@ def e2m1x8_mx_bf16x2(words: ir.Value, recip_bits: ir.Value) -> ir.Value:
     # the fmas are mul + add marked contract, which NVPTX fuses into fma.rn.bf16x2: fused or
     # not, every result below is the same (a * a may round first: t only picks the binade,
     # inside the ranges where both grids agree; T * 8 and r are exact).
-    ybits = vector.bitcast(B.vec(8, i16), y)
-    a = arith.minimumf(vector.bitcast(B.vec(8, bf), arith.andi(ybits, _i16_splat(0x7FFF))),
-                      _bf16_splat(8, 6.0))
+    if saturate:
+        ybits = vector.bitcast(B.vec(8, i16), y)
+        a = arith.minimumf(vector.bitcast(B.vec(8, bf), arith.andi(ybits, _i16_splat(0x7FFF))),
+                           _bf16_splat(8, 6.0))
+        magic = 8.0  # M = 8T at the bottom of its binade
+    else:
+        # "up" scales give |y| <= 6 (2^ceil(log2 s) >= amax / 6 for every bf16 amax): no
+        # saturation; the signed y is rounded around M = 12T, mid-binade (M / ulp = 192, even;
+        # |y| <= 6 keeps s in M's binade; RNE is symmetric). r keeps y's sign: its sign bits
+        # (15, 31 of the code words) fall outside the bytes the packing below keeps.
+        a = y
+        magic = 12.0
     t = _fma(a, a, _bf16_splat(8, 12.0))
     tb = vector.bitcast(B.vec(8, i16), t)
     big_t = vector.bitcast(B.vec(8, bf), arith.andi(tb, _i16_splat(0x7F80)))
-    s = _fma(big_t, _bf16_splat(8, 8.0), a)
-    r = _fma(big_t, _bf16_splat(8, -8.0), s)
+    s = _fma(big_t, _bf16_splat(8, magic), a)
+    r = _fma(big_t, _bf16_splat(8, -magic), s)
     c = vector.bitcast(B.vec(4, i32), arith.mulf(r, _bf16_splat(8, 2.0 ** -126)))
     u = []
     for i in range(4):
