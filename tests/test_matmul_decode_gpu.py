@@ -121,9 +121,10 @@ def test_dense_decode_gpu(fmt, nk, m):
     assert_bf16_consistent(out16[:, cols], exact, bound)
 
 
+@pytest.mark.parametrize("variant", ["mma", "mma2"])
 @pytest.mark.parametrize("tokens", [1, 16, 128])
 @pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
-def test_moe_decode_mma_gpu(fmt, tokens):
+def test_moe_decode_mma_gpu(fmt, tokens, variant):
     """The mma variant (FP4) at gpt-oss-120b gate_up, T up to 128 (groups <= 16 rows)."""
     experts, top_k, k, n = MODELS["gpt-oss-120b"]
     rng = np.random.default_rng(tokens * 11 + 1)
@@ -131,7 +132,7 @@ def test_moe_decode_mma_gpu(fmt, tokens):
     if matmul_decode.max_group_rows(case["expert_start"], 0) > matmul_decode.MAX_ROWS:
         pytest.skip("a group of > 16 rows in this routing")
     out = matmul_decode.grouped_matmul_decode(**case, expert_scales=esc, fmt=fmt, k=k,
-                                              device="cuda", variant="mma")
+                                              device="cuda", variant=variant)
     cols = _columns(rng, n)
     es, eids = case["expert_start"].astype(np.int64), case["expert_ids"]
     ad = dequantize_exact(case["hidden"], a2d, fmt, k)
@@ -146,9 +147,10 @@ def test_moe_decode_mma_gpu(fmt, tokens):
                                f32_error_bound(abs_sum, fmt, k, n_mul=1))
 
 
+@pytest.mark.parametrize("variant", ["mma", "mma2"])
 @pytest.mark.parametrize("m", [1, 9, 16])
 @pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
-def test_dense_decode_mma_bit_identical_gpu(fmt, m):
+def test_dense_decode_mma_bit_identical_gpu(fmt, m, variant):
     """The mma variant equals the portable kernel bit for bit on the GPU too (exact f16
     tensor-core block sums, subnormal f16 operands included; every code present)."""
     n, k = 576, 7168
@@ -157,7 +159,7 @@ def test_dense_decode_mma_bit_identical_gpu(fmt, m):
     b.view(np.uint8)[:] = np.resize(np.arange(256, dtype=np.uint8), b.shape)
     got = matmul_decode.block_scaled_matmul_decode(a, b, sfa5, sfb5, fmt, k=k, alpha=0.5,
                                                    out_dtype="float32", device="cuda",
-                                                   variant="mma")
+                                                   variant=variant)
     want = matmul.naive_block_scaled_matmul(a, b, sfa5, sfb5, fmt, k=k, alpha=0.5,
                                             out_dtype="float32", device="cuda")
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -31,21 +31,25 @@ FP4 = (NVFP4, MXFP4)
 DENSE = [(1, 40, 64), (3, 70, 544), (8, 64, 1056), (9, 33, 96), (16, 130, 2080), (17, 20, 64)]
 
 
-def _dense(fmt, m, n, k, seed, target="sm_90a", alpha=0.375):
+MMA_VARIANTS = ("mma", "mma2")
+
+
+def _dense(fmt, m, n, k, seed, target="sm_90a", alpha=0.375, variant="mma"):
     rng = np.random.default_rng(seed)
     a, b, _sfa, _sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
     got = matmul_decode.block_scaled_matmul_decode(a, b, sfa5, sfb5, fmt, k=k, alpha=alpha,
                                                    out_dtype="float32", device="interp",
-                                                   target=target, variant="mma")
+                                                   target=target, variant=variant)
     want = matmul.naive_block_scaled_matmul(a, b, sfa5, sfb5, fmt, k=k, alpha=alpha,
                                             out_dtype="float32", device="interp")
     return got, want
 
 
+@pytest.mark.parametrize("variant", MMA_VARIANTS)
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
 @pytest.mark.parametrize("mnk", DENSE, ids=lambda s: "x".join(map(str, s)))
-def test_dense_mma_bit_identical_to_portable(fmt, mnk):
-    got, want = _dense(fmt, *mnk, seed=sum(mnk))
+def test_dense_mma_bit_identical_to_portable(fmt, mnk, variant):
+    got, want = _dense(fmt, *mnk, seed=sum(mnk), variant=variant)
     assert got.shape == want.shape
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
@@ -97,16 +101,17 @@ def test_nan_scale_gives_nan_column():
     assert nan.sum() == m + n - 1
 
 
+@pytest.mark.parametrize("variant", MMA_VARIANTS)
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
 @pytest.mark.parametrize("case_id", range(len(GROUPED)))
-def test_grouped_mma_bit_identical_to_portable(case_id, fmt, monkeypatch):
+def test_grouped_mma_bit_identical_to_portable(case_id, fmt, variant, monkeypatch):
     rng = np.random.default_rng(60 + case_id)
     case, row_scales, w_scales, esc, k = _grouped_case(fmt, case_id, rng)
     t = case["hidden"].shape[0]
     rows = rng.uniform(0.5, 2, t).astype(ml_dtypes.bfloat16) if fmt is NVFP4 else None
     got = matmul_decode.grouped_matmul_decode(**case, expert_scales=esc, fmt=fmt, k=k,
                                               a_row_scales=rows, device="interp",
-                                              variant="mma")
+                                              variant=variant)
     exact, abs_sum = exact_grouped(case, row_scales, w_scales, fmt, k, esc, rows)
     assert_bf16_consistent(got, exact, f32_error_bound(abs_sum, fmt, k,
                                                        n_mul=2 if rows is not None else 1))

@@ -132,10 +132,13 @@ class _Fmt:
 
 def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
                     n_count: Value, k: Value, a_srow: Callable[[Value], Value],
-                    store: Callable[[Value, Value, Value], None]) -> None:
+                    store: Callable[[Value, Value, Value], None], depth: int = 1) -> None:
     """The body for one (group, column slice) (the interface of
     :func:`blockscale.ops._decode_ir.emit_decode`; CTA of :data:`THREADS` threads, columns
-    ``[COLS * block_idx.x, +COLS)``)."""
+    ``[COLS * block_idx.x, +COLS)``); ``depth``: steps whose loads are in flight while one
+    is computed (1: 16 KB per CTA, 2: 32 KB, ~45 more registers)."""
+    if depth not in (1, 2):
+        raise ValueError(f"depth must be 1 or 2, got {depth}")
     lay = _Fmt(fmt)
     f32, i32 = bir.f32(), bir.i32()
     v16 = bir.vec(16, bir.i8())
@@ -338,14 +341,16 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         r0 = pl.iv
         rows = bir.umin(bir.sub(end, r0), TOKENS)
         two = bir.ult(bir.const(8), rows)
-        init = fetch(bir.const(0), r0, rows)
+        init = [x for d in range(depth) for x in fetch(bir.const(d), r0, rows)]
+        n_f = len(init) // depth
         with bir.for_range(0, steps, carry=[zero] * 8 + init) as sl:
             step = sl.iv
-            cur = list(sl.carried[8:])
+            cur = list(sl.carried[8:8 + n_f])
+            later = list(sl.carried[8 + n_f:])
             bir.barrier()  # the previous step's shared reads are done
             stage(step, cur, rows)
             bir.barrier()
-            nxt = fetch(bir.add(step, 1), r0, rows)
+            nxt = later + fetch(bir.add(step, depth), r0, rows)
             accs = list(sl.carried[:8])
             br = bir.if_(two, [f32] * 8)
             with br.then():

@@ -61,11 +61,14 @@ MAX_REGISTERS = 128
 #: output columns per CTA (_decode_ir.COLS)
 COLS = 32
 #: kernel variants: "simt" (FMAs per row, every format), "mma" (FP4: swap-AB mma.sync, the
-#: weights as the MMA's M side; _decode_mma_ir)
-VARIANTS = ("simt", "mma")
+#: weights as the MMA's M side, one 16 KB step in flight per CTA; _decode_mma_ir), "mma2"
+#: (the same, two steps in flight: 32 KB per CTA, 3 CTAs per SM)
+VARIANTS = ("simt", "mma", "mma2")
 #: threads and output columns per CTA of each variant
-VARIANT_THREADS = {"simt": THREADS, "mma": 128}
-VARIANT_COLS = {"simt": COLS, "mma": 64}
+VARIANT_THREADS = {"simt": THREADS, "mma": 128, "mma2": 128}
+VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64}
+#: register cap (nvvm.maxnreg) per variant: simt 2 x 256 threads, mma 4 x 128, mma2 3 x 128
+VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168}
 #: BLOCKSCALE_DECODE_VARIANT: the variant the dispatch uses for FP4 (MXFP8: always "simt")
 VARIANT_ENV = "BLOCKSCALE_DECODE_VARIANT"
 DEFAULT_VARIANT = "simt"
@@ -112,9 +115,9 @@ class DecodeSpec(FormatSpec):
         object.__setattr__(self, "target", H.target_name(self.target))
         H.check_choice(self.target, IR_TARGETS, "target")
         H.check_choice(self.variant, VARIANTS, "variant")
-        if self.variant == "mma" and not self.format.is_fp4:
-            raise ValueError(f"variant 'mma' needs an FP4 format (nvfp4, mxfp4), got "
-                             f"{self.fmt}")
+        if self.variant != "simt" and not self.format.is_fp4:
+            raise ValueError(f"variant {self.variant!r} needs an FP4 format (nvfp4, mxfp4), "
+                             f"got {self.fmt}")
 
     @property
     def kernel_name(self) -> str:
@@ -151,11 +154,16 @@ def build(spec: DecodeSpec) -> Any:
     from blockscale.layouts import SF_ATOM_ROWS
 
     fmt = spec.format
-    emit = DM.emit_decode_mma if spec.variant == "mma" else D.emit_decode
+    if spec.variant == "simt":
+        emit = D.emit_decode
+    else:
+        def emit(*args: Any, **kw: Any) -> None:
+            DM.emit_decode_mma(*args, **kw, depth=2 if spec.variant == "mma2" else 1)
     cols = spec.cols
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         from mlir import ir as mlir_ir
-        kb.func.attributes["nvvm.maxnreg"] = mlir_ir.IntegerAttr.get(bir.i32(), MAX_REGISTERS)
+        kb.func.attributes["nvvm.maxnreg"] = mlir_ir.IntegerAttr.get(
+            bir.i32(), VARIANT_REGISTERS[spec.variant])
         f32 = bir.f32()
         k = bir.as_index(kb.arg("k"))
         n_count = bir.as_index(kb.arg("n"))
@@ -366,11 +374,12 @@ def bundle_specs(target: str = "sm_90a") -> list[DecodeSpec]:
     specs += [DecodeSpec(f, "dense", o, False, target)
               for f in ("nvfp4", "mxfp4", "mxfp8") for o in ("bfloat16", "float32")]
     # the tensor-core variant (FP4)
-    specs += [DecodeSpec(f, "grouped", "bfloat16", False, target, "mma")
-              for f in ("nvfp4", "mxfp4")]
-    specs.append(DecodeSpec("nvfp4", "grouped", "bfloat16", True, target, "mma"))
-    specs += [DecodeSpec(f, "dense", o, False, target, "mma")
-              for f in ("nvfp4", "mxfp4") for o in ("bfloat16", "float32")]
+    for v in ("mma", "mma2"):  # the tensor-core variants (FP4)
+        specs += [DecodeSpec(f, "grouped", "bfloat16", False, target, v)
+                  for f in ("nvfp4", "mxfp4")]
+        specs.append(DecodeSpec("nvfp4", "grouped", "bfloat16", True, target, v))
+        specs += [DecodeSpec(f, "dense", o, False, target, v)
+                  for f in ("nvfp4", "mxfp4") for o in ("bfloat16", "float32")]
     return specs
 
 
