@@ -29,9 +29,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mlir import ir
-from mlir.dialects import arith
+from mlir.dialects import arith, vector
 
 from blockscale.compiler import ir as B
+from blockscale.compiler.arch import convert as C
 from blockscale.compiler.arch import tma
 from blockscale.ops import quantize_ir as QI
 from blockscale.ops.quantize_ir import CHUNK, _c32, _c64, _cf
@@ -302,9 +303,9 @@ def _load(k: QI._Ctx, a, co: QI._Coords, ld_cols: list[ir.Value], row_off: ir.Va
         okh = co.col_ok if h == 0 else arith.cmpi(arith.CmpIPredicate.ult, colh, ncols)
         if k.spec.mode == "silu":
             lcol, lok = (ld_cols[h], None) if wide else (colh, load_ok)
-            gb = QI._load_chunk_bits(k, a("x"), row_off, lcol, ncols, lok)
+            gb, gw = QI._load_chunk(k, a("x"), row_off, lcol, ncols, lok)
             ub = QI._load_chunk_bits(k, a("x"), arith.addi(row_off, ncols), lcol, ncols, lok)
-            halves.append((colh, okh, (gb, ub), None))
+            halves.append((colh, okh, (gb, ub), gw))
         elif wide:
             hb, hw = QI._load_chunk(k, a("x"), row_off, ld_cols[h], ncols, None)
             halves.append((colh, okh, hb, hw))
@@ -324,12 +325,13 @@ def _quantize(k: QI._Ctx, a, co: QI._Coords, halves: list[tuple], drow: ir.Value
     ncols = a("k")
     if spec.mode == "silu":
         act = _activation_lut if k.lut is not None else (
-            lambda _k, g, u: QI._activation(spec, g, u))
+            lambda _k, g, u, _s: QI._activation(spec, g, u))
         out = []
-        for colh, okh, (gb, ub), _ in halves:
+        for colh, okh, (gb, ub), gw in halves:
+            sigs = _lut_sigs(k, gw) if k.lut is not None and gw is not None else [None] * 8
             bits = [arith.bitcast(B.i32(), act(k, arith.bitcast(B.f32(), gv),
-                                               arith.bitcast(B.f32(), uv)))
-                    for gv, uv in zip(gb, ub)]
+                                               arith.bitcast(B.f32(), uv), sg))
+                    for gv, uv, sg in zip(gb, ub, sigs)]
             out.append((colh, okh, bits, None))
         halves = out
     bits = [b for hv in halves for b in hv[2]]
@@ -357,18 +359,44 @@ def _quantize(k: QI._Ctx, a, co: QI._Coords, halves: list[tuple], drow: ir.Value
         B.store(sval, a("scales"), soff)
 
 
-def _activation_lut(k: QI._Ctx, g: ir.Value, u: ir.Value) -> ir.Value:
+def _lut_sigs(k: QI._Ctx, words: ir.Value) -> list[ir.Value]:
+    """The table sigmoids of the 8 gates in ``words`` (vector<4xi32> of bf16 pairs), element
+    order: the table index of both halves of a word at once (u16x2 clamp of the magnitudes,
+    the sign offsets ``sign * width`` added as one 32-bit add: no carry crosses halves)."""
+    lut, lo, width = k.lut
+    i16 = B.i16()
+    n = words.type.shape[0]
+    mags = vector.bitcast(B.vec(2 * n, i16), arith.andi(words, C.const_like(words.type,
+                                                                              0x7FFF7FFF)))
+    mags = arith.minui(arith.maxui(mags, C.const_like(mags.type, lo)),
+                       C.const_like(mags.type, lo + width - 1))
+    signs = arith.andi(arith.shrui(words, C.const_like(words.type, 15)),
+                       C.const_like(words.type, 0x10001))
+    idx = arith.addi(arith.addi(vector.bitcast(words.type, mags),
+                                arith.muli(signs, C.const_like(words.type, width))),
+                     C.const_like(words.type, -(lo | lo << 16)))
+    out = []
+    for i in range(n):
+        w = B.extract(idx, i)
+        for half in (arith.andi(w, _c32(0xFFFF)), arith.shrui(w, _c32(16))):
+            out.append(B.load(lut, arith.extui(B.i64(), half)))
+    return out
+
+
+def _activation_lut(k: QI._Ctx, g: ir.Value, u: ir.Value, sig: ir.Value | None) -> ir.Value:
     """D10's activation with the sigmoid read from the shared table (quantize_silu.sigmoid_lut:
     the same float32 bits as 1 / (1 + exp_f32(-v)) for the bf16 gate g); the products in D10's
-    order. ~6 integer ops + a shared load instead of exp_f32 (~31) and div.rn (~11)."""
+    order. A few integer ops + a shared load instead of exp_f32 (~31) and div.rn (~11).
+    ``sig``: the entry when :func:`_lut_sigs` already read it."""
     spec = k.spec
     lut, lo, width = k.lut
-    b = arith.shrui(B.bitcast(g, B.i32()), _c32(16))  # the gate's bf16 bits
-    mag = arith.andi(b, _c32(0x7FFF))
-    mag = arith.minsi(arith.maxsi(mag, _c32(lo)), _c32(lo + width - 1))
-    idx = arith.addi(arith.subi(mag, _c32(lo)),
-                     arith.muli(arith.shrui(b, _c32(15)), _c32(width)))
-    sig = B.load(lut, arith.extui(B.i64(), idx))
+    if sig is None:
+        b = arith.shrui(B.bitcast(g, B.i32()), _c32(16))  # the gate's bf16 bits
+        mag = arith.andi(b, _c32(0x7FFF))
+        mag = arith.minsi(arith.maxsi(mag, _c32(lo)), _c32(lo + width - 1))
+        idx = arith.addi(arith.subi(mag, _c32(lo)),
+                         arith.muli(arith.shrui(b, _c32(15)), _c32(width)))
+        sig = B.load(lut, arith.extui(B.i64(), idx))
     if spec.activation == "silu":
         return arith.mulf(arith.mulf(g, sig), u)
     lim = _cf(spec.act_limit)
