@@ -41,9 +41,12 @@ def _extra_roundings(fmt, scaling, k):
     return fmt.kblocks(k) if fmt.is_mx and scaling == "fold" else 0
 
 
-def _identical_to(fmt, scaling):
+def _identical_to(fmt, scaling, dequant=None):
     """What the interpreter's result equals bit for bit: the portable kernel (FP4 except MX
-    "fold"), the mma.sync kernel (MXFP8: the same two k16 roundings per block), or None."""
+    "fold"), the mma.sync kernel (MXFP8 "cvt": the same two k16 roundings per block), or
+    None."""
+    if dequant == "copy":  # one k32 per block: one rounding (the model), not the mma's two
+        return None
     if fmt.name == "mxfp8":
         return "mma"
     return None if fmt.is_mx and scaling == "fold" else "portable"
@@ -110,7 +113,8 @@ def test_interp_mx(mnk, tiles, variant):
     out_dtype = "float32" if (m + n + tiles[0]) % 2 else "bfloat16"
     _check(m, n, k, 0.5, out_dtype, "interp",
            _direct(tiles, "interp", dequant, kstep, fmt, scaling), fmt=fmt,
-           extra=_extra_roundings(fmt, scaling, k), identical=_identical_to(fmt, scaling))
+           extra=_extra_roundings(fmt, scaling, k),
+           identical=_identical_to(fmt, scaling, dequant))
 
 
 @pytest.mark.interp
@@ -126,7 +130,8 @@ def test_interp_128x256(mnk, variant):
     m, n, k = mnk
     _check(m, n, k, 0.5, "float32" if m % 2 else "bfloat16", "interp",
            _direct((128, 256), "interp", dequant, kstep, fmt, scaling), fmt=fmt,
-           extra=_extra_roundings(fmt, scaling, k), identical=_identical_to(fmt, scaling))
+           extra=_extra_roundings(fmt, scaling, k),
+           identical=_identical_to(fmt, scaling, dequant))
 
 
 @pytest.mark.interp
@@ -204,9 +209,9 @@ def test_dispatch_default_and_opt_out(monkeypatch):
             return matmul.block_scaled_matmul(a, b, sfa5, sfb5, fmt, alpha=alpha,
                                               out_dtype=out_dtype, device="interp",
                                               target="sm_90a")
-        _dq, sc, _ = matmul_wgmma.DEFAULTS[fmt.name]
+        dq, sc, _ = matmul_wgmma.DEFAULTS[fmt.name]
         _check(40, 72, 160, 0.5, "bfloat16", "interp", run, fmt=fmt,
-               extra=_extra_roundings(fmt, sc, 160), identical=_identical_to(fmt, sc))
+               extra=_extra_roundings(fmt, sc, 160), identical=_identical_to(fmt, sc, dq))
 
 
 def test_spec_checks():
@@ -249,8 +254,13 @@ MAX_REGISTERS = {("fold", 64): 168, ("fold", 128): 168, ("promote", 64): 232,
 def test_kernel_sass(spec):
     kernel = matmul_wgmma.kernel(spec)
     sass, meta = kernel.asm["sass"], kernel.meta
-    suffix = r"\.BF16" if spec.fmt != "mxfp8" else r"(?!\.BF16)"  # f16: no type suffix
-    assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32{suffix}", sass)) == spec.kstep // 16
+    if spec.dequant in matmul_wgmma.FP8_DEQUANT:  # one QGMMA per 32-block
+        assert len(re.findall(rf"QGMMA\.64x{spec.bn}x32\.F32\.E4M3\.E4M3", sass)) == 1
+        assert "HGMMA" not in sass
+    else:
+        suffix = r"\.BF16" if spec.fmt != "mxfp8" else r"(?!\.BF16)"  # f16: no suffix
+        assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32{suffix}", sass)) == \
+            spec.kstep // 16
     assert "WARPGROUP.ARRIVE" in sass and "WARPGROUP.DEPBAR.LE" in sass
     assert "FENCE.VIEW.ASYNC.S" in sass
     assert "HMMA" not in sass

@@ -99,9 +99,15 @@ PREFETCH = 1
 #: then added as ``acc = fma(blk, sA * sB, acc)`` (the portable kernel's order)
 VARIANTS = {
     "nvfp4": {("lut", "fold"): (32, 64), ("shift", "fold"): (32, 64)},
-    "mxfp4": {("lut", "fold"): (32, 64), ("lut", "promote"): (32,)},
-    "mxfp8": {("cvt", "promote"): (32,)},
+    "mxfp4": {("lut", "fold"): (32, 64), ("lut", "promote"): (32,), ("fp8", "promote"): (32,)},
+    "mxfp8": {("cvt", "promote"): (32,), ("copy", "promote"): (32,)},
 }
+#: dequantizations to E4M3 shared operands (``wgmma ... m64nNk32.f32.e4m3.e4m3``, one per
+#: 32-block): "fp8" places E2M1 bits into E4M3 times 2^FP8_SHIFT_EXP (:func:`_fp4x8_e4m3`),
+#: "copy" stores MXFP8 bytes as they are
+FP8_DEQUANT = ("fp8", "copy")
+#: "fp8" operands are the E2M1 values times 2^FP8_SHIFT_EXP (block sums: 2^(2 FP8_SHIFT_EXP))
+FP8_SHIFT_EXP = -6
 #: MX "fold" operands are the true values times 2^MX_FOLD_EXP (6 * 2^127 * 2^-2 < bf16 max;
 #: the smallest, 0.5 * 2^-127 * 2^-2 = 2^-130, is still an exact bf16 subnormal)
 MX_FOLD_EXP = -2
@@ -119,6 +125,8 @@ class Tiles:
     kstep: int = STEP_ELEMS
     fmt: str = "nvfp4"
     scaling: str = "fold"
+    #: E4M3 shared operands and k32 wgmmas (:data:`FP8_DEQUANT`)
+    fp8_mma: bool = False
 
     def __post_init__(self) -> None:
         if (self.bm, self.bn) not in TILES:
@@ -162,13 +170,24 @@ class Tiles:
 
     @property
     def mma_type(self) -> str:
-        """The wgmma operand type: f16 for E4M3 (exact, ``cvt.rn.f16x2.e4m3x2``), else bf16."""
-        return "f16" if self.fp8 else "bf16"
+        """The wgmma operand type: e4m3 (:attr:`fp8_mma`), f16 for MXFP8 (exact,
+        ``cvt.rn.f16x2.e4m3x2``), else bf16."""
+        return "e4m3" if self.fp8_mma else "f16" if self.fp8 else "bf16"
+
+    @property
+    def elem_bytes(self) -> int:
+        """Shared bytes per operand element (E4M3 1, bf16 / f16 2)."""
+        return 1 if self.fp8_mma else 2
+
+    @property
+    def mma_k(self) -> int:
+        """K of one wgmma (32 bytes of a row)."""
+        return 32 // self.elem_bytes
 
     @property
     def chunks(self) -> int:
-        """16-byte core-matrix rows (8 K-elements) per row and step."""
-        return self.kstep // 8
+        """16-byte core-matrix rows per row and step."""
+        return self.kstep * self.elem_bytes // 16
 
     @property
     def sbo(self) -> int:
@@ -206,8 +225,9 @@ class Tiles:
 
     @property
     def piece_chunks(self) -> int:
-        """Core-matrix rows (8 K-elements) per piece: 4 (FP4), 2 (E4M3)."""
-        return 2 if self.fp8 else 4
+        """Core-matrix rows per 16-byte global piece: 32 or 16 elements of
+        :attr:`elem_bytes` each."""
+        return (16 if self.fp8 else 32) * self.elem_bytes // 16
 
     @property
     def piece_scales(self) -> int:
@@ -227,7 +247,8 @@ class Tiles:
     @property
     def operand_bytes(self) -> tuple[int, int]:
         """Shared bytes of A and B per stage."""
-        return self.bm * 2 * self.kstep, self.bn * 2 * self.kstep
+        e = self.elem_bytes
+        return self.bm * e * self.kstep, self.bn * e * self.kstep
 
     @property
     def scale_bytes(self) -> int:
@@ -286,6 +307,21 @@ def _fp8x8_cvt(w0: Value, w1: Value) -> list[Value]:
     return [mma.pack_i32(h) for w in (w0, w1) for h in e4m3x4_to_f16x2x2(w)]
 
 
+def _fp4x8_e4m3(w: Value) -> list[Value]:
+    """Eight E2M1 codes (an i32, code i in nibble i) -> two i32 of E4M3 bytes *times
+    2^FP8_SHIFT_EXP*, codes (0, 2, 4, 6) and (1, 3, 5, 7) (a K permutation inside the
+    codes; A and B use the same one). E2M1 ``s e1 e0 m`` -> E4M3 ``s 00 e1 e0 m 00``: as
+    E4M3 that is ``2^(E-7) (1 + m/2)`` for E > 0 and the subnormal ``(m/2) 2^-6`` for E = 0,
+    the E2M1 value times 2^-6 exactly. Low nibbles: ``((w << 4) & 0x80808080) | ((w << 2) &
+    0x1C1C1C1C)``; high nibbles: ``(w & 0x80808080) | ((w >> 2) & 0x1C1C1C1C)`` (7 integer
+    instructions per 8 codes)."""
+    lo = bir.bit_or(bir.bit_and(bir.shl(w, 4), _i32(0x80808080)),
+                    bir.bit_and(bir.shl(w, 2), _i32(0x1C1C1C1C)))
+    hi = bir.bit_or(bir.bit_and(w, _i32(0x80808080)),
+                    bir.bit_and(bir.shru(w, 2), _i32(0x1C1C1C1C)))
+    return [lo, hi]
+
+
 def _dequant_row(codes: Value, scales: tuple[Value, ...] | None, dequant: str, block: int
                  ) -> list[Value]:
     """One row's step of codes (vector<n x i8>: FP4 pairs, or E4M3 for ``dequant="cvt"``)
@@ -295,6 +331,10 @@ def _dequant_row(codes: Value, scales: tuple[Value, ...] | None, dequant: str, b
     nw = ir.VectorType(codes.type).shape[0] // 4
     words = vector.bitcast(bir.vec(nw, bir.i32()), codes)
     word = [vector.extract(words, [], [i]) for i in range(nw)]
+    if dequant in FP8_DEQUANT:  # E4M3 bytes: 4 words per 16-byte core-matrix row
+        out = [x for w in word for x in _fp4x8_e4m3(w)] if dequant == "fp8" else word
+        return [vector.from_elements(bir.vec(4, bir.i32()), out[4 * c:4 * c + 4])
+                for c in range(len(out) // 4)]
     rows = []
     for c in range(nw // 2 if dequant == "cvt" else nw):
         if dequant == "cvt":
@@ -328,6 +368,8 @@ def _scale_splats(pair: Value, dequant: str, fmt: str = "nvfp4") -> tuple[Value,
 def accumulator_scale(dequant: str, fmt: str = "nvfp4", scaling: str = "fold") -> float:
     """What the accumulators must be multiplied by (exactly: a power of two, and no partial
     sum is subnormal) to give the true sums."""
+    if dequant == "fp8":
+        return 2.0 ** (-2 * FP8_SHIFT_EXP)
     if scaling == "promote":
         return 1.0
     if fmt != "nvfp4":
@@ -540,7 +582,7 @@ def emit_mainloop(kb: bir.KernelBuilder, tiles: Tiles, a: Operand, b: Operand, k
                 br.yield_(acc)
             acc, blk = br.results[0], loop.carried[1]
         W.fence()
-        for h in range(kstep // 16):
+        for h in range(kstep // tiles.mma_k):  # each wgmma reads 32 bytes of a row
             if tiles.promote:
                 blk = W.mma_async(blk, W.advance(da, 2 * h * LBO), W.advance(db, 2 * h * LBO),
                                   tiles.bn, dtype=tiles.mma_type, accumulate=h > 0)

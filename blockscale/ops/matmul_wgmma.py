@@ -21,6 +21,12 @@ Variants (:data:`VARIANTS`, spec fields ``dequant``, ``scaling``, ``kstep``):
   mma.sync kernel's scheme; MXFP4 equals the portable kernel bit for bit).
 * ``dequant``: "lut" (``prmt`` tables), "shift" (NVFP4 bit placement), "cvt" (MXFP8:
   ``cvt.rn.f16x2.e4m3x2``); ``kstep`` 32 or 64 K elements per step.
+* The FP8 path (MX, "promote"): ``dequant="fp8"`` (MXFP4: E2M1 bits placed into E4M3, times
+  2^-6, exact) or ``"copy"`` (MXFP8 bytes as they are) into E4M3 shared operands, one
+  ``wgmma ... m64nNk32.f32.e4m3.e4m3`` (QGMMA) per 32-block from zero, then promoted as above.
+  Exact for MXFP4 if the tensor core sums 32 multiples of 2^-14 below 2^-1 exactly (13
+  bits); MXFP8 block sums are rounded by the tensor core's fp8 accumulation (narrower than
+  fp32 on Hopper: measure before trusting the bound).
 
 Dispatch: the :data:`blockscale.ops.matmul.FAST_PATHS` entry (placed before the mma.sync
 kernel's) runs by default on sm_90a for M > 16 and K % 32 == 0, with the format's
@@ -61,9 +67,11 @@ KSTEPS = (32, 64)  # = blockscale.ops._wgmma_ir.KSTEPS
 #: fmt -> {(dequant, scaling): K-steps built} (= blockscale.ops._wgmma_ir.VARIANTS)
 VARIANTS = {
     "nvfp4": {("lut", "fold"): (32, 64), ("shift", "fold"): (32, 64)},
-    "mxfp4": {("lut", "fold"): (32, 64), ("lut", "promote"): (32,)},
-    "mxfp8": {("cvt", "promote"): (32,)},
+    "mxfp4": {("lut", "fold"): (32, 64), ("lut", "promote"): (32,), ("fp8", "promote"): (32,)},
+    "mxfp8": {("cvt", "promote"): (32,), ("copy", "promote"): (32,)},
 }
+#: dequantizations to E4M3 shared operands and k32 e4m3 wgmmas (= _wgmma_ir.FP8_DEQUANT)
+FP8_DEQUANT = ("fp8", "copy")
 #: the default variant (the fastest of the first H200 run: shift-k64 1.45 ms vs lut-k32 2.02
 #: ms at 8192 x 5760 x 2944, host overhead included)
 DEFAULT_DEQUANT = {"nvfp4": "shift", "mxfp4": "lut", "mxfp8": "cvt"}
@@ -144,7 +152,8 @@ class WgmmaMatmulSpec(FormatSpec):
     def shared_bytes(self) -> int:
         """Shared memory of the 3 stages (= _wgmma_ir.Tiles.shared_bytes): bf16 / f16
         operands, plus the f32 scales of "promote"."""
-        per_row = 2 * self.kstep + (4 if self.scaling == "promote" else 0)
+        elem = 1 if self.dequant in FP8_DEQUANT else 2
+        per_row = elem * self.kstep + (4 if self.scaling == "promote" else 0)
         return 3 * (self.bm + self.bn) * per_row
 
     @property
@@ -183,7 +192,8 @@ def build(spec: WgmmaMatmulSpec) -> Any:
     import blockscale.ops._wgmma_ir as X
     from blockscale.compiler import ir as bir
 
-    tiles = X.Tiles(spec.bm, spec.bn, spec.kstep, spec.fmt, spec.scaling)
+    tiles = X.Tiles(spec.bm, spec.bn, spec.kstep, spec.fmt, spec.scaling,
+                    spec.dequant in FP8_DEQUANT)
     if X.VARIANTS != VARIANTS:
         raise AssertionError("matmul_wgmma.VARIANTS disagrees with _wgmma_ir.VARIANTS")
     if tiles.shared_bytes != spec.shared_bytes:

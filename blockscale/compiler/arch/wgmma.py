@@ -148,24 +148,26 @@ def wait_group(pending: int, *, loc: ir.Location | None = None) -> None:
         nvvm.wgmma_wait_group_sync_aligned(pending)
 
 
-#: operand types of :func:`mma_async` (both operands the same type, 2-byte elements, k16)
-MMA_TYPES = ("bf16", "f16")
+#: operand types of :func:`mma_async` (both operands the same type) -> K of one instruction
+#: (32 bytes of a K-major row either way: 16 two-byte or 32 one-byte elements)
+MMA_TYPES = {"bf16": 16, "f16": 16, "e4m3": 32}
 
 
 def mma_async(acc: ir.Value, desc_a: ir.Value, desc_b: ir.Value, n: int, *,
               dtype: str = "bf16", accumulate: bool = True,
               loc: ir.Location | None = None) -> ir.Value:
-    """``wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}.{bf16,f16}``
-    (HGMMA.64xNx16.F32[.BF16] in SASS) with both operands K-major in shared memory: returns
+    """``wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}.{bf16,f16}`` (HGMMA.64xNx16.F32
+    [.BF16] in SASS) or ``...m64nNk32.f32.e4m3.e4m3`` (QGMMA.64xNx32.F32.E4M3.E4M3) with
+    both operands K-major in shared memory (the same core-matrix layout: 16-byte rows): returns
     the new accumulator fragment ``A @ B + (acc if accumulate else 0)`` (``acc`` is then
     only a placeholder). Must be bracketed by :func:`fence` / :func:`commit_group` /
     :func:`wait_group` (module docstring)."""
     if dtype not in MMA_TYPES:
-        raise ValueError(f"dtype must be one of {MMA_TYPES}, got {dtype!r}")
+        raise ValueError(f"dtype must be one of {list(MMA_TYPES)}, got {dtype!r}")
     t = accumulator_type(n)
-    ty = nvvm.WGMMATypes.bf16 if dtype == "bf16" else nvvm.WGMMATypes.f16
+    ty = getattr(nvvm.WGMMATypes, dtype)
     with _loc(loc):
-        shape = ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = 16>")
+        shape = ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = {MMA_TYPES[dtype]}>")
         return nvvm.wgmma_mma_async(
             t, acc, desc_a, desc_b, shape, ty, ty, nvvm.WGMMATypes.f32,
             nvvm.WGMMAScaleOut.one if accumulate else nvvm.WGMMAScaleOut.zero,

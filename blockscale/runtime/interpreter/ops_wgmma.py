@@ -19,8 +19,10 @@ ISA definitions this module implements independently:
   A is [64, 16] (rows = M), B is stored [N, 16] (rows = N, K-major, "col" layout).
 * D fragment: thread t of warpgroup (warp w = t // 32, g = lane // 4, q = lane % 4) register
   i = ``D[16 w + g + 8 ((i % 4) // 2), 8 (i // 4) + 2 q + i % 2]``.
-* Numerics: products of bf16 are exact; the 16 products and (scale-d ? c : 0) are summed in
-  float64 and rounded once to f32 with RNE (as the ``mma.sync`` model, see ops_mma).
+* Numerics: products of bf16 / f16 (E4M3: m64nNk32, one byte per K element, the same 32-byte
+  row addressing) are exact; the 16 (32) products and (scale-d ? c : 0) are summed in
+  float64 and rounded once to f32 with RNE (as the ``mma.sync`` model, see ops_mma). The
+  hardware's fp8 accumulation is narrower; kernels rely on it only for exact sums.
 
 Async semantics in the lock-step model: an ``mma_async`` computes its result when it is
 issued (reading shared memory then). The hazards the ISA leaves undefined are detected
@@ -163,7 +165,10 @@ def operand_addresses(desc: int, rows: int) -> np.ndarray:
 
 def read_operand(data: np.ndarray, offs: np.ndarray, dtype: Any = ml_dtypes.bfloat16
                  ) -> np.ndarray:
-    """bf16 (or f16) values (float64) at byte offsets ``offs`` [rows, 32] of a uint8 row."""
+    """bf16 / f16 (16 per row) or E4M3 (32 per row) values (float64) at byte offsets
+    ``offs`` [rows, 32] of a uint8 row."""
+    if dtype == ml_dtypes.float8_e4m3fn:
+        return data[offs].view(dtype).astype(np.float64)
     lo = data[offs[:, 0::2]].astype(np.uint16)
     hi = data[offs[:, 1::2]].astype(np.uint16)
     return (lo | (hi << 8)).view(dtype).astype(np.float64)
@@ -287,19 +292,26 @@ def _uniform_desc(f: Frame, v: np.ndarray, idx: np.ndarray, what: str) -> int:
     return int(x[0]) & ((1 << 64) - 1)
 
 
+#: operand type -> (numpy dtype, K of one instruction: 32 bytes of a row either way)
+_TYPES = {"bf16": (ml_dtypes.bfloat16, 16), "f16": (np.float16, 16),
+          "e4m3": (ml_dtypes.float8_e4m3fn, 32)}
+
+
 @handles("nvvm.wgmma.mma_async")
 def _mma_async(op: Any, c: Compiler):
     m = re.search(r"m\s*=\s*(\d+),\s*n\s*=\s*(\d+),\s*k\s*=\s*(\d+)", str(op.attributes["shape"]))
-    if m is None or int(m.group(1)) != 64 or int(m.group(3)) != 16:
-        raise NotImplementedError(f"interpreter: wgmma shape {op.attributes['shape']}")
-    n = int(m.group(2))
+    n = int(m.group(2)) if m is not None else 0
     types = [str(op.attributes[x]) for x in ("typeA", "typeB", "typeD")]
     lay = [str(op.attributes[x]) for x in ("layoutA", "layoutB")]
     scales = [str(op.attributes[x]) for x in ("scaleA", "scaleB")]
     ab = [t.rsplit("<", 1)[-1].rstrip(">").strip() for t in types[:2]]
-    if not (ab[0] == ab[1] and ab[0] in ("bf16", "f16") and "f32" in types[2]):
-        raise NotImplementedError(f"interpreter: wgmma types {types} (bf16 / f16 -> f32)")
-    dtype = ml_dtypes.bfloat16 if ab[0] == "bf16" else np.float16
+    if not (ab[0] == ab[1] and ab[0] in _TYPES and "f32" in types[2]):
+        raise NotImplementedError(f"interpreter: wgmma types {types} (bf16 / f16 / e4m3 -> "
+                                  "f32)")
+    dtype, kdim = _TYPES[ab[0]]
+    if m is None or int(m.group(1)) != 64 or int(m.group(3)) != kdim:
+        raise NotImplementedError(f"interpreter: wgmma shape {op.attributes['shape']} of "
+                                  f"{ab[0]}")
     if "row" not in lay[0] or "col" not in lay[1] or any("one" not in s for s in scales):
         raise NotImplementedError(f"interpreter: wgmma layouts {lay} / scales {scales} "
                                   "(only K-major A and B, no negation)")
