@@ -47,8 +47,8 @@ RESIDENT_BLOCKS = 792
 #: SMs of the GPU the dense launches are sized for (H200)
 SMS = 132
 #: resident 256-thread blocks per SM of the pipelined dense kernels by ``pipeline`` depth
-#: (their register caps in quantize_ir: 40, 48, 64 -> 6, 5, 4 blocks)
-PIPELINE_BLOCKS_PER_SM = {1: 6, 2: 5, 3: 4}
+#: (their register caps in quantize_ir: 40, 40, 48 -> 6, 6, 5 blocks)
+PIPELINE_BLOCKS_PER_SM = {1: 6, 2: 6, 3: 5}
 #: ``pipeline`` of the dense kernel the ops use when K % 16 == 0 (0: the base kernel)
 DEFAULT_PIPELINE = 0
 

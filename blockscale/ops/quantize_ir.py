@@ -90,8 +90,8 @@ MAX_REGISTERS_GROUPED = 48
 #: stay outside the row loop)
 MAX_REGISTERS_FUSED = 64
 #: register caps of the pipelined dense kernels (quantize_pipe_ir) by pipeline depth:
-#: 6 / 5 / 4 blocks of 256 threads per SM (quantize.PIPELINE_BLOCKS_PER_SM)
-MAX_REGISTERS_PIPELINE = {1: 40, 2: 48, 3: 64}
+#: 6 / 6 / 5 blocks of 256 threads per SM (quantize.PIPELINE_BLOCKS_PER_SM; none spills)
+MAX_REGISTERS_PIPELINE = {1: 40, 2: 40, 3: 48}
 CHUNK = 8  # elements per thread per row
 
 
