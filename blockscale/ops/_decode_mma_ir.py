@@ -60,7 +60,7 @@ from blockscale.compiler.arch import mma
 from blockscale.compiler.arch.nvvm import byte_perm
 from blockscale.formats import Format
 from blockscale.layouts import SF_ATOM_BYTES, SF_ATOM_ROWS
-from blockscale.ops._decode_ir import _decode_scale_fast
+from blockscale.ops._decode_ir import _decode_scale_fast, _dequant_pairs_f16
 from blockscale.ops._mma_ir import workgroup_buffer
 
 Value = ir.Value
@@ -101,6 +101,22 @@ def fp4_piece_to_f16(x: Value) -> tuple[Value, Value]:
     p1 = bir.bit_or(bir.bit_and(bir.shl(y, _i32c(5)), _i32c(0x0E000E00)),
                     bir.bit_and(bir.shl(y, _i32c(8)), _i32c(0x80008000)))
     return p0, p1
+
+
+def _pair_pieces(nv: bool, chunk: Value) -> Value:
+    """A 16-byte weight chunk (``vector<16xi8>``) reordered so that word t holds lane t's
+    two pieces of the chunk's two MMA units u, v byte-interleaved, ``(u.b0, v.b0, u.b1,
+    v.b1)``: nibbles j and j + 4 are then codes of one unit (:func:`_dequant_pairs_f16`
+    pairs). NVFP4: u, v are the blocks of bytes 0-7 / 8-15, lane t's bytes 2t, 2t+1 of
+    each; MXFP4: the one block's MMAs h = 0, 1, lane t's bytes 4t .. 4t+3."""
+    w = vector.bitcast(bir.vec(4, bir.i32()), chunk)
+    ws = [bir.extract(w, i) for i in range(4)]
+    if nv:
+        out = [byte_perm(ws[0], ws[2], 0x5140), byte_perm(ws[0], ws[2], 0x7362),
+               byte_perm(ws[1], ws[3], 0x5140), byte_perm(ws[1], ws[3], 0x7362)]
+    else:
+        out = [byte_perm(x, _i32c(0), 0x3120) for x in ws]
+    return vector.bitcast(bir.vec(16, bir.i8()), bir.from_elements(bir.vec(4, bir.i32()), out))
 
 
 class _Fmt:
@@ -166,13 +182,13 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
 
     # this thread's weight chunks (8) and scale words: fixed rows, per-step columns
     w_iters = COLS * STEP_CHUNKS // THREADS
-    w_rows, w_cs = [], []
-    for it in range(w_iters):
-        cid = bir.add(tid, it * THREADS)
-        r = bir.udiv(cid, STEP_CHUNKS)
-        n_c = bir.umin(bir.add(n0, r), n_last)
-        w_rows.append(bir.mul(bir.add(bir.mul(e, n_count), n_c), row_bytes))
-        w_cs.append(bir.urem(cid, STEP_CHUNKS))
+    # rows tid // 16 + 8 it: row offsets from one base (clamped to the last row: a clamped
+    # row is never stored), fewer live registers than one 64-bit address per load
+    w_base = bir.mul(bir.add(bir.mul(e, n_count), bir.add(n0, bir.udiv(tid, STEP_CHUNKS))),
+                     row_bytes)
+    w_last = bir.mul(bir.add(bir.mul(e, n_count), n_last), row_bytes)
+    w_stride = bir.mul(row_bytes, THREADS // STEP_CHUNKS)
+    w_cs = [bir.urem(tid, STEP_CHUNKS)] * w_iters
     s_iters = COLS * lay.words // THREADS
     s_rows, s_qs = [], []
     for it in range(s_iters):
@@ -189,8 +205,8 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         out = []
         for it in range(w_iters):
             c = bir.umin(bir.add(bir.mul(step, STEP_CHUNKS), w_cs[it]), last_chunk)
-            out.append(bir.vector_load(v16, w, bir.add(w_rows[it], bir.mul(c, 16)),
-                                       alignment=16))
+            row = bir.umin(bir.add(w_base, bir.mul(w_stride, it)), w_last)
+            out.append(bir.vector_load(v16, w, bir.add(row, bir.mul(c, 16)), alignment=16))
         for it in range(s_iters):
             q = bir.add(bir.mul(step, lay.words), s_qs[it])
             br = bir.if_(bir.ult(q, d1), [i32])
@@ -252,14 +268,18 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             bir.vector_store(bir.from_elements(bir.vec(2, i32), [p0, p1]), bsm, dst,
                              alignment=8)
 
+    def pair_pieces(chunk: Value) -> Value:
+        return _pair_pieces(lay.nv, chunk)
+
     def stage(step: Value, regs: list[Value], rows: Value) -> None:
         """Store fetched registers to shared memory (weights raw, scales decoded,
         activations as B fragments)."""
         for it in range(w_iters):
             cid = bir.add(tid, it * THREADS)
             r = bir.udiv(cid, STEP_CHUNKS)
-            bir.vector_store(regs[it], wsm, bir.add(bir.mul(r, W_STRIDE),
-                                                    bir.mul(w_cs[it], 16)), alignment=16)
+            bir.vector_store(pair_pieces(regs[it]), wsm,
+                             bir.add(bir.mul(r, W_STRIDE), bir.mul(w_cs[it], 16)),
+                             alignment=16)
         for it in range(s_iters):
             word = regs[w_iters + it]
             r = s_rows[it][0]
@@ -283,48 +303,56 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             with bir.when(bir.ult(n, rows)):
                 _stage_act(n, c, regs[base + 2 * it], regs[base + 2 * it + 1])
 
+    def fold(accs: list[Value], j: int, blk: list[list[Value]]) -> None:
+        """accs += block j's MMA sums times the scales (one rounding each)."""
+        sidx = bir.add(bir.mul(warp, 16), bir.add(bir.mul(g, 2), j * COLS))
+        sbv = bir.vector_load(bir.vec(2, f32), sbsm, sidx, alignment=8)
+        sb = [bir.extract(sbv, 0), bir.extract(sbv, 1)]  # rows g, g + 8
+        for nt in range(len(blk)):
+            if not lay.nv:
+                sav = bir.vector_load(bir.vec(2, f32), sasm,
+                                      bir.add(bir.mul(t, 2), j * TOKENS + 8 * nt),
+                                      alignment=8)
+                sa = [bir.extract(sav, 0), bir.extract(sav, 1)]
+            for i in range(4):
+                idx = nt * 4 + i
+                d = blk[nt][i]
+                if lay.nv:  # exact product D * sB 2^28 = t * sA * sB, one rounding
+                    accs[idx] = mmath.fma(d, sb[i >> 1], accs[idx])
+                else:  # the portable kernel's ((sA * sB) / 4) * (4 * block sum)
+                    d = arith.mulf(d, bir.const(4 * UNSCALE, f32))  # exact: quarters
+                    s = arith.mulf(arith.mulf(sa[i & 1], sb[i >> 1]), bir.const(0.25, f32))
+                    accs[idx] = mmath.fma(d, s, accs[idx])
+
     def compute(accs: list[Value], two: bool) -> list[Value]:
-        """One step's MMAs of this warp (n-tile 1 only when ``two``)."""
+        """One step's MMAs of this warp (n-tile 1 only when ``two``). Units 2q, 2q + 1 come
+        from one 32-bit shared word per row (staged by :func:`pair_pieces`)."""
         accs = list(accs)
         rows_g = [bir.add(bir.mul(warp, 16), bir.add(g, 8 * h)) for h in range(2)]
-        wbase = [bir.mul(r, W_STRIDE) for r in rows_g]
+        wbase = [bir.add(bir.mul(r, W_STRIDE), bir.mul(t, 4)) for r in rows_g]
         nts = 2 if two else 1
-        for j in range(lay.blocks):
-            blk = [[zero] * 4 for _ in range(nts)]
-            for u in range(j * (UNITS // lay.blocks), (j + 1) * (UNITS // lay.blocks)):
-                pb = lay.piece_byte(u, t)
-                pairs = []
-                for h in range(2):
-                    v = bir.vector_load(bir.vec(2, bir.i8()), wsm, bir.add(wbase[h], pb),
-                                        alignment=2)
-                    x = arith.extui(i32, vector.extract(vector.bitcast(bir.vec(1, bir.i16()),
-                                                                       v), [], [0]))
-                    pairs.append(fp4_piece_to_f16(x))
-                afr = [_f16x2(pairs[0][0]), _f16x2(pairs[1][0]), _f16x2(pairs[0][1]),
-                       _f16x2(pairs[1][1])]
+        upb = UNITS // lay.blocks  # MMA units per block: NVFP4 1, MXFP4 2
+        blk: list[list[Value]] = []
+        for q in range(UNITS // 2):
+            pairs = []
+            for h in range(2):  # rows g, g + 8: f16 pairs (u.c0, u.c2), (u.c1, u.c3), v...
+                v = bir.vector_load(bir.vec(4, bir.i8()), wsm, bir.add(wbase[h], 16 * q),
+                                    alignment=4)
+                x = vector.extract(vector.bitcast(bir.vec(1, i32), v), [], [0])
+                pairs.append(_dequant_pairs_f16([x]))
+            for s_ in range(2):
+                u = 2 * q + s_
+                if u % upb == 0:
+                    blk = [[zero] * 4 for _ in range(nts)]
+                afr = [pairs[0][2 * s_], pairs[1][2 * s_], pairs[0][2 * s_ + 1],
+                       pairs[1][2 * s_ + 1]]
                 for nt in range(nts):
                     src = bir.mul(bir.add(bir.mul(bir.add(g, u * TOKENS + 8 * nt), 4), t), 2)
                     bv = bir.vector_load(bir.vec(2, i32), bsm, src, alignment=8)
                     bfr = [_f16x2(bir.extract(bv, 0)), _f16x2(bir.extract(bv, 1))]
                     blk[nt] = list(mma.mma_m16n8k16(afr, bfr, blk[nt], input_type="f16"))
-            sidx = bir.add(bir.mul(warp, 16), bir.add(bir.mul(g, 2), j * COLS))
-            sbv = bir.vector_load(bir.vec(2, f32), sbsm, sidx, alignment=8)
-            sb = [bir.extract(sbv, 0), bir.extract(sbv, 1)]  # rows g, g + 8
-            for nt in range(nts):
-                if not lay.nv:
-                    sav = bir.vector_load(bir.vec(2, f32), sasm,
-                                          bir.add(bir.mul(t, 2), j * TOKENS + 8 * nt),
-                                          alignment=8)
-                    sa = [bir.extract(sav, 0), bir.extract(sav, 1)]
-                for i in range(4):
-                    idx = nt * 4 + i
-                    d = blk[nt][i]
-                    if lay.nv:  # exact product D * sB 2^28 = t * sA * sB, one rounding
-                        accs[idx] = mmath.fma(d, sb[i >> 1], accs[idx])
-                    else:  # the portable kernel's ((sA * sB) / 4) * (4 * block sum)
-                        d = arith.mulf(d, bir.const(4 * UNSCALE, f32))  # exact: quarters
-                        s = arith.mulf(arith.mulf(sa[i & 1], sb[i >> 1]), bir.const(0.25, f32))
-                        accs[idx] = mmath.fma(d, s, accs[idx])
+                if u % upb == upb - 1:
+                    fold(accs, u // upb, blk)
         return accs
 
     # B fragments (and MX activation scales) of rows past a pass are never staged: zero
