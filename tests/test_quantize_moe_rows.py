@@ -225,3 +225,23 @@ def test_fused_lut_kernel_reads_the_table(monkeypatch):
                                   device="interp", target="sm_90a", schedule="rows_lut")
     rd, rs = RG.fused_silu_quantize(gu, "mxfp8", es, offs, np.array([0], np.int32), None)
     assert not np.array_equal(np.asarray(d).view(np.uint8), rd.view(np.uint8))
+
+
+def test_lut_buffer_one_device_copy_per_device():
+    """Device-array calls get one cached device copy of the table per device; host calls the
+    numpy table."""
+
+    class Dev:
+        copies = 0
+
+        def to_device(self, a):
+            Dev.copies += 1
+            return ("dev", a)
+
+    key = ("silu", 1.0, float("inf"))
+    d1, d2 = Dev(), Dev()
+    assert isinstance(QS._lut_buffer(d1, key, True), np.ndarray)
+    a = QS._lut_buffer(d1, key, False)
+    assert QS._lut_buffer(d1, key, False) is a and Dev.copies == 1
+    QS._lut_buffer(d2, key, False)
+    assert Dev.copies == 2

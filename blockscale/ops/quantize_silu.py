@@ -73,6 +73,23 @@ def sigmoid_lut(kind: str, alpha: float, limit: float) -> tuple[np.ndarray, int,
     return table.astype(np.float32), lo, width
 
 
+#: device copies of the sigmoid tables: (id(device), activation key) -> (device, array)
+_DEVICE_LUTS: dict[tuple[int, tuple], tuple[Any, Any]] = {}
+
+
+def _lut_buffer(dev: Any, key: tuple, host: bool) -> Any:
+    """The sigmoid table for a launch: numpy for host-array calls (copied with the inputs),
+    else one device copy per device and activation, made on first use."""
+    table = sigmoid_lut(*key)[0]
+    if host:
+        return table
+    hit = _DEVICE_LUTS.get((id(dev), key))
+    if hit is None or hit[0] is not dev:
+        hit = (dev, dev.to_device(table))
+        _DEVICE_LUTS[(id(dev), key)] = hit
+    return hit[1]
+
+
 def _spec(fmt: Format, target: str, act: GatedActivation, aligned: bool,
           schedule: str | None = None, num_groups: int | None = None) -> QuantizeSpec:
     return with_schedule(QuantizeSpec(fmt.name, target, None, "tcgen5d", aligned, "silu",
@@ -118,7 +135,9 @@ def fused_silu_quantize(gate_up: Any, fmt: Format | str, expert_start: Any, scal
                "expert_ids": _i32(expert_ids),
                "tensor_sf": scales}
     if getattr(spec, "lut", False):
-        buffers["sig_table"] = sigmoid_lut(spec.activation, spec.act_alpha, spec.act_limit)[0]
+        host = all(isinstance(v, np.ndarray) for v in buffers.values())
+        buffers["sig_table"] = _lut_buffer(dev, (spec.activation, spec.act_alpha,
+                                                 spec.act_limit), host)
     if t == 0 and isinstance(gate_up, np.ndarray):
         return (np.zeros((0, fmt.data_cols(d)), fmt.elem_dtype),
                 np.zeros((num_scale_tiles, -(-fmt.kblocks(d) // 4), 32, 4, 4), fmt.scale_dtype))
