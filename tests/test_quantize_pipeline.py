@@ -113,3 +113,34 @@ def test_bf16x2_ptx():
             assert instr in ptx, instr
         assert ("min.NaN.bf16x2" in ptx) == sat
         assert "cvt.f32.bf16" not in ptx  # no bf16 op was promoted to f32
+
+
+def test_defaults_select_the_pipelined_kernel(monkeypatch):
+    """DEFAULT_PIPELINE / DEFAULT_BF16X2 route the ops (K % 16 == 0) to the pipelined kernels;
+    other K stay on the base kernel."""
+    monkeypatch.setattr(Q, "DEFAULT_PIPELINE", 2)
+    monkeypatch.setattr(Q, "DEFAULT_BF16X2", True)
+    names = []
+    real = Q.launch
+    monkeypatch.setattr(Q, "launch", lambda spec, *a: names.append(spec.kernel_name)
+                        or real(spec, *a))
+    for k in (64, 40):
+        x = _edge_input(20, k, k)
+        d, s = Q.quantize_dynamic_block_scaled(x, "mxfp4", device="interp", target="sm_90a")
+        rd, rs = ref.quantize_dynamic_block_scaled(x, "mxfp4")
+        assert_same_bytes(d, rd)
+        assert_same_bytes(s, rs)
+    assert names[0].endswith("_p2_bf16x2") and not names[1].endswith(("_p2", "_bf16x2"))
+
+
+@pytest.mark.parametrize("target,fmt,instr", [
+    ("sm_100a", "nvfp4", "cvt.rn.satfinite.e2m1x2.f32"),
+    ("sm_100a", "mxfp8", "cvt.rn.satfinite.e4m3x2.f32"),
+    ("gfx950", "mxfp4", "v_cvt_scalef32_pk_fp4_f32"),
+    ("gfx942", "mxfp8", "_store_dwordx4")])
+def test_pipelined_lowers(target, fmt, instr):
+    """The pipelined kernels compile with the real toolchains and keep the native
+    conversions (and the 16-byte MXFP8 store)."""
+    kern = Q.kernel(Q.QuantizeSpec(fmt, target, None if fmt == "nvfp4" else "up", pipeline=2))
+    asm = kern.asm["ptx" if target.startswith("sm") else "amdgcn"]
+    assert instr in asm

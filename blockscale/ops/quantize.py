@@ -51,6 +51,8 @@ SMS = 132
 PIPELINE_BLOCKS_PER_SM = {1: 6, 2: 6, 3: 5}
 #: ``pipeline`` of the dense kernel the ops use when K % 16 == 0 (0: the base kernel)
 DEFAULT_PIPELINE = 0
+#: whether the ops use the ``bf16x2`` MXFP4 variant when they use a pipelined sm_90a kernel
+DEFAULT_BF16X2 = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,6 +317,7 @@ def _dense(x: Any, fmt: Format, tsf: float, rounding: str | None, layout: ScaleL
     lay = "tcgen5d" if layout is TCGEN_5D else "row_major"
     if pipeline is None:
         pipeline = DEFAULT_PIPELINE if k % 16 == 0 else 0
+        bf16x2 = DEFAULT_BF16X2 and bool(pipeline) and fmt.name == "mxfp4" and tgt == "sm_90a"
     spec = QuantizeSpec(fmt.name, tgt, rounding, lay, k % 8 == 0, name=name, pipeline=pipeline,
                         bf16x2=bf16x2)
     check_pipeline_k(spec, k)
