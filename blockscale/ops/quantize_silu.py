@@ -155,13 +155,11 @@ def fused_silu_quantize_kernel(fmt: Format | str, target: str = "sm_90a", *,
 
 
 def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
-    """Fused SiLU / SwiGLU-OAI quantize specs for the GPU tests and benchmarks (every
-    schedule; MXFP4 SiLU for bench_quantize_moe)."""
-    specs = [_spec(Format.from_name(f), target, a, True, sch) for sch in SCHEDULES
-             for f in ("nvfp4", "mxfp8")
-             for a in (GatedActivation.SILU, GatedActivation.SWIGLU_OAI)]
-    return specs + [_spec(Format.from_name("mxfp4"), target, GatedActivation.SILU, True, sch)
-                    for sch in SCHEDULES]
+    """Fused SiLU / SwiGLU-OAI quantize specs for the GPU tests and benchmarks (every format
+    and schedule)."""
+    return [_spec(Format.from_name(f), target, a, True, sch) for sch in SCHEDULES
+            for f in ("nvfp4", "mxfp4", "mxfp8")
+            for a in (GatedActivation.SILU, GatedActivation.SWIGLU_OAI)]
 
 
 __all__ = ["MAX_LUT", "bundle_specs", "fused_silu_quantize", "fused_silu_quantize_kernel",
