@@ -43,6 +43,23 @@ that is ~1.3 T elements/s for FP4, at the roofline. Memory side (Little's law, ~
 and one wave of 792 blocks (the former 2048 blocks were 2.6-3.1 waves, the last one running
 with a fraction of the bytes in flight). Predicted: NVFP4 / MXFP4 >= 85% of copy, MXFP8 ~85-90%.
 
+Measured (H200, commit 2c1b00e): 16384^2 NVFP4 70 %, MXFP4 80 %, MXFP8 78 % of copy; 8192^2
+71 / 79 / 86 %: MXFP8, at ~10 instructions per element, is far from issue-bound, so the loop
+was latency-bound: a thread issued its row's loads only after the previous row's math, so
+the 48 KB per SM were in flight only part of the time. The pipelined dense kernels
+(``QuantizeSpec.pipeline`` P = 1..3, :mod:`blockscale.ops.quantize_pipe_ir`) keep P row
+groups of loads in flight per thread (the next row's loads go out before this row's math;
+unrolled by P, no register moves), hoist the row math (i32 rows, one multiply-add per load)
+and store each chunk with one 8- / 16-byte store. Static SASS of the row loop per element
+(incl. the cold NaN branch), registers (all without spills), blocks per SM:
+NVFP4 p1 17.2 (39 regs, 6), p2 17.2 (40, 6), p3 17.2 (47, 5) — hot path ~14 (base 19.2 / ~16.6);
+MXFP4 p1-p3 14.9-15.1 (base 17.1); MXFP4 ``bf16x2`` (E2M1 on bf16 pairs, exact for the
+power-of-two MX reciprocals) "up" 11.1-11.3 (32 / 37 / 45 regs), "even"/"floor" 11.6-11.9;
+MXFP8 p1-p3 7.9 (base 9.9). Bytes in flight per SM: p2 6 x 256 x 64 B = 96 KB, p3 5 x 256 x
+96 B = 120 KB (base 48 KB, issued part-time). Predicted: MXFP8 p2/p3 >= 90 %, MXFP4 bf16x2
+p2/p3 ~88-90 %, NVFP4 p2/p3 ~85 % (issue at ~14 per element needs ~60 % of the SMs' issue
+slots at 85 % of copy), p1 ~ base (same load order, ~10 % fewer instructions).
+
 Grouped and fused-activation kernels (sm_90a; SASS of the row loop, static, per element, incl.
 its cold branches; same count for dense: NVFP4 19.2, MXFP4 17.1, MXFP8 9.9). They had 8
 elements per thread, one 16-byte load in flight, an amax shuffle and a decode + div.rn per
