@@ -42,6 +42,7 @@ def _k(fmt, k):
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
 def test_grouped_mfma_within_bound(target, fmt, monkeypatch):
+    monkeypatch.setenv(gm.GROUPED_SWITCH, "all")  # every format (default: exact ones only)
     for case_id, (counts, ids, e_count, n, k) in enumerate(CASES):
         k = k if case_id == 0 else _k(fmt, k)
         rng = np.random.default_rng(40 + case_id)
@@ -65,7 +66,8 @@ def test_grouped_mfma_within_bound(target, fmt, monkeypatch):
 
 @pytest.mark.interp
 @pytest.mark.parametrize("target", TARGETS)
-def test_grouped_mfma_row_scales(target):
+def test_grouped_mfma_row_scales(target, monkeypatch):
+    monkeypatch.setenv(gm.GROUPED_SWITCH, "all")
     """a_row_scales (NVFP4) multiply after the expert scale (D10)."""
     counts, ids, e_count, n, k = [5, 0, 7], [1, 0, 0], 2, 20, 64
     rng = np.random.default_rng(5)
@@ -178,3 +180,20 @@ def test_grouped_specs():
     with pytest.raises(TypeError, match="row_scales must be a bool"):
         gm.MfmaGroupedSpec("nvfp4", row_scales=1)
     assert gm.grid(130, 65, 3) == (2, 3 + 3 + 1, 1)
+
+
+def test_grouped_dispatch_keeps_d10(monkeypatch):
+    """By default the 5-D entry point uses the MFMA kernel only where it equals the portable
+    kernel (the fused SwiGLU's mainloop on AMD) bit for bit: FP4 on the bf16 path."""
+    take = {(t, f.name): gm.fast_path(t, f, 8, 8, 64, 2, False) is not None
+            for t in TARGETS for f in FORMATS}
+    assert take == {("gfx950", "nvfp4"): True, ("gfx950", "mxfp4"): False,
+                    ("gfx950", "mxfp8"): False, ("gfx942", "nvfp4"): True,
+                    ("gfx942", "mxfp4"): True, ("gfx942", "mxfp8"): False}
+    monkeypatch.setenv(gm.GROUPED_SWITCH, "all")
+    assert gm.fast_path("gfx950", MXFP8, 8, 8, 64, 2, False) is not None
+    monkeypatch.setenv(gm.GROUPED_SWITCH, "0")
+    assert gm.fast_path("gfx942", NVFP4, 8, 8, 64, 2, False) is None
+    monkeypatch.setenv(gm.GROUPED_SWITCH, "yes")
+    with pytest.raises(ValueError, match="BLOCKSCALE_AMD_MFMA_GROUPED must be one of"):
+        gm.fast_path("gfx942", NVFP4, 8, 8, 64, 2, False)

@@ -7,7 +7,8 @@ rows ``[expert_start[g], expert_start[g+1])`` and expert ``e = expert_ids[g]``,
 points: 5-D A scales with per-group padded tiles and 6-D weight scales
 (:func:`~blockscale.ops.matmul_grouped.grouped_matmul_block_scaled`, via its FAST_PATHS), and
 row-major E8M0 scales (:func:`~blockscale.ops.matmul_grouped.grouped_matmul_block_scaled_mxfp4`,
-via its ROW_MAJOR_PATHS).
+via its ROW_MAJOR_PATHS). The 5-D entry point takes it only where it is bit-identical to the
+portable kernel unless BLOCKSCALE_AMD_MFMA_GROUPED=all (:data:`GROUPED_SWITCH`: D10).
 
 Work items are (group, 64-row tile) pairs, numbered group after group, plus the tiles of the
 rows past ``expert_start[G]`` (a virtual group of id -1); block ``(x, y)`` computes columns
@@ -21,6 +22,7 @@ import MLIR.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -213,10 +215,37 @@ def _runner(spec: MfmaGroupedSpec, t: int, n: int, num_groups: int) -> Callable[
     return run
 
 
+#: BLOCKSCALE_AMD_MFMA_GROUPED: "exact" (default) dispatches the 5-D-scale entry point to the
+#: MFMA kernel only where it equals the portable grouped kernel bit for bit (FP4 on the bf16
+#: path: NVFP4 on both targets, MXFP4 on gfx942), because the fused SwiGLU
+#: (ops/matmul_swiglu.py) runs the portable mainloop on AMD and D10 requires it to be
+#: byte-identical to this chained matmul; "all" takes the MFMA kernel for every format
+#: (MXFP8 block sums and the scaled MFMA round differently); "0" never.
+GROUPED_SWITCH = "BLOCKSCALE_AMD_MFMA_GROUPED"
+
+
+def grouped_mode() -> str:
+    """"exact" | "all" | "0" (see :data:`GROUPED_SWITCH`)."""
+    mode = os.environ.get(GROUPED_SWITCH, "exact")
+    if mode not in ("exact", "all", "0"):
+        raise ValueError(f"{GROUPED_SWITCH} must be one of 'exact', 'all', '0', got {mode!r}")
+    return mode
+
+
+def exact_as_portable(target: str, fmt: Format) -> bool:
+    """Whether the MFMA kernel's results equal the portable kernel's bit for bit (FP4 on the
+    bf16 path: exact block sums, the portable kernel's accumulation order)."""
+    return _dense.path_for(target, fmt) == "bf16" and fmt.is_fp4
+
+
 def fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_groups: int,
               row_scales: bool) -> Callable[..., Any] | None:
-    """:data:`blockscale.ops.matmul_grouped.FAST_PATHS` hook (5-D scales, bf16 output)."""
+    """:data:`blockscale.ops.matmul_grouped.FAST_PATHS` hook (5-D scales, bf16 output); see
+    :data:`GROUPED_SWITCH` for which formats it takes."""
     if target not in _dense.TARGETS or not _dense.enabled() or t == 0 or n == 0:
+        return None
+    mode = grouped_mode()
+    if mode == "0" or (mode == "exact" and not exact_as_portable(target, fmt)):
         return None
     return _runner(spec_for(target, fmt, k, "tcgen5d", "bfloat16", row_scales), t, n,
                    num_groups)
