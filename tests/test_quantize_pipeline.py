@@ -70,6 +70,10 @@ def test_pipelined_bad_arguments():
         Q.QuantizeSpec("mxfp4", "sm_90a", "up", pipeline=0, bf16x2=True)
     with pytest.raises(ValueError, match="multiple of 16"):
         Q.quantize_dense_variant(x, "mxfp8", pipeline=2, device="interp", target="sm_90a")
+    spec = Q.QuantizeSpec("mxfp8", "sm_90a", "up", pipeline=1)
+    with pytest.raises(ValueError, match="x.shape.0. must be <"):
+        Q.check_pipeline_shape(spec, 1 << 30, 64)
+    Q.check_pipeline_shape(spec, (1 << 30) - 1, 64)
 
 
 @pytest.mark.parametrize("top", [6.0, 7.96875])

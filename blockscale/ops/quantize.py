@@ -225,11 +225,18 @@ def resident_blocks(spec: QuantizeSpec) -> int:
     return RESIDENT_BLOCKS
 
 
-def check_pipeline_k(spec: QuantizeSpec, k: int) -> None:
-    """ValueError unless the pipelined kernel of ``spec`` can take ``k`` columns."""
+#: rows the pipelined kernels take (they count rows in i32, prefetch rows included; D12)
+PIPELINE_MAX_ROWS = 1 << 30
+
+
+def check_pipeline_shape(spec: QuantizeSpec, m: int, k: int) -> None:
+    """ValueError unless the pipelined kernel of ``spec`` can take ``[m, k]``."""
     if spec.pipeline and k % 16:
         raise ValueError(f"x.shape[1] must be a multiple of 16 for pipeline="
                          f"{spec.pipeline}, got {k}")
+    if spec.pipeline and m >= PIPELINE_MAX_ROWS:
+        raise ValueError(f"x.shape[0] must be < {PIPELINE_MAX_ROWS} for pipeline="
+                         f"{spec.pipeline}, got {m}")
 
 
 def launch(spec: QuantizeSpec, grid: tuple[int, int, int], outs: dict[str, tuple[tuple, Any]],
@@ -320,7 +327,7 @@ def _dense(x: Any, fmt: Format, tsf: float, rounding: str | None, layout: ScaleL
         bf16x2 = DEFAULT_BF16X2 and bool(pipeline) and fmt.name == "mxfp4" and tgt == "sm_90a"
     spec = QuantizeSpec(fmt.name, tgt, rounding, lay, k % 8 == 0, name=name, pipeline=pipeline,
                         bf16x2=bf16x2)
-    check_pipeline_k(spec, k)
+    check_pipeline_shape(spec, m, k)
     grid, scalars = launch_plan(spec, m, k, -(-m // 128))
     scalars["tensor_sf"] = tsf
     out = launch(spec, grid, {"data": (dshape, data_dt), "scales": (sshape, scale_dt)},
