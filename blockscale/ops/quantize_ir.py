@@ -55,8 +55,9 @@ and store each chunk with one 8- / 16-byte store. Static SASS of the row loop pe
 NVFP4 p1 17.2 (39 regs, 6), p2 17.2 (40, 6), p3 17.2 (47, 5) — hot path ~14 (base 19.2 / ~16.6);
 MXFP4 p1-p3 14.9-15.1 (base 17.1); MXFP4 ``bf16x2`` (E2M1 on bf16 pairs, exact for the
 power-of-two MX reciprocals) "up" 11.1-11.3 (32 / 37 / 45 regs), "even"/"floor" 11.6-11.9;
-MXFP8 p1-p3 7.9 (base 9.9). Bytes in flight per SM: p2 6 x 256 x 64 B = 96 KB, p3 5 x 256 x
-96 B = 120 KB (base 48 KB, issued part-time). Predicted: MXFP8 p2/p3 >= 90 %, MXFP4 bf16x2
+MXFP8 p1-p3 7.9 (base 9.9). Loads in flight per SM during the math: p2 6 x 256 x 32 B =
+48 KB, p3 5 x 256 x 64 B = 80 KB, all the time (base and p1: 48 KB only between a row's loads
+and its math). Predicted: MXFP8 p2/p3 >= 90 %, MXFP4 bf16x2
 p2/p3 ~88-90 %, NVFP4 p2/p3 ~85 % (issue at ~14 per element needs ~60 % of the SMs' issue
 slots at 85 % of copy), p1 ~ base (same load order, ~10 % fewer instructions).
 
