@@ -20,8 +20,41 @@ schedule instead:
 * ``unroll = 2``: a thread loads both row groups of a unit before quantizing either (2x the
   bytes in flight per thread).
 
+* ``lut`` (fused op, schedules ``*_lut``): the sigmoid comes from a shared-memory table over
+  the bf16 gate's 16 bits (:func:`blockscale.ops.quantize_silu.sigmoid_lut`: D10's float32
+  ``1 / (1 + exp_f32(-v))`` computed on the host and checked over all 65536 gates; constant
+  outside a window of ~3.8K magnitudes per sign, 30 KiB) instead of exp_f32 (~31 SASS
+  instructions per element) and the div.rn reciprocal (~11 incl. its range check and
+  branch): the gate's index is ~3 integer ops per element (u16x2 clamp) and one LDS.
+
 Numerics, chunking and packing are the tile kernel's (its helpers are reused): the bytes are
 identical on every target.
+
+Performance model (sm_90a, H200: 132 SMs x 4 schedulers, ~1.98 GHz, ~3.8 TB/s copy; the
+bench shape T = 8192, K = 4096, 64 experts, uniform routing; fused: D = 2048). SASS of one
+data unit's hot path per element (cold branches such as the NVFP4 NaN-sign fix and div.rn's
+slow path left out; the tile kernel's row loop for comparison):
+
+=================  ======  ==============  =============  ================
+kernel             tiles   rows (regs)     rows2 (regs)   rows_lut (regs)
+=================  ======  ==============  =============  ================
+grouped NVFP4      ~15.9   16.3 (48)       15.8 (64)      = rows
+grouped MXFP4      ~16.7   16.8 (48)       (64)           = rows
+grouped MXFP8      ~9.3    9.3 (48)        (63)           = rows
+fused NVFP4        ~62     65.6 (64, sp.)  --             27.1 (62); rows2_lut 26.6 (80)
+fused MXFP4        ~62     --              --             27.7 (62)
+fused MXFP8        ~55     58.7 (64, sp.)  --             19.9 (61)
+=================  ======  ==============  =============  ================
+
+No spills except the exp_f32 kernels (rows 16 / 4 at 64). The tile kernels were measured at
+56 / 55 / 64 % of copy (grouped) with about the same instructions per element as the rows
+kernels: their time went to the schedule (2048 blocks = 3.1 waves of 660, a 2-3 dependent L2
+round-trip prologue per 8-row block, half the blocks padding). Predicted: grouped rows
+~70-80 %, rows2 (64 B in flight per thread, 4 blocks per SM) ~75-85 %, MXFP8 (memory-bound,
+9.3/elem) ~80-90 %. The exp_f32 fused kernels are issue-bound: 62 instructions x 16.8 M
+elements / 32 at 528 issues per clock is 31 us at 100 % issue efficiency, i.e. <= 66 % of the
+copy ceiling under D10's exp_f32 + div.rn (~45 % expected); the table kernels need 27 / 20
+per element (14 / 10 us at full issue, below the 20-22 us copy time): ~70-85 % predicted.
 """
 
 from __future__ import annotations
