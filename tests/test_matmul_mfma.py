@@ -14,13 +14,6 @@ import re
 import ml_dtypes
 import numpy as np
 import pytest
-
-from blockscale import formats, ops
-from blockscale import reference as ref
-from blockscale.formats import MXFP4, MXFP8, NVFP4, Format
-from blockscale.layouts import interleave
-from blockscale.ops import matmul, matmul_mfma
-from blockscale.ops import matmul_epilogue as ep
 from test_matmul_common import (
     assert_bf16_consistent,
     assert_f32_within_bound,
@@ -28,6 +21,13 @@ from test_matmul_common import (
     f32_error_bound,
     random_dense_case,
 )
+
+from blockscale import formats, ops
+from blockscale import reference as ref
+from blockscale.formats import MXFP4, MXFP8, NVFP4, Format
+from blockscale.layouts import interleave
+from blockscale.ops import matmul, matmul_mfma
+from blockscale.ops import matmul_epilogue as ep
 
 FORMATS = (NVFP4, MXFP4, MXFP8)
 TARGETS = ("gfx950", "gfx942")
@@ -185,13 +185,13 @@ def test_bf16_mfma_model_matches_isa_layout():
     want = (am.astype(np.float64) @ bm.astype(np.float64).T + c).astype(np.float32)
     lanes = np.arange(64)
     g, r = lanes // 16, lanes % 16
-    pack = lambda m: np.stack([m[r, 4 * g + t] for t in range(4)], 1)  # noqa: E731
+    pack = lambda m: np.stack([m[r, 4 * g + t] for t in range(4)], 1)
     args = (KernelArg("a", "buffer", "bfloat16"), KernelArg("b", "buffer", "bfloat16"),
             KernelArg("c", "buffer", "float32", "out"))
     with bir.kernel_module("probe", "gfx942", args, (64, 1, 1)) as kb:
         lane = bir.thread_idx("x")
         vb = bir.vec(4, bir.bf16())
-        ld = lambda n: bir.bitcast(bir.vector_load(vb, kb.arg(n), bir.mul(lane, 4)),  # noqa
+        ld = lambda n: bir.bitcast(bir.vector_load(vb, kb.arg(n), bir.mul(lane, 4)),
                                    bir.vec(4, bir.i16()))
         cc = bir.vector_load(bir.vec(4, bir.f32()), kb.arg("c"), bir.mul(lane, 4))
         bir.vector_store(mfma.mfma_bf16_16x16x16(ld("a"), ld("b"), cc), kb.arg("c"),
@@ -366,7 +366,7 @@ def test_e8m0_nan_scale_gives_nan_row(target, fmt):
     block); every other output stays finite."""
     rng = np.random.default_rng(9)
     m, n, k = 20, 18, 128
-    a, b, sa, sb, _, sb5 = random_dense_case(rng, fmt, m, n, k)
+    a, b, sa, _, _, sb5 = random_dense_case(rng, fmt, m, n, k)
     sa = sa.copy()
     sa.view(np.uint8)[7, 2] = 0xFF
     out = ops.block_scaled_matmul(a, b, interleave(sa), sb5, fmt, out_dtype="float32",

@@ -198,7 +198,7 @@ def fp4_to_bf16_bits(word: Value, count: int) -> Value:
     normal = arith.ori(arith.shli(arith.addi(arith.shrui(mag, bir.const(1, vi)),
                                              bir.const(126, vi)), bir.const(7, vi)),
                        arith.shli(arith.andi(mag, bir.const(1, vi)), bir.const(6, vi)))
-    eq = lambda x, v: arith.cmpi(arith.CmpIPredicate.eq, x, bir.const(v, vi))  # noqa: E731
+    eq = lambda x, v: arith.cmpi(arith.CmpIPredicate.eq, x, bir.const(v, vi))
     bits = arith.select(eq(mag, 0), bir.const(0, vi),
                         arith.select(eq(mag, 1), bir.const(0x3F00, vi), normal))
     sign = arith.shli(arith.andi(codes, bir.const(8, vi)), bir.const(12, vi))

@@ -224,7 +224,7 @@ def bundle_specs(target: str = "gfx950") -> list[MfmaMatmulSpec]:
 
 
 # imported last: matmul imports this module at its end, so it must be fully defined first
-from blockscale.ops import matmul as _matmul  # noqa: E402
+from blockscale.ops import matmul as _matmul
 
 if fast_path not in _matmul.FAST_PATHS:
     _matmul.FAST_PATHS.append(fast_path)
