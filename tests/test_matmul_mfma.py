@@ -252,6 +252,8 @@ def test_kernel_lowers_to_the_intended_mfma(target, fmt, layout, aligned):
     else:
         assert dis.count("v_mfma_f32_16x16x16_bf16") == (4 if fmt == "nvfp4" else 8)
         assert "v_mfma_scale" not in dis
+        # FP4 decoded by the CDNA4 conversion instruction on gfx950 (integer ops on gfx942)
+        assert ("v_cvt_scalef32_pk_bf16_fp4" in dis) == (target == "gfx950" and fmt != "mxfp8")
     assert "known_block_size = array<i32: 256, 1, 1>" in k.asm["mlir"]
     assert "__ockl" not in k.asm["llvm"]
     assert k.meta["scratch_bytes"] == 0, k.meta  # no spills

@@ -15,7 +15,8 @@ steps.
 
 ``bf16`` (gfx942 every format; gfx950 NVFP4, whose E4M3 scales and 16-element blocks the
 E8M0-only scale operands cannot express): per scale block, the elements are decoded to bf16
-in registers (E2M1 and E4M3 are exact in bf16), ``v_mfma_f32_16x16x16_bf16`` chains sum the
+in registers (E2M1 and E4M3 are exact in bf16; FP4 on gfx950 by
+``v_cvt_scalef32_pk_bf16_fp4``, else integer ops), ``v_mfma_f32_16x16x16_bf16`` chains sum the
 block from a zero accumulator (one MFMA per 16 elements), then ``acc += blk * (|sA| |sB|)``
 in fp32 with the decoded block scales of the lane's output rows / column. For FP4 the block
 sum is exact (multiples of 1/4 below 2^12) and so is its product with the scales, so the
@@ -153,6 +154,14 @@ def _scaled_fragment(fmt: Format, op: Operand, lane: Lane, sub: int, step: Value
     return regs, load_scale(op, row, ok, j, kblocks, 127)
 
 
+def emit_mainloop(path: str, target: str, fmt: Format, a: Operand, b: Operand, lane: Lane,
+                  k: Value, aligned: bool) -> list[list[Value]]:
+    """The mainloop of ``path`` ("scaled" | "bf16") for ``target``."""
+    if path == "scaled":
+        return emit_scaled_mainloop(fmt, a, b, lane, k, aligned)
+    return emit_bf16_mainloop(fmt, a, b, lane, k, aligned, cvt_gfx950=target == "gfx950")
+
+
 def emit_scaled_mainloop(fmt: Format, a: Operand, b: Operand, lane: Lane, k: Value,
                          aligned: bool) -> list[list[Value]]:
     """``acc[i][j]`` (``vector<4xf32>``, 16x16 D layout) of the wavefront's subtiles."""
@@ -219,9 +228,20 @@ def _halves(v: Value) -> list[Value]:
     return [vector.shuffle(v, v, list(range(4 * h, 4 * h + 4))) for h in range(n // 4)]
 
 
+def _fp4_halves_gfx950(word: Value, nbytes: int) -> list[Value]:
+    """FP4 codes of the low ``nbytes`` bytes of ``word`` -> ``vector<4xi16>`` bf16 operands
+    (4 codes each) with ``v_cvt_scalef32_pk_bf16_fp4`` (2 codes per instruction)."""
+    out = []
+    for h in range(nbytes // 2):
+        lo, hi = (mfma.fp4_pair_to_bf16_gfx950(word, 2 * h + i) for i in range(2))
+        out.append(bir.bitcast(vector.shuffle(lo, hi, [0, 1, 2, 3]), bir.vec(4, bir.i16())))
+    return out
+
+
 def _bf16_fragment(fmt: Format, op: Operand, lane: Lane, sub: int, j: Value,
-                   row_bytes: Value, aligned: bool) -> list[Value]:
-    """The ``vector<4xi16>`` MFMA operands (one per 16 elements) of one subtile, block j."""
+                   row_bytes: Value, aligned: bool, cvt_gfx950: bool) -> list[Value]:
+    """The ``vector<4xi16>`` MFMA operands (one per 16 elements) of one subtile, block j;
+    ``cvt_gfx950``: FP4 decoded by the CDNA4 conversion instruction (else integer ops)."""
     row, ok = _row(op, bir.add(lane.r, 16 * sub))
     if fmt.is_fp4:
         nbytes = fmt.block_size // 8  # 2 (NVFP4) or 4 (MXFP4) bytes per lane
@@ -231,6 +251,8 @@ def _bf16_fragment(fmt: Format, op: Operand, lane: Lane, sub: int, j: Value,
         word = vector.extract(bir.bitcast(chunk, bir.vec(1, wide)), [], [0])
         if nbytes == 2:
             word = arith.extui(bir.i32(), word)
+        if cvt_gfx950:
+            return _fp4_halves_gfx950(word, nbytes)
         return _halves(fp4_to_bf16_bits(word, 2 * nbytes))
     col = bir.add(bir.mul(j, 32), bir.mul(lane.g, 8))  # MXFP8: 8 bytes per lane
     return _halves(e4m3_to_bf16_bits(load_chunk(op.data, op.data_row(row), ok, row_bytes, col,
@@ -238,16 +260,19 @@ def _bf16_fragment(fmt: Format, op: Operand, lane: Lane, sub: int, j: Value,
 
 
 def emit_bf16_mainloop(fmt: Format, a: Operand, b: Operand, lane: Lane, k: Value,
-                       aligned: bool) -> list[list[Value]]:
-    """``acc[i][j]`` (``vector<4xf32>``, 16x16 D layout) of the wavefront's subtiles."""
+                       aligned: bool, cvt_gfx950: bool = False) -> list[list[Value]]:
+    """``acc[i][j]`` (``vector<4xf32>``, 16x16 D layout) of the wavefront's subtiles;
+    ``cvt_gfx950``: decode FP4 with ``v_cvt_scalef32_pk_bf16_fp4`` (CDNA4)."""
     row_bytes = bir.udiv(k, 2) if fmt.is_fp4 else k
     kblocks = bir.ceil_div(k, fmt.block_size)
     v4 = bir.vec(4, bir.f32())
     zero = bir.const(0.0, v4)
     with bir.for_range(0, kblocks, carry=[zero] * (SUB_M * SUB_N)) as loop:
         j = loop.iv
-        af = [_bf16_fragment(fmt, a, lane, i, j, row_bytes, aligned) for i in range(SUB_M)]
-        bf = [_bf16_fragment(fmt, b, lane, jj, j, row_bytes, aligned) for jj in range(SUB_N)]
+        af = [_bf16_fragment(fmt, a, lane, i, j, row_bytes, aligned, cvt_gfx950)
+              for i in range(SUB_M)]
+        bf = [_bf16_fragment(fmt, b, lane, jj, j, row_bytes, aligned, cvt_gfx950)
+              for jj in range(SUB_N)]
         # |sA| of the lane's 4 output rows (4 g + e) and |sB| of its output column (r)
         sa = []
         for i in range(SUB_M):

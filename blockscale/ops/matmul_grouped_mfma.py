@@ -175,8 +175,7 @@ def build(spec: MfmaGroupedSpec) -> Any:
                 a = X.Operand(kb.arg("a"), kb.arg("sfa"), bir.add(m0, lane.wm), end, a_off)
                 b = X.Operand(kb.arg("w"), kb.arg("sfb"), bir.add(n0, lane.wn), n_count, b_off,
                               base=bir.mul(e, n_count))
-                loop = X.emit_scaled_mainloop if spec.path == "scaled" else X.emit_bf16_mainloop
-                acc = loop(fmt, a, b, lane, k, spec.aligned)
+                acc = X.emit_mainloop(spec.path, spec.target, fmt, a, b, lane, k, spec.aligned)
                 scale = bir.load(kb.arg("expert_scales"), e)
 
                 def value(v: Any, m: Any, n: Any) -> Any:

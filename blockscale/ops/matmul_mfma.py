@@ -141,8 +141,7 @@ def build(spec: MfmaMatmulSpec) -> Any:
                 return bir.add(bir.mul(row, kblocks), j)
         a = X.Operand(kb.arg("a"), kb.arg("sfa"), bir.add(m0, lane.wm), m_count, offset)
         b = X.Operand(kb.arg("b"), kb.arg("sfb"), bir.add(n0, lane.wn), n_count, offset)
-        loop = X.emit_scaled_mainloop if spec.path == "scaled" else X.emit_bf16_mainloop
-        acc = loop(fmt, a, b, lane, k, spec.aligned)
+        acc = X.emit_mainloop(spec.path, spec.target, fmt, a, b, lane, k, spec.aligned)
         out_type = bir.bf16() if spec.out_dtype == "bfloat16" else bir.f32()
         ep = spec.epilogue
         buffers = {i.name: (i, kb.arg(i.name)) for i in ep.inputs} if ep else {}

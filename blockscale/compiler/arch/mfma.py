@@ -121,3 +121,16 @@ def mfma_bf16_16x16x16(a: ir.Value, b: ir.Value, c: ir.Value, *,
     with _loc(loc):
         return _result(rocdl.mfma_f32_16x16x16bf16_1k(vec(4, f32()), [a, b, c, _imm(0),
                                                                       _imm(0), _imm(0)]))
+
+
+def fp4_pair_to_bf16_gfx950(word: ir.Value, byte_sel: int, *,
+                            loc: ir.Location | None = None) -> ir.Value:
+    """The two E2M1 codes of byte ``byte_sel`` (0..3) of i32 ``word`` (low nibble first) as
+    ``vector<2xbf16>``, exact: ``v_cvt_scalef32_pk_bf16_fp4`` with scale 1.0 (CDNA4 only;
+    MFMA operand preparation)."""
+    from blockscale.compiler.ir_types import bf16
+
+    _check_opsel("byte_sel", byte_sel)
+    with _loc(loc):
+        one = arith.constant(f32(), ir.FloatAttr.get(f32(), 1.0))
+        return _result(rocdl.cvt_scalef32_pk_bf16_fp4(vec(2, bf16()), word, one, byte_sel))
