@@ -221,9 +221,9 @@ def test_fused_lut_kernel_reads_the_table(monkeypatch):
     monkeypatch.setattr(QS, "sigmoid_lut", lambda *a: (bad, lo, width))
     es, offs = group_offsets([16])
     gu = np.ones((16, 64), ml_dtypes.bfloat16)
-    d, s = QS.fused_silu_quantize(gu, "mxfp8", es, offs, np.array([0], np.int32), None,
+    d, _ = QS.fused_silu_quantize(gu, "mxfp8", es, offs, np.array([0], np.int32), None,
                                   device="interp", target="sm_90a", schedule="rows_lut")
-    rd, rs = RG.fused_silu_quantize(gu, "mxfp8", es, offs, np.array([0], np.int32), None)
+    rd, _ = RG.fused_silu_quantize(gu, "mxfp8", es, offs, np.array([0], np.int32), None)
     assert not np.array_equal(np.asarray(d).view(np.uint8), rd.view(np.uint8))
 
 

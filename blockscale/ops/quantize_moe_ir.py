@@ -114,8 +114,8 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
     a = kb.arg
     ncols, kblocks_row = a("k"), a("kblocks_row")
     co = QI._coords(k, kb)
-    tid, ri, rpb_log2 = co.tid, co.ri, co.rpb_log2
-    j, lane0, chunk_ok, col0, col_ok = co.j, co.lane0, co.chunk_ok, co.col0, co.col_ok
+    tid, rpb_log2 = co.tid, co.rpb_log2
+    j, col0, col_ok = co.j, co.col0, co.col_ok
     unroll = spec.unroll
     upr_log2 = arith.addi(rpb_log2, _c64(unroll.bit_length() - 1))  # rows per unit, log2
     in_stride = arith.shli(ncols, _c64(1)) if spec.mode == "silu" else ncols

@@ -29,7 +29,6 @@ from blockscale.ops.quantize_grouped import (
     with_schedule,
 )
 
-
 #: most table entries (both signs) a sigmoid table may have (its shared-memory copy: 32 KiB)
 MAX_LUT = 8192
 
@@ -164,7 +163,6 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
 
 __all__ = ["MAX_LUT", "bundle_specs", "fused_silu_quantize", "fused_silu_quantize_kernel",
            "sigmoid_lut"]
-
 
 
 import blockscale.ops._core as _core  # noqa: E402, PLR0402 (no package __getattr__ scan)
