@@ -43,6 +43,16 @@ Numerics (bit-identical to the portable kernel)
 
 Each output accumulates its blocks in K order with one rounding each: the portable kernel's
 order, hence its result bit for bit (then alpha / expert scale / row scale and the cast).
+
+Performance model (sm_90a SASS, NVFP4, per warp and 4 KB step of its 16 weight rows)
+-----------------------------------------------------------------------------------
+~800 instructions of MMAs with one n-tile (<= 8 rows; ~1000 with two), of which the E2M1 ->
+f16 decode is ~1.9 per weight element (2 shifts + 2 ``lop3`` per f16 pair), plus ~300 of
+staging (weight chunks, 16 scale decodes per thread, the pass's activations) and loads:
+~0.27 instructions per weight byte, so ~2.1-2.6 TB/s at an SM issue rate of 2.5-3 per
+clock (132 SMs, 1.755 GHz), independent of the rows up to 8 (the SIMT variant's cost grows
+with the rows). In flight: 16 KB per CTA (``depth=1``, 4 CTAs/SM: 64 KB per SM) or 32 KB
+(``depth=2``, 3 CTAs/SM: 96 KB), for grids too small to fill the SMs (dense N <= 8192).
 """
 
 from __future__ import annotations
