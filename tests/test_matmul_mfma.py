@@ -277,7 +277,7 @@ def _shapes(fmt: Format) -> list[tuple[int, int, int]]:
 def test_kernel_f32_within_bound(target, fmt):
     """f32 output within the f32 error bound of the float64 reference; FP4 on the bf16 path
     equals the portable kernel bit for bit (same exact block terms, same order)."""
-    rng = np.random.default_rng(hash((target, fmt.name)) % 2**32)
+    rng = np.random.default_rng(TARGETS.index(target) * 10 + FORMATS.index(fmt))
     for m, n, k in _shapes(fmt):
         a, b, sa, sb, sa5, sb5 = random_dense_case(rng, fmt, m, n, k)
         out = ops.block_scaled_matmul(a, b, sa5, sb5, fmt, k=k, alpha=0.75,
