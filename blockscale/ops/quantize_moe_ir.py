@@ -7,7 +7,7 @@ for only 8 rows, and half of the padded row slots carry no data (uniform routing
 schedule instead:
 
 * launches one resident wave (``gy`` blocks, :func:`blockscale.ops.quantize_grouped.rows_plan`)
-  and hands each block a *contiguous* range of work units, so the lookup and the NVFP4
+  and hands each block a *contiguous* range of data units and one of padding units, so the lookup and the NVFP4
   reciprocal table are paid once per group change, not per block;
 * a *data unit* is ``unroll << rpb_log2`` consecutive data rows of one group (rows are visited
   in data order, no padding slots); a *padding unit* (one per 5-D tile, after the data units)
@@ -186,11 +186,19 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
         gpu_barrier()
         off *= 2
     n_data = _lds(t_units, _c64(MAX_GROUPS))
-    total = arith.addi(n_data, a("n_tiles"))
     gy = B.cast_int(B.grid_dim("y"), i64)
     by = B.cast_int(B.block_idx("y"), i64)
-    u_lo = arith.divui(arith.muli(by, total), gy)
-    u_hi = arith.divui(arith.muli(arith.addi(by, _c64(1)), total), gy)
+
+    def share(n: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """This block's contiguous share [lo, hi) of n units."""
+        return (arith.divui(arith.muli(by, n), gy),
+                arith.divui(arith.muli(arith.addi(by, _c64(1)), n), gy))
+
+    # every block takes its share of the data units, then its share of the padding units
+    # (padding units at the end of one range would leave the last blocks a long tail)
+    d_lo, d_hi = share(n_data)
+    p_lo, p_hi = share(a("n_tiles"))
+    nd = arith.subi(d_hi, d_lo)
 
     def group_state(g: ir.Value) -> list[ir.Value]:
         """Group g's loop-carried state: (first unit of g+1, first unit of g, first row,
@@ -213,9 +221,10 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
 
     carry_types = [i32] * 6 + ([B.f32(), B.f32()] if nvfp4 else [])
     init = [_c32(0)] * 6 + ([_cf(1.0), _cf(1.0)] if nvfp4 else [])
-    with B.for_range(u_lo, u_hi, carry=init) as loop:
-        u = B.cast_int(loop.iv, i64)
-        is_data = arith.cmpi(arith.CmpIPredicate.ult, u, n_data)
+    with B.for_range(_c64(0), arith.addi(nd, arith.subi(p_hi, p_lo)), carry=init) as loop:
+        it = B.cast_int(loop.iv, i64)
+        u = arith.addi(d_lo, it)
+        is_data = arith.cmpi(arith.CmpIPredicate.ult, it, nd)
         br = B.if_(is_data, carry_types)
         with br.then():
             leave = arith.cmpi(arith.CmpIPredicate.uge, u, arith.extsi(i64, loop.carried[0]))
@@ -239,7 +248,8 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
                        state[5], tsf, inv_tsf)
             br.yield_(*state)
         with br.else_():
-            _padding_unit(k, kb, co, d1, arith.subi(u, n_data), t_start, t_end, t_tile0,
+            _padding_unit(k, kb, co, d1, arith.addi(p_lo, arith.subi(it, nd)), t_start, t_end,
+                          t_tile0,
                           t_owner, ng)
             br.yield_(*loop.carried)
         loop.yield_(*br.results)
