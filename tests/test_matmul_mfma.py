@@ -431,3 +431,22 @@ def test_mfma_under_divergence_raises():
     with pytest.raises(RuntimeError, match="executed by 32 of 64 lanes"):
         run_kernel(str(kb.module), "probe", (1, 1, 1), (64, 1, 1),
                    [np.zeros(256, np.float32)], "gfx942")
+
+
+@pytest.mark.interp
+@pytest.mark.slow
+def test_random_shapes_within_bound():
+    """48 random (M, N, K) in [1, 140) x [1, 140) x [1, 400] over targets, formats and both
+    scale layouts (the direct entry point takes row-major scales for any format and K)."""
+    rng = np.random.default_rng(123)
+    for it in range(48):
+        fmt, target = FORMATS[it % 3], TARGETS[(it // 3) % 2]
+        m, n, k = (int(x) for x in rng.integers(1, (140, 140, 400)))
+        k += k % 2 if fmt.is_fp4 else 0
+        a, b, sa, sb, sa5, sb5 = random_dense_case(rng, fmt, m, n, k)
+        rm = it % 4 == 0
+        out = matmul_mfma.block_scaled_matmul_mfma(
+            a, b, sa if rm else sa5, sb if rm else sb5, fmt, k=k, out_dtype="float32",
+            scale_layout="row_major" if rm else "tcgen5d", target=target, device="interp")
+        exact, abs_sum = exact_dense(a, b, sa, sb, fmt, k)
+        assert_f32_within_bound(out, exact, f32_error_bound(abs_sum, fmt, k, 1))
