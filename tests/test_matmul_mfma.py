@@ -396,6 +396,10 @@ def test_fused_epilogue_on_the_mfma_kernel():
 
 
 def test_spec_and_dispatch_choices(monkeypatch):
+    from blockscale.ops import _mfma_ir
+
+    assert matmul_mfma.TILE == (_mfma_ir.BM, _mfma_ir.BN)  # host grid == kernel tile
+    assert matmul_mfma.THREADS == _mfma_ir.THREADS
     assert matmul_mfma.path_for("gfx950", MXFP4) == "scaled"
     assert matmul_mfma.path_for("gfx950", NVFP4) == "bf16"
     assert matmul_mfma.path_for("gfx942", MXFP8) == "bf16"

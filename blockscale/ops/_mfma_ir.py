@@ -1,11 +1,13 @@
 """IR of the AMD matrix-core block-scaled matmul (:mod:`blockscale.ops.matmul_mfma`).
 
-Imports MLIR: only ``matmul_mfma.build`` imports it.
+Imports MLIR: only the ``build`` functions of ``matmul_mfma`` and ``matmul_grouped_mfma``
+import it.
 
 A block of 4 wavefronts (2 x 2) computes a 64 x 64 tile of C; each wavefront owns 2 x 2
 subtiles of 16 x 16 and loads its operand fragments straight from global memory into
-registers (lane layouts: :mod:`blockscale.compiler.arch.mfma`). Rows past M / N are read
-from row 0 and their outputs never stored; bytes past K read as zero. Two mainloops:
+registers (lane layouts: :mod:`blockscale.compiler.arch.mfma`). Rows past M / N (or a
+group's end) are read from the operand's row 0 and their outputs never stored; bytes past K
+read as zero. Two mainloops:
 
 ``scaled`` (gfx950, MXFP4 / MXFP8): one ``v_mfma_scale_f32_16x16x128_f8f6f4`` per subtile
 and K-step of 128: A and B are the raw FP4 / FP8 bytes, the E8M0 block scales are the
