@@ -149,11 +149,12 @@ class _Fmt:
             return bir.add(bir.mul(t, 2), 8 * u)
         return bir.add(bir.mul(t, 4), 16 * (u // 2) + 2 * (u % 2))
 
-    def chunk_piece(self, c: Value, p: int) -> tuple[Value, Value]:
-        """(unit, t) of the 2-byte piece p (bytes 2p, 2p+1) of 16-byte chunk c of a step row."""
+    def chunk_piece(self, p: int) -> tuple[int, int]:
+        """(unit - 2c, t) of the 2-byte piece p (bytes 2p, 2p+1) of 16-byte chunk c of a step
+        row (the chunk holds units 2c, 2c + 1)."""
         if self.nv:
-            return bir.add(bir.mul(c, 2), p // 4), bir.const(p % 4)
-        return bir.add(bir.mul(c, 2), p % 2), bir.const(p // 2)
+            return p // 4, p % 4
+        return p % 2, p // 2
 
 
 def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
@@ -273,8 +274,10 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 s = sp[p // 4]
                 p0 = mma.pack_i32(arith.mulf(_f16x2(p0), s))
                 p1 = mma.pack_i32(arith.mulf(_f16x2(p1), s))
-            u, tt = lay.chunk_piece(c, p)
-            dst = bir.mul(bir.add(bir.mul(bir.add(bir.mul(u, TOKENS), n), 4), tt), 2)
+            s_, tt = lay.chunk_piece(p)
+            # [unit pair c][row n][t][unit 2c + s_][2 words]: one LDS.128 per pair
+            dst = bir.add(bir.mul(bir.add(bir.mul(bir.add(bir.mul(c, TOKENS), n), 4), tt), 4),
+                          2 * s_)
             bir.vector_store(bir.from_elements(bir.vec(2, i32), [p0, p1]), bsm, dst,
                              alignment=8)
 
@@ -294,8 +297,10 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             word = regs[w_iters + it]
             r = s_rows[it][0]
             wp, rr = bir.udiv(r, 16), bir.urem(r, 16)
-            slot = bir.add(bir.mul(wp, 16), bir.add(bir.mul(bir.urem(rr, 8), 2),
-                                                    bir.udiv(rr, 8)))
+            gg, hh = bir.urem(rr, 8), bir.udiv(rr, 8)
+            slot = bir.add(bir.mul(wp, 16), bir.add(bir.mul(gg, 2), hh))  # MXFP4
+            # NVFP4: [block pair][warp][g][block 2q + s][h]: one LDS.128 per pair
+            slot_nv = bir.add(bir.mul(wp, 32), bir.add(bir.mul(gg, 4), hh))
             q = bir.add(bir.mul(step, lay.words), s_qs[it])
             for i in range(4):
                 jl = bir.add(bir.mul(s_qs[it], 4), i)  # block within the step
@@ -303,7 +308,11 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 sv = _decode_scale_fast(fmt, bir.bit_and(bir.shru(word, _i32c(8 * i)), 0xFF))
                 if lay.nv:
                     sv = arith.mulf(sv, bir.const(UNSCALE, f32))
-                bir.store(bir.select(live, sv, zero), sbsm, bir.add(bir.mul(jl, COLS), slot))
+                    dst = bir.add(bir.add(bir.mul(bir.add(bir.mul(s_qs[it], 2), i // 2), 128),
+                                          slot_nv), 2 * (i % 2))
+                else:
+                    dst = bir.add(bir.mul(jl, COLS), slot)
+                bir.store(bir.select(live, sv, zero), sbsm, dst)
         base = w_iters + s_iters
         for it in range(a_iters):
             cid = bir.add(tid, it * THREADS)
@@ -313,11 +322,9 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             with bir.when(bir.ult(n, rows)):
                 _stage_act(n, c, regs[base + 2 * it], regs[base + 2 * it + 1])
 
-    def fold(accs: list[Value], j: int, blk: list[list[Value]]) -> None:
-        """accs += block j's MMA sums times the scales (one rounding each)."""
-        sidx = bir.add(bir.mul(warp, 16), bir.add(bir.mul(g, 2), j * COLS))
-        sbv = bir.vector_load(bir.vec(2, f32), sbsm, sidx, alignment=8)
-        sb = [bir.extract(sbv, 0), bir.extract(sbv, 1)]  # rows g, g + 8
+    def fold(accs: list[Value], j: int, blk: list[list[Value]], sb: list[Value]) -> None:
+        """accs += block j's MMA sums times the scales (one rounding each); ``sb``: the
+        block's weight scales of rows g, g + 8."""
         for nt in range(len(blk)):
             if not lay.nv:
                 sav = bir.vector_load(bir.vec(2, f32), sasm,
@@ -344,6 +351,19 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         upb = UNITS // lay.blocks  # MMA units per block: NVFP4 1, MXFP4 2
         blk: list[list[Value]] = []
         for q in range(UNITS // 2):
+            if lay.nv:  # weight scales of blocks 2q, 2q + 1, rows g, g + 8
+                sbv = bir.vector_load(bir.vec(4, f32), sbsm,
+                                      bir.add(bir.mul(warp, 32), bir.add(bir.mul(g, 4), q * 128)),
+                                      alignment=16)
+            else:  # block q
+                sbv = bir.vector_load(bir.vec(2, f32), sbsm,
+                                      bir.add(bir.mul(warp, 16), bir.add(bir.mul(g, 2), q * COLS)),
+                                      alignment=8)
+            sbq = [bir.extract(sbv, i) for i in range(4 if lay.nv else 2)]
+            bq = []
+            for nt in range(nts):  # B fragments of units 2q, 2q + 1
+                src = bir.mul(bir.add(bir.mul(bir.add(g, q * TOKENS + 8 * nt), 4), t), 4)
+                bq.append(bir.vector_load(bir.vec(4, i32), bsm, src, alignment=16))
             pairs = []
             for h in range(2):  # rows g, g + 8: f16 pairs (u.c0, u.c2), (u.c1, u.c3), v...
                 v = bir.vector_load(bir.vec(4, bir.i8()), wsm, bir.add(wbase[h], 16 * q),
@@ -357,12 +377,11 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 afr = [pairs[0][2 * s_], pairs[1][2 * s_], pairs[0][2 * s_ + 1],
                        pairs[1][2 * s_ + 1]]
                 for nt in range(nts):
-                    src = bir.mul(bir.add(bir.mul(bir.add(g, u * TOKENS + 8 * nt), 4), t), 2)
-                    bv = bir.vector_load(bir.vec(2, i32), bsm, src, alignment=8)
-                    bfr = [_f16x2(bir.extract(bv, 0)), _f16x2(bir.extract(bv, 1))]
+                    bfr = [_f16x2(bir.extract(bq[nt], 2 * s_)),
+                           _f16x2(bir.extract(bq[nt], 2 * s_ + 1))]
                     blk[nt] = list(mma.mma_m16n8k16(afr, bfr, blk[nt], input_type="f16"))
                 if u % upb == upb - 1:
-                    fold(accs, u // upb, blk)
+                    fold(accs, u // upb, blk, sbq[2 * s_:2 * s_ + 2] if lay.nv else sbq)
         return accs
 
     # B fragments (and MX activation scales) of rows past a pass are never staged: zero
