@@ -17,8 +17,9 @@ Implementations:
   kernel);
 * ``blockscale-mma``: the same call with ``BLOCKSCALE_SM90_WGMMA=0`` (the mma.sync kernel of
   ``ops.matmul_sm90``);
-* ``blockscale-wgmma-{dequant}-{scaling}-k{kstep}[-128x256]``: every variant of the wgmma
-  kernel (``matmul_wgmma.VARIANTS``; "fold" also with 128 x 256 tiles), called directly;
+* ``blockscale-wgmma-{dequant}-{scaling}-k{kstep}[-128x256][-late]``: every variant of the
+  wgmma kernel (``matmul_wgmma.VARIANTS``; "fold" also with 128 x 256 tiles; ``pipeline``
+  "early" and "late"), called directly;
 * ``blockscale-portable``: the same call with both fast paths off (``BLOCKSCALE_SM90_FAST=0``,
   ``BLOCKSCALE_SM90_WGMMA=0``);
 * ``torch-bf16``: ``torch.matmul`` on bf16 dequantized A and B (the W4A16 upper bound a
@@ -165,17 +166,20 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
                           iters, dev.synchronize), check)
         finally:
             del os.environ[matmul_wgmma.ENV_SWITCH]
-        variants = [(dq, sc, ks, t) for (dq, sc), ksteps in matmul_wgmma.VARIANTS[fmt.name].items()
-                    for ks in ksteps for t in ((None, (128, 256)) if sc == "fold" else (None,))]
-        for dq, sc, ks, t in variants:  # every variant (tiles: the default, or 128 x 256)
-            def wg_variant(dq: str = dq, sc: str = sc, ks: int = ks, t: Any = t) -> Any:
+        variants = [(dq, sc, ks, t, p)
+                    for (dq, sc), ksteps in matmul_wgmma.VARIANTS[fmt.name].items()
+                    for ks in ksteps for t in ((None, (128, 256)) if sc == "fold" else (None,))
+                    for p in matmul_wgmma.PIPELINES]
+        for dq, sc, ks, t, p in variants:  # every variant (tiles: the default, or 128 x 256)
+            def wg_variant(dq: str = dq, sc: str = sc, ks: int = ks, t: Any = t,
+                           p: str = p) -> Any:
                 return matmul_wgmma.block_scaled_matmul_wgmma(*args, fmt, k=k, device=dev,
                                                               dequant=dq, scaling=sc, kstep=ks,
-                                                              tiles=t)
+                                                              tiles=t, pipeline=p)
             extra = fmt.kblocks(k) if fmt.is_mx and sc == "fold" else 0  # 2 k16s per block
             check = _check_rows(dev.to_host(wg_variant()), a_deq, b_deq, rows, fmt, k,
                                 strict=True, n_mul=1 + extra)
-            tag = "" if t is None else f"-{t[0]}x{t[1]}"
+            tag = ("" if t is None else f"-{t[0]}x{t[1]}") + ("" if p == "early" else f"-{p}")
             record(f"blockscale-wgmma-{dq}-{sc}-k{ks}{tag}",
                    _timer(wg_variant, iters, dev.synchronize), check)
 

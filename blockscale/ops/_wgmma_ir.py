@@ -521,8 +521,15 @@ def aligned_workgroup_buffer(kb: bir.KernelBuilder, size: int, align: int = 1024
     return buf
 
 
+#: where a step issues the next step's global loads: "early" (before its dequantization, so
+#: they are in flight across the fence.proxy.async, whose SASS is MEMBAR.ALL.CTA +
+#: FENCE.VIEW.ASYNC.S: if the MEMBAR waits for them, the load latency is exposed every step)
+#: or "late" (after the wgmmas are issued: in flight during the tensor cores' step instead)
+PIPELINES = ("early", "late")
+
+
 def emit_mainloop(kb: bir.KernelBuilder, tiles: Tiles, a: Operand, b: Operand, k: Value,
-                  dequant: str = "lut") -> tuple[Value, Value]:
+                  dequant: str = "lut", pipeline: str = "early") -> tuple[Value, Value]:
     """The K loop; returns (the warpgroup's accumulator struct, warpgroup index). Every
     thread of the CTA must execute it (barriers, warpgroup-wide wgmma).
 
@@ -550,8 +557,12 @@ def emit_mainloop(kb: bir.KernelBuilder, tiles: Tiles, a: Operand, b: Operand, k
     with bir.for_range(0, steps, carry=[*carry, *pre]) as loop:
         step = loop.iv
         acc, regs = loop.carried[0], list(loop.carried[nacc:])
-        nxt = [x for it in items
-               for x in _load_item(a, b, it, bir.add(step, PREFETCH), row_bytes, tiles)]
+        def next_loads() -> list[Value]:
+            return [x for it in items
+                    for x in _load_item(a, b, it, bir.add(step, PREFETCH), row_bytes, tiles)]
+
+        if pipeline == "early":
+            nxt = next_loads()
         stage0 = bir.mul(bir.urem(step, STAGES), tiles.stage_bytes)
         for i, it in enumerate(items):
             data, scales = regs[2 * i], regs[2 * i + 1]
@@ -590,6 +601,8 @@ def emit_mainloop(kb: bir.KernelBuilder, tiles: Tiles, a: Operand, b: Operand, k
                 acc = W.mma_async(acc, W.advance(da, 2 * h * LBO),
                                   W.advance(db, 2 * h * LBO), tiles.bn, dtype=tiles.mma_type)
         W.commit_group()
+        if pipeline == "late":
+            nxt = next_loads()
         if tiles.promote:
             loop.yield_(acc, blk, *regs[per_step:], *nxt)
         else:

@@ -70,6 +70,8 @@ VARIANTS = {
     "mxfp4": {("lut", "fold"): (32, 64), ("lut", "promote"): (32,), ("fp8", "promote"): (32,)},
     "mxfp8": {("cvt", "promote"): (32,), ("copy", "promote"): (32,)},
 }
+#: where a step issues the next step's global loads (= _wgmma_ir.PIPELINES)
+PIPELINES = ("early", "late")
 #: dequantizations to E4M3 shared operands and k32 e4m3 wgmmas (= _wgmma_ir.FP8_DEQUANT)
 FP8_DEQUANT = ("fp8", "copy")
 #: the default variant (the fastest of the first H200 run: shift-k64 1.45 ms vs lut-k32 2.02
@@ -100,6 +102,8 @@ class WgmmaMatmulSpec(FormatSpec):
         kstep: K elements per step, 32 or 64 (:data:`blockscale.ops._wgmma_ir.KSTEPS`; 64
             with 128 x 128 tiles takes 96 KiB of dynamic shared memory); None: default.
         scaling: "fold" | "promote" (:data:`VARIANTS`); None: the format's default.
+        pipeline: "early" | "late" (:data:`blockscale.ops._wgmma_ir.PIPELINES`: the next
+            step's global loads before the dequantization, or after the wgmma issue).
     """
 
     fmt: str
@@ -111,6 +115,7 @@ class WgmmaMatmulSpec(FormatSpec):
     dequant: str | None = None
     kstep: int | None = None
     scaling: str | None = None
+    pipeline: str = "early"
 
     op: ClassVar[str] = "block_scaled_matmul_wgmma"
 
@@ -124,6 +129,7 @@ class WgmmaMatmulSpec(FormatSpec):
         if (self.bm, self.bn) not in TILE_CHOICES:
             raise ValueError(f"(bm, bn) must be one of {list(TILE_CHOICES)}, got "
                              f"{(self.bm, self.bn)}")
+        H.check_choice(self.pipeline, PIPELINES, "pipeline")
         object.__setattr__(self, "target", H.target_name(self.target))
         H.check_choice(self.target, TARGETS, "target")
         dq, sc, ks = DEFAULTS[self.fmt]
@@ -169,7 +175,8 @@ class WgmmaMatmulSpec(FormatSpec):
     @property
     def kernel_name(self) -> str:
         ep = f"_ep{self.epilogue.key[:10]}" if self.epilogue else ""
-        dq = f"_{self.dequant}_{self.scaling}_k{self.kstep}"
+        dq = f"_{self.dequant}_{self.scaling}_k{self.kstep}" + \
+            ("" if self.pipeline == "early" else f"_{self.pipeline}")
         return (f"bs_matmul_wgmma_{self.fmt}_{self.bm}x{self.bn}{dq}_{H.out_tag(self.out_dtype)}"
                 f"{ep}")
 
@@ -194,8 +201,8 @@ def build(spec: WgmmaMatmulSpec) -> Any:
 
     tiles = X.Tiles(spec.bm, spec.bn, spec.kstep, spec.fmt, spec.scaling,
                     spec.dequant in FP8_DEQUANT)
-    if X.VARIANTS != VARIANTS:
-        raise AssertionError("matmul_wgmma.VARIANTS disagrees with _wgmma_ir.VARIANTS")
+    if (X.VARIANTS, X.PIPELINES, X.FP8_DEQUANT) != (VARIANTS, PIPELINES, FP8_DEQUANT):
+        raise AssertionError("matmul_wgmma's variant tables disagree with _wgmma_ir's")
     if tiles.shared_bytes != spec.shared_bytes:
         raise AssertionError("WgmmaMatmulSpec.shared_bytes disagrees with _wgmma_ir.Tiles")
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
@@ -206,7 +213,7 @@ def build(spec: WgmmaMatmulSpec) -> Any:
         # scale rows m0 + r < ceil(M/128)*128 for every local r (bm divides 128): in bounds
         a = _sm90.tile_operand(kb.arg("a"), kb.arg("sfa"), m0, m0, m_count, m0, d1)
         b = _sm90.tile_operand(kb.arg("b"), kb.arg("sfb"), n0, n0, n_count, n0, d1)
-        acc, wg = X.emit_mainloop(kb, tiles, a, b, k, spec.dequant)
+        acc, wg = X.emit_mainloop(kb, tiles, a, b, k, spec.dequant, spec.pipeline)
         fix = X.accumulator_scale(spec.dequant, spec.fmt, spec.scaling)
 
         def scale(v: Any, m: Any, n: Any) -> Any:
@@ -262,11 +269,11 @@ def block_scaled_matmul_wgmma(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | 
                               epilogue_inputs: dict[str, Any] | None = None,
                               tiles: tuple[int, int] | None = None, dequant: str | None = None,
                               kstep: int | None = None, scaling: str | None = None,
-                              device: Any = None) -> Any:
+                              pipeline: str = "early", device: Any = None) -> Any:
     """The wgmma kernel called directly (no dispatch, no env switch), e.g. by tests and
     benchmarks. Same arguments as :func:`blockscale.ops.matmul_sm90.block_scaled_matmul_sm90`,
-    plus the variant: ``dequant``, ``kstep``, ``scaling`` (:class:`WgmmaMatmulSpec`; None:
-    the format's default). Raises ValueError when K % 32 != 0 or the variant is not built."""
+    plus the variant: ``dequant``, ``kstep``, ``scaling``, ``pipeline``
+    (:class:`WgmmaMatmulSpec`; None: the format's default). Raises ValueError when K % 32 != 0 or the variant is not built."""
     fmt = Format.from_name(fmt)
     d = _matmul._validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
     if not supported(fmt, d.k):
@@ -274,7 +281,8 @@ def block_scaled_matmul_wgmma(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | 
                          f"{fmt.name}, k={d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
     bm, bn = tiles if tiles is not None else choose_tiles(d.m, d.n)
-    spec = WgmmaMatmulSpec(fmt.name, out_dtype, epilogue, bm, bn, tgt, dequant, kstep, scaling)
+    spec = WgmmaMatmulSpec(fmt.name, out_dtype, epilogue, bm, bn, tgt, dequant, kstep, scaling,
+                           pipeline)
     return _matmul._run_dense(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}),
                               dev, grid(spec, d.m, d.n))
 
@@ -300,6 +308,7 @@ def bundle_specs(target: str = "sm_90a") -> list[WgmmaMatmulSpec]:
     specs |= {WgmmaMatmulSpec(f, o, None, 128, 256, target, dq, ks, sc)  # tiles=(128, 256)
               for f, variants in VARIANTS.items() for (dq, sc), ksteps in variants.items()
               if sc == "fold" for ks in ksteps for o in _matmul.OUT_DTYPES}
+    specs |= {dataclasses.replace(s, pipeline=p) for s in specs for p in PIPELINES}
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
