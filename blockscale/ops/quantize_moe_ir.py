@@ -198,7 +198,6 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
     # (padding units at the end of one range would leave the last blocks a long tail)
     d_lo, d_hi = share(n_data)
     p_lo, p_hi = share(a("n_tiles"))
-    nd = arith.subi(d_hi, d_lo)
 
     def group_state(g: ir.Value) -> list[ir.Value]:
         """Group g's loop-carried state: (first unit of g+1, first unit of g, first row,
@@ -221,10 +220,9 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
 
     carry_types = [i32] * 6 + ([B.f32(), B.f32()] if nvfp4 else [])
     init = [_c32(0)] * 6 + ([_cf(1.0), _cf(1.0)] if nvfp4 else [])
-    with B.for_range(_c64(0), arith.addi(nd, arith.subi(p_hi, p_lo)), carry=init) as loop:
-        it = B.cast_int(loop.iv, i64)
-        u = arith.addi(d_lo, it)
-        is_data = arith.cmpi(arith.CmpIPredicate.ult, it, nd)
+    with B.for_range(d_lo, arith.addi(d_hi, arith.subi(p_hi, p_lo)), carry=init) as loop:
+        u = B.cast_int(loop.iv, i64)
+        is_data = arith.cmpi(arith.CmpIPredicate.ult, u, d_hi)
         br = B.if_(is_data, carry_types)
         with br.then():
             leave = arith.cmpi(arith.CmpIPredicate.uge, u, arith.extsi(i64, loop.carried[0]))
@@ -248,9 +246,11 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
                        state[5], tsf, inv_tsf)
             br.yield_(*state)
         with br.else_():
-            _padding_unit(k, kb, co, d1, arith.addi(p_lo, arith.subi(it, nd)), t_start, t_end,
-                          t_tile0,
-                          t_owner, ng)
+            # unit u >= d_hi is the padding unit of tile u - d_hi + p_lo (recomputed here
+            # from block-uniform values: nothing more stays live across the loop)
+            d_hi2 = share(_lds(t_units, _c64(MAX_GROUPS)))[1]
+            tile = arith.addi(arith.subi(u, d_hi2), share(a("n_tiles"))[0])
+            _padding_unit(k, kb, co, d1, tile, t_start, t_end, t_tile0, t_owner, ng)
             br.yield_(*loop.carried)
         loop.yield_(*br.results)
 
