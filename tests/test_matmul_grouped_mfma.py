@@ -174,7 +174,7 @@ def test_grouped_kernel_lowers_to_the_intended_mfma(target, fmt):
 def test_grouped_specs():
     for t in TARGETS:
         specs = gm.bundle_specs(t)
-        assert len({s.kernel_name for s in specs}) == len(specs) == 12
+        assert len({s.kernel_name for s in specs}) == len(specs) == 10
     assert gm.bundle_specs("sm_90a") == []
     assert gm.fast_path("sm_90a", MXFP4, 8, 8, 64, 2, False) is None
     with pytest.raises(TypeError, match="row_scales must be a bool"):

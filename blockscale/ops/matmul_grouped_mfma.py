@@ -270,14 +270,15 @@ def bundle_specs(target: str = "gfx950") -> list[MfmaGroupedSpec]:
     specs = [MfmaGroupedSpec(f, "tcgen5d", "bfloat16", rs, al, target)
              for f in ("nvfp4", "mxfp4", "mxfp8") for rs in (False, True)
              for al in (True, False) if not (rs and f != "nvfp4")]
-    specs += [MfmaGroupedSpec("mxfp4", "row_major", o, False, al, target)
-              for o in ("bfloat16", "float32") for al in (True, False)]
+    # grouped_matmul_block_scaled_mxfp4 requires K % 32 == 0: aligned only
+    specs += [MfmaGroupedSpec("mxfp4", "row_major", o, False, True, target)
+              for o in ("bfloat16", "float32")]
     return specs
 
 
 if fast_path not in _grouped.FAST_PATHS:
     _grouped.FAST_PATHS.append(fast_path)
-if hasattr(_grouped, "ROW_MAJOR_PATHS") and row_major_path not in _grouped.ROW_MAJOR_PATHS:
+if row_major_path not in _grouped.ROW_MAJOR_PATHS:
     _grouped.ROW_MAJOR_PATHS.append(row_major_path)
 
 _core.attach_kernel_api((), kernel, build)

@@ -217,8 +217,9 @@ def bundle_specs(target: str = "gfx950") -> list[MfmaMatmulSpec]:
     specs = [MfmaMatmulSpec(f, o, "tcgen5d", None, al, target)
              for f in ("nvfp4", "mxfp4", "mxfp8") for o in _matmul.OUT_DTYPES
              for al in (True, False)]
-    specs += [MfmaMatmulSpec("mxfp4", "bfloat16", "row_major", None, al, target)
-              for al in (True, False)]
+    # matmul_dynamic_block_scaled_mxfp4 requires K % 32 == 0: aligned only
+    specs += [MfmaMatmulSpec("mxfp4", o, "row_major", None, True, target)
+              for o in _matmul.OUT_DTYPES]
     return specs
 
 
@@ -227,7 +228,7 @@ from blockscale.ops import matmul as _matmul
 
 if fast_path not in _matmul.FAST_PATHS:
     _matmul.FAST_PATHS.append(fast_path)
-if hasattr(_matmul, "ROW_MAJOR_PATHS") and row_major_path not in _matmul.ROW_MAJOR_PATHS:
+if row_major_path not in _matmul.ROW_MAJOR_PATHS:
     _matmul.ROW_MAJOR_PATHS.append(row_major_path)
 
 _core.attach_kernel_api((block_scaled_matmul_mfma,), kernel, build)
