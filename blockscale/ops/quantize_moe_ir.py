@@ -38,15 +38,16 @@ slow path left out; the tile kernel's row loop for comparison):
 =================  ======  ==============  =============  ================
 kernel             tiles   rows (regs)     rows2 (regs)   rows_lut (regs)
 =================  ======  ==============  =============  ================
-grouped NVFP4      ~15.9   16.3 (48)       15.8 (64)      = rows
-grouped MXFP4      ~16.7   16.8 (48)       (64)           = rows
+grouped NVFP4      ~15.9   16.6 (48, sp.)  15.8 (62)      = rows
+grouped MXFP4      ~16.7   17.0 (48, sp.)  (64)           = rows
 grouped MXFP8      ~9.3    9.3 (48)        (63)           = rows
 fused NVFP4        ~62     65.6 (64, sp.)  --             27.1 (62); rows2_lut 26.6 (80)
 fused MXFP4        ~62     --              --             27.7 (62)
 fused MXFP8        ~55     58.7 (64, sp.)  --             19.9 (61)
 =================  ======  ==============  =============  ================
 
-No spills except the exp_f32 kernels (rows 16 / 4 at 64). The tile kernels were measured at
+No spills in rows2 and the table kernels; rows: grouped NVFP4 / MXFP4 12 / 8 (3 / 2 local
+loads per unit, outside the element math), fused exp_f32 16 / 12 / 4 at 64 registers. The tile kernels were measured at
 56 / 55 / 64 % of copy (grouped) with about the same instructions per element as the rows
 kernels: their time went to the schedule (2048 blocks = 3.1 waves of 660, a 2-3 dependent L2
 round-trip prologue per 8-row block, half the blocks padding). Predicted: grouped rows
