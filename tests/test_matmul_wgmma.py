@@ -119,7 +119,8 @@ def test_interp_mx(mnk, tiles, variant):
 
 @pytest.mark.interp
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v)))
-@pytest.mark.parametrize("tiles", [(64, 64), (128, 128), (128, 256)])
+@pytest.mark.parametrize("tiles", [pytest.param((64, 64), marks=pytest.mark.slow), (128, 128),
+                                   pytest.param((128, 256), marks=pytest.mark.slow)])
 def test_interp_late_loads(tiles, variant):
     """pipeline="late" (the next step's loads after the wgmma issue): same results."""
     name, dequant, scaling, kstep = variant
@@ -273,10 +274,19 @@ MAX_REGISTERS = {("fold", 64): 168, ("fold", 128): 168, ("promote", 64): 232,
                  ("promote", 128): 232, ("fold", 256): 255}
 
 
+def _sass_params():
+    """Every bundled spec: f32-output and "late" twins of a checked bf16 spec are marked
+    slow (the same mainloop; ~1.5 s of ptxas each)."""
+    out = []
+    for s in matmul_wgmma.bundle_specs("sm_90a"):
+        twin = s.pipeline != "early" or s.out_dtype != "bfloat16"
+        out.append(pytest.param(s, id=s.kernel_name,
+                                marks=[pytest.mark.slow] if twin else []))
+    return out
+
+
 @pytest.mark.lower
-@pytest.mark.parametrize("spec", [s for s in matmul_wgmma.bundle_specs("sm_90a")
-                                  if s.pipeline == "early" or s.out_dtype == "bfloat16"],
-                         ids=lambda s: s.kernel_name)
+@pytest.mark.parametrize("spec", _sass_params())
 def test_kernel_sass(spec):
     kernel = matmul_wgmma.kernel(spec)
     sass, meta = kernel.asm["sass"], kernel.meta
