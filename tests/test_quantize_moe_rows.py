@@ -133,14 +133,15 @@ def test_fused_rows_edges(schedule, activation, target, sms):
         assert_same_bytes(s, rs, f"silu {fmt} {activation} {target} scales")
 
 
+@pytest.mark.parametrize("schedule", ["rows", "rows_lut"])
 @pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
-def test_fused_rows_unaligned_and_spare_tiles(fmt):
+def test_fused_rows_unaligned_and_spare_tiles(fmt, schedule):
     """D = 30 (scalar path), num_scale_tiles beyond the groups' tiles (spare tiles)."""
     es, offs = group_offsets([0, 3, 1, 2])
     ids = np.array([-1, 2, -1, 0], np.int32)
     gu = _edges(int(es[-1]), 60, 21)
     d, s = QS.fused_silu_quantize(gu, fmt, es, offs, ids, None, num_scale_tiles=7,
-                                  device="interp", target="gfx950", schedule="rows")
+                                  device="interp", target="gfx950", schedule=schedule)
     rd, rs = RG.fused_silu_quantize(gu, fmt, es, offs, ids, None, num_scale_tiles=7)
     assert_same_bytes(d, rd)
     assert_same_bytes(s, rs)
