@@ -83,8 +83,8 @@ def test_decode_mma_sass(spec):
     assert loop.count("HMMA.16816.F32") == 32 * 3
     assert loop.count("LDG.E.128") >= 8  # the next step's weights
     assert not [o for o in loop if o.startswith("STL")], "spill store in the step loop"
-    # <= 24 of the ~2400 instructions of a step (mma2: 20, mma: <= 2)
-    assert sum(o.startswith("LDL") for o in loop) <= 24, "spill reloads in the step loop"
+    # <= 32 of the ~2300 instructions of a step (mma2: <= 26, mma: <= 8)
+    assert sum(o.startswith("LDL") for o in loop) <= 32, "spill reloads in the step loop"
     assert meta["static_shared_bytes"] <= 48 * 1024
 
 

@@ -35,8 +35,10 @@ Numerics (bit-identical to the portable kernel)
   exact: multiples of 2^-24 below 0.17 with <= 6 significant bits). One MMA per block from a
   zero accumulator gives ``D = 2^-28 * sA * sum(dec(a) dec(w))`` exactly (<= 16 significant
   bits; the tensor core sums products of one quantum exactly, see
-  :mod:`blockscale.ops._mma_ir`); ``acc = fma(D, |sB| * 2^28, acc)``: the exact block term
-  ``t * (sA * sB)`` added with one rounding, as the portable kernel does.
+  :mod:`blockscale.ops._mma_ir`); ``acc' = fma(D, |sB|, acc')``: ``2^-28`` times the exact
+  block term ``t * (sA * sB)`` added with one rounding; ``acc'`` is ``2^-28`` times the
+  portable kernel's accumulator exactly (block terms are multiples of 2^-20 below 2^47:
+  ``acc'`` never leaves the normal range), and ``acc' * 2^28`` is its result.
 * MXFP4: activations ``dec(a) * 2^-14``; two chained MMAs per 32-element block (exact, <=
   2^13 quanta); ``acc = fma(D * 2^30, (sA * sB) * 0.25, acc)`` (``D * 2^30`` = the exact
   block sum in quarters, the scale product formed as the portable kernel forms it).
@@ -302,17 +304,21 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             # NVFP4: [block pair][warp][g][block 2q + s][h]: one LDS.128 per pair
             slot_nv = bir.add(bir.mul(wp, 32), bir.add(bir.mul(gg, 4), hh))
             q = bir.add(bir.mul(step, lay.words), s_qs[it])
+            # bytes of blocks >= kblocks (5-D padding, any value) read as 0: one mask a word
+            n_live = bir.sub(kblocks, bir.umin(bir.mul(q, 4), kblocks))
+            sh = bir.mul(bir.as_i32(bir.umin(n_live, 4)), _i32c(8))
+            mask = bir.select(bir.ult(n_live, 4),
+                              bir.sub(bir.shl(_i32c(1), sh), _i32c(1)), _i32c(-1))
+            word = bir.bit_and(word, mask)
             for i in range(4):
                 jl = bir.add(bir.mul(s_qs[it], 4), i)  # block within the step
-                live = bir.ult(bir.add(bir.mul(q, 4), i), kblocks)
                 sv = _decode_scale_fast(fmt, bir.bit_and(bir.shru(word, _i32c(8 * i)), 0xFF))
-                if lay.nv:
-                    sv = arith.mulf(sv, bir.const(UNSCALE, f32))
+                if lay.nv:  # (the 2^28 of D is applied to the totals: acc is 2^-28 acc)
                     dst = bir.add(bir.add(bir.mul(bir.add(bir.mul(s_qs[it], 2), i // 2), 128),
                                           slot_nv), 2 * (i % 2))
                 else:
                     dst = bir.add(bir.mul(jl, COLS), slot)
-                bir.store(bir.select(live, sv, zero), sbsm, dst)
+                bir.store(sv, sbsm, dst)
         base = w_iters + s_iters
         for it in range(a_iters):
             cid = bir.add(tid, it * THREADS)
@@ -334,7 +340,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             for i in range(4):
                 idx = nt * 4 + i
                 d = blk[nt][i]
-                if lay.nv:  # exact product D * sB 2^28 = t * sA * sB, one rounding
+                if lay.nv:  # exact D * sB = 2^-28 t sA sB, one rounding (of 2^-28 acc)
                     accs[idx] = mmath.fma(d, sb[i >> 1], accs[idx])
                 else:  # the portable kernel's ((sA * sB) / 4) * (4 * block sum)
                     d = arith.mulf(d, bir.const(4 * UNSCALE, f32))  # exact: quarters
@@ -416,6 +422,8 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 br.yield_(*(compute(accs[:4], False) + accs[4:]))
             sl.yield_(*br.results, *nxt)
         totals = list(sl.results[:8])
+        if lay.nv:  # exact: the accumulators are 2^-28 times the portable kernel's
+            totals = [arith.mulf(v, bir.const(UNSCALE, f32)) for v in totals]
         for nt in range(2):
             for i in range(4):
                 col = bir.add(n0, bir.add(bir.mul(warp, 16), bir.add(g, 8 * (i >> 1))))
