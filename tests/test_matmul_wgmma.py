@@ -319,8 +319,7 @@ GPU_DENSE = [(777, 2560, 8192, 0.225), (8192, 5760, 2944, 1.0), (1000, 1024, 105
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v)))
 @pytest.mark.parametrize("shape", GPU_DENSE, ids=lambda s: "x".join(map(str, s[:3])))
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("pipeline", matmul_wgmma.PIPELINES)
-def test_gpu(shape, out_dtype, variant, pipeline):
+def test_gpu(shape, out_dtype, variant, pipeline="early"):
     """The stated fp32 bound elementwise (f32 out; MX "fold": J more roundings) and bf16
     consistency (bf16 out: equal to bf16(exact) wherever the bound does not straddle a
     rounding midpoint). Each format's default variant runs through the dispatch (M > 16).
@@ -351,3 +350,12 @@ def test_gpu(shape, out_dtype, variant, pipeline):
     exact_bits = (name, scaling, out_dtype) == ("mxfp4", "promote", "float32")
     _check(m, n, k, alpha, out_dtype, "cuda", run, rows, bound_only=not exact_bits, fmt=fmt,
            extra=_extra_roundings(fmt, scaling, k))
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v)))
+@pytest.mark.parametrize("shape", GPU_DENSE[:2], ids=lambda s: "x".join(map(str, s[:3])))
+def test_gpu_late_loads(shape, variant):
+    """pipeline="late": the same checks, f32 output."""
+    test_gpu(shape, "float32", variant, pipeline="late")
