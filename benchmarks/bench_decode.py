@@ -124,7 +124,7 @@ def bench_dense_decode(dev: Any, copy: float | None, *, ms_values: Sequence[int]
             if torch is not None:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 wt = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-                tm = time_ms(lambda i: x @ wt.T)
+                tm = time_ms(lambda i, x=x, wt=wt: x @ wt.T)
                 print(_row(f"dense M={m} N={n} K={k}", "torch bf16 (cuBLAS)", tm.ms,
                            2.0 * n * k, copy, "bf16 weights"), flush=True)
             for f in fmts:
@@ -145,7 +145,8 @@ def bench_dense_decode(dev: Any, copy: float | None, *, ms_values: Sequence[int]
                 for v in VARIANTS:
                     case = f"dense M={m} N={n} K={k} {f}"
                     try:
-                        def call(v: str = v) -> Any:
+                        def call(v: str = v, args: list = args, fmt: Any = fmt,
+                                 k: int = k) -> Any:
                             return matmul_decode.block_scaled_matmul_decode(
                                 *args, fmt, k=k, out_dtype="float32", device=dev, variant=v)
                         out = dev.to_host(call())
