@@ -64,13 +64,23 @@ def _call(op: str, x: Any, fmt: str, groups: tuple[np.ndarray, ...], scales: np.
 
 def make_case(op: str, fmt: str, rows: int, k: int, experts: int,
               rng: np.random.Generator) -> tuple[Any, ...]:
-    """(groups, scales, x0, reference output) of one (op, format): shared by its schedules
-    (the reference runs once: ~1.5 s grouped, ~5 s fused at the default size)."""
+    """(groups, scales, x0, reference output, cache dict) of one (op, format): shared by its
+    schedules (the reference runs once: ~1.5 s grouped, ~5 s fused at the default size; the
+    cache keeps the rotating device inputs)."""
     groups = _groups(rng, rows, experts)
     scales = (rng.uniform(0.5, 2.0, experts).astype(np.float32) if fmt == "nvfp4"
               else np.ones(experts, np.float32))
     x0 = random_bf16(rng, (rows, k), scale=2.0)
-    return groups, scales, x0, _call(op, x0, fmt, groups, scales, None)
+    return groups, scales, x0, _call(op, x0, fmt, groups, scales, None), {}
+
+
+def _rotation_inputs(dev: Any, case_data: Any, rng: np.random.Generator, n: int,
+                     shape: tuple[int, int]) -> list[Any]:
+    """``n`` random device inputs, made once per case (kept in ``case_data``'s dict)."""
+    store = case_data[-1] if case_data and isinstance(case_data[-1], dict) else {}
+    if "inputs" not in store:
+        store["inputs"] = [dev.to_device(random_bf16(rng, shape, scale=2.0)) for _ in range(n)]
+    return store["inputs"]
 
 
 def bench_one(dev: Any, op: str, fmt: str, rows: int, k: int, experts: int,
@@ -82,7 +92,8 @@ def bench_one(dev: Any, op: str, fmt: str, rows: int, k: int, experts: int,
     impl = "blockscale" if schedule == "tiles" else f"blockscale-{schedule}"
     params = {"rows": rows, "k": k, "experts": experts, "schedule": schedule}
     try:
-        groups, scales, x0, want = case_data or make_case(op, fmt, rows, k, experts, rng)
+        case_data = case_data or make_case(op, fmt, rows, k, experts, rng)
+        groups, scales, x0, want = case_data[:4]
         in_bytes = x0.nbytes
         got = _call(op, dev.to_device(x0), fmt, groups, scales, dev, schedule)
         for name, g, w in zip(("data", "scales"), got, want):
@@ -92,9 +103,11 @@ def bench_one(dev: Any, op: str, fmt: str, rows: int, k: int, experts: int,
                 return [failed("quantize", case, impl, fmt, "fail",
                                f"FAIL: {name} differs from the reference in {bad} bytes", params)]
         out_bytes = sum(w.nbytes for w in want)
+        # rotating device inputs, shared by the schedules of a case (cached in case_data)
+        inputs = _rotation_inputs(dev, case_data, rng, rotation_count(in_bytes + out_bytes),
+                                  (rows, k))
         sets = []
-        for _ in range(rotation_count(in_bytes + out_bytes)):
-            xd = dev.to_device(random_bf16(rng, (rows, k), scale=2.0))
+        for xd in inputs:
             with record_launches(dev) as launches:
                 _call(op, xd, fmt, groups, scales, dev, schedule)
             sets.append(launches)
