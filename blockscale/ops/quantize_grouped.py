@@ -34,8 +34,10 @@ SCHEDULES = ("tiles", "rows", "rows2", "rows_lut", "rows2_lut")
 DEFAULT_SCHEDULE = "tiles"
 #: SMs of the GPU the rows schedule sizes its single wave for (H200)
 NUM_SMS = 132
-#: modules whose source enters the key of a MoeQuantizeSpec kernel
-KERNEL_SOURCES = _q.KERNEL_SOURCES + ("blockscale.ops.quantize_moe_ir",)
+#: modules whose source enters the key of a MoeQuantizeSpec kernel (quantize_silu: the sigmoid
+#: table's window is built into the table kernels)
+KERNEL_SOURCES = _q.KERNEL_SOURCES + ("blockscale.ops.quantize_moe_ir",
+                                       "blockscale.ops.quantize_silu")
 #: nvvm.maxnreg of the rows-schedule CUDA kernels by (mode, unroll); blocks per SM =
 #: 65536 // (256 * cap): 5, 4, 4, 3
 REGISTER_CAPS = {("grouped", 1): 48, ("grouped", 2): 64, ("silu", 1): 64, ("silu", 2): 80}
