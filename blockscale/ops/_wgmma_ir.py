@@ -203,7 +203,13 @@ class Tiles:
 
     @property
     def shared_bytes(self) -> int:
-        return STAGES * self.stage_bytes
+        return STAGES * self.stage_bytes + self.table_bytes
+
+    @property
+    def table_bytes(self) -> int:
+        """The bf16 scale table of "fold" (256 entries, one per scale byte), after the
+        stages."""
+        return 0 if self.promote else 512
 
     @property
     def dynamic(self) -> bool:
@@ -354,12 +360,12 @@ def _dequant_row(codes: Value, scales: tuple[Value, ...] | None, dequant: str, b
     return rows
 
 
-def _scale_splats(pair: Value, dequant: str, fmt: str = "nvfp4") -> tuple[Value, ...]:
-    """Scale bytes (vector<n x i8>) -> bf16 splats. NVFP4: |scale| ("lut") or
-    |scale| * 2^(126 + SHIFT_EXP) ("shift": <= 448 * 2^118 < 2^127, >= 2^109), exact. MX
-    (E8M0): scale * 2^MX_FOLD_EXP (exact: 2^-129 .. 2^125; 0xFF -> NaN)."""
-    n = ir.VectorType(pair.type).shape[0]
-    v = arith.extui(bir.vec(n, bir.i32()), pair)
+def _scale_values(v: Value, dequant: str, fmt: str = "nvfp4") -> Value:
+    """Scale bytes (vector<n x i32>, 0..255) -> the bf16 factors folded into the operands.
+    NVFP4: |scale| ("lut") or |scale| * 2^(126 + SHIFT_EXP) ("shift": <= 448 * 2^118 <
+    2^127, >= 2^109), exact. MX (E8M0): scale * 2^MX_FOLD_EXP (exact: 2^-129 .. 2^125;
+    0xFF -> NaN)."""
+    n = ir.VectorType(v.type).shape[0]
     if fmt == "nvfp4":
         f = convert.e4m3_to_f32(arith.andi(v, bir.const(0x7F, bir.vec(n, bir.i32()))))
         if dequant == "shift":
@@ -367,9 +373,33 @@ def _scale_splats(pair: Value, dequant: str, fmt: str = "nvfp4") -> tuple[Value,
     else:
         f = arith.mulf(convert.e8m0_to_f32(v), bir.const(2.0 ** MX_FOLD_EXP,
                                                           bir.vec(n, bir.f32())))
-    s = arith.truncf(bir.vec(n, bir.bf16()), f)
-    return tuple(vector.broadcast(bir.vec(2, bir.bf16()), vector.extract(s, [], [i]))
-                 for i in range(n))
+    return arith.truncf(bir.vec(n, bir.bf16()), f)
+
+
+def _fill_scale_table(smem: Value, table0: int, tiles: Tiles, dequant: str) -> None:
+    """Entry e (bf16 at byte ``table0 + 2 e``) = :func:`_scale_values` of scale byte e, for
+    e in 0..255 (``256 / threads`` entries per thread); the caller's barrier publishes it."""
+    tid = bir.thread_idx("x")
+    for i in range(256 // tiles.threads):
+        e = bir.add(tid, i * tiles.threads)
+        v = vector.broadcast(bir.vec(1, bir.i32()), bir.as_i32(e))
+        s = vector.bitcast(bir.vec(2, bir.i8()), _scale_values(v, dequant, tiles.fmt))
+        bir.vector_store(s, smem, bir.add(bir.mul(e, 2), table0), alignment=2)
+
+
+def _scale_splats(smem: Value, table0: int, pair: Value) -> tuple[Value, ...]:
+    """Scale bytes (vector<n x i8>) -> bf16 splats of their factors, one ``ld.shared.u16``
+    each from the table of :func:`_fill_scale_table` (instead of a software decode per
+    step and piece)."""
+    n = ir.VectorType(pair.type).shape[0]
+    out = []
+    for i in range(n):
+        e = bir.as_index(arith.extui(bir.i32(), vector.extract(pair, [], [i])))
+        h = bir.vector_load(bir.vec(2, bir.i8()), smem, bir.add(bir.mul(e, 2), table0),
+                            alignment=2)
+        bf = vector.extract(vector.bitcast(bir.vec(1, bir.bf16()), h), [], [0])
+        out.append(vector.broadcast(bir.vec(2, bir.bf16()), bf))
+    return tuple(out)
 
 
 def accumulator_scale(dequant: str, fmt: str = "nvfp4", scaling: str = "fold") -> float:
@@ -455,7 +485,7 @@ def _store_piece(smem: Value, stage0: Value, it: _Item, data: Value, scales: Val
     core-matrix rows of the stage at byte ``stage0``."""
     base = bir.add(stage0, arith.select(it.is_a, bir.const(0),
                                         bir.const(tiles.operand_bytes[0])))
-    splats = None if tiles.promote else _scale_splats(scales, dequant, tiles.fmt)
+    splats = None if tiles.promote else _scale_splats(smem, STAGES * tiles.stage_bytes, scales)
     c0 = bir.mul(it.piece, tiles.piece_chunks)
     for c, v in enumerate(_dequant_row(data, splats, dequant, tiles.block)):
         off = bir.add(layout_offset(it.r, 0, tiles.sbo), bir.mul(bir.add(c0, c), LBO))
@@ -557,6 +587,9 @@ def emit_mainloop(kb: bir.KernelBuilder, tiles: Tiles, a: Operand, b: Operand, k
     base_desc = W.descriptor(W.shared_address(smem), lbo=LBO, sbo=sbo)
     pre = [x for p in range(PREFETCH) for it in items
            for x in _load_item(a, b, it, bir.const(p), row_bytes, tiles)]
+    if not tiles.promote:
+        _fill_scale_table(smem, STAGES * tiles.stage_bytes, tiles, dequant)
+        bir.barrier()
     zero = W.zero_accumulator(tiles.bn)
     carry = [zero, zero] if tiles.promote else [zero]
     nacc = len(carry)

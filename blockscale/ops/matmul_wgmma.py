@@ -156,11 +156,12 @@ class WgmmaMatmulSpec(FormatSpec):
 
     @property
     def shared_bytes(self) -> int:
-        """Shared memory of the 3 stages (= _wgmma_ir.Tiles.shared_bytes): bf16 / f16
-        operands, plus the f32 scales of "promote"."""
+        """Shared memory of the 3 stages (= _wgmma_ir.Tiles.shared_bytes): bf16 / f16 / E4M3
+        operands, plus the f32 scales of "promote" or the scale table of "fold"."""
         elem = 1 if self.dequant in FP8_DEQUANT else 2
         per_row = elem * self.kstep + (4 if self.scaling == "promote" else 0)
-        return 3 * (self.bm + self.bn) * per_row
+        table = 0 if self.scaling == "promote" else 512  # the bf16 scale table of "fold"
+        return 3 * (self.bm + self.bn) * per_row + table
 
     @property
     def dynamic_shared_bytes(self) -> int:
