@@ -30,7 +30,7 @@ lint: $(STAMP)
 
 # Precompile every kernel the GPU tests and benchmarks need into $(BUNDLE) (no GPU needed).
 gpu-bundle: $(STAMP)
-	$(PY) -m blockscale.tools.bundle --out $(BUNDLE) --extra benchmarks.fuzz_gpu:fuzz_specs \
+	$(PY) -m blockscale.tools.bundle --out $(BUNDLE) --strip-mlir --prune --extra benchmarks.fuzz_gpu:fuzz_specs \
 		--extra benchmarks.run:extra_specs --extra benchmarks.sanitize_matmuls:specs
 
 clean:

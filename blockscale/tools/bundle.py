@@ -103,10 +103,12 @@ def _extra_specs(extra: Sequence[str], target: str) -> list[Any]:
 
 def build_bundle(out: str, targets: Sequence[str], *, only: Sequence[str] = (),
                  force: bool = False, log: Any = sys.stdout,
-                 extra: Sequence[str] = ()) -> list[BundleEntry]:
+                 extra: Sequence[str] = (), strip_mlir: bool = False) -> list[BundleEntry]:
     """Compile the registered ops' bundle specs for ``targets`` into ``out``.
 
-    Entries already in ``out`` under the same key are kept unless ``force``. A spec that
+    Entries already in ``out`` under the same key are kept unless ``force``. ``strip_mlir``:
+    entries carry no MLIR text (a GPU machine launches the binary; only the interpreter
+    device needs the MLIR, and it is most of a bundle's bytes). A spec that
     fails to compile, or an op module whose import or ``bundle_specs`` fails, is reported
     (status "failed: ...") and the others still run.
     """
@@ -134,6 +136,8 @@ def build_bundle(out: str, targets: Sequence[str], *, only: Sequence[str] = (),
             t0 = time.perf_counter()
             existing = None if force else load_kernel(out, key)
             if existing is not None:
+                if strip_mlir and existing.mlir:
+                    save_kernel(out, key, dataclasses.replace(existing, mlir=""))
                 entries.append(_entry_from(op, spec, key, existing, 0.0, "present"))
                 continue
             try:
@@ -143,7 +147,7 @@ def build_bundle(out: str, targets: Sequence[str], *, only: Sequence[str] = (),
                                            status=f"failed: {type(e).__name__}: {e}"))
                 print(f"[bundle] {op} {key} failed:\n{traceback.format_exc()}", file=log)
                 continue
-            save_kernel(out, key, binary)
+            save_kernel(out, key, dataclasses.replace(binary, mlir="") if strip_mlir else binary)
             entries.append(_entry_from(op, spec, key, binary, time.perf_counter() - t0,
                                        "compiled"))
     if only:  # module-level failures (import, bundle_specs) were printed; they are not asked for
@@ -166,6 +170,19 @@ def format_table(entries: Sequence[BundleEntry]) -> str:
         cells = [c if len(c) <= 90 else c[:87] + "..." for c in r]
         lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)))
     return "\n".join(lines)
+
+
+def prune(out: str, entries: Sequence[BundleEntry]) -> int:
+    """Delete the kernel files in ``out`` whose key is not among ``entries`` (stale kernels of
+    edited generators); returns how many kernels were removed."""
+    keep = {e.key for e in entries}
+    removed = set()
+    for name in os.listdir(out):
+        stem, ext = os.path.splitext(name)
+        if ext in (".json", ".cubin", ".hsaco") and name != "manifest.json" and stem not in keep:
+            os.remove(os.path.join(out, name))
+            removed.add(stem)
+    return len(removed)
 
 
 def write_manifest(out: str, targets: Sequence[str], entries: Sequence[BundleEntry]) -> str:
@@ -199,11 +216,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="recompile entries already in --out")
     parser.add_argument("--extra", action="append", default=[],
                         help="MODULE:FUNCTION returning more specs for a target (repeatable)")
+    parser.add_argument("--strip-mlir", action="store_true",
+                        help="store no MLIR text in the entries (smaller; no interpreter)")
+    parser.add_argument("--prune", action="store_true",
+                        help="delete kernels in --out that this run did not list")
     args = parser.parse_args(argv)
     targets = [t for group in (args.target or ["sm_90a"]) for t in group.split(",") if t]
     entries = build_bundle(args.out, targets, only=args.op, force=args.force,
-                           extra=args.extra)
+                           extra=args.extra, strip_mlir=args.strip_mlir)
     print(format_table(entries))
+    if args.prune:
+        if args.op:
+            parser.error("--prune needs the whole bundle (no --op)")
+        print(f"pruned {prune(args.out, entries)} stale kernels")
     manifest = write_manifest(args.out, targets, entries)
     failed = [e for e in entries if e.status.startswith("failed")]
     print(f"\n{len(entries) - len(failed)} kernels in {args.out} ({manifest}); "
