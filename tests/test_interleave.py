@@ -79,9 +79,25 @@ def test_kernel_key_is_stable_and_specific():
 def test_bundle_dir_is_used_before_compiling(tmp_path, monkeypatch):
     spec = interleave.InterleaveSpec("uint8", "sm_90a")
     fake = KernelBinary("block_scales_interleave", "sm_90a", "cubin", b"bundle-bytes",
+                        spec.args(), spec.block, mlir="module {}")
+    save_kernel(str(tmp_path / "bundle"), _core.kernel_key(spec), fake)
+    monkeypatch.setenv("BLOCKSCALE_BUNDLE_DIR", str(tmp_path / "bundle"))
+    assert _core.get_kernel(spec).binary == b"bundle-bytes"
+
+
+@pytest.mark.usefixtures("fresh_cache")
+def test_stripped_bundle_entry_is_used_only_without_mlir(tmp_path, monkeypatch):
+    """`make gpu-bundle` strips the MLIR text: such an entry serves a machine without the
+    compiler; where MLIR is importable the kernel is compiled so the interpreter can run it."""
+    spec = interleave.InterleaveSpec("uint8", "sm_90a")
+    fake = KernelBinary("block_scales_interleave", "sm_90a", "cubin", b"bundle-bytes",
                         spec.args(), spec.block)
     save_kernel(str(tmp_path / "bundle"), _core.kernel_key(spec), fake)
     monkeypatch.setenv("BLOCKSCALE_BUNDLE_DIR", str(tmp_path / "bundle"))
+    compiled = _core.get_kernel(spec)
+    assert compiled.binary != b"bundle-bytes" and compiled.mlir
+    _core.clear_memory()
+    monkeypatch.setattr(_core, "_mlir_available", lambda: False)
     assert _core.get_kernel(spec).binary == b"bundle-bytes"
 
 

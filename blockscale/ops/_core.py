@@ -246,6 +246,8 @@ def get_kernel(spec: Any, build: Callable[[Any], Any] | None = None) -> KernelBi
         return hit
     directory = bundle_dir()
     binary = load_kernel(directory, key) if directory else None
+    if binary is not None and not binary.mlir and _mlir_available():
+        binary = None  # a stripped bundle entry: compile here (cached) so the interpreter can run it
     if binary is None:
         if not _mlir_available():
             raise RuntimeError(
