@@ -107,7 +107,10 @@ PREFETCH = 1
 VARIANTS = {
     "nvfp4": {("lut", "fold"): (32, 64), ("shift", "fold"): (32, 64)},
     "mxfp4": {("lut", "fold"): (32, 64), ("lut", "promote"): (32,), ("fp8", "promote"): (32,)},
-    "mxfp8": {("cvt", "promote"): (32,), ("copy", "promote"): (32,)},
+    # ("copy", "promote"), MXFP8 bytes straight into QGMMA, was removed: on the H200 (run D,
+    # 2026-11-30) ~8100 of 8192 sampled bf16 outputs fell outside the fp32 bound (QGMMA's
+    # accumulation of E4M3 products is narrower than fp32)
+    "mxfp8": {("cvt", "promote"): (32,)},
 }
 #: dequantizations to E4M3 shared operands (``wgmma ... m64nNk32.f32.e4m3.e4m3``, one per
 #: 32-block): "fp8" places E2M1 bits into E4M3 times 2^FP8_SHIFT_EXP (:func:`_fp4x8_e4m3`),

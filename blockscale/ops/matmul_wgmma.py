@@ -68,20 +68,30 @@ KSTEPS = (32, 64)  # = blockscale.ops._wgmma_ir.KSTEPS
 VARIANTS = {
     "nvfp4": {("lut", "fold"): (32, 64), ("shift", "fold"): (32, 64)},
     "mxfp4": {("lut", "fold"): (32, 64), ("lut", "promote"): (32,), ("fp8", "promote"): (32,)},
-    "mxfp8": {("cvt", "promote"): (32,), ("copy", "promote"): (32,)},
+    # ("copy", "promote"), MXFP8 bytes straight into QGMMA, was removed: on the H200 (run D,
+    # 2026-11-30) ~8100 of 8192 sampled bf16 outputs fell outside the fp32 bound (QGMMA's
+    # accumulation of E4M3 products is narrower than fp32)
+    "mxfp8": {("cvt", "promote"): (32,)},
 }
 #: where a step issues the next step's global loads (= _wgmma_ir.PIPELINES)
 PIPELINES = ("early", "late")
 #: dequantizations to E4M3 shared operands and k32 e4m3 wgmmas (= _wgmma_ir.FP8_DEQUANT)
 FP8_DEQUANT = ("fp8", "copy")
-#: the default variant (the fastest of the first H200 run: shift-k64 1.45 ms vs lut-k32 2.02
-#: ms at 8192 x 5760 x 2944, host overhead included)
+#: the default variants: the fastest on the H200 (run D, 2026-11-30, 8192 x 5760 x 2944, GPU
+#: time): NVFP4 shift/fold/k64 0.946 ms (128x128) / 0.914 ms (128x256) vs lut/k32 1.29 ms;
+#: MXFP4 lut/fold/k64 1.107 / 1.069 ms vs lut/promote/k32 1.79 ms and fp8/promote 1.51 ms
+#: ("fold" rounds twice per 32-block, within the stated bound; see _wgmma_ir)
 DEFAULT_DEQUANT = {"nvfp4": "shift", "mxfp4": "lut", "mxfp8": "cvt"}
 DEFAULT_KSTEP = 64
-#: fmt -> (dequant, scaling, kstep) of the dispatch. MX: "promote" (per-block sums added with
-#: the portable kernel's one rounding; "fold" rounds twice per 32-block, see _wgmma_ir)
-DEFAULTS = {"nvfp4": ("shift", "fold", DEFAULT_KSTEP), "mxfp4": ("lut", "promote", 32),
+#: fmt -> (dequant, scaling, kstep) of a spec that names no variant
+DEFAULTS = {"nvfp4": ("shift", "fold", DEFAULT_KSTEP), "mxfp4": ("lut", "fold", 64),
             "mxfp8": ("cvt", "promote", 32)}
+#: formats the dispatch sends to this kernel. MXFP8 stays on the mma.sync kernel, which was
+#: faster on the H200 (run D: 1.63 ms vs 2.41 ms at 8192 x 5760 x 2944)
+DISPATCH_FORMATS = ("nvfp4", "mxfp4")
+#: the dispatch uses 128 x 256 tiles from this M on (run D: 0.914 vs 0.946 ms at M=8192;
+#: at M=1024 128 x 128 was faster, 0.141 vs 0.156 ms)
+WIDE_TILE_MIN_M = 4096
 #: the dispatch takes M > MIN_M (smaller M: the decode / mma.sync kernels)
 MIN_M = 16
 #: BLOCKSCALE_SM90_WGMMA=0 turns the fast path off (on by default)
@@ -250,6 +260,8 @@ def spec_for(fmt: Format, m: int, n: int, out_dtype: str = "bfloat16",
              epilogue: Epilogue | None = None, target: str = "sm_90a") -> WgmmaMatmulSpec:
     """The spec the fast path uses for a problem shape (the format's :data:`DEFAULTS`)."""
     bm, bn = choose_tiles(m, n)
+    if m >= WIDE_TILE_MIN_M and n >= 256 and DEFAULTS[fmt.name][1] == "fold":
+        bm, bn = 128, 256
     return WgmmaMatmulSpec(fmt.name, out_dtype, epilogue, bm, bn, target)
 
 
@@ -258,7 +270,8 @@ def fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
     """The :data:`blockscale.ops.matmul.FAST_PATHS` hook: a runner (the default variant) for
     sm_90a, a supported format / K and M > :data:`MIN_M` unless BLOCKSCALE_SM90_WGMMA=0, else
     None (the mma.sync kernel's hook is next)."""
-    if target not in TARGETS or not enabled() or not supported(fmt, k) or m <= MIN_M or n == 0:
+    if (target not in TARGETS or not enabled() or fmt.name not in DISPATCH_FORMATS
+            or not supported(fmt, k) or m <= MIN_M or n == 0):
         return None
     spec = spec_for(fmt, m, n, out_dtype, epilogue, target)
     return _matmul.dense_runner(spec, fmt, m, n, k, grid(spec, m, n))
@@ -302,10 +315,11 @@ def bundle_specs(target: str = "sm_90a") -> list[WgmmaMatmulSpec]:
     """Every spec the GPU tests and the benchmark use on ``target`` (none off sm_90a)."""
     if target not in TARGETS:
         return []
-    specs = {dataclasses.replace(spec_for(Format.from_name(f), m, n, o, None, target),
-                                 dequant=dq, scaling=sc, kstep=ks)
+    specs = {WgmmaMatmulSpec(f, o, None, *choose_tiles(m, n), target, dq, ks, sc)
              for f, variants in VARIANTS.items() for (dq, sc), ksteps in variants.items()
              for ks in ksteps for o in _matmul.OUT_DTYPES for m, n, _ in GPU_SHAPES}
+    specs |= {spec_for(Format.from_name(f), m, n, o, None, target)  # the dispatch's choice
+              for f in FORMATS for o in _matmul.OUT_DTYPES for m, n, _ in GPU_SHAPES}
     specs |= {WgmmaMatmulSpec(f, o, None, 128, 256, target, dq, ks, sc)  # tiles=(128, 256)
               for f, variants in VARIANTS.items() for (dq, sc), ksteps in variants.items()
               if sc == "fold" for ks in ksteps for o in _matmul.OUT_DTYPES}
