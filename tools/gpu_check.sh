@@ -23,7 +23,7 @@ for p in $parts; do case $p in
   quantize_torch) step quantize_torch 120 python3 benchmarks/bench_quantize.py --torch --formats nvfp4,mxfp4,mxfp8 ;;
   moe_quantize) step moe_quantize 120 python3 benchmarks/bench_quantize_moe.py ;;
   decode)       step decode 120 python3 benchmarks/bench_decode.py ;;
-  matmul)       step matmul 120 python3 benchmarks/bench_matmul.py --fmt nvfp4 ;;
+  matmul)       step matmul 120 python3 benchmarks/bench_matmul.py --fmt nvfp4,mxfp4,mxfp8 --m 1024,8192 --iters 10 ;;
   host)         step host 60 python3 benchmarks/bench_host_overhead.py ;;
   moe)          step moe 150 python3 benchmarks/run.py --only moe --out "$OUT/bench" --budget-s 120 --no-append ;;
 esac; done
