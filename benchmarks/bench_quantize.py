@@ -4,9 +4,10 @@ Usage (on the GPU machine; kernels from the bundle dir, BLOCKSCALE_BUNDLE_DIR or
 
     python benchmarks/bench_quantize.py [--shapes 8192x8192,16384x16384] [--torch]
 
-Format ``nvfp4_tma`` is the TMA + mbarrier NVFP4 kernel (blockscale.ops.quantize_async), timed
-beside the generic ``nvfp4`` kernel on the same inputs. ``<fmt>_p<P>`` (P = 1, 2, 3) is the
-pipelined dense kernel (``QuantizeSpec.pipeline = P``: P row groups of loads in flight per
+Format ``<fmt>`` is the kernel variant the ops dispatch to on sm_90a
+(``blockscale.ops.quantize.default_variant``; torch.compile is compared with it), ``<fmt>_p0``
+the base generic kernel, ``nvfp4_tma`` the TMA + mbarrier NVFP4 kernel
+(blockscale.ops.quantize_async). ``<fmt>_p<P>`` (P = 1, 2, 3) is the pipelined dense kernel (``QuantizeSpec.pipeline = P``: P row groups of loads in flight per
 thread, blockscale.ops.quantize_pipe_ir), ``mxfp4_p<P>_bf16x2`` the same with the E2M1
 rounding on bf16 pairs (``QuantizeSpec.bf16x2``); the default ``--formats`` times all of them.
 
@@ -28,7 +29,7 @@ import numpy as np
 from blockscale import reference as ref
 from blockscale.layouts import deinterleave
 from blockscale.ops import _core
-from blockscale.ops.quantize import QuantizeSpec, launch_plan
+from blockscale.ops.quantize import QuantizeSpec, default_variant, launch_plan
 
 ROTATE = 3  # input buffers (each >= 128 MB at 8192^2 bf16, well above the 50 MB L2)
 
@@ -63,17 +64,23 @@ def _check(dev, fmt, x_host, data, scales, m, k, tsf):
 
 
 def bench(shape: tuple[int, int], fmt: str, dev, use_torch: bool) -> dict:
+    """One row. ``fmt``: "<fmt>" = the kernel variant the ops dispatch to on sm_90a
+    (``quantize.default_variant``); "<fmt>_p<P>[_bf16x2]" = that variant explicitly (P = 0: the
+    base kernel)."""
     m, k = shape
     label = fmt
-    fmt, _, p = fmt.partition("_p")
+    fmt, sep, p = fmt.partition("_p")
     p, _, packed = p.partition("_")
-    pipeline = int(p) if p else 0
+    if sep:
+        pipeline, bf16x2 = int(p), packed == "bf16x2"
+    else:
+        pipeline, bf16x2 = default_variant(fmt, "sm_90a", m, k)
+        label = f"{fmt} (default: p{pipeline}{'_bf16x2' if bf16x2 else ''})"
     tsf = 0.5 if fmt == "nvfp4" else 1.0
     rng = np.random.default_rng(0)
     x_host = rng.standard_normal((m, k), dtype=np.float32).astype(ml_dtypes.bfloat16)
     xs = [dev.to_device(x_host) for _ in range(ROTATE)]
-    spec = QuantizeSpec(fmt, "sm_90a", None, "tcgen5d", True, pipeline=pipeline,
-                        bf16x2=packed == "bf16x2")
+    spec = QuantizeSpec(fmt, "sm_90a", None, "tcgen5d", True, pipeline=pipeline, bf16x2=bf16x2)
     kernel = _core.get_kernel(spec)
     grid, scalars = launch_plan(spec, m, k, -(-m // 128))
     scalars["tensor_sf"] = tsf
@@ -97,7 +104,7 @@ def bench(shape: tuple[int, int], fmt: str, dev, use_torch: bool) -> dict:
     out = {"shape": f"{m}x{k}", "fmt": label, "ms": ms, "GB/s": moved / ms / 1e6,
            "copy GB/s": 2 * m * k * 2 / copy_ms / 1e6}
     out["% of copy"] = 100 * out["GB/s"] / out["copy GB/s"]
-    if use_torch and not pipeline:
+    if use_torch and not sep:
         out["torch.compile ms"] = _torch_ms(x_host, fmt, tsf, data, scales, dev)
     return out
 
@@ -195,9 +202,9 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="8192x8192,16384x16384")
-    p.add_argument("--formats", default="nvfp4,nvfp4_tma,nvfp4_p1,nvfp4_p2,nvfp4_p3,mxfp4,"
-                   "mxfp4_p1,mxfp4_p2,mxfp4_p3,mxfp4_p1_bf16x2,mxfp4_p2_bf16x2,mxfp4_p3_bf16x2,"
-                   "mxfp8,mxfp8_p1,mxfp8_p2,mxfp8_p3")
+    p.add_argument("--formats", default="nvfp4,nvfp4_p0,nvfp4_tma,nvfp4_p1,nvfp4_p2,nvfp4_p3,"
+                   "mxfp4,mxfp4_p0,mxfp4_p1,mxfp4_p2,mxfp4_p3,mxfp4_p1_bf16x2,mxfp4_p2_bf16x2,"
+                   "mxfp4_p3_bf16x2,mxfp8,mxfp8_p0,mxfp8_p1,mxfp8_p2,mxfp8_p3")
     p.add_argument("--torch", action="store_true", help="also time torch.compile")
     a = p.parse_args()
     dev = runtime.get_device("cuda")

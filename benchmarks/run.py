@@ -75,7 +75,8 @@ def quantize_suite(dev: Any, budget: Budget, quick: bool, log: Callable[[str], N
             buf = io.StringIO()
             try:
                 with contextlib.redirect_stdout(buf):
-                    out = bq.bench((m, k), fmt, dev, use_torch)
+                    out = (bq.bench_tma((m, k), dev) if fmt == "nvfp4_tma"
+                           else bq.bench((m, k), fmt, dev, use_torch))
             except SystemExit as e:  # their reference check failed
                 recs.append(failed("quantize", case, "blockscale", fmt, "fail",
                                    f"FAIL: {e}", params))
