@@ -1,0 +1,101 @@
+"""IR of the sm_90a grouped wgmma matmul (:mod:`blockscale.ops.matmul_grouped_wgmma`).
+
+Imports MLIR. The work item of CTA ``(x, y)`` is found by the mma.sync grouped kernel's
+CTA-uniform scan (:func:`blockscale.ops.matmul_grouped_sm90._find_tile`); the K loop is
+:func:`blockscale.ops._wgmma_ir.emit_mainloop` on the group's A rows (masked at the group
+end, scales in the group's padded 128-row tiles) and expert ``e``'s weight rows
+``e N + n`` (6-D scales ``[e, n // 128, ...]``); the epilogue is the dense kernel's store
+with the grouped scaling (power-of-two fix, then ``expert_scales[e]``, then
+``a_row_scales[m]``, fp32).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlir.dialects import arith
+
+import blockscale.ops._wgmma_ir as X
+from blockscale.compiler import ir as bir
+from blockscale.layouts import SF_ATOM_ROWS
+from blockscale.ops import matmul_grouped_sm90 as _mma_grouped
+from blockscale.ops import matmul_sm90 as _sm90
+
+
+def _store(spec: Any, kb: Any, tiles: list, wc: Any, m0: Any, n0: Any, end: Any,
+           n_count: Any, scale: Any) -> None:
+    """:func:`blockscale.ops.matmul_sm90.store_tile`, or with ``spec.sigma_out`` the σ
+    store: column n to ``(n % 2) N/2 + n // 2``."""
+    if not spec.sigma_out:
+        _sm90.store_tile(spec, kb, tiles, wc, m0, n0, end, n_count, scale)
+        return
+    import blockscale.ops._matmul_ir as mir
+
+    half = bir.udiv(n_count, 2)
+    for row in tiles:
+        for nt, vals in enumerate(row):
+            for i, v in enumerate(vals):
+                m = bir.add(m0, wc.c_row(0, i))
+                n = bir.add(n0, wc.c_col(nt, i))
+                with bir.when(bir.logical_and(bir.ult(m, end), bir.ult(n, n_count))):
+                    col = bir.add(bir.mul(bir.urem(n, 2), half), bir.udiv(n, 2))
+                    mir.store_output(scale(v, m, n), kb.arg("c"),
+                                     bir.add(bir.mul(m, n_count), col), "bfloat16")
+
+
+def build(spec: Any) -> Any:
+    """The ``mlir.ir.Module`` of ``spec`` (a
+    :class:`~blockscale.ops.matmul_grouped_wgmma.GroupedWgmmaSpec`)."""
+    dense = spec.dense
+    tiles = X.Tiles(spec.bm, spec.bn, spec.kstep, spec.fmt, spec.scaling, False)
+    if tiles.shared_bytes != dense.shared_bytes:
+        raise AssertionError("GroupedWgmmaSpec.shared_bytes disagrees with _wgmma_ir.Tiles")
+    with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
+        n_count, k, groups = (bir.as_index(kb.arg(x)) for x in ("n", "k", "num_groups"))
+        g, tile, has_work = _mma_grouped._find_tile(spec, kb, groups)
+        with bir.when(has_work):  # CTA-uniform: the barriers below are reached by all
+            es = kb.arg("expert_start")
+            start = bir.as_index(bir.load(es, g))
+            end = bir.as_index(bir.load(es, bir.add(g, 1)))
+            expert = bir.load(kb.arg("expert_ids"), g)
+            m0 = bir.add(start, bir.mul(tile, spec.bm))
+            n0 = bir.mul(bir.block_idx("x"), spec.bn)
+            active = arith.cmpi(arith.CmpIPredicate.sge, expert, bir.const(0, bir.i32()))
+            br = bir.if_(active, [])
+            with br.then():
+                e = bir.as_index(expert)
+                d1 = bir.ceil_div(bir.ceil_div(k, tiles.block), 4)
+                tile0 = bir.add(bir.udiv(start, SF_ATOM_ROWS),
+                                bir.as_index(bir.load(kb.arg("a_scale_offsets"), g)))
+                # bm divides 128: local rows r < bm stay inside the group's padded scale tiles
+                srow0 = bir.add(bir.mul(tile0, SF_ATOM_ROWS), bir.mul(tile, spec.bm))
+                w_row0 = bir.add(bir.mul(e, n_count), n0)
+                b_srow0 = bir.add(bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)),
+                                          SF_ATOM_ROWS), n0)
+                a = _sm90.tile_operand(kb.arg("a"), kb.arg("sfa"), m0, m0, end, srow0, d1)
+                b = _sm90.tile_operand(kb.arg("w"), kb.arg("sfb"), w_row0, n0, n_count,
+                                       b_srow0, d1)
+                acc, wg = X.emit_mainloop(kb, tiles, a, b, k, spec.dequant, spec.pipeline)
+                fix = X.accumulator_scale(spec.dequant, spec.fmt, spec.scaling)
+                scale_e = bir.load(kb.arg("expert_scales"), e)
+
+                def expert_scaled(v: Any, m: Any, n: Any) -> Any:
+                    if fix != 1.0:  # exact power of two first (the variant's operand scaling)
+                        v = arith.mulf(v, bir.const(fix, bir.f32()))
+                    v = arith.mulf(v, scale_e)
+                    if spec.row_scales:  # D10: times the expert scale, then the row scale
+                        v = arith.mulf(v, arith.extf(bir.f32(),
+                                                     bir.load(kb.arg("a_row_scales"), m)))
+                    return v
+
+                _store(spec, kb, X.accumulator_tiles(acc, spec.bn), X.warp_coords(wg), m0, n0,
+                       end, n_count, expert_scaled)
+                br.yield_()
+            with br.else_():  # expert id -1: zeros (D8: every output byte is written)
+                wg = bir.udiv(bir.thread_idx("x"), 128)
+                zero = bir.const(0.0, bir.f32())
+                zeros = [[[zero] * 4 for _ in range(spec.bn // 8)]]
+                _store(spec, kb, zeros, X.warp_coords(wg), m0, n0, end, n_count,
+                       lambda v, m, n: v)
+                br.yield_()
+    return kb.module
