@@ -24,7 +24,11 @@ MXFP8 on sm_90a (issue #10): where the chained grouped matmul runs the tensor-co
 rounds inside the tensor core, so the fused kernel must issue the very same MMAs: there it
 runs :class:`SwigluMmaSpec`, whose IR (:mod:`blockscale.ops._matmul_swiglu_mma_ir`, the
 argument in its docstring) calls the chained kernel's mainloop and adds this op's epilogue.
-FP4 block sums are exact, so FP4 keeps the portable K loop on every target.
+FP4 block sums are exact, so FP4 keeps the portable K loop on every target, except where the
+chained matmul runs the sm_90a grouped wgmma kernel (prefill, "wgmma": HGMMA's fp32
+accumulation is not the portable kernel's): there the op runs that kernel on the σ-permuted
+weights with its σ output store (un-permuted gate | up columns), then
+:func:`blockscale.ops.fused_silu_quantize`, i.e. the chained computation itself.
 """
 
 from __future__ import annotations
@@ -215,10 +219,12 @@ def chained_mainloop(target: str, fmt: Format, t: int, n: int, k: int, num_group
                      expert_start: Any, row_scales: bool = False) -> str:
     """Which kernel :func:`blockscale.ops.grouped_matmul_block_scaled` runs for these
     operands, found by walking its ``FAST_PATHS`` as it does: "decode" (sm_90a, groups of
-    <= 16 rows), "mma" (the sm_90a tensor-core kernel), "portable", or the module name of
-    a fast path this op does not know (the fused op then runs its portable kernel)."""
+    <= 16 rows), "mma" (the sm_90a tensor-core kernel), "wgmma" (the sm_90a grouped wgmma
+    kernel), "portable", or the module name of a fast path this op does not know (the fused
+    op then runs its portable kernel)."""
     from blockscale.ops import matmul_decode as MD
     from blockscale.ops import matmul_grouped_sm90 as GS
+    from blockscale.ops import matmul_grouped_wgmma as GW
 
     for hook in GM.FAST_PATHS:
         if hook(target, fmt, t, n, k, num_groups, row_scales) is None:
@@ -229,6 +235,8 @@ def chained_mainloop(target: str, fmt: Format, t: int, n: int, k: int, num_group
             continue  # its runner hands over to the next fast path
         if hook is GS.fast_path:
             return "mma"
+        if hook is GW.fast_path:
+            return "wgmma"
         return str(getattr(hook, "__module__", hook))
     return "portable"
 
@@ -316,9 +324,33 @@ def grouped_matmul_swiglu(hidden: Any, weight: Any, a_scales: Any, b_scales: Any
             chained_mainloop(tgt, fmt, t, n, k, ng, expert_start) == "mma":
         return _run_mma(SwigluMmaSpec(fmt.name, tgt, act.kind, float(act.alpha),
                                       float(act.limit)), buffers, t, d, num_tiles, ng, k, dev)
+    if fmt.is_fp4 and t > 0 and chained_mainloop(tgt, fmt, t, n, k, ng, expert_start,
+                                                 a_row_scales is not None) == "wgmma":
+        return _run_wgmma_chain(buffers, fmt, act, t, n, k, ng, es, offs, ids, num_tiles,
+                                a_row_scales is not None, tgt, dev)
     spec = _spec(fmt, tgt, act, a_row_scales is not None, d % 8 == 0)
     return QG.run_grouped(spec, hidden, d, t, num_tiles, buffers,  # type: ignore[arg-type]
                           {"num_groups": ng, "kdim": k}, dev)
+
+
+def _run_wgmma_chain(buffers: dict[str, Any], fmt: Format, act: GatedActivation, t: int,
+                     n: int, k: int, num_groups: int, es: Any, offs: Any, ids: Any,
+                     num_tiles: int, row_scales: bool, target: str, device: Any
+                     ) -> tuple[Any, Any]:
+    """The chained path where it runs the grouped wgmma kernel: that kernel on the σ-permuted
+    weights, stored un-permuted (``sigma_out``), then ``fused_silu_quantize``."""
+    from blockscale.ops import matmul_grouped_wgmma as GW
+    from blockscale.ops.quantize_silu import fused_silu_quantize
+
+    spec = GW.spec_for(fmt, t, n, num_groups, row_scales, target, sigma_out=True)
+    bufs = {name: v for name, v in buffers.items()
+            if name not in ("scales_offsets", "input_scales")}
+    bufs["a_scale_offsets"] = offs
+    gate_up = GW.launch(spec, t, n, num_groups, bufs,
+                        {"t": t, "n": n, "k": k, "num_groups": num_groups}, device)
+    return fused_silu_quantize(gate_up, fmt, es, offs, ids, buffers["input_scales"],
+                               activation=act, num_scale_tiles=num_tiles, device=device,
+                               target=target)
 
 
 def _run_mma(spec: SwigluMmaSpec, buffers: dict[str, Any], t: int, d: int, num_tiles: int,
