@@ -101,9 +101,10 @@ def test_dispatch(monkeypatch):
     monkeypatch.setenv(gw.ENV_SWITCH, "0")
     assert gw.fast_path("sm_90a", NVFP4, t, 64, 128, 4, False) is None
     monkeypatch.delenv(gw.ENV_SWITCH)
-    # the op takes this kernel: with MIN_ROWS lowered, MXFP4 "fold" (two roundings per
-    # block) gives the direct call's bytes, not the portable kernel's
+    # the op takes this kernel (MIN_ROWS lowered): it is launched, with the dispatch's spec,
+    # and gives the direct call's bytes
     monkeypatch.setattr(gw, "MIN_ROWS", 1)
+    specs = _spy_launches(monkeypatch)
     counts, ids, e_count, n, k = CASES[3]
     case, _, _ = make_grouped_case(np.random.default_rng(7), MXFP4, counts, ids, e_count, n, k)
     got = grouped_matmul_block_scaled(**case, expert_scales=None, fmt=MXFP4, k=k,
@@ -111,7 +112,19 @@ def test_dispatch(monkeypatch):
     spec = gw.spec_for(MXFP4, sum(counts), n, len(counts))
     direct = gw.grouped_matmul_block_scaled_wgmma(**case, expert_scales=None, fmt=MXFP4, k=k,
                                                   tiles=(spec.bm, spec.bn), device="interp")
+    assert specs[0] == spec and len(specs) == 2
     assert np.array_equal(got.view(np.uint16), direct.view(np.uint16))
+
+
+def _spy_launches(monkeypatch) -> list:
+    """Record the spec of every launch of the grouped wgmma kernel."""
+    specs, launch = [], gw.launch
+
+    def spy(spec, *args, **kw):
+        specs.append(spec)
+        return launch(spec, *args, **kw)
+    monkeypatch.setattr(gw, "launch", spy)
+    return specs
 
 
 @pytest.mark.interp
@@ -121,6 +134,7 @@ def test_fused_swiglu_equals_chained(monkeypatch, fmt):
     then fused_silu_quantize): byte-identical, also for MXFP4 "fold" whose roundings differ
     from the portable kernel's."""
     monkeypatch.setattr(gw, "MIN_ROWS", 1)
+    specs = _spy_launches(monkeypatch)
     counts, ids, e_count, d, k = [65, 0, 3, 70], [1, 0, -1, 2], 3, 40, 128
     case = swiglu_case(fmt, counts, ids, e_count, d, k, seed=11)
     es = case["expert_start"]
@@ -136,6 +150,7 @@ def test_fused_swiglu_equals_chained(monkeypatch, fmt):
     gate_up = grouped_matmul_block_scaled(case["hidden"], case["weight"], case["a_scales"],
                                           case["b_scales"], *grp, esc, fmt, k=k,
                                           device="interp", target="sm_90a")
+    assert [s.sigma_out for s in specs] == [True, False]  # fused (σ store), then chained
     c_data, c_scales = fused_silu_quantize(gate_up, fmt, *grp, isc, num_scale_tiles=tiles,
                                            device="interp", target="sm_90a")
     assert np.array_equal(np.asarray(data).view(np.uint8), np.asarray(c_data).view(np.uint8))
