@@ -17,7 +17,11 @@ roundings, group layouts with empty groups and unused (-1) experts, gathers. Ops
 * ``fused_silu_quantize`` (SiLU and SwiGLU-OAI; NVFP4, MXFP4, MXFP8), byte for byte (the
   sigmoid's exp is ``exp_f32`` in kernel and reference; any difference is a mismatch);
 * ``naive_matmul`` (three formats, bf16 / f32 out, random alpha) within the stated bound
-  ``K * 2^-24 * alpha * sum|a*b|`` (any fp32 summation order) plus one output rounding.
+  ``K * 2^-24 * alpha * sum|a*b|`` (any fp32 summation order) plus one output rounding;
+* ``dense_matmul`` / ``grouped_matmul`` / ``grouped_swiglu``: the tiled matmul ops through
+  their dispatch (decode, wgmma, mma.sync, portable kernels), checked with the stated bounds
+  of tests/test_matmul_common.py; the fused SwiGLU op byte-equal to the chained compiled path
+  (benchmarks/fuzz_matmuls.py has the details).
 
 Prints a summary table (cases, exact / within bound, mismatches, worst case) and exits 1 on
 any mismatch. Kernels are shape-generic (shapes are scalars), so every case runs one of the
@@ -81,6 +85,9 @@ def fuzz_specs(target: str = "sm_90a") -> list[Any]:
     specs += IL.bundle_specs(target)
     specs += [MatmulSpec(f, o, "tcgen5d", None, target) for f in FMT_ROUNDINGS
               for o in ("bfloat16", "float32")]
+    from benchmarks import fuzz_matmuls
+
+    specs += fuzz_matmuls.specs(target)  # recorded from the tiled matmul ops' case streams
     unique: dict[Any, None] = {}
     for s in specs:
         unique.setdefault(s, None)
@@ -253,6 +260,17 @@ OPS: dict[str, Callable[..., tuple[bool, str, float]]] = {
     "fused_silu_quantize": case_silu,
     "naive_matmul": case_matmul,
 }
+#: the tiled matmul ops (benchmarks/fuzz_matmuls.py); their cases take the kernel target
+MATMUL_OPS = ("dense_matmul", "grouped_matmul", "grouped_swiglu")
+
+
+def _add_matmul_ops() -> None:
+    from benchmarks import fuzz_matmuls
+
+    OPS.update({name: fuzz_matmuls.OPS[name] for name in MATMUL_OPS})
+
+
+_add_matmul_ops()
 
 
 # ----------------------------------------------------------------------------- driver
@@ -311,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         for i in range(ns.cases):
             try:
-                ok, detail, measure = OPS[op](rng, dev)
+                ok, detail, measure = (OPS[op](rng, dev, target) if op in MATMUL_OPS
+                                       else OPS[op](rng, dev))
             except Exception as e:  # noqa: BLE001 - a crash is a failure of that case, reported
                 ok, detail, measure = False, f"case {i}: {type(e).__name__}: {e}", 0.0
                 errors += 1
@@ -324,10 +343,10 @@ def main(argv: list[str] | None = None) -> int:
         secs = time.perf_counter() - t0
         failed |= bool(bad)
         rows.append((op, ns.cases, ok_n, len(bad), errors,
-                     f"{worst:.3g}" if op == "naive_matmul" else "-", secs))
+                     f"{worst:.3g}" if op in ("naive_matmul", "dense_matmul") else "-", secs))
         for line in bad[:ns.show]:
             print(f"[{op}] MISMATCH {line}")
-        if op == "naive_matmul":
+        if op in ("naive_matmul", "dense_matmul"):
             print(f"[{op}] worst err/bound: {worst_case}")
 
     head = ("op", "cases", "exact/ok", "mismatch", "crashed", "max err/bound", "seconds")
