@@ -278,14 +278,97 @@ def run_kernel(kernel: KernelBinary, grid: Sequence[int], args: Iterable[Any],
     from blockscale import runtime
 
     dev = device if hasattr(device, "launch") else runtime.get_device(device)
-    grid3 = tuple(int(g) for g in grid) + (1,) * (3 - len(tuple(grid)))
-    dev.launch(kernel, grid3, list(args))
+    grid3 = grid if type(grid) is tuple and len(grid) == 3 else \
+        tuple(int(g) for g in grid) + (1,) * (3 - len(tuple(grid)))
+    dev.launch(kernel, grid3, args if type(args) is list else list(args))
     return dev
+
+
+#: id(kernel) -> (kernel, output names, per kernel arg: (0 output | 1 input buffer | 2 scalar,
+#: name)); what :func:`launch_op` would otherwise work out from ``kernel.args`` every call
+_ORDERS: dict[int, tuple[KernelBinary, tuple[str, ...], tuple[tuple[int, str], ...]]] = {}
+
+
+def _arg_order(kernel: KernelBinary, outs: tuple[str, ...]) -> tuple[tuple[int, str], ...]:
+    hit = _ORDERS.get(id(kernel))
+    if hit is not None and hit[0] is kernel and hit[1] == outs:
+        return hit[2]
+    order = tuple((0 if a.name in outs else 1 if a.kind == "buffer" else 2, a.name)
+                  for a in kernel.args)
+    if len(_ORDERS) > 4096:
+        _ORDERS.clear()
+    _ORDERS[id(kernel)] = (kernel, outs, order)  # holding the kernel keeps its id unique
+    return order
+
+
+def launch_op(spec: Any, grid: tuple[int, int, int],
+              outs: Sequence[tuple[str, tuple[int, ...], Any]], buffers: dict[str, Any],
+              scalars: dict[str, Any], device: Any,
+              build: Callable[[Any], Any] | None = None) -> tuple[bool, dict[str, Any]]:
+    """The launch path the ops share: check ``buffers`` (:func:`check_buffers`), get
+    ``spec``'s kernel, copy numpy inputs to ``device``, allocate the outputs ``outs``
+    (``(name, shape, dtype)``), launch on ``grid`` (three ints) and return
+    ``(host, {name: output})``: ``host`` is True when every input was numpy (the outputs are
+    then numpy too), else the outputs are device arrays on the launch stream.
+
+    Per call it only does what depends on the values: the kernel's argument order is cached
+    (:data:`_ORDERS`), and device arrays of ``device`` pass their checks by type.
+    """
+    import numpy as np
+
+    from blockscale.runtime.arrays import DeviceArray
+
+    host, checked = True, True
+    for v in buffers.values():
+        if type(v) is np.ndarray:
+            continue
+        host = False
+        if type(v) is not DeviceArray or v.device is not device:
+            checked = False
+    if not checked:
+        check_buffers(buffers, device)
+    kernel = get_kernel(spec, build)
+    order = _arg_order(kernel, tuple(o[0] for o in outs))
+    if host:
+        buffers = {n: device.to_device(np.ascontiguousarray(v)) for n, v in buffers.items()}
+    elif not checked:
+        buffers = {n: device.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray)
+                   else v for n, v in buffers.items()}
+    out = {name: device.alloc(shape, dtype) for name, shape, dtype in outs}
+    args = [out[n] if k == 0 else buffers[n] if k == 1 else scalars[n] for k, n in order]
+    if not (type(grid) is tuple and len(grid) == 3):
+        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(tuple(grid)))
+    device.launch(kernel, grid, args)
+    if host:
+        return True, {n: device.to_host(v) for n, v in out.items()}
+    return False, out
+
+
+#: (target argument, id(device)) -> (device, resolved target name): resolve_target's answers
+_TARGETS: dict[tuple[Any, int], tuple[Any, str]] = {}
 
 
 def resolve_target(target: str | None, device: Any) -> str:
     """The target name for a call: ``target`` if given, else the one matching the device
-    (CUDA compute capability, AMD arch), else the default target (interpreter)."""
+    (CUDA compute capability, AMD arch), else the default target (interpreter). Answers are
+    remembered per (target, device) (errors are not)."""
+    try:
+        hit = _TARGETS.get((target, id(device)))
+    except TypeError:  # an unhashable target: checked (and rejected) below
+        hit = None
+    if hit is not None and hit[0] is device:
+        return hit[1]
+    name = _resolve_target(target, device)
+    if len(_TARGETS) > 1024:
+        _TARGETS.clear()
+    try:
+        _TARGETS[(target, id(device))] = (device, name)
+    except TypeError:
+        pass
+    return name
+
+
+def _resolve_target(target: str | None, device: Any) -> str:
     from blockscale.compiler import targets as T  # pure python, no mlir
 
     if target is not None:
@@ -340,6 +423,8 @@ def check_buffers(buffers: dict[str, Any], device: Any) -> None:
     for name, value in buffers.items():
         if value is None or isinstance(value, np.ndarray):
             continue
+        if type(value) is DeviceArray and value.device is device:
+            continue  # ours, on this device: contiguous device memory by construction
         if not gpu:
             raise TypeError(f"{name}: device {where!r} takes numpy arrays, got "
                             f"{type(value).__name__} (device memory?); pass a numpy array or "

@@ -110,25 +110,16 @@ def launch(spec: Any, grid: tuple[int, int, int], out_shape: tuple[int, ...], ou
     """
     import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 
-    dt = np_dtype(out_dtype)
-    host = all(isinstance(v, np.ndarray) for v in buffers.values())
-    _core.check_buffers(buffers, device)
+    dt = _OUT_DTYPES.get(out_dtype) or np_dtype(out_dtype)
     if empty:
+        host = all(isinstance(v, np.ndarray) for v in buffers.values())
+        _core.check_buffers(buffers, device)
         return np.zeros(out_shape, dt) if host else device.zeros(out_shape, dt)
-    kernel = _core.get_kernel(spec)
-    on_dev = {name: device.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray)
-              else v for name, v in buffers.items()}
-    out = device.alloc(out_shape, dt)
-    args = []
-    for a in kernel.args:
-        if a.name == "c":
-            args.append(out)
-        elif a.kind == "buffer":
-            args.append(on_dev[a.name])
-        else:
-            args.append(scalars[a.name])
-    _core.run_kernel(kernel, grid, args, device)
-    return device.to_host(out) if host else out
+    _, out = _core.launch_op(spec, grid, (("c", out_shape, dt),), buffers, scalars, device)
+    return out["c"]
+
+
+_OUT_DTYPES = {"bfloat16": np_dtype("bfloat16"), "float32": np.dtype(np.float32)}
 
 
 def compile_spec(spec: Any) -> Any:

@@ -260,24 +260,9 @@ def launch(spec: QuantizeSpec, grid: tuple[int, int, int], outs: dict[str, tuple
     """
     from blockscale.ops import _core
 
-    host = all(isinstance(v, np.ndarray) for v in buffers.values())
-    _core.check_buffers(buffers, device)
-    kernel = _core.get_kernel(spec)
-    on_dev = {n: device.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
-              for n, v in buffers.items()}
-    out_arrays = {n: device.alloc(shape, np.dtype(dt)) for n, (shape, dt) in outs.items()}
-    args = []
-    for a in kernel.args:
-        if a.name in out_arrays:
-            args.append(out_arrays[a.name])
-        elif a.kind == "buffer":
-            args.append(on_dev[a.name])
-        else:
-            args.append(scalars[a.name])
-    _core.run_kernel(kernel, grid, args, device)
-    if host:
-        return {n: device.to_host(v) for n, v in out_arrays.items()}
-    return out_arrays
+    _, out = _core.launch_op(spec, grid, [(n, shape, np.dtype(dt)) for n, (shape, dt)
+                                          in outs.items()], buffers, scalars, device)
+    return out
 
 
 # ---- argument checks ---------------------------------------------------------------------------
@@ -319,6 +304,11 @@ def _empty(device_like: bool, device: Any, shape: tuple, dt: np.dtype) -> Any:
 # ---- dense ops ---------------------------------------------------------------------------------
 
 
+#: (format, target, rounding, layout, m, k, name, variant, sizing constants) -> (spec, grid,
+#: scalars without tensor_sf) of a dense launch
+_DENSE_PLANS: dict[tuple[Any, ...], tuple[Any, tuple[int, int, int], dict[str, int]]] = {}
+
+
 def _dense(x: Any, fmt: Format, tsf: float, rounding: str | None, layout: ScaleLayout,
            device: Any, target: str | None, name: str, pipeline: int | None = None,
            bf16x2: bool = False) -> tuple[Any, Any]:
@@ -337,11 +327,19 @@ def _dense(x: Any, fmt: Format, tsf: float, rounding: str | None, layout: ScaleL
     lay = "tcgen5d" if layout is TCGEN_5D else "row_major"
     if pipeline is None:
         pipeline, bf16x2 = default_variant(fmt.name, tgt, m, k)
-    spec = QuantizeSpec(fmt.name, tgt, rounding, lay, k % 8 == 0, name=name, pipeline=pipeline,
-                        bf16x2=bf16x2)
-    check_pipeline_shape(spec, m, k)
-    grid, scalars = launch_plan(spec, m, k, -(-m // 128))
-    scalars["tensor_sf"] = tsf
+    # spec, grid and scalars per shape: a pure function of the key and the sizing constants
+    key = (fmt.name, tgt, rounding, lay, m, k, name, pipeline, bf16x2, RESIDENT_BLOCKS, SMS,
+           TARGET_BLOCKS)
+    plan = _DENSE_PLANS.get(key)
+    if plan is None:
+        spec = QuantizeSpec(fmt.name, tgt, rounding, lay, k % 8 == 0, name=name,
+                            pipeline=pipeline, bf16x2=bf16x2)
+        check_pipeline_shape(spec, m, k)
+        if len(_DENSE_PLANS) > 1024:
+            _DENSE_PLANS.clear()
+        plan = _DENSE_PLANS[key] = (spec, *launch_plan(spec, m, k, -(-m // 128)))
+    spec, grid, scalars = plan
+    scalars = {**scalars, "tensor_sf": tsf}
     out = launch(spec, grid, {"data": (dshape, data_dt), "scales": (sshape, scale_dt)},
                  {"x": x}, scalars, dev)
     return out["data"], out["scales"]

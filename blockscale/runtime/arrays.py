@@ -16,7 +16,6 @@ from __future__ import annotations
 import ctypes
 import math
 import sys
-import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -61,6 +60,10 @@ def _dtype_from_dlpack(code: int, bits: int, lanes: int, name: str) -> np.dtype:
     return np.dtype("?" if kind == "b" else f"{kind}{bits // 8}")
 
 
+def _int_tuple(shape: Any) -> bool:
+    return type(shape) is tuple and all(type(n) is int for n in shape)
+
+
 def _contiguous_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
     strides, step = [], itemsize
     for n in reversed(shape):
@@ -99,7 +102,7 @@ class DeviceArray:
     __slots__ = (
         "__weakref__",
         "_base",
-        "_finalizer",
+        "_free_stream",
         "device",
         "dtype",
         "ptr",
@@ -109,16 +112,26 @@ class DeviceArray:
     )
 
     def __init__(self, device: GpuDevice, ptr: int, shape: Sequence[int], dtype: Any, *,
-                 stream: int | None = None, base: Any = None, owned: bool = False):
+                 stream: int | None = None, base: Any = None, owned: bool = False,
+                 alloc_stream: int | None = None):
         self.device = device
         self.ptr = int(ptr)
-        self.shape = tuple(int(n) for n in shape)
-        self.dtype = np.dtype(dtype)
+        self.shape = shape if _int_tuple(shape) else tuple(int(n) for n in shape)
+        self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         self.size = math.prod(self.shape)  # number of elements
         self.stream = stream
         self._base = base  # keeps the owner of borrowed memory alive
-        self._finalizer = (weakref.finalize(self, device.free_memory, self.ptr, stream)
-                           if owned and self.ptr else None)
+        # Owned memory is freed by __del__ (cheaper per array than weakref.finalize, which an
+        # op call paid once per output): in the order of the stream that last wrote it, else
+        # the one it was allocated on (``alloc_stream``; None: the device's default stream).
+        self._free_stream = (-1 if not owned or not self.ptr
+                             else alloc_stream if alloc_stream is not None else stream)
+
+    def __del__(self) -> None:
+        free = getattr(self, "_free_stream", -1)
+        if free != -1:
+            self._free_stream = -1
+            self.device.free_memory(self.ptr, self.stream if self.stream is not None else free)
 
     # ---- construction
     @classmethod
@@ -304,15 +317,19 @@ def _import_capsule(capsule: Any, name: str) -> tuple[int, tuple[int, ...], np.d
 
 # --------------------------------------------------------------------------- duck typing
 
-def torch_current_stream() -> int | None:
-    """torch's current CUDA stream handle, only if torch is already imported and initialized."""
+def torch_current_stream(index: int | None = None) -> int | None:
+    """torch's current CUDA stream handle (of device ``index``; None: torch's current device),
+    only if torch is already imported and its CUDA state initialized."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
     try:
         if not torch.cuda.is_initialized():
             return None
-        return int(torch.cuda.current_stream().cuda_stream)
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # an int, no Stream object
+        if raw is not None:
+            return int(raw(torch.cuda.current_device() if index is None else index))
+        return int(torch.cuda.current_stream(index).cuda_stream)
     except Exception:  # noqa: BLE001 (torch without CUDA, or a partial import)
         return None
 
@@ -327,23 +344,29 @@ def _non_contiguous(name: str, shape: Any, strides: Any) -> ValueError:
                       "make it contiguous first (e.g. tensor.contiguous())")
 
 
+#: torch dtype object -> numpy dtype (filled on first sight; str(dtype) is slow-ish)
+_TORCH_DTYPE_CACHE: dict[Any, np.dtype] = {}
+
+
 def _from_torch(obj: Any, name: str) -> DeviceBuffer:
     if not obj.is_cuda:
         raise ValueError(f"{name}: expected a CUDA tensor, got a tensor on {obj.device}")
     if not obj.is_contiguous():
         raise _non_contiguous(name, obj.shape, obj.stride())
-    key = torch_dtype_name(obj.dtype)
-    if key not in TORCH_DTYPES:
-        raise TypeError(f"{name}: unsupported torch dtype {obj.dtype}; expected one of "
-                        f"{sorted(TORCH_DTYPES)}")
-    stream = None
-    try:
-        import_torch = sys.modules["torch"]
-        stream = int(import_torch.cuda.current_stream(obj.device).cuda_stream)
-    except Exception:  # noqa: BLE001
-        stream = None
-    return DeviceBuffer(int(obj.data_ptr()), tuple(obj.shape), TORCH_DTYPES[key],
-                        stream)
+    dtype = _TORCH_DTYPE_CACHE.get(obj.dtype)
+    if dtype is None:
+        key = torch_dtype_name(obj.dtype)
+        if key not in TORCH_DTYPES:
+            raise TypeError(f"{name}: unsupported torch dtype {obj.dtype}; expected one of "
+                            f"{sorted(TORCH_DTYPES)}")
+        dtype = _TORCH_DTYPE_CACHE[obj.dtype] = TORCH_DTYPES[key]
+    return DeviceBuffer(int(obj.data_ptr()), tuple(obj.shape), dtype,
+                        torch_current_stream(_device_index(obj)))
+
+
+def _device_index(obj: Any) -> int | None:
+    index = getattr(obj.device, "index", None)
+    return index if type(index) is int else None
 
 
 def _from_cai(cai: dict[str, Any], name: str) -> DeviceBuffer:

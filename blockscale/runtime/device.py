@@ -429,15 +429,16 @@ class GpuDevice(Device):
             log.debug("freeing 0x%x failed: %s", ptr, e)
 
     def alloc(self, shape: Sequence[int], dtype: Any, stream: Any = None) -> Any:
-        shape = tuple(int(n) for n in shape)
-        if any(n < 0 for n in shape):
-            raise ValueError(f"shape: dims must be >= 0, got {shape}")
-        dt = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if not (type(shape) is tuple and all(type(n) is int and n >= 0 for n in shape)):
+            shape = tuple(int(n) for n in shape)
+            if any(n < 0 for n in shape):
+                raise ValueError(f"shape: dims must be >= 0, got {shape}")
+        dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+        nbytes = math.prod(shape) * dt.itemsize
         handle = None if stream is None else self.resolve_stream(stream)
-        ptr = self._malloc(nbytes, self.default_stream() if handle is None else handle) \
-            if nbytes else 0
-        return DeviceArray(self, ptr, shape, dt, stream=handle, owned=True)
+        where = self.default_stream() if handle is None else handle
+        ptr = self._malloc(nbytes, where) if nbytes else 0
+        return DeviceArray(self, ptr, shape, dt, stream=handle, owned=True, alloc_stream=where)
 
     def zeros(self, shape: Sequence[int], dtype: Any, stream: Any = None) -> Any:
         arr = self.alloc(shape, dtype, stream)
