@@ -238,10 +238,11 @@ def kernel(spec: GroupedWgmmaSpec) -> Any:
 
 
 #: (T routed rows, N, G) of the GPU tests and tools/bundle.py: gpt-oss-120b gate_up (E=128,
-#: top-4, N=5760) at T = 1024 / 4096 tokens, DeepSeek-V3 (E=256, top-8, N=4096) at 1024 /
+#: top-4, N=5760) at T = 1024 / 4096 tokens, DeepSeek-V3 (E=256, top-8, N=4096) at 128 / 1024 /
 #: 4096, the GPU test's cases (N=2048, 4 groups; 7168 x 6 groups) and the fused SwiGLU GPU
 #: test's (N=4096 / 2048, 3-4 groups)
-GPU_SHAPES = ((4096, 5760, 128), (16384, 5760, 128), (8192, 4096, 256), (32768, 4096, 256),
+GPU_SHAPES = ((4096, 5760, 128), (16384, 5760, 128), (1024, 4096, 256), (8192, 4096, 256),
+              (32768, 4096, 256),
               (1920, 2048, 4), (1024, 7168, 6), (1920, 4096, 4), (1920, 2048, 4))
 
 
