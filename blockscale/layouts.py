@@ -37,6 +37,9 @@ class ScaleLayout(str, enum.Enum):
         """A layout from itself or its name ("row_major", "tcgen5d", any case)."""
         if isinstance(value, cls):
             return value
+        hit = _BY_NAME.get(value) if type(value) is str else None
+        if hit is not None:  # the common spellings, without walking the enum
+            return hit
         if isinstance(value, str):
             for layout in cls:
                 if value.lower() in (layout.value, layout.name.lower()):
@@ -49,6 +52,7 @@ class ScaleLayout(str, enum.Enum):
 
 ROW_MAJOR = ScaleLayout.ROW_MAJOR
 TCGEN_5D = ScaleLayout.TCGEN_5D
+_BY_NAME = {n: m for m in ScaleLayout for n in (m.value, m.name.lower())}
 
 
 def _check_count(value: int, arg: str) -> int:
