@@ -31,14 +31,19 @@ def _store(spec: Any, kb: Any, tiles: list, wc: Any, m0: Any, n0: Any, end: Any,
         return
     import blockscale.ops._matmul_ir as mir
 
+    # n = n0 + 2 t + 8 nt + (i & 1) with n0 and the fragment's column base even: the parity
+    # of n is i & 1 and n // 2 = (n0 + c_col(0, 0)) / 2 + 4 nt
     half = bir.udiv(n_count, 2)
+    base = bir.udiv(bir.add(n0, wc.c_col(0, 0)), 2)
     for row in tiles:
         for nt, vals in enumerate(row):
             for i, v in enumerate(vals):
                 m = bir.add(m0, wc.c_row(0, i))
                 n = bir.add(n0, wc.c_col(nt, i))
                 with bir.when(bir.logical_and(bir.ult(m, end), bir.ult(n, n_count))):
-                    col = bir.add(bir.mul(bir.urem(n, 2), half), bir.udiv(n, 2))
+                    col = bir.add(base, 4 * nt)
+                    if i & 1:
+                        col = bir.add(col, half)
                     mir.store_output(scale(v, m, n), kb.arg("c"),
                                      bir.add(bir.mul(m, n_count), col), "bfloat16")
 
