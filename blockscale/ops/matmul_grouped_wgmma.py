@@ -263,12 +263,14 @@ def bundle_specs(target: str = "sm_90a") -> list[GroupedWgmmaSpec]:
 
 
 def _register() -> None:
-    """Put :func:`fast_path` just before the mma.sync grouped kernel's entry."""
+    """Put :func:`fast_path` just before the mma.sync grouped kernel's entry (by module
+    name: matmul_grouped_sm90 may be partially imported here, through matmul_grouped; when
+    it registers later it appends, i.e. after this entry)."""
     paths = _grouped.FAST_PATHS
     if fast_path in paths:
         return
-    at = paths.index(_mma_grouped.fast_path) if _mma_grouped.fast_path in paths else len(paths)
-    paths.insert(at, fast_path)
+    mma = [i for i, f in enumerate(paths) if f.__module__ == _mma_grouped.__name__]
+    paths.insert(mma[0] if mma else len(paths), fast_path)
 
 
 _register()
