@@ -309,7 +309,9 @@ def launch_op(spec: Any, grid: tuple[int, int, int],
     ``spec``'s kernel, copy numpy inputs to ``device``, allocate the outputs ``outs``
     (``(name, shape, dtype)``), launch on ``grid`` (three ints) and return
     ``(host, {name: output})``: ``host`` is True when every input was numpy (the outputs are
-    then numpy too), else the outputs are device arrays on the launch stream.
+    then numpy too), else the outputs are device arrays, allocated on and written by the
+    launch stream (``device.launch_stream``: torch's current stream when it is not the
+    default one, so the ops can be captured in a CUDA graph; else the inputs' stream).
 
     Per call it only does what depends on the values: the kernel's argument order is cached
     (:data:`_ORDERS`), and device arrays of ``device`` pass their checks by type.
@@ -334,11 +336,17 @@ def launch_op(spec: Any, grid: tuple[int, int, int],
     elif not checked:
         buffers = {n: device.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray)
                    else v for n, v in buffers.items()}
-    out = {name: device.alloc(shape, dtype) for name, shape, dtype in outs}
+    # GPUs: the outputs are allocated (stream-ordered) on the stream the launch will use
+    pick = getattr(device, "launch_stream", None)
+    stream = pick(buffers.values()) if pick is not None else None
+    out = {name: device.alloc(shape, dtype, stream) for name, shape, dtype in outs}
     args = [out[n] if k == 0 else buffers[n] if k == 1 else scalars[n] for k, n in order]
     if not (type(grid) is tuple and len(grid) == 3):
         grid = tuple(int(g) for g in grid) + (1,) * (3 - len(tuple(grid)))
-    device.launch(kernel, grid, args)
+    if stream is None:
+        device.launch(kernel, grid, args)
+    else:
+        device.launch(kernel, grid, args, stream)
     if host:
         return True, {n: device.to_host(v) for n, v in out.items()}
     return False, out

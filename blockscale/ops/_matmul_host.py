@@ -6,6 +6,7 @@ No MLIR here; compiling goes through :mod:`blockscale.ops._core` (kernel key, bu
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +14,8 @@ import numpy as np
 
 from blockscale.dtypes import as_np_dtype, np_dtype
 from blockscale.formats import Format
+
+_F32_STRUCT = struct.Struct("<f")
 
 
 def check_choice(value: object, choices: Sequence[str], arg: str) -> None:
@@ -39,21 +42,51 @@ def shape_of(x: object, arg: str, ndim: int) -> tuple[int, ...]:
     if shape is None:
         raise TypeError(f"{arg} must be an array (numpy or device array), got "
                         f"{type(x).__name__}")
-    shape = tuple(int(s) for s in shape)
+    if not (type(shape) is tuple and all(type(s) is int for s in shape)):
+        shape = tuple(int(s) for s in shape)
     if len(shape) != ndim:
         raise ValueError(f"{arg} must have {ndim} dimensions, got shape {shape}")
     return shape
 
 
+#: a dtype object as found on an array (numpy, torch) -> its numpy dtype (or None)
+_DTYPES: dict[Any, np.dtype | None] = {}
+
+
 def _dtype_of(x: object) -> np.dtype | None:
-    return as_np_dtype(getattr(x, "dtype", None))
+    dt = getattr(x, "dtype", None)
+    if isinstance(dt, np.dtype):
+        return dt
+    try:
+        return _DTYPES[dt]
+    except (KeyError, TypeError):
+        pass
+    got = as_np_dtype(dt)
+    try:
+        if len(_DTYPES) < 256:
+            _DTYPES[dt] = got
+    except TypeError:  # unhashable
+        pass
+    return got
+
+
+#: (want, also) -> the allowed numpy dtypes of :func:`check_dtype`
+_ALLOWED: dict[Any, tuple[np.dtype, ...]] = {}
 
 
 def check_dtype(x: object, want: np.dtype | str, arg: str, fmt: Format | None = None,
                 also: Sequence[Any] = ()) -> None:
     """TypeError unless ``x`` has dtype ``want`` (or one of ``also``)."""
     got = _dtype_of(x)
-    allowed = [np.dtype(want), *(np.dtype(a) for a in also)]
+    try:
+        key = (want, tuple(also))
+        allowed = _ALLOWED.get(key)
+    except TypeError:
+        key, allowed = None, None
+    if allowed is None:
+        allowed = (np.dtype(want), *(np.dtype(a) for a in also))
+        if key is not None:
+            _ALLOWED[key] = allowed
     if got not in allowed:
         what = f" for {fmt.name}" if fmt is not None else ""
         raise TypeError(f"{arg} must have dtype {' or '.join(str(a) for a in allowed)}{what}, "
@@ -62,12 +95,23 @@ def check_dtype(x: object, want: np.dtype | str, arg: str, fmt: Format | None = 
 
 def finite_f32(v: object, arg: str) -> float:
     """A finite Python float, exactly representable as float32 after rounding."""
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)):
-        raise TypeError(f"{arg} must be a number, got {type(v).__name__}")
-    f = float(np.float32(v))
+    if type(v) is float or type(v) is int:
+        f = _f32(float(v))
+    else:
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)):
+            raise TypeError(f"{arg} must be a number, got {type(v).__name__}")
+        f = float(np.float32(v))
     if not math.isfinite(f):
         raise ValueError(f"{arg} must be finite (as float32), got {v!r}")
     return f
+
+
+def _f32(v: float) -> float:
+    """``v`` rounded to float32 (round to nearest even; inf past the float32 range)."""
+    try:
+        return _F32_STRUCT.unpack(_F32_STRUCT.pack(v))[0]
+    except OverflowError:  # beyond float32: numpy rounds to inf
+        return float(np.float32(v))
 
 
 def check_epilogue_inputs(inputs: Sequence[Any], given: dict[str, Any], m: int, n: int) -> None:

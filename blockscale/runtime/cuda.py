@@ -356,6 +356,14 @@ class CudaDevice(GpuDevice):
         torch_stream = torch_current_stream()
         return 0 if torch_stream is None else torch_stream
 
+    def context_stream(self) -> int | None:
+        """torch's current stream when torch is in use and it is not the default stream
+        (``torch.cuda.stream(s)``, ``torch.cuda.graph`` capture), else None."""
+        from blockscale.runtime.arrays import torch_current_stream
+
+        torch_stream = torch_current_stream(self.ordinal)
+        return torch_stream or None
+
     def create_stream(self, non_blocking: bool = True) -> Stream:
         return Stream(self, non_blocking)
 

@@ -22,7 +22,7 @@ import os
 import re
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -546,21 +546,107 @@ class GpuDevice(Device):
                 resolved.append(check_scalar(kernel.name, arg, value))
         return resolved, producer_stream
 
+    def context_stream(self) -> int | None:
+        """A stream the caller made current (torch's current stream when it is not the
+        default one, e.g. inside ``torch.cuda.stream(s)`` or ``torch.cuda.graph`` capture):
+        launches and their outputs go there. None here; CUDA asks torch."""
+        return None
+
+    def launch_stream(self, buffers: Iterable[Any]) -> int:
+        """The stream :meth:`launch` uses when given none, for these buffer args: the
+        caller's current stream (:meth:`context_stream`), else the first stream a buffer
+        names (a DeviceArray's last writer, a CUDA Array Interface producer), else
+        :meth:`default_stream`. Ops allocate their outputs on it."""
+        current = self.context_stream()
+        if current is not None:
+            return current
+        for value in buffers:
+            if type(value) is DeviceArray:
+                if value.stream is not None:
+                    return value.stream
+            elif value is not None and not isinstance(value, np.ndarray):
+                try:
+                    stream = as_device_buffer(value, "buffer").stream
+                except (TypeError, ValueError):
+                    continue  # launch() names the argument
+                if stream is not None:
+                    return stream
+        return self.default_stream()
+
+    def _flat_args(self, kernel: KernelBinary, pack: ArgPack, args: Sequence[Any]
+                   ) -> tuple[list[Any], int | None]:
+        """The packed parameter values of ``args`` (kernels without tensormaps) and the first
+        stream a buffer names; the checks of :meth:`resolve_args`, with our arrays, in-range
+        ints and floats checked inline."""
+        flat: list[Any] = []
+        producer: int | None = None
+        for (is_buffer, want, bounds), arg, value in zip(pack.checks, pack.args, args):
+            if is_buffer:
+                if type(value) is DeviceArray and value.device is self:
+                    ptr, n, dtype, stream = value.ptr, value.size, value.dtype, value.stream
+                else:
+                    ptr, n, dtype, stream = self._resolve_buffer(kernel, arg, value)
+                if dtype is not want and dtype != want and not (
+                        dtype.itemsize == 1 and want.itemsize == 1):  # type: ignore[union-attr]
+                    check_buffer_dtype(kernel.name, arg, dtype)
+                flat += (ptr, ptr, 0, n, 1)
+                if producer is None:
+                    producer = stream
+            elif bounds is not None and type(value) is int and bounds[0] <= value <= bounds[1]:
+                flat.append(value)
+            elif bounds is None and type(value) is float:
+                flat.append(value)
+            else:
+                flat.append(check_scalar(kernel.name, arg, value))
+        return flat, producer
+
+    def _resolve_buffer(self, kernel: KernelBinary, arg: KernelArg, value: Any
+                        ) -> tuple[int, int, np.dtype, int | None]:
+        """(ptr, n_elements, dtype, stream) of a buffer arg that is not our DeviceArray of this
+        device (ValueError / TypeError name the kernel and the argument)."""
+        if type(value) is DeviceArray:
+            raise ValueError(
+                f"kernel {kernel.name!r} arg {arg.name!r}: expected memory on "
+                f"{self.name}:{self.ordinal}, got an array on "
+                f"{value.device.name}:{getattr(value.device, 'ordinal', 0)}")
+        where = f"kernel {kernel.name!r} arg {arg.name!r}"
+        self.check_foreign_memory(value, where)
+        ptr, shape, dtype, stream = as_device_buffer(value, where)
+        n = math.prod(shape)
+        if n and not ptr:
+            raise ValueError(f"{where}: null pointer")
+        return ptr, n, dtype, stream
+
     def launch(self, kernel: KernelBinary, grid: Sequence[int], args: Sequence[Any],
                stream: Any = None) -> None:
-        """Launch on ``stream``; None means the stream of the first buffer that names one
-        (torch's current stream for torch tensors), else :meth:`default_stream`."""
+        """Launch on ``stream``; None means the caller's current stream
+        (:meth:`context_stream`), else the stream of the first buffer that names one (torch's
+        current stream for torch tensors), else :meth:`default_stream`. Our arrays in
+        ``args`` then record the stream as their last writer."""
         function, pack = self.kernel_handle(kernel)
         grid3 = normalize_grid(grid, kernel.name)
-        resolved, producer_stream = self.resolve_args(kernel, args, pack)
-        handle = self.resolve_stream(stream if stream is not None else producer_stream)
-        for i in pack.tensormaps:
-            arg = kernel.args[i]
-            ptr, n = resolved[[a.name for a in kernel.args].index(arg.tensor)]
-            dims = tensormap_dims(arg, resolved[i], n, kernel.name)
-            resolved[i] = self.tensormap_address(arg, ptr, dims, handle)
+        if pack.tensormaps:
+            resolved, producer_stream = self.resolve_args(kernel, args, pack)
+        else:
+            if len(args) != len(pack.args):
+                check_arg_count(kernel, args)
+            flat, producer_stream = self._flat_args(kernel, pack, args)
+        if stream is not None:
+            handle = self.resolve_stream(stream)
+        else:
+            current = self.context_stream()
+            handle = current if current is not None else producer_stream \
+                if producer_stream is not None else self.default_stream()
+        if pack.tensormaps:
+            names = [a.name for a in kernel.args]
+            for i in pack.tensormaps:
+                arg = kernel.args[i]
+                ptr, n = resolved[names.index(arg.tensor)]
+                dims = tensormap_dims(arg, resolved[i], n, kernel.name)
+                resolved[i] = self.tensormap_address(arg, ptr, dims, handle)
+            flat = pack.values(resolved)
         with pack.lock:
-            pack.pack(resolved)
+            pack.struct.pack_into(pack.storage, 0, *flat)
             self._launch_raw(function, grid3, kernel, handle, pack.params_address)
         for value in args:  # our arrays were last written on this stream
             if type(value) is DeviceArray:
