@@ -5,6 +5,7 @@ No MLIR here; compiling goes through :mod:`blockscale.ops._core` (kernel key, bu
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections.abc import Sequence
@@ -79,10 +80,12 @@ def check_dtype(x: object, want: np.dtype | str, arg: str, fmt: Format | None = 
     """TypeError unless ``x`` has dtype ``want`` (or one of ``also``)."""
     got = _dtype_of(x)
     try:
-        key = (want, tuple(also))
+        key = (want, tuple(also)) if also else want
         allowed = _ALLOWED.get(key)
     except TypeError:
         key, allowed = None, None
+    if allowed is not None and got is not None and got in allowed:
+        return
     if allowed is None:
         allowed = (np.dtype(want), *(np.dtype(a) for a in also))
         if key is not None:
@@ -114,6 +117,41 @@ def _f32(v: float) -> float:
         return float(np.float32(v))
 
 
+def array_key(x: object) -> tuple[Any, ...]:
+    """What host checks of an array argument depend on: ``(type, shape, dtype)`` (for memo
+    keys of validated signatures; the caller catches the TypeError of unhashable parts)."""
+    return type(x), getattr(x, "shape", None), getattr(x, "dtype", None)
+
+
+class CheckMemo:
+    """Remembers the results of a pure argument check per key, e.g. the ``(type, shape,
+    dtype)`` of each array plus the other arguments it reads. Only successful checks are
+    stored, so a bad argument always reaches the check and raises; equal keys get the
+    same answer the check gave before. Bounded: cleared when it reaches ``size`` entries.
+    """
+
+    def __init__(self, size: int = 1024):
+        self.size = size
+        self._memo: dict[Any, Any] = {}
+
+    def get(self, key: Any) -> Any:
+        """The stored result for ``key`` (None when absent or unhashable)."""
+        try:
+            return self._memo.get(key)
+        except TypeError:
+            return None
+
+    def put(self, key: Any, value: Any) -> Any:
+        """Store ``value`` for ``key`` (unless unhashable) and return it."""
+        try:
+            if len(self._memo) >= self.size:
+                self._memo.clear()
+            self._memo[key] = value
+        except TypeError:
+            pass
+        return value
+
+
 def check_epilogue_inputs(inputs: Sequence[Any], given: dict[str, Any], m: int, n: int) -> None:
     """Every declared epilogue input given, with the right shape and dtype; no extras."""
     names = {i.name for i in inputs}
@@ -136,11 +174,20 @@ def check_epilogue_inputs(inputs: Sequence[Any], given: dict[str, Any], m: int, 
 def device_and_target(device: Any, target: str | None) -> tuple[Any, str]:
     """The runtime Device for ``device`` (a name, a Device or None = best available) and the
     kernel target name (``target``, else the device's, else the default target)."""
-    import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
-    from blockscale import runtime
+    if hasattr(device, "launch"):
+        dev = device
+    else:
+        from blockscale import runtime
 
-    dev = device if hasattr(device, "launch") else runtime.get_device(device)
-    return dev, _core.resolve_target(target, dev)
+        dev = runtime.get_device(device)
+    return dev, _ops_core().resolve_target(target, dev)
+
+
+@functools.cache
+def _ops_core() -> Any:
+    import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
+
+    return _core
 
 
 def launch(spec: Any, grid: tuple[int, int, int], out_shape: tuple[int, ...], out_dtype: str,

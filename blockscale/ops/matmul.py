@@ -140,8 +140,22 @@ class _Dense:
     k: int
 
 
+#: successful _validate results per argument signature (host cost per call)
+_VALIDATED = H.CheckMemo()
+
+
 def _validate(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format, k: int | None,
               scale_layout: str, scale_names: tuple[str, str] = ("sfa", "sfb")) -> _Dense:
+    key = (H.array_key(a), H.array_key(b), H.array_key(sfa), H.array_key(sfb), fmt.name,
+           type(k), k, scale_layout, scale_names)
+    hit = _VALIDATED.get(key)
+    if hit is not None:
+        return hit
+    return _VALIDATED.put(key, _check(a, b, sfa, sfb, fmt, k, scale_layout, scale_names))
+
+
+def _check(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format, k: int | None,
+           scale_layout: str, scale_names: tuple[str, str]) -> _Dense:
     a_shape, b_shape = H.shape_of(a, "a", 2), H.shape_of(b, "b", 2)
     H.check_dtype(a, fmt.elem_dtype, "a", fmt)
     H.check_dtype(b, fmt.elem_dtype, "b", fmt)

@@ -34,6 +34,7 @@ import MLIR.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -295,13 +296,19 @@ def grouped_fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_grou
     return run
 
 
+@functools.lru_cache(maxsize=256)
+def _dense_spec(fmt_name: str, out_dtype: str, target: str, variant: str) -> DecodeSpec:
+    """The dense DecodeSpec of the dispatch (built once per combination: host cost)."""
+    return DecodeSpec(fmt_name, "dense", out_dtype, False, target, variant)
+
+
 def dense_fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
                     epilogue: Any) -> Callable[..., Any] | None:
     """The :data:`blockscale.ops.matmul.FAST_PATHS` hook: M <= MAX_ROWS, no epilogue."""
     if target not in TARGETS or not enabled() or epilogue is not None or m == 0 or n == 0 \
             or m > MAX_ROWS or not k_supported(fmt, k):
         return None
-    spec = DecodeSpec(fmt.name, "dense", out_dtype, False, target, dispatch_variant(fmt))
+    spec = _dense_spec(fmt.name, out_dtype, target, dispatch_variant(fmt))
 
     def run(a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, extra: dict[str, Any],
             device: Any) -> Any:

@@ -127,6 +127,17 @@ class DeviceArray:
         self._free_stream = (-1 if not owned or not self.ptr
                              else alloc_stream if alloc_stream is not None else stream)
 
+    @classmethod
+    def _owned(cls, device: GpuDevice, ptr: int, shape: tuple[int, ...], dtype: np.dtype,
+               stream: int | None, alloc_stream: int) -> DeviceArray:
+        """Memory just allocated by ``device`` (shape: ints >= 0, dtype: a numpy dtype,
+        both already checked): :meth:`__init__` without the conversions."""
+        arr = cls.__new__(cls)
+        arr.device, arr.ptr, arr.shape, arr.dtype = device, ptr, shape, dtype
+        arr.size, arr.stream, arr._base = math.prod(shape), stream, None
+        arr._free_stream = alloc_stream if ptr else -1
+        return arr
+
     def __del__(self) -> None:
         free = getattr(self, "_free_stream", -1)
         if free != -1:

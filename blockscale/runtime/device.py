@@ -438,7 +438,7 @@ class GpuDevice(Device):
         handle = None if stream is None else self.resolve_stream(stream)
         where = self.default_stream() if handle is None else handle
         ptr = self._malloc(nbytes, where) if nbytes else 0
-        return DeviceArray(self, ptr, shape, dt, stream=handle, owned=True, alloc_stream=where)
+        return DeviceArray._owned(self, int(ptr), shape, dt, handle, where)
 
     def zeros(self, shape: Sequence[int], dtype: Any, stream: Any = None) -> Any:
         arr = self.alloc(shape, dtype, stream)
