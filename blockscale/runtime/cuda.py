@@ -10,6 +10,7 @@ which raises :class:`CudaError` with the CUDA error name and, for launches, the 
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import threading
@@ -207,6 +208,8 @@ class CudaDevice(GpuDevice):
         self._modules: list[Any] = []
         self._tensormaps: dict[tuple[Any, ...], tuple[Any, np.ndarray]] = {}
         self._tensormaps_lock = threading.Lock()
+        #: tensor maps written during graph captures (freed as newer ones push them out)
+        self._capture_maps: collections.deque[Any] = collections.deque(maxlen=TENSORMAP_CACHE_SIZE)
         self._pool = self._stream_ordered_pool(
             get(attr.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED))
 
@@ -292,6 +295,8 @@ class CudaDevice(GpuDevice):
         hit = self._tensormaps.get(key)
         if hit is not None:
             return hit[0].ptr
+        if self.is_capturing(stream):
+            return self._captured_tensormap(encode_tensormap(arg, ptr, dims), stream)
         host = np.frombuffer(encode_tensormap(arg, ptr, dims), np.uint8).copy()
         with self._tensormaps_lock:
             if len(self._tensormaps) >= TENSORMAP_CACHE_SIZE:
@@ -300,6 +305,28 @@ class CudaDevice(GpuDevice):
             dev = self.alloc((128,), np.uint8)
             self._htod(dev.ptr, host.ctypes.data, 128, stream)
             self._tensormaps[key] = (dev, host)
+        return dev.ptr
+
+    def is_capturing(self, stream: int) -> bool:
+        """Whether ``stream`` is being captured into a CUDA graph (cuStreamIsCapturing)."""
+        drv = _driver()
+        self.activate()
+        status = check(drv.cuStreamIsCapturing(stream), "cuStreamIsCapturing")
+        return status != drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+    def _captured_tensormap(self, encoded: bytes, stream: int) -> int:
+        """A tensor map written inside a graph capture on ``stream``: a 128-byte buffer
+        allocated on the stream (a graph allocation) and filled by 32 captured 4-byte
+        memsets, which need no host memory at replay (a pageable host copy cannot be
+        captured). Not cached: the graph rewrites it at every replay. The buffer is kept
+        alive until capture ends (a free during capture would precede the launch)."""
+        import struct
+
+        dev = self.alloc((128,), np.uint8, stream)
+        drv = _driver()
+        for i, word in enumerate(struct.unpack("<32I", encoded)):
+            check(drv.cuMemsetD32Async(dev.ptr + 4 * i, word, 1, stream), "cuMemsetD32Async")
+        self._capture_maps.append(dev)
         return dev.ptr
 
     def check_foreign_memory(self, value: Any, name: str) -> None:
