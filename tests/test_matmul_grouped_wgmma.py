@@ -32,6 +32,10 @@ CASES = [
     ([65, 129, 257], [0, 1, 2], 3, 24, 96),
     ([2, 2, 2, 2], [3, 1, 0, 2], 4, 16, 64),
     ([128, 256, 5], [1, -1, 0], 2, 72, 160),
+    # 70 groups (three 32-group chunks of the warp-parallel scan), empty and unused ones, a
+    # 2-tile group in the last chunk
+    ([130 if g == 66 else (7 * g) % 5 for g in range(70)],
+     [-1 if g % 9 == 4 else g % 8 for g in range(70)], 8, 16, 64),
 ]
 
 

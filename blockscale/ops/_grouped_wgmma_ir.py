@@ -1,7 +1,7 @@
 """IR of the sm_90a grouped wgmma matmul (:mod:`blockscale.ops.matmul_grouped_wgmma`).
 
-Imports MLIR. The work item of CTA ``(x, y)`` is found by the mma.sync grouped kernel's
-CTA-uniform scan (:func:`blockscale.ops.matmul_grouped_sm90._find_tile`); the K loop is
+Imports MLIR. The work item of CTA ``(x, y)`` is found by a warp-parallel scan of ``expert_start``
+(:func:`find_tile`; the same in every warp, so CTA-uniform); the K loop is
 :func:`blockscale.ops._wgmma_ir.emit_mainloop` on the group's A rows (masked at the group
 end, scales in the group's padded 128-row tiles) and expert ``e``'s weight rows
 ``e N + n`` (6-D scales ``[e, n // 128, ...]``); the epilogue is the dense kernel's store
@@ -18,8 +18,50 @@ from mlir.dialects import arith
 import blockscale.ops._wgmma_ir as X
 from blockscale.compiler import ir as bir
 from blockscale.layouts import SF_ATOM_ROWS
-from blockscale.ops import matmul_grouped_sm90 as _mma_grouped
 from blockscale.ops import matmul_sm90 as _sm90
+
+
+def find_tile(bm: int, kb: Any, groups: Any) -> tuple[Any, Any, Any]:
+    """(group, row tile within the group, whether CTA y has a work item), as
+    :func:`blockscale.ops.matmul_grouped_sm90._find_tile` but warp-parallel: lane l of every
+    warp takes group ``32 c + l`` of chunk c (``ceil(n_g / bm)`` row tiles), an inclusive
+    prefix sum over the lanes (5 ``shfl.idx``) places its tiles after the chunk's base, the
+    lane whose range holds y keeps (g, first tile); after the loop a butterfly sum (only that
+    lane is non-zero) gives them to every lane. G / 32 iterations instead of G."""
+    from blockscale.compiler.arch import nvvm
+
+    y = bir.block_idx("y")
+    es = kb.arg("expert_start")
+    lane = bir.urem(bir.thread_idx("x"), 32)
+    zero = bir.const(0)
+    with bir.for_range(0, bir.ceil_div(groups, 32), carry=[zero, zero, zero]) as loop:
+        base, my_g, my_start = loop.carried
+        g = bir.add(bir.mul(loop.iv, 32), lane)
+        live = bir.ult(g, groups)
+        safe = bir.umin(g, bir.sub(groups, 1))  # the loop runs only when groups >= 1
+        rows = bir.sub(bir.as_index(bir.load(es, bir.add(safe, 1))),
+                       bir.as_index(bir.load(es, safe)))
+        tiles = bir.select(live, bir.ceil_div(rows, bm), 0)
+        incl = bir.as_i32(tiles)
+        for d in (1, 2, 4, 8, 16):
+            low = bir.ult(lane, d)
+            src = bir.as_i32(bir.select(low, lane, bir.sub(lane, d)))
+            incl = bir.add(incl, bir.select(low, 0, nvvm.shfl_idx(incl, src)))
+        hi = bir.add(base, bir.as_index(incl))
+        lo = bir.sub(hi, tiles)
+        mine = bir.logical_and(bir.ule(lo, y), bir.ult(y, hi))
+        total = bir.as_index(nvvm.shfl_idx(incl, 31))
+        loop.yield_(bir.add(base, total), bir.select(mine, g, my_g),
+                    bir.select(mine, lo, my_start))
+    total, my_g, my_start = loop.results
+    found = []
+    for v in (my_g, my_start):
+        v = bir.as_i32(v)
+        for d in (1, 2, 4, 8, 16):
+            v = bir.add(v, nvvm.shfl_xor(v, d))
+        found.append(bir.as_index(v))
+    g, start = found
+    return g, bir.sub(y, start), bir.ult(y, total)
 
 
 def _store(spec: Any, kb: Any, tiles: list, wc: Any, m0: Any, n0: Any, end: Any,
@@ -57,7 +99,7 @@ def build(spec: Any) -> Any:
         raise AssertionError("GroupedWgmmaSpec.shared_bytes disagrees with _wgmma_ir.Tiles")
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         n_count, k, groups = (bir.as_index(kb.arg(x)) for x in ("n", "k", "num_groups"))
-        g, tile, has_work = _mma_grouped._find_tile(spec, kb, groups)
+        g, tile, has_work = find_tile(spec.bm, kb, groups)
         with bir.when(has_work):  # CTA-uniform: the barriers below are reached by all
             es = kb.arg("expert_start")
             start = bir.as_index(bir.load(es, g))
