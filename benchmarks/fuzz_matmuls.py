@@ -268,7 +268,7 @@ def specs(target: str = "sm_90a", seeds: tuple[int, ...] = (0, 1, 2),
         seen.setdefault(spec, None)
         return original(spec, build)
 
-    dev = runtime.get_device("interp")
+    dev = runtime.get_device("interp")  # a shared instance: its launch is restored below
     dev.launch = lambda kernel, grid, args, stream=None: None  # outputs stay unchecked
     _core.get_kernel = recording
     try:
@@ -279,6 +279,7 @@ def specs(target: str = "sm_90a", seeds: tuple[int, ...] = (0, 1, 2),
                     fn(rng, dev, target, check=False)
     finally:
         _core.get_kernel = original
+        del dev.launch  # the class's method again
     return list(seen)
 
 
