@@ -405,7 +405,7 @@ _core.attach_kernel_api((grouped_matmul_block_scaled, grouped_matmul_block_scale
 _core.register_op_module(__name__)
 
 import blockscale.ops.matmul_grouped_sm90  # noqa: F401 (registers its FAST_PATHS entry)
-import blockscale.ops.matmul_grouped_wgmma  # noqa: E402, F401 (sm_90a wgmma, prefill)
+import blockscale.ops.matmul_grouped_wgmma  # sm_90a wgmma, prefill (before the mma.sync entry)
 import blockscale.ops.matmul_grouped_mfma  # noqa: E402, F401 (gfx942 / gfx950 MFMA)
 import blockscale.ops.matmul_decode  # noqa: E402, F401 (decode kernel: first in FAST_PATHS)
 
