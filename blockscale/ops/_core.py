@@ -301,6 +301,16 @@ def _arg_order(kernel: KernelBinary, outs: tuple[str, ...]) -> tuple[tuple[int, 
     return order
 
 
+@functools.cache
+def _launch_modules() -> tuple[Any, type]:
+    """numpy and DeviceArray, imported on first use (importing ops stays light)."""
+    import numpy as np
+
+    from blockscale.runtime.arrays import DeviceArray
+
+    return np, DeviceArray
+
+
 def launch_op(spec: Any, grid: tuple[int, int, int],
               outs: Sequence[tuple[str, tuple[int, ...], Any]], buffers: dict[str, Any],
               scalars: dict[str, Any], device: Any,
@@ -316,10 +326,7 @@ def launch_op(spec: Any, grid: tuple[int, int, int],
     Per call it only does what depends on the values: the kernel's argument order is cached
     (:data:`_ORDERS`), and device arrays of ``device`` pass their checks by type.
     """
-    import numpy as np
-
-    from blockscale.runtime.arrays import DeviceArray
-
+    np, DeviceArray = _launch_modules()
     host, checked = True, True
     for v in buffers.values():
         if type(v) is np.ndarray:

@@ -1,0 +1,105 @@
+"""The ops inside ``torch.cuda.graph`` capture: quantize -> block_scaled_matmul on torch CUDA
+tensors is captured (launches and output allocations go to torch's capture stream; nothing
+synchronizes), replayed, and the replayed bytes equal the eager result exactly, after new
+input values are copied into the captured input tensors too. Shapes: a decode step (M = 1,
+the decode kernel) and M = 128 (the sm_90a wgmma kernel, whose TMA tensor maps are written
+inside the graph). Needs torch with CUDA and the kernel bundle::
+
+    BLOCKSCALE_BUNDLE_DIR=build/gpu pytest -m gpu tests/test_cuda_graph_gpu.py
+"""
+
+from __future__ import annotations
+
+import gc
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from blockscale import layouts, ops
+from blockscale import reference as ref
+from blockscale.formats import NVFP4
+
+pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
+
+torch = pytest.importorskip("torch")
+
+
+def _torch_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU")
+    return torch
+
+
+def _weights(rng: np.random.Generator, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """NVFP4 weights [N, K/2] (any bytes) and their 5-D E4M3 scales (finite, near 1)."""
+    w = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    s2 = rng.integers(0x30, 0x40, (n, NVFP4.kblocks(k)), dtype=np.uint8)
+    return w, layouts.interleave(s2).view(np.uint8)
+
+
+def _step(x, w, sw, k: int):
+    data, scales = ops.quantize_dynamic_block_scaled(x, "nvfp4", tensor_sf=0.5)
+    return ops.block_scaled_matmul(data, w, scales, sw, NVFP4, k=k, alpha=2.0)
+
+
+def _bytes(out) -> np.ndarray:
+    return torch.from_dlpack(out).view(torch.uint8).cpu().numpy()
+
+
+@pytest.mark.parametrize("m", [1, 128])
+def test_quantize_matmul_captured_replay_is_byte_exact(m):
+    t = _torch_cuda()
+    n, k = 512, 2048
+    rng = np.random.default_rng(7)
+    w, sw = _weights(rng, n, k)
+    x_host = (rng.standard_normal((m, k)) * 4).astype(np.float32)
+    x = torch.from_numpy(x_host).to(device="cuda", dtype=torch.bfloat16)
+    tw = torch.from_numpy(w).cuda()
+    tsw = torch.from_numpy(sw).cuda().view(torch.float8_e4m3fn)
+
+    eager = _bytes(_step(x, tw, tsw, k))
+    t.cuda.synchronize()
+
+    side = t.cuda.Stream()  # warm up on a side stream, as torch recommends before capture
+    side.wait_stream(t.cuda.current_stream())
+    with t.cuda.stream(side):
+        for _ in range(2):
+            _step(x, tw, tsw, k)
+    t.cuda.current_stream().wait_stream(side)
+    t.cuda.synchronize()
+    gc.collect()
+
+    graph = t.cuda.CUDAGraph()
+    with t.cuda.graph(graph):
+        out = _step(x, tw, tsw, k)
+    graph.replay()
+    t.cuda.synchronize()
+    np.testing.assert_array_equal(_bytes(out), eager)
+
+    # new values in the captured input: the replay computes them like an eager call
+    x2 = torch.from_numpy(-2 * x_host).to(device="cuda", dtype=torch.bfloat16)
+    eager2 = _bytes(_step(x2, tw, tsw, k))
+    x.copy_(x2)
+    graph.replay()
+    t.cuda.synchronize()
+    np.testing.assert_array_equal(_bytes(out), eager2)
+    assert not np.array_equal(eager, eager2)
+
+
+def test_ops_follow_torch_current_stream():
+    """Outside capture, a non-default torch stream gets the launch and the outputs."""
+    t = _torch_cuda()
+    from blockscale.runtime import get_device
+
+    x = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16)
+    s = t.cuda.Stream()
+    with t.cuda.stream(s):
+        data, scales = ops.quantize_dynamic_block_scaled(x, "nvfp4")
+        assert data.stream == scales.stream == s.cuda_stream
+    assert get_device("cuda").context_stream() is None
+    s.synchronize()
+    host = x.view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16)
+    want_d, want_s = ref.quantize_dynamic_block_scaled(host, NVFP4)
+    np.testing.assert_array_equal(data.numpy().view(np.uint8), want_d.view(np.uint8))
+    np.testing.assert_array_equal(scales.numpy().view(np.uint8), want_s.view(np.uint8))
