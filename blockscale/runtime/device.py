@@ -592,9 +592,8 @@ class GpuDevice(Device):
                 flat += (ptr, ptr, 0, n, 1)
                 if producer is None:
                     producer = stream
-            elif bounds is not None and type(value) is int and bounds[0] <= value <= bounds[1]:
-                flat.append(value)
-            elif bounds is None and type(value) is float:
+            elif (type(value) is int and bounds is not None and bounds[0] <= value <= bounds[1]
+                  or type(value) is float and bounds is None):  # in-range int, f32 float
                 flat.append(value)
             else:
                 flat.append(check_scalar(kernel.name, arg, value))
