@@ -132,11 +132,11 @@ def _spy_launches(monkeypatch) -> list:
 
 
 @pytest.mark.interp
-@pytest.mark.parametrize("fmt", [NVFP4, MXFP4], ids=lambda f: f.name)
-def test_fused_swiglu_equals_chained(monkeypatch, fmt):
+@pytest.mark.parametrize("fmt,rows", [(NVFP4, False), (NVFP4, True), (MXFP4, False)],
+                         ids=["nvfp4", "nvfp4-rows-oai", "mxfp4"])
+def test_fused_swiglu_equals_chained(monkeypatch, fmt, rows):
     """Where the chained matmul runs this kernel, the fused op runs it too (σ output store,
-    then fused_silu_quantize): byte-identical, also for MXFP4 "fold" whose roundings differ
-    from the portable kernel's."""
+    then fused_silu_quantize): byte-identical (with a_row_scales and SwiGLU-OAI too)."""
     monkeypatch.setattr(gw, "MIN_ROWS", 1)
     specs = _spy_launches(monkeypatch)
     counts, ids, e_count, d, k = [65, 0, 3, 70], [1, 0, -1, 2], 3, 40, 128
@@ -148,15 +148,21 @@ def test_fused_swiglu_equals_chained(monkeypatch, fmt):
     esc = np.array([1.25, 1.5, 2.0], np.float32) if fmt is NVFP4 else None
     isc = np.array([0.5, 0.25, 0.75], np.float32) if fmt is NVFP4 else None
     tiles = case["a_scales"].shape[0]
+    rs = np.random.default_rng(3).uniform(0.5, 2, int(es[-1])).astype(ml_dtypes.bfloat16) \
+        if rows else None
+    act = "swiglu_oai" if rows else "silu"
     data, scales = SW.grouped_matmul_swiglu(case["hidden"], case["w_sigma"], case["a_scales"],
                                             case["sfb_sigma"], *grp, esc, isc, fmt, k=k,
-                                            device="interp", target="sm_90a")
+                                            activation=act, a_row_scales=rs, device="interp",
+                                            target="sm_90a")
     gate_up = grouped_matmul_block_scaled(case["hidden"], case["weight"], case["a_scales"],
                                           case["b_scales"], *grp, esc, fmt, k=k,
-                                          device="interp", target="sm_90a")
-    assert [s.sigma_out for s in specs] == [True, False]  # fused (σ store), then chained
-    c_data, c_scales = fused_silu_quantize(gate_up, fmt, *grp, isc, num_scale_tiles=tiles,
-                                           device="interp", target="sm_90a")
+                                          a_row_scales=rs, device="interp", target="sm_90a")
+    # fused (σ store), then chained
+    assert [(s.sigma_out, s.row_scales) for s in specs] == [(True, rows), (False, rows)]
+    c_data, c_scales = fused_silu_quantize(gate_up, fmt, *grp, isc, activation=act,
+                                           num_scale_tiles=tiles, device="interp",
+                                           target="sm_90a")
     assert np.array_equal(np.asarray(data).view(np.uint8), np.asarray(c_data).view(np.uint8))
     assert np.array_equal(np.asarray(scales).view(np.uint8),
                           np.asarray(c_scales).view(np.uint8))
