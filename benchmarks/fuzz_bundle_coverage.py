@@ -35,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     path = os.path.join(ns.bundle, "manifest.json")
     with open(path) as f:
-        bundled = {e["key"] for e in json.load(f)["kernels"] if e["status"] != "failed"
-                   and not str(e["status"]).startswith("failed")}
+        entries = [e for e in json.load(f)["kernels"] if not str(e["status"]).startswith("failed")]
+    bundled = {e["key"] for e in entries}
+    bundled_specs = {e["spec"] for e in entries}
 
     from benchmarks import fuzz_gpu
     from blockscale import runtime
@@ -67,8 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     missing = {k: s for k, s in seen.items() if k not in bundled}
     print(f"{len(seen)} kernels asked for by {ns.cases} cases of {ns.ops}; "
           f"{len(seen) - len(missing)} in {path}, {len(missing)} missing")
+    from blockscale.tools.bundle import _spec_text
+
     for k, s in missing.items():
-        print(f"  MISSING {k}: {s!r}")
+        stale = " (this spec is in the bundle under another key: its generator's sources " \
+            "changed since the bundle was built; rebuild it)" if _spec_text(s) in bundled_specs \
+            else ""
+        print(f"  MISSING {k}: {s!r}{stale}")
     return 1 if missing else 0
 
 
