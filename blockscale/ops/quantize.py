@@ -30,7 +30,8 @@ import numpy as np
 
 from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
-from blockscale.layouts import TCGEN_5D, ScaleLayout
+from blockscale.layouts import TCGEN_5D, ScaleLayout, scale_shape
+from blockscale.ops._matmul_host import CheckMemo, array_key, device_and_target
 
 BLOCK = (256, 1, 1)
 KERNEL_SOURCES = ("blockscale.ops.quantize_ir", "blockscale.ops.quantize_pipe_ir",
@@ -304,44 +305,43 @@ def _empty(device_like: bool, device: Any, shape: tuple, dt: np.dtype) -> Any:
 # ---- dense ops ---------------------------------------------------------------------------------
 
 
-#: (format, target, rounding, layout, m, k, name, variant, sizing constants) -> (spec, grid,
-#: scalars without tensor_sf) of a dense launch
-_DENSE_PLANS: dict[tuple[Any, ...], tuple[Any, tuple[int, int, int], dict[str, int]]] = {}
+#: (x's type/shape/dtype, format, rounding, layout, device, target, name, variant, sizing
+#: constants) -> (device, spec, grid, scalars without tensor_sf, outputs) of a dense launch
+_DENSE_CALLS = CheckMemo()
 
 
 def _dense(x: Any, fmt: Format, tsf: float, rounding: str | None, layout: ScaleLayout,
            device: Any, target: str | None, name: str, pipeline: int | None = None,
            bf16x2: bool = False) -> tuple[Any, Any]:
-    from blockscale.layouts import scale_shape
-    from blockscale.ops._matmul_host import device_and_target
-
-    m, k = check_input(x)
-    fmt.check_k(k, "x.shape[1]")
-    dev, tgt = device_and_target(device, target)
-    data_dt, scale_dt = out_dtypes(fmt)
-    sshape = scale_shape(layout, m, fmt.kblocks(k))
-    dshape = (m, fmt.data_cols(k))
-    if m == 0 or k == 0:
-        dl = not isinstance(x, np.ndarray)
-        return _empty(dl, dev, dshape, data_dt), _empty(dl, dev, sshape, scale_dt)
-    lay = "tcgen5d" if layout is TCGEN_5D else "row_major"
-    if pipeline is None:
-        pipeline, bf16x2 = default_variant(fmt.name, tgt, m, k)
-    # spec, grid and scalars per shape: a pure function of the key and the sizing constants
-    key = (fmt.name, tgt, rounding, lay, m, k, name, pipeline, bf16x2, RESIDENT_BLOCKS, SMS,
-           TARGET_BLOCKS)
-    plan = _DENSE_PLANS.get(key)
-    if plan is None:
+    # Everything below but the launch is a pure function of this key when ``device`` is a
+    # Device (a name may resolve differently as the environment changes): memoized, so a
+    # repeated call skips the checks (a bad argument never gets stored) and the planning.
+    key = (array_key(x), fmt.name, rounding, layout, device, target, name, pipeline, bf16x2,
+           RESIDENT_BLOCKS, SMS, TARGET_BLOCKS, DEFAULT_PIPELINE, DEFAULT_BF16X2)
+    hit = _DENSE_CALLS.get(key)
+    if hit is None:
+        m, k = check_input(x)
+        fmt.check_k(k, "x.shape[1]")
+        dev, tgt = device_and_target(device, target)
+        data_dt, scale_dt = out_dtypes(fmt)
+        sshape = scale_shape(layout, m, fmt.kblocks(k))
+        dshape = (m, fmt.data_cols(k))
+        if m == 0 or k == 0:
+            dl = not isinstance(x, np.ndarray)
+            return _empty(dl, dev, dshape, data_dt), _empty(dl, dev, sshape, scale_dt)
+        lay = "tcgen5d" if layout is TCGEN_5D else "row_major"
+        if pipeline is None:
+            pipeline, bf16x2 = default_variant(fmt.name, tgt, m, k)
         spec = QuantizeSpec(fmt.name, tgt, rounding, lay, k % 8 == 0, name=name,
                             pipeline=pipeline, bf16x2=bf16x2)
         check_pipeline_shape(spec, m, k)
-        if len(_DENSE_PLANS) > 1024:
-            _DENSE_PLANS.clear()
-        plan = _DENSE_PLANS[key] = (spec, *launch_plan(spec, m, k, -(-m // 128)))
-    spec, grid, scalars = plan
-    scalars = {**scalars, "tensor_sf": tsf}
-    out = launch(spec, grid, {"data": (dshape, data_dt), "scales": (sshape, scale_dt)},
-                 {"x": x}, scalars, dev)
+        grid, scalars = launch_plan(spec, m, k, -(-m // 128))
+        hit = (dev, spec, grid, scalars, (("data", (dshape, data_dt)),
+                                          ("scales", (sshape, scale_dt))))
+        if hasattr(device, "launch"):
+            _DENSE_CALLS.put(key, hit)
+    dev, spec, grid, scalars, outs = hit
+    out = launch(spec, grid, dict(outs), {"x": x}, {**scalars, "tensor_sf": tsf}, dev)
     return out["data"], out["scales"]
 
 
