@@ -19,6 +19,15 @@ the row scale: within the stated fp32 bound (with MXFP4 "fold": J more roundings
 the H200 not bit-identical to the portable kernel (HGMMA rounds its fp32 accumulation
 differently from the interpreter's model).
 
+Performance model (not yet measured on the GPU): a work item costs about what a dense
+128 x 256 tile of the same K costs (the mainloop's SASS loop: 460 instructions per k64 step
+vs the dense kernel's 496; the scan is G/32 iterations), i.e. 0.914 ms / (64 x 22.5) tiles
+at K=2944 on the H200 (the dense NVFP4 run). Rows of a group's last tile are padding: at
+uniform top-4 routing of gpt-oss-120b (E=128, N=5760, K=2880) T=4096 gives 188 row tiles
+for 16384 rows (68% used) -> ~2.6 ms NVFP4; T=1024 gives 128 tiles of ~32 rows -> ~1.8 ms
+(the kernel then dequantizes every expert's weights once: the FP4 -> bf16 dequantization
+rate, not the tensor cores, bounds it).
+
 Dispatch: registered in :data:`blockscale.ops.matmul_grouped.FAST_PATHS` before the mma.sync
 grouped kernel, for NVFP4 / MXFP4, K % 32 == 0 and at least :data:`MIN_ROWS` routed rows
 (prefill; the decode and mma.sync kernels keep the rest); ``BLOCKSCALE_SM90_GROUPED_WGMMA=0``
