@@ -340,8 +340,10 @@ class CudaDevice(GpuDevice):
     def _malloc(self, nbytes: int, stream: int = 0) -> int:
         self.activate()
         if self._pool is not None:  # ordered on ``stream``: usable by work queued after it
-            return int(check(_driver().cuMemAllocAsync(nbytes, stream),
-                             f"cuMemAllocAsync({nbytes} bytes)"))
+            result = _driver().cuMemAllocAsync(nbytes, stream)
+            if result[0]:  # the message only when it fails (formatting costs per call)
+                check(result, f"cuMemAllocAsync({nbytes} bytes)")
+            return int(result[1])
         return int(check(_driver().cuMemAlloc(nbytes), f"cuMemAlloc({nbytes} bytes)"))
 
     def _free(self, ptr: int, stream: int = 0) -> None:
