@@ -21,7 +21,8 @@ roundings, group layouts with empty groups and unused (-1) experts, gathers. Ops
 * ``dense_matmul`` / ``grouped_matmul`` / ``grouped_swiglu``: the tiled matmul ops through
   their dispatch (decode, wgmma, mma.sync, portable kernels), checked with the stated bounds
   of tests/test_matmul_common.py; the fused SwiGLU op byte-equal to the chained compiled path
-  (benchmarks/fuzz_matmuls.py has the details).
+  (benchmarks/fuzz_matmuls.py has the details; benchmarks/fuzz_bundle_coverage.py checks that
+  a bundle holds every kernel their case streams launch).
 
 Prints a summary table (cases, exact / within bound, mismatches, worst case) and exits 1 on
 any mismatch. Kernels are shape-generic (shapes are scalars), so every case runs one of the
