@@ -131,4 +131,5 @@ def specs(target: str = "sm_90a") -> list[Any]:
         run(dev, lambda *a: None, [])
     finally:
         _core.get_kernel = original
+        del dev.launch  # the shared interpreter device launches again
     return list(seen)

@@ -17,7 +17,7 @@ step() {  # step NAME SECONDS CMD...
 }
 for p in $parts; do case $p in
   tests)        step tests ${TESTS_S:-200} python3 -m pytest -m gpu -q -p no:cacheprovider ${GPU_TESTS:-} ;;
-  fuzz)         step fuzz 150 python3 benchmarks/fuzz_gpu.py --cases 1000 ;;
+  fuzz)         step fuzz ${FUZZ_S:-300} python3 benchmarks/fuzz_gpu.py --cases 1000 ;;
   sanitize)     step sanitize 200 bash tools/sanitize.sh python3 ;;
   quantize)     step quantize 150 python3 benchmarks/bench_quantize.py ;;
   quantize_torch) step quantize_torch 120 python3 benchmarks/bench_quantize.py --torch --formats nvfp4,mxfp4,mxfp8 ;;
