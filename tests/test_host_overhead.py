@@ -262,3 +262,51 @@ def test_second_call_is_bit_exact_on_the_interpreter():
         out = ops.block_scales_interleave(s2, device="interp", target="sm_90a")
         np.testing.assert_array_equal(out.view(np.uint8),
                                       ref.block_scales_interleave(s2).view(np.uint8))
+
+
+class TorchLike:
+    """Duck-typed like a torch CUDA tensor over a NullGpu allocation (torch is not needed)."""
+
+    def __init__(self, arr: DeviceArray, torch_dtype: str, contiguous: bool = True):
+        self._arr, self.shape, self.dtype = arr, arr.shape, torch_dtype
+        self.is_cuda, self.device, self._contig = True, types.SimpleNamespace(type="cuda",
+                                                                              index=0), contiguous
+
+    def data_ptr(self) -> int:
+        return self._arr.ptr
+
+    def is_contiguous(self) -> bool:
+        return self._contig
+
+    def stride(self) -> tuple[int, ...]:
+        return (1, self.shape[0])
+
+
+TorchLike.__module__ = "torch.fake"
+
+
+@pytest.mark.usefixtures("fake_kernels")
+def test_torch_like_inputs_take_the_same_launch():
+    """Foreign device memory (torch tensors) is resolved once into borrowed arrays: the
+    launch packs the tensors' addresses, the cost stays bounded, bad tensors still raise."""
+    dev = NullGpu()
+    inp = _inputs(dev)
+    names = ["torch.uint8", "torch.uint8", "torch.float8_e4m3fn", "torch.float8_e4m3fn"]
+    tmm = [TorchLike(a, t) for a, t in zip(inp["mm"], names)]
+    dev.record = True
+    ops.block_scaled_matmul(*inp["mm"], NVFP4, k=K, device=dev)
+    ops.block_scaled_matmul(*tmm, NVFP4, k=K, device=dev)
+    own, torch_in = dev.launches
+    pack = ArgPack(own["kernel"])
+    a, b = pack.struct.unpack(own["params"]), pack.struct.unpack(torch_in["params"])
+    c = next(i for i, arg in enumerate(own["kernel"].args) if arg.name == "c") * 5
+    assert a[:c] + a[c + 5:] == b[:c] + b[c + 5:]  # all but the fresh output address
+    dev.record = False
+    us = _median_us(lambda: ops.block_scaled_matmul(*tmm, NVFP4, k=K, device=dev))
+    assert us < HOST_US_BOUND, f"torch-like inputs: {us:.1f} us per call"
+    bad = TorchLike(inp["mm"][1], "torch.uint8", contiguous=False)
+    with pytest.raises(ValueError, match="b: expected a C-contiguous array"):
+        ops.block_scaled_matmul(tmm[0], bad, *tmm[2:], NVFP4, k=K, device=dev)
+    with pytest.raises(TypeError, match="sfa must have dtype float8_e4m3fn"):
+        ops.block_scaled_matmul(tmm[0], tmm[1], TorchLike(inp["mm"][2], "torch.uint8"),
+                                tmm[3], NVFP4, k=K, device=dev)

@@ -334,13 +334,14 @@ def launch_op(spec: Any, grid: tuple[int, int, int],
         host = False
         if type(v) is not DeviceArray or v.device is not device:
             checked = False
-    if not checked:
-        check_buffers(buffers, device)
+    foreign = {} if checked else _checked_foreign(buffers, device)
     kernel = get_kernel(spec, build)
     order = _arg_order(kernel, tuple(o[0] for o in outs))
     if host:
         buffers = {n: device.to_device(np.ascontiguousarray(v)) for n, v in buffers.items()}
     elif not checked:
+        if foreign and hasattr(device, "check_foreign_memory"):  # a GpuDevice
+            buffers = _borrowed(buffers, foreign, device, kernel)
         buffers = {n: device.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray)
                    else v for n, v in buffers.items()}
     # GPUs: the outputs are allocated (stream-ordered) on the stream the launch will use
@@ -429,12 +430,19 @@ def check_buffers(buffers: dict[str, Any], device: Any) -> None:
     """Host checks of launch buffers, before compiling: numpy arrays are always fine (they
     are copied, contiguous, to the device); anything else must be contiguous device memory
     that ``device`` can use. TypeError / ValueError name the argument."""
+    _checked_foreign(buffers, device)
+
+
+def _checked_foreign(buffers: dict[str, Any], device: Any) -> dict[str, Any]:
+    """:func:`check_buffers`, returning the ``DeviceBuffer`` of each buffer that is device
+    memory other than our DeviceArrays (torch, CUDA Array Interface, DLPack)."""
     import numpy as np
 
     from blockscale.runtime.arrays import DeviceArray, as_device_buffer
 
     where = getattr(device, "name", type(device).__name__)
     gpu = getattr(device, "binary_kind", None) is not None
+    foreign: dict[str, Any] = {}
     for name, value in buffers.items():
         if value is None or isinstance(value, np.ndarray):
             continue
@@ -444,8 +452,30 @@ def check_buffers(buffers: dict[str, Any], device: Any) -> None:
             raise TypeError(f"{name}: device {where!r} takes numpy arrays, got "
                             f"{type(value).__name__} (device memory?); pass a numpy array or "
                             "choose a GPU device")
-        as_device_buffer(value, name)  # host / non-contiguous / unknown memory raise here
+        buf = as_device_buffer(value, name)  # host / non-contiguous / unknown memory raise here
         owner = value.device if isinstance(value, DeviceArray) else None
         if owner is not None and owner is not device:
             raise ValueError(f"{name}: expected memory of device {device!r}, got memory of "
                              f"device {owner!r}")
+        if owner is None:
+            foreign[name] = buf
+    return foreign
+
+
+def _borrowed(buffers: dict[str, Any], foreign: dict[str, Any], device: Any,
+              kernel: KernelBinary) -> dict[str, Any]:
+    """``buffers`` with each foreign device buffer (resolved once by :func:`_checked_foreign`)
+    replaced by a borrowed DeviceArray of ``device`` over the same memory and stream, so the
+    launch takes its fast path; the launch's own checks of such memory (another GPU's, a
+    null pointer) run here, naming the kernel argument."""
+    import math
+
+    _, DeviceArray = _launch_modules()
+    out = dict(buffers)
+    for name, buf in foreign.items():
+        where = f"kernel {kernel.name!r} arg {name!r}"
+        device.check_foreign_memory(buffers[name], where)
+        if math.prod(buf.shape) and not buf.ptr:
+            raise ValueError(f"{where}: null pointer")
+        out[name] = DeviceArray._view_of(device, buf, buffers[name])
+    return out

@@ -138,6 +138,16 @@ class DeviceArray:
         arr._free_stream = alloc_stream if ptr else -1
         return arr
 
+    @classmethod
+    def _view_of(cls, device: GpuDevice, buf: DeviceBuffer, base: Any) -> DeviceArray:
+        """A borrowed array over the device memory ``buf`` resolved from ``base`` (shape and
+        dtype already checked by :func:`as_device_buffer`); ``base`` is kept alive."""
+        arr = cls.__new__(cls)
+        arr.device, arr.ptr, arr.shape, arr.dtype = device, buf.ptr, buf.shape, buf.dtype
+        arr.size, arr.stream, arr._base = math.prod(buf.shape), buf.stream, base
+        arr._free_stream = -1
+        return arr
+
     def __del__(self) -> None:
         free = getattr(self, "_free_stream", -1)
         if free != -1:
