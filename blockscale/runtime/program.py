@@ -22,7 +22,7 @@ import numpy as np
 
 from blockscale.dtypes import np_dtype
 from blockscale.launch import KernelBinary, Launch, load_kernel, save_kernel
-from blockscale.runtime.arrays import as_device_buffer, io_mode, is_device_array
+from blockscale.runtime.arrays import as_device_buffer, io_mode
 from blockscale.runtime.device import Device, GpuDevice, get_device
 
 __all__ = ["BufferDecl", "Program", "Step"]
@@ -245,7 +245,7 @@ class Program:
 
         ``inputs`` maps every input name to a numpy array or device memory of the declared
         shape and dtype. Numpy in gives numpy out; any device input gives device outputs (on
-        the caller's stream). ``device``: a name or Device (default: :func:`get_device`).
+        the caller's stream: ``stream``, else the device's ``launch_stream`` of the inputs). ``device``: a name or Device (default: :func:`get_device`).
         """
         dev = get_device(device)
         self.check_device(dev)
@@ -259,9 +259,8 @@ class Program:
             raise TypeError(f"inputs: device {dev.name!r} runs on numpy arrays, got device "
                             "memory; pass numpy arrays or choose a GPU device")
         if stream is None and isinstance(dev, GpuDevice):
-            stream = next((as_device_buffer(v, k).stream for k, v in inputs.items()
-                           if is_device_array(v) and as_device_buffer(v, k).stream is not None),
-                          None)
+            # the caller's current stream (torch's, e.g. a graph capture), else the inputs'
+            stream = dev.launch_stream([inputs[b.name] for b in self.inputs])
         bufs: dict[str, Any] = {}
         for decl in self.buffers.values():
             if decl.role == "input":
