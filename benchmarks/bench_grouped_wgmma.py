@@ -40,7 +40,8 @@ from benchmarks.common import (
 
 #: (label, runner kind, tiles): the grouped wgmma kernel's tiles, the dispatch, mma.sync
 IMPLS = (("wgmma 128x128", "direct", (128, 128)), ("wgmma 128x256", "direct", (128, 256)),
-         ("dispatch", "dispatch", None), ("mma.sync (wgmma off)", "mma", None))
+         ("wgmma 64x256", "direct", (64, 256)), ("dispatch", "dispatch", None),
+         ("mma.sync (wgmma off)", "mma", None))
 
 
 def _call(kind: str, tiles: tuple[int, int] | None, dev: Any, w: Any, a_dev: Any, sc_dev: Any,

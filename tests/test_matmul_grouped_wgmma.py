@@ -63,7 +63,7 @@ def _run_case(fmt, case_id, tiles, rows=False, variant=(None, None, None)):
 
 
 @pytest.mark.interp
-@pytest.mark.parametrize("tiles", [(128, 128), (128, 256)], ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("tiles", gw.TILE_CHOICES, ids=lambda t: f"{t[0]}x{t[1]}")
 @pytest.mark.parametrize("case_id", range(len(CASES)))
 @pytest.mark.parametrize("fmt", [NVFP4, MXFP4], ids=lambda f: f.name)
 def test_interp_matches_exact(fmt, case_id, tiles):
@@ -179,6 +179,7 @@ def test_spec_checks():
     spec = gw.GroupedWgmmaSpec("nvfp4", bm=128, bn=256)
     assert (spec.dequant, spec.scaling, spec.kstep) == ("shift", "fold", 64)
     assert spec.block == (256, 1, 1) and spec.dynamic_shared_bytes == spec.dense.shared_bytes
+    assert gw.GroupedWgmmaSpec("mxfp4", bm=64, bn=256).block == (128, 1, 1)
     assert gw.grid(spec, 1000, 5760, 128) == (23, 8 + 128, 1)
     assert gw.choose_tiles(16384, 5760, 128) == (128, 256)
     assert gw.choose_tiles(1024, 256, 4) == (128, 128)
@@ -193,7 +194,7 @@ def test_spec_checks():
                                              fmt="mxfp8", device="interp")
 
 
-#: registers ptxas may give the kernel (measured: 128-171 at 128 x 128, 247-249 at 128 x 256)
+#: registers ptxas may give the kernel (measured: 128-171 at 128 x 128, 243-255 at bn = 256)
 MAX_REGISTERS = {128: 176, 256: 255}
 
 
@@ -201,7 +202,9 @@ MAX_REGISTERS = {128: 176, 256: 255}
 @pytest.mark.parametrize("spec", [gw.spec_for(NVFP4, 16384, 5760, 128, True),
                                   gw.spec_for(MXFP4, 16384, 5760, 128),
                                   gw.spec_for(NVFP4, 1920, 2048, 4),
-                                  gw.spec_for(NVFP4, 1920, 4096, 4, sigma_out=True)],
+                                  gw.spec_for(NVFP4, 1920, 4096, 4, sigma_out=True),
+                                  gw.GroupedWgmmaSpec("nvfp4", False, 64, 256),
+                                  gw.GroupedWgmmaSpec("mxfp4", False, 64, 256)],
                          ids=lambda s: s.kernel_name)
 def test_kernel_sass(spec):
     kernel = gw.kernel(spec)

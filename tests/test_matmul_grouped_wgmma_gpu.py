@@ -6,7 +6,7 @@ Run on the GPU machine (kernels from ``make gpu-bundle``, which holds
     BLOCKSCALE_BUNDLE_DIR=build/gpu pytest -m gpu -s tests/test_matmul_grouped_wgmma_gpu.py
 
 MAX's grouped cases (tests/test_matmul_grouped.py GPU_CASES: unused groups, groups spanning
-several 128-row tiles, tiny groups) through the kernel directly (both tiles, NVFP4 with
+several 128-row tiles, tiny groups) through the kernel directly (every tile, NVFP4 with
 ``a_row_scales``), and a gpt-oss-120b gate_up case (E=128, top-4 uniform routing of 1024
 tokens, N=5760, K=2880) through the dispatch, which must pick this kernel. The bf16 outputs
 must be consistent with the exact float64 value within the stated fp32 bound (MXFP4 "fold":
@@ -35,7 +35,7 @@ def _bound(fmt: Format, k: int, abs_sum: np.ndarray, rows: bool) -> np.ndarray:
     return f32_error_bound(abs_sum, fmt, k, n_mul=(2 if rows else 1) + extra)
 
 
-@pytest.mark.parametrize("tiles", [(128, 128), (128, 256)], ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("tiles", gw.TILE_CHOICES, ids=lambda t: f"{t[0]}x{t[1]}")
 @pytest.mark.parametrize("case_id", range(len(GPU_CASES)))
 @pytest.mark.parametrize("fmt", [NVFP4, MXFP4], ids=lambda f: f.name)
 def test_grouped_wgmma_gpu(fmt, case_id, tiles):

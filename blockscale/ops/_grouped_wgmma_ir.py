@@ -93,9 +93,8 @@ def _store(spec: Any, kb: Any, tiles: list, wc: Any, m0: Any, n0: Any, end: Any,
 def build(spec: Any) -> Any:
     """The ``mlir.ir.Module`` of ``spec`` (a
     :class:`~blockscale.ops.matmul_grouped_wgmma.GroupedWgmmaSpec`)."""
-    dense = spec.dense
     tiles = X.Tiles(spec.bm, spec.bn, spec.kstep, spec.fmt, spec.scaling, False)
-    if tiles.shared_bytes != dense.shared_bytes:
+    if tiles.shared_bytes != spec.shared_bytes or tiles.threads != spec.block[0]:
         raise AssertionError("GroupedWgmmaSpec.shared_bytes disagrees with _wgmma_ir.Tiles")
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         n_count, k, groups = (bir.as_index(kb.arg(x)) for x in ("n", "k", "num_groups"))

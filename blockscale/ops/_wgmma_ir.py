@@ -92,7 +92,7 @@ KSTEPS = (32, 64)
 #: shared-memory stages (a stage is read by the wgmma group of its step)
 STAGES = 3
 #: CTA tiles (bm, bn); 128 x 256: two warpgroups of m64n256 (128 accumulator registers)
-TILES = ((64, 64), (128, 128), (128, 256))
+TILES = ((64, 64), (128, 128), (128, 256), (64, 256))  # 64 x 256: the grouped kernel's
 #: core-matrix offsets of the operand layout (bytes; SBO for the default step, else
 #: :attr:`Tiles.sbo`)
 LBO, SBO = 128, 512

@@ -59,6 +59,10 @@ KERNEL_SOURCES = ("blockscale.ops._grouped_wgmma_ir", "blockscale.ops._wgmma_ir"
 TARGETS = ("sm_90a",)
 #: formats of this kernel (MXFP8 stays on mma.sync: its dense wgmma path was slower)
 FORMATS = ("nvfp4", "mxfp4")
+#: CTA tiles (bm, bn): the dense kernel's 128-row ones, and 64 x 256 (one warpgroup, for
+#: groups of <= 64 rows: a third less dequantization per tile than 128 x 256; not dispatched
+#: until measured, see benchmarks/bench_grouped_wgmma.py)
+TILE_CHOICES = ((128, 128), (128, 256), (64, 256))
 #: the dispatch takes T >= MIN_ROWS routed rows (prefill); fewer: decode / mma.sync kernels
 MIN_ROWS = 1024
 #: the dispatch uses 128 x 256 tiles when at least this many CTAs result (else 128 x 128)
@@ -74,7 +78,7 @@ class GroupedWgmmaSpec(FormatSpec):
     Attributes:
         fmt: "nvfp4" | "mxfp4".
         row_scales: whether the kernel reads ``a_row_scales`` (bf16 ``[T]``, NVFP4).
-        bm, bn: the CTA tile (:data:`blockscale.ops.matmul_wgmma.TILE_CHOICES`).
+        bm, bn: the CTA tile (:data:`TILE_CHOICES`).
         target: "sm_90a".
         dequant, kstep, scaling, pipeline: the mainloop variant, as
             :class:`blockscale.ops.matmul_wgmma.WgmmaMatmulSpec` (None: the format's default).
@@ -106,28 +110,36 @@ class GroupedWgmmaSpec(FormatSpec):
                                 f"{type(getattr(self, name)).__name__}")
         if self.row_scales and self.fmt != "nvfp4":
             raise ValueError(f"row_scales is NVFP4 only, got fmt={self.fmt}")
-        dense = self.dense  # validates tiles, target and the variant; resolves its defaults
+        if (self.bm, self.bn) not in TILE_CHOICES:
+            raise ValueError(f"(bm, bn) must be one of {list(TILE_CHOICES)}, got "
+                             f"{(self.bm, self.bn)}")
+        dense = self.dense  # validates target and variant; resolves the variant's defaults
         for f in ("target", "dequant", "kstep", "scaling"):
             object.__setattr__(self, f, getattr(dense, f))
 
     @property
     def dense(self) -> _dense.WgmmaMatmulSpec:
-        """The dense spec of the same mainloop (tiles, variant, shared memory)."""
-        return _dense.WgmmaMatmulSpec(self.fmt, "bfloat16", None, self.bm, self.bn,
-                                      self.target, self.dequant, self.kstep, self.scaling,
-                                      self.pipeline)
+        """The dense spec of the same mainloop variant (with 128 rows: the dense kernel has
+        no 64 x 256 tile; the variant's choice does not depend on bm)."""
+        return _dense.WgmmaMatmulSpec(self.fmt, "bfloat16", None, 128, self.bn, self.target,
+                                      self.dequant, self.kstep, self.scaling, self.pipeline)
 
     @property
     def shared_bytes(self) -> int:
-        return self.dense.shared_bytes
+        """The 3 stages of bf16 operands (+ the f32 scales of "promote", or the bf16 scale
+        table of "fold"), as ``_wgmma_ir.Tiles.shared_bytes``."""
+        promote = self.scaling == "promote"
+        per_row = 2 * self.kstep + (4 if promote else 0)  # type: ignore[operator]
+        return 3 * (self.bm + self.bn) * per_row + (0 if promote else 512)
 
     @property
     def dynamic_shared_bytes(self) -> int:
-        return self.dense.dynamic_shared_bytes
+        return self.shared_bytes if self.shared_bytes > 48 * 1024 else 0
 
     @property
     def block(self) -> tuple[int, int, int]:  # type: ignore[override]
-        return self.dense.block
+        """The ``bm / 64`` warpgroups."""
+        return (2 * self.bm, 1, 1)
 
     @property
     def kernel_name(self) -> str:
@@ -266,7 +278,7 @@ def bundle_specs(target: str = "sm_90a") -> list[GroupedWgmmaSpec]:
             for rs in ((False, True) if f == "nvfp4" else (False,)):
                 for sg in (False, True):
                     specs.add(spec_for(Format.from_name(f), t, n, g, rs, target, sg))
-        for tile in ((128, 128), (128, 256)):
+        for tile in TILE_CHOICES:
             specs.add(GroupedWgmmaSpec(f, False, *tile, target))
     return sorted(specs, key=lambda s: s.kernel_name)
 
