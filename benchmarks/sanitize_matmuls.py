@@ -23,7 +23,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 DENSE = [(1, 72, 96), (16, 136, 256), (17, 64, 128), (130, 136, 192), (129, 256, 1024)]
 GROUPED = [([0, 3, 1, 2], [-1, 2, -1, 0], 3, 40, 128), ([65, 129, 2], [0, 1, 2], 3, 136, 192),
-           ([1, 1], [1, 0], 2, 64, 256)]
+           ([1, 1], [1, 0], 2, 64, 256),
+           ([600, 0, 130, 400], [0, 2, -1, 1], 3, 264, 192)]  # >= 1024 rows: grouped wgmma
 
 
 def run(device: str, check: Callable[[str, Any, Any], None], bad: list[str]) -> int:
