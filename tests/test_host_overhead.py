@@ -311,3 +311,23 @@ def test_torch_like_inputs_take_the_same_launch():
     with pytest.raises(TypeError, match="sfa must have dtype float8_e4m3fn"):
         ops.block_scaled_matmul(tmm[0], tmm[1], TorchLike(inp["mm"][2], "torch.uint8"),
                                 tmm[3], NVFP4, k=K, device=dev)
+
+
+@pytest.mark.usefixtures("fake_kernels")
+def test_numpy_inputs_mixed_with_device_arrays_are_copied():
+    """Regression (H200 run F): grouped matmul with device-resident hidden / weights and numpy
+    expert_start / ids launched the numpy arrays as they were ("expected device memory")."""
+    from test_matmul_grouped import make_grouped_case
+
+    dev = NullGpu()
+    dev.record = True
+    case, _, _ = make_grouped_case(np.random.default_rng(0), NVFP4, [3, 0, 2], [1, -1, 0], 2,
+                                   64, 128)
+    big = ("hidden", "weight", "a_scales", "b_scales")
+    args = {n: dev.to_device(v) if n in big else v for n, v in case.items()}
+    esc = np.ones(2, np.float32)
+    for _ in range(2):  # cold and warm (memoized) paths
+        out = ops.grouped_matmul_block_scaled(**args, expert_scales=esc, fmt=NVFP4, k=128,
+                                              device=dev, target="sm_90a")
+        assert isinstance(out, DeviceArray) and out.shape == (5, 64)
+    assert dev.launches

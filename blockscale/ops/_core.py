@@ -327,9 +327,10 @@ def launch_op(spec: Any, grid: tuple[int, int, int],
     (:data:`_ORDERS`), and device arrays of ``device`` pass their checks by type.
     """
     np, DeviceArray = _launch_modules()
-    host, checked = True, True
+    host, checked, some_host = True, True, False
     for v in buffers.values():
         if type(v) is np.ndarray:
+            some_host = True
             continue
         host = False
         if type(v) is not DeviceArray or v.device is not device:
@@ -339,7 +340,7 @@ def launch_op(spec: Any, grid: tuple[int, int, int],
     order = _arg_order(kernel, tuple(o[0] for o in outs))
     if host:
         buffers = {n: device.to_device(np.ascontiguousarray(v)) for n, v in buffers.items()}
-    elif not checked:
+    elif not checked or some_host:  # device memory mixed with numpy inputs: copy the latter
         if foreign and hasattr(device, "check_foreign_memory"):  # a GpuDevice
             buffers = _borrowed(buffers, foreign, device, kernel)
         buffers = {n: device.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray)
