@@ -25,6 +25,6 @@ for p in $parts; do case $p in
   decode)       step decode 120 python3 benchmarks/bench_decode.py ;;
   matmul)       step matmul 120 python3 benchmarks/bench_matmul.py --fmt nvfp4,mxfp4,mxfp8 --m 1024,8192 --iters 10 ;;
   host)         step host 60 python3 benchmarks/bench_host_overhead.py ;;
-  moe)          step moe 150 python3 benchmarks/run.py --only moe --out "$OUT/bench" --budget-s 120 --no-append ;;
+  moe)          step moe ${MOE_S:-170} python3 benchmarks/run.py --only moe --out "$OUT/bench" --budget-s $(( ${MOE_S:-170} - 20 )) --results-md "$OUT/RESULTS_moe.md" ;;
 esac; done
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
