@@ -17,7 +17,7 @@ from mlir.dialects import arith
 
 import blockscale.ops._wgmma_ir as X
 from blockscale.compiler import ir as bir
-from blockscale.layouts import SF_ATOM_ROWS
+from blockscale.ops import matmul_grouped_sm90 as _gsm90
 from blockscale.ops import matmul_sm90 as _sm90
 
 
@@ -100,27 +100,11 @@ def build(spec: Any) -> Any:
         n_count, k, groups = (bir.as_index(kb.arg(x)) for x in ("n", "k", "num_groups"))
         g, tile, has_work = find_tile(spec.bm, kb, groups)
         with bir.when(has_work):  # CTA-uniform: the barriers below are reached by all
-            es = kb.arg("expert_start")
-            start = bir.as_index(bir.load(es, g))
-            end = bir.as_index(bir.load(es, bir.add(g, 1)))
-            expert = bir.load(kb.arg("expert_ids"), g)
-            m0 = bir.add(start, bir.mul(tile, spec.bm))
-            n0 = bir.mul(bir.block_idx("x"), spec.bn)
-            active = arith.cmpi(arith.CmpIPredicate.sge, expert, bir.const(0, bir.i32()))
+            start, end, expert, m0, n0, active = _gsm90.work_item(kb, g, tile, spec.bm, spec.bn)
             br = bir.if_(active, [])
             with br.then():
-                e = bir.as_index(expert)
-                d1 = bir.ceil_div(bir.ceil_div(k, tiles.block), 4)
-                tile0 = bir.add(bir.udiv(start, SF_ATOM_ROWS),
-                                bir.as_index(bir.load(kb.arg("a_scale_offsets"), g)))
-                # bm divides 128: local rows r < bm stay inside the group's padded scale tiles
-                srow0 = bir.add(bir.mul(tile0, SF_ATOM_ROWS), bir.mul(tile, spec.bm))
-                w_row0 = bir.add(bir.mul(e, n_count), n0)
-                b_srow0 = bir.add(bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)),
-                                          SF_ATOM_ROWS), n0)
-                a = _sm90.tile_operand(kb.arg("a"), kb.arg("sfa"), m0, m0, end, srow0, d1)
-                b = _sm90.tile_operand(kb.arg("w"), kb.arg("sfb"), w_row0, n0, n_count,
-                                       b_srow0, d1)
+                e, a, b = _gsm90.work_operands(kb, g, tile, spec.bm, start, end, expert, m0, n0,
+                                               n_count, k, tiles.block)
                 acc, wg = X.emit_mainloop(kb, tiles, a, b, k, spec.dequant, spec.pipeline)
                 fix = X.accumulator_scale(spec.dequant, spec.fmt, spec.scaling)
                 scale_e = bir.load(kb.arg("expert_scales"), e)

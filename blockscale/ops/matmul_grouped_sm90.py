@@ -25,6 +25,7 @@ import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ sc
 import blockscale.ops._matmul_host as H
 from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
+from blockscale.layouts import SF_ATOM_ROWS
 from blockscale.ops import matmul_grouped as _grouped
 from blockscale.ops import matmul_sm90 as _dense
 
@@ -98,13 +99,52 @@ def _find_tile(spec: Sm90GroupedSpec, kb: Any, groups: Any) -> tuple[Any, Any, A
     return g, bir.sub(y, start), bir.ult(y, total)
 
 
+
+def work_item(kb: Any, g: Any, tile: Any, bm: int, bn: int) -> tuple[Any, ...]:
+    """IR values of work item (group ``g``, row tile ``tile``, this CTA's column tile):
+    ``(start, end, expert, m0, n0, active)`` — the group's rows [start, end), its expert id,
+    the tile's first row and column, and ``expert >= 0``. Shared with the grouped wgmma kernel."""
+    from mlir.dialects import arith
+
+    from blockscale.compiler import ir as bir
+
+    es = kb.arg("expert_start")
+    start = bir.as_index(bir.load(es, g))
+    end = bir.as_index(bir.load(es, bir.add(g, 1)))
+    expert = bir.load(kb.arg("expert_ids"), g)
+    m0 = bir.add(start, bir.mul(tile, bm))
+    n0 = bir.mul(bir.block_idx("x"), bn)
+    active = arith.cmpi(arith.CmpIPredicate.sge, expert, bir.const(0, bir.i32()))
+    return start, end, expert, m0, n0, active
+
+
+def work_operands(kb: Any, g: Any, tile: Any, bm: int, start: Any, end: Any, expert: Any,
+                  m0: Any, n0: Any, n_count: Any, k: Any, block: int) -> tuple[Any, Any, Any]:
+    """``(e, a, b)`` of an active work item: the expert index and the A (group rows, masked at
+    ``end``) and B (``weight[e]``) tile operands with their 5-D / 6-D scale rows (``block``:
+    the format's block size). Shared with the grouped wgmma kernel."""
+    from blockscale.compiler import ir as bir
+
+    e = bir.as_index(expert)
+    d1 = bir.ceil_div(bir.ceil_div(k, block), 4)
+    tile0 = bir.add(bir.udiv(start, SF_ATOM_ROWS),
+                    bir.as_index(bir.load(kb.arg("a_scale_offsets"), g)))
+    # bm divides 128: local rows r < bm stay inside the group's padded 128-row scale tiles
+    srow0 = bir.add(bir.mul(tile0, SF_ATOM_ROWS), bir.mul(tile, bm))
+    w_row0 = bir.add(bir.mul(e, n_count), n0)
+    b_srow0 = bir.add(bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)),
+                              SF_ATOM_ROWS), n0)
+    a = _dense.tile_operand(kb.arg("a"), kb.arg("sfa"), m0, m0, end, srow0, d1)
+    b = _dense.tile_operand(kb.arg("w"), kb.arg("sfb"), w_row0, n0, n_count, b_srow0, d1)
+    return e, a, b
+
+
 def build(spec: Sm90GroupedSpec) -> Any:
     """The ``mlir.ir.Module`` of the grouped kernel for ``spec`` (IR only)."""
     from mlir.dialects import arith
 
     import blockscale.ops._mma_ir as X
     from blockscale.compiler import ir as bir
-    from blockscale.layouts import SF_ATOM_ROWS
 
     plan, tiles = X.Plan(spec.format), X.Tiles(spec.bm, spec.bn)
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
@@ -114,27 +154,11 @@ def build(spec: Sm90GroupedSpec) -> Any:
         g, tile, has_work = _find_tile(spec, kb, groups)
         wc = X.WarpCoords.of(tiles)
         with bir.when(has_work):
-            es = kb.arg("expert_start")
-            start = bir.as_index(bir.load(es, g))
-            end = bir.as_index(bir.load(es, bir.add(g, 1)))
-            expert = bir.load(kb.arg("expert_ids"), g)
-            m0 = bir.add(start, bir.mul(tile, spec.bm))
-            n0 = bir.mul(bir.block_idx("x"), spec.bn)
-            active = arith.cmpi(arith.CmpIPredicate.sge, expert, bir.const(0, bir.i32()))
+            start, end, expert, m0, n0, active = work_item(kb, g, tile, spec.bm, spec.bn)
             br = bir.if_(active, [])
             with br.then():
-                e = bir.as_index(expert)
-                d1 = bir.ceil_div(bir.ceil_div(k, plan.block), 4)
-                tile0 = bir.add(bir.udiv(start, SF_ATOM_ROWS),
-                                bir.as_index(bir.load(kb.arg("a_scale_offsets"), g)))
-                srow0 = bir.add(bir.mul(tile0, SF_ATOM_ROWS), bir.mul(tile, spec.bm))
-                w_row0 = bir.add(bir.mul(e, n_count), n0)
-                b_srow0 = bir.add(bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)),
-                                          SF_ATOM_ROWS), n0)
-                # local rows r < bm stay inside the group's padded 128-row scale tiles
-                a = _dense.tile_operand(kb.arg("a"), kb.arg("sfa"), m0, m0, end, srow0, d1)
-                b = _dense.tile_operand(kb.arg("w"), kb.arg("sfb"), w_row0, n0, n_count,
-                                        b_srow0, d1)
+                e, a, b = work_operands(kb, g, tile, spec.bm, start, end, expert, m0, n0,
+                                        n_count, k, plan.block)
                 acc = X.emit_mainloop(plan, tiles, smem, wc, a, b, k)
                 scale = bir.load(kb.arg("expert_scales"), e)
 

@@ -55,7 +55,8 @@ from blockscale.ops import matmul_wgmma as _dense
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
 KERNEL_SOURCES = ("blockscale.ops._grouped_wgmma_ir", "blockscale.ops._wgmma_ir",
                   "blockscale.ops._mma_ir", "blockscale.ops._matmul_ir",
-                  "blockscale.ops.matmul_sm90", "blockscale.ops.matmul_grouped")
+                  "blockscale.ops.matmul_sm90", "blockscale.ops.matmul_grouped",
+                  "blockscale.ops.matmul_grouped_sm90")
 TARGETS = ("sm_90a",)
 #: formats of this kernel (MXFP8 stays on mma.sync: its dense wgmma path was slower)
 FORMATS = ("nvfp4", "mxfp4")
