@@ -218,3 +218,13 @@ def compile_spec(spec: Any) -> Any:
     import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 
     return _core.compile_kernel(spec)
+
+
+def register_before(paths: list[Any], hook: Any, module_name: str) -> None:
+    """Insert fast-path ``hook`` into ``paths`` just before the first entry defined in module
+    ``module_name`` (by name: that module may still be partially imported, through an import
+    cycle; when it registers later it appends, i.e. after ``hook``), else at the end. Idempotent."""
+    if hook in paths:
+        return
+    at = [i for i, f in enumerate(paths) if f.__module__ == module_name]
+    paths.insert(at[0] if at else len(paths), hook)

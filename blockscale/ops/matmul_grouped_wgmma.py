@@ -286,14 +286,8 @@ def bundle_specs(target: str = "sm_90a") -> list[GroupedWgmmaSpec]:
 
 
 def _register() -> None:
-    """Put :func:`fast_path` just before the mma.sync grouped kernel's entry (by module
-    name: matmul_grouped_sm90 may be partially imported here, through matmul_grouped; when
-    it registers later it appends, i.e. after this entry)."""
-    paths = _grouped.FAST_PATHS
-    if fast_path in paths:
-        return
-    mma = [i for i, f in enumerate(paths) if f.__module__ == _mma_grouped.__name__]
-    paths.insert(mma[0] if mma else len(paths), fast_path)
+    """Put :func:`fast_path` just before the mma.sync grouped kernel's entry."""
+    H.register_before(_grouped.FAST_PATHS, fast_path, _mma_grouped.__name__)
 
 
 _register()

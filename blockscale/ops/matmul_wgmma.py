@@ -330,13 +330,7 @@ def bundle_specs(target: str = "sm_90a") -> list[WgmmaMatmulSpec]:
 def _register() -> None:
     """Put :func:`fast_path` just before the mma.sync kernel's entry (after the decode
     kernel's), so that it wins when switched on."""
-    paths = _matmul.FAST_PATHS
-    if fast_path in paths:
-        return
-    # by module name: matmul_sm90 may be partially imported here (import cycle through
-    # ops.matmul); when it registers later it appends, i.e. after this entry
-    sm90 = [i for i, f in enumerate(paths) if f.__module__ == _sm90.__name__]
-    paths.insert(sm90[0] if sm90 else len(paths), fast_path)
+    H.register_before(_matmul.FAST_PATHS, fast_path, _sm90.__name__)
 
 
 _register()
