@@ -63,7 +63,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlir import ir
-from mlir.dialects import arith, vector
+from mlir.dialects import arith, memref, vector
 from mlir.dialects import math as mmath
 
 import blockscale.ops._matmul_ir as mir
@@ -161,11 +161,13 @@ class _Fmt:
 
 def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
                     n_count: Value, k: Value, a_srow: Callable[[Value], Value],
-                    store: Callable[[Value, Value, Value], None], depth: int = 1) -> None:
+                    store: Callable[[Value, Value, Value], None], depth: int = 1,
+                    step_range: tuple[Value, Value] | None = None) -> None:
     """The body for one (group, column slice) (the interface of
     :func:`blockscale.ops._decode_ir.emit_decode`; CTA of :data:`THREADS` threads, columns
     ``[COLS * block_idx.x, +COLS)``); ``depth``: steps whose loads are in flight while one
-    is computed (1: 16 KB per CTA, 2: 32 KB, ~45 more registers)."""
+    is computed (1: 16 KB per CTA, 2: 32 KB, ~45 more registers); ``step_range``: the K
+    steps ``[lo, hi)`` to sum (split K; default all, from a zero accumulator either way)."""
     if depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {depth}")
     lay = _Fmt(fmt)
@@ -404,9 +406,12 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         r0 = pl.iv
         rows = bir.umin(bir.sub(end, r0), TOKENS)
         two = bir.ult(bir.const(8), rows)
-        init = [x for d in range(depth) for x in fetch(bir.const(d), r0, rows)]
+        s_lo, s_hi = (0, steps) if step_range is None else step_range
+        init = [x for d in range(depth)
+                for x in fetch(bir.const(d) if step_range is None else bir.add(s_lo, d),
+                               r0, rows)]
         n_f = len(init) // depth
-        with bir.for_range(0, steps, carry=[zero] * 8 + init) as sl:
+        with bir.for_range(s_lo, s_hi, carry=[zero] * 8 + init) as sl:
             step = sl.iv
             cur = list(sl.carried[8:8 + n_f])
             later = list(sl.carried[8 + n_f:])
@@ -431,3 +436,58 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 with bir.when(bir.logical_and(bir.ult(tok, rows), bir.ult(col, n_count))):
                     store(totals[nt * 4 + i], bir.add(r0, tok), col)
         bir.barrier()  # the next pass restages the shared buffers
+
+
+def split_k_steps(k: Value, split: Value, splits: Value) -> tuple[Value, Value]:
+    """The K steps ``[lo, hi)`` of split ``split`` of ``splits``: ``ceil(steps / splits)``
+    consecutive steps each (the host picks ``splits`` so that none is empty)."""
+    steps = bir.ceil_div(bir.udiv(k, 2), STEP_BYTES)
+    per = bir.ceil_div(steps, splits)
+    lo = bir.umin(bir.mul(split, per), steps)
+    return lo, bir.umin(bir.add(lo, per), steps)
+
+
+def emit_decode_mma_split_k(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
+                            n_count: Value, k: Value, a_srow: Callable[[Value], Value],
+                            store: Callable[[Value, Value, Value], None], workspace: Value,
+                            counters: Value) -> None:
+    """Split-K body (``variant="mma_sk"``) of CTA (x, y, z): the "mma" kernel's sums over
+    the K steps of split z (:func:`split_k_steps`, ``splits = grid_dim.z``), written as fp32
+    partials to ``workspace[(m * splits + z) * n + col]`` (rows m of the group); the CTA
+    that arrives last at tile (x, y) (``atomic_rmw addi`` on ``counters[x + grid_x * y]``,
+    acq_rel: after a CTA barrier it publishes the CTA's partials, CUTLASS's semaphore
+    pattern) sums them in split order 0, 1, .., splits - 1 (fixed: the result does not
+    depend on which CTA is last), calls ``store`` (alpha / expert scale / row scale as in
+    "mma") and resets the counter to 0 (the buffer is reusable by the next launch)."""
+    i32 = bir.i32()
+    z, splits = bir.block_idx("z"), bir.grid_dim("z")
+    n0 = bir.mul(bir.block_idx("x"), COLS)
+
+    def partial(v: Value, m: Value, n: Value) -> None:
+        bir.store(v, workspace, bir.add(bir.mul(bir.add(bir.mul(m, splits), z), n_count), n))
+
+    emit_decode_mma(kb, fmt, start=start, end=end, expert=expert, n_count=n_count, k=k,
+                    a_srow=a_srow, store=partial, step_range=split_k_steps(k, z, splits))
+    flag = workgroup_buffer(kb, 1, i32)
+    tid = bir.thread_idx("x")
+    bir.barrier()  # every thread's partials are stored (CTA scope)
+    tile = bir.add(bir.block_idx("x"), bir.mul(bir.grid_dim("x"), bir.block_idx("y")))
+    with bir.when(bir.eq(tid, 0)):
+        old = memref.atomic_rmw(arith.AtomicRMWKind.addi, bir.const(1, i32), counters,
+                                [bir.as_index(tile)])
+        last = bir.eq(bir.as_index(old), bir.sub(splits, 1))
+        with bir.when(last):
+            bir.store(bir.const(0, i32), counters, tile)
+        bir.store(arith.extui(i32, last), flag, 0)
+    bir.barrier()
+    with bir.when(bir.eq(bir.load(flag, 0), bir.const(1, i32))):
+        rows = bir.sub(end, start)
+        with bir.for_range(tid, bir.mul(rows, COLS), THREADS) as rl:
+            m = bir.add(start, bir.udiv(rl.iv, COLS))
+            n = bir.add(n0, bir.urem(rl.iv, COLS))
+            with bir.when(bir.ult(n, n_count)):
+                base = bir.add(bir.mul(bir.mul(m, splits), n_count), n)
+                with bir.for_range(1, splits, carry=[bir.load(workspace, base)]) as zl:
+                    v = bir.load(workspace, bir.add(base, bir.mul(zl.iv, n_count)))
+                    zl.yield_(arith.addf(zl.carried[0], v))
+                store(zl.results[0], m, n)

@@ -63,13 +63,16 @@ MAX_REGISTERS = 128
 COLS = 32
 #: kernel variants: "simt" (FMAs per row, every format), "mma" (FP4: swap-AB mma.sync, the
 #: weights as the MMA's M side, one 16 KB step in flight per CTA; _decode_mma_ir), "mma2"
-#: (the same, two steps in flight: 32 KB per CTA, 3 CTAs per SM)
-VARIANTS = ("simt", "mma", "mma2")
+#: (the same, two steps in flight: 32 KB per CTA, 3 CTAs per SM), "mma_sk" ("mma" with K
+#: split over grid.z for small grids: fp32 partials, summed in split order by the last CTA)
+VARIANTS = ("simt", "mma", "mma2", "mma_sk")
 #: threads and output columns per CTA of each variant
-VARIANT_THREADS = {"simt": THREADS, "mma": 128, "mma2": 128}
-VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64}
+VARIANT_THREADS = {"simt": THREADS, "mma": 128, "mma2": 128, "mma_sk": 128}
+VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_sk": 64}
 #: register cap (nvvm.maxnreg) per variant: simt 2 x 256 threads, mma 4 x 128, mma2 3 x 128
-VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168}
+VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_sk": 128}
+#: mma_sk: split K until the grid has about this many CTAs (4 per SM of the H200's 132)
+SPLIT_K_CTAS = 4 * 132
 #: BLOCKSCALE_DECODE_VARIANT: the variant the dispatch uses for FP4 (MXFP8: always "simt")
 VARIANT_ENV = "BLOCKSCALE_DECODE_VARIANT"
 #: measured on the H200 (run D, 2026-11-30, gpt-oss-120b gate_up NVFP4, simt -> mma):
@@ -137,9 +140,14 @@ class DecodeSpec(FormatSpec):
             args = list(_grouped.GroupedMatmulSpec(self.fmt, "tcgen5d", "bfloat16",
                                                    self.row_scales, self.target).args())
             at = [a.name for a in args].index("expert_ids") + 1
-            return tuple(args[:at] + [KernelArg("group_list", "buffer", "int32")] + args[at:])
-        return _matmul.MatmulSpec(self.fmt, self.out_dtype, "tcgen5d", None,
-                                  self.target).args()
+            args = args[:at] + [KernelArg("group_list", "buffer", "int32")] + args[at:]
+        else:
+            args = list(_matmul.MatmulSpec(self.fmt, self.out_dtype, "tcgen5d", None,
+                                           self.target).args())
+        if self.variant == "mma_sk":  # fp32 partials [rows][splits][n], int32 [tiles]
+            args += [KernelArg("workspace", "buffer", "float32", "inout"),
+                     KernelArg("counters", "buffer", "int32", "inout")]
+        return tuple(args)
 
 
 def grid(n: int, groups: int, cols: int = COLS) -> tuple[int, int, int]:
@@ -160,6 +168,10 @@ def build(spec: DecodeSpec) -> Any:
     fmt = spec.format
     if spec.variant == "simt":
         emit = D.emit_decode
+    elif spec.variant == "mma_sk":
+        def emit(*args: Any, **kw: Any) -> None:
+            DM.emit_decode_mma_split_k(*args, **kw, workspace=kb.arg("workspace"),
+                                       counters=kb.arg("counters"))
     else:
         def emit(*args: Any, **kw: Any) -> None:
             DM.emit_decode_mma(*args, **kw, depth=2 if spec.variant == "mma2" else 1)
@@ -212,6 +224,8 @@ def build(spec: DecodeSpec) -> Any:
                 n0 = bir.mul(bir.block_idx("x"), cols)
                 rows = bir.sub(end, start)
                 tid = bir.thread_idx("x")
+                if spec.variant == "mma_sk":  # split 0 writes the zeros
+                    rows = bir.select(bir.eq(bir.block_idx("z"), 0), rows, bir.const(0))
                 with bir.for_range(tid, bir.mul(rows, cols), spec.block[0]) as zl:
                     m = bir.add(start, bir.udiv(zl.iv, cols))
                     n = bir.add(n0, bir.urem(zl.iv, cols))
@@ -253,6 +267,30 @@ def group_list(expert_start: Any, num_groups: int) -> np.ndarray:
     return np.arange(num_groups, dtype=np.int32)
 
 
+def split_k(ctas: int, k: int) -> int:
+    """mma_sk: the K splits for a grid of ``ctas`` CTAs (per split) and K (FP4): enough for
+    ~:data:`SPLIT_K_CTAS` CTAs, at most one per 512-element step, none empty."""
+    steps = max(1, -(-(k // 2) // 256))
+    want = min(steps, max(1, -(-SPLIT_K_CTAS // max(1, ctas))))
+    return -(-steps // -(-steps // want))
+
+
+def _with_split_k(spec: DecodeSpec, grid3: tuple[int, int, int], rows: int, n: int, k: int,
+                  buffers: dict[str, Any], host: bool,
+                  device: Any) -> tuple[tuple[int, int, int], dict[str, Any]]:
+    """mma_sk: grid.z = the splits, plus the workspace and zeroed counters (fresh per call;
+    the kernel leaves the counters at 0). Other variants: unchanged."""
+    if spec.variant != "mma_sk":
+        return grid3, buffers
+    s = split_k(grid3[0] * grid3[1], k)
+    ws = max(1, rows * s * n)
+    tiles = grid3[0] * grid3[1]
+    extra = ({"workspace": np.empty(ws, np.float32), "counters": np.zeros(tiles, np.int32)}
+             if host else {"workspace": device.zeros((ws,), np.float32),
+                           "counters": device.zeros((tiles,), np.int32)})
+    return (grid3[0], grid3[1], s), {**buffers, **extra}
+
+
 def _launch_grouped(spec: DecodeSpec, t: int, n: int, num_groups: int,
                     buffers: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
     groups = group_list(buffers["expert_start"], num_groups)
@@ -260,8 +298,10 @@ def _launch_grouped(spec: DecodeSpec, t: int, n: int, num_groups: int,
         groups = np.zeros(1, np.int32)
     host = all(isinstance(v, np.ndarray) for v in buffers.values())
     buffers = {**buffers, "group_list": groups if host else device.to_device(groups)}
-    return H.launch(spec, grid(n, int(groups.size), spec.cols), (t, n), "bfloat16", buffers,
-                    scalars, device, empty=t == 0 or n == 0)
+    g3, buffers = _with_split_k(spec, grid(n, int(groups.size), spec.cols), t, n,
+                                scalars["k"], buffers, host, device)
+    return H.launch(spec, g3, (t, n), "bfloat16", buffers, scalars, device,
+                    empty=t == 0 or n == 0)
 
 
 def dispatch_variant(fmt: Format) -> str:
@@ -314,8 +354,11 @@ def dense_fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype:
             device: Any) -> Any:
         alpha = H.finite_f32(alpha, "alpha")
         H.check_epilogue_inputs((), extra, m, n)
-        return H.launch(spec, grid(n, 1, spec.cols), (m, n), out_dtype,
-                        {"a": a, "b": b, "sfa": sfa, "sfb": sfb},
+        buffers = {"a": a, "b": b, "sfa": sfa, "sfb": sfb}
+        g3, buffers = _with_split_k(spec, grid(n, 1, spec.cols), m, n, k, buffers,
+                                    all(isinstance(v, np.ndarray) for v in buffers.values()),
+                                    device)
+        return H.launch(spec, g3, (m, n), out_dtype, buffers,
                         {"m": m, "n": n, "k": k, "alpha": alpha}, device)
     return run
 
@@ -363,8 +406,10 @@ def block_scaled_matmul_decode(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format |
                          f"the decode kernel ({fmt.name}), got {d.k}")
     dev, tgt = H.device_and_target(device, target)
     spec = DecodeSpec(fmt.name, "dense", out_dtype, False, tgt, variant)
-    return H.launch(spec, grid(d.n, 1, spec.cols), (d.m, d.n), out_dtype,
-                    {"a": a, "b": b, "sfa": sfa, "sfb": sfb},
+    buffers = {"a": a, "b": b, "sfa": sfa, "sfb": sfb}
+    g3, buffers = _with_split_k(spec, grid(d.n, 1, spec.cols), d.m, d.n, d.k, buffers,
+                                all(isinstance(v, np.ndarray) for v in buffers.values()), dev)
+    return H.launch(spec, g3, (d.m, d.n), out_dtype, buffers,
                     {"m": d.m, "n": d.n, "k": d.k, "alpha": H.finite_f32(alpha, "alpha")}, dev,
                     empty=d.m == 0 or d.n == 0)
 
@@ -384,7 +429,7 @@ def bundle_specs(target: str = "sm_90a") -> list[DecodeSpec]:
     specs += [DecodeSpec(f, "dense", o, False, target)
               for f in ("nvfp4", "mxfp4", "mxfp8") for o in ("bfloat16", "float32")]
     # the tensor-core variant (FP4)
-    for v in ("mma", "mma2"):  # the tensor-core variants (FP4)
+    for v in ("mma", "mma2", "mma_sk"):  # the tensor-core variants (FP4)
         specs += [DecodeSpec(f, "grouped", "bfloat16", False, target, v)
                   for f in ("nvfp4", "mxfp4")]
         specs.append(DecodeSpec("nvfp4", "grouped", "bfloat16", True, target, v))
