@@ -46,6 +46,7 @@ from typing import Any, ClassVar
 
 import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 import blockscale.ops._matmul_host as H
+import blockscale.ops._wgmma_ws as _ws
 from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
 from blockscale.ops import matmul as _matmul
@@ -53,7 +54,8 @@ from blockscale.ops import matmul_sm90 as _sm90
 from blockscale.ops.matmul_epilogue import Epilogue
 
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
-KERNEL_SOURCES = ("blockscale.ops._wgmma_ir", "blockscale.ops._mma_ir",
+KERNEL_SOURCES = ("blockscale.ops._wgmma_ir", "blockscale.ops._wgmma_ws_ir",
+                  "blockscale.ops._wgmma_ws", "blockscale.ops._mma_ir",
                   "blockscale.ops.matmul_epilogue", "blockscale.ops._matmul_ir",
                   "blockscale.ops.matmul_sm90")
 TARGETS = ("sm_90a",)
@@ -113,7 +115,9 @@ class WgmmaMatmulSpec(FormatSpec):
             with 128 x 128 tiles takes 96 KiB of dynamic shared memory); None: default.
         scaling: "fold" | "promote" (:data:`VARIANTS`); None: the format's default.
         pipeline: "early" | "late" (:data:`blockscale.ops._wgmma_ir.PIPELINES`: the next
-            step's global loads before the dequantization, or after the wgmma issue).
+            step's global loads before the dequantization, or after the wgmma issue), or
+            "ws" (NVFP4 fold k64, bm = 128: a TMA producer warp feeds an mbarrier ring,
+            :mod:`blockscale.ops._wgmma_ws_ir`).
     """
 
     fmt: str
@@ -139,7 +143,7 @@ class WgmmaMatmulSpec(FormatSpec):
         if (self.bm, self.bn) not in TILE_CHOICES:
             raise ValueError(f"(bm, bn) must be one of {list(TILE_CHOICES)}, got "
                              f"{(self.bm, self.bn)}")
-        H.check_choice(self.pipeline, PIPELINES, "pipeline")
+        H.check_choice(self.pipeline, (*PIPELINES, _ws.PIPELINE), "pipeline")
         object.__setattr__(self, "target", H.target_name(self.target))
         H.check_choice(self.target, TARGETS, "target")
         dq, sc, ks = DEFAULTS[self.fmt]
@@ -163,6 +167,12 @@ class WgmmaMatmulSpec(FormatSpec):
         if self.kstep not in ksteps:
             raise ValueError(f"kstep must be one of {ksteps} for {self.fmt} "
                              f"{self.dequant}/{self.scaling}, got {self.kstep}")
+        if self.pipeline == _ws.PIPELINE and (
+                (self.fmt, self.scaling, self.kstep) != (_ws.FMT, _ws.SCALING, _ws.KSTEP)
+                or (self.bm, self.bn) not in _ws.TILES):
+            raise ValueError(f"pipeline='ws' takes fmt={_ws.FMT!r}, scaling={_ws.SCALING!r}, "
+                             f"kstep={_ws.KSTEP}, (bm, bn) in {list(_ws.TILES)}; got "
+                             f"{(self.fmt, self.scaling, self.kstep, (self.bm, self.bn))}")
 
     @property
     def shared_bytes(self) -> int:
@@ -176,12 +186,17 @@ class WgmmaMatmulSpec(FormatSpec):
     @property
     def dynamic_shared_bytes(self) -> int:
         """Dynamic shared memory per CTA (the stages when over the 48 KiB static limit)."""
-        return self.shared_bytes if self.shared_bytes > 48 * 1024 else 0
+        return self.shared_bytes if self.shared_bytes > 48 * 1024 or self.ws else 0
+
+    @property
+    def ws(self) -> bool:
+        """Whether the TMA-fed producer / consumer loop is used (``pipeline="ws"``)."""
+        return self.pipeline == _ws.PIPELINE
 
     @property
     def block(self) -> tuple[int, int, int]:  # type: ignore[override]
         """The ``bm / 64`` warpgroups (= _wgmma_ir.Tiles.threads)."""
-        return (2 * self.bm, 1, 1)
+        return (2 * self.bm + (_ws.PRODUCER_THREADS if self.ws else 0), 1, 1)
 
     @property
     def kernel_name(self) -> str:
@@ -194,8 +209,9 @@ class WgmmaMatmulSpec(FormatSpec):
     def args(self) -> tuple[KernelArg, ...]:
         """The portable kernel's parameters: a, b, sfa, sfb, c, epilogue inputs, m, n, k,
         alpha."""
-        return _matmul.MatmulSpec(self.fmt, self.out_dtype, "tcgen5d", self.epilogue,
+        base = _matmul.MatmulSpec(self.fmt, self.out_dtype, "tcgen5d", self.epilogue,
                                   self.target).args()
+        return (*base, *_ws.tensormap_args(self.bm, self.bn)) if self.ws else base
 
 
 def grid(spec: WgmmaMatmulSpec, m: int, n: int) -> tuple[int, int, int]:
@@ -224,7 +240,14 @@ def build(spec: WgmmaMatmulSpec) -> Any:
         # scale rows m0 + r < ceil(M/128)*128 for every local r (bm divides 128): in bounds
         a = _sm90.tile_operand(kb.arg("a"), kb.arg("sfa"), m0, m0, m_count, m0, d1)
         b = _sm90.tile_operand(kb.arg("b"), kb.arg("sfb"), n0, n0, n_count, n0, d1)
-        acc, wg = X.emit_mainloop(kb, tiles, a, b, k, spec.dequant, spec.pipeline)
+        if spec.ws:
+            from blockscale.ops import _wgmma_ws_ir
+
+            acc, wg, live = _wgmma_ws_ir.emit_mainloop(kb, tiles, a, b, k, spec.dequant, m0,
+                                                       n0)
+        else:
+            acc, wg = X.emit_mainloop(kb, tiles, a, b, k, spec.dequant, spec.pipeline)
+            live = None
         fix = X.accumulator_scale(spec.dequant, spec.fmt, spec.scaling)
 
         def scale(v: Any, m: Any, n: Any) -> Any:
@@ -232,8 +255,14 @@ def build(spec: WgmmaMatmulSpec) -> Any:
                 v = arith.mulf(v, bir.const(fix, bir.f32()))
             return _sm90._alpha(v, kb.arg("alpha"))
 
-        _sm90.store_tile(spec, kb, X.accumulator_tiles(acc, spec.bn), X.warp_coords(wg),
-                         m0, n0, m_count, n_count, scale)
+        def store() -> None:
+            _sm90.store_tile(spec, kb, X.accumulator_tiles(acc, spec.bn), X.warp_coords(wg),
+                             m0, n0, m_count, n_count, scale)
+        if live is None:
+            store()
+        else:
+            with bir.when(live):  # not the producer warp
+                store()
     return kb.module
 
 
@@ -297,6 +326,13 @@ def block_scaled_matmul_wgmma(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | 
     bm, bn = tiles if tiles is not None else choose_tiles(d.m, d.n)
     spec = WgmmaMatmulSpec(fmt.name, out_dtype, epilogue, bm, bn, tgt, dequant, kstep, scaling,
                            pipeline)
+    if spec.ws and d.m and d.n:  # the TMA maps' dims travel as launch values
+        H.check_epilogue_inputs(spec.epilogue.inputs if spec.epilogue else (),
+                                dict(epilogue_inputs or {}), d.m, d.n)
+        return H.launch(spec, grid(spec, d.m, d.n), (d.m, d.n), spec.out_dtype,
+                        {"a": a, "b": b, "sfa": sfa, "sfb": sfb, **dict(epilogue_inputs or {})},
+                        {"m": d.m, "n": d.n, "k": d.k, "alpha": H.finite_f32(alpha, "alpha"),
+                         **_ws.tensormap_values(d.m, d.n, d.k)}, dev)
     return _matmul._run_dense(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}),
                               dev, grid(spec, d.m, d.n))
 
