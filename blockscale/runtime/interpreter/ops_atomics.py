@@ -1,4 +1,4 @@
-"""memref.atomic_rmw, gpu.dynamic_shared_memory and memref.view.
+"""memref.atomic_rmw, nvvm.memory.barrier (no-op), gpu.dynamic_shared_memory, memref.view.
 
 Atomics are applied one thread at a time in linear thread order (one valid serialisation of
 the hardware's unordered atomics); each thread gets the value it replaced. Atomic accesses are
@@ -125,3 +125,10 @@ def _view(op: Any, c: Compiler):
             views[key] = buf
         f.vals[out] = MemRef(buf, shape, strides, shift // dt.itemsize + offset)
     return run
+
+
+@handles("nvvm.memory.barrier")
+def _membar(op: Any, c: Compiler):
+    """``membar`` / ``fence.sc``: a no-op here (the interpreter's memory is sequentially
+    consistent and the CTAs of a batch run in lock step)."""
+    return lambda f: None
