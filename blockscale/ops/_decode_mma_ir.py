@@ -63,7 +63,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlir import ir
-from mlir.dialects import arith, memref, vector
+from mlir.dialects import arith, memref, nvvm, vector
 from mlir.dialects import math as mmath
 
 import blockscale.ops._matmul_ir as mir
@@ -454,9 +454,9 @@ def emit_decode_mma_split_k(kb: Any, fmt: Format, *, start: Value, end: Value, e
     """Split-K body (``variant="mma_sk"``) of CTA (x, y, z): the "mma" kernel's sums over
     the K steps of split z (:func:`split_k_steps`, ``splits = grid_dim.z``), written as fp32
     partials to ``workspace[(m * splits + z) * n + col]`` (rows m of the group); the CTA
-    that arrives last at tile (x, y) (``atomic_rmw addi`` on ``counters[x + grid_x * y]``,
-    acq_rel: after a CTA barrier it publishes the CTA's partials, CUTLASS's semaphore
-    pattern) sums them in split order 0, 1, .., splits - 1 (fixed: the result does not
+    that arrives last at tile (x, y) (thread 0, after a CTA barrier: ``membar.gl``,
+    ``atom.add`` on ``counters[x + grid_x * y]``, ``membar.gl``; the threadfence-reduction
+    pattern: NVPTX emits the atomic relaxed, the fences order the partials) sums them in split order 0, 1, .., splits - 1 (fixed: the result does not
     depend on which CTA is last), calls ``store`` (alpha / expert scale / row scale as in
     "mma") and resets the counter to 0 (the buffer is reusable by the next launch)."""
     i32 = bir.i32()
@@ -473,12 +473,14 @@ def emit_decode_mma_split_k(kb: Any, fmt: Format, *, start: Value, end: Value, e
     bir.barrier()  # every thread's partials are stored (CTA scope)
     tile = bir.add(bir.block_idx("x"), bir.mul(bir.grid_dim("x"), bir.block_idx("y")))
     with bir.when(bir.eq(tid, 0)):
+        nvvm.memory_barrier(nvvm.MemScopeKind.GPU)  # membar.gl: release the CTA's partials
         old = memref.atomic_rmw(arith.AtomicRMWKind.addi, bir.const(1, i32), counters,
                                 [bir.as_index(tile)])
         last = bir.eq(bir.as_index(old), bir.sub(splits, 1))
         with bir.when(last):
             bir.store(bir.const(0, i32), counters, tile)
         bir.store(arith.extui(i32, last), flag, 0)
+        nvvm.memory_barrier(nvvm.MemScopeKind.GPU)  # acquire the other CTAs' partials
     bir.barrier()
     with bir.when(bir.eq(bir.load(flag, 0), bir.const(1, i32))):
         rows = bir.sub(end, start)
