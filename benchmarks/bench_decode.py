@@ -1,4 +1,4 @@
-"""Decode (few rows) block-scaled matmul variants on the GPU, one run: simt, mma, mma2.
+"""Decode (few rows) block-scaled matmul variants on the GPU, one run: simt, mma, mma2, mma_sk.
 
 1. MoE gate_up of gpt-oss-120b (E=128, top-4, K=2880, N=5760) and DeepSeek-V3 (E=256, top-8,
    K=7168, N=4096) at T in {1, 16, 128} tokens (uniform random routing, every group <= 16
@@ -45,7 +45,7 @@ from benchmarks.common import (
     time_ms,
 )
 
-VARIANTS = ("simt", "mma", "mma2")
+VARIANTS = ("simt", "mma", "mma2", "mma_sk")
 T_VALUES = (1, 16, 128)
 DENSE = ((5760, 2880), (4096, 7168))
 
