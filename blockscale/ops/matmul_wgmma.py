@@ -77,6 +77,9 @@ VARIANTS = {
 }
 #: where a step issues the next step's global loads (= _wgmma_ir.PIPELINES)
 PIPELINES = ("early", "late")
+#: the tiles of the bundled pipeline="ws" kernels (128 x 256 is built but not bundled: at
+#: 384 threads ptxas caps it at 168 registers and it spills)
+WS_BUNDLE_TILES = ((128, 128),)
 #: dequantizations to E4M3 shared operands and k32 e4m3 wgmmas (= _wgmma_ir.FP8_DEQUANT)
 FP8_DEQUANT = ("fp8", "copy")
 #: the default variants: the fastest on the H200 (run D, 2026-11-30, 8192 x 5760 x 2944, GPU
@@ -360,6 +363,9 @@ def bundle_specs(target: str = "sm_90a") -> list[WgmmaMatmulSpec]:
               for f, variants in VARIANTS.items() for (dq, sc), ksteps in variants.items()
               if sc == "fold" for ks in ksteps for o in _matmul.OUT_DTYPES}
     specs |= {dataclasses.replace(s, pipeline=p) for s in specs for p in PIPELINES}
+    specs |= {WgmmaMatmulSpec(_ws.FMT, o, None, *t, target, dq, _ws.KSTEP, _ws.SCALING,
+                              _ws.PIPELINE)  # the TMA-fed loop (bench rows *-ws)
+              for dq in DEQUANT for o in _matmul.OUT_DTYPES for t in WS_BUNDLE_TILES}
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
