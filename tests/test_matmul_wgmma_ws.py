@@ -27,22 +27,26 @@ from test_matmul_common import (
     random_dense_case,
 )
 
-from blockscale.formats import NVFP4
+from blockscale.formats import MXFP4, NVFP4, Format
 from blockscale.ops import _wgmma_ws, matmul_wgmma
 
 
-def _run(a, b, sfa5, sfb5, alpha, out_dtype, tiles, dequant, pipeline, device):
+def _run(a, b, sfa5, sfb5, alpha, out_dtype, tiles, dequant, pipeline, device, fmt=NVFP4):
     return matmul_wgmma.block_scaled_matmul_wgmma(
-        a, b, sfa5, sfb5, NVFP4, alpha=alpha, out_dtype=out_dtype, tiles=tiles,
+        a, b, sfa5, sfb5, fmt, alpha=alpha, out_dtype=out_dtype, tiles=tiles,
         dequant=dequant, kstep=64, scaling="fold", pipeline=pipeline, device=device)
 
 
-def _check(m, n, k, tiles, dequant, out_dtype, device="interp", identical=True, rows=None):
+def _check(m, n, k, tiles, dequant, out_dtype, device="interp", identical=True, rows=None,
+           fmt=NVFP4):
+    """The bound (MX "fold": two k16 roundings per 32-block, J more) and, in the
+    interpreter, bit-identity with the register-fed kernel of the same variant."""
     rng = np.random.default_rng(m * 131 + n * 7 + k)
-    a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
-    exact, abs_sum = exact_dense(a, b, sfa, sfb, NVFP4, k, 0.375, rows)
-    bound = f32_error_bound(abs_sum, NVFP4, k, n_mul=1)
-    got = _run(a, b, sfa5, sfb5, 0.375, out_dtype, tiles, dequant, "ws", device)
+    a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
+    exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k, 0.375, rows)
+    extra = fmt.kblocks(k) if fmt.is_mx else 0
+    bound = f32_error_bound(abs_sum, fmt, k, n_mul=1 + extra)
+    got = _run(a, b, sfa5, sfb5, 0.375, out_dtype, tiles, dequant, "ws", device, fmt)
     assert got.shape == (m, n)
     if rows is not None:
         got = got[rows]
@@ -51,7 +55,7 @@ def _check(m, n, k, tiles, dequant, out_dtype, device="interp", identical=True, 
     else:
         assert_bf16_consistent(got, exact, bound)
     if identical:
-        ref = _run(a, b, sfa5, sfb5, 0.375, out_dtype, tiles, dequant, "early", device)
+        ref = _run(a, b, sfa5, sfb5, 0.375, out_dtype, tiles, dequant, "early", device, fmt)
         ref = ref if rows is None else ref[rows]
         assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))
 
@@ -64,6 +68,15 @@ def test_interp_ws_128x128(mnk, dequant):
     """Small and tail shapes; K = 320: five steps through a four-stage ring."""
     m, n, k = mnk
     _check(m, n, k, (128, 128), dequant, "float32" if (m + n) % 2 else "bfloat16")
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("mnk", [(70, 130, 96), (130, 72, 544), (1, 5, 32)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_interp_ws_mxfp4(mnk):
+    """MXFP4 (E8M0 scales, a step is half an atom column; K = 544: 9 steps, 5 columns)."""
+    m, n, k = mnk
+    _check(m, n, k, (128, 128), "lut", "float32" if (m + n) % 2 else "bfloat16", fmt=MXFP4)
 
 
 @pytest.mark.interp
@@ -82,7 +95,8 @@ def test_spec_validation_and_bundle():
     assert s.block == (384, 1, 1) and s.kernel_name.endswith("_k64_ws_f32")
     assert [a.name for a in s.args()][-4:] == ["a_map", "b_map", "sfa_map", "sfb_map"]
     assert s.dynamic_shared_bytes == s.shared_bytes
-    for bad in [dict(kstep=32), dict(bm=64, bn=64), dict(fmt="mxfp4", dequant="lut")]:
+    for bad in [dict(kstep=32), dict(bm=64, bn=64), dict(fmt="mxfp8", dequant="cvt",
+                                                         scaling="promote", kstep=32)]:
         kw = dict(fmt="nvfp4", bm=128, bn=128, dequant="shift", kstep=64, scaling="fold",
                   pipeline="ws") | bad
         with pytest.raises(ValueError, match="pipeline='ws'"):
@@ -90,15 +104,15 @@ def test_spec_validation_and_bundle():
     with pytest.raises(ValueError, match="pipeline"):
         matmul_wgmma.WgmmaMatmulSpec("nvfp4", pipeline="wsx")
     ws = [b for b in matmul_wgmma.bundle_specs("sm_90a") if b.pipeline == "ws"]
-    assert len(ws) == 4 and {(b.bm, b.bn) for b in ws} == {(128, 128)}
+    assert len(ws) == 6 and {(b.bm, b.bn) for b in ws} == {(128, 128)}
+    assert {(b.fmt, b.dequant) for b in ws} == {("nvfp4", "lut"), ("nvfp4", "shift"),
+                                                ("mxfp4", "lut")}
     assert _wgmma_ws.tensormap_values(130, 72, 352) == {
         "a_map": (176, 130), "b_map": (176, 72), "sfa_map": (256, 2 * 2 * 6),
         "sfb_map": (256, 2 * 1 * 6)}
 
 
-WS_SPECS = [matmul_wgmma.WgmmaMatmulSpec("nvfp4", o, None, 128, 128, "sm_90a", dq, 64, "fold",
-                                         "ws")
-            for dq in matmul_wgmma.DEQUANT for o in ("bfloat16", "float32")]
+WS_SPECS = [s for s in matmul_wgmma.bundle_specs("sm_90a") if s.pipeline == "ws"]
 
 
 @pytest.mark.lower
@@ -124,14 +138,18 @@ GPU_SHAPES = [(8192, 5760, 2944), (777, 2560, 8192), (1000, 1024, 1056), (1, 576
 
 @pytest.mark.gpu
 @pytest.mark.cuda
-@pytest.mark.parametrize("dequant", matmul_wgmma.DEQUANT)
+@pytest.mark.parametrize("variant", [(f, dq) for f in _wgmma_ws.FORMATS
+                                     for dq, _ in matmul_wgmma.ws_variants(f)],
+                         ids=lambda v: "-".join(v))
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
-def test_gpu(shape, out_dtype, dequant):
+def test_gpu(shape, out_dtype, variant):
     """The stated fp32 bound (f32) / bf16 consistency on sampled rows (HGMMA rounds
     differently from the interpreter's model, so no bit-identity on hardware)."""
     m, n, k = shape
     rng = np.random.default_rng(m + n)
     rows = np.unique(np.concatenate([np.arange(min(m, 64)), np.arange(max(0, m - 64), m),
                                      rng.integers(0, m, 64)]))
-    _check(m, n, k, (128, 128), dequant, out_dtype, "cuda", identical=False, rows=rows)
+    name, dequant = variant
+    _check(m, n, k, (128, 128), dequant, out_dtype, "cuda", identical=False, rows=rows,
+           fmt=Format.from_name(name))

@@ -9,8 +9,9 @@ from blockscale.launch import KernelArg
 PIPELINE = "ws"
 #: (bm, bn) built (one or two 128-row scale atoms of B per stage)
 TILES = ((128, 128), (128, 256))
-#: the only format / scaling / K-step built
-FMT, SCALING, KSTEP = "nvfp4", "fold", 64
+#: the formats, scaling and K-step built (NVFP4: a step is one scale atom column of 4
+#: blocks; MXFP4: half of one, two 32-blocks)
+FORMATS, SCALING, KSTEP = ("nvfp4", "mxfp4"), "fold", 64
 #: packed (TMA) stages in flight
 RING = 4
 #: the producer warpgroup (after the 2 bm consumer threads; its lane 0 issues the copies;
@@ -24,20 +25,26 @@ ATOM_BOX = (256, 2)
 SWIZZLE = "32b"
 
 
-def tensormap_args(bm: int, bn: int) -> tuple[KernelArg, ...]:
+#: the scale buffers' dtype per format
+SCALE_DTYPES = {"nvfp4": "float8_e4m3fn", "mxfp4": "float8_e8m0fnu"}
+
+
+def tensormap_args(bm: int, bn: int, fmt: str = "nvfp4") -> tuple[KernelArg, ...]:
     """The TMA maps over a, b (packed rows: boxes of 32 bytes x rows) and sfa, sfb (atoms)."""
+    sd = SCALE_DTYPES[fmt]
     return (KernelArg("a_map", "tensormap", "uint8", tensor="a", box=(ROW_BYTES, bm),
                       swizzle=SWIZZLE),
             KernelArg("b_map", "tensormap", "uint8", tensor="b", box=(ROW_BYTES, bn),
                       swizzle=SWIZZLE),
-            KernelArg("sfa_map", "tensormap", "float8_e4m3fn", tensor="sfa", box=ATOM_BOX),
-            KernelArg("sfb_map", "tensormap", "float8_e4m3fn", tensor="sfb", box=ATOM_BOX))
+            KernelArg("sfa_map", "tensormap", sd, tensor="sfa", box=ATOM_BOX),
+            KernelArg("sfb_map", "tensormap", sd, tensor="sfb", box=ATOM_BOX))
 
 
-def tensormap_values(m: int, n: int, k: int) -> dict[str, tuple[int, int]]:
+def tensormap_values(m: int, n: int, k: int, block: int = 16) -> dict[str, tuple[int, int]]:
     """Launch values (dims, innermost first) of :func:`tensormap_args` for an M x N x K
-    problem: a, b as ``[rows, K/2]`` bytes, the 5-D scales as ``[atoms * 2, 256]`` bytes."""
-    d1 = -(-(-(-k // 16)) // 4)
+    problem with ``block``-element scale blocks: a, b as ``[rows, K/2]`` bytes, the 5-D
+    scales as ``[atoms * 2, 256]`` bytes."""
+    d1 = -(-(-(-k // block)) // 4)
 
     def atoms(rows: int) -> int:
         return -(-rows // 128) * d1 * 2

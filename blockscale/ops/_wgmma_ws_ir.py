@@ -59,9 +59,9 @@ def emit_mainloop(kb: bir.KernelBuilder, tiles: X.Tiles, a: Operand, b: Operand,
                   dequant: str, m0: Value, n0: Value) -> tuple[Value, Value, Value]:
     """The producer / consumer K loop (module docstring). Every thread of the CTA runs it.
     Returns (the warpgroup's accumulator struct, warpgroup index, is-consumer predicate)."""
-    if (tiles.bm, tiles.bn) not in SHAPES or tiles.kstep != 64 or tiles.fmt != "nvfp4" \
-            or tiles.scaling != "fold":
-        raise ValueError(f"ws pipeline: NVFP4 fold k64 with (bm, bn) in {SHAPES}, got "
+    if (tiles.bm, tiles.bn) not in SHAPES or tiles.kstep != WS.KSTEP \
+            or tiles.fmt not in WS.FORMATS or tiles.scaling != WS.SCALING:
+        raise ValueError(f"ws pipeline: {WS.FORMATS} fold k64 with (bm, bn) in {SHAPES}, got "
                          f"{tiles}")
     bm, bn = tiles.bm, tiles.bn
     na, nb = bm // 128, bn // 128  # scale atoms per stage
@@ -72,7 +72,7 @@ def emit_mainloop(kb: bir.KernelBuilder, tiles: X.Tiles, a: Operand, b: Operand,
     ring_sb = tma.shared_buffer(kb, f"{RING * nb}x2x256xi8", align=128)
     full = tma.mbarrier_group(RING)
     empty = tma.mbarrier_group(RING)
-    maps = {x.name: x for x in WS.tensormap_args(bm, bn)}
+    maps = {x.name: x for x in WS.tensormap_args(bm, bn, tiles.fmt)}
     desc = {n: tma.descriptor(kb.arg(n), arg) for n, arg in maps.items()}
     tx = sum(x.box_bytes for x in maps.values()) + (na - 1) * maps["sfa_map"].box_bytes \
         + (nb - 1) * maps["sfb_map"].box_bytes
@@ -84,7 +84,7 @@ def emit_mainloop(kb: bir.KernelBuilder, tiles: X.Tiles, a: Operand, b: Operand,
     wg = bir.udiv(tid, 128)
     steps = bir.ceil_div(k, tiles.kstep)
     row_bytes = bir.udiv(k, 2)
-    d1 = bir.ceil_div(bir.ceil_div(k, 16), 4)
+    d1 = bir.ceil_div(bir.ceil_div(k, tiles.block), 4)
     atom_a = bir.mul(bir.udiv(m0, 128), d1)
     atom_b = bir.mul(bir.udiv(n0, 128), d1)
 
@@ -106,6 +106,7 @@ def emit_mainloop(kb: bir.KernelBuilder, tiles: X.Tiles, a: Operand, b: Operand,
                 tma.mbarrier_wait(empty, _parity(bir.add(lap, 1)), slot)
             tma.mbarrier_arrive_expect_tx(full, tx, slot)
             kx = bir.mul(t, ROW_BYTES)
+            col = bir.udiv(bir.mul(t, tiles.scales_per_step), 4)  # the step's atom column
             tma.tma_load(_tile(ring_a, slot, bm, ROW_BYTES), desc["a_map"], [kx, m0], full,
                          slot)
             tma.tma_load(_tile(ring_b, slot, bn, ROW_BYTES), desc["b_map"], [kx, n0], full,
@@ -113,12 +114,12 @@ def emit_mainloop(kb: bir.KernelBuilder, tiles: X.Tiles, a: Operand, b: Operand,
             for j in range(na):
                 tma.tma_load(_tile(ring_sa, bir.add(bir.mul(slot, na), j), 2, 256),
                              desc["sfa_map"],
-                             [0, bir.mul(bir.add(bir.add(atom_a, bir.mul(d1, j)), t), 2)],
+                             [0, bir.mul(bir.add(bir.add(atom_a, bir.mul(d1, j)), col), 2)],
                              full, slot)
             for j in range(nb):
                 tma.tma_load(_tile(ring_sb, bir.add(bir.mul(slot, nb), j), 2, 256),
                              desc["sfb_map"],
-                             [0, bir.mul(bir.add(bir.add(atom_b, bir.mul(d1, j)), t), 2)],
+                             [0, bir.mul(bir.add(bir.add(atom_b, bir.mul(d1, j)), col), 2)],
                              full, slot)
 
     for t in range(RING - 1):
@@ -204,9 +205,11 @@ def _read_item(it: Any, slot: Value, step: Value, row_bytes: Value, a: Operand, 
         r = it.r
         atom = bir.add(bir.mul(slot, atoms), bir.udiv(r, 128))
         rr = bir.urem(r, 128)
+        blk = bir.urem(bir.add(bir.mul(step, tiles.scales_per_step),  # in the atom column
+                               tiles.piece_block(it.piece)), 4)
         soff = bir.add(bir.add(bir.mul(bir.urem(rr, 32), 16), bir.mul(bir.udiv(rr, 32), 4)),
-                       bir.mul(it.piece, 2))
-        sc = _load(sring, vs, bir.add(bir.mul(atom, 512), soff), 512, 2)
+                       blk)
+        sc = _load(sring, vs, bir.add(bir.mul(atom, 512), soff), 512, tiles.piece_scales)
         col = bir.add(bir.mul(step, ROW_BYTES), bir.mul(it.piece, 16))
         ok = bir.logical_and(op.valid(r), bir.ult(col, row_bytes))
         return [data, arith.select(ok, sc, bir.const(0, vs))]

@@ -80,6 +80,13 @@ PIPELINES = ("early", "late")
 #: the tiles of the bundled pipeline="ws" kernels (128 x 256 is built but not bundled: at
 #: 384 threads ptxas caps it at 168 registers and it spills)
 WS_BUNDLE_TILES = ((128, 128),)
+
+
+def ws_variants(fmt: str) -> list[tuple[str, str]]:
+    """(dequant, scaling) of the pipeline="ws" kernels of ``fmt`` (none: not built)."""
+    if fmt not in _ws.FORMATS:
+        return []
+    return [v for v, ks in VARIANTS[fmt].items() if v[1] == _ws.SCALING and _ws.KSTEP in ks]
 #: dequantizations to E4M3 shared operands and k32 e4m3 wgmmas (= _wgmma_ir.FP8_DEQUANT)
 FP8_DEQUANT = ("fp8", "copy")
 #: the default variants: the fastest on the H200 (run D, 2026-11-30, 8192 x 5760 x 2944, GPU
@@ -119,7 +126,7 @@ class WgmmaMatmulSpec(FormatSpec):
         scaling: "fold" | "promote" (:data:`VARIANTS`); None: the format's default.
         pipeline: "early" | "late" (:data:`blockscale.ops._wgmma_ir.PIPELINES`: the next
             step's global loads before the dequantization, or after the wgmma issue), or
-            "ws" (NVFP4 fold k64, bm = 128: a TMA producer warp feeds an mbarrier ring,
+            "ws" (NVFP4 / MXFP4 fold k64, bm = 128: a TMA producer feeds an mbarrier ring,
             :mod:`blockscale.ops._wgmma_ws_ir`).
     """
 
@@ -171,9 +178,10 @@ class WgmmaMatmulSpec(FormatSpec):
             raise ValueError(f"kstep must be one of {ksteps} for {self.fmt} "
                              f"{self.dequant}/{self.scaling}, got {self.kstep}")
         if self.pipeline == _ws.PIPELINE and (
-                (self.fmt, self.scaling, self.kstep) != (_ws.FMT, _ws.SCALING, _ws.KSTEP)
+                self.fmt not in _ws.FORMATS or (self.scaling, self.kstep) != (_ws.SCALING,
+                                                                              _ws.KSTEP)
                 or (self.bm, self.bn) not in _ws.TILES):
-            raise ValueError(f"pipeline='ws' takes fmt={_ws.FMT!r}, scaling={_ws.SCALING!r}, "
+            raise ValueError(f"pipeline='ws' takes fmt in {_ws.FORMATS}, scaling={_ws.SCALING!r}, "
                              f"kstep={_ws.KSTEP}, (bm, bn) in {list(_ws.TILES)}; got "
                              f"{(self.fmt, self.scaling, self.kstep, (self.bm, self.bn))}")
 
@@ -214,7 +222,7 @@ class WgmmaMatmulSpec(FormatSpec):
         alpha."""
         base = _matmul.MatmulSpec(self.fmt, self.out_dtype, "tcgen5d", self.epilogue,
                                   self.target).args()
-        return (*base, *_ws.tensormap_args(self.bm, self.bn)) if self.ws else base
+        return (*base, *_ws.tensormap_args(self.bm, self.bn, self.fmt)) if self.ws else base
 
 
 def grid(spec: WgmmaMatmulSpec, m: int, n: int) -> tuple[int, int, int]:
@@ -335,7 +343,7 @@ def block_scaled_matmul_wgmma(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | 
         return H.launch(spec, grid(spec, d.m, d.n), (d.m, d.n), spec.out_dtype,
                         {"a": a, "b": b, "sfa": sfa, "sfb": sfb, **dict(epilogue_inputs or {})},
                         {"m": d.m, "n": d.n, "k": d.k, "alpha": H.finite_f32(alpha, "alpha"),
-                         **_ws.tensormap_values(d.m, d.n, d.k)}, dev)
+                         **_ws.tensormap_values(d.m, d.n, d.k, fmt.block_size)}, dev)
     return _matmul._run_dense(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}),
                               dev, grid(spec, d.m, d.n))
 
@@ -363,9 +371,9 @@ def bundle_specs(target: str = "sm_90a") -> list[WgmmaMatmulSpec]:
               for f, variants in VARIANTS.items() for (dq, sc), ksteps in variants.items()
               if sc == "fold" for ks in ksteps for o in _matmul.OUT_DTYPES}
     specs |= {dataclasses.replace(s, pipeline=p) for s in specs for p in PIPELINES}
-    specs |= {WgmmaMatmulSpec(_ws.FMT, o, None, *t, target, dq, _ws.KSTEP, _ws.SCALING,
-                              _ws.PIPELINE)  # the TMA-fed loop (bench rows *-ws)
-              for dq in DEQUANT for o in _matmul.OUT_DTYPES for t in WS_BUNDLE_TILES}
+    specs |= {WgmmaMatmulSpec(f, o, None, *t, target, dq, _ws.KSTEP, sc, _ws.PIPELINE)
+              for f in _ws.FORMATS for (dq, sc) in ws_variants(f)  # the TMA-fed loop
+              for o in _matmul.OUT_DTYPES for t in WS_BUNDLE_TILES}
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
