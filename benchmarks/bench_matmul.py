@@ -18,7 +18,7 @@ Implementations:
 * ``blockscale-mma``: the same call with ``BLOCKSCALE_SM90_WGMMA=0`` (the mma.sync kernel of
   ``ops.matmul_sm90``);
 * ``blockscale-wgmma-{dequant}-{scaling}-k{kstep}[-128x256][-late]``, and NVFP4 / MXFP4
-  ``blockscale-wgmma-{dequant}-fold-k64-128x128-ws`` (the TMA-fed loop): every variant of the
+  ``blockscale-wgmma-{dequant}-fold-k64-128x{128,256}-{ws,tma}`` (the TMA-fed loop): every variant of the
   wgmma kernel (``matmul_wgmma.VARIANTS``; "fold" also with 128 x 256 tiles; ``pipeline``
   "early" and "late"), called directly;
 * ``blockscale-portable``: the same call with both fast paths off (``BLOCKSCALE_SM90_FAST=0``,
@@ -171,9 +171,9 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
                     for (dq, sc), ksteps in matmul_wgmma.VARIANTS[fmt.name].items()
                     for ks in ksteps for t in ((None, (128, 256)) if sc == "fold" else (None,))
                     for p in matmul_wgmma.PIPELINES]
-        variants += [(dq, sc, 64, t, "ws")  # the TMA-fed loop (NVFP4, MXFP4)
+        variants += [(dq, sc, 64, t, p)  # the TMA-fed loop (NVFP4, MXFP4)
                      for dq, sc in matmul_wgmma.ws_variants(fmt.name)
-                     for t in matmul_wgmma.WS_BUNDLE_TILES]
+                     for p, tiles in matmul_wgmma.WS_BUNDLE_TILES.items() for t in tiles]
         for dq, sc, ks, t, p in variants:  # every variant (tiles: the default, or 128 x 256)
             def wg_variant(dq: str = dq, sc: str = sc, ks: int = ks, t: Any = t,
                            p: str = p) -> Any:

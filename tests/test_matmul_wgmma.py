@@ -280,7 +280,7 @@ def _sass_params():
     slow (the same mainloop; ~1.5 s of ptxas each)."""
     out = []
     for s in matmul_wgmma.bundle_specs("sm_90a"):
-        if s.pipeline == "ws":  # the TMA-fed loop: test_matmul_wgmma_ws.py
+        if s.ws:  # the TMA-fed loops: test_matmul_wgmma_ws.py
             continue
         twin = s.pipeline != "early" or s.out_dtype != "bfloat16"
         out.append(pytest.param(s, id=s.kernel_name,

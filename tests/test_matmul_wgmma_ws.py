@@ -38,7 +38,7 @@ def _run(a, b, sfa5, sfb5, alpha, out_dtype, tiles, dequant, pipeline, device, f
 
 
 def _check(m, n, k, tiles, dequant, out_dtype, device="interp", identical=True, rows=None,
-           fmt=NVFP4):
+           fmt=NVFP4, pipeline="ws"):
     """The bound (MX "fold": two k16 roundings per 32-block, J more) and, in the
     interpreter, bit-identity with the register-fed kernel of the same variant."""
     rng = np.random.default_rng(m * 131 + n * 7 + k)
@@ -46,7 +46,7 @@ def _check(m, n, k, tiles, dequant, out_dtype, device="interp", identical=True, 
     exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k, 0.375, rows)
     extra = fmt.kblocks(k) if fmt.is_mx else 0
     bound = f32_error_bound(abs_sum, fmt, k, n_mul=1 + extra)
-    got = _run(a, b, sfa5, sfb5, 0.375, out_dtype, tiles, dequant, "ws", device, fmt)
+    got = _run(a, b, sfa5, sfb5, 0.375, out_dtype, tiles, dequant, pipeline, device, fmt)
     assert got.shape == (m, n)
     if rows is not None:
         got = got[rows]
@@ -86,6 +86,17 @@ def test_interp_ws_128x256_tails():
     _check(130, 200, 352, (128, 256), "shift", "float32")
 
 
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [((128, 128), "nvfp4", "shift", (70, 130, 320)),
+                                  ((128, 256), "nvfp4", "shift", (130, 200, 352)),
+                                  ((128, 128), "mxfp4", "lut", (130, 72, 544))],
+                         ids=lambda c: f"{c[0][0]}x{c[0][1]}-{c[1]}")
+def test_interp_tma_thread0(case):
+    """pipeline="tma": thread 0 of the consumers issues the copies (no producer warpgroup)."""
+    tiles, name, dequant, (m, n, k) = case
+    _check(m, n, k, tiles, dequant, "float32", fmt=Format.from_name(name), pipeline="tma")
+
+
 @pytest.mark.ir
 def test_spec_validation_and_bundle():
     """pipeline="ws" takes NVFP4 fold k64 with bm = 128 only; the bundle holds its 128 x 128
@@ -107,30 +118,33 @@ def test_spec_validation_and_bundle():
     assert len(ws) == 6 and {(b.bm, b.bn) for b in ws} == {(128, 128)}
     assert {(b.fmt, b.dequant) for b in ws} == {("nvfp4", "lut"), ("nvfp4", "shift"),
                                                 ("mxfp4", "lut")}
+    tma = [b for b in matmul_wgmma.bundle_specs("sm_90a") if b.pipeline == "tma"]
+    assert len(tma) == 12 and all(b.block == (256, 1, 1) for b in tma)
     assert _wgmma_ws.tensormap_values(130, 72, 352) == {
         "a_map": (176, 130), "b_map": (176, 72), "sfa_map": (256, 2 * 2 * 6),
         "sfb_map": (256, 2 * 1 * 6)}
 
 
-WS_SPECS = [s for s in matmul_wgmma.bundle_specs("sm_90a") if s.pipeline == "ws"]
+WS_SPECS = [s for s in matmul_wgmma.bundle_specs("sm_90a") if s.ws]
 
 
 @pytest.mark.lower
 @pytest.mark.parametrize("spec", WS_SPECS, ids=lambda s: s.kernel_name)
 def test_kernel_sass(spec):
-    """Four HGMMA.64x128x16 per step, the bulk tensor copies (UTMALDG: 4 per step, issued
-    for the RING - 1 prologue steps and once in the loop), mbarrier SYNCS, no global loads
-    left in the K loop, no spills; the static ring within 48 KiB."""
+    """Four HGMMA.64xNx16 per step, the bulk tensor copies (UTMALDG: A, B and the scale
+    atoms, issued for the RING - 1 prologue steps and once in the loop), mbarrier SYNCS, no
+    global loads, no spills (register cap: 384 threads "ws", 256 "tma")."""
     kernel = matmul_wgmma.kernel(spec)
     sass, meta = kernel.asm["sass"], kernel.meta
     assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32\.BF16", sass)) == 4
-    assert len(re.findall(r"UTMALDG\.2D", sass)) == 4 * _wgmma_ws.RING
+    copies = 2 + spec.bm // 128 + spec.bn // 128
+    assert len(re.findall(r"UTMALDG\.2D", sass)) == copies * _wgmma_ws.RING
     assert "SYNCS" in sass and "WARPGROUP.DEPBAR.LE" in sass
     assert not re.search(r"\bLDG\.", sass)  # every operand byte comes through TMA
     assert meta["spill_stores"] == 0 and meta["spill_loads"] == 0
-    assert meta["registers"] <= 168  # 384 threads
+    assert meta["registers"] <= (168 if spec.pipeline == "ws" else 255)
     assert meta["dynamic_shared_bytes"] == spec.dynamic_shared_bytes
-    assert meta["static_shared_bytes"] <= _wgmma_ws.ring_bytes(128, 128) + 1024 + 64  # align
+    assert meta["static_shared_bytes"] <= _wgmma_ws.ring_bytes(spec.bm, spec.bn) + 1024 + 64
 
 
 GPU_SHAPES = [(8192, 5760, 2944), (777, 2560, 8192), (1000, 1024, 1056), (1, 5760, 2944)]
@@ -138,9 +152,11 @@ GPU_SHAPES = [(8192, 5760, 2944), (777, 2560, 8192), (1000, 1024, 1056), (1, 576
 
 @pytest.mark.gpu
 @pytest.mark.cuda
-@pytest.mark.parametrize("variant", [(f, dq) for f in _wgmma_ws.FORMATS
-                                     for dq, _ in matmul_wgmma.ws_variants(f)],
-                         ids=lambda v: "-".join(v))
+@pytest.mark.parametrize("variant", [(f, dq, p, t) for f in _wgmma_ws.FORMATS
+                                     for dq, _ in matmul_wgmma.ws_variants(f)
+                                     for p, ts in matmul_wgmma.WS_BUNDLE_TILES.items()
+                                     for t in ts],
+                         ids=lambda v: f"{v[0]}-{v[1]}-{v[2]}-{v[3][0]}x{v[3][1]}")
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
 def test_gpu(shape, out_dtype, variant):
@@ -150,6 +166,6 @@ def test_gpu(shape, out_dtype, variant):
     rng = np.random.default_rng(m + n)
     rows = np.unique(np.concatenate([np.arange(min(m, 64)), np.arange(max(0, m - 64), m),
                                      rng.integers(0, m, 64)]))
-    name, dequant = variant
-    _check(m, n, k, (128, 128), dequant, out_dtype, "cuda", identical=False, rows=rows,
-           fmt=Format.from_name(name))
+    name, dequant, pipeline, tiles = variant
+    _check(m, n, k, tiles, dequant, out_dtype, "cuda", identical=False, rows=rows,
+           fmt=Format.from_name(name), pipeline=pipeline)

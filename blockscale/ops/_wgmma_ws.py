@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from blockscale.launch import KernelArg
 
-#: the spec field value that selects the TMA-fed loop
+#: the spec field values that select the TMA-fed loop: "ws" (a producer warpgroup issues the
+#: copies) and "tma" (thread 0 of the consumers does: 2 bm threads, no idle warpgroup, the
+#: register cap of 256 threads)
 PIPELINE = "ws"
+PIPELINES = (PIPELINE, "tma")
 #: (bm, bn) built (one or two 128-row scale atoms of B per stage)
 TILES = ((128, 128), (128, 256))
 #: the formats, scaling and K-step built (NVFP4: a step is one scale atom column of 4
@@ -16,7 +19,7 @@ FORMATS, SCALING, KSTEP = ("nvfp4", "mxfp4"), "fold", 64
 RING = 4
 #: the producer warpgroup (after the 2 bm consumer threads; its lane 0 issues the copies;
 #: a whole warpgroup so that the warpgroup-wide instructions see whole warpgroups)
-PRODUCER_THREADS = 128
+PRODUCER_THREADS = {"ws": 128, "tma": 0}
 #: bytes of a packed row per step (64 FP4 codes)
 ROW_BYTES = KSTEP // 2
 #: a 512-byte 5-D scale atom (128 rows x 4 blocks) as a TMA box of (256, 2) bytes

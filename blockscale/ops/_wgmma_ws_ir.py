@@ -56,9 +56,11 @@ def _swizzled(off: Value) -> Value:
 
 
 def emit_mainloop(kb: bir.KernelBuilder, tiles: X.Tiles, a: Operand, b: Operand, k: Value,
-                  dequant: str, m0: Value, n0: Value) -> tuple[Value, Value, Value]:
+                  dequant: str, m0: Value, n0: Value, pipeline: str = WS.PIPELINE
+                  ) -> tuple[Value, Value, Value | None]:
     """The producer / consumer K loop (module docstring). Every thread of the CTA runs it.
-    Returns (the warpgroup's accumulator struct, warpgroup index, is-consumer predicate)."""
+    Returns (the warpgroup's accumulator struct, warpgroup index, the is-consumer predicate
+    or None: every thread is one)."""
     if (tiles.bm, tiles.bn) not in SHAPES or tiles.kstep != WS.KSTEP \
             or tiles.fmt not in WS.FORMATS or tiles.scaling != WS.SCALING:
         raise ValueError(f"ws pipeline: {WS.FORMATS} fold k64 with (bm, bn) in {SHAPES}, got "
@@ -79,8 +81,9 @@ def emit_mainloop(kb: bir.KernelBuilder, tiles: X.Tiles, a: Operand, b: Operand,
 
     tid = bir.thread_idx("x")
     consumers = tiles.threads
-    is_cons = bir.ult(tid, consumers)
-    is_prod = bir.eq(tid, consumers)
+    own = WS.PRODUCER_THREADS[pipeline] > 0  # a producer warpgroup, else thread 0
+    is_cons = bir.ult(tid, consumers) if own else bir.ult(tid, consumers + 1)
+    is_prod = bir.eq(tid, consumers if own else 0)
     wg = bir.udiv(tid, 128)
     steps = bir.ceil_div(k, tiles.kstep)
     row_bytes = bir.udiv(k, 2)
@@ -172,7 +175,7 @@ def emit_mainloop(kb: bir.KernelBuilder, tiles: X.Tiles, a: Operand, b: Operand,
         out.yield_(loop.results[0])
     with out.else_():
         out.yield_(loop.results[0])
-    return out.results[0], wg, is_cons
+    return out.results[0], wg, is_cons if own else None
 
 
 def _parity(lap: Value) -> Value:

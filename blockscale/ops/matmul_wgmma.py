@@ -77,9 +77,9 @@ VARIANTS = {
 }
 #: where a step issues the next step's global loads (= _wgmma_ir.PIPELINES)
 PIPELINES = ("early", "late")
-#: the tiles of the bundled pipeline="ws" kernels (128 x 256 is built but not bundled: at
-#: 384 threads ptxas caps it at 168 registers and it spills)
-WS_BUNDLE_TILES = ((128, 128),)
+#: the tiles of the bundled TMA-fed kernels per pipeline ("ws" 128 x 256 is built but not
+#: bundled: at 384 threads ptxas caps it at 168 registers and it spills)
+WS_BUNDLE_TILES = {"ws": ((128, 128),), "tma": ((128, 128), (128, 256))}
 
 
 def ws_variants(fmt: str) -> list[tuple[str, str]]:
@@ -153,7 +153,7 @@ class WgmmaMatmulSpec(FormatSpec):
         if (self.bm, self.bn) not in TILE_CHOICES:
             raise ValueError(f"(bm, bn) must be one of {list(TILE_CHOICES)}, got "
                              f"{(self.bm, self.bn)}")
-        H.check_choice(self.pipeline, (*PIPELINES, _ws.PIPELINE), "pipeline")
+        H.check_choice(self.pipeline, (*PIPELINES, *_ws.PIPELINES), "pipeline")
         object.__setattr__(self, "target", H.target_name(self.target))
         H.check_choice(self.target, TARGETS, "target")
         dq, sc, ks = DEFAULTS[self.fmt]
@@ -177,11 +177,11 @@ class WgmmaMatmulSpec(FormatSpec):
         if self.kstep not in ksteps:
             raise ValueError(f"kstep must be one of {ksteps} for {self.fmt} "
                              f"{self.dequant}/{self.scaling}, got {self.kstep}")
-        if self.pipeline == _ws.PIPELINE and (
+        if self.ws and (
                 self.fmt not in _ws.FORMATS or (self.scaling, self.kstep) != (_ws.SCALING,
                                                                               _ws.KSTEP)
                 or (self.bm, self.bn) not in _ws.TILES):
-            raise ValueError(f"pipeline='ws' takes fmt in {_ws.FORMATS}, scaling={_ws.SCALING!r}, "
+            raise ValueError(f"pipeline={self.pipeline!r} takes fmt in {_ws.FORMATS}, scaling={_ws.SCALING!r}, "
                              f"kstep={_ws.KSTEP}, (bm, bn) in {list(_ws.TILES)}; got "
                              f"{(self.fmt, self.scaling, self.kstep, (self.bm, self.bn))}")
 
@@ -201,13 +201,14 @@ class WgmmaMatmulSpec(FormatSpec):
 
     @property
     def ws(self) -> bool:
-        """Whether the TMA-fed producer / consumer loop is used (``pipeline="ws"``)."""
-        return self.pipeline == _ws.PIPELINE
+        """Whether the TMA-fed producer / consumer loop is used (``pipeline`` "ws" or
+        "tma")."""
+        return self.pipeline in _ws.PIPELINES
 
     @property
     def block(self) -> tuple[int, int, int]:  # type: ignore[override]
         """The ``bm / 64`` warpgroups (= _wgmma_ir.Tiles.threads)."""
-        return (2 * self.bm + (_ws.PRODUCER_THREADS if self.ws else 0), 1, 1)
+        return (2 * self.bm + (_ws.PRODUCER_THREADS[self.pipeline] if self.ws else 0), 1, 1)
 
     @property
     def kernel_name(self) -> str:
@@ -255,7 +256,7 @@ def build(spec: WgmmaMatmulSpec) -> Any:
             from blockscale.ops import _wgmma_ws_ir
 
             acc, wg, live = _wgmma_ws_ir.emit_mainloop(kb, tiles, a, b, k, spec.dequant, m0,
-                                                       n0)
+                                                       n0, spec.pipeline)
         else:
             acc, wg = X.emit_mainloop(kb, tiles, a, b, k, spec.dequant, spec.pipeline)
             live = None
@@ -371,9 +372,10 @@ def bundle_specs(target: str = "sm_90a") -> list[WgmmaMatmulSpec]:
               for f, variants in VARIANTS.items() for (dq, sc), ksteps in variants.items()
               if sc == "fold" for ks in ksteps for o in _matmul.OUT_DTYPES}
     specs |= {dataclasses.replace(s, pipeline=p) for s in specs for p in PIPELINES}
-    specs |= {WgmmaMatmulSpec(f, o, None, *t, target, dq, _ws.KSTEP, sc, _ws.PIPELINE)
+    specs |= {WgmmaMatmulSpec(f, o, None, *t, target, dq, _ws.KSTEP, sc, p)
               for f in _ws.FORMATS for (dq, sc) in ws_variants(f)  # the TMA-fed loop
-              for o in _matmul.OUT_DTYPES for t in WS_BUNDLE_TILES}
+              for o in _matmul.OUT_DTYPES for p, tiles in WS_BUNDLE_TILES.items()
+              for t in tiles}
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
