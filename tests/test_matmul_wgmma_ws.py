@@ -106,10 +106,10 @@ def test_spec_validation_and_bundle():
     assert s.block == (384, 1, 1) and s.kernel_name.endswith("_k64_ws_f32")
     assert [a.name for a in s.args()][-4:] == ["a_map", "b_map", "sfa_map", "sfb_map"]
     assert s.dynamic_shared_bytes == s.shared_bytes
-    for bad in [dict(kstep=32), dict(bm=64, bn=64), dict(fmt="mxfp8", dequant="cvt",
-                                                         scaling="promote", kstep=32)]:
-        kw = dict(fmt="nvfp4", bm=128, bn=128, dequant="shift", kstep=64, scaling="fold",
-                  pipeline="ws") | bad
+    for bad in [{"kstep": 32}, {"bm": 64, "bn": 64},
+                {"fmt": "mxfp8", "dequant": "cvt", "scaling": "promote", "kstep": 32}]:
+        kw = {"fmt": "nvfp4", "bm": 128, "bn": 128, "dequant": "shift", "kstep": 64,
+              "scaling": "fold", "pipeline": "ws"} | bad
         with pytest.raises(ValueError, match="pipeline='ws'"):
             matmul_wgmma.WgmmaMatmulSpec(**kw)
     with pytest.raises(ValueError, match="pipeline"):

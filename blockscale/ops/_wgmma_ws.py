@@ -47,7 +47,8 @@ def tensormap_values(m: int, n: int, k: int, block: int = 16) -> dict[str, tuple
     """Launch values (dims, innermost first) of :func:`tensormap_args` for an M x N x K
     problem with ``block``-element scale blocks: a, b as ``[rows, K/2]`` bytes, the 5-D
     scales as ``[atoms * 2, 256]`` bytes."""
-    d1 = -(-(-(-k // block)) // 4)
+    blocks = -(-k // block)
+    d1 = -(-blocks // 4)
 
     def atoms(rows: int) -> int:
         return -(-rows // 128) * d1 * 2

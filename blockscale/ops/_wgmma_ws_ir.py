@@ -1,19 +1,24 @@
-"""K loop of the sm_90a wgmma matmul fed by TMA through an mbarrier ring (``pipeline="ws"``).
+"""K loop of the sm_90a wgmma matmul fed by TMA through an mbarrier ring (``pipeline`` "ws"
+or "tma").
 
 Imports MLIR: only :func:`blockscale.ops.matmul_wgmma.build` imports it.
 
-NVFP4, ``scaling="fold"``, ``kstep=64``, ``bm=128``, ``bn`` 128 or 256 (:data:`SHAPES`).
-The CTA is the ``bm / 64`` consumer warpgroups of :mod:`blockscale.ops._wgmma_ir` plus one
-producer warp (:data:`PRODUCER_THREADS`, threads ``2 bm ..``):
+NVFP4 and MXFP4, ``scaling="fold"``, ``kstep=64``, ``bm=128``, ``bn`` 128 or 256
+(:data:`SHAPES`). The CTA is the ``bm / 64`` consumer warpgroups of
+:mod:`blockscale.ops._wgmma_ir`; the producer is lane 0 of an extra warpgroup ("ws",
+threads ``2 bm .. 2 bm + 127``: a whole warpgroup, as the interpreter's wgmma model wants
+whole-warpgroup blocks) or thread 0 of the consumers ("tma": 256 threads, so 128 x 256 gets
+the 255-register cap instead of 168):
 
 * Packed ring (static shared memory, :data:`RING` stages): per stage the step's packed A
-  rows (``bm x 32`` bytes), B rows (``bn x 32``) and the scale atoms of both (one 512-byte
-  5-D atom per 128 rows: a k64 step of NVFP4 is exactly one atom column). Lane 0 of the
-  producer fills stage ``t % RING`` for step ``t``: waits on ``empty[t % RING]`` (the
-  consumers released step ``t - RING``), ``mbarrier.arrive.expect_tx`` on
-  ``full[t % RING]`` and issues the ``cp.async.bulk.tensor.2d`` copies (UTMALDG). The
-  data boxes use the 32-byte swizzle (the 8 rows a store phase reads hit 8 distinct
-  16-byte bank groups); rows past M / N and bytes past K / 2 arrive as zeros.
+  rows (``bm x 32`` bytes), B rows (``bn x 32``) and the 512-byte 5-D scale atoms (one per
+  128 rows) of the step's atom column (NVFP4: a k64 step is one column of 4 blocks; MXFP4:
+  half of one, the atom is loaded for both steps). The producer fills stage ``t % RING``
+  for step ``t``: waits on ``empty[t % RING]`` (the consumers released step ``t - RING``),
+  ``mbarrier.arrive.expect_tx`` on ``full[t % RING]`` and issues the
+  ``cp.async.bulk.tensor.2d`` copies (UTMALDG). The data boxes use the 32-byte swizzle (the
+  8 rows a 16-byte load phase reads hit 8 distinct bank groups); rows past M / N and bytes
+  past K / 2 arrive as zeros (TMA zero fill: the M/N/K tails).
 * Consumers, step ``s``: wait on ``full[s % RING]`` (phase ``(s / RING) & 1``), dequantize
   their pieces from shared memory (:func:`_wgmma_ir._store_piece`: the same bf16 operands,
   layout and scale folding as the register-fed kernel) into bf16 stage ``s % 3``, fence the
@@ -21,12 +26,15 @@ producer warp (:data:`PRODUCER_THREADS`, threads ``2 bm ..``):
   has read the stage before the barrier); then the four ``m64n{bn}k16`` wgmmas,
   ``commit_group`` and ``wait_group 1`` as in :func:`_wgmma_ir.emit_mainloop` (the bf16
   stage of step s is free after the ``wait_group 1`` of step s + 1).
-* The producer runs ``RING - 1`` steps ahead and joins the per-step CTA barrier (one
-  ``bar.sync`` for the whole CTA: the lock-step interpreter models no named barriers). The
-  scale bytes of blocks past K and of rows past M / N are replaced by 0 (the padding may
-  hold NaN codes; the data there is zero).
+* Producer and consumers run one loop: the copies of step ``s + RING - 1`` are issued at
+  the top of step ``s``, and the producer joins the per-step CTA barrier (the lock-step
+  interpreter models neither named barriers nor independent producer / consumer loops, so
+  no ``setmaxnreg`` either: the producer would carry the accumulators through the loop).
+  The scale bytes of blocks past K and of rows past M / N are replaced by 0 (the padding
+  may hold NaN codes; the data there is zero).
 
-Numerics are those of the register-fed "fold" kernel (same operands, same wgmma order).
+Numerics are those of the register-fed "fold" kernel (same operands, same wgmma order): the
+interpreter's results are bit-identical to it (tests/test_matmul_wgmma_ws.py).
 """
 
 from __future__ import annotations
@@ -39,8 +47,8 @@ from mlir.dialects import arith, memref, vector
 from blockscale.compiler import ir as bir
 from blockscale.compiler.arch import tma
 from blockscale.compiler.arch import wgmma as W
-from blockscale.ops import _wgmma_ws as WS
 from blockscale.ops import _wgmma_ir as X
+from blockscale.ops import _wgmma_ws as WS
 from blockscale.ops._mma_ir import Operand
 
 Value = ir.Value
