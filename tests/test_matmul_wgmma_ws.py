@@ -125,11 +125,14 @@ def test_spec_validation_and_bundle():
         "sfb_map": (256, 2 * 1 * 6)}
 
 
-WS_SPECS = [s for s in matmul_wgmma.bundle_specs("sm_90a") if s.ws]
+#: every bundled TMA-fed spec; the f32 twins (the same K loop) are slow
+WS_SPECS = [pytest.param(s, id=s.kernel_name,
+                         marks=[pytest.mark.slow] if s.out_dtype == "float32" else [])
+            for s in matmul_wgmma.bundle_specs("sm_90a") if s.ws]
 
 
 @pytest.mark.lower
-@pytest.mark.parametrize("spec", WS_SPECS, ids=lambda s: s.kernel_name)
+@pytest.mark.parametrize("spec", WS_SPECS)
 def test_kernel_sass(spec):
     """Four HGMMA.64xNx16 per step, the bulk tensor copies (UTMALDG: A, B and the scale
     atoms, issued for the RING - 1 prologue steps and once in the loop), mbarrier SYNCS, no
