@@ -250,7 +250,10 @@ def test_spec_checks():
     assert matmul_wgmma.bundle_specs("sm_100a") == []
     assert {(s.fmt, s.dequant, s.scaling, s.kstep) for s in matmul_wgmma.bundle_specs()} == \
         set(VARIANTS)
-    assert {s.pipeline for s in matmul_wgmma.bundle_specs()} == set(matmul_wgmma.PIPELINES)
+    from blockscale.ops import _wgmma_ws
+
+    assert {s.pipeline for s in matmul_wgmma.bundle_specs()} == \
+        set(matmul_wgmma.PIPELINES) | set(_wgmma_ws.PIPELINES)
     with pytest.raises(ValueError):
         matmul_wgmma.WgmmaMatmulSpec("nvfp4", pipeline="eager")
     assert {(s.bm, s.bn) for s in matmul_wgmma.bundle_specs()} == {(128, 128), (64, 64),
