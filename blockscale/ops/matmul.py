@@ -40,6 +40,19 @@ OUT_DTYPES = ("bfloat16", "float32")
 SCALE_LAYOUTS = ("tcgen5d", "row_major")
 
 
+def check_spec_fields(spec: Any, scale_layout: bool = False) -> None:
+    """The fields every dense matmul spec shares, in __post_init__: ``fmt`` to its canonical
+    name, ``out_dtype`` one of :data:`OUT_DTYPES`, ``scale_layout`` (when the spec has one)
+    one of :data:`SCALE_LAYOUTS`, ``epilogue`` an :class:`Epilogue` or None."""
+    object.__setattr__(spec, "fmt", Format.from_name(spec.fmt).name)
+    H.check_choice(spec.out_dtype, OUT_DTYPES, "out_dtype")
+    if scale_layout:
+        H.check_choice(spec.scale_layout, SCALE_LAYOUTS, "scale_layout")
+    if spec.epilogue is not None and not isinstance(spec.epilogue, Epilogue):
+        raise TypeError(f"epilogue must be an Epilogue or None, got "
+                        f"{type(spec.epilogue).__name__}")
+
+
 @dataclasses.dataclass(frozen=True)
 class MatmulSpec(FormatSpec):
     """What one portable dense matmul kernel is specialised on.
@@ -62,12 +75,7 @@ class MatmulSpec(FormatSpec):
     block: ClassVar[tuple[int, int, int]] = BLOCK
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
-        H.check_choice(self.out_dtype, OUT_DTYPES, "out_dtype")
-        H.check_choice(self.scale_layout, SCALE_LAYOUTS, "scale_layout")
-        if self.epilogue is not None and not isinstance(self.epilogue, Epilogue):
-            raise TypeError(f"epilogue must be an Epilogue or None, got "
-                            f"{type(self.epilogue).__name__}")
+        check_spec_fields(self, scale_layout=True)
         object.__setattr__(self, "target", H.target_name(self.target))
 
     @property

@@ -80,12 +80,7 @@ class MfmaMatmulSpec(FormatSpec):
     block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
-        H.check_choice(self.out_dtype, _matmul.OUT_DTYPES, "out_dtype")
-        H.check_choice(self.scale_layout, _matmul.SCALE_LAYOUTS, "scale_layout")
-        if self.epilogue is not None and not isinstance(self.epilogue, Epilogue):
-            raise TypeError(f"epilogue must be an Epilogue or None, got "
-                            f"{type(self.epilogue).__name__}")
+        _matmul.check_spec_fields(self, scale_layout=True)
         if not isinstance(self.aligned, bool):
             raise TypeError(f"aligned must be a bool, got {type(self.aligned).__name__}")
         object.__setattr__(self, "target", H.target_name(self.target))

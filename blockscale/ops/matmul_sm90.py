@@ -69,11 +69,7 @@ class Sm90MatmulSpec(FormatSpec):
     block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
-        H.check_choice(self.out_dtype, _matmul.OUT_DTYPES, "out_dtype")
-        if self.epilogue is not None and not isinstance(self.epilogue, Epilogue):
-            raise TypeError(f"epilogue must be an Epilogue or None, got "
-                            f"{type(self.epilogue).__name__}")
+        _matmul.check_spec_fields(self)
         if (self.bm, self.bn) not in tiles_for(self.format):
             raise ValueError(f"(bm, bn) must be one of {list(tiles_for(self.format))} for "
                              f"{self.fmt}, got {(self.bm, self.bn)}")

@@ -69,11 +69,7 @@ class Tcgen05MatmulSpec(FormatSpec):
     block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
-        H.check_choice(self.out_dtype, ("bfloat16", "float32"), "out_dtype")
-        if self.epilogue is not None and not isinstance(self.epilogue, Epilogue):
-            raise TypeError(f"epilogue must be an Epilogue or None, got "
-                            f"{type(self.epilogue).__name__}")
+        _matmul.check_spec_fields(self)
         object.__setattr__(self, "target", H.target_name(self.target))
         H.check_choice(self.target, TARGETS, "target")
 

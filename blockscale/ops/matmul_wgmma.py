@@ -144,12 +144,7 @@ class WgmmaMatmulSpec(FormatSpec):
     op: ClassVar[str] = "block_scaled_matmul_wgmma"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
-        H.check_choice(self.fmt, FORMATS, "fmt")
-        H.check_choice(self.out_dtype, _matmul.OUT_DTYPES, "out_dtype")
-        if self.epilogue is not None and not isinstance(self.epilogue, Epilogue):
-            raise TypeError(f"epilogue must be an Epilogue or None, got "
-                            f"{type(self.epilogue).__name__}")
+        _matmul.check_spec_fields(self)  # (every Format is in FORMATS)
         if (self.bm, self.bn) not in TILE_CHOICES:
             raise ValueError(f"(bm, bn) must be one of {list(TILE_CHOICES)}, got "
                              f"{(self.bm, self.bn)}")
