@@ -31,10 +31,11 @@ import blockscale.ops._matmul_host as H
 from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
 from blockscale.ops import matmul_grouped as _grouped
+from blockscale.ops import matmul_grouped_sm90 as _gsm90
 from blockscale.ops import matmul_mfma as _dense
 
 KERNEL_SOURCES = ("blockscale.ops._mfma_ir", "blockscale.ops._matmul_ir",
-                  "blockscale.ops.matmul_mfma")
+                  "blockscale.ops.matmul_mfma", "blockscale.ops.matmul_grouped_sm90")
 BM = _dense.TILE[0]
 
 
@@ -99,19 +100,8 @@ def _find_item(kb: Any, groups: Any, t_count: Any) -> tuple[Any, ...]:
     expert_start; the tail is the rows ``[expert_start[G], T)``."""
     from blockscale.compiler import ir as bir
 
-    y = bir.block_idx("y")
+    y, total, g, start = _gsm90.scan_tiles(kb, groups, BM)
     es = kb.arg("expert_start")
-    zero = bir.const(0)
-    with bir.for_range(0, groups, carry=[zero, zero, zero]) as gl:
-        g = gl.iv
-        cum, sel_g, sel_start = gl.carried
-        rows = bir.sub(bir.as_index(bir.load(es, bir.add(g, 1))),
-                       bir.as_index(bir.load(es, g)))
-        tiles = bir.ceil_div(rows, BM)
-        mine = bir.logical_and(bir.ule(cum, y), bir.ult(y, bir.add(cum, tiles)))
-        gl.yield_(bir.add(cum, tiles), bir.select(mine, g, sel_g),
-                  bir.select(mine, cum, sel_start))
-    total, g, start = gl.results
     tail_rows = bir.sub(t_count, bir.as_index(bir.load(es, groups)))
     is_tail = bir.ule(total, y)
     tile = bir.select(is_tail, bir.sub(y, total), bir.sub(y, start))

@@ -78,9 +78,10 @@ def grid(spec: Sm90GroupedSpec, t: int, n: int, num_groups: int) -> tuple[int, i
     return (max(1, -(-n // spec.bn)), -(-t // spec.bm) + num_groups, 1)
 
 
-def _find_tile(spec: Sm90GroupedSpec, kb: Any, groups: Any) -> tuple[Any, Any, Any]:
-    """(group, row tile within the group, whether CTA y has a work item): a CTA-uniform
-    scan of expert_start."""
+def scan_tiles(kb: Any, groups: Any, bm: int) -> tuple[Any, Any, Any, Any]:
+    """A CTA-uniform scan of expert_start for CTA row ``y``: ``(y, total, g, start)`` — the
+    number of ``bm``-row tiles of all groups, and the group whose tiles hold tile ``y`` with
+    its first tile index (0, 0 when ``y >= total``). Shared with the grouped MFMA kernel."""
     from blockscale.compiler import ir as bir
 
     y = bir.block_idx("y")
@@ -91,13 +92,20 @@ def _find_tile(spec: Sm90GroupedSpec, kb: Any, groups: Any) -> tuple[Any, Any, A
         cum, sel_g, sel_start = gl.carried
         rows = bir.sub(bir.as_index(bir.load(es, bir.add(g, 1))),
                        bir.as_index(bir.load(es, g)))
-        tiles = bir.ceil_div(rows, spec.bm)
+        tiles = bir.ceil_div(rows, bm)
         mine = bir.logical_and(bir.ule(cum, y), bir.ult(y, bir.add(cum, tiles)))
         gl.yield_(bir.add(cum, tiles), bir.select(mine, g, sel_g),
                   bir.select(mine, cum, sel_start))
     total, g, start = gl.results
-    return g, bir.sub(y, start), bir.ult(y, total)
+    return y, total, g, start
 
+
+def _find_tile(spec: Sm90GroupedSpec, kb: Any, groups: Any) -> tuple[Any, Any, Any]:
+    """(group, row tile within the group, whether CTA y has a work item)."""
+    from blockscale.compiler import ir as bir
+
+    y, total, g, start = scan_tiles(kb, groups, spec.bm)
+    return g, bir.sub(y, start), bir.ult(y, total)
 
 
 def work_item(kb: Any, g: Any, tile: Any, bm: int, bn: int) -> tuple[Any, ...]:
