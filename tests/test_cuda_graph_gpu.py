@@ -103,3 +103,29 @@ def test_ops_follow_torch_current_stream():
     want_d, want_s = ref.quantize_dynamic_block_scaled(host, NVFP4)
     np.testing.assert_array_equal(data.numpy().view(np.uint8), want_d.view(np.uint8))
     np.testing.assert_array_equal(scales.numpy().view(np.uint8), want_s.view(np.uint8))
+
+
+def test_interleave_follows_stream_and_replays_in_a_graph():
+    """block_scales_interleave launches through the shared path: on torch's current stream,
+    and captured in a graph whose replay writes the reference layout for new input bytes."""
+    t = _torch_cuda()
+    rng = np.random.default_rng(11)
+    host = rng.integers(0, 256, (300, 20), dtype=np.uint8)
+    src = torch.from_numpy(host).cuda()
+    s = t.cuda.Stream()
+    with t.cuda.stream(s):
+        out = ops.block_scales_interleave(src)
+        assert out.stream == s.cuda_stream
+    s.synchronize()
+    np.testing.assert_array_equal(out.numpy(), layouts.interleave(host))
+
+    ops.block_scales_interleave(src)  # warm (kernel loaded) before capture
+    t.cuda.synchronize()
+    graph = t.cuda.CUDAGraph()
+    with t.cuda.graph(graph):
+        captured = ops.block_scales_interleave(src)
+    host2 = rng.integers(0, 256, host.shape, dtype=np.uint8)
+    src.copy_(torch.from_numpy(host2))
+    graph.replay()
+    t.cuda.synchronize()
+    np.testing.assert_array_equal(captured.numpy(), layouts.interleave(host2))

@@ -249,12 +249,13 @@ def block_scales_interleave(scales_2d: Any, *, device: Any = None,
         empty = np.zeros(out_shape, np_dtype)
         return empty if host_io else dev.to_device(empty)
     plan = launch_plan(rows, kblocks, input_alignment=_input_alignment(scales_2d))
-    _core.check_buffers({"scales_2d": scales_2d}, dev)
-    kernel = _core.get_kernel(spec, build)
-    src = dev.to_device(np.ascontiguousarray(scales_2d)) if host_io else scales_2d
-    out = dev.alloc(out_shape, np_dtype)
-    _core.run_kernel(kernel, plan.grid, [src, out, *plan.scalars()], dev)
-    return dev.to_host(out) if host_io else out
+    _core.check_buffers({"scales_2d": scales_2d}, dev)  # errors name the user's argument
+    # the shared launch path: follows torch's current stream (CUDA-graph capture)
+    _, out = _core.launch_op(spec, plan.grid, [("out", out_shape, np_dtype)],
+                             {"scales": scales_2d},
+                             {"rows": plan.rows, "kblocks": plan.kblocks,
+                              "num_groups": plan.num_groups, "vec_ok": plan.vec_ok}, dev, build)
+    return out["out"]
 
 
 def kernel(spec_or_dtype: InterleaveSpec | str | Any = "uint8", target: str = DEFAULT_TARGET.name,
