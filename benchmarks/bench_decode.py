@@ -12,12 +12,18 @@ dequantized operands (benchmarks/bench_moe.check_grouped_matmul / common.check_r
 count the active experts' weight and scale bytes (what the kernel must read) and are given
 as a percentage of the measured D2D copy bandwidth.
 
-Usage: ``python benchmarks/bench_decode.py [--quick]`` (needs the bundle: ``make gpu-bundle``).
+Order: the dense rows, then gpt-oss-120b, then DeepSeek-V3 (the slow simt T=128 rows last);
+``--budget-s`` (default 90) stops cleanly before a case once the run has taken that long,
+printing what ran and what was skipped; ``--variants`` picks the decode variants.
+
+Usage: ``python benchmarks/bench_decode.py [--quick] [--budget-s 90] [--variants mma,mma_f8]``
+(needs the bundle: ``make gpu-bundle``).
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,6 +56,23 @@ T_VALUES = (1, 16, 128)
 DENSE = ((5760, 2880), (4096, 7168))
 
 
+class Budget:
+    """Wall-clock budget of a run: :meth:`over` is True (and says so once) past ``seconds``."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds, self.t0, self.skipped = seconds, time.monotonic(), 0
+
+    def over(self, what: str) -> bool:
+        if self.seconds is None or time.monotonic() - self.t0 < self.seconds:
+            return False
+        if not self.skipped:
+            print(f"  budget of {self.seconds:.0f} s reached after "
+                  f"{time.monotonic() - self.t0:.0f} s: skipping the rest", flush=True)
+        self.skipped += 1
+        print(f"  skipped: {what}", flush=True)
+        return True
+
+
 def _row(case: str, impl: str, ms: float | None, nbytes: float, copy: float | None,
          note: str) -> str:
     if ms is None:
@@ -60,7 +83,8 @@ def _row(case: str, impl: str, ms: float | None, nbytes: float, copy: float | No
 
 
 def bench_moe_decode(dev: Any, copy: float | None, *, t_values: Sequence[int] = T_VALUES,
-                     fmts: Sequence[str] = ("nvfp4", "mxfp4"), shapes=GATE_UP) -> None:
+                     fmts: Sequence[str] = ("nvfp4", "mxfp4"), shapes=GATE_UP,
+                     variants: Sequence[str] = VARIANTS, budget: Budget | None = None) -> None:
     from blockscale.formats import Format
     from blockscale.ops import matmul_decode
 
@@ -78,7 +102,9 @@ def bench_moe_decode(dev: Any, copy: float | None, *, t_values: Sequence[int] = 
                     a = random_data(rng, fmt, (r.rows, fmt.data_cols(shape.k)))
                     a_sc2d, a_sc5 = grouped_activation_scales(rng, fmt, r, shape.k)
                     sets.append((r, a, a_sc2d, dev.to_device(a), dev.to_device(a_sc5)))
-                for v in VARIANTS:
+                for v in variants:
+                    if budget is not None and budget.over(f"{case} decode-{v}"):
+                        continue
                     try:
                         caps, note = [], ""
                         for si, (r, a, a_sc2d, a_dev, sc_dev) in enumerate(sets):
@@ -105,7 +131,8 @@ def bench_moe_decode(dev: Any, copy: float | None, *, t_values: Sequence[int] = 
 
 
 def bench_dense_decode(dev: Any, copy: float | None, *, ms_values: Sequence[int] = (1, 16),
-                       fmts: Sequence[str] = ("nvfp4", "mxfp4")) -> None:
+                       fmts: Sequence[str] = ("nvfp4", "mxfp4"), dense=DENSE,
+                       variants: Sequence[str] = VARIANTS, budget: Budget | None = None) -> None:
     from blockscale import reference as ref
     from blockscale.formats import Format
     from blockscale.layouts import interleave
@@ -119,7 +146,7 @@ def bench_dense_decode(dev: Any, copy: float | None, *, ms_values: Sequence[int]
         torch = _t if _t.cuda.is_available() else None
     except ImportError:
         pass
-    for n, k in DENSE:
+    for n, k in dense:
         for m in ms_values:
             if torch is not None:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -142,8 +169,10 @@ def bench_dense_decode(dev: Any, copy: float | None, *, ms_values: Sequence[int]
                 exact = ad.astype(np.float64) @ bd.astype(np.float64).T
                 abs_sum = np.abs(ad).astype(np.float64) @ np.abs(bd).astype(np.float64).T
                 nbytes = b.nbytes + sb.nbytes
-                for v in VARIANTS:
+                for v in variants:
                     case = f"dense M={m} N={n} K={k} {f}"
+                    if budget is not None and budget.over(f"{case} decode-{v}"):
+                        continue
                     try:
                         def call(v: str = v, args: list = args, fmt: Any = fmt,
                                  k: int = k) -> Any:
@@ -169,17 +198,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="gpt-oss NVFP4 and dense M=1 only")
+    p.add_argument("--budget-s", type=float, default=90.0,
+                   help="stop (cleanly, before the next case) after this many seconds")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"comma-separated decode variants (default {','.join(VARIANTS)})")
     ns = p.parse_args(argv)
+    variants = tuple(v for v in ns.variants.split(",") if v)
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        p.error(f"--variants: unknown {bad}, expected some of {VARIANTS}")
+    budget = Budget(ns.budget_s if ns.budget_s > 0 else None)
     kernel_keys_without_mlir()
     dev = runtime.get_device("cuda")
     copy = ceilings.copy_tbps([ceilings.copy_bandwidth(dev)])
     print(f"D2D copy: {copy} TB/s", flush=True)
+    kw = {"variants": variants, "budget": budget}
     if ns.quick:
-        bench_moe_decode(dev, copy, fmts=("nvfp4",), shapes=GATE_UP[:1])
-        bench_dense_decode(dev, copy, ms_values=(1,), fmts=("nvfp4",))
-    else:
-        bench_moe_decode(dev, copy)
-        bench_dense_decode(dev, copy)
+        bench_dense_decode(dev, copy, ms_values=(1,), fmts=("nvfp4",), dense=DENSE[:1], **kw)
+        bench_moe_decode(dev, copy, fmts=("nvfp4",), shapes=GATE_UP[:1], **kw)
+    else:  # the dense and gpt-oss rows first: the DeepSeek T=128 simt rows take seconds
+        bench_dense_decode(dev, copy, dense=DENSE[:1], **kw)
+        bench_moe_decode(dev, copy, shapes=GATE_UP[:1], **kw)
+        bench_dense_decode(dev, copy, dense=DENSE[1:], **kw)
+        bench_moe_decode(dev, copy, shapes=GATE_UP[1:], **kw)
+    print(f"done in {time.monotonic() - budget.t0:.0f} s"
+          + (f", {budget.skipped} rows skipped (budget)" if budget.skipped else ""), flush=True)
     return 0
 
 
