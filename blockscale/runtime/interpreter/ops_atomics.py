@@ -17,7 +17,7 @@ from .compiler import Compiler, handles
 from .frame import Frame
 from .memory import Buffer, MemRef
 from .ops_arith import _max_signed_zero
-from .ops_memory import memref_info
+from .ops_memory import dynamic_shared, memref_info
 
 _KINDS: dict[int, tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarray]]] = {
     0: ("addf", np.add), 1: ("addi", np.add), 2: ("andi", np.bitwise_and),
@@ -79,17 +79,7 @@ def _dynamic_shared(op: Any, c: Compiler):
     c.uses_shared = True
 
     def run(f: Frame) -> None:
-        buf = f.dynamic_shared
-        if buf is None:
-            buf = memory.Buffer("dynamic shared memory", "shared",
-                                np.zeros((f.nblocks, f.dynamic_shared_bytes), np.int8),
-                                f.dynamic_shared_bytes,
-                                race=memory.RaceTracker(f.nblocks, f.dynamic_shared_bytes)
-                                if f.check_races else None,
-                                check_uninit=f.check_uninit)
-            f.shared.append(buf)
-            f.dynamic_shared = buf
-        f.vals[out] = MemRef(buf, (None,), (1,), 0)
+        f.vals[out] = MemRef(dynamic_shared(f), (None,), (1,), 0)
     return run
 
 

@@ -191,6 +191,22 @@ def _dim(op: Any, c: Compiler):
     return run
 
 
+def dynamic_shared(f: Frame) -> Buffer:
+    """The block's dynamic shared memory (``f.dynamic_shared_bytes`` per block), created on
+    first use."""
+    buf = f.dynamic_shared
+    if buf is None:
+        buf = Buffer("dynamic shared memory", "shared",
+                     np.zeros((f.nblocks, f.dynamic_shared_bytes), np.int8),
+                     f.dynamic_shared_bytes,
+                     race=memory.RaceTracker(f.nblocks, f.dynamic_shared_bytes)
+                     if f.check_races else None,
+                     check_uninit=f.check_uninit)
+        f.shared.append(buf)
+        f.dynamic_shared = buf
+    return buf
+
+
 @handles("memref.get_global")
 def _get_global(op: Any, c: Compiler):
     from mlir import ir
@@ -202,6 +218,14 @@ def _get_global(op: Any, c: Compiler):
         raise NotImplementedError(f"interpreter: memref.get_global @{name}: no memref.global")
     shape, strides, offset, dt, _ = memref_info(op.results[0].type)
     init = g.attributes.get("initial_value", None)
+    if init is None and shape == (0,) and "workgroup" in str(op.results[0].type):
+        # an external 0-byte workgroup global: CUDA's ``extern __shared__`` array, i.e. the
+        # dynamic shared memory (the same bytes as gpu.dynamic_shared_memory)
+        c.uses_shared = True
+
+        def run_dynamic(f: Frame) -> None:
+            f.vals[out] = MemRef(dynamic_shared(f), (None,), (1,), 0)
+        return run_dynamic
     if init is None or not isinstance(init, ir.DenseElementsAttr):
         raise NotImplementedError(f"interpreter: memref.global @{name} without a dense value")
     data = constant_array(init, tuple(d for d in shape), dt, ir).reshape(-1)
