@@ -38,6 +38,7 @@ class CompiledKernel:
             ops_arith,
             ops_atomics,
             ops_control,
+            ops_cpasync,
             ops_gpu,
             ops_memory,
             ops_mfma,
