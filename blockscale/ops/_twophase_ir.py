@@ -1,0 +1,192 @@
+"""IR of the two-phase sm_90a NVFP4 / MXFP4 matmul (:mod:`blockscale.ops.matmul_twophase`).
+
+Imports MLIR: only :func:`blockscale.ops.matmul_twophase.build` imports it.
+
+Phase 1, :func:`emit_dequant` (one launch per operand): thread ``t`` of the grid takes the
+16-byte piece ``t % pieces`` (32 K-elements) of row ``t // pieces`` of the *workspace*, a
+row-major ``[rows_pad, k_pad]`` bf16 matrix (``k_pad = ceil(K / KPAD) * KPAD``,
+``rows_pad`` a multiple of the phase-2 tile), reads the packed FP4 piece and its scale
+byte(s), and writes the 32 bf16 values (four 16-byte stores) with the block scale folded in
+exactly as the wgmma "fold" kernel does (``_wgmma_ir._dequant_row`` with ``dequant="lut"``
+and ``_wgmma_ir._scale_values``: NVFP4 E2M1 x |E4M3|, MXFP4 times ``2^(e - 127 +
+MX_FOLD_EXP)``). Rows past the operand and pieces past K are zeros, so phase 2 needs no
+guards.
+
+Phase 2, :func:`emit_mainloop`: a pure bf16 GEMM over the workspaces. A CTA (two consumer
+warpgroups, 256 threads) computes a 128 x 256 tile; per step of ``kstep`` K-elements it
+copies 384 rows x ``2 kstep`` bytes with ``cp.async.cg`` 16-byte copies (``1.5 kstep / 8``
+per thread) into a ring of ``stages`` shared stages, in the canonical no-swizzle K-major
+core-matrix layout of the wgmma kernel (core matrix of row group g, K chunk c at
+``g * SBO + c * LBO``, LBO = 128, SBO = 16 kstep). A warp's copy covers 8 rows x 4 chunks
+(64 contiguous global bytes per row; each 8-lane store phase writes one 128-byte core
+matrix: no bank conflicts). Step s:
+
+1. ``fence.proxy.async.shared::cta`` + CTA barrier (this thread's copies of step s landed
+   at the previous step's ``cp.async.wait_group``; after the barrier everyone's have, and
+   every warpgroup has retired the wgmmas of step s - 2);
+2. issue the copies of step ``s + stages - 2`` (clamped to the last step: extra copies of
+   real data into a stage no wgmma reads) into stage ``(s - 2) % stages``, commit a group;
+3. ``wgmma.fence``, ``kstep / 16`` ``m64n256k16`` wgmmas per warpgroup from stage
+   ``s % stages``, ``commit_group``, ``wait_group 1`` (retires step s - 1);
+4. ``cp.async.wait_group stages - 3``: the copies of step s + 1 have landed.
+
+So the copies run ``stages - 2`` steps ahead, the wgmmas of step s overlap the barrier and
+copy issue of step s + 1, and there is one barrier per step. The k16 wgmma sequence and the
+bf16 operands equal the wgmma fold kernel's (lut, any kstep), so in the interpreter's model
+the accumulators, hence the outputs, are bit-identical to ``matmul_wgmma``'s fold kernel.
+
+CTA order: tile ``t`` of the 1-D grid is rasterized in groups of :data:`RASTER` M-tiles
+(M fastest inside a group), so the CTAs of a wave share B's and A's workspace rows in L2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlir import ir
+from mlir.dialects import arith, vector
+
+from blockscale.compiler import ir as bir
+from blockscale.compiler.arch import cpasync
+from blockscale.compiler.arch import wgmma as W
+from blockscale.layouts import SF_ATOM_BYTES
+from blockscale.ops import _wgmma_ir as X
+from blockscale.ops._matmul_ir import tcgen_row_offset
+
+Value = ir.Value
+
+#: the phase-2 CTA tile (two warpgroups of m64n256)
+BM, BN = 128, 256
+#: K of the workspaces is padded to a multiple of this (every phase-2 kstep divides it)
+KPAD = 64
+#: M-tiles per raster group of the phase-2 grid
+RASTER = 8
+#: phase-1 threads per block
+DEQUANT_THREADS = 256
+LBO = X.LBO
+
+
+# ---- phase 1 ---------------------------------------------------------------------------------
+
+
+def emit_dequant(x: Value, sfx: Value, ws: Value, rows: Value, rows_pad: Value, k: Value,
+                 fmt: str) -> None:
+    """Phase 1 for one operand: ``x`` ``[rows, K/2]`` packed FP4 (i8 memref), ``sfx`` its
+    5-D scales, ``ws`` the ``[rows_pad, k_pad]`` bf16 workspace (i8 memref); index values."""
+    block = 16 if fmt == "nvfp4" else 32
+    nscales = 32 // block
+    kp = bir.mul(bir.ceil_div(k, KPAD), KPAD)
+    pieces = bir.udiv(kp, 32)
+    t = bir.add(bir.mul(bir.block_idx("x"), DEQUANT_THREADS), bir.thread_idx("x"))
+    row, piece = bir.udiv(t, pieces), bir.urem(t, pieces)
+    vd, vs = bir.vec(16, bir.i8()), bir.vec(nscales, bir.i8())
+    with bir.when(bir.ult(row, rows_pad)):
+        ok = bir.logical_and(bir.ult(row, rows), bir.ult(bir.mul(piece, 32), k))
+        br = bir.if_(ok, [vd, vs])
+        with br.then():
+            data = bir.vector_load(vd, x, bir.add(bir.mul(row, bir.udiv(k, 2)),
+                                                  bir.mul(piece, 16)), alignment=16)
+            d1 = bir.ceil_div(bir.ceil_div(k, block), 4)
+            j = bir.mul(piece, nscales)
+            off = bir.add(tcgen_row_offset(row, d1),
+                          bir.add(bir.mul(bir.udiv(j, 4), SF_ATOM_BYTES), bir.urem(j, 4)))
+            br.yield_(data, bir.vector_load(vs, sfx, off, alignment=nscales))
+        with br.else_():
+            br.yield_(bir.const(0, vd), bir.const(0, vs))
+        data, scales = br.results
+        sv = X._scale_values(arith.extui(bir.vec(nscales, bir.i32()), scales), "lut", fmt)
+        splats = tuple(vector.broadcast(bir.vec(2, bir.bf16()), vector.extract(sv, [], [i]))
+                       for i in range(nscales))
+        base = bir.add(bir.mul(row, bir.mul(kp, 2)), bir.mul(piece, 64))
+        for c, v in enumerate(X._dequant_row(data, splats, "lut", block)):
+            bir.vector_store(vector.bitcast(vd, v), ws, bir.add(base, 16 * c), alignment=16)
+
+
+# ---- phase 2 ---------------------------------------------------------------------------------
+
+
+def stage_bytes(kstep: int) -> int:
+    """Shared bytes of one stage: (BM + BN) rows of ``kstep`` bf16."""
+    return (BM + BN) * 2 * kstep
+
+
+def raster_tile(tiles_m: Value, tiles_n: Value) -> tuple[Value, Value]:
+    """(m tile, n tile) of this CTA (``blockIdx.x``), in groups of :data:`RASTER` M-tiles."""
+    t = bir.block_idx("x")
+    per_group = bir.mul(tiles_n, RASTER)
+    first = bir.mul(bir.udiv(t, per_group), RASTER)
+    size = bir.umin(bir.sub(tiles_m, first), RASTER)
+    r = bir.urem(t, per_group)
+    return bir.add(first, bir.urem(r, size)), bir.udiv(r, size)
+
+
+def emit_mainloop(wa: Value, wb: Value, m0: Value, n0: Value, k: Value, kstep: int,
+                  stages: int) -> tuple[Value, Value]:
+    """Phase 2's K loop over the workspaces ``wa`` / ``wb`` (i8 memrefs, rows of ``k_pad``
+    bf16) for the tile at rows ``m0`` of A, ``n0`` of B; returns (the warpgroup's
+    accumulator struct, warpgroup index). Every thread of the CTA must execute it."""
+    if stages < 3:
+        raise ValueError(f"stages must be >= 3 (copies stages - 2 steps ahead), got {stages}")
+    chunks = kstep // 8  # 16-byte chunks of a row per step
+    if chunks % 4 or (BM + BN) * chunks % (8 * 32):
+        raise ValueError(f"kstep must be a multiple of 32, got {kstep}")
+    sbo, sbytes, a_bytes = chunks * LBO, stage_bytes(kstep), BM * 2 * kstep
+    ahead = stages - 2
+    smem = X.dynamic_shared_buffer()
+    tid = bir.thread_idx("x")
+    wg, warp, lane = bir.udiv(tid, 128), bir.udiv(tid, 32), bir.urem(tid, 32)
+    halves = chunks // 4  # warp items per row group and step
+    rounds = (BM + BN) * chunks // 256
+    row_bytes = bir.mul(bir.mul(bir.ceil_div(k, KPAD), KPAD), 2)
+    steps = bir.ceil_div(k, kstep)
+    # warp item wi = 8 i + warp: row group wi // halves, chunks (wi % halves) * 4 + lane // 8
+    g_t = bir.udiv(warp, halves)
+    chunk = bir.add(bir.mul(bir.urem(warp, halves), 4), bir.udiv(lane, 8))
+    r_t = bir.add(bir.mul(g_t, 8), bir.urem(lane, 8))
+    smem_t = bir.add(bir.add(bir.mul(g_t, sbo), bir.mul(bir.urem(lane, 8), 16)),
+                     bir.mul(chunk, LBO))
+    glob_t = bir.mul(chunk, 16)
+    copies = []  # (src memref, global byte offset at step 0, shared offset in a stage)
+    for i in range(rounds):
+        g0 = 8 * i // halves  # the round's first row group (0..47: A's 16, then B's 32)
+        is_a = g0 < BM // 8
+        src, row0, g_local = (wa, m0, g0) if is_a else (wb, n0, g0 - BM // 8)
+        grow = bir.add(bir.add(row0, 8 * g_local), r_t)
+        copies.append((src, bir.add(bir.mul(grow, row_bytes), glob_t),
+                       bir.add(smem_t, (0 if is_a else a_bytes) + g_local * sbo)))
+
+    def issue(step: Value) -> Value:
+        s = bir.umin(step, bir.sub(steps, 1))
+        stage0 = bir.mul(bir.urem(step, stages), sbytes)
+        kofs = bir.mul(s, 2 * kstep)
+        toks = [cpasync.copy16(smem, bir.add(stage0, so), src, bir.add(go, kofs))
+                for src, go, so in copies]
+        return cpasync.commit(toks)
+
+    first = [issue(bir.const(p)) for p in range(ahead)]
+    cpasync.wait(first[-1], ahead - 1)  # step 0 landed
+    base_desc = W.descriptor(W.shared_address(smem), lbo=LBO, sbo=sbo)
+    with bir.for_range(0, steps, carry=[W.zero_accumulator(BN)]) as loop:
+        step, acc = loop.iv, loop.carried[0]
+        W.fence_proxy_async_shared()
+        bir.barrier()
+        grp = issue(bir.add(step, ahead))
+        stage0 = bir.mul(bir.urem(step, stages), sbytes)
+        da = W.advance(base_desc, bir.as_i64(bir.add(stage0, bir.mul(wg, 8 * sbo))))
+        db = W.advance(base_desc, bir.as_i64(bir.add(stage0, a_bytes)))
+        W.fence()
+        for h in range(kstep // 16):
+            acc = W.mma_async(acc, W.advance(da, 2 * h * LBO), W.advance(db, 2 * h * LBO),
+                              BN, dtype="bf16")
+        W.commit_group()
+        W.wait_group(1)
+        cpasync.wait(grp, ahead - 1)  # step + 1 landed
+        loop.yield_(acc)
+    W.wait_group(0)
+    cpasync.wait(first[-1], 0)  # the clamped tail copies, before the CTA exits
+    return loop.results[0], wg
+
+
+def accumulator_tiles(acc: Value) -> list[Any]:
+    """The fragment as m16n8 C tiles (:func:`blockscale.ops._wgmma_ir.accumulator_tiles`)."""
+    return X.accumulator_tiles(acc, BN)

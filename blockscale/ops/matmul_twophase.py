@@ -1,0 +1,302 @@
+"""Two-phase sm_90a block-scaled matmul for large M (NVFP4, MXFP4): dequantize once, then a
+pure bf16 wgmma GEMM.
+
+Same contract as :func:`blockscale.ops.matmul.block_scaled_matmul` (SEMANTICS §4.1): 5-D
+scales, fp32 accumulation, ``alpha`` on the fp32 accumulator, bf16 (RNE) or f32 output, an
+optional fused :class:`~blockscale.ops.matmul_epilogue.Epilogue`. K % 32 == 0.
+
+Kernels (:mod:`blockscale.ops._twophase_ir`):
+
+* phase 1 (:class:`DequantSpec`, one launch per operand): packed FP4 + 5-D scales -> a bf16
+  workspace ``[rows_pad, k_pad]`` (row-major; ``rows_pad`` = M rounded up to 128 for A, N to
+  256 for B; ``k_pad`` = K rounded up to 64; zeros outside the operand) with the block scale
+  folded in exactly as the wgmma "fold" kernel does (NVFP4: E2M1 x |E4M3|, exact in bf16;
+  MXFP4: times ``2^(e - 127 + MX_FOLD_EXP)``, undone in the epilogue). Bandwidth-bound.
+* phase 2 (:class:`TwophaseMatmulSpec`): 128 x 256 CTA tiles, two warpgroups of
+  ``wgmma m64n256k16`` fed by a ring of ``stages`` shared stages filled with ``cp.async.cg``
+  16-byte copies in the wgmma kernel's canonical no-swizzle layout; the epilogue of the
+  wgmma kernel (``matmul_sm90.store_tile``: scale fix, alpha, fused epilogue, cast).
+
+Workspace: ``2 k_pad (M_pad + N_pad)`` bytes of device memory (``dev.alloc`` per call,
+stream-ordered), e.g. 82.9 MB at 8192 x 5760 x 2944.
+
+Numerics: the same bf16 operands and the same k16 wgmma sequence as
+:mod:`blockscale.ops.matmul_wgmma`'s fold kernel (dequant "lut"), so the interpreter's
+results are bit-identical to it; on the H200 within the stated bound (tests/test_matmul_common.py).
+
+Not in the default dispatch (the lead decides after measuring). Importing this module does
+not import MLIR.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import numpy as np
+
+import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
+import blockscale.ops._matmul_host as H
+from blockscale.formats import Format, FormatSpec
+from blockscale.launch import KernelArg
+from blockscale.ops import matmul as _matmul
+from blockscale.ops.matmul_epilogue import Epilogue
+
+#: modules whose source shapes the kernels (part of the kernel key, see ops/_core.py)
+KERNEL_SOURCES = ("blockscale.ops._twophase_ir", "blockscale.ops._wgmma_ir",
+                  "blockscale.ops._mma_ir", "blockscale.ops.matmul_epilogue",
+                  "blockscale.ops._matmul_ir", "blockscale.ops.matmul_sm90")
+TARGETS = ("sm_90a",)
+FORMATS = ("nvfp4", "mxfp4")
+#: the phase-2 tile (= _twophase_ir.BM, BN), the workspaces' K padding (= _twophase_ir.KPAD)
+BM, BN, KPAD = 128, 256, 64
+#: phase-2 K elements per step and shared stages built (kstep 64: 48 KiB a stage)
+KSTEPS = (32, 64)
+DEFAULT_KSTEP, DEFAULT_STAGES = 64, 4
+#: kstep -> the stage counts allowed (at most 227 KiB of shared memory)
+MAX_STAGES = {32: 9, 64: 4}
+#: phase-1 threads per block (= _twophase_ir.DEQUANT_THREADS)
+DEQUANT_THREADS = 256
+#: MXFP4 "fold" operands are scaled by 2^MX_FOLD_EXP each (= _wgmma_ir.MX_FOLD_EXP)
+MX_FOLD_EXP = -2
+
+
+def _scale_dtype(fmt: str) -> str:
+    return Format.from_name(fmt).scale_dtype.name
+
+
+def _check_format(fmt: str, target: str) -> str:
+    H.check_choice(fmt, FORMATS, "fmt")
+    t = H.target_name(target)
+    H.check_choice(t, TARGETS, "target")
+    return t
+
+
+@dataclasses.dataclass(frozen=True)
+class DequantSpec(FormatSpec):
+    """Phase 1: one operand's packed FP4 rows + 5-D scales -> its bf16 workspace.
+
+    Attributes:
+        fmt: "nvfp4" | "mxfp4".
+        target: "sm_90a".
+    """
+
+    fmt: str
+    target: str = "sm_90a"
+
+    op: ClassVar[str] = "block_scaled_matmul_twophase_dequant"
+    block: ClassVar[tuple[int, int, int]] = (DEQUANT_THREADS, 1, 1)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
+        object.__setattr__(self, "target", _check_format(self.fmt, self.target))
+
+    @property
+    def kernel_name(self) -> str:
+        return f"bs_twophase_dequant_{self.fmt}"
+
+    def args(self) -> tuple[KernelArg, ...]:
+        """x (packed rows), sfx (5-D scales), ws (the workspace bytes), rows, rows_pad, k."""
+        return (KernelArg("x", "buffer", "uint8"), KernelArg("sfx", "buffer",
+                                                              _scale_dtype(self.fmt)),
+                KernelArg("ws", "buffer", "uint8", "out"), KernelArg("rows", "scalar", "i32"),
+                KernelArg("rows_pad", "scalar", "i32"), KernelArg("k", "scalar", "i32"))
+
+
+@dataclasses.dataclass(frozen=True)
+class TwophaseMatmulSpec(FormatSpec):
+    """Phase 2: the bf16 wgmma GEMM over the workspaces, with the matmul epilogue.
+
+    Attributes:
+        fmt: "nvfp4" | "mxfp4" (the workspaces' scaling; MXFP4's is undone in the epilogue).
+        out_dtype: "bfloat16" | "float32".
+        epilogue: an optional fused :class:`Epilogue`.
+        target: "sm_90a".
+        kstep: K elements per step (:data:`KSTEPS`); None: :data:`DEFAULT_KSTEP`.
+        stages: shared stages (3 .. :data:`MAX_STAGES`; copies run ``stages - 2`` steps
+            ahead); None: the largest that fits for kstep 64, 6 for kstep 32.
+    """
+
+    fmt: str
+    out_dtype: str = "bfloat16"
+    epilogue: Epilogue | None = None
+    target: str = "sm_90a"
+    kstep: int | None = None
+    stages: int | None = None
+
+    op: ClassVar[str] = "block_scaled_matmul_twophase"
+    block: ClassVar[tuple[int, int, int]] = (2 * BM, 1, 1)
+
+    def __post_init__(self) -> None:
+        _matmul.check_spec_fields(self)
+        object.__setattr__(self, "target", _check_format(self.fmt, self.target))
+        if self.kstep is None:
+            object.__setattr__(self, "kstep", DEFAULT_KSTEP)
+        H.check_choice(self.kstep, KSTEPS, "kstep")
+        if self.stages is None:
+            object.__setattr__(self, "stages", DEFAULT_STAGES if self.kstep == 64 else 6)
+        if type(self.stages) is not int or not 3 <= self.stages <= MAX_STAGES[self.kstep]:
+            raise ValueError(f"stages must be an int in [3, {MAX_STAGES[self.kstep]}] for "
+                             f"kstep={self.kstep}, got {self.stages!r}")
+
+    @property
+    def dynamic_shared_bytes(self) -> int:
+        """The ring: ``stages`` x (BM + BN) rows x ``kstep`` bf16."""
+        return self.stages * (BM + BN) * 2 * self.kstep
+
+    @property
+    def kernel_name(self) -> str:
+        ep = f"_ep{self.epilogue.key[:10]}" if self.epilogue else ""
+        return (f"bs_twophase_{self.fmt}_{BM}x{BN}_k{self.kstep}_s{self.stages}_"
+                f"{H.out_tag(self.out_dtype)}{ep}")
+
+    def args(self) -> tuple[KernelArg, ...]:
+        """wa, wb (the workspaces' bytes), c, epilogue inputs, m, n, k, alpha."""
+        base = _matmul.MatmulSpec(self.fmt, self.out_dtype, "tcgen5d", self.epilogue,
+                                  self.target).args()
+        return (KernelArg("wa", "buffer", "uint8"), KernelArg("wb", "buffer", "uint8"),
+                *(a for a in base if a.name not in ("a", "b", "sfa", "sfb")))
+
+
+def padded(rows: int, tile: int) -> int:
+    """``rows`` rounded up to a multiple of ``tile`` (at least one tile)."""
+    return max(1, -(-rows // tile)) * tile
+
+
+def k_padded(k: int) -> int:
+    """K of the workspaces: a multiple of :data:`KPAD`."""
+    return -(-k // KPAD) * KPAD
+
+
+def workspace_bytes(m: int, n: int, k: int) -> int:
+    """Device bytes of the two bf16 workspaces of an M x N x K call."""
+    return 2 * k_padded(k) * (padded(m, BM) + padded(n, BN))
+
+
+def dequant_grid(rows_pad: int, k: int) -> tuple[int, int, int]:
+    """Phase 1: one thread per 32-element piece of the workspace."""
+    return (max(1, -(-rows_pad * (k_padded(k) // 32) // DEQUANT_THREADS)), 1, 1)
+
+
+def grid(m: int, n: int) -> tuple[int, int, int]:
+    """Phase 2: one CTA per 128 x 256 tile of C (1-D, rasterized in the kernel)."""
+    return (max(1, -(-m // BM)) * max(1, -(-n // BN)), 1, 1)
+
+
+def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
+    """The ``mlir.ir.Module`` of either phase's kernel (IR only)."""
+    from mlir.dialects import arith
+
+    import blockscale.ops._twophase_ir as T
+    import blockscale.ops._wgmma_ir as X
+    from blockscale.compiler import ir as bir
+    from blockscale.ops import matmul_sm90 as _sm90
+
+    if (T.BM, T.BN, T.KPAD, T.DEQUANT_THREADS, X.MX_FOLD_EXP) != (BM, BN, KPAD,
+                                                                    DEQUANT_THREADS, MX_FOLD_EXP):
+        raise AssertionError("matmul_twophase's constants disagree with _twophase_ir's")
+    with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
+        if isinstance(spec, DequantSpec):
+            rows, rows_pad, k = (bir.as_index(kb.arg(x)) for x in ("rows", "rows_pad", "k"))
+            T.emit_dequant(kb.arg("x"), kb.arg("sfx"), kb.arg("ws"), rows, rows_pad, k,
+                           spec.fmt)
+            return kb.module
+        m_count, n_count, k = (bir.as_index(kb.arg(x)) for x in ("m", "n", "k"))
+        mt, nt = T.raster_tile(bir.ceil_div(m_count, BM), bir.ceil_div(n_count, BN))
+        m0, n0 = bir.mul(mt, BM), bir.mul(nt, BN)
+        acc, wg = T.emit_mainloop(kb.arg("wa"), kb.arg("wb"), m0, n0, k, spec.kstep,
+                                  spec.stages)
+        fix = X.accumulator_scale("lut", spec.fmt, "fold")
+
+        def scale(v: Any, m: Any, n: Any) -> Any:
+            if fix != 1.0:  # exact power of two first, then alpha (as the portable kernel)
+                v = arith.mulf(v, bir.const(fix, bir.f32()))
+            return _sm90._alpha(v, kb.arg("alpha"))
+
+        _sm90.store_tile(spec, kb, T.accumulator_tiles(acc), X.warp_coords(wg), m0, n0,
+                         m_count, n_count, scale)
+    return kb.module
+
+
+# ---- host side -------------------------------------------------------------------------------
+
+
+def _dequantize(fmt: str, target: str, x: Any, sfx: Any, rows: int, rows_pad: int, k: int,
+                dev: Any) -> Any:
+    """Phase 1 for one operand: its workspace (a device uint8 array)."""
+    _, out = _core.launch_op(DequantSpec(fmt, target), dequant_grid(rows_pad, k),
+                             (("ws", (2 * rows_pad * k_padded(k),), np.dtype(np.uint8)),),
+                             {"x": x, "sfx": sfx}, {"rows": rows, "rows_pad": rows_pad, "k": k},
+                             dev)
+    return out["ws"]
+
+
+def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *,
+                                 k: int | None = None, alpha: float = 1.0,
+                                 out_dtype: str = "bfloat16", epilogue: Epilogue | None = None,
+                                 epilogue_inputs: dict[str, Any] | None = None,
+                                 kstep: int | None = None, stages: int | None = None,
+                                 device: Any = None) -> Any:
+    """The two-phase kernel pair called directly (no dispatch), e.g. by tests and benchmarks.
+    Same arguments as :func:`blockscale.ops.matmul_wgmma.block_scaled_matmul_wgmma` (no tile
+    or variant choice), plus phase 2's ``kstep`` and ``stages`` (:class:`TwophaseMatmulSpec`).
+    Allocates :func:`workspace_bytes` of device memory per call. Raises ValueError for a
+    format other than NVFP4 / MXFP4 or K % 32 != 0."""
+    fmt = Format.from_name(fmt)
+    if fmt.name not in FORMATS:
+        raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt.name!r}")
+    d = _matmul._validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
+    if d.k % 32:
+        raise ValueError(f"the two-phase kernel takes k % 32 == 0, got k={d.k}")
+    dev, tgt = H.device_and_target(device, "sm_90a")
+    spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, tgt, kstep, stages)
+    alpha = H.finite_f32(alpha, "alpha")
+    extra = dict(epilogue_inputs or {})
+    H.check_epilogue_inputs(spec.epilogue.inputs if spec.epilogue else (), extra, d.m, d.n)
+    ops = {"a": a, "b": b, "sfa": sfa, "sfb": sfb}
+    if d.m == 0 or d.n == 0:
+        return H.launch(spec, grid(d.m, d.n), (d.m, d.n), out_dtype, {**ops, **extra}, {},
+                        dev, empty=True)
+    host = all(isinstance(v, np.ndarray) for v in (*ops.values(), *extra.values()))
+    if host:  # keep the workspaces on the device between the phases
+        ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
+    wa = _dequantize(fmt.name, tgt, ops["a"], ops["sfa"], d.m, padded(d.m, BM), d.k, dev)
+    wb = _dequantize(fmt.name, tgt, ops["b"], ops["sfb"], d.n, padded(d.n, BN), d.k, dev)
+    out = H.launch(spec, grid(d.m, d.n), (d.m, d.n), out_dtype, {"wa": wa, "wb": wb, **extra},
+                   {"m": d.m, "n": d.n, "k": d.k, "alpha": alpha}, dev)
+    return dev.to_host(out) if host else out
+
+
+def kernel(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
+    """The compiled Kernel (every asm stage) of either phase's ``spec``; needs the compiler."""
+    return H.compile_spec(spec)
+
+
+#: (M, N, K) of the GPU tests and the benchmark
+GPU_SHAPES = ((8192, 5760, 2944), (777, 2560, 8192), (1000, 1024, 1056), (1024, 5760, 2944))
+
+
+def bundle_specs(target: str = "sm_90a") -> list[Any]:
+    """Both phases for NVFP4 / MXFP4, bf16 / f32 out, the default ring and kstep 32 (6
+    stages) on ``target`` (none off sm_90a)."""
+    if target not in TARGETS:
+        return []
+    specs: list[Any] = [DequantSpec(f, target) for f in FORMATS]
+    specs += [TwophaseMatmulSpec(f, o, None, target, ks) for f in FORMATS
+              for o in _matmul.OUT_DTYPES for ks in KSTEPS]
+    return sorted(specs, key=lambda s: s.kernel_name)
+
+
+_core.attach_kernel_api((block_scaled_matmul_twophase,), kernel, build)
+_core.register_op_module(__name__)
+
+__all__ = [
+    "DequantSpec",
+    "TwophaseMatmulSpec",
+    "block_scaled_matmul_twophase",
+    "build",
+    "bundle_specs",
+    "grid",
+    "kernel",
+    "workspace_bytes",
+]
