@@ -30,6 +30,11 @@ from blockscale.ops.quantize import (
 #: fused op reads its sigmoid from a table indexed by the bf16 gate (quantize_silu.sigmoid_lut,
 #: bit-identical), the grouped op runs the same kernel as without
 SCHEDULES = ("tiles", "rows", "rows2", "rows_lut", "rows2_lut")
+#: the "stream" schedules (:mod:`blockscale.ops._quantize_stream_ir`: the dense pipelined
+#: loop over data rows, per-thread group state, no shared tables; "stream2": the next row
+#: group's loads issued before this one's math); also accepted by the ops, not in SCHEDULES
+#: (whose order the tests and the bundle index)
+STREAM_SCHEDULES = ("stream", "stream2", "stream_lut", "stream2_lut")
 #: the schedule used when an op is called with ``schedule=None``
 DEFAULT_SCHEDULE = "tiles"
 #: SMs of the GPU the rows schedule sizes its single wave for (H200)
@@ -37,10 +42,14 @@ NUM_SMS = 132
 #: modules whose source enters the key of a MoeQuantizeSpec kernel (quantize_silu: the sigmoid
 #: table's window is built into the table kernels)
 KERNEL_SOURCES = _q.KERNEL_SOURCES + ("blockscale.ops.quantize_moe_ir",
-                                       "blockscale.ops.quantize_silu")
+                                       "blockscale.ops.quantize_silu",
+                                       "blockscale.ops._quantize_stream_ir")
 #: nvvm.maxnreg of the rows-schedule CUDA kernels by (mode, unroll); blocks per SM =
 #: 65536 // (256 * cap): 5, 4, 4, 3
 REGISTER_CAPS = {("grouped", 1): 48, ("grouped", 2): 64, ("silu", 1): 64, ("silu", 2): 80}
+#: nvvm.maxnreg of the stream-schedule CUDA kernels by (mode, unroll): 6, 5, 4, 4 blocks
+STREAM_REGISTER_CAPS = {("grouped", 1): 40, ("grouped", 2): 48, ("silu", 1): 64,
+                        ("silu", 2): 64}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +63,7 @@ class MoeQuantizeSpec(QuantizeSpec):
 
     unroll: int = 1
     lut: bool = False
+    stream: bool = False
 
     def args(self) -> tuple[Any, ...]:
         from blockscale.launch import KernelArg
@@ -73,11 +83,16 @@ class MoeQuantizeSpec(QuantizeSpec):
 
     @property
     def kernel_name(self) -> str:
-        return f"{super().kernel_name}_rows{self.unroll}" + ("_lut" if self.lut else "")
+        kind = "stream" if self.stream else "rows"
+        return f"{super().kernel_name}_{kind}{self.unroll}" + ("_lut" if self.lut else "")
 
 
 def build(spec: MoeQuantizeSpec) -> Any:
-    """The kernel module of a rows-schedule spec (imports MLIR)."""
+    """The kernel module of a rows- or stream-schedule spec (imports MLIR)."""
+    if spec.stream:
+        from blockscale.ops import _quantize_stream_ir
+
+        return _quantize_stream_ir.build(spec)
     from blockscale.ops import quantize_moe_ir
 
     return quantize_moe_ir.build(spec)
@@ -91,12 +106,29 @@ def with_schedule(spec: QuantizeSpec, schedule: str | None, num_groups: int | No
     from blockscale.ops._matmul_host import check_choice
 
     schedule = DEFAULT_SCHEDULE if schedule is None else schedule
-    check_choice(schedule, SCHEDULES, "schedule")
-    if schedule == "tiles" or (num_groups is not None and num_groups > 256):
+    check_choice(schedule, SCHEDULES + STREAM_SCHEDULES, "schedule")
+    stream = schedule.startswith("stream")
+    if schedule == "tiles" or (stream and not spec.aligned) or (
+            not stream and num_groups is not None and num_groups > 256):
         return spec
     fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(QuantizeSpec)}
-    return MoeQuantizeSpec(**fields, unroll=2 if schedule.startswith("rows2") else 1,
-                           lut=schedule.endswith("_lut") and spec.mode == "silu")
+    return MoeQuantizeSpec(**fields, unroll=2 if schedule.removesuffix("_lut")[-1] == "2"
+                           else 1, lut=schedule.endswith("_lut") and spec.mode == "silu",
+                           stream=stream)
+
+
+def stream_plan(spec: MoeQuantizeSpec, m: int, k: int, n_tiles: int
+                ) -> tuple[tuple[int, int, int], dict[str, int]]:
+    """Grid and scalars of the stream schedule: the tile plan's x split and chunk geometry,
+    ``gy`` = one resident wave (NUM_SMS x blocks per SM at the register cap), no more than
+    there are row groups."""
+    grid, sc = launch_plan(spec, m, k, n_tiles)
+    gx = grid[0]
+    rpb = 256 >> sc["cb_log2"]
+    cap = STREAM_REGISTER_CAPS[(spec.mode, spec.unroll)]
+    resident = NUM_SMS * (65536 // (256 * cap))
+    sc.update(split_log2=0, tiles_per_step=1, tile_iters=1)
+    return (gx, max(1, min(-(-m // rpb), resident // gx)), 1), sc
 
 
 def rows_plan(spec: MoeQuantizeSpec, m: int, k: int, n_tiles: int, ng: int
@@ -230,7 +262,9 @@ def run_grouped(spec: QuantizeSpec, x: Any, k: int, num_rows: int, num_tiles: in
         mk = (lambda s, d: np.zeros(s, d)) if host else device.zeros
         return mk(dshape, data_dt), mk(sshape, scale_dt)
     ng = int(extra["num_groups"])
-    if isinstance(spec, MoeQuantizeSpec):
+    if isinstance(spec, MoeQuantizeSpec) and spec.stream:
+        grid, scalars = stream_plan(spec, num_rows, k, num_tiles)
+    elif isinstance(spec, MoeQuantizeSpec):
         grid, scalars = rows_plan(spec, num_rows, k, num_tiles, ng)
     else:
         grid, scalars = launch_plan(spec, num_rows, k, num_tiles)
@@ -335,12 +369,17 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
     return [with_schedule(QuantizeSpec(f, target, None, "tcgen5d", a, "grouped", gather=g,
                                        name="grouped_quantize_dynamic_scaled"), sch)
             for sch in SCHEDULES[:3] for f in ("nvfp4", "mxfp4", "mxfp8") for a in (True, False)
-            for g in (False, True)]
+            for g in (False, True)] + [
+        with_schedule(QuantizeSpec(f, target, None, "tcgen5d", True, "grouped", gather=g,
+                                   name="grouped_quantize_dynamic_scaled"), sch)
+        for sch in STREAM_SCHEDULES[:2] for f in ("nvfp4", "mxfp4", "mxfp8")
+        for g in (False, True)]
 
 
 __all__ = [
     "DEFAULT_SCHEDULE",
     "SCHEDULES",
+    "STREAM_SCHEDULES",
     "MoeQuantizeSpec",
     "bundle_specs",
     "check_groups",

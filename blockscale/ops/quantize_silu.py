@@ -20,6 +20,7 @@ from blockscale.formats import Format
 from blockscale.ops.quantize import QuantizeSpec, check_input
 from blockscale.ops.quantize_grouped import (
     SCHEDULES,
+    STREAM_SCHEDULES,
     _i32,
     check_groups,
     expert_scales_arg,
@@ -166,8 +167,8 @@ def fused_silu_quantize_kernel(fmt: Format | str, target: str = "sm_90a", *,
 def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
     """Fused SiLU / SwiGLU-OAI quantize specs for the GPU tests and benchmarks (every format
     and schedule)."""
-    return [_spec(Format.from_name(f), target, a, True, sch) for sch in SCHEDULES
-            for f in ("nvfp4", "mxfp4", "mxfp8")
+    return [_spec(Format.from_name(f), target, a, True, sch)
+            for sch in SCHEDULES + STREAM_SCHEDULES for f in ("nvfp4", "mxfp4", "mxfp8")
             for a in (GatedActivation.SILU, GatedActivation.SWIGLU_OAI)]
 
 

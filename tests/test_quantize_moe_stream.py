@@ -1,0 +1,137 @@
+"""The stream schedules of grouped and fused-SiLU quantize (``schedule="stream"`` /
+``"stream2"`` / ``"stream_lut"`` / ``"stream2_lut"``, blockscale/ops/_quantize_stream_ir.py)
+in the interpreter, byte for byte against blockscale.reference: the rows schedules' edge
+cases (ties, NaN / Inf / -0, near zero, unused experts, empty groups, gathers, MAX's
+[0,3,1,2] / [-1,2,-1,0] groups, K not a multiple of 16), with one resident wave and with one
+block per SM (NUM_SMS = 1: each block walks many row groups across group changes and many
+padding units across tiles)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _quantize_helpers import assert_same_bytes, group_offsets
+from test_quantize_moe_rows import COUNTS, IDS, TARGETS, _edges, _grouped
+
+from blockscale.reference import grouped as RG
+
+pytest.importorskip("mlir")
+
+from blockscale.ops import quantize_grouped as QG  # noqa: E402
+from blockscale.ops import quantize_silu as QS  # noqa: E402
+
+pytestmark = pytest.mark.interp
+
+
+@pytest.fixture(params=[132, 1], ids=["wave", "few_blocks"])
+def sms(request, monkeypatch):
+    monkeypatch.setattr(QG, "NUM_SMS", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "gfx942"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+@pytest.mark.parametrize("schedule", ["stream", "stream2"])
+def test_grouped_stream_edges(schedule, fmt, target, sms):
+    _grouped(fmt, target, schedule, COUNTS, IDS, 72, 11)
+
+
+@pytest.mark.parametrize("case", [([256, 128, 256], [0, 1, 2], 64),
+                                  ([100, 200, 50], [2, 0, 1], 72),
+                                  ([13, 999], [1, 0], 40),
+                                  ([0, 3, 1, 2], [-1, 2, -1, 0], 32),
+                                  ([1, 0, 0, 300, 0], [0, 1, 2, 3, 4], 4096)])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+def test_grouped_stream_cases(fmt, case):
+    """The rows tests' grouped cases plus a MAX-sized row (K = 4096: one row per block
+    iteration, 64 / 32 atoms per tile), alternating schedules and targets."""
+    counts, ids, k = case
+    i = len(counts) + len(fmt)
+    _grouped(fmt, TARGETS[i % 4], ("stream", "stream2")[i % 2], counts, ids, k, k)
+
+
+@pytest.mark.parametrize("schedule", ["stream", "stream2"])
+def test_grouped_stream_gather_and_empty_groups(schedule, sms):
+    rng = np.random.default_rng(5)
+    idx = rng.integers(0, 2 * 81, 160).astype(np.int32)
+    es, offs = group_offsets([100, 60])
+    x = _edges(81, 64, 4)
+    tsf = np.array([1.0, 0.5], np.float32)
+    ids = np.array([0, 1], np.int32)
+    kw = {"indices": idx, "indices_divisor": 2}
+    d, s = QG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf, device="interp",
+                                              target="sm_90a", schedule=schedule, **kw)
+    rd, rs = RG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf, **kw)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
+    # empty groups with arbitrary offsets (as device arrays would pass them), spare tiles
+    orig = QG.search_offsets
+    try:
+        QG.search_offsets = lambda e, o: o
+        es, offs = group_offsets([100, 0, 160, 0, 30])
+        offs[1], offs[3] = 7, -3
+        ids = np.array([0, 1, -1, 2, 1], np.int32)
+        x = _edges(int(es[-1]), 64, 15)
+        tsf = np.array([0.43, 2.0, 1e38], np.float32)
+        d, s = QG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf,
+                                                  device="interp", target="sm_90a",
+                                                  schedule=schedule)
+        rd, rs = RG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf)
+        assert_same_bytes(d, rd)
+        assert_same_bytes(s, rs)
+    finally:
+        QG.search_offsets = orig
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "gfx950"])
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+@pytest.mark.parametrize("schedule", ["stream", "stream2", "stream_lut", "stream2_lut"])
+def test_fused_stream_edges(schedule, activation, target, sms):
+    es, offs = group_offsets(COUNTS)
+    ids = np.asarray(IDS, np.int32)
+    gu = _edges(int(es[-1]), 144, 12)  # D = 72
+    gu[9, :72] = -100.0
+    for fmt in ("nvfp4", "mxfp4", "mxfp8"):
+        isc = np.asarray([2.0, 0.5, 1e-38], np.float32) if fmt == "nvfp4" else None
+        d, s = QS.fused_silu_quantize(gu, fmt, es, offs, ids, isc, activation=activation,
+                                      device="interp", target=target, schedule=schedule)
+        rd, rs = RG.fused_silu_quantize(gu, fmt, es, offs, ids, isc, activation=activation)
+        assert_same_bytes(d, rd, f"silu {fmt} {activation} {target} data")
+        assert_same_bytes(s, rs, f"silu {fmt} {activation} {target} scales")
+
+
+def test_fused_stream_spare_tiles():
+    """MAX's groups with num_scale_tiles beyond the groups' tiles (spare tiles zeroed)."""
+    es, offs = group_offsets([0, 3, 1, 2])
+    ids = np.array([-1, 2, -1, 0], np.int32)
+    gu = _edges(int(es[-1]), 64, 21)
+    d, s = QS.fused_silu_quantize(gu, "mxfp4", es, offs, ids, None, num_scale_tiles=7,
+                                  device="interp", target="sm_90a", schedule="stream_lut")
+    rd, rs = RG.fused_silu_quantize(gu, "mxfp4", es, offs, ids, None, num_scale_tiles=7)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
+
+
+def test_stream_schedule_choice_and_plan():
+    from blockscale.ops.quantize import QuantizeSpec
+
+    base = QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "grouped",
+                        name="grouped_quantize_dynamic_scaled")
+    s2 = QG.with_schedule(base, "stream2", 300)  # no group limit: no shared tables
+    assert isinstance(s2, QG.MoeQuantizeSpec) and s2.stream and s2.unroll == 2
+    assert s2.kernel_name.endswith("_stream2")
+    assert QG.with_schedule(base, "stream").unroll == 1
+    unaligned = QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", False, "grouped")
+    assert QG.with_schedule(unaligned, "stream") is unaligned  # the tile kernel
+    silu = QuantizeSpec("mxfp4", "sm_90a", "up", "tcgen5d", True, "silu")
+    lut = QG.with_schedule(silu, "stream2_lut")
+    assert lut.lut and lut.stream and lut.unroll == 2
+    assert lut.kernel_name.endswith("_stream2_lut")
+    grid, sc = QG.stream_plan(QG.with_schedule(base, "stream"), 8192, 4096, 128)
+    assert grid == (1, 792, 1) and sc["cb_log2"] == 8  # 132 SMs x 6 blocks (40 regs)
+    grid, _ = QG.stream_plan(QG.with_schedule(base, "stream"), 100, 4096, 65)
+    assert grid == (1, 100, 1)  # no more blocks than row groups
+    names = {s.kernel_name for s in QG.bundle_specs("sm_90a") + QS.bundle_specs("sm_90a")}
+    assert {"grouped_quantize_dynamic_scaled_nvfp4_rn_5d_v_stream1",
+            "grouped_quantize_dynamic_scaled_mxfp8_up_5d_v_gather_stream2",
+            "fused_silu_quantize_mxfp4_up_5d_v_silu_stream2_lut"} <= names
