@@ -143,7 +143,7 @@ def main() -> int:
             rng = np.random.default_rng(m * 7 + n + k)
             tag = f"{v[0]}-{v[1]}-{v[2]}-{v[3][0]}x{v[3][1]} {m}x{n}x{k}"
             probes = [("random", probe_random, None), ("onehot", probe_onehot, None)]
-            if k >= 512 and not args.quick:
+            if 512 <= k <= 1024 and not args.quick:
                 probes += [(f"step {s} (slot {s % 4}, lap {s // 4})", probe_random,
                             (np.arange(k // 2) // 32) == s) for s in range(-(-k // 64))]
             for name, fn, mask in probes:

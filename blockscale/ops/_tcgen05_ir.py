@@ -181,20 +181,10 @@ class Shared:
     slot: Value
 
 
-def dynamic_shared_buffer() -> Value:
-    """The kernel's dynamic shared memory as ``memref<?xi8, workgroup>``
-    (``gpu.dynamic_shared_memory``; the launch passes the size)."""
-    from mlir.dialects import gpu
-
-    t = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], bir.i8(),
-                          memory_space=ir.Attribute.parse("#gpu.address_space<workgroup>"))
-    return gpu.dynamic_shared_memory(t)
-
-
 def allocate_shared(kb: bir.KernelBuilder, layout: Layout) -> Shared:
     bars = tma.shared_buffer(kb, f"{STAGES}xi64", align=8)
     slot = tma.shared_buffer(kb, "1xi32", align=4)
-    stages = dynamic_shared_buffer() if layout.dynamic else \
+    stages = tma.extern_shared_buffer(kb, layout.shared_bytes) if layout.dynamic else \
         tma.shared_buffer(kb, f"{layout.shared_bytes}xi8", align=128)
     return Shared(stages, bars, slot)
 

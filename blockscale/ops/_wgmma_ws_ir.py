@@ -75,7 +75,7 @@ def emit_mainloop(kb: bir.KernelBuilder, tiles: X.Tiles, a: Operand, b: Operand,
                          f"{tiles}")
     bm, bn = tiles.bm, tiles.bn
     na, nb = bm // 128, bn // 128  # scale atoms per stage
-    smem = dynamic_shared_buffer(kb, tiles.shared_bytes)
+    smem = tma.extern_shared_buffer(kb, tiles.shared_bytes)  # after the ring (issue #9)
     ring_a = tma.shared_buffer(kb, f"{RING}x{bm}x{ROW_BYTES}xi8", align=1024)
     ring_b = tma.shared_buffer(kb, f"{RING}x{bn}x{ROW_BYTES}xi8", align=1024)
     ring_sa = tma.shared_buffer(kb, f"{RING * na}x2x256xi8", align=128)
@@ -184,37 +184,6 @@ def emit_mainloop(kb: bir.KernelBuilder, tiles: X.Tiles, a: Operand, b: Operand,
     with out.else_():
         out.yield_(loop.results[0])
     return out.results[0], wg, is_cons if own else None
-
-
-#: the symbol of :func:`dynamic_shared_buffer`
-DYNAMIC_SMEM = "__ws_dynamic_smem"
-
-
-def dynamic_shared_buffer(kb: bir.KernelBuilder, size: int) -> Value:
-    """The kernel's dynamic shared memory (``size`` bytes, passed at launch) as
-    ``memref<?xi8, workgroup>``, declared as CUDA declares it:
-    ``.extern .shared .align 16 .b8 __ws_dynamic_smem[]`` (an external ``memref.global`` of
-    0 bytes), so that it starts after the static shared memory (the ring, the mbarriers).
-
-    Not ``gpu.dynamic_shared_memory``: it lowers to an *internal* 0-byte global, which the
-    NVPTX backend emits as a static ``.shared`` variable (``// demoted variable``) that ptxas
-    places at the start of the static shared memory: the bf16 stages then overwrote the
-    mbarriers and the TMA ring (wrong results on the H200, issue #9)."""
-    t = ir.MemRefType.get([0], bir.i8(),
-                          memory_space=ir.Attribute.parse("#gpu.address_space<workgroup>"))
-    gmod = kb.func.operation.parent
-    if DYNAMIC_SMEM not in [str(op.attributes["sym_name"]).strip('"')
-                            for op in gmod.regions[0].blocks[0].operations
-                            if "sym_name" in op.attributes]:
-        with ir.InsertionPoint.at_block_begin(gmod.regions[0].blocks[0]):
-            memref.GlobalOp(sym_name=DYNAMIC_SMEM, type_=ir.TypeAttr.get(t),
-                            sym_visibility="public", initial_value=None,
-                            alignment=ir.IntegerAttr.get(bir.i64(), 16))
-    base = memref.get_global(t, DYNAMIC_SMEM)
-    res = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], bir.i8(),
-                            memory_space=t.memory_space)
-    return memref.reinterpret_cast(res, base, [], [bir.as_index(bir.const(size))], [],
-                                   [0], [ir.ShapedType.get_dynamic_size()], [1])
 
 
 def _parity(lap: Value) -> Value:

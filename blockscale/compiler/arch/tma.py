@@ -83,6 +83,41 @@ def shared_buffer(kb: object, memref_type: str, *, align: int = 16) -> ir.Value:
     return value
 
 
+#: the symbol of :func:`extern_shared_buffer`
+EXTERN_SHARED = "__extern_shared"
+
+
+def extern_shared_buffer(kb: object, size: int) -> ir.Value:
+    """The kernel's dynamic shared memory (``size`` bytes, passed at launch) as
+    ``memref<?xi8, workgroup>``, declared as CUDA's ``extern __shared__`` array:
+    ``.extern .shared .align 16 .b8 __extern_shared[]`` (an external 0-byte
+    ``memref.global``), which starts after the static shared memory.
+
+    Use it instead of ``gpu.dynamic_shared_memory`` in a kernel that also has static shared
+    memory (:func:`shared_buffer`, :func:`mbarrier_group`): that op lowers to an *internal*
+    0-byte global, which the NVPTX backend emits as a static ``.shared`` variable (``//
+    demoted variable``) that ptxas places at the start of the static shared memory, so the
+    dynamic bytes overwrite the static buffers (issue #9). The interpreter refuses
+    ``gpu.dynamic_shared_memory`` next to static shared memory."""
+    from mlir.dialects import memref
+
+    t = ir.MemRefType.get([0], ir.IntegerType.get_signless(8),
+                          memory_space=ir.Attribute.parse(_SHARED))
+    gmod = kb.func.operation.parent  # type: ignore[attr-defined]
+    body = gmod.regions[0].blocks[0]
+    if not any(o.operation.name == "memref.global"
+               and ir.StringAttr(o.operation.attributes["sym_name"]).value == EXTERN_SHARED
+               for o in body.operations):
+        with ir.InsertionPoint.at_block_begin(body):
+            memref.GlobalOp(sym_name=EXTERN_SHARED, type_=ir.TypeAttr.get(t),
+                            sym_visibility="public", initial_value=None,
+                            alignment=ir.IntegerAttr.get(i64(), 16))
+    dyn = ir.ShapedType.get_dynamic_size()
+    res = ir.MemRefType.get([dyn], t.element_type, memory_space=t.memory_space)
+    return memref.reinterpret_cast(res, memref.get_global(t, EXTERN_SHARED), [], [_idx(size)],
+                                   [], [0], [dyn], [1])
+
+
 def mbarrier_group(count: int = 1, *, loc: ir.Location | None = None) -> ir.Value:
     """``count`` mbarriers in shared memory (``nvgpu.mbarrier.create``:
     ``.shared .align 8 .b8 __mbarrier[8 * count]``)."""

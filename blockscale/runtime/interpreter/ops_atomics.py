@@ -73,8 +73,40 @@ def _atomic_rmw(op: Any, c: Compiler):
     return run
 
 
+def _static_shared(func: Any) -> str | None:
+    """What static shared memory the gpu.func ``func`` declares (None: none)."""
+    if "workgroup_attributions" in func.attributes and \
+            int(str(func.attributes["workgroup_attributions"]).split(":")[0]) > 0:
+        return "workgroup attributions"
+    found: list[str] = []
+
+    def walk(o: Any) -> None:
+        for r in o.regions:
+            for b in r.blocks:
+                for x in b.operations:
+                    if x.operation.name == "nvgpu.mbarrier.create":
+                        found.append("nvgpu.mbarrier.create")
+                    walk(x.operation)
+    walk(func)
+    return found[0] if found else None
+
+
 @handles("gpu.dynamic_shared_memory")
 def _dynamic_shared(op: Any, c: Compiler):
+    """The dynamic shared memory. Refused next to static shared memory: the op lowers to an
+    internal 0-byte global that NVPTX emits as a static ``.shared`` variable, which ptxas
+    places among (not after) the static buffers, so on hardware it aliases them (issue #9;
+    an external 0-byte ``memref.global`` in workgroup memory is the CUDA ``extern __shared__``
+    array that works, see ``memref.get_global``)."""
+    func = op.operation.parent
+    while func is not None and func.name != "gpu.func":
+        func = func.parent
+    what = _static_shared(func) if func is not None else None
+    if what is not None:
+        raise NotImplementedError(
+            "interpreter: gpu.dynamic_shared_memory in a kernel with static shared memory "
+            f"({what}) aliases it on hardware; declare the dynamic shared memory as an "
+            "external 0-byte workgroup memref.global instead")
     out = c.slot(op.results[0])
     c.uses_shared = True
 
