@@ -115,6 +115,36 @@ def fp4_piece_to_f16(x: Value) -> tuple[Value, Value]:
     return p0, p1
 
 
+def fp4_word_to_f16_pairs(x: Value) -> list[Value]:
+    """Eight E2M1 codes (nibbles of an i32) -> the same four ``vector<2xf16>`` pairs as
+    :func:`blockscale.ops._decode_ir._dequant_pairs_f16` (pair j = codes j, j + 4, value
+    ``dec * 2^-14``): the codes as E5M2 bytes in bulk (an f16 is its E5M2 byte << 8; low
+    nibbles ``(x << 1) & 0x0E.. | (x << 4) & 0x80..``, high ``(x >> 3) & 0x0E.. | x & 0x80..``:
+    7 ALU ops), then one ``prmt`` per pair moving two bytes into the high halves (11 ops
+    for 8 codes against ~15)."""
+    m, s = _i32c(0x0E0E0E0E), _i32c(0x80808080)
+    lo = bir.bit_or(bir.bit_and(bir.shl(x, _i32c(1)), m), bir.bit_and(bir.shl(x, _i32c(4)), s))
+    hi = bir.bit_or(bir.bit_and(bir.shru(x, _i32c(3)), m), bir.bit_and(x, s))
+    zero = _i32c(0)
+    # bytes (lo|hi).b(0|1) and .b(2|3) of codes j, j + 4 into bytes 1 and 3 (zeros below)
+    return [_f16x2(byte_perm(src, zero, sel))
+            for src, sel in ((lo, 0x2404), (hi, 0x2404), (lo, 0x3414), (hi, 0x3414))]
+
+
+def decode_e4m3_word(word: Value) -> list[Value]:
+    """Four E4M3 scale bytes -> their magnitudes as f32 (NaN for 0x7F, like
+    :func:`blockscale.ops._decode_ir._decode_scale_fast`): ``& 0x7F7F7F7F``, two
+    ``cvt.rn.f16x2.e4m3x2`` (exact) and four f16 -> f32 conversions (~7 ops for 4 scales
+    against ~16)."""
+    m = bir.bit_and(word, _i32c(0x7F7F7F7F))
+    out = []
+    for half in range(2):
+        h = arith.trunci(bir.i16(), bir.shru(m, _i32c(16 * half)) if half else m)
+        pair = mma.cvt_e4m3x2_to_f16x2(h)
+        out += [arith.extf(bir.f32(), vector.extract(pair, [], [i])) for i in range(2)]
+    return out
+
+
 def _pair_pieces(nv: bool, chunk: Value) -> Value:
     """A 16-byte weight chunk (``vector<16xi8>``) reordered so that word t holds lane t's
     two pieces of the chunk's two MMA units u, v byte-interleaved, ``(u.b0, v.b0, u.b1,
@@ -162,14 +192,21 @@ class _Fmt:
 def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
                     n_count: Value, k: Value, a_srow: Callable[[Value], Value],
                     store: Callable[[Value, Value, Value], None], depth: int = 1,
-                    step_range: tuple[Value, Value] | None = None) -> None:
+                    step_range: tuple[Value, Value] | None = None,
+                    decode: str = "lop3") -> None:
     """The body for one (group, column slice) (the interface of
     :func:`blockscale.ops._decode_ir.emit_decode`; CTA of :data:`THREADS` threads, columns
     ``[COLS * block_idx.x, +COLS)``); ``depth``: steps whose loads are in flight while one
     is computed (1: 16 KB per CTA, 2: 32 KB, ~45 more registers); ``step_range``: the K
-    steps ``[lo, hi)`` to sum (split K; default all, from a zero accumulator either way)."""
+    steps ``[lo, hi)`` to sum (split K; default all, from a zero accumulator either way);
+    ``decode``: "lop3" (shift/mask per f16 pair, :func:`_dequant_pairs_f16`, per-byte scale
+    decodes) or "prmt" (:func:`fp4_word_to_f16_pairs`, :func:`decode_e4m3_word`; the same
+    values, fewer instructions: variant "mma_p")."""
     if depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {depth}")
+    if decode not in ("lop3", "prmt"):
+        raise ValueError(f"decode must be 'lop3' or 'prmt', got {decode!r}")
+    fast = decode == "prmt"
     lay = _Fmt(fmt)
     f32, i32 = bir.f32(), bir.i32()
     v16 = bir.vec(16, bir.i8())
@@ -269,6 +306,17 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         else:  # E8M0 activation scale of the chunk's block, for the fold
             bir.store(mir.decode_scale(fmt, sbytes), sasm,  # chunk c = block c of the step
                       bir.add(bir.mul(c, TOKENS), n))
+        if fast:  # whole words: units u, v of lane tt's pieces, one 16-byte store each
+            pw = vector.bitcast(bir.vec(4, i32), _pair_pieces(lay.nv, chunk))
+            for tt in range(4):
+                prs = fp4_word_to_f16_pairs(bir.extract(pw, tt))
+                if lay.nv:  # unit u = the chunk's block 0, v = block 1
+                    prs = [arith.mulf(x, sp[i // 2]) for i, x in enumerate(prs)]
+                dst = bir.mul(bir.add(bir.mul(bir.add(bir.mul(c, TOKENS), n), 4), tt), 4)
+                bir.vector_store(bir.from_elements(bir.vec(4, i32),
+                                                   [mma.pack_i32(x) for x in prs]),
+                                 bsm, dst, alignment=16)
+            return
         for p in range(8):
             x = bir.extract(words, p // 2)
             if p % 2:
@@ -312,9 +360,11 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             mask = bir.select(bir.ult(n_live, 4),
                               bir.sub(bir.shl(_i32c(1), sh), _i32c(1)), _i32c(-1))
             word = bir.bit_and(word, mask)
+            svs = decode_e4m3_word(word) if fast and lay.nv else None
             for i in range(4):
                 jl = bir.add(bir.mul(s_qs[it], 4), i)  # block within the step
-                sv = _decode_scale_fast(fmt, bir.bit_and(bir.shru(word, _i32c(8 * i)), 0xFF))
+                sv = svs[i] if svs is not None else \
+                    _decode_scale_fast(fmt, bir.bit_and(bir.shru(word, _i32c(8 * i)), 0xFF))
                 if lay.nv:  # (the 2^28 of D is applied to the totals: acc is 2^-28 acc)
                     dst = bir.add(bir.add(bir.mul(bir.add(bir.mul(s_qs[it], 2), i // 2), 128),
                                           slot_nv), 2 * (i % 2))
@@ -377,7 +427,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 v = bir.vector_load(bir.vec(4, bir.i8()), wsm, bir.add(wbase[h], 16 * q),
                                     alignment=4)
                 x = vector.extract(vector.bitcast(bir.vec(1, i32), v), [], [0])
-                pairs.append(_dequant_pairs_f16([x]))
+                pairs.append(fp4_word_to_f16_pairs(x) if fast else _dequant_pairs_f16([x]))
             for s_ in range(2):
                 u = 2 * q + s_
                 if u % upb == 0:

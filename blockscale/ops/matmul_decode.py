@@ -64,13 +64,15 @@ COLS = 32
 #: kernel variants: "simt" (FMAs per row, every format), "mma" (FP4: swap-AB mma.sync, the
 #: weights as the MMA's M side, one 16 KB step in flight per CTA; _decode_mma_ir), "mma2"
 #: (the same, two steps in flight: 32 KB per CTA, 3 CTAs per SM), "mma_sk" ("mma" with K
-#: split over grid.z for small grids: fp32 partials, summed in split order by the last CTA)
-VARIANTS = ("simt", "mma", "mma2", "mma_sk")
+#: split over grid.z for small grids: fp32 partials, summed in split order by the last CTA),
+#: "mma_p" ("mma" with the prmt decode: E2M1 -> f16 in ~1.4 ALU ops an element instead of
+#: ~1.9, NVFP4 weight scales by cvt.rn.f16x2.e4m3x2; the same values: bit-identical)
+VARIANTS = ("simt", "mma", "mma2", "mma_sk", "mma_p")
 #: threads and output columns per CTA of each variant
-VARIANT_THREADS = {"simt": THREADS, "mma": 128, "mma2": 128, "mma_sk": 128}
-VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_sk": 64}
+VARIANT_THREADS = {"simt": THREADS, "mma": 128, "mma2": 128, "mma_sk": 128, "mma_p": 128}
+VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_sk": 64, "mma_p": 64}
 #: register cap (nvvm.maxnreg) per variant: simt 2 x 256 threads, mma 4 x 128, mma2 3 x 128
-VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_sk": 128}
+VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_sk": 128, "mma_p": 128}
 #: mma_sk: split K until the grid has about this many CTAs (4 per SM of the H200's 132)
 SPLIT_K_CTAS = 4 * 132
 #: BLOCKSCALE_DECODE_VARIANT: the variant the dispatch uses for FP4 (MXFP8: always "simt")
@@ -174,7 +176,8 @@ def build(spec: DecodeSpec) -> Any:
                                        counters=kb.arg("counters"))
     else:
         def emit(*args: Any, **kw: Any) -> None:
-            DM.emit_decode_mma(*args, **kw, depth=2 if spec.variant == "mma2" else 1)
+            DM.emit_decode_mma(*args, **kw, depth=2 if spec.variant == "mma2" else 1,
+                               decode="prmt" if spec.variant == "mma_p" else "lop3")
     cols = spec.cols
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         from mlir import ir as mlir_ir
@@ -429,7 +432,7 @@ def bundle_specs(target: str = "sm_90a") -> list[DecodeSpec]:
     specs += [DecodeSpec(f, "dense", o, False, target)
               for f in ("nvfp4", "mxfp4", "mxfp8") for o in ("bfloat16", "float32")]
     # the tensor-core variant (FP4)
-    for v in ("mma", "mma2", "mma_sk"):  # the tensor-core variants (FP4)
+    for v in ("mma", "mma2", "mma_sk", "mma_p"):  # the tensor-core variants (FP4)
         specs += [DecodeSpec(f, "grouped", "bfloat16", False, target, v)
                   for f in ("nvfp4", "mxfp4")]
         specs.append(DecodeSpec("nvfp4", "grouped", "bfloat16", True, target, v))
