@@ -13,7 +13,7 @@ the dense pipelined kernel's loop (:mod:`blockscale.ops.quantize_pipe_ir`) over 
   first tile, expert id, tensor scale and its reciprocal) and re-finds it only when a row
   leaves it (binary search over ``expert_start`` in global memory, ``search_steps``
   halvings; rows ascend within a block, so that is about once per block);
-* its first row group's loads are issued before anything else, then the block zeroes its
+* (``unroll = 2``) its first row group's loads are issued first; then the block zeroes its
   share of the padding scale words (tile, pair of 512-byte atoms units; a tile's owner and
   covered rows from :func:`blockscale.ops.quantize_ir._find_group` with the warp scan, once
   per tile change) while they are in flight;
@@ -95,19 +95,6 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
                                     colh, first))
     d1 = arith.shrui(kblocks_row, _c64(2))
     s_jpart = arith.addi(arith.shli(arith.shrui(j, _c64(2)), _c64(9)), arith.andi(j, _c64(3)))
-    k.lut = None
-    if spec.lut:  # the sigmoid table to shared memory (one barrier)
-        from blockscale.compiler.arch import tma
-        from blockscale.ops.quantize_silu import MAX_LUT, sigmoid_lut
-
-        _, lut_lo, lut_w = sigmoid_lut(spec.activation, spec.act_alpha, spec.act_limit)
-        lut = tma.shared_buffer(kb, f"{MAX_LUT}xf32", align=16)
-        with B.for_range(tid, _c64(2 * lut_w), BLOCK_THREADS) as cl:
-            i = B.cast_int(cl.iv, i64)
-            B.store(B.load(a("sig_table"), i), lut, i)
-        B.barrier()
-        k.lut = (lut, lut_lo, lut_w)
-
     m32 = arith.trunci(i32, a("m"))
     rpb_log2 = arith.trunci(i32, co.rpb_log2)
     ri = arith.trunci(i32, co.ri)
@@ -144,6 +131,21 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
                 v = B.vector_load(vt, x, arith.addi(base, c), alignment=16)
                 out.append(vector.bitcast(wt, v))
         return out
+
+    # unroll 2: the first row group's loads go out before the table fill and the padding
+    first_words = load(lo) if spec.unroll == 2 else None
+    k.lut = None
+    if spec.lut:  # the sigmoid table to shared memory (one barrier)
+        from blockscale.compiler.arch import tma
+        from blockscale.ops.quantize_silu import MAX_LUT, sigmoid_lut
+
+        _, lut_lo, lut_w = sigmoid_lut(spec.activation, spec.act_alpha, spec.act_limit)
+        lut = tma.shared_buffer(kb, f"{MAX_LUT}xf32", align=16)
+        with B.for_range(tid, _c64(2 * lut_w), BLOCK_THREADS) as cl:
+            i = B.cast_int(cl.iv, i64)
+            B.store(B.load(a("sig_table"), i), lut, i)
+        B.barrier()
+        k.lut = (lut, lut_lo, lut_w)
 
     # ---- group state: (end row, start row, first tile, expert[, tsf, 1/tsf]) -------------
     es, offs, ids = a("expert_start"), a("scales_offsets"), a("expert_ids")
@@ -206,7 +208,6 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
                      tile_soff, s_jpart, rr)
         return st
 
-    first_words = load(lo) if spec.unroll == 2 else None
     _padding(k, kb, co, d1, share)
 
     if spec.unroll == 1:
