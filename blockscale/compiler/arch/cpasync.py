@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from mlir import ir
 from mlir.dialects import nvgpu
 
-from blockscale.compiler.ir_types import _loc
 from blockscale.compiler.ir import as_index
+from blockscale.compiler.ir_types import _loc
 
 #: bytes of one copy (the only size ``.cg`` takes)
 COPY_BYTES = 16

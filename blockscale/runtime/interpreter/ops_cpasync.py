@@ -2,9 +2,13 @@
 groups (``device_async_create_group`` = ``cp.async.commit_group``) and waits
 (``device_async_wait`` = ``cp.async.wait_group N``).
 
-Model: a copy reads its source when it is issued (the kernels copy inputs nobody writes)
-and *lands* in shared memory at the wait that retires its group: a wait with ``N`` keeps the
-newest ``N`` groups pending and applies the older ones, oldest first. Copies issued after
+Model: a copy reads its source when it is issued (the kernels copy inputs nobody writes),
+fills its destination with *poison* (0xFF bytes: bf16 / f32 NaN) at once, and *lands* (the
+real bytes) at the wait that retires its group: a wait with ``N`` keeps the newest ``N``
+groups pending and applies the older ones, oldest first. So a read of the destination
+before the wait sees NaNs (or never-written bytes), and a wgmma still reading the
+destination when the copy is issued sees its operand change before it is retired
+(:mod:`.ops_wgmma` raises): the hardware may write anywhere in between. Copies issued after
 the last commit are not in any group; a wait applies none of them. Landing is a write by the
 issuing thread for the race checker (so another thread's read needs a barrier after the
 wait) and marks the bytes written; a wgmma reading them needs the ``fence.proxy.async``
@@ -24,6 +28,9 @@ from . import memory
 from .compiler import Compiler, handles
 from .frame import Frame
 from .memory import MemRef
+
+#: itemsize -> one element of 0xFF bytes (the in-flight destination's contents)
+_POISON = {n: np.full(n, 0xFF, np.uint8) for n in (1, 2, 4, 8)}
 
 
 class _Copies:
@@ -80,7 +87,9 @@ def _copy(op: Any, c: Compiler):
         lin = memory._linear(dst, [v[i] for i in dst_idx], f, n, "cp.async store")
         shape = (f.T, n)
         rows = np.broadcast_to(f.blk, (f.T,))[act][:, None]
-        _state(f).open.append((dst.buf, rows, np.broadcast_to(lin, shape)[act],
+        lin_a = np.broadcast_to(lin, shape)[act]
+        dst.buf.data[rows, lin_a] = _POISON[dst.dtype.itemsize].view(dst.dtype)[0]
+        _state(f).open.append((dst.buf, rows, lin_a,
                                np.broadcast_to(vals, shape)[act].astype(dst.dtype),
                                np.broadcast_to(f.tid, (f.T,))[act]))
     return run
@@ -100,7 +109,7 @@ def _commit(op: Any, c: Compiler):
 
 @handles("nvgpu.device_async_wait")
 def _wait(op: Any, c: Compiler):
-    attr = op.attributes["numGroups"] if "numGroups" in op.attributes else None
+    attr = op.attributes["numGroups"] if "numGroups" in op.attributes else None  # noqa: SIM401
     keep = int(attr.value) if attr is not None else 0
 
     def run(f: Frame) -> None:
