@@ -21,6 +21,8 @@ Implementations:
   ``blockscale-wgmma-{dequant}-fold-k64-128x{128,256}-{ws,tma}`` (the TMA-fed loop): every variant of the
   wgmma kernel (``matmul_wgmma.VARIANTS``; "fold" also with 128 x 256 tiles; ``pipeline``
   "early" and "late"), called directly;
+* ``blockscale-twophase-128x256[-k32]``: ``ops.matmul_twophase`` (NVFP4 / MXFP4: dequantize
+  to bf16 workspaces, then a cp.async-fed bf16 wgmma GEMM; kstep 64 / 4 stages, or 32 / 6);
 * ``blockscale-portable``: the same call with both fast paths off (``BLOCKSCALE_SM90_FAST=0``,
   ``BLOCKSCALE_SM90_WGMMA=0``);
 * ``torch-bf16``: ``torch.matmul`` on bf16 dequantized A and B (the W4A16 upper bound a
@@ -186,6 +188,20 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
             tag = ("" if t is None else f"-{t[0]}x{t[1]}") + ("" if p == "early" else f"-{p}")
             record(f"blockscale-wgmma-{dq}-{sc}-k{ks}{tag}",
                    _timer(wg_variant, iters, dev.synchronize), check)
+
+    from blockscale.ops import matmul_twophase
+
+    if fmt.name in matmul_twophase.FORMATS and k % 32 == 0:  # dequantize, then a bf16 GEMM
+        for ks in matmul_twophase.KSTEPS:
+            def twophase(ks: int = ks) -> Any:
+                return matmul_twophase.block_scaled_matmul_twophase(*args, fmt, k=k,
+                                                                    device=dev, kstep=ks)
+            extra = fmt.kblocks(k) if fmt.is_mx else 0  # the fold kernel's operands
+            check = _check_rows(dev.to_host(twophase()), a_deq, b_deq, rows, fmt, k,
+                                strict=True, n_mul=1 + extra)
+            tag = "" if ks == matmul_twophase.DEFAULT_KSTEP else f"-k{ks}"
+            record(f"blockscale-twophase-128x256{tag}", _timer(twophase, iters, dev.synchronize),
+                   check)
 
     os.environ[matmul_wgmma.ENV_SWITCH] = "0"
     os.environ[matmul_sm90.ENV_SWITCH] = "0"  # the portable kernel, for comparison
