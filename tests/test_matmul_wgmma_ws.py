@@ -148,6 +148,11 @@ def test_kernel_sass(spec):
     assert meta["registers"] <= (168 if spec.pipeline == "ws" else 255)
     assert meta["dynamic_shared_bytes"] == spec.dynamic_shared_bytes
     assert meta["static_shared_bytes"] <= _wgmma_ws.ring_bytes(spec.bm, spec.bn) + 1024 + 64
+    # the bf16 stages follow the static ring (issue #9: a demoted 0-byte static variable as
+    # the dynamic base overlapped the mbarriers and the ring on the H200)
+    ptx = kernel.asm["ptx"]
+    assert ".extern .shared .align 16 .b8 __extern_shared[];" in ptx
+    assert not re.search(r"\.shared \.align \d+ \.b8 \w+;", ptx)
 
 
 GPU_SHAPES = [(8192, 5760, 2944), (777, 2560, 8192), (1000, 1024, 1056), (1, 5760, 2944)]

@@ -19,6 +19,9 @@ the 255-register cap instead of 168):
   ``cp.async.bulk.tensor.2d`` copies (UTMALDG). The data boxes use the 32-byte swizzle (the
   8 rows a 16-byte load phase reads hit 8 distinct bank groups); rows past M / N and bytes
   past K / 2 arrive as zeros (TMA zero fill: the M/N/K tails).
+* The bf16 stages and the scale table of :mod:`blockscale.ops._wgmma_ir` are the dynamic
+  shared memory, declared ``.extern`` (:func:`tma.extern_shared_buffer`) so that it follows
+  the ring and the mbarriers (``gpu.dynamic_shared_memory`` overlapped them: issue #9).
 * Consumers, step ``s``: wait on ``full[s % RING]`` (phase ``(s / RING) & 1``), dequantize
   their pieces from shared memory (:func:`_wgmma_ir._store_piece`: the same bf16 operands,
   layout and scale folding as the register-fed kernel) into bf16 stage ``s % 3``, fence the
