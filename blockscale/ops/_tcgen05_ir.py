@@ -184,8 +184,8 @@ class Shared:
 def allocate_shared(kb: bir.KernelBuilder, layout: Layout) -> Shared:
     bars = tma.shared_buffer(kb, f"{STAGES}xi64", align=8)
     slot = tma.shared_buffer(kb, "1xi32", align=4)
-    stages = tma.extern_shared_buffer(kb, layout.shared_bytes) if layout.dynamic else \
-        tma.shared_buffer(kb, f"{layout.shared_bytes}xi8", align=128)
+    stages = (tma.extern_shared_buffer(kb, layout.shared_bytes, align=128) if layout.dynamic
+              else tma.shared_buffer(kb, f"{layout.shared_bytes}xi8", align=128))
     return Shared(stages, bars, slot)
 
 

@@ -87,11 +87,13 @@ def shared_buffer(kb: object, memref_type: str, *, align: int = 16) -> ir.Value:
 EXTERN_SHARED = "__extern_shared"
 
 
-def extern_shared_buffer(kb: object, size: int) -> ir.Value:
+def extern_shared_buffer(kb: object, size: int, *, align: int = 16) -> ir.Value:
     """The kernel's dynamic shared memory (``size`` bytes, passed at launch) as
     ``memref<?xi8, workgroup>``, declared as CUDA's ``extern __shared__`` array:
-    ``.extern .shared .align 16 .b8 __extern_shared[]`` (an external 0-byte
-    ``memref.global``), which starts after the static shared memory.
+    ``.extern .shared .align <align> .b8 __extern_shared[]`` (an external 0-byte
+    ``memref.global``), which ptxas places after the static shared memory, rounded up to
+    ``align``. One per kernel module (a second call returns the same bytes; ``align`` of the
+    first).
 
     Use it instead of ``gpu.dynamic_shared_memory`` in a kernel that also has static shared
     memory (:func:`shared_buffer`, :func:`mbarrier_group`): that op lowers to an *internal*
@@ -111,7 +113,7 @@ def extern_shared_buffer(kb: object, size: int) -> ir.Value:
         with ir.InsertionPoint.at_block_begin(body):
             memref.GlobalOp(sym_name=EXTERN_SHARED, type_=ir.TypeAttr.get(t),
                             sym_visibility="public", initial_value=None,
-                            alignment=ir.IntegerAttr.get(i64(), 16))
+                            alignment=ir.IntegerAttr.get(i64(), align))
     dyn = ir.ShapedType.get_dynamic_size()
     res = ir.MemRefType.get([dyn], t.element_type, memory_space=t.memory_space)
     return memref.reinterpret_cast(res, memref.get_global(t, EXTERN_SHARED), [], [_idx(size)],
