@@ -184,6 +184,8 @@ def test_host_validation():
     a, b, _, _, sfa5, sfb5 = random_dense_case(rng, NVFP4, 4, 4, 32)
     with pytest.raises(ValueError, match="stages must be"):
         TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, NVFP4, device="interp", stages=2)
+    empty = TP.block_scaled_matmul_twophase(a[:0], b, sfa5[:0], sfb5, NVFP4, device="interp")
+    assert empty.shape == (0, 4)
 
 
 LOWER_SPECS = [pytest.param(s, id=s.kernel_name,

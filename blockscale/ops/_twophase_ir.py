@@ -37,6 +37,15 @@ the accumulators, hence the outputs, are bit-identical to ``matmul_wgmma``'s fol
 
 CTA order: tile ``t`` of the 1-D grid is rasterized in groups of :data:`RASTER` M-tiles
 (M fastest inside a group), so the CTAs of a wave share B's and A's workspace rows in L2.
+
+Performance model (sm_90a SASS, tools/sass_loop_counts.py; 184 registers at kstep 64, 176 at
+32, no spills): the K loop is 109 instructions per thread and step at kstep 64 (12 LDGSTS, 4
+HGMMA.64x256x16, one BAR) = 218 issue cycles per SM against 1024 tensor cycles (95 / 190 vs
+512 at kstep 32): not issue-bound. Each CTA step reads 48 KiB (kstep 64) from L2 per 4.2
+MFLOP: 800 TFLOP/s would need ~9 TB/s of L2 -> SM bandwidth (no TMA multicast), so the loop
+may be L2-bound below the tensor peak. ``fence.proxy.async`` is ``MEMBAR.ALL.CTA`` +
+``FENCE.VIEW.ASYNC.S``; if the MEMBAR waits for this thread's copies in flight, the copies
+issued one step earlier must land before it (about two wgmma steps of slack at kstep 64).
 """
 
 from __future__ import annotations
