@@ -1,4 +1,5 @@
-"""Decode (few rows) block-scaled matmul variants on the GPU, one run: simt, mma, mma2, mma_sk.
+"""Decode (few rows) block-scaled matmul variants on the GPU, one run: simt, mma, mma2, mma_sk,
+mma_p.
 
 1. MoE gate_up of gpt-oss-120b (E=128, top-4, K=2880, N=5760) and DeepSeek-V3 (E=256, top-8,
    K=7168, N=4096) at T in {1, 16, 128} tokens (uniform random routing, every group <= 16
@@ -16,7 +17,7 @@ Order: the dense rows, then gpt-oss-120b, then DeepSeek-V3 (the slow simt T=128 
 ``--budget-s`` (default 90) stops cleanly before a case once the run has taken that long,
 printing what ran and what was skipped; ``--variants`` picks the decode variants.
 
-Usage: ``python benchmarks/bench_decode.py [--quick] [--budget-s 90] [--variants mma,mma_f8]``
+Usage: ``python benchmarks/bench_decode.py [--quick] [--budget-s 90] [--variants mma,mma_p]``
 (needs the bundle: ``make gpu-bundle``).
 """
 
@@ -51,7 +52,7 @@ from benchmarks.common import (
     time_ms,
 )
 
-VARIANTS = ("simt", "mma", "mma2", "mma_sk")
+VARIANTS = ("simt", "mma", "mma2", "mma_sk", "mma_p")
 T_VALUES = (1, 16, 128)
 DENSE = ((5760, 2880), (4096, 7168))
 

@@ -121,7 +121,7 @@ def test_dense_decode_gpu(fmt, nk, m):
     assert_bf16_consistent(out16[:, cols], exact, bound)
 
 
-@pytest.mark.parametrize("variant", ["mma", "mma2"])
+@pytest.mark.parametrize("variant", ["mma", "mma2", "mma_p"])
 @pytest.mark.parametrize("tokens", [1, 16, 128])
 @pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
 def test_moe_decode_mma_gpu(fmt, tokens, variant):
@@ -147,7 +147,7 @@ def test_moe_decode_mma_gpu(fmt, tokens, variant):
                                f32_error_bound(abs_sum, fmt, k, n_mul=1))
 
 
-@pytest.mark.parametrize("variant", ["mma", "mma2"])
+@pytest.mark.parametrize("variant", ["mma", "mma2", "mma_p"])
 @pytest.mark.parametrize("m", [1, 9, 16])
 @pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
 def test_dense_decode_mma_bit_identical_gpu(fmt, m, variant):

@@ -88,6 +88,21 @@ def test_decode_mma_sass(spec):
     assert meta["static_shared_bytes"] <= 48 * 1024
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_mma_p_step_is_shorter(fmt):
+    """The prmt decode ("mma_p") against "mma" on the same kernel: the step loop (staging
+    plus both n-tile paths) is >= 10 % shorter, its E2M1 -> f16 decode one PRMT per f16
+    pair (4 per word of 8 codes: 2 rows per unit pair, 16 unit pairs, the one- and two-n-tile
+    paths)."""
+    def loop(variant: str) -> list[str]:
+        spec = matmul_decode.DecodeSpec(fmt, "grouped", "bfloat16", False, "sm_90a", variant)
+        return _step_loop(matmul_decode.kernel(spec).asm["sass"])
+
+    old, new = loop("mma"), loop("mma_p")
+    assert len(new) <= 0.9 * len(old), (len(new), len(old))
+    assert new.count("PRMT") >= 4 * 2 * 16 * 2, new.count("PRMT")
+
+
 def test_report_registers(capsys):
     """Registers / spills / shared memory of the decode kernels (printed for the report)."""
     for spec in matmul_decode.bundle_specs("sm_90a"):
