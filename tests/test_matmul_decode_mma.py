@@ -31,7 +31,7 @@ FP4 = (NVFP4, MXFP4)
 DENSE = [(1, 40, 64), (3, 70, 544), (8, 64, 1056), (9, 33, 96), (16, 130, 2080), (17, 20, 64)]
 
 
-MMA_VARIANTS = ("mma", "mma2")
+MMA_VARIANTS = ("mma", "mma2", "mma_p")
 
 
 def _dense(fmt, m, n, k, seed, target="sm_90a", alpha=0.375, variant="mma"):
@@ -61,8 +61,9 @@ def test_dense_mma_sm100_ir(fmt):
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("variant", ["mma", "mma_p"])
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
-def test_every_code_and_scale_edges(fmt):
+def test_every_code_and_scale_edges(fmt, variant):
     """Every byte value as weights and activations (all E2M1 codes, -0, the 0.5 subnormal
     of the f16 operand), smallest / largest scales."""
     rng = np.random.default_rng(21)
@@ -80,13 +81,14 @@ def test_every_code_and_scale_edges(fmt):
     sfa5, sfb5 = layouts.interleave(sfa), layouts.interleave(sfb)
     got = matmul_decode.block_scaled_matmul_decode(a, b, sfa5, sfb5, fmt, k=k,
                                                    out_dtype="float32", device="interp",
-                                                   variant="mma")
+                                                   variant=variant)
     want = matmul.naive_block_scaled_matmul(a, b, sfa5, sfb5, fmt, k=k, out_dtype="float32",
                                             device="interp")
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32), equal_nan=False)
 
 
-def test_nan_scale_gives_nan_column():
+@pytest.mark.parametrize("variant", ["mma", "mma_p"])
+def test_nan_scale_gives_nan_column(variant):
     """D5: a weight scale 0x7F (NaN) gives a NaN column, an activation one a NaN row."""
     rng = np.random.default_rng(22)
     m, n, k = 3, 70, 544
@@ -95,7 +97,7 @@ def test_nan_scale_gives_nan_column():
     sfa.view(np.uint8)[1, 33] = 0xFF
     got = matmul_decode.block_scaled_matmul_decode(
         a, b, layouts.interleave(sfa), layouts.interleave(sfb), NVFP4, k=k,
-        out_dtype="float32", device="interp", variant="mma")
+        out_dtype="float32", device="interp", variant=variant)
     nan = np.isnan(got)
     assert nan[:, 65].all() and nan[1].all()
     assert nan.sum() == m + n - 1
@@ -160,3 +162,4 @@ def test_dispatch_env_runs_mma(monkeypatch):
     want = matmul.naive_block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, k=64, device="interp")
     assert launched[0] == "mma"  # (then the portable kernel: None)
     assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+
