@@ -23,6 +23,7 @@ Implementations:
   "early" and "late"), called directly;
 * ``blockscale-twophase-128x256[-k32]``: ``ops.matmul_twophase`` (NVFP4 / MXFP4: dequantize
   to bf16 workspaces, then a cp.async-fed bf16 wgmma GEMM; kstep 64 / 4 stages, or 32 / 6);
+  ``blockscale-twophase-phase1``: its dequantization launches alone;
 * ``blockscale-portable``: the same call with both fast paths off (``BLOCKSCALE_SM90_FAST=0``,
   ``BLOCKSCALE_SM90_WGMMA=0``);
 * ``torch-bf16``: ``torch.matmul`` on bf16 dequantized A and B (the W4A16 upper bound a
@@ -192,6 +193,9 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
     from blockscale.ops import matmul_twophase
 
     if fmt.name in matmul_twophase.FORMATS and k % 32 == 0:  # dequantize, then a bf16 GEMM
+        record("blockscale-twophase-phase1",  # phase 1 alone (both operands' workspaces)
+               _timer(lambda: matmul_twophase.dequantize_operands(*args, fmt, k=k, device=dev),
+                      iters, dev.synchronize), "n/a (workspaces only)")
         for ks in matmul_twophase.KSTEPS:
             def twophase(ks: int = ks) -> Any:
                 return matmul_twophase.block_scaled_matmul_twophase(*args, fmt, k=k,

@@ -78,14 +78,11 @@ def test_interp_workspace_layout():
     with the scales folded in (NVFP4: exact), zeros outside the operand."""
     import ml_dtypes
 
-    from blockscale.runtime import get_device
-
     m, k = 70, 96
     rng = np.random.default_rng(5)
-    a, _, sfa, _, sfa5, _ = random_dense_case(rng, NVFP4, m, 1, k)
-    dev = get_device("interp")
-    ws = dev.to_host(TP._dequantize("nvfp4", "sm_90a", dev.to_device(a), dev.to_device(sfa5),
-                                    m, 128, k, dev))
+    a, b, sfa, _, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, 3, k)
+    ws, wsb = TP.dequantize_operands(a, b, sfa5, sfb5, NVFP4, device="interp")
+    assert ws.size + wsb.size == TP.workspace_bytes(m, 3, k)
     w = ws.view(ml_dtypes.bfloat16).reshape(128, TP.k_padded(k)).astype(np.float64)
     from blockscale.formats import decode_e2m1, decode_e4m3
 

@@ -231,6 +231,33 @@ def _dequantize(fmt: str, target: str, x: Any, sfx: Any, rows: int, rows_pad: in
     return out["ws"]
 
 
+def _workspaces(fmt: str, target: str, ops: dict[str, Any], m: int, n: int, k: int,
+                dev: Any) -> tuple[Any, Any]:
+    """Phase 1 for A and B: their workspaces (device uint8 arrays)."""
+    return (_dequantize(fmt, target, ops["a"], ops["sfa"], m, padded(m, BM), k, dev),
+            _dequantize(fmt, target, ops["b"], ops["sfb"], n, padded(n, BN), k, dev))
+
+
+def dequantize_operands(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *,
+                        k: int | None = None, device: Any = None) -> tuple[Any, Any]:
+    """Phase 1 alone (e.g. to time it): the bf16 workspaces of A (``[M_pad, k_pad]``) and B
+    (``[N_pad, k_pad]``) as flat uint8 device arrays (numpy when every input is numpy)."""
+    fmt = Format.from_name(fmt)
+    if fmt.name not in FORMATS:
+        raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt.name!r}")
+    d = _matmul._validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
+    if d.k % 32 or not d.m or not d.n:
+        raise ValueError(f"dequantize_operands takes k % 32 == 0 and m, n > 0, got "
+                         f"m={d.m}, n={d.n}, k={d.k}")
+    dev, tgt = H.device_and_target(device, "sm_90a")
+    ops = {"a": a, "b": b, "sfa": sfa, "sfb": sfb}
+    host = all(isinstance(v, np.ndarray) for v in ops.values())
+    if host:
+        ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
+    wa, wb = _workspaces(fmt.name, tgt, ops, d.m, d.n, d.k, dev)
+    return (dev.to_host(wa), dev.to_host(wb)) if host else (wa, wb)
+
+
 def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *,
                                  k: int | None = None, alpha: float = 1.0,
                                  out_dtype: str = "bfloat16", epilogue: Epilogue | None = None,
@@ -260,8 +287,7 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
     host = all(isinstance(v, np.ndarray) for v in (*ops.values(), *extra.values()))
     if host:  # keep the workspaces on the device between the phases
         ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
-    wa = _dequantize(fmt.name, tgt, ops["a"], ops["sfa"], d.m, padded(d.m, BM), d.k, dev)
-    wb = _dequantize(fmt.name, tgt, ops["b"], ops["sfb"], d.n, padded(d.n, BN), d.k, dev)
+    wa, wb = _workspaces(fmt.name, tgt, ops, d.m, d.n, d.k, dev)
     out = H.launch(spec, grid(d.m, d.n), (d.m, d.n), out_dtype, {"wa": wa, "wb": wb, **extra},
                    {"m": d.m, "n": d.n, "k": d.k, "alpha": alpha}, dev)
     return dev.to_host(out) if host else out
@@ -296,6 +322,7 @@ __all__ = [
     "block_scaled_matmul_twophase",
     "build",
     "bundle_specs",
+    "dequantize_operands",
     "grid",
     "kernel",
     "workspace_bytes",
