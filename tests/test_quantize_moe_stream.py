@@ -135,3 +135,17 @@ def test_stream_schedule_choice_and_plan():
     assert {"grouped_quantize_dynamic_scaled_nvfp4_rn_5d_v_stream1",
             "grouped_quantize_dynamic_scaled_mxfp8_up_5d_v_gather_stream2",
             "fused_silu_quantize_mxfp4_up_5d_v_silu_stream2_lut"} <= names
+
+
+@pytest.mark.parametrize("k", [64, 4096])
+@pytest.mark.parametrize("schedule", ["stream", "stream2"])
+def test_grouped_stream_nvfp4_blocks_over_many_groups(schedule, k, monkeypatch):
+    """NVFP4 blocks whose rows span many groups (few resident blocks, small groups, each
+    with its own tensor scale): the carried group state is re-found at every change; a
+    64-row row group (K = 64) spans several groups within one block iteration."""
+    monkeypatch.setattr(QG, "NUM_SMS", 1)
+    counts = [5, 11, 0, 3, 30, 1, 17, 9, 0, 24]
+    ids = list(range(len(counts)))
+    ids[3] = -1
+    tsf = np.geomspace(0.05, 40.0, len(counts)).astype(np.float32)
+    _grouped("nvfp4", "sm_90a", schedule, counts, ids, k, 3, tsf)
