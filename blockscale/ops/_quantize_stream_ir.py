@@ -58,7 +58,7 @@ def build(spec: MoeQuantizeSpec) -> ir.Module:
                              (BLOCK_THREADS, 1, 1)) as kb:
             if k.target.is_cuda:
                 kb.func.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(
-                    B.i32(), STREAM_REGISTER_CAPS[(spec.mode, spec.unroll)])
+                    B.i32(), STREAM_REGISTER_CAPS[(spec.mode, spec.unroll, spec.lut)])
             _body(k, kb)
         kb.module.operation.verify()
         return kb.module

@@ -47,10 +47,12 @@ KERNEL_SOURCES = _q.KERNEL_SOURCES + ("blockscale.ops.quantize_moe_ir",
 #: nvvm.maxnreg of the rows-schedule CUDA kernels by (mode, unroll); blocks per SM =
 #: 65536 // (256 * cap): 5, 4, 4, 3
 REGISTER_CAPS = {("grouped", 1): 48, ("grouped", 2): 64, ("silu", 1): 64, ("silu", 2): 80}
-#: nvvm.maxnreg of the stream-schedule CUDA kernels by (mode, unroll): 5, 5, 4, 4 blocks
-#: per SM (grouped NVFP4 / MXFP8 "stream" need 39 / 40 but MXFP4 spills 36 words at 40)
-STREAM_REGISTER_CAPS = {("grouped", 1): 48, ("grouped", 2): 48, ("silu", 1): 64,
-                        ("silu", 2): 64}
+#: nvvm.maxnreg of the stream-schedule CUDA kernels by (mode, unroll, lut): blocks per SM =
+#: 65536 // (256 * cap). Grouped NVFP4 / MXFP8 "stream" need 39 / 40 but MXFP4 spills 36
+#: words at 40; fused "stream2" with exp_f32 spilled 16-68 words at 64.
+STREAM_REGISTER_CAPS = {("grouped", 1, False): 48, ("grouped", 2, False): 48,
+                        ("silu", 1, False): 64, ("silu", 2, False): 80,
+                        ("silu", 1, True): 64, ("silu", 2, True): 64}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +128,7 @@ def stream_plan(spec: MoeQuantizeSpec, m: int, k: int, n_tiles: int
     grid, sc = launch_plan(spec, m, k, n_tiles)
     gx = grid[0]
     rpb = 256 >> sc["cb_log2"]
-    cap = STREAM_REGISTER_CAPS[(spec.mode, spec.unroll)]
+    cap = STREAM_REGISTER_CAPS[(spec.mode, spec.unroll, spec.lut)]
     resident = NUM_SMS * (65536 // (256 * cap))
     sc.update(split_log2=0, tiles_per_step=1, tile_iters=1)
     return (gx, max(1, min(-(-m // rpb), resident // gx)), 1), sc
