@@ -1,5 +1,5 @@
 """Decode (few rows) block-scaled matmul variants on the GPU, one run: simt, mma, mma2, mma_sk,
-mma_p.
+mma_p, mma_p5.
 
 1. MoE gate_up of gpt-oss-120b (E=128, top-4, K=2880, N=5760) and DeepSeek-V3 (E=256, top-8,
    K=7168, N=4096) at T in {1, 16, 128} tokens (uniform random routing, every group <= 16
@@ -52,9 +52,11 @@ from benchmarks.common import (
     time_ms,
 )
 
-VARIANTS = ("simt", "mma", "mma2", "mma_sk", "mma_p")
+VARIANTS = ("simt", "mma", "mma2", "mma_sk", "mma_p", "mma_p5")
 T_VALUES = (1, 16, 128)
 DENSE = ((5760, 2880), (4096, 7168))
+#: variants bundled for the grouped (MoE) kernels only
+GROUPED_ONLY = ("mma_p5",)
 
 
 class Budget:
@@ -170,7 +172,7 @@ def bench_dense_decode(dev: Any, copy: float | None, *, ms_values: Sequence[int]
                 exact = ad.astype(np.float64) @ bd.astype(np.float64).T
                 abs_sum = np.abs(ad).astype(np.float64) @ np.abs(bd).astype(np.float64).T
                 nbytes = b.nbytes + sb.nbytes
-                for v in variants:
+                for v in [v for v in variants if v not in GROUPED_ONLY]:
                     case = f"dense M={m} N={n} K={k} {f}"
                     if budget is not None and budget.over(f"{case} decode-{v}"):
                         continue

@@ -121,7 +121,7 @@ def test_dense_decode_gpu(fmt, nk, m):
     assert_bf16_consistent(out16[:, cols], exact, bound)
 
 
-@pytest.mark.parametrize("variant", ["mma", "mma2", "mma_p"])
+@pytest.mark.parametrize("variant", ["mma", "mma2", "mma_p", "mma_p5"])
 @pytest.mark.parametrize("tokens", [1, 16, 128])
 @pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
 def test_moe_decode_mma_gpu(fmt, tokens, variant):

@@ -83,8 +83,10 @@ def test_decode_mma_sass(spec):
     assert loop.count("HMMA.16816.F32") == 32 * 3
     assert loop.count("LDG.E.128") >= 8  # the next step's weights
     assert not [o for o in loop if o.startswith("STL")], "spill store in the step loop"
-    # <= 32 of the ~2300 instructions of a step (mma2: <= 26, mma: <= 8)
-    assert sum(o.startswith("LDL") for o in loop) <= 32, "spill reloads in the step loop"
+    # <= 32 of the ~2300 instructions of a step (mma2: <= 26, mma: <= 8); mma_p5 (96
+    # registers for 5 CTAs per SM): <= 48
+    cap = 48 if spec.variant == "mma_p5" else 32
+    assert sum(o.startswith("LDL") for o in loop) <= cap, "spill reloads in the step loop"
     assert meta["static_shared_bytes"] <= 48 * 1024
 
 

@@ -31,7 +31,7 @@ FP4 = (NVFP4, MXFP4)
 DENSE = [(1, 40, 64), (3, 70, 544), (8, 64, 1056), (9, 33, 96), (16, 130, 2080), (17, 20, 64)]
 
 
-MMA_VARIANTS = ("mma", "mma2", "mma_p")
+MMA_VARIANTS = ("mma", "mma2", "mma_p", "mma_p5")
 
 
 def _dense(fmt, m, n, k, seed, target="sm_90a", alpha=0.375, variant="mma"):
@@ -45,7 +45,7 @@ def _dense(fmt, m, n, k, seed, target="sm_90a", alpha=0.375, variant="mma"):
     return got, want
 
 
-@pytest.mark.parametrize("variant", MMA_VARIANTS)
+@pytest.mark.parametrize("variant", MMA_VARIANTS[:3])  # (mma_p5: the mma_p IR, grouped)
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
 @pytest.mark.parametrize("mnk", DENSE, ids=lambda s: "x".join(map(str, s)))
 def test_dense_mma_bit_identical_to_portable(fmt, mnk, variant):
@@ -163,3 +163,24 @@ def test_dispatch_env_runs_mma(monkeypatch):
     assert launched[0] == "mma"  # (then the portable kernel: None)
     assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
 
+
+
+def test_dispatch_env_mma_p5_dense_runs_mma_p(monkeypatch):
+    """BLOCKSCALE_DECODE_VARIANT=mma_p5 (bundled for the grouped kernels only): the dense
+    dispatch runs mma_p (the same IR at 128 registers)."""
+    launched = []
+    real = matmul_decode.H.launch
+
+    def spy(spec, *args, **kw):
+        launched.append(getattr(spec, "variant", None))
+        return real(spec, *args, **kw)
+
+    monkeypatch.setattr(matmul_decode.H, "launch", spy)
+    monkeypatch.setenv(matmul_decode.VARIANT_ENV, "mma_p5")
+    rng = np.random.default_rng(6)
+    a, b, _sfa, _sfb, sfa5, sfb5 = random_dense_case(rng, NVFP4, 3, 70, 544)
+    got = matmul.block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, k=544, device="interp",
+                                     target="sm_90a")
+    want = matmul.naive_block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, k=544, device="interp")
+    assert launched[0] == "mma_p"
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))

@@ -66,13 +66,18 @@ COLS = 32
 #: (the same, two steps in flight: 32 KB per CTA, 3 CTAs per SM), "mma_sk" ("mma" with K
 #: split over grid.z for small grids: fp32 partials, summed in split order by the last CTA),
 #: "mma_p" ("mma" with the prmt decode: E2M1 -> f16 in ~1.4 ALU ops an element instead of
-#: ~1.9, NVFP4 weight scales by cvt.rn.f16x2.e4m3x2; the same values: bit-identical)
-VARIANTS = ("simt", "mma", "mma2", "mma_sk", "mma_p")
+#: ~1.9, NVFP4 weight scales by cvt.rn.f16x2.e4m3x2; the same values: bit-identical),
+#: "mma_p5" ("mma_p" under 96 registers: 5 CTAs (20 warps) per SM instead of 4, ~35 L1
+#: spill reloads per step; for latency hiding: the mma kernels issue at ~1.7 IPC per SM)
+VARIANTS = ("simt", "mma", "mma2", "mma_sk", "mma_p", "mma_p5")
 #: threads and output columns per CTA of each variant
-VARIANT_THREADS = {"simt": THREADS, "mma": 128, "mma2": 128, "mma_sk": 128, "mma_p": 128}
-VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_sk": 64, "mma_p": 64}
-#: register cap (nvvm.maxnreg) per variant: simt 2 x 256 threads, mma 4 x 128, mma2 3 x 128
-VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_sk": 128, "mma_p": 128}
+VARIANT_THREADS = {"simt": THREADS, "mma": 128, "mma2": 128, "mma_sk": 128, "mma_p": 128,
+                   "mma_p5": 128}
+VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_sk": 64, "mma_p": 64, "mma_p5": 64}
+#: register cap (nvvm.maxnreg) per variant: simt 2 x 256 threads, mma 4 x 128, mma2 3 x 128,
+#: mma_p5 5 x 128 (5 x 42 KB of shared memory: fits the H200's 228 KB)
+VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_sk": 128, "mma_p": 128,
+                     "mma_p5": 96}
 #: mma_sk: split K until the grid has about this many CTAs (4 per SM of the H200's 132)
 SPLIT_K_CTAS = 4 * 132
 #: BLOCKSCALE_DECODE_VARIANT: the variant the dispatch uses for FP4 (MXFP8: always "simt")
@@ -177,7 +182,8 @@ def build(spec: DecodeSpec) -> Any:
     else:
         def emit(*args: Any, **kw: Any) -> None:
             DM.emit_decode_mma(*args, **kw, depth=2 if spec.variant == "mma2" else 1,
-                               decode="prmt" if spec.variant == "mma_p" else "lop3")
+                               decode="prmt" if spec.variant in ("mma_p", "mma_p5")
+                               else "lop3")
     cols = spec.cols
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         from mlir import ir as mlir_ir
@@ -351,7 +357,9 @@ def dense_fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype:
     if target not in TARGETS or not enabled() or epilogue is not None or m == 0 or n == 0 \
             or m > MAX_ROWS or not k_supported(fmt, k):
         return None
-    spec = _dense_spec(fmt.name, out_dtype, target, dispatch_variant(fmt))
+    variant = dispatch_variant(fmt)
+    # mma_p5 is bundled for the grouped kernels only: dense grids run its IR at 4 CTAs/SM
+    spec = _dense_spec(fmt.name, out_dtype, target, "mma_p" if variant == "mma_p5" else variant)
 
     def run(a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, extra: dict[str, Any],
             device: Any) -> Any:
@@ -432,12 +440,13 @@ def bundle_specs(target: str = "sm_90a") -> list[DecodeSpec]:
     specs += [DecodeSpec(f, "dense", o, False, target)
               for f in ("nvfp4", "mxfp4", "mxfp8") for o in ("bfloat16", "float32")]
     # the tensor-core variant (FP4)
-    for v in ("mma", "mma2", "mma_sk", "mma_p"):  # the tensor-core variants (FP4)
+    for v in ("mma", "mma2", "mma_sk", "mma_p", "mma_p5"):  # the tensor-core variants (FP4)
         specs += [DecodeSpec(f, "grouped", "bfloat16", False, target, v)
                   for f in ("nvfp4", "mxfp4")]
         specs.append(DecodeSpec("nvfp4", "grouped", "bfloat16", True, target, v))
-        specs += [DecodeSpec(f, "dense", o, False, target, v)
-                  for f in ("nvfp4", "mxfp4") for o in ("bfloat16", "float32")]
+        if v != "mma_p5":  # (5 CTAs per SM: for the MoE grids; dense grids are small)
+            specs += [DecodeSpec(f, "dense", o, False, target, v)
+                      for f in ("nvfp4", "mxfp4") for o in ("bfloat16", "float32")]
     return specs
 
 
