@@ -20,7 +20,11 @@ the dense pipelined kernel's loop (:mod:`blockscale.ops.quantize_pipe_ir`) over 
 * ``unroll = 2``: the loads of row group ``g + 1`` are issued before the math of ``g``
   (the raw 16-byte words are loop-carried);
 * NVFP4: the scale reciprocal is D2's division per scale block (no shared table, so no
-  barrier on a group change): ~1 more instruction per element than a table lookup.
+  barrier on a group change; a two-group shared table was tried: ~0.5 instruction per
+  element fewer on the hot path, at the cost of 3 binary searches + a barrier before the
+  loop and more spills: dropped);
+* grouped MXFP4 on sm_90a: the E2M1 rounding on bf16 pairs
+  (:func:`quantize_pipe_ir.e2m1x8_mx_bf16x2`, the dense kernel's ``bf16x2`` variant).
 
 Numerics, packing and stores are the rows kernel's (:func:`quantize_moe_ir._quantize`, the
 tile kernel's helpers): the bytes are identical on every target. Aligned kernels only (16
@@ -134,6 +138,10 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
 
     # unroll 2: the first row group's loads go out before the table fill and the padding
     first_words = load(lo) if spec.unroll == 2 else None
+    # grouped MXFP4 on sm_90a: E2M1 on bf16 pairs from the loaded words (the dense
+    # pipelined kernel's bf16x2 variant; exact, as MX reciprocals are powers of two)
+    k.mx_bf16x2 = (spec.mode == "grouped" and spec.fmt == "mxfp4"
+                   and k.target.name == "sm_90a")
     k.lut = None
     if spec.lut:  # the sigmoid table to shared memory (one barrier)
         from blockscale.compiler.arch import tma

@@ -386,7 +386,12 @@ def _quantize(k: QI._Ctx, a, co: QI._Coords, halves: list[tuple], drow: ir.Value
     byte, recip, sd = QI._scale_and_recip(k, safe_amax, tsf, inv_tsf)
     byte = arith.select(nonfinite, _c32(0xFF if k.fmt.is_mx else 0x7F), byte)
     xs_h = [[arith.bitcast(B.f32(), b) for b in hv[2]] for hv in halves]
-    if k.fmt.is_fp4:
+    if getattr(k, "mx_bf16x2", False):  # the stream kernel's grouped MXFP4 on sm_90a
+        from blockscale.ops.quantize_pipe_ir import e2m1x8_mx_bf16x2
+
+        rbits = arith.bitcast(B.i32(), recip)
+        packed = [[e2m1x8_mx_bf16x2(hv[3], rbits, spec.rounding != "up")] for hv in halves]
+    elif k.fmt.is_fp4:
         packed = [[w] for w in QI._pack_fp4_all(k, xs_h, recip, sd, [hv[3] for hv in halves])]
     else:
         packed = [QI._pack_e4m3(k, xs, recip) for xs in xs_h]
