@@ -26,6 +26,30 @@ the dense pipelined kernel's loop (:mod:`blockscale.ops.quantize_pipe_ir`) over 
 * grouped MXFP4 on sm_90a: the E2M1 rounding on bf16 pairs
   (:func:`quantize_pipe_ir.e2m1x8_mx_bf16x2`, the dense kernel's ``bf16x2`` variant).
 
+Performance model (sm_90a; H200 132 SMs x 4 schedulers at ~1.98 GHz = 1.05e12 warp
+instructions/s; bench shape T = 8192, K = 4096 (fused D = 2048), 64 experts). SASS of the
+data loop per element (``tools``-style count: the loop minus the group-lookup branch; cold
+NaN / div.rn slow-path branches included), registers at the cap, spills:
+
+=============  ===============  ===============  ==================  ===================
+kernel         stream           stream2          stream_lut          stream2_lut
+=============  ===============  ===============  ==================  ===================
+grouped NVFP4  22.0 (48, 0)     20.9 (48, 0)     --                  --
+grouped MXFP4  15.1 (48, 0)     13.6 (48, 0)     --                  --
+grouped MXFP8   9.8 (48, 0)     10.1 (48, 0)     --                  --
+fused NVFP4    69.8 (64, 0)     69.4 (80, 0)     33.4 (58, 0)        34.0 (64, 8)
+fused MXFP4    67.1 (64, 0)     67.7 (80, 4)     30.4 (59, 0)        30.9 (63, 0)
+fused MXFP8    58.9 (64, 4)     59.5 (80, 0)     20.2 (61, 0)        23.2 (62, 0)
+=============  ===============  ===============  ==================  ===================
+
+(Same counter on the tile kernel's hot loop: grouped 18.5 / 16.7 / 9.3; the stream loop
+pays ~35 instructions per 16-element visit for the row, group check and scale address.)
+Issue time at full issue rate = SASS/elem x 33.5 M / 32 / 1.05e12: grouped NVFP4 ~21-22 us,
+MXFP4 ~13-15 us, MXFP8 ~10 us, against ~22-26 us of HBM traffic (88 / 102 MB): MXFP8 and
+MXFP4 should be memory-bound, NVFP4 at the issue limit. Predicted (fixed launch / ramp cost
+~4 us): MXFP8 / MXFP4 ~80-90 % of the input-copy ceiling, NVFP4 ~65-75 %; fused table
+kernels (16.8 M outputs, 76 MB): ~17 / 16 / 11 us issue, ~75-85 %.
+
 Numerics, packing and stores are the rows kernel's (:func:`quantize_moe_ir._quantize`, the
 tile kernel's helpers): the bytes are identical on every target. Aligned kernels only (16
 elements per thread); unaligned specs keep the tile schedule (``with_schedule``).
