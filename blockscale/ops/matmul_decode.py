@@ -19,8 +19,10 @@ Variants (``DecodeSpec.variant``, the ``variant=`` keyword of the direct calls):
 ``"simt"`` (above; every format) and ``"mma"`` (FP4: swap-AB ``mma.sync`` with the weights as
 the MMA's M side, 64 columns per 128-thread CTA, weights streamed a 256-byte step ahead
 through registers into shared memory; cost per weight byte independent of the rows, result
-bit-identical to the portable kernel; :mod:`blockscale.ops._decode_mma_ir`). The dispatch
-runs ``BLOCKSCALE_DECODE_VARIANT`` (default :data:`DEFAULT_VARIANT`) for FP4.
+bit-identical to the portable kernel; :mod:`blockscale.ops._decode_mma_ir`), its variants
+"mma2", "mma_sk", "mma_p" (cheaper E2M1 -> f16 decode, ~19 % fewer instructions per step,
+the same values) and "mma_p5" ("mma_p" at 5 CTAs per SM; grouped), see :data:`VARIANTS`. The
+dispatch runs ``BLOCKSCALE_DECODE_VARIANT`` (default :data:`DEFAULT_VARIANT`) for FP4.
 
 Dispatch: registered first in ``matmul_grouped.FAST_PATHS`` and ``matmul.FAST_PATHS``. The
 grouped runner takes the decode kernel when the largest group has <= :data:`MAX_ROWS` rows
