@@ -136,10 +136,11 @@ def bench_one(dev: Any, op: str, fmt: str, rows: int, k: int, experts: int,
         # The same-bytes ceiling: a copy moving what the kernel moves (moved / 2 read, as
         # much written). The input copy moves ~1.5x the kernel's bytes, so its fixed cost
         # (launch ramp, last wave: ~4 us at this size) weighs less in its TB/s.
+        # (3 rotating sources: ~44 MB each would otherwise sit in the 50 MB L2)
         n = moved // 2 // x0.itemsize
-        src2 = dev.to_device(np.ascontiguousarray(x0.reshape(-1)[:n]))
+        src2 = [dev.alloc((n,), x0.dtype) for _ in range(3)]
         dst2 = dev.alloc((n,), x0.dtype)
-        ct2 = time_ms(lambda i: dev.copy(dst2, src2), device=dev)
+        ct2 = time_ms(lambda i: dev.copy(dst2, src2[i % 3]), device=dev)
         recs.append(with_rates(Record("quantize", case, "D2D copy of the same bytes", "bf16",
                                       ct2.ms, "ok", "same-bytes ceiling",
                                       params={**params, "bytes": 2 * n * x0.itemsize}),
