@@ -128,7 +128,9 @@ def test_stream_schedule_choice_and_plan():
     assert lut.lut and lut.stream and lut.unroll == 2
     assert lut.kernel_name.endswith("_stream2_lut")
     grid, sc = QG.stream_plan(QG.with_schedule(base, "stream"), 8192, 4096, 128)
-    assert grid == (1, 660, 1) and sc["cb_log2"] == 8  # 132 SMs x 5 blocks (48 regs)
+    assert grid == (1, 792, 1) and sc["cb_log2"] == 8  # 132 SMs x 6 blocks (40 regs)
+    grid, _ = QG.stream_plan(QG.with_schedule(base, "stream2"), 8192, 4096, 128)
+    assert grid == (1, 660, 1)  # 5 blocks (48 regs)
     grid, _ = QG.stream_plan(QG.with_schedule(base, "stream"), 100, 4096, 65)
     assert grid == (1, 100, 1)  # no more blocks than row groups
     names = {s.kernel_name for s in QG.bundle_specs("sm_90a") + QS.bundle_specs("sm_90a")}

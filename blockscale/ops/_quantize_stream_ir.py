@@ -34,9 +34,9 @@ NaN / div.rn slow-path branches included), registers at the cap, spills:
 =============  ===============  ===============  ==================  ===================
 kernel         stream           stream2          stream_lut          stream2_lut
 =============  ===============  ===============  ==================  ===================
-grouped NVFP4  22.0 (48, 0)     20.9 (48, 0)     --                  --
+grouped NVFP4  21.4 (39, 0)     20.9 (48, 0)     --                  --
 grouped MXFP4  15.1 (48, 0)     13.6 (48, 0)     --                  --
-grouped MXFP8   9.8 (48, 0)     10.1 (48, 0)     --                  --
+grouped MXFP8  10.6 (40, 0)     10.1 (48, 0)     --                  --
 fused NVFP4    69.8 (64, 0)     69.4 (80, 0)     33.4 (58, 0)        34.0 (64, 8)
 fused MXFP4    67.1 (64, 0)     67.7 (80, 4)     30.4 (59, 0)        30.9 (63, 0)
 fused MXFP8    58.9 (64, 4)     59.5 (80, 0)     20.2 (61, 0)        23.2 (62, 0)
@@ -75,7 +75,7 @@ BLOCK_THREADS = 256
 
 def build(spec: MoeQuantizeSpec) -> ir.Module:
     """The ``gpu.module`` of the stream-schedule kernel of ``spec`` (module docstring)."""
-    from blockscale.ops.quantize_grouped import STREAM_REGISTER_CAPS
+    from blockscale.ops.quantize_grouped import stream_register_cap
 
     k = QI._Ctx(spec)
     if k.chunk <= CHUNK:
@@ -86,7 +86,7 @@ def build(spec: MoeQuantizeSpec) -> ir.Module:
                              (BLOCK_THREADS, 1, 1)) as kb:
             if k.target.is_cuda:
                 kb.func.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(
-                    B.i32(), STREAM_REGISTER_CAPS[(spec.mode, spec.unroll, spec.lut)])
+                    B.i32(), stream_register_cap(spec))
             _body(k, kb)
         kb.module.operation.verify()
         return kb.module

@@ -48,11 +48,21 @@ KERNEL_SOURCES = _q.KERNEL_SOURCES + ("blockscale.ops.quantize_moe_ir",
 #: 65536 // (256 * cap): 5, 4, 4, 3
 REGISTER_CAPS = {("grouped", 1): 48, ("grouped", 2): 64, ("silu", 1): 64, ("silu", 2): 80}
 #: nvvm.maxnreg of the stream-schedule CUDA kernels by (mode, unroll, lut): blocks per SM =
-#: 65536 // (256 * cap). Grouped NVFP4 / MXFP8 "stream" need 39 / 40 but MXFP4 spills 36
-#: words at 40; fused "stream2" with exp_f32 spilled 16-68 words at 64.
+#: 65536 // (256 * cap). Grouped "stream2" spills 20-32 words at 40; fused "stream2" with
+#: exp_f32 spilled 16-68 words at 64. Exception: STREAM_CAP_40.
 STREAM_REGISTER_CAPS = {("grouped", 1, False): 48, ("grouped", 2, False): 48,
                         ("silu", 1, False): 64, ("silu", 2, False): 80,
                         ("silu", 1, True): 64, ("silu", 2, True): 64}
+#: formats whose grouped "stream" kernel fits 40 registers without spills (NVFP4 39, MXFP8
+#: 40; MXFP4 spills 36 words): 6 blocks per SM, as the dense pipelined p1 kernel
+STREAM_CAP_40 = ("nvfp4", "mxfp8")
+
+
+def stream_register_cap(spec: MoeQuantizeSpec) -> int:
+    """nvvm.maxnreg of a stream-schedule CUDA kernel."""
+    if spec.mode == "grouped" and spec.unroll == 1 and spec.fmt in STREAM_CAP_40:
+        return 40
+    return STREAM_REGISTER_CAPS[(spec.mode, spec.unroll, spec.lut)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +138,7 @@ def stream_plan(spec: MoeQuantizeSpec, m: int, k: int, n_tiles: int
     grid, sc = launch_plan(spec, m, k, n_tiles)
     gx = grid[0]
     rpb = 256 >> sc["cb_log2"]
-    cap = STREAM_REGISTER_CAPS[(spec.mode, spec.unroll, spec.lut)]
+    cap = stream_register_cap(spec)
     resident = NUM_SMS * (65536 // (256 * cap))
     sc.update(split_log2=0, tiles_per_step=1, tile_iters=1)
     return (gx, max(1, min(-(-m // rpb), resident // gx)), 1), sc
