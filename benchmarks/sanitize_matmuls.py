@@ -72,6 +72,11 @@ def run(device: str, check: Callable[[str, Any, Any], None], bad: list[str]) -> 
                 expect(f"wgmma {fmt.name} {m}x{n}x{k}", assert_f32_within_bound,
                        matmul_wgmma.block_scaled_matmul_wgmma(*ops_args, out_dtype="float32",
                                                               **kw), exact, bound)
+            if matmul_wgmma.supported(fmt, k) and fmt.name in matmul_wgmma.DISPATCH_FORMATS:
+                expect(f"wgmma-tma {fmt.name} {m}x{n}x{k}", assert_f32_within_bound,
+                       matmul_wgmma.block_scaled_matmul_wgmma(
+                           *ops_args, out_dtype="float32", tiles=(128, 256),
+                           pipeline=matmul_wgmma.WIDE_PIPELINE, **kw), exact, bound)
         for counts, ids, e_count, n, k in GROUPED:
             rng = np.random.default_rng(sum(counts) + n)
             case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)

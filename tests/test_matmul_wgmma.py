@@ -237,6 +237,35 @@ def test_dispatch_default_and_opt_out(monkeypatch):
                extra=_extra_roundings(fmt, sc, 160), identical=_identical_to(fmt, sc, dq))
 
 
+def test_wide_tiles_dispatch_the_tma_loop_unless_misaligned(monkeypatch):
+    """M >= WIDE_TILE_MIN_M: the 128 x 256 TMA-fed kernel for FP4; inputs a tensor map cannot
+    address (not 16-byte aligned) run the register-fed kernel of the same tile."""
+    for fmt in (NVFP4, MXFP4):
+        spec = matmul_wgmma.spec_for(fmt, matmul_wgmma.WIDE_TILE_MIN_M, 5760)
+        assert (spec.bm, spec.bn, spec.pipeline) == (128, 256, matmul_wgmma.WIDE_PIPELINE)
+        assert spec in matmul_wgmma.bundle_specs()
+    assert not matmul_wgmma.spec_for(NVFP4, 1024, 5760).ws
+    assert not matmul_wgmma.spec_for(MXFP8, 8192, 5760).ws
+    launched = []
+    monkeypatch.setattr(matmul_wgmma, "_run_ws", lambda spec, *a: launched.append("tma"))
+    monkeypatch.setattr(matmul, "_run_dense", lambda spec, *a, **kw: launched.append(spec.pipeline))
+    run = matmul_wgmma.fast_path("sm_90a", NVFP4, 8192, 5760, 2944, "bfloat16", None)
+
+    class Mem:  # device memory at a given address (duck-typed __cuda_array_interface__)
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        @property
+        def __cuda_array_interface__(self):
+            return {"data": (self.ptr, False), "shape": (16,), "typestr": "|u1",
+                    "version": 3, "strides": None}
+    host = np.zeros(16, np.uint8)
+    run(host, host, host, host, 1.0, {}, None)
+    run(Mem(0x1000), host, Mem(0x2000), host, 1.0, {}, None)
+    run(host, Mem(0x1008), host, host, 1.0, {}, None)
+    assert launched == ["tma", "tma", "early"]
+
+
 def test_spec_checks():
     for bad in ({"fmt": "nvfp4", "bm": 64, "bn": 128}, {"fmt": "mxfp8", "dequant": "lut"},
                 {"fmt": "mxfp8", "kstep": 64}, {"fmt": "mxfp4", "scaling": "promote", "kstep": 64},
@@ -365,3 +394,34 @@ def test_gpu(shape, out_dtype, variant, pipeline="early"):
 def test_gpu_late_loads(shape, variant):
     """pipeline="late": the same checks, f32 output."""
     test_gpu(shape, "float32", variant, pipeline="late")
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", [NVFP4, MXFP4], ids=lambda f: f.name)
+def test_gpu_wide_dispatch_misaligned_inputs_fall_back(fmt):
+    """The dispatch at M >= WIDE_TILE_MIN_M: 16-byte aligned torch tensors run the TMA-fed
+    kernel, an operand at an 8-byte offset the register-fed one; both see the same bf16
+    operands and wgmma sequence, so their f32 outputs agree bit for bit, within the bound."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU")
+    m, n, k = matmul_wgmma.WIDE_TILE_MIN_M, 256, 128
+    a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(np.random.default_rng(5), fmt, m, n, k)
+
+    def dev(x, offset=0):
+        raw = np.ascontiguousarray(x).view(np.uint8)
+        flat = torch.zeros(raw.size + offset, dtype=torch.uint8, device="cuda")
+        view = flat[offset:].view(raw.shape)
+        view.copy_(torch.from_numpy(raw))
+        return view
+
+    def run(a_dev):
+        out = matmul.block_scaled_matmul(a_dev, dev(b), dev(sfa5), dev(sfb5), fmt,
+                                         out_dtype="float32", device="cuda", target="sm_90a")
+        return out.numpy()
+    aligned, shifted = run(dev(a)), run(dev(a, 8))
+    np.testing.assert_array_equal(aligned.view(np.uint32), shifted.view(np.uint32))
+    exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k)
+    extra = _extra_roundings(fmt, "fold", k)
+    assert_f32_within_bound(aligned, exact, f32_error_bound(abs_sum, fmt, k, n_mul=1 + extra))

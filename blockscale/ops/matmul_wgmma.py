@@ -44,6 +44,8 @@ import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import numpy as np
+
 import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 import blockscale.ops._matmul_host as H
 import blockscale.ops._wgmma_ws as _ws
@@ -104,6 +106,11 @@ DISPATCH_FORMATS = ("nvfp4", "mxfp4")
 #: the dispatch uses 128 x 256 tiles from this M on (run D: 0.914 vs 0.946 ms at M=8192;
 #: at M=1024 128 x 128 was faster, 0.141 vs 0.156 ms)
 WIDE_TILE_MIN_M = 4096
+#: the pipeline of the dispatch's 128 x 256 kernels: the TMA-fed loop (run I, 2026-11-30, H200,
+#: 8192 x 5760 x 2944: NVFP4 shift 0.808 vs 0.911 ms register-fed; MXFP4 lut 0.931 vs 1.071).
+#: Its tensor maps need 16-byte aligned a / b / sfa / sfb: other inputs run the register-fed
+#: ("early") kernel of the same tile
+WIDE_PIPELINE = "tma"
 #: the dispatch takes M > MIN_M (smaller M: the decode / mma.sync kernels)
 MIN_M = 16
 #: BLOCKSCALE_SM90_WGMMA=0 turns the fast path off (on by default)
@@ -297,8 +304,34 @@ def spec_for(fmt: Format, m: int, n: int, out_dtype: str = "bfloat16",
     """The spec the fast path uses for a problem shape (the format's :data:`DEFAULTS`)."""
     bm, bn = choose_tiles(m, n)
     if m >= WIDE_TILE_MIN_M and n >= 256 and DEFAULTS[fmt.name][1] == "fold":
-        bm, bn = 128, 256
+        pipeline = WIDE_PIPELINE if fmt.name in _ws.FORMATS else "early"
+        return WgmmaMatmulSpec(fmt.name, out_dtype, epilogue, 128, 256, target,
+                               pipeline=pipeline)
     return WgmmaMatmulSpec(fmt.name, out_dtype, epilogue, bm, bn, target)
+
+
+def _tma_addressable(x: Any) -> bool:
+    """Whether a tensor map can address ``x``: numpy (copied to a fresh, aligned buffer) or
+    device memory at a 16-byte aligned address."""
+    if isinstance(x, np.ndarray):
+        return True
+    try:
+        from blockscale.runtime.arrays import as_device_buffer
+
+        return int(as_device_buffer(x, "operand").ptr) % 16 == 0
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
+def _run_ws(spec: WgmmaMatmulSpec, d: Any, a: Any, b: Any, sfa: Any, sfb: Any, alpha: float,
+            extra: dict[str, Any], device: Any) -> Any:
+    """Launch a TMA-fed (``spec.ws``) kernel: the portable arguments plus the tensor maps'
+    dims (launch values); M and N are > 0."""
+    H.check_epilogue_inputs(spec.epilogue.inputs if spec.epilogue else (), extra, d.m, d.n)
+    return H.launch(spec, grid(spec, d.m, d.n), (d.m, d.n), spec.out_dtype,
+                    {"a": a, "b": b, "sfa": sfa, "sfb": sfb, **extra},
+                    {"m": d.m, "n": d.n, "k": d.k, "alpha": H.finite_f32(alpha, "alpha"),
+                     **_ws.tensormap_values(d.m, d.n, d.k, d.fmt.block_size)}, device)
 
 
 def fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
@@ -310,7 +343,18 @@ def fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
             or not supported(fmt, k) or m <= MIN_M or n == 0):
         return None
     spec = spec_for(fmt, m, n, out_dtype, epilogue, target)
-    return _matmul.dense_runner(spec, fmt, m, n, k, grid(spec, m, n))
+    fallback = dataclasses.replace(spec, pipeline="early")
+    early = _matmul.dense_runner(fallback, fmt, m, n, k, grid(fallback, m, n))
+    if not spec.ws:
+        return early
+    dims = _matmul._Dense(fmt, m, n, k)
+
+    def run(a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, extra: dict[str, Any],
+            device: Any) -> Any:
+        if all(_tma_addressable(x) for x in (a, b, sfa, sfb)):
+            return _run_ws(spec, dims, a, b, sfa, sfb, alpha, extra, device)
+        return early(a, b, sfa, sfb, alpha, extra, device)
+    return run
 
 
 def block_scaled_matmul_wgmma(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *,
@@ -334,12 +378,7 @@ def block_scaled_matmul_wgmma(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | 
     spec = WgmmaMatmulSpec(fmt.name, out_dtype, epilogue, bm, bn, tgt, dequant, kstep, scaling,
                            pipeline)
     if spec.ws and d.m and d.n:  # the TMA maps' dims travel as launch values
-        H.check_epilogue_inputs(spec.epilogue.inputs if spec.epilogue else (),
-                                dict(epilogue_inputs or {}), d.m, d.n)
-        return H.launch(spec, grid(spec, d.m, d.n), (d.m, d.n), spec.out_dtype,
-                        {"a": a, "b": b, "sfa": sfa, "sfb": sfb, **dict(epilogue_inputs or {})},
-                        {"m": d.m, "n": d.n, "k": d.k, "alpha": H.finite_f32(alpha, "alpha"),
-                         **_ws.tensormap_values(d.m, d.n, d.k, fmt.block_size)}, dev)
+        return _run_ws(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}), dev)
     return _matmul._run_dense(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}),
                               dev, grid(spec, d.m, d.n))
 
