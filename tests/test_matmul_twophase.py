@@ -1,13 +1,17 @@
-"""The two-phase sm_90a NVFP4 / MXFP4 matmul (dequantize to bf16 workspaces, then a
-cp.async-fed bf16 wgmma GEMM), and the interpreter's cp.async model.
+"""The two-phase sm_90a NVFP4 / MXFP4 matmul (dequantize to stage-ordered bf16 workspaces,
+then a bf16 wgmma GEMM fed by cp.async.bulk through an mbarrier ring), and the interpreter's
+cp.async and cp.async.bulk models.
 
 * interp: the pair of kernels against the float64 value with the fp32 bound of
   test_matmul_common.py (MX: the fold kernel's extra k16 rounding per 32-block), and bit for
   bit against matmul_wgmma's fold kernel (same bf16 operands, same k16 wgmma order); M/N/K
-  tails (K not a multiple of the step, rows past the tile), both ksteps; the cp.async model
-  lands copies at their wait (a kernel that skips the wait reads unwritten shared memory).
-* lower: sm_90a SASS: HGMMA.64x256x16.F32.BF16 and LDGSTS.E.BYPASS.128 (cp.async.cg) in the
-  K loop, no global loads there, no spills; phase 1: 128-bit loads and stores.
+  tails (K not a multiple of the step, rows past the tile), both ksteps, 2 .. max stages;
+  the workspace layout; the cp.async model lands copies at their wait (a kernel that skips
+  the wait reads unwritten shared memory); the bulk-copy model completes the mbarrier's
+  transaction bytes (a wait before the bytes arrive deadlocks) and its bytes need no proxy
+  fence for a wgmma.
+* lower: sm_90a SASS: HGMMA.64x256x16.F32.BF16 and UBLKCP (bulk copy) + SYNCS (mbarriers),
+  no LDGSTS / LDG / MEMBAR, no spills; phase 1: 128-bit loads and stores.
 * gpu: the bound on sampled rows on an H100/H200 (``make gpu-bundle`` collects
   ``matmul_twophase.bundle_specs``)::
 
@@ -62,7 +66,9 @@ def _check(m, n, k, fmt, out_dtype, kstep=None, stages=None, device="interp", ro
 @pytest.mark.parametrize("case", [
     ("nvfp4", (130, 300, 224), 64, None, "float32"),  # M, N tails; 4 steps (ring wraps)
     ("nvfp4", (70, 260, 96), 32, None, "bfloat16"),  # K = 96: a half step of K padding
-    ("nvfp4", (128, 256, 352), 64, 3, "float32"),  # one step ahead; K tail
+    ("nvfp4", (128, 256, 352), 64, 3, "float32"),  # K tail
+    ("nvfp4", (128, 256, 352), 64, 2, "bfloat16"),  # one step ahead
+    ("nvfp4", (64, 256, 352), 32, 9, "float32"),  # 11 steps over 9 stages
     ("mxfp4", (130, 300, 224), 64, None, "bfloat16"),
     ("mxfp4", (200, 100, 352), 32, 4, "float32"),
     ("nvfp4", (1, 5, 32), 64, None, "float32"),  # one step, mostly padding
@@ -74,23 +80,28 @@ def test_interp(case):
 
 @pytest.mark.interp
 def test_interp_workspace_layout():
-    """Phase 1 alone: the workspace is the row-major [rows_pad, k_pad] bf16 dequantization
-    with the scales folded in (NVFP4: exact), zeros outside the operand."""
+    """Phase 1 alone: the workspace is the [rows_pad, k_pad] bf16 dequantization with the
+    scales folded in (NVFP4: exact), zeros outside the operand, stored stage-ordered: per
+    tile-row (128 rows of A, 256 of B) the 16-byte K chunks, chunk-major."""
     import ml_dtypes
 
-    m, k = 70, 96
-    rng = np.random.default_rng(5)
-    a, b, sfa, _, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, 3, k)
-    ws, wsb = TP.dequantize_operands(a, b, sfa5, sfb5, NVFP4, device="interp")
-    assert ws.size + wsb.size == TP.workspace_bytes(m, 3, k)
-    w = ws.view(ml_dtypes.bfloat16).reshape(128, TP.k_padded(k)).astype(np.float64)
     from blockscale.formats import decode_e2m1, decode_e4m3
 
-    codes = np.stack([a & 0xF, a >> 4], axis=-1).reshape(m, k)
-    vals = decode_e2m1(codes).astype(np.float64) * np.repeat(
-        np.abs(decode_e4m3(sfa).astype(np.float64)), 16, axis=1)[:, :k]
-    np.testing.assert_array_equal(w[:m, :k], vals)
-    assert not w[m:].any() and not w[:, k:].any()
+    m, n, k = 140, 3, 96
+    rng = np.random.default_rng(5)
+    a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
+    ws, wsb = TP.dequantize_operands(a, b, sfa5, sfb5, NVFP4, device="interp")
+    assert ws.size + wsb.size == TP.workspace_bytes(m, n, k)
+    kp = TP.k_padded(k)
+    for x, sf, w, rows, tile in ((a, sfa, ws, m, 128), (b, sfb, wsb, n, 256)):
+        w = w.view(ml_dtypes.bfloat16).reshape(-1, kp // 8, tile, 8)  # tile, chunk, row, 8
+        w = w.transpose(0, 2, 1, 3).reshape(-1, kp).astype(np.float64)
+        codes = np.stack([x & 0xF, x >> 4], axis=-1).reshape(rows, k)
+        vals = decode_e2m1(codes).astype(np.float64) * np.repeat(
+            np.abs(decode_e4m3(sf).astype(np.float64)), 16, axis=1)[:, :k]
+        np.testing.assert_array_equal(w[:rows, :k], vals)
+        assert w.shape[0] == TP.padded(rows, tile)
+        assert not w[rows:].any() and not w[:, k:].any()
 
 
 @pytest.mark.interp
@@ -157,15 +168,20 @@ def test_spec_validation_and_bundle():
         TP.TwophaseMatmulSpec("mxfp8")
     with pytest.raises(ValueError, match="kstep must be one of"):
         TP.TwophaseMatmulSpec("nvfp4", kstep=16)
-    with pytest.raises(ValueError, match=r"stages must be an int in \[3, 4\]"):
+    with pytest.raises(ValueError, match=r"stages must be an int in \[2, 4\]"):
         TP.TwophaseMatmulSpec("nvfp4", kstep=64, stages=5)
     with pytest.raises(ValueError, match="target must be one of"):
         TP.DequantSpec("nvfp4", "sm_100a")
+    with pytest.raises(ValueError, match="tile must be one of"):
+        TP.DequantSpec("nvfp4", tile=64)
     s = TP.TwophaseMatmulSpec("nvfp4")
-    assert (s.kstep, s.stages, s.dynamic_shared_bytes) == (64, 4, 4 * 384 * 128)
+    assert (s.kstep, s.stages, s.dynamic_shared_bytes) == (64, 4, 4 * 384 * 128 + 4 * 16)
+    assert TP.TwophaseMatmulSpec("nvfp4", kstep=32).stages == 9
+    assert max(TP.TwophaseMatmulSpec("nvfp4", kstep=ks).dynamic_shared_bytes
+               for ks in TP.KSTEPS) <= 227 * 1024
     assert TP.workspace_bytes(8192, 5760, 2944) == 2 * 2944 * (8192 + 5888)
     specs = TP.bundle_specs("sm_90a")
-    assert len(specs) == 2 + 2 * 2 * 2 and TP.bundle_specs("sm_100a") == []
+    assert len(specs) == 2 * 2 + 2 * 2 * 2 and TP.bundle_specs("sm_100a") == []
     assert all(TP.build(x).operation.verify() for x in specs[:3])
 
 
@@ -180,7 +196,7 @@ def test_host_validation():
         TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, NVFP4, device="interp")
     a, b, _, _, sfa5, sfb5 = random_dense_case(rng, NVFP4, 4, 4, 32)
     with pytest.raises(ValueError, match="stages must be"):
-        TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, NVFP4, device="interp", stages=2)
+        TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, NVFP4, device="interp", stages=1)
     empty = TP.block_scaled_matmul_twophase(a[:0], b, sfa5[:0], sfb5, NVFP4, device="interp")
     assert empty.shape == (0, 4)
 
@@ -193,20 +209,24 @@ LOWER_SPECS = [pytest.param(s, id=s.kernel_name,
 @pytest.mark.lower
 @pytest.mark.parametrize("spec", LOWER_SPECS)
 def test_kernel_sass(spec):
-    """Phase 2: kstep / 16 HGMMA.64x256x16 per step, 1.5 kstep / 8 cp.async.cg per thread and
-    step (issued for the stages - 2 prologue steps and once in the loop), no LDG, no spills.
-    Phase 1: one 128-bit load and four 128-bit stores per thread."""
+    """Phase 2: kstep / 16 HGMMA.64x256x16 per step, two bulk copies (UBLKCP) per step
+    (stages - 1 prologue steps and once in the loop), mbarrier ops (SYNCS), no LDGSTS, no
+    LDG, no MEMBAR (no proxy fence), no spills. Phase 1: two 128-bit loads and eight 128-bit
+    stores per thread."""
     kernel = TP.kernel(spec)
     sass, meta = kernel.asm["sass"], kernel.meta
     assert meta["spill_stores"] == 0 and meta["spill_loads"] == 0
     if isinstance(spec, TP.DequantSpec):
-        assert len(re.findall(r"LDG\.E\.128", sass)) == 1
-        assert len(re.findall(r"STG\.E\.128", sass)) == 4
+        assert len(re.findall(r"LDG\.E\.128", sass)) == 2
+        assert len(re.findall(r"STG\.E\.128", sass)) == 8
         return
     assert len(re.findall(r"HGMMA\.64x256x16\.F32\.BF16", sass)) == spec.kstep // 16
-    per_step = 384 * spec.kstep // 8 // 256
-    assert len(re.findall(r"LDGSTS\.E\.BYPASS\.128", sass)) == per_step * (spec.stages - 1)
-    assert not re.search(r"\bLDG\.", sass)
+    assert len(re.findall(r"\bUBLKCP\b", sass)) == 2 * spec.stages
+    assert re.search(r"SYNCS\.PHASECHK\.TRANS64\.TRYWAIT", sass)
+    assert re.search(r"SYNCS\.ARRIVE\.TRANS64", sass)
+    assert not re.search(r"\b(LDGSTS|LDG|MEMBAR)\b", sass)
+    # the wgmmas of a step are not serialized (ptxas C7515): one wait per step, after all
+    assert len(re.findall(r"WARPGROUP\.DEPBAR", sass)) == 2
     assert meta["registers"] <= 255
     assert meta["dynamic_shared_bytes"] == spec.dynamic_shared_bytes
 
@@ -229,3 +249,58 @@ def test_gpu(shape, out_dtype, kstep, fmt):
                                      rng.integers(0, m, 64)]))
     _check(m, n, k, Format.from_name(fmt), out_dtype, kstep, device="cuda", rows=rows,
            identical=False)
+
+
+def _bulk_kernel(mode: str) -> str:
+    """One block of 32 threads: thread 0 inits an mbarrier, expects 256 bytes and bulk-copies
+    this block's 256 bytes of ``x`` into shared memory (``mode``: "ok"; "short": copies only
+    128 bytes; "none": no copy); everyone waits on the mbarrier and stores the bytes of
+    thread ``31 - t`` to ``y``."""
+    from blockscale.compiler import ir as bir
+    from blockscale.compiler.arch import cpasync, tma
+    from blockscale.compiler.arch import wgmma as W
+    from blockscale.launch import KernelArg
+
+    args = (KernelArg("x", "buffer", "uint8"), KernelArg("y", "buffer", "uint8", "out"))
+    with bir.kernel_module("k", "sm_90a", args, 32) as kb:
+        sh = tma.shared_buffer(kb, "1024xi8", align=128)
+        base = W.shared_address(sh)
+        bar = bir.add(base, bir.as_i64(bir.const(512)))
+        tid = bir.thread_idx("x")
+        goff = bir.as_i64(bir.mul(bir.block_idx("x"), 256))
+        with bir.when(bir.eq(tid, 0)):
+            cpasync.mbarrier_init(bar, 1)
+            tma.fence_mbarrier_init()
+        bir.barrier()
+        with bir.when(bir.eq(tid, 0)):
+            cpasync.mbarrier_arrive_expect_tx(bar, 256)
+            if mode != "none":
+                n = 256 if mode == "ok" else 128
+                cpasync.bulk_copy(base, bir.add(cpasync.global_address(kb.arg("x")), goff), n,
+                                  bar)
+        cpasync.mbarrier_wait(bar, bir.as_i32(bir.const(0)))
+        v = bir.vector_load(bir.vec(8, bir.i8()), sh, bir.mul(bir.sub(31, tid), 8),
+                            alignment=8)
+        bir.vector_store(v, kb.arg("y"), bir.add(bir.mul(bir.block_idx("x"), 256),
+                                                 bir.mul(tid, 8)), alignment=8)
+    return str(kb.module)
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("mode", ["ok", "short", "none"])
+def test_interp_bulk_copy_completes_the_mbarrier(mode):
+    """cp.async.bulk lands its bytes and completes their transaction count: the wait passes
+    once every expected byte arrived; too few bytes leave the phase open (deadlock)."""
+    from blockscale.runtime.interpreter import run_kernel
+    from blockscale.runtime.interpreter.ops_tma import MBarrierDeadlockError
+
+    text = _bulk_kernel(mode)
+    x = np.arange(2 * 256, dtype=np.uint8) ^ 0x5A
+    y = np.zeros_like(x)
+    if mode != "ok":
+        with pytest.raises(MBarrierDeadlockError):
+            run_kernel(text, "k", (2, 1, 1), (32, 1, 1), [x, y], "sm_90a")
+        return
+    run_kernel(text, "k", (2, 1, 1), (32, 1, 1), [x, y], "sm_90a")
+    want = x.reshape(2, 32, 8)[:, ::-1].reshape(-1)
+    np.testing.assert_array_equal(y, want)

@@ -56,7 +56,7 @@ from mlir import ir
 from mlir.dialects import arith, vector
 
 from blockscale.compiler import ir as bir
-from blockscale.compiler.arch import cpasync
+from blockscale.compiler.arch import cpasync, tma
 from blockscale.compiler.arch import wgmma as W
 from blockscale.layouts import SF_ATOM_BYTES
 from blockscale.ops import _wgmma_ir as X
@@ -78,37 +78,51 @@ LBO = X.LBO
 # ---- phase 1 ---------------------------------------------------------------------------------
 
 
+def ws_offset(row: Value, chunk: Value | int, tile: int, kp: Value) -> Value:
+    """Byte offset in a workspace of the 16-byte chunk ``chunk`` (8 K-elements) of ``row``:
+    tile-row ``row // tile`` is one span of ``tile * kp * 2`` bytes, chunk-major (module
+    docstring)."""
+    return bir.add(bir.add(bir.mul(bir.udiv(row, tile), bir.mul(kp, 2 * tile)),
+                           bir.mul(chunk, 16 * tile)), bir.mul(bir.urem(row, tile), 16))
+
+
 def emit_dequant(x: Value, sfx: Value, ws: Value, rows: Value, rows_pad: Value, k: Value,
-                 fmt: str) -> None:
+                 fmt: str, tile: int) -> None:
     """Phase 1 for one operand: ``x`` ``[rows, K/2]`` packed FP4 (i8 memref), ``sfx`` its
-    5-D scales, ``ws`` the ``[rows_pad, k_pad]`` bf16 workspace (i8 memref); index values."""
+    5-D scales, ``ws`` the stage-ordered bf16 workspace of ``rows_pad`` rows (a multiple of
+    ``tile``) x ``k_pad`` (i8 memref); index values."""
     block = 16 if fmt == "nvfp4" else 32
     nscales = 32 // block
     kp = bir.mul(bir.ceil_div(k, KPAD), KPAD)
-    pieces = bir.udiv(kp, 32)
+    pieces = bir.udiv(kp, 64)
     t = bir.add(bir.mul(bir.block_idx("x"), DEQUANT_THREADS), bir.thread_idx("x"))
-    row, piece = bir.udiv(t, pieces), bir.urem(t, pieces)
+    rest = bir.udiv(t, tile)
+    piece = bir.urem(rest, pieces)
+    row = bir.add(bir.mul(bir.udiv(rest, pieces), tile), bir.urem(t, tile))
     vd, vs = bir.vec(16, bir.i8()), bir.vec(nscales, bir.i8())
+    d1 = bir.ceil_div(bir.ceil_div(k, block), 4)
     with bir.when(bir.ult(row, rows_pad)):
-        ok = bir.logical_and(bir.ult(row, rows), bir.ult(bir.mul(piece, 32), k))
-        br = bir.if_(ok, [vd, vs])
-        with br.then():
-            data = bir.vector_load(vd, x, bir.add(bir.mul(row, bir.udiv(k, 2)),
-                                                  bir.mul(piece, 16)), alignment=16)
-            d1 = bir.ceil_div(bir.ceil_div(k, block), 4)
-            j = bir.mul(piece, nscales)
-            off = bir.add(tcgen_row_offset(row, d1),
-                          bir.add(bir.mul(bir.udiv(j, 4), SF_ATOM_BYTES), bir.urem(j, 4)))
-            br.yield_(data, bir.vector_load(vs, sfx, off, alignment=nscales))
-        with br.else_():
-            br.yield_(bir.const(0, vd), bir.const(0, vs))
-        data, scales = br.results
-        sv = X._scale_values(arith.extui(bir.vec(nscales, bir.i32()), scales), "lut", fmt)
-        splats = tuple(vector.broadcast(bir.vec(2, bir.bf16()), vector.extract(sv, [], [i]))
-                       for i in range(nscales))
-        base = bir.add(bir.mul(row, bir.mul(kp, 2)), bir.mul(piece, 64))
-        for c, v in enumerate(X._dequant_row(data, splats, "lut", block)):
-            bir.vector_store(vector.bitcast(vd, v), ws, bir.add(base, 16 * c), alignment=16)
+        for half in range(2):  # two 32-element halves: one 32-byte sector of the row
+            p = bir.add(bir.mul(piece, 2), half)
+            ok = bir.logical_and(bir.ult(row, rows), bir.ult(bir.mul(p, 32), k))
+            br = bir.if_(ok, [vd, vs])
+            with br.then():
+                data = bir.vector_load(vd, x, bir.add(bir.mul(row, bir.udiv(k, 2)),
+                                                      bir.mul(p, 16)), alignment=16)
+                j = bir.mul(p, nscales)
+                off = bir.add(tcgen_row_offset(row, d1),
+                              bir.add(bir.mul(bir.udiv(j, 4), SF_ATOM_BYTES), bir.urem(j, 4)))
+                br.yield_(data, bir.vector_load(vs, sfx, off, alignment=nscales))
+            with br.else_():
+                br.yield_(bir.const(0, vd), bir.const(0, vs))
+            data, scales = br.results
+            sv = X._scale_values(arith.extui(bir.vec(nscales, bir.i32()), scales), "lut", fmt)
+            splats = tuple(vector.broadcast(bir.vec(2, bir.bf16()), vector.extract(sv, [], [i]))
+                           for i in range(nscales))
+            base = ws_offset(row, bir.mul(p, 4), tile, kp)
+            for c, v in enumerate(X._dequant_row(data, splats, "lut", block)):
+                bir.vector_store(vector.bitcast(vd, v), ws, bir.add(base, 16 * tile * c),
+                                 alignment=16)
 
 
 # ---- phase 2 ---------------------------------------------------------------------------------
@@ -117,6 +131,16 @@ def emit_dequant(x: Value, sfx: Value, ws: Value, rows: Value, rows_pad: Value, 
 def stage_bytes(kstep: int) -> int:
     """Shared bytes of one stage: (BM + BN) rows of ``kstep`` bf16."""
     return (BM + BN) * 2 * kstep
+
+
+def barrier_offset(kstep: int, stages: int) -> int:
+    """Byte offset of the ``2 stages`` mbarriers (full, then empty) after the ring."""
+    return stages * stage_bytes(kstep)
+
+
+def shared_bytes(kstep: int, stages: int) -> int:
+    """Dynamic shared bytes of phase 2: the ring and its mbarriers."""
+    return barrier_offset(kstep, stages) + 16 * stages
 
 
 def raster_tile(tiles_m: Value, tiles_n: Value) -> tuple[Value, Value]:
@@ -129,70 +153,91 @@ def raster_tile(tiles_m: Value, tiles_n: Value) -> tuple[Value, Value]:
     return bir.add(first, bir.urem(r, size)), bir.udiv(r, size)
 
 
+def _parity(v: Value) -> Value:
+    return bir.as_i32(bir.urem(v, 2))
+
+
 def emit_mainloop(wa: Value, wb: Value, m0: Value, n0: Value, k: Value, kstep: int,
                   stages: int) -> tuple[Value, Value]:
-    """Phase 2's K loop over the workspaces ``wa`` / ``wb`` (i8 memrefs, rows of ``k_pad``
-    bf16) for the tile at rows ``m0`` of A, ``n0`` of B; returns (the warpgroup's
-    accumulator struct, warpgroup index). Every thread of the CTA must execute it."""
-    if stages < 3:
-        raise ValueError(f"stages must be >= 3 (copies stages - 2 steps ahead), got {stages}")
-    chunks = kstep // 8  # 16-byte chunks of a row per step
-    if chunks % 4 or (BM + BN) * chunks % (8 * 32):
-        raise ValueError(f"kstep must be a multiple of 32, got {kstep}")
-    sbo, sbytes, a_bytes = chunks * LBO, stage_bytes(kstep), BM * 2 * kstep
-    ahead = stages - 2
+    """Phase 2's K loop over the stage-ordered workspaces ``wa`` / ``wb`` (i8 memrefs) for
+    the tile at rows ``m0`` of A, ``n0`` of B; returns (the warpgroup's accumulator struct,
+    warpgroup index). Every thread of the CTA must execute it."""
+    if stages < 2:
+        raise ValueError(f"stages must be >= 2, got {stages}")
+    if kstep % 16:
+        raise ValueError(f"kstep must be a multiple of 16, got {kstep}")
+    a_bytes, b_bytes = BM * 2 * kstep, BN * 2 * kstep
+    sbytes = a_bytes + b_bytes
     smem = X.dynamic_shared_buffer()
     tid = bir.thread_idx("x")
-    wg, warp, lane = bir.udiv(tid, 128), bir.udiv(tid, 32), bir.urem(tid, 32)
-    halves = chunks // 4  # warp items per row group and step
-    rounds = (BM + BN) * chunks // 256
-    row_bytes = bir.mul(bir.mul(bir.ceil_div(k, KPAD), KPAD), 2)
+    wg = bir.udiv(tid, 128)
+    is_prod = bir.eq(tid, 0)
+    kp = bir.mul(bir.ceil_div(k, KPAD), KPAD)
     steps = bir.ceil_div(k, kstep)
-    # warp item wi = 8 i + warp: row group wi // halves, chunks (wi % halves) * 4 + lane // 8
-    g_t = bir.udiv(warp, halves)
-    chunk = bir.add(bir.mul(bir.urem(warp, halves), 4), bir.udiv(lane, 8))
-    r_t = bir.add(bir.mul(g_t, 8), bir.urem(lane, 8))
-    smem_t = bir.add(bir.add(bir.mul(g_t, sbo), bir.mul(bir.urem(lane, 8), 16)),
-                     bir.mul(chunk, LBO))
-    glob_t = bir.mul(chunk, 16)
-    copies = []  # (src memref, global byte offset at step 0, shared offset in a stage)
-    for i in range(rounds):
-        g0 = 8 * i // halves  # the round's first row group (0..47: A's 16, then B's 32)
-        is_a = g0 < BM // 8
-        src, row0, g_local = (wa, m0, g0) if is_a else (wb, n0, g0 - BM // 8)
-        grow = bir.add(bir.add(row0, 8 * g_local), r_t)
-        copies.append((src, bir.add(bir.mul(grow, row_bytes), glob_t),
-                       bir.add(smem_t, (0 if is_a else a_bytes) + g_local * sbo)))
+    base = W.shared_address(smem)
+    bars = bir.add(base, bir.as_i64(bir.const(barrier_offset(kstep, stages))))
 
-    def issue(step: Value) -> Value:
-        s = bir.umin(step, bir.sub(steps, 1))
-        stage0 = bir.mul(bir.urem(step, stages), sbytes)
-        kofs = bir.mul(s, 2 * kstep)
-        toks = [cpasync.copy16(smem, bir.add(stage0, so), src, bir.add(go, kofs))
-                for src, go, so in copies]
-        return cpasync.commit(toks)
+    def full(slot: Value) -> Value:
+        return bir.add(bars, bir.as_i64(bir.mul(slot, 8)))
 
-    first = [issue(bir.const(p)) for p in range(ahead)]
-    cpasync.wait(first[-1], ahead - 1)  # step 0 landed
-    base_desc = W.descriptor(W.shared_address(smem), lbo=LBO, sbo=sbo)
+    def empty(slot: Value) -> Value:
+        return bir.add(bars, bir.as_i64(bir.add(bir.mul(slot, 8), 8 * stages)))
+
+    # the tile-rows of the workspaces; step s of A is bytes [s a_bytes, (s + 1) a_bytes)
+    src_a = bir.add(cpasync.global_address(wa), bir.as_i64(bir.mul(bir.udiv(m0, BM),
+                                                                   bir.mul(kp, 2 * BM))))
+    src_b = bir.add(cpasync.global_address(wb), bir.as_i64(bir.mul(bir.udiv(n0, BN),
+                                                                   bir.mul(kp, 2 * BN))))
+
+    def produce(t: Value) -> None:
+        """Thread 0: fill the stage of step ``t`` (t < steps; its stage is free)."""
+        slot = bir.urem(t, stages)
+        dst = bir.add(base, bir.as_i64(bir.mul(slot, sbytes)))
+        cpasync.mbarrier_arrive_expect_tx(full(slot), sbytes)
+        cpasync.bulk_copy(dst, bir.add(src_a, bir.as_i64(bir.mul(t, a_bytes))), a_bytes,
+                          full(slot))
+        cpasync.bulk_copy(bir.add(dst, bir.as_i64(bir.const(a_bytes))),
+                          bir.add(src_b, bir.as_i64(bir.mul(t, b_bytes))), b_bytes, full(slot))
+
+    with bir.when(is_prod):
+        for i in range(stages):
+            cpasync.mbarrier_init(full(bir.const(i)), 1)
+            cpasync.mbarrier_init(empty(bir.const(i)), 2)  # one arrival per warpgroup
+        tma.fence_mbarrier_init()
+    bir.barrier()
+    with bir.when(is_prod):
+        for p in range(stages - 1):
+            with bir.when(bir.ult(bir.const(p), steps)):
+                produce(bir.const(p))
+    da0 = W.descriptor(base, lbo=BM * 16, sbo=LBO)
+    db0 = W.descriptor(base, lbo=BN * 16, sbo=LBO)
     with bir.for_range(0, steps, carry=[W.zero_accumulator(BN)]) as loop:
         step, acc = loop.iv, loop.carried[0]
-        W.fence_proxy_async_shared()
-        bir.barrier()
-        grp = issue(bir.add(step, ahead))
-        stage0 = bir.mul(bir.urem(step, stages), sbytes)
-        da = W.advance(base_desc, bir.as_i64(bir.add(stage0, bir.mul(wg, 8 * sbo))))
-        db = W.advance(base_desc, bir.as_i64(bir.add(stage0, a_bytes)))
+        slot = bir.urem(step, stages)
+        cpasync.mbarrier_wait(full(slot), _parity(bir.udiv(step, stages)))
+        stage0 = bir.mul(slot, sbytes)
+        da = W.advance(da0, bir.as_i64(bir.add(stage0, bir.mul(wg, 8 * LBO))))
+        db = W.advance(db0, bir.as_i64(bir.add(stage0, a_bytes)))
         W.fence()
         for h in range(kstep // 16):
-            acc = W.mma_async(acc, W.advance(da, 2 * h * LBO), W.advance(db, 2 * h * LBO),
+            acc = W.mma_async(acc, W.advance(da, 2 * h * BM * 16), W.advance(db, 2 * h * BN * 16),
                               BN, dtype="bf16")
         W.commit_group()
-        W.wait_group(1)
-        cpasync.wait(grp, ahead - 1)  # step + 1 landed
+        W.wait_group(1)  # the wgmmas of step - 1 retired: release its stage
+        # step 0 "releases" stage stages - 1 (not yet read; its producer fills it at once):
+        # no branch on step == 0 (LLVM would peel the first iteration, and the peeled zero
+        # accumulator moves inside its wgmma pipeline make ptxas serialize every wgmma). So
+        # empty[j] completes once more for j = stages - 1, and the producer's wait at step s
+        # is for parity (s / stages) & 1 on every slot.
+        prev = bir.urem(bir.add(step, stages - 1), stages)
+        with bir.when(bir.eq(bir.urem(tid, 128), 0)):
+            cpasync.mbarrier_arrive(empty(prev))
+        nxt = bir.add(step, stages - 1)
+        with bir.when(bir.logical_and(is_prod, bir.ult(nxt, steps))):
+            cpasync.mbarrier_wait(empty(prev), _parity(bir.udiv(step, stages)))
+            produce(nxt)
         loop.yield_(acc)
     W.wait_group(0)
-    cpasync.wait(first[-1], 0)  # the clamped tail copies, before the CTA exits
     return loop.results[0], wg
 
 

@@ -52,7 +52,7 @@ FORMATS = ("nvfp4", "mxfp4")
 BM, BN, KPAD = 128, 256, 64
 #: phase-2 K elements per step and shared stages built (kstep 64: 48 KiB a stage)
 KSTEPS = (32, 64)
-DEFAULT_KSTEP, DEFAULT_STAGES = 64, 4
+DEFAULT_KSTEP = 64
 #: kstep -> the stage counts allowed (at most 227 KiB of shared memory)
 MAX_STAGES = {32: 9, 64: 4}
 #: phase-1 threads per block (= _twophase_ir.DEQUANT_THREADS)
@@ -83,6 +83,7 @@ class DequantSpec(FormatSpec):
 
     fmt: str
     target: str = "sm_90a"
+    tile: int = BM
 
     op: ClassVar[str] = "block_scaled_matmul_twophase_dequant"
     block: ClassVar[tuple[int, int, int]] = (DEQUANT_THREADS, 1, 1)
@@ -90,10 +91,11 @@ class DequantSpec(FormatSpec):
     def __post_init__(self) -> None:
         object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
         object.__setattr__(self, "target", _check_format(self.fmt, self.target))
+        H.check_choice(self.tile, (BM, BN), "tile")
 
     @property
     def kernel_name(self) -> str:
-        return f"bs_twophase_dequant_{self.fmt}"
+        return f"bs_twophase_dequant_{self.fmt}_t{self.tile}"
 
     def args(self) -> tuple[KernelArg, ...]:
         """x (packed rows), sfx (5-D scales), ws (the workspace bytes), rows, rows_pad, k."""
@@ -113,8 +115,8 @@ class TwophaseMatmulSpec(FormatSpec):
         epilogue: an optional fused :class:`Epilogue`.
         target: "sm_90a".
         kstep: K elements per step (:data:`KSTEPS`); None: :data:`DEFAULT_KSTEP`.
-        stages: shared stages (3 .. :data:`MAX_STAGES`; copies run ``stages - 2`` steps
-            ahead); None: the largest that fits for kstep 64, 6 for kstep 32.
+        stages: shared stages (2 .. :data:`MAX_STAGES`; bulk copies run ``stages - 1``
+            steps ahead); None: the largest that fits (:data:`MAX_STAGES`).
     """
 
     fmt: str
@@ -134,15 +136,16 @@ class TwophaseMatmulSpec(FormatSpec):
             object.__setattr__(self, "kstep", DEFAULT_KSTEP)
         H.check_choice(self.kstep, KSTEPS, "kstep")
         if self.stages is None:
-            object.__setattr__(self, "stages", DEFAULT_STAGES if self.kstep == 64 else 6)
-        if type(self.stages) is not int or not 3 <= self.stages <= MAX_STAGES[self.kstep]:
-            raise ValueError(f"stages must be an int in [3, {MAX_STAGES[self.kstep]}] for "
+            object.__setattr__(self, "stages", MAX_STAGES[self.kstep])
+        if type(self.stages) is not int or not 2 <= self.stages <= MAX_STAGES[self.kstep]:
+            raise ValueError(f"stages must be an int in [2, {MAX_STAGES[self.kstep]}] for "
                              f"kstep={self.kstep}, got {self.stages!r}")
 
     @property
     def dynamic_shared_bytes(self) -> int:
-        """The ring: ``stages`` x (BM + BN) rows x ``kstep`` bf16."""
-        return self.stages * (BM + BN) * 2 * self.kstep
+        """The ring (``stages`` x (BM + BN) rows x ``kstep`` bf16) and its ``2 stages``
+        mbarriers."""
+        return self.stages * (BM + BN) * 2 * self.kstep + 16 * self.stages
 
     @property
     def kernel_name(self) -> str:
@@ -174,8 +177,8 @@ def workspace_bytes(m: int, n: int, k: int) -> int:
 
 
 def dequant_grid(rows_pad: int, k: int) -> tuple[int, int, int]:
-    """Phase 1: one thread per 32-element piece of the workspace."""
-    return (max(1, -(-rows_pad * (k_padded(k) // 32) // DEQUANT_THREADS)), 1, 1)
+    """Phase 1: one thread per 64-element piece (a 32-byte sector of packed FP4) of a row."""
+    return (max(1, -(-rows_pad * (k_padded(k) // 64) // DEQUANT_THREADS)), 1, 1)
 
 
 def grid(m: int, n: int) -> tuple[int, int, int]:
@@ -199,8 +202,10 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
         if isinstance(spec, DequantSpec):
             rows, rows_pad, k = (bir.as_index(kb.arg(x)) for x in ("rows", "rows_pad", "k"))
             T.emit_dequant(kb.arg("x"), kb.arg("sfx"), kb.arg("ws"), rows, rows_pad, k,
-                           spec.fmt)
+                           spec.fmt, spec.tile)
             return kb.module
+        if T.shared_bytes(spec.kstep, spec.stages) != spec.dynamic_shared_bytes:
+            raise AssertionError("matmul_twophase's shared bytes disagree with _twophase_ir's")
         m_count, n_count, k = (bir.as_index(kb.arg(x)) for x in ("m", "n", "k"))
         mt, nt = T.raster_tile(bir.ceil_div(m_count, BM), bir.ceil_div(n_count, BN))
         m0, n0 = bir.mul(mt, BM), bir.mul(nt, BN)
@@ -221,10 +226,11 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
 # ---- host side -------------------------------------------------------------------------------
 
 
-def _dequantize(fmt: str, target: str, x: Any, sfx: Any, rows: int, rows_pad: int, k: int,
+def _dequantize(fmt: str, target: str, x: Any, sfx: Any, rows: int, tile: int, k: int,
                 dev: Any) -> Any:
     """Phase 1 for one operand: its workspace (a device uint8 array)."""
-    _, out = _core.launch_op(DequantSpec(fmt, target), dequant_grid(rows_pad, k),
+    rows_pad = padded(rows, tile)
+    _, out = _core.launch_op(DequantSpec(fmt, target, tile), dequant_grid(rows_pad, k),
                              (("ws", (2 * rows_pad * k_padded(k),), np.dtype(np.uint8)),),
                              {"x": x, "sfx": sfx}, {"rows": rows, "rows_pad": rows_pad, "k": k},
                              dev)
@@ -234,8 +240,8 @@ def _dequantize(fmt: str, target: str, x: Any, sfx: Any, rows: int, rows_pad: in
 def _workspaces(fmt: str, target: str, ops: dict[str, Any], m: int, n: int, k: int,
                 dev: Any) -> tuple[Any, Any]:
     """Phase 1 for A and B: their workspaces (device uint8 arrays)."""
-    return (_dequantize(fmt, target, ops["a"], ops["sfa"], m, padded(m, BM), k, dev),
-            _dequantize(fmt, target, ops["b"], ops["sfb"], n, padded(n, BN), k, dev))
+    return (_dequantize(fmt, target, ops["a"], ops["sfa"], m, BM, k, dev),
+            _dequantize(fmt, target, ops["b"], ops["sfb"], n, BN, k, dev))
 
 
 def dequantize_operands(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *,
@@ -307,7 +313,7 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     stages) on ``target`` (none off sm_90a)."""
     if target not in TARGETS:
         return []
-    specs: list[Any] = [DequantSpec(f, target) for f in FORMATS]
+    specs: list[Any] = [DequantSpec(f, target, t) for f in FORMATS for t in (BM, BN)]
     specs += [TwophaseMatmulSpec(f, o, None, target, ks) for f in FORMATS
               for o in _matmul.OUT_DTYPES for ks in KSTEPS]
     return sorted(specs, key=lambda s: s.kernel_name)

@@ -52,3 +52,88 @@ def wait(group: ir.Value, pending: int, *, loc: ir.Location | None = None) -> No
     does not name one)."""
     with _loc(loc):
         nvgpu.device_async_wait(group, num_groups=pending)
+
+
+# ---- sm_90 bulk copies (cp.async.bulk, non-tensor) and pointer mbarriers -----------------------
+#
+# ``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], size,
+# [mbar]`` (PTX ISA "cp.async.bulk"): one thread copies ``size`` contiguous bytes (a multiple
+# of 16; both addresses 16-byte aligned) from global to shared memory through the async proxy
+# (the copy engine; SASS UBLKCP), then completes ``size`` transaction bytes on the mbarrier.
+# A wgmma (also the async proxy) may read the bytes once a wait observed the mbarrier's phase:
+# no ``fence.proxy.async`` is needed. The CTA's shared::cta addresses are valid
+# shared::cluster addresses of the CTA itself.
+
+
+def _i32c(v: int) -> ir.Value:
+    from mlir.dialects import arith
+
+    t = ir.IntegerType.get_signless(32)
+    return arith.constant(t, ir.IntegerAttr.get(t, v))
+
+
+def _ptr(addr: ir.Value, space: int) -> ir.Value:
+    from mlir.dialects import llvm
+
+    return llvm.inttoptr(ir.Type.parse(f"!llvm.ptr<{space}>"), addr)
+
+
+def global_address(buf: ir.Value, *, loc: ir.Location | None = None) -> ir.Value:
+    """The generic (global) byte address of a global memref's aligned base, as i64
+    (``memref.extract_aligned_pointer_as_index``: the kernel parameter)."""
+    from mlir.dialects import arith, memref
+
+    with _loc(loc):
+        p = memref.extract_aligned_pointer_as_index(buf)
+        return arith.index_castui(ir.IntegerType.get_signless(64), p)
+
+
+def bulk_copy(dst_addr: ir.Value, src_addr: ir.Value, nbytes: int, mbar_addr: ir.Value, *,
+              loc: ir.Location | None = None) -> None:
+    """Copy ``nbytes`` (a multiple of 16) from global byte address ``src_addr`` (i64) to the
+    shared byte address ``dst_addr`` (i64) and complete ``nbytes`` transaction bytes on the
+    mbarrier at shared address ``mbar_addr`` (i64):
+    ``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes``. One thread."""
+    from mlir.dialects import nvvm
+
+    if nbytes <= 0 or nbytes % 16:
+        raise ValueError(f"nbytes must be a positive multiple of 16, got {nbytes}")
+    with _loc(loc):
+        nvvm.cp_async_bulk_shared_cluster_global(_ptr(dst_addr, 7), _ptr(src_addr, 1),
+                                                 _ptr(mbar_addr, 3), _i32c(nbytes))
+
+
+def mbarrier_init(mbar_addr: ir.Value, count: int, *, loc: ir.Location | None = None) -> None:
+    """``mbarrier.init.shared.b64 [mbar], count`` (``mbar_addr``: i64 shared address)."""
+    from mlir.dialects import nvvm
+
+    with _loc(loc):
+        nvvm.mbarrier_init(_ptr(mbar_addr, 3), _i32c(count))
+
+
+def mbarrier_arrive_expect_tx(mbar_addr: ir.Value, nbytes: int, *,
+                              loc: ir.Location | None = None) -> None:
+    """Expect ``nbytes`` more transaction bytes, then arrive:
+    ``mbarrier.arrive.expect_tx.shared.b64 _, [mbar], nbytes``."""
+    from mlir.dialects import nvvm
+
+    with _loc(loc):
+        nvvm.mbarrier_arrive_expect_tx(None, _ptr(mbar_addr, 3), _i32c(nbytes))
+
+
+def mbarrier_arrive(mbar_addr: ir.Value, *, loc: ir.Location | None = None) -> None:
+    """One arrival: ``mbarrier.arrive.shared.b64 _, [mbar]``."""
+    from mlir.dialects import nvvm
+
+    with _loc(loc):
+        nvvm.mbarrier_arrive(ir.IntegerType.get_signless(64), _ptr(mbar_addr, 3))
+
+
+def mbarrier_wait(mbar_addr: ir.Value, parity: ir.Value, *, ticks: int = 10_000_000,
+                  loc: ir.Location | None = None) -> None:
+    """Block until the phase of parity ``parity`` (i32, 0 or 1) of the mbarrier completed: a
+    loop over ``mbarrier.try_wait.parity.shared.b64``."""
+    from mlir.dialects import nvvm
+
+    with _loc(loc):
+        nvvm.mbarrier_try_wait_parity(_ptr(mbar_addr, 3), parity, _i32c(ticks))

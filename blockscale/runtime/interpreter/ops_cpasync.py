@@ -118,3 +118,163 @@ def _wait(op: Any, c: Compiler):
             for copy in st.groups.pop(0):
                 _land(f, copy)
     return run
+
+
+# ---- bulk copies (cp.async.bulk, non-tensor) and pointer-mbarrier arrivals --------------------
+#
+# Model: global memrefs get synthetic byte addresses (``extract_aligned_pointer_as_index``:
+# base 2^40 + n 2^36 for the n-th global buffer whose address the kernel takes), shared ones
+# the ops_wgmma window addresses; ``llvm.inttoptr`` to global (1) / shared::cluster (7)
+# pointers keeps the integer. The pointer mbarriers are ops_tcgen05's ([parity, pending,
+# expected] per (block, address)) plus a transaction count here: ``arrive.expect_tx(b)``:
+# tx += b, then one arrival; ``arrive``: one arrival; a bulk copy of b bytes lands at issue
+# (lock-step: the consumers see it after their wait) and does tx -= b. A phase completes when
+# pending == 0 and tx == 0. The copy engine is the async proxy: its bytes are added to the
+# wgmma model's async image (a wgmma may read them with no proxy fence) and are marked written
+# with the race tracker cleared, as ops_tma's copies.
+
+from . import ops_tcgen05 as _t5  # noqa: E402
+from . import ops_wgmma as _wg  # noqa: E402
+from .compiler import HANDLERS, type_str  # noqa: E402
+
+_GLOBAL_BASE, _GLOBAL_SPAN = 1 << 40, 1 << 36
+_prev_extract = HANDLERS["memref.extract_aligned_pointer_as_index"]
+_prev_inttoptr = HANDLERS["llvm.inttoptr"]
+
+
+def _global_base(f: Frame, buf: memory.Buffer) -> int:
+    bases: dict[int, tuple[int, memory.Buffer]] = f.__dict__.setdefault("global_bases", {})
+    if id(buf) not in bases:
+        bases[id(buf)] = (_GLOBAL_BASE + len(bases) * _GLOBAL_SPAN, buf)
+    return bases[id(buf)][0]
+
+
+def _resolve_global(f: Frame, lo: int, n: int) -> tuple[memory.Buffer, int]:
+    for base, buf in f.__dict__.get("global_bases", {}).values():
+        if base <= lo and lo + n <= base + buf.size * buf.data.dtype.itemsize:
+            return buf, lo - base
+    raise IndexError(f"cp.async.bulk: global bytes [{lo:#x}, {lo + n:#x}) are not inside one "
+                     "global buffer whose address the kernel took")
+
+
+@handles("memref.extract_aligned_pointer_as_index")
+def _extract_pointer(op: Any, c: Compiler):
+    src, out = c.slot(op.operands[0]), c.slot(op.results[0])
+    shared = _prev_extract(op, c)
+
+    def run(f: Frame) -> None:
+        m: MemRef = f.vals[src]
+        if m.buf.space != "global":
+            shared(f)
+            return
+        f.vals[out] = np.array([_global_base(f, m.buf)], np.int64)
+    return run
+
+
+@handles("llvm.inttoptr")
+def _inttoptr(op: Any, c: Compiler):
+    if type_str(op.results[0]) not in ("!llvm.ptr<1>", "!llvm.ptr<7>"):
+        return _prev_inttoptr(op, c)
+    src, out = c.slot(op.operands[0]), c.slot(op.results[0])
+
+    def run(f: Frame) -> None:
+        f.vals[out] = np.asarray(f.vals[src]).astype(np.int64)
+    return run
+
+
+def _tx(f: Frame) -> dict[tuple[int, int], int]:
+    return f.__dict__.setdefault("mbarrier_tx", {})
+
+
+def _bar(f: Frame, tm: Any, key: tuple[int, int], what: str, t: int) -> list[int]:
+    bar = tm.bars.get(key)
+    if bar is None:
+        raise RuntimeError(f"{what}: mbarrier at shared address {key[1]:#x} is not initialised "
+                           f"({f.describe(t)})")
+    return bar
+
+
+def _complete(f: Frame, bar: list[int], key: tuple[int, int]) -> None:
+    if bar[1] == 0 and _tx(f).get(key, 0) == 0:
+        bar[0] ^= 1
+        bar[1] = bar[2]
+
+
+def _arrivals(op: Any, c: Compiler, what: str, with_tx: bool):
+    slots = c.slots(op.operands)
+    addr_s = slots[0]
+    tx_s = slots[1] if with_tx else None
+    pred = slots[2:] if with_tx else []
+    out = c.slot(op.results[0]) if op.results else None
+
+    def run(f: Frame) -> None:
+        tm = _t5._tmem(f)
+        for t in _t5._threads(f):
+            if pred and not bool(np.asarray(f.full(f.vals[pred[0]]))[t]):
+                continue
+            key = (_t5._block(f, t), _t5._u(f, f.vals[addr_s], t))
+            bar = _bar(f, tm, key, what, t)
+            if tx_s is not None:
+                _tx(f)[key] = _tx(f).get(key, 0) + _t5._u(f, f.vals[tx_s], t, 32)
+            bar[1] -= 1
+            if bar[1] < 0:
+                raise RuntimeError(f"{what}: more arrivals than the barrier's count in one "
+                                   f"phase ({f.describe(t)})")
+            _complete(f, bar, key)
+        if out is not None:
+            f.vals[out] = np.zeros(1, np.int64)
+    return run
+
+
+@handles("nvvm.mbarrier.arrive.expect_tx")
+def _arrive_expect_tx(op: Any, c: Compiler):
+    return _arrivals(op, c, "mbarrier.arrive.expect_tx", True)
+
+
+@handles("nvvm.mbarrier.arrive")
+def _arrive(op: Any, c: Compiler):
+    if len(op.operands) != 1:
+        raise NotImplementedError("interpreter: nvvm.mbarrier.arrive with a count")
+    return _arrivals(op, c, "mbarrier.arrive", False)
+
+
+@handles("nvvm.cp.async.bulk.shared.cluster.global")
+def _bulk_copy(op: Any, c: Compiler):
+    if len(op.operands) != 4:
+        raise NotImplementedError("interpreter: cp.async.bulk with a multicast mask or an L2 "
+                                  "cache hint")
+    dst_s, src_s, bar_s, size_s = c.slots(op.operands)
+    c.uses_shared = True
+
+    def run(f: Frame) -> None:
+        tm = _t5._tmem(f)
+        st = _wg._state(f)
+        for t in _t5._threads(f):
+            blk = _t5._block(f, t)
+            n = _t5._u(f, f.vals[size_s], t, 32)
+            dst, src = _t5._u(f, f.vals[dst_s], t), _t5._u(f, f.vals[src_s], t)
+            if n % 16 or dst % 16 or src % 16:
+                raise ValueError(f"cp.async.bulk: size {n}, dst {dst:#x}, src {src:#x} must be "
+                                 f"multiples of 16 ({f.describe(t)})")
+            key = (blk, _t5._u(f, f.vals[bar_s], t))
+            bar = _bar(f, tm, key, "cp.async.bulk", t)
+            gbuf, goff = _resolve_global(f, src, n)
+            sbuf, soffs = _wg.resolve_shared(f, np.array([dst, dst + n - 1], np.int64))
+            s0 = int(soffs[0])
+            row = sbuf.data[blk].view(np.uint8)
+            row[s0:s0 + n] = gbuf.data.view(np.uint8)[goff:goff + n]
+            img = st.async_image.get((id(sbuf), blk))
+            if img is None:  # nothing fenced yet: only the copied bytes are async-visible
+                img = st.async_image[(id(sbuf), blk)] = row ^ 0xFF
+            img[s0:s0 + n] = row[s0:s0 + n]
+            if sbuf.race is not None:
+                item = sbuf.data.dtype.itemsize
+                keys = blk * sbuf.size + np.arange(s0 // item, -(-(s0 + n) // item))
+                sbuf.race.written[keys] = True
+                sbuf.race.wmin[keys] = np.iinfo(np.int32).max
+                sbuf.race.wmax[keys] = -1
+                sbuf.race.rmin[keys] = np.iinfo(np.int32).max
+                sbuf.race.rmax[keys] = -1
+            _tx(f)[key] = _tx(f).get(key, 0) - n
+            _complete(f, bar, key)
+    return run
