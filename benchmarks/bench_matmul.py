@@ -22,8 +22,9 @@ Implementations:
   wgmma kernel (``matmul_wgmma.VARIANTS``; "fold" also with 128 x 256 tiles; ``pipeline``
   "early" and "late"), called directly;
 * ``blockscale-twophase-128x256[-k32]``: ``ops.matmul_twophase`` (NVFP4 / MXFP4: dequantize
-  to bf16 workspaces, then a cp.async-fed bf16 wgmma GEMM; kstep 64 / 4 stages, or 32 / 6);
-  ``blockscale-twophase-phase1``: its dequantization launches alone;
+  to stage-ordered bf16 workspaces, then a bf16 wgmma GEMM fed by cp.async.bulk through an
+  mbarrier ring; kstep 64 / 4 stages, or 32 / 9); ``blockscale-twophase-phase1`` /
+  ``-phase2``: its dequantization launches alone / its GEMM alone (kstep 64);
 * ``blockscale-portable``: the same call with both fast paths off (``BLOCKSCALE_SM90_FAST=0``,
   ``BLOCKSCALE_SM90_WGMMA=0``);
 * ``torch-bf16``: ``torch.matmul`` on bf16 dequantized A and B (the W4A16 upper bound a
@@ -196,6 +197,13 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
         record("blockscale-twophase-phase1",  # phase 1 alone (both operands' workspaces)
                _timer(lambda: matmul_twophase.dequantize_operands(*args, fmt, k=k, device=dev),
                       iters, dev.synchronize), "n/a (workspaces only)")
+        wa, wb = matmul_twophase.dequantize_operands(*args, fmt, k=k, device=dev)
+
+        def phase2() -> Any:  # phase 2 alone (default kstep / stages)
+            return matmul_twophase.matmul_workspaces(wa, wb, fmt, m, n, k, device=dev)
+        check = _check_rows(dev.to_host(phase2()), a_deq, b_deq, rows, fmt, k, strict=True,
+                            n_mul=1 + (fmt.kblocks(k) if fmt.is_mx else 0))
+        record("blockscale-twophase-phase2", _timer(phase2, iters, dev.synchronize), check)
         for ks in matmul_twophase.KSTEPS:
             def twophase(ks: int = ks) -> Any:
                 return matmul_twophase.block_scaled_matmul_twophase(*args, fmt, k=k,

@@ -304,3 +304,22 @@ def test_interp_bulk_copy_completes_the_mbarrier(mode):
     run_kernel(text, "k", (2, 1, 1), (32, 1, 1), [x, y], "sm_90a")
     want = x.reshape(2, 32, 8)[:, ::-1].reshape(-1)
     np.testing.assert_array_equal(y, want)
+
+
+@pytest.mark.interp
+def test_interp_phase2_alone():
+    """matmul_workspaces (phase 2 on phase 1's workspaces) equals the pair bit for bit; a
+    workspace of the wrong size is refused."""
+    from blockscale import runtime
+
+    m, n, k = 130, 300, 160
+    rng = np.random.default_rng(3)
+    a, b, _, _, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
+    dev = runtime.get_device("interp")
+    ops = [dev.to_device(np.ascontiguousarray(x)) for x in (a, b, sfa5, sfb5)]
+    wa, wb = TP.dequantize_operands(*ops, NVFP4, device=dev)
+    got = dev.to_host(TP.matmul_workspaces(wa, wb, NVFP4, m, n, k, alpha=0.5, device=dev))
+    want = TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, NVFP4, alpha=0.5, device=dev)
+    assert np.array_equal(np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8))
+    with pytest.raises(ValueError, match="wb must hold"):
+        TP.matmul_workspaces(wa, wa, NVFP4, m, n, k, device=dev)

@@ -264,6 +264,27 @@ def dequantize_operands(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *
     return (dev.to_host(wa), dev.to_host(wb)) if host else (wa, wb)
 
 
+def matmul_workspaces(wa: Any, wb: Any, fmt: Format | str, m: int, n: int, k: int, *,
+                      alpha: float = 1.0, out_dtype: str = "bfloat16",
+                      kstep: int | None = None, stages: int | None = None,
+                      device: Any = None) -> Any:
+    """Phase 2 alone (e.g. to time it): C = A B^T from the device workspaces of
+    :func:`dequantize_operands` (``fmt``: the format they were made from), no epilogue.
+    Returns the device output."""
+    fmt = Format.from_name(fmt)
+    if fmt.name not in FORMATS:
+        raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt.name!r}")
+    for name, w, rows, tile in (("wa", wa, m, BM), ("wb", wb, n, BN)):
+        want = 2 * k_padded(k) * padded(rows, tile)
+        if int(np.prod(w.shape)) != want:
+            raise ValueError(f"{name} must hold {want} bytes (the workspace of {rows} rows, "
+                             f"k={k}), got shape {tuple(w.shape)}")
+    dev, tgt = H.device_and_target(device, "sm_90a")
+    spec = TwophaseMatmulSpec(fmt.name, out_dtype, None, tgt, kstep, stages)
+    return H.launch(spec, grid(m, n), (m, n), out_dtype, {"wa": wa, "wb": wb},
+                    {"m": m, "n": n, "k": k, "alpha": H.finite_f32(alpha, "alpha")}, dev)
+
+
 def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *,
                                  k: int | None = None, alpha: float = 1.0,
                                  out_dtype: str = "bfloat16", epilogue: Epilogue | None = None,
@@ -331,5 +352,6 @@ __all__ = [
     "dequantize_operands",
     "grid",
     "kernel",
+    "matmul_workspaces",
     "workspace_bytes",
 ]

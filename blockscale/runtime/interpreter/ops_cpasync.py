@@ -16,6 +16,12 @@ snapshot after the landing (:mod:`.ops_wgmma`), so a kernel that waits too littl
 too early fails here. Lock-step caveat: groups are tracked per batch of blocks, not per
 thread (all threads of the kernels issue, commit and wait in the same program order); a
 copy whose group is never waited for never lands.
+
+Bulk copies (``nvvm.cp.async.bulk.shared.cluster.global``), ``nvvm.mbarrier.arrive`` and
+``nvvm.mbarrier.arrive.expect_tx``: see the comment block above their handlers. This module
+extends two handlers of other modules (imported first, so the extension is the one
+registered): ``memref.extract_aligned_pointer_as_index`` of global memrefs and
+``llvm.inttoptr`` to global / shared::cluster pointers.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from typing import Any
 import numpy as np
 
 from . import memory
-from .compiler import Compiler, handles
+from . import ops_tcgen05 as _t5
+from . import ops_wgmma as _wg
+from .compiler import HANDLERS, Compiler, handles, type_str
 from .frame import Frame
 from .memory import MemRef
 
@@ -133,9 +141,6 @@ def _wait(op: Any, c: Compiler):
 # wgmma model's async image (a wgmma may read them with no proxy fence) and are marked written
 # with the race tracker cleared, as ops_tma's copies.
 
-from . import ops_tcgen05 as _t5  # noqa: E402
-from . import ops_wgmma as _wg  # noqa: E402
-from .compiler import HANDLERS, type_str  # noqa: E402
 
 _GLOBAL_BASE, _GLOBAL_SPAN = 1 << 40, 1 << 36
 _prev_extract = HANDLERS["memref.extract_aligned_pointer_as_index"]
