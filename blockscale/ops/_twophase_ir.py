@@ -2,50 +2,62 @@
 
 Imports MLIR: only :func:`blockscale.ops.matmul_twophase.build` imports it.
 
-Phase 1, :func:`emit_dequant` (one launch per operand): thread ``t`` of the grid takes the
-16-byte piece ``t % pieces`` (32 K-elements) of row ``t // pieces`` of the *workspace*, a
-row-major ``[rows_pad, k_pad]`` bf16 matrix (``k_pad = ceil(K / KPAD) * KPAD``,
-``rows_pad`` a multiple of the phase-2 tile), reads the packed FP4 piece and its scale
-byte(s), and writes the 32 bf16 values (four 16-byte stores) with the block scale folded in
-exactly as the wgmma "fold" kernel does (``_wgmma_ir._dequant_row`` with ``dequant="lut"``
-and ``_wgmma_ir._scale_values``: NVFP4 E2M1 x |E4M3|, MXFP4 times ``2^(e - 127 +
-MX_FOLD_EXP)``). Rows past the operand and pieces past K are zeros, so phase 2 needs no
-guards.
+Workspace layout ("stage-ordered"): an operand's bf16 dequantization, ``rows_pad`` rows
+(a multiple of the phase-2 tile height ``tile``: 128 for A, 256 for B) x ``k_pad`` (``K``
+rounded up to :data:`KPAD`), stored per tile-row (``tile`` rows) as one span of ``tile *
+k_pad * 2`` bytes, chunk-major: the 16-byte chunk ``c`` (K-elements ``8 c .. 8 c + 7``) of
+row ``r`` is at ``(r // tile) * tile * k_pad * 2 + c * tile * 16 + (r % tile) * 16``
+(:func:`ws_offset`). That is the canonical no-swizzle K-major wgmma layout with core
+matrices (8 rows x 16 bytes) at LBO = ``tile * 16`` bytes along K and SBO = 128 along
+M / N, and a k-step of any ``kstep`` is ONE contiguous span of ``tile * kstep * 2`` bytes.
+
+Phase 1, :func:`emit_dequant` (one launch per operand): thread ``t`` takes row
+``(t // tile // pieces) * tile + t % tile`` and the 64-element piece ``(t // tile) %
+pieces`` (``pieces = k_pad / 64``): two 16-byte loads of packed FP4 (one 32-byte sector)
+and its scale bytes, eight 16-byte stores of bf16 with the block scale folded in exactly as
+the wgmma "fold" kernel does (``_wgmma_ir._dequant_row`` with ``dequant="lut"`` and
+``_wgmma_ir._scale_values``: NVFP4 E2M1 x |E4M3|, MXFP4 times ``2^(e - 127 +
+MX_FOLD_EXP)``). Consecutive threads take consecutive rows, so each store instruction of a
+warp writes 512 contiguous bytes. Rows past the operand and elements past K are zeros, so
+phase 2 needs no guards.
 
 Phase 2, :func:`emit_mainloop`: a pure bf16 GEMM over the workspaces. A CTA (two consumer
-warpgroups, 256 threads) computes a 128 x 256 tile; per step of ``kstep`` K-elements it
-copies 384 rows x ``2 kstep`` bytes with ``cp.async.cg`` 16-byte copies (``1.5 kstep / 8``
-per thread) into a ring of ``stages`` shared stages, in the canonical no-swizzle K-major
-core-matrix layout of the wgmma kernel (core matrix of row group g, K chunk c at
-``g * SBO + c * LBO``, LBO = 128, SBO = 16 kstep). A warp's copy covers 8 rows x 4 chunks
-(64 contiguous global bytes per row; each 8-lane store phase writes one 128-byte core
-matrix: no bank conflicts). Step s:
+warpgroups, 256 threads) computes a 128 x 256 tile from a ring of ``stages`` shared stages
+(A: ``128 x kstep``, then B: ``256 x kstep`` bf16) and ``2 stages`` mbarriers (full[],
+empty[]), all in the one dynamic shared buffer (no static shared memory: issue #9). Thread
+0 is also the producer: per step it does ``mbarrier.arrive.expect_tx`` on full[slot] and
+two ``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes`` (UBLKCP: the
+step's A span and B span, 16 + 32 KiB at kstep 64). Step s (every thread):
 
-1. ``fence.proxy.async.shared::cta`` + CTA barrier (this thread's copies of step s landed
-   at the previous step's ``cp.async.wait_group``; after the barrier everyone's have, and
-   every warpgroup has retired the wgmmas of step s - 2);
-2. issue the copies of step ``s + stages - 2`` (clamped to the last step: extra copies of
-   real data into a stage no wgmma reads) into stage ``(s - 2) % stages``, commit a group;
-3. ``wgmma.fence``, ``kstep / 16`` ``m64n256k16`` wgmmas per warpgroup from stage
-   ``s % stages``, ``commit_group``, ``wait_group 1`` (retires step s - 1);
-4. ``cp.async.wait_group stages - 3``: the copies of step s + 1 have landed.
+1. wait on full[s % stages] (parity ``(s / stages) & 1``);
+2. ``wgmma.fence``, ``kstep / 16`` ``m64n256k16`` wgmmas per warpgroup, ``commit_group``,
+   ``wait_group 1`` (retires step s - 1);
+3. one thread per warpgroup arrives on empty[(s - 1) % stages] (count 2): step s - 1's stage
+   is free;
+4. thread 0 waits on that empty barrier and refills the stage with step s + stages - 1.
 
-So the copies run ``stages - 2`` steps ahead, the wgmmas of step s overlap the barrier and
-copy issue of step s + 1, and there is one barrier per step. The k16 wgmma sequence and the
-bf16 operands equal the wgmma fold kernel's (lut, any kstep), so in the interpreter's model
-the accumulators, hence the outputs, are bit-identical to ``matmul_wgmma``'s fold kernel.
+So ``stages - 1`` steps of copies are in flight while the tensor cores run. The bulk copies
+write through the async proxy, as the wgmma reads: no ``fence.proxy.async`` (whose
+``MEMBAR.ALL.CTA`` waited for the in-flight cp.async copies of the previous version) and no
+CTA barrier in the loop. Step 0 "releases" stage ``stages - 1`` (not yet read) instead of
+branching on ``step == 0``: a first-iteration branch makes LLVM peel the loop, and the
+peeled zero-accumulator moves inside its wgmma pipeline make ptxas serialize every wgmma of
+the kernel (C7515). The k16 wgmma sequence and the bf16 operands equal the wgmma fold
+kernel's (lut, any kstep), so in the interpreter's model the outputs are bit-identical to
+``matmul_wgmma``'s fold kernel.
 
 CTA order: tile ``t`` of the 1-D grid is rasterized in groups of :data:`RASTER` M-tiles
 (M fastest inside a group), so the CTAs of a wave share B's and A's workspace rows in L2.
 
-Performance model (sm_90a SASS, tools/sass_loop_counts.py; 184 registers at kstep 64, 176 at
-32, no spills): the K loop is 109 instructions per thread and step at kstep 64 (12 LDGSTS, 4
-HGMMA.64x256x16, one BAR) = 218 issue cycles per SM against 1024 tensor cycles (95 / 190 vs
-512 at kstep 32): not issue-bound. Each CTA step reads 48 KiB (kstep 64) from L2 per 4.2
-MFLOP: 800 TFLOP/s would need ~9 TB/s of L2 -> SM bandwidth (no TMA multicast), so the loop
-may be L2-bound below the tensor peak. ``fence.proxy.async`` is ``MEMBAR.ALL.CTA`` +
-``FENCE.VIEW.ASYNC.S``; if the MEMBAR waits for this thread's copies in flight, the copies
-issued one step earlier must land before it (about two wgmma steps of slack at kstep 64).
+Performance model (sm_90a SASS, tools/sass_loop_counts.py; ptxas 13.0): phase 2 154
+registers at kstep 64 / 4 stages (196,672 shared bytes), 162 at kstep 32 / 9 stages
+(221,328), no spills; the K loop is 121 (119) instructions per thread and step including
+the producer's path: 2 UBLKCP, 4 (2) HGMMA.64x256x16, 3 SYNCS, one WARPGROUP.DEPBAR, no
+MEMBAR / BAR: ~240 issue cycles per SM against 1024 (512) tensor cycles. Each CTA step
+reads 48 KiB (kstep 64) from L2 per 4.2 MFLOP: 800 TFLOP/s would need ~9 TB/s of L2 -> SM
+bandwidth (no multicast), so expect it to be L2-bound below the tensor peak. Phase 1: 40
+registers (NVFP4), per thread two LDG.E.128 + the scale load(s) and eight STG.E.128;
+~105 MB of traffic at 8192 x 5760 x 2944.
 """
 
 from __future__ import annotations

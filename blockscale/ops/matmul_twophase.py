@@ -8,13 +8,15 @@ optional fused :class:`~blockscale.ops.matmul_epilogue.Epilogue`. K % 32 == 0.
 Kernels (:mod:`blockscale.ops._twophase_ir`):
 
 * phase 1 (:class:`DequantSpec`, one launch per operand): packed FP4 + 5-D scales -> a bf16
-  workspace ``[rows_pad, k_pad]`` (row-major; ``rows_pad`` = M rounded up to 128 for A, N to
-  256 for B; ``k_pad`` = K rounded up to 64; zeros outside the operand) with the block scale
+  workspace ``[rows_pad, k_pad]`` (``rows_pad`` = M rounded up to 128 for A, N to 256 for B;
+  ``k_pad`` = K rounded up to 64; zeros outside the operand; stored stage-ordered: per
+  128 / 256-row tile-row, 16-byte K chunks chunk-major, see _twophase_ir) with the block scale
   folded in exactly as the wgmma "fold" kernel does (NVFP4: E2M1 x |E4M3|, exact in bf16;
   MXFP4: times ``2^(e - 127 + MX_FOLD_EXP)``, undone in the epilogue). Bandwidth-bound.
 * phase 2 (:class:`TwophaseMatmulSpec`): 128 x 256 CTA tiles, two warpgroups of
-  ``wgmma m64n256k16`` fed by a ring of ``stages`` shared stages filled with ``cp.async.cg``
-  16-byte copies in the wgmma kernel's canonical no-swizzle layout; the epilogue of the
+  ``wgmma m64n256k16`` fed by a ring of ``stages`` shared stages, each filled by two 1-D
+  bulk copies (``cp.async.bulk`` + mbarrier ``complete_tx``; a stage is one contiguous span
+  of each workspace); full / empty mbarriers, no proxy fence; the epilogue of the
   wgmma kernel (``matmul_sm90.store_tile``: scale fix, alpha, fused epilogue, cast).
 
 Workspace: ``2 k_pad (M_pad + N_pad)`` bytes of device memory (``dev.alloc`` per call,
