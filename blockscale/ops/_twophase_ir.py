@@ -52,12 +52,12 @@ CTA order: tile ``t`` of the 1-D grid is rasterized in groups of :data:`RASTER` 
 Performance model (sm_90a SASS, tools/sass_loop_counts.py; ptxas 13.0): phase 2 154
 registers at kstep 64 / 4 stages (196,672 shared bytes), 162 at kstep 32 / 9 stages
 (221,328), no spills; the K loop is 121 (119) instructions per thread and step including
-the producer's path: 2 UBLKCP, 4 (2) HGMMA.64x256x16, 3 SYNCS, one WARPGROUP.DEPBAR, no
-MEMBAR / BAR: ~240 issue cycles per SM against 1024 (512) tensor cycles. Each CTA step
-reads 48 KiB (kstep 64) from L2 per 4.2 MFLOP: 800 TFLOP/s would need ~9 TB/s of L2 -> SM
-bandwidth (no multicast), so expect it to be L2-bound below the tensor peak. Phase 1: 40
-registers (NVFP4), per thread two LDG.E.128 + the scale load(s) and eight STG.E.128;
-~105 MB of traffic at 8192 x 5760 x 2944.
+the producer's path: 2 UBLKCP, 4 (2) HGMMA.64x256x16, 4 SYNCS (2 waits, 2 arrivals), one
+WARPGROUP.DEPBAR, no MEMBAR / BAR: ~240 issue cycles per SM against 1024 (512) tensor
+cycles. Each CTA step reads 48 KiB (kstep 64) from L2 per 4.2 MFLOP: 800 TFLOP/s would
+need ~9 TB/s of L2 -> SM bandwidth (no multicast), so expect it to be L2-bound below the
+tensor peak. Phase 1: 40 registers (NVFP4), per thread two LDG.E.128 + the scale load(s)
+and eight STG.E.128; ~105 MB of traffic at 8192 x 5760 x 2944.
 """
 
 from __future__ import annotations
