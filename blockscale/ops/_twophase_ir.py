@@ -24,8 +24,8 @@ phase 2 needs no guards.
 Phase 2, :func:`emit_mainloop`: a pure bf16 GEMM over the workspaces. A CTA (two consumer
 warpgroups, 256 threads) computes a 128 x 256 tile from a ring of ``stages`` shared stages
 (A: ``128 x kstep``, then B: ``256 x kstep`` bf16) and ``2 stages`` mbarriers (full[],
-empty[]), all in the one dynamic shared buffer (no static shared memory: issue #9). Thread
-0 is also the producer: per step it does ``mbarrier.arrive.expect_tx`` on full[slot] and
+empty[]), all in the one dynamic shared buffer (``tma.extern_shared_buffer``: issue #9).
+Thread 0 is also the producer: per step it does ``mbarrier.arrive.expect_tx`` on full[slot] and
 two ``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes`` (UBLKCP: the
 step's A span and B span, 16 + 32 KiB at kstep 64). Step s (every thread):
 
@@ -169,8 +169,8 @@ def _parity(v: Value) -> Value:
     return bir.as_i32(bir.urem(v, 2))
 
 
-def emit_mainloop(wa: Value, wb: Value, m0: Value, n0: Value, k: Value, kstep: int,
-                  stages: int) -> tuple[Value, Value]:
+def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Value,
+                  k: Value, kstep: int, stages: int) -> tuple[Value, Value]:
     """Phase 2's K loop over the stage-ordered workspaces ``wa`` / ``wb`` (i8 memrefs) for
     the tile at rows ``m0`` of A, ``n0`` of B; returns (the warpgroup's accumulator struct,
     warpgroup index). Every thread of the CTA must execute it."""
@@ -180,7 +180,9 @@ def emit_mainloop(wa: Value, wb: Value, m0: Value, n0: Value, k: Value, kstep: i
         raise ValueError(f"kstep must be a multiple of 16, got {kstep}")
     a_bytes, b_bytes = BM * 2 * kstep, BN * 2 * kstep
     sbytes = a_bytes + b_bytes
-    smem = X.dynamic_shared_buffer()
+    # the dynamic shared memory as a CUDA extern array (gpu.dynamic_shared_memory becomes a
+    # "demoted" static variable: issue #9)
+    smem = tma.extern_shared_buffer(kb, shared_bytes(kstep, stages), align=128)
     tid = bir.thread_idx("x")
     wg = bir.udiv(tid, 128)
     is_prod = bir.eq(tid, 0)

@@ -211,7 +211,7 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
         m_count, n_count, k = (bir.as_index(kb.arg(x)) for x in ("m", "n", "k"))
         mt, nt = T.raster_tile(bir.ceil_div(m_count, BM), bir.ceil_div(n_count, BN))
         m0, n0 = bir.mul(mt, BM), bir.mul(nt, BN)
-        acc, wg = T.emit_mainloop(kb.arg("wa"), kb.arg("wb"), m0, n0, k, spec.kstep,
+        acc, wg = T.emit_mainloop(kb, kb.arg("wa"), kb.arg("wb"), m0, n0, k, spec.kstep,
                                   spec.stages)
         fix = X.accumulator_scale("lut", spec.fmt, "fold")
 
