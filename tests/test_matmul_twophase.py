@@ -229,6 +229,7 @@ def test_kernel_sass(spec):
     assert len(re.findall(r"WARPGROUP\.DEPBAR", sass)) == 2
     assert meta["registers"] <= 255
     assert meta["dynamic_shared_bytes"] == spec.dynamic_shared_bytes
+    assert meta["static_shared_bytes"] == 0  # one .extern buffer: ring + mbarriers (issue #9)
 
 
 GPU_SHAPES = [(8192, 5760, 2944), (777, 2560, 8192), (1000, 1024, 1056)]
