@@ -21,10 +21,11 @@ Implementations:
   ``blockscale-wgmma-{dequant}-fold-k64-128x{128,256}-{ws,tma}`` (the TMA-fed loop): every variant of the
   wgmma kernel (``matmul_wgmma.VARIANTS``; "fold" also with 128 x 256 tiles; ``pipeline``
   "early" and "late"), called directly;
-* ``blockscale-twophase-128x256[-k32]``: ``ops.matmul_twophase`` (NVFP4 / MXFP4: dequantize
-  to stage-ordered bf16 workspaces, then a bf16 wgmma GEMM fed by cp.async.bulk through an
-  mbarrier ring; kstep 64 / 4 stages, or 32 / 9); ``blockscale-twophase-phase1`` /
-  ``-phase2``: its dequantization launches alone / its GEMM alone (kstep 64);
+* ``blockscale-twophase-128x256[-k32]``, ``-192x256``: ``ops.matmul_twophase`` (NVFP4 /
+  MXFP4: dequantize to stage-ordered bf16 workspaces, then a bf16 wgmma GEMM fed by
+  cp.async.bulk through an mbarrier ring; kstep 64 / 4 stages, or 32 / 9; 192-row tiles:
+  3 warpgroups, kstep 64 / 4 stages); ``blockscale-twophase-phase1`` / ``-phase2``: its
+  dequantization launches alone / its GEMM alone (128 x 256, kstep 64);
 * ``blockscale-portable``: the same call with both fast paths off (``BLOCKSCALE_SM90_FAST=0``,
   ``BLOCKSCALE_SM90_WGMMA=0``);
 * ``torch-bf16``: ``torch.matmul`` on bf16 dequantized A and B (the W4A16 upper bound a
@@ -204,15 +205,15 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
         check = _check_rows(dev.to_host(phase2()), a_deq, b_deq, rows, fmt, k, strict=True,
                             n_mul=1 + (fmt.kblocks(k) if fmt.is_mx else 0))
         record("blockscale-twophase-phase2", _timer(phase2, iters, dev.synchronize), check)
-        for ks in matmul_twophase.KSTEPS:
-            def twophase(ks: int = ks) -> Any:
+        for ks, bm in ((64, 128), (32, 128), (64, 192)):
+            def twophase(ks: int = ks, bm: int = bm) -> Any:
                 return matmul_twophase.block_scaled_matmul_twophase(*args, fmt, k=k,
-                                                                    device=dev, kstep=ks)
+                                                                    device=dev, kstep=ks, bm=bm)
             extra = fmt.kblocks(k) if fmt.is_mx else 0  # the fold kernel's operands
             check = _check_rows(dev.to_host(twophase()), a_deq, b_deq, rows, fmt, k,
                                 strict=True, n_mul=1 + extra)
             tag = "" if ks == matmul_twophase.DEFAULT_KSTEP else f"-k{ks}"
-            record(f"blockscale-twophase-128x256{tag}", _timer(twophase, iters, dev.synchronize),
+            record(f"blockscale-twophase-{bm}x256{tag}", _timer(twophase, iters, dev.synchronize),
                    check)
 
     os.environ[matmul_wgmma.ENV_SWITCH] = "0"

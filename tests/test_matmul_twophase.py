@@ -39,7 +39,7 @@ from blockscale.ops import matmul_wgmma
 
 
 def _check(m, n, k, fmt, out_dtype, kstep=None, stages=None, device="interp", rows=None,
-           identical=True):
+           identical=True, bm=128):
     """The bound and, in the interpreter, bit-identity with the wgmma fold kernel."""
     rng = np.random.default_rng(m * 131 + n * 7 + k)
     a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
@@ -48,7 +48,7 @@ def _check(m, n, k, fmt, out_dtype, kstep=None, stages=None, device="interp", ro
     bound = f32_error_bound(abs_sum, fmt, k, n_mul=1 + extra)
     got = TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, fmt, alpha=0.375,
                                           out_dtype=out_dtype, kstep=kstep, stages=stages,
-                                          device=device)
+                                          bm=bm, device=device)
     assert got.shape == (m, n)
     sel = got if rows is None else got[rows]
     if out_dtype == "float32":
@@ -72,14 +72,18 @@ def _check(m, n, k, fmt, out_dtype, kstep=None, stages=None, device="interp", ro
     ("mxfp4", (130, 300, 224), 64, None, "bfloat16"),
     ("mxfp4", (200, 100, 352), 32, 4, "float32"),
     ("nvfp4", (1, 5, 32), 64, None, "float32"),  # one step, mostly padding
-], ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}-k{c[2]}-s{c[3]}-{c[4]}")
+    ("nvfp4", (200, 300, 352), 64, None, "float32", 192),  # 192 x 256 tiles: 3 warpgroups
+    ("mxfp4", (400, 40, 96), 32, 3, "bfloat16", 192),
+], ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}-k{c[2]}-s{c[3]}-{c[4]}"
+   + (f"-bm{c[5]}" if len(c) > 5 else ""))
 def test_interp(case):
-    fmt, (m, n, k), kstep, stages, out_dtype = case
-    _check(m, n, k, Format.from_name(fmt), out_dtype, kstep, stages)
+    fmt, (m, n, k), kstep, stages, out_dtype, *bm = case
+    _check(m, n, k, Format.from_name(fmt), out_dtype, kstep, stages, bm=bm[0] if bm else 128)
 
 
 @pytest.mark.interp
-def test_interp_workspace_layout():
+@pytest.mark.parametrize("bm", TP.BMS)
+def test_interp_workspace_layout(bm):
     """Phase 1 alone: the workspace is the [rows_pad, k_pad] bf16 dequantization with the
     scales folded in (NVFP4: exact), zeros outside the operand, stored stage-ordered: per
     tile-row (128 rows of A, 256 of B) the 16-byte K chunks, chunk-major."""
@@ -90,10 +94,10 @@ def test_interp_workspace_layout():
     m, n, k = 140, 3, 96
     rng = np.random.default_rng(5)
     a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
-    ws, wsb = TP.dequantize_operands(a, b, sfa5, sfb5, NVFP4, device="interp")
-    assert ws.size + wsb.size == TP.workspace_bytes(m, n, k)
+    ws, wsb = TP.dequantize_operands(a, b, sfa5, sfb5, NVFP4, bm=bm, device="interp")
+    assert ws.size + wsb.size == TP.workspace_bytes(m, n, k, bm)
     kp = TP.k_padded(k)
-    for x, sf, w, rows, tile in ((a, sfa, ws, m, 128), (b, sfb, wsb, n, 256)):
+    for x, sf, w, rows, tile in ((a, sfa, ws, m, bm), (b, sfb, wsb, n, 256)):
         w = w.view(ml_dtypes.bfloat16).reshape(-1, kp // 8, tile, 8)  # tile, chunk, row, 8
         w = w.transpose(0, 2, 1, 3).reshape(-1, kp).astype(np.float64)
         codes = np.stack([x & 0xF, x >> 4], axis=-1).reshape(rows, k)
@@ -170,6 +174,11 @@ def test_spec_validation_and_bundle():
         TP.TwophaseMatmulSpec("nvfp4", kstep=16)
     with pytest.raises(ValueError, match=r"stages must be an int in \[2, 4\]"):
         TP.TwophaseMatmulSpec("nvfp4", kstep=64, stages=5)
+    with pytest.raises(ValueError, match="bm must be one of"):
+        TP.TwophaseMatmulSpec("nvfp4", bm=256)
+    s = TP.TwophaseMatmulSpec("nvfp4", bm=192)
+    assert (s.stages, s.block, s.dynamic_shared_bytes) == (4, (384, 1, 1), 4 * 448 * 128 + 64)
+    assert TP.TwophaseMatmulSpec("nvfp4", kstep=32, bm=192).stages == 8
     with pytest.raises(ValueError, match="target must be one of"):
         TP.DequantSpec("nvfp4", "sm_100a")
     with pytest.raises(ValueError, match="tile must be one of"):
@@ -177,11 +186,11 @@ def test_spec_validation_and_bundle():
     s = TP.TwophaseMatmulSpec("nvfp4")
     assert (s.kstep, s.stages, s.dynamic_shared_bytes) == (64, 4, 4 * 384 * 128 + 4 * 16)
     assert TP.TwophaseMatmulSpec("nvfp4", kstep=32).stages == 9
-    assert max(TP.TwophaseMatmulSpec("nvfp4", kstep=ks).dynamic_shared_bytes
-               for ks in TP.KSTEPS) <= 227 * 1024
+    assert max(TP.TwophaseMatmulSpec("nvfp4", kstep=ks, bm=bm).dynamic_shared_bytes
+               for ks in TP.KSTEPS for bm in TP.BMS) <= 227 * 1024
     assert TP.workspace_bytes(8192, 5760, 2944) == 2 * 2944 * (8192 + 5888)
     specs = TP.bundle_specs("sm_90a")
-    assert len(specs) == 2 * 2 + 2 * 2 * 2 and TP.bundle_specs("sm_100a") == []
+    assert len(specs) == 2 * 3 + 2 * 2 * 2 + 2 * 2 and TP.bundle_specs("sm_100a") == []
     assert all(TP.build(x).operation.verify() for x in specs[:3])
 
 
@@ -238,10 +247,11 @@ GPU_SHAPES = [(8192, 5760, 2944), (777, 2560, 8192), (1000, 1024, 1056)]
 @pytest.mark.gpu
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", TP.FORMATS)
-@pytest.mark.parametrize("kstep", TP.KSTEPS)
+@pytest.mark.parametrize("kstep,bm", [(64, 128), (32, 128), (64, 192)],
+                         ids=lambda v: f"k{v}" if v in TP.KSTEPS else f"bm{v}")
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
-def test_gpu(shape, out_dtype, kstep, fmt):
+def test_gpu(shape, out_dtype, kstep, bm, fmt):
     """The stated fp32 bound (f32) / bf16 consistency on sampled rows (HGMMA rounds
     differently from the interpreter's model, so no bit-identity on hardware)."""
     m, n, k = shape
@@ -249,7 +259,7 @@ def test_gpu(shape, out_dtype, kstep, fmt):
     rows = np.unique(np.concatenate([np.arange(min(m, 64)), np.arange(max(0, m - 64), m),
                                      rng.integers(0, m, 64)]))
     _check(m, n, k, Format.from_name(fmt), out_dtype, kstep, device="cuda", rows=rows,
-           identical=False)
+           identical=False, bm=bm)
 
 
 def _bulk_kernel(mode: str) -> str:

@@ -76,8 +76,9 @@ from blockscale.ops._matmul_ir import tcgen_row_offset
 
 Value = ir.Value
 
-#: the phase-2 CTA tile (two warpgroups of m64n256)
+#: the phase-2 CTA tile (two warpgroups of m64n256); BMS: the tile heights built
 BM, BN = 128, 256
+BMS = (128, 192)
 #: K of the workspaces is padded to a multiple of this (every phase-2 kstep divides it)
 KPAD = 64
 #: M-tiles per raster group of the phase-2 grid
@@ -140,19 +141,19 @@ def emit_dequant(x: Value, sfx: Value, ws: Value, rows: Value, rows_pad: Value, 
 # ---- phase 2 ---------------------------------------------------------------------------------
 
 
-def stage_bytes(kstep: int) -> int:
-    """Shared bytes of one stage: (BM + BN) rows of ``kstep`` bf16."""
-    return (BM + BN) * 2 * kstep
+def stage_bytes(kstep: int, bm: int = BM) -> int:
+    """Shared bytes of one stage: (bm + BN) rows of ``kstep`` bf16."""
+    return (bm + BN) * 2 * kstep
 
 
-def barrier_offset(kstep: int, stages: int) -> int:
+def barrier_offset(kstep: int, stages: int, bm: int = BM) -> int:
     """Byte offset of the ``2 stages`` mbarriers (full, then empty) after the ring."""
-    return stages * stage_bytes(kstep)
+    return stages * stage_bytes(kstep, bm)
 
 
-def shared_bytes(kstep: int, stages: int) -> int:
+def shared_bytes(kstep: int, stages: int, bm: int = BM) -> int:
     """Dynamic shared bytes of phase 2: the ring and its mbarriers."""
-    return barrier_offset(kstep, stages) + 16 * stages
+    return barrier_offset(kstep, stages, bm) + 16 * stages
 
 
 def raster_tile(tiles_m: Value, tiles_n: Value) -> tuple[Value, Value]:
@@ -170,26 +171,28 @@ def _parity(v: Value) -> Value:
 
 
 def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Value,
-                  k: Value, kstep: int, stages: int) -> tuple[Value, Value]:
+                  k: Value, kstep: int, stages: int, bm: int = BM) -> tuple[Value, Value]:
     """Phase 2's K loop over the stage-ordered workspaces ``wa`` / ``wb`` (i8 memrefs) for
-    the tile at rows ``m0`` of A, ``n0`` of B; returns (the warpgroup's accumulator struct,
+    the ``bm`` x 256 tile (``bm / 64`` warpgroups) at rows ``m0`` of A, ``n0`` of B; returns (the warpgroup's accumulator struct,
     warpgroup index). Every thread of the CTA must execute it."""
     if stages < 2:
         raise ValueError(f"stages must be >= 2, got {stages}")
     if kstep % 16:
         raise ValueError(f"kstep must be a multiple of 16, got {kstep}")
-    a_bytes, b_bytes = BM * 2 * kstep, BN * 2 * kstep
+    if bm % 64:
+        raise ValueError(f"bm must be a multiple of 64, got {bm}")
+    a_bytes, b_bytes = bm * 2 * kstep, BN * 2 * kstep
     sbytes = a_bytes + b_bytes
     # the dynamic shared memory as a CUDA extern array (gpu.dynamic_shared_memory becomes a
     # "demoted" static variable: issue #9)
-    smem = tma.extern_shared_buffer(kb, shared_bytes(kstep, stages), align=128)
+    smem = tma.extern_shared_buffer(kb, shared_bytes(kstep, stages, bm), align=128)
     tid = bir.thread_idx("x")
     wg = bir.udiv(tid, 128)
     is_prod = bir.eq(tid, 0)
     kp = bir.mul(bir.ceil_div(k, KPAD), KPAD)
     steps = bir.ceil_div(k, kstep)
     base = W.shared_address(smem)
-    bars = bir.add(base, bir.as_i64(bir.const(barrier_offset(kstep, stages))))
+    bars = bir.add(base, bir.as_i64(bir.const(barrier_offset(kstep, stages, bm))))
 
     def full(slot: Value) -> Value:
         return bir.add(bars, bir.as_i64(bir.mul(slot, 8)))
@@ -198,8 +201,8 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Va
         return bir.add(bars, bir.as_i64(bir.add(bir.mul(slot, 8), 8 * stages)))
 
     # the tile-rows of the workspaces; step s of A is bytes [s a_bytes, (s + 1) a_bytes)
-    src_a = bir.add(cpasync.global_address(wa), bir.as_i64(bir.mul(bir.udiv(m0, BM),
-                                                                   bir.mul(kp, 2 * BM))))
+    src_a = bir.add(cpasync.global_address(wa), bir.as_i64(bir.mul(bir.udiv(m0, bm),
+                                                                   bir.mul(kp, 2 * bm))))
     src_b = bir.add(cpasync.global_address(wb), bir.as_i64(bir.mul(bir.udiv(n0, BN),
                                                                    bir.mul(kp, 2 * BN))))
 
@@ -216,14 +219,14 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Va
     with bir.when(is_prod):
         for i in range(stages):
             cpasync.mbarrier_init(full(bir.const(i)), 1)
-            cpasync.mbarrier_init(empty(bir.const(i)), 2)  # one arrival per warpgroup
+            cpasync.mbarrier_init(empty(bir.const(i)), bm // 64)  # one per warpgroup
         tma.fence_mbarrier_init()
     bir.barrier()
     with bir.when(is_prod):
         for p in range(stages - 1):
             with bir.when(bir.ult(bir.const(p), steps)):
                 produce(bir.const(p))
-    da0 = W.descriptor(base, lbo=BM * 16, sbo=LBO)
+    da0 = W.descriptor(base, lbo=bm * 16, sbo=LBO)
     db0 = W.descriptor(base, lbo=BN * 16, sbo=LBO)
     with bir.for_range(0, steps, carry=[W.zero_accumulator(BN)]) as loop:
         step, acc = loop.iv, loop.carried[0]
@@ -234,7 +237,7 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Va
         db = W.advance(db0, bir.as_i64(bir.add(stage0, a_bytes)))
         W.fence()
         for h in range(kstep // 16):
-            acc = W.mma_async(acc, W.advance(da, 2 * h * BM * 16), W.advance(db, 2 * h * BN * 16),
+            acc = W.mma_async(acc, W.advance(da, 2 * h * bm * 16), W.advance(db, 2 * h * BN * 16),
                               BN, dtype="bf16")
         W.commit_group()
         W.wait_group(1)  # the wgmmas of step - 1 retired: release its stage

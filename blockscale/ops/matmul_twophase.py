@@ -52,11 +52,13 @@ TARGETS = ("sm_90a",)
 FORMATS = ("nvfp4", "mxfp4")
 #: the phase-2 tile (= _twophase_ir.BM, BN), the workspaces' K padding (= _twophase_ir.KPAD)
 BM, BN, KPAD = 128, 256, 64
+#: phase-2 tile heights (bm / 64 consumer warpgroups; 192: 22% fewer L2 bytes per flop)
+BMS = (128, 192)
 #: phase-2 K elements per step and shared stages built (kstep 64: 48 KiB a stage)
 KSTEPS = (32, 64)
 DEFAULT_KSTEP = 64
-#: kstep -> the stage counts allowed (at most 227 KiB of shared memory)
-MAX_STAGES = {32: 9, 64: 4}
+#: (bm, kstep) -> the most stages (at most 227 KiB of shared memory)
+MAX_STAGES = {(128, 32): 9, (128, 64): 4, (192, 32): 8, (192, 64): 4}
 #: phase-1 threads per block (= _twophase_ir.DEQUANT_THREADS)
 DEQUANT_THREADS = 256
 #: MXFP4 "fold" operands are scaled by 2^MX_FOLD_EXP each (= _wgmma_ir.MX_FOLD_EXP)
@@ -93,7 +95,7 @@ class DequantSpec(FormatSpec):
     def __post_init__(self) -> None:
         object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
         object.__setattr__(self, "target", _check_format(self.fmt, self.target))
-        H.check_choice(self.tile, (BM, BN), "tile")
+        H.check_choice(self.tile, (*BMS, BN), "tile")
 
     @property
     def kernel_name(self) -> str:
@@ -119,6 +121,8 @@ class TwophaseMatmulSpec(FormatSpec):
         kstep: K elements per step (:data:`KSTEPS`); None: :data:`DEFAULT_KSTEP`.
         stages: shared stages (2 .. :data:`MAX_STAGES`; bulk copies run ``stages - 1``
             steps ahead); None: the largest that fits (:data:`MAX_STAGES`).
+        bm: the tile height (:data:`BMS`; ``bm / 64`` warpgroups, ``2 bm`` threads); the
+            A workspace must be made for it (:func:`dequantize_operands` ``bm``).
     """
 
     fmt: str
@@ -127,9 +131,13 @@ class TwophaseMatmulSpec(FormatSpec):
     target: str = "sm_90a"
     kstep: int | None = None
     stages: int | None = None
+    bm: int = BM
 
     op: ClassVar[str] = "block_scaled_matmul_twophase"
-    block: ClassVar[tuple[int, int, int]] = (2 * BM, 1, 1)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (2 * self.bm, 1, 1)
 
     def __post_init__(self) -> None:
         _matmul.check_spec_fields(self)
@@ -137,22 +145,24 @@ class TwophaseMatmulSpec(FormatSpec):
         if self.kstep is None:
             object.__setattr__(self, "kstep", DEFAULT_KSTEP)
         H.check_choice(self.kstep, KSTEPS, "kstep")
+        H.check_choice(self.bm, BMS, "bm")
+        most = MAX_STAGES[(self.bm, self.kstep)]
         if self.stages is None:
-            object.__setattr__(self, "stages", MAX_STAGES[self.kstep])
-        if type(self.stages) is not int or not 2 <= self.stages <= MAX_STAGES[self.kstep]:
-            raise ValueError(f"stages must be an int in [2, {MAX_STAGES[self.kstep]}] for "
+            object.__setattr__(self, "stages", most)
+        if type(self.stages) is not int or not 2 <= self.stages <= most:
+            raise ValueError(f"stages must be an int in [2, {most}] for bm={self.bm}, "
                              f"kstep={self.kstep}, got {self.stages!r}")
 
     @property
     def dynamic_shared_bytes(self) -> int:
-        """The ring (``stages`` x (BM + BN) rows x ``kstep`` bf16) and its ``2 stages``
+        """The ring (``stages`` x (bm + BN) rows x ``kstep`` bf16) and its ``2 stages``
         mbarriers."""
-        return self.stages * (BM + BN) * 2 * self.kstep + 16 * self.stages
+        return self.stages * (self.bm + BN) * 2 * self.kstep + 16 * self.stages
 
     @property
     def kernel_name(self) -> str:
         ep = f"_ep{self.epilogue.key[:10]}" if self.epilogue else ""
-        return (f"bs_twophase_{self.fmt}_{BM}x{BN}_k{self.kstep}_s{self.stages}_"
+        return (f"bs_twophase_{self.fmt}_{self.bm}x{BN}_k{self.kstep}_s{self.stages}_"
                 f"{H.out_tag(self.out_dtype)}{ep}")
 
     def args(self) -> tuple[KernelArg, ...]:
@@ -173,9 +183,9 @@ def k_padded(k: int) -> int:
     return -(-k // KPAD) * KPAD
 
 
-def workspace_bytes(m: int, n: int, k: int) -> int:
-    """Device bytes of the two bf16 workspaces of an M x N x K call."""
-    return 2 * k_padded(k) * (padded(m, BM) + padded(n, BN))
+def workspace_bytes(m: int, n: int, k: int, bm: int = BM) -> int:
+    """Device bytes of the two bf16 workspaces of an M x N x K call (tile height ``bm``)."""
+    return 2 * k_padded(k) * (padded(m, bm) + padded(n, BN))
 
 
 def dequant_grid(rows_pad: int, k: int) -> tuple[int, int, int]:
@@ -183,9 +193,9 @@ def dequant_grid(rows_pad: int, k: int) -> tuple[int, int, int]:
     return (max(1, -(-rows_pad * (k_padded(k) // 64) // DEQUANT_THREADS)), 1, 1)
 
 
-def grid(m: int, n: int) -> tuple[int, int, int]:
-    """Phase 2: one CTA per 128 x 256 tile of C (1-D, rasterized in the kernel)."""
-    return (max(1, -(-m // BM)) * max(1, -(-n // BN)), 1, 1)
+def grid(m: int, n: int, bm: int = BM) -> tuple[int, int, int]:
+    """Phase 2: one CTA per bm x 256 tile of C (1-D, rasterized in the kernel)."""
+    return (max(1, -(-m // bm)) * max(1, -(-n // BN)), 1, 1)
 
 
 def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
@@ -206,13 +216,13 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
             T.emit_dequant(kb.arg("x"), kb.arg("sfx"), kb.arg("ws"), rows, rows_pad, k,
                            spec.fmt, spec.tile)
             return kb.module
-        if T.shared_bytes(spec.kstep, spec.stages) != spec.dynamic_shared_bytes:
+        if T.shared_bytes(spec.kstep, spec.stages, spec.bm) != spec.dynamic_shared_bytes:
             raise AssertionError("matmul_twophase's shared bytes disagree with _twophase_ir's")
         m_count, n_count, k = (bir.as_index(kb.arg(x)) for x in ("m", "n", "k"))
-        mt, nt = T.raster_tile(bir.ceil_div(m_count, BM), bir.ceil_div(n_count, BN))
-        m0, n0 = bir.mul(mt, BM), bir.mul(nt, BN)
+        mt, nt = T.raster_tile(bir.ceil_div(m_count, spec.bm), bir.ceil_div(n_count, BN))
+        m0, n0 = bir.mul(mt, spec.bm), bir.mul(nt, BN)
         acc, wg = T.emit_mainloop(kb, kb.arg("wa"), kb.arg("wb"), m0, n0, k, spec.kstep,
-                                  spec.stages)
+                                  spec.stages, spec.bm)
         fix = X.accumulator_scale("lut", spec.fmt, "fold")
 
         def scale(v: Any, m: Any, n: Any) -> Any:
@@ -240,16 +250,19 @@ def _dequantize(fmt: str, target: str, x: Any, sfx: Any, rows: int, tile: int, k
 
 
 def _workspaces(fmt: str, target: str, ops: dict[str, Any], m: int, n: int, k: int,
-                dev: Any) -> tuple[Any, Any]:
+                dev: Any, bm: int = BM) -> tuple[Any, Any]:
     """Phase 1 for A and B: their workspaces (device uint8 arrays)."""
-    return (_dequantize(fmt, target, ops["a"], ops["sfa"], m, BM, k, dev),
+    return (_dequantize(fmt, target, ops["a"], ops["sfa"], m, bm, k, dev),
             _dequantize(fmt, target, ops["b"], ops["sfb"], n, BN, k, dev))
 
 
 def dequantize_operands(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *,
-                        k: int | None = None, device: Any = None) -> tuple[Any, Any]:
-    """Phase 1 alone (e.g. to time it): the bf16 workspaces of A (``[M_pad, k_pad]``) and B
-    (``[N_pad, k_pad]``) as flat uint8 device arrays (numpy when every input is numpy)."""
+                        k: int | None = None, bm: int = BM,
+                        device: Any = None) -> tuple[Any, Any]:
+    """Phase 1 alone (e.g. to time it): the bf16 workspaces of A (``[M_pad, k_pad]``, for
+    phase-2 tiles of height ``bm``) and B (``[N_pad, k_pad]``) as flat uint8 device arrays
+    (numpy when every input is numpy)."""
+    H.check_choice(bm, BMS, "bm")
     fmt = Format.from_name(fmt)
     if fmt.name not in FORMATS:
         raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt.name!r}")
@@ -262,28 +275,29 @@ def dequantize_operands(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *
     host = all(isinstance(v, np.ndarray) for v in ops.values())
     if host:
         ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
-    wa, wb = _workspaces(fmt.name, tgt, ops, d.m, d.n, d.k, dev)
+    wa, wb = _workspaces(fmt.name, tgt, ops, d.m, d.n, d.k, dev, bm)
     return (dev.to_host(wa), dev.to_host(wb)) if host else (wa, wb)
 
 
 def matmul_workspaces(wa: Any, wb: Any, fmt: Format | str, m: int, n: int, k: int, *,
                       alpha: float = 1.0, out_dtype: str = "bfloat16",
-                      kstep: int | None = None, stages: int | None = None,
+                      kstep: int | None = None, stages: int | None = None, bm: int = BM,
                       device: Any = None) -> Any:
     """Phase 2 alone (e.g. to time it): C = A B^T from the device workspaces of
-    :func:`dequantize_operands` (``fmt``: the format they were made from), no epilogue.
-    Returns the device output."""
+    :func:`dequantize_operands` (``fmt`` and ``bm``: those they were made with; the layout
+    of A's depends on ``bm``), no epilogue. Returns the device output."""
     fmt = Format.from_name(fmt)
     if fmt.name not in FORMATS:
         raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt.name!r}")
-    for name, w, rows, tile in (("wa", wa, m, BM), ("wb", wb, n, BN)):
+    H.check_choice(bm, BMS, "bm")
+    for name, w, rows, tile in (("wa", wa, m, bm), ("wb", wb, n, BN)):
         want = 2 * k_padded(k) * padded(rows, tile)
         if int(np.prod(w.shape)) != want:
             raise ValueError(f"{name} must hold {want} bytes (the workspace of {rows} rows, "
                              f"k={k}), got shape {tuple(w.shape)}")
     dev, tgt = H.device_and_target(device, "sm_90a")
-    spec = TwophaseMatmulSpec(fmt.name, out_dtype, None, tgt, kstep, stages)
-    return H.launch(spec, grid(m, n), (m, n), out_dtype, {"wa": wa, "wb": wb},
+    spec = TwophaseMatmulSpec(fmt.name, out_dtype, None, tgt, kstep, stages, bm)
+    return H.launch(spec, grid(m, n, bm), (m, n), out_dtype, {"wa": wa, "wb": wb},
                     {"m": m, "n": n, "k": k, "alpha": H.finite_f32(alpha, "alpha")}, dev)
 
 
@@ -292,10 +306,11 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
                                  out_dtype: str = "bfloat16", epilogue: Epilogue | None = None,
                                  epilogue_inputs: dict[str, Any] | None = None,
                                  kstep: int | None = None, stages: int | None = None,
-                                 device: Any = None) -> Any:
+                                 bm: int = BM, device: Any = None) -> Any:
     """The two-phase kernel pair called directly (no dispatch), e.g. by tests and benchmarks.
     Same arguments as :func:`blockscale.ops.matmul_wgmma.block_scaled_matmul_wgmma` (no tile
-    or variant choice), plus phase 2's ``kstep`` and ``stages`` (:class:`TwophaseMatmulSpec`).
+    or variant choice), plus phase 2's ``kstep``, ``stages`` and tile height ``bm``
+    (:class:`TwophaseMatmulSpec`).
     Allocates :func:`workspace_bytes` of device memory per call. Raises ValueError for a
     format other than NVFP4 / MXFP4 or K % 32 != 0."""
     fmt = Format.from_name(fmt)
@@ -305,19 +320,19 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
     if d.k % 32:
         raise ValueError(f"the two-phase kernel takes k % 32 == 0, got k={d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
-    spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, tgt, kstep, stages)
+    spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, tgt, kstep, stages, bm)
     alpha = H.finite_f32(alpha, "alpha")
     extra = dict(epilogue_inputs or {})
     H.check_epilogue_inputs(spec.epilogue.inputs if spec.epilogue else (), extra, d.m, d.n)
     ops = {"a": a, "b": b, "sfa": sfa, "sfb": sfb}
     if d.m == 0 or d.n == 0:
-        return H.launch(spec, grid(d.m, d.n), (d.m, d.n), out_dtype, {**ops, **extra}, {},
+        return H.launch(spec, grid(d.m, d.n, bm), (d.m, d.n), out_dtype, {**ops, **extra}, {},
                         dev, empty=True)
     host = all(isinstance(v, np.ndarray) for v in (*ops.values(), *extra.values()))
     if host:  # keep the workspaces on the device between the phases
         ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
-    wa, wb = _workspaces(fmt.name, tgt, ops, d.m, d.n, d.k, dev)
-    out = H.launch(spec, grid(d.m, d.n), (d.m, d.n), out_dtype, {"wa": wa, "wb": wb, **extra},
+    wa, wb = _workspaces(fmt.name, tgt, ops, d.m, d.n, d.k, dev, bm)
+    out = H.launch(spec, grid(d.m, d.n, bm), (d.m, d.n), out_dtype, {"wa": wa, "wb": wb, **extra},
                    {"m": d.m, "n": d.n, "k": d.k, "alpha": alpha}, dev)
     return dev.to_host(out) if host else out
 
@@ -332,13 +347,15 @@ GPU_SHAPES = ((8192, 5760, 2944), (777, 2560, 8192), (1000, 1024, 1056), (1024, 
 
 
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
-    """Both phases for NVFP4 / MXFP4, bf16 / f32 out, the default ring and kstep 32 (6
-    stages) on ``target`` (none off sm_90a)."""
+    """Both phases for NVFP4 / MXFP4, bf16 / f32 out: 128 x 256 tiles with kstep 64 / 4
+    stages and 32 / 9, 192 x 256 tiles with kstep 64 / 4 (none off sm_90a)."""
     if target not in TARGETS:
         return []
-    specs: list[Any] = [DequantSpec(f, target, t) for f in FORMATS for t in (BM, BN)]
+    specs: list[Any] = [DequantSpec(f, target, t) for f in FORMATS for t in (*BMS, BN)]
     specs += [TwophaseMatmulSpec(f, o, None, target, ks) for f in FORMATS
               for o in _matmul.OUT_DTYPES for ks in KSTEPS]
+    specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, 192) for f in FORMATS
+              for o in _matmul.OUT_DTYPES]
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
