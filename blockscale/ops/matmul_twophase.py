@@ -13,11 +13,11 @@ Kernels (:mod:`blockscale.ops._twophase_ir`):
   128 / 256-row tile-row, 16-byte K chunks chunk-major, see _twophase_ir) with the block scale
   folded in exactly as the wgmma "fold" kernel does (NVFP4: E2M1 x |E4M3|, exact in bf16;
   MXFP4: times ``2^(e - 127 + MX_FOLD_EXP)``, undone in the epilogue). Bandwidth-bound.
-* phase 2 (:class:`TwophaseMatmulSpec`): 128 x 256 CTA tiles, two warpgroups of
-  ``wgmma m64n256k16`` fed by a ring of ``stages`` shared stages, each filled by two 1-D
-  bulk copies (``cp.async.bulk`` + mbarrier ``complete_tx``; a stage is one contiguous span
-  of each workspace); full / empty mbarriers, no proxy fence; the epilogue of the
-  wgmma kernel (``matmul_sm90.store_tile``: scale fix, alpha, fused epilogue, cast).
+* phase 2 (:class:`TwophaseMatmulSpec`): 128 x 256 (or 192 x 256) CTA tiles, two (three)
+  warpgroups of ``wgmma m64n256k16`` fed by a ring of ``stages`` shared stages, each filled
+  by two 1-D bulk copies (``cp.async.bulk`` + mbarrier ``complete_tx``; a stage is one
+  contiguous span of each workspace); full / empty mbarriers, no proxy fence; the epilogue
+  of the wgmma kernel (``matmul_sm90.store_tile``: scale fix, alpha, fused epilogue, cast).
 
 Workspace: ``2 k_pad (M_pad + N_pad)`` bytes of device memory (``dev.alloc`` per call,
 stream-ordered), e.g. 82.9 MB at 8192 x 5760 x 2944.
