@@ -334,3 +334,35 @@ def test_interp_phase2_alone():
     assert np.array_equal(np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8))
     with pytest.raises(ValueError, match="wb must hold"):
         TP.matmul_workspaces(wa, wa, NVFP4, m, n, k, device=dev)
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("broken", [False, True])
+def test_interp_ring_release_after_retire(broken, monkeypatch):
+    """The ring releases a stage only after the wgmmas that read it retired: a kernel that
+    waits one group less (``wait_group 2``, so the stage of step s - 1 is refilled while its
+    wgmmas may still read it) fails in the interpreter's wgmma model."""
+    from blockscale.ops import _twophase_ir as T
+    from blockscale.runtime.interpreter import run_kernel
+    from blockscale.runtime.interpreter.ops_wgmma import WgmmaOrderError
+
+    if broken:
+        real = T.W.wait_group
+        monkeypatch.setattr(T.W, "wait_group", lambda n, **kw: real(n + 1 if n else n, **kw))
+    m, n, k = 128, 256, 320  # 5 steps of k64 over 3 stages: every stage is refilled
+    rng = np.random.default_rng(9)
+    a, b, _, _, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
+    wa, wb = TP.dequantize_operands(a, b, sfa5, sfb5, NVFP4, device="interp")
+    spec = TP.TwophaseMatmulSpec("nvfp4", "float32", stages=3)
+    c = np.zeros(m * n, np.float32)
+    run = lambda: run_kernel(str(TP.build(spec)), spec.kernel_name, TP.grid(m, n),
+                             spec.block, [wa, wb, c, m, n, k, 1.0], "sm_90a",
+                             dynamic_shared_bytes=spec.dynamic_shared_bytes)
+    if broken:
+        with pytest.raises(WgmmaOrderError, match="overwritten before the wait_group"):
+            run()
+        return
+    run()
+    want = TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, NVFP4, out_dtype="float32",
+                                           stages=3, device="interp")
+    np.testing.assert_array_equal(c.reshape(m, n), want)
