@@ -86,8 +86,11 @@ SPLIT_K_CTAS = 4 * 132
 VARIANT_ENV = "BLOCKSCALE_DECODE_VARIANT"
 #: measured on the H200 (run D, 2026-11-30, gpt-oss-120b gate_up NVFP4, simt -> mma):
 #: T=1 0.0344 -> 0.0324 ms, T=16 0.334 -> 0.262 ms, T=128 1.59 -> 0.70 ms; DeepSeek-V3
-#: T=128 4.78 -> 2.07 ms (mma2 was slower than mma everywhere)
-DEFAULT_VARIANT = "mma"
+#: T=128 4.78 -> 2.07 ms (mma2 was slower than mma everywhere). Run J (2026-11-30), mma ->
+#: mma_p: gpt-oss NVFP4 T=1 0.0326 -> 0.0311, T=16 0.263 -> 0.247, T=128 0.697 -> 0.659 ms;
+#: DeepSeek-V3 NVFP4 T=128 2.08 -> 1.95 ms; dense M=1 / 16 (N=5760 K=2880) 0.0181 -> 0.0156 /
+#: 0.0276 -> 0.0240 ms (mma_p5 and, run H, mma_sk were slower than mma)
+DEFAULT_VARIANT = "mma_p"
 
 
 @dataclasses.dataclass(frozen=True)

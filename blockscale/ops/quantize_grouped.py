@@ -37,6 +37,11 @@ SCHEDULES = ("tiles", "rows", "rows2", "rows_lut", "rows2_lut")
 STREAM_SCHEDULES = ("stream", "stream2", "stream_lut", "stream2_lut")
 #: the schedule used when an op is called with ``schedule=None``
 DEFAULT_SCHEDULE = "tiles"
+#: the grouped op's schedule on GROUPED_SCHEDULE_TARGETS when none is given. Measured on the
+#: H200 (run J, 2026-11-30, T=8192 K=4096 E=64, GPU time): stream2 0.0382 / 0.0341 / 0.0393 ms
+#: (NVFP4 / MXFP4 / MXFP8) vs tiles 0.0415 / 0.0409 / 0.0429 ms; other targets: not measured
+DEFAULT_GROUPED_SCHEDULE = "stream2"
+GROUPED_SCHEDULE_TARGETS = ("sm_90a",)
 #: SMs of the GPU the rows schedule sizes its single wave for (H200)
 NUM_SMS = 132
 #: modules whose source enters the key of a MoeQuantizeSpec kernel (quantize_silu: the sigmoid
@@ -309,7 +314,9 @@ def grouped_quantize_dynamic_scaled(x: Any, fmt: Format | str, expert_start: Any
         indices: optional int32 ``[num_rows]``: row i reads ``x[indices[i] // indices_divisor]``.
         indices_divisor: positive int.
         device, target: as for :func:`blockscale.ops.quantize.quantize_dynamic_block_scaled`.
-        schedule: kernel schedule, one of SCHEDULES (None: DEFAULT_SCHEDULE); same bytes.
+        schedule: kernel schedule, one of SCHEDULES + STREAM_SCHEDULES (None:
+            DEFAULT_GROUPED_SCHEDULE on GROUPED_SCHEDULE_TARGETS, else DEFAULT_SCHEDULE); same
+            bytes.
 
     Numpy group vectors are validated on the host; device arrays are trusted.
     """
@@ -338,6 +345,8 @@ def grouped_quantize_dynamic_scaled(x: Any, fmt: Format | str, expert_start: Any
     dev, tgt = device_and_target(device, target)
     spec = QuantizeSpec(fmt.name, tgt, None, "tcgen5d", k % 8 == 0, "grouped",
                         gather=indices is not None, name="grouped_quantize_dynamic_scaled")
+    if schedule is None and tgt in GROUPED_SCHEDULE_TARGETS:
+        schedule = DEFAULT_GROUPED_SCHEDULE
     spec = with_schedule(spec, schedule, ng)
     buffers = {"x": x, "expert_start": _i32(expert_start),
                "scales_offsets": _i32(search_offsets(expert_start, scales_offsets)),
