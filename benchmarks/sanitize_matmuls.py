@@ -2,7 +2,7 @@
 
 Covers what the portable-kernel section of the driver does not: the sm_90a dense dispatch (the
 decode kernel for M <= 16, the tensor-core kernels above), the mma.sync and wgmma kernels called
-directly, the grouped (MoE) matmul dispatch (tile scheduler, decode kernel), the fused grouped
+directly (incl. the TMA-fed wgmma loop and the two-phase pair), the grouped (MoE) matmul dispatch (tile scheduler, decode kernel), the fused grouped
 matmul + SwiGLU + quantize, and the TMA quantize kernel. Outputs are checked against the exact
 float64 value within the stated fp32 bound (tests/test_matmul_common.py) or, for the fused
 SwiGLU op, against the reference with at most 1 % of bytes one rounding step away (fp32
@@ -41,7 +41,14 @@ def run(device: str, check: Callable[[str, Any, Any], None], bad: list[str]) -> 
     from benchmarks.fuzz_gpu import values
     from blockscale import reference as ref
     from blockscale.formats import FORMATS, NVFP4
-    from blockscale.ops import matmul, matmul_grouped, matmul_sm90, matmul_swiglu, matmul_wgmma
+    from blockscale.ops import (
+        matmul,
+        matmul_grouped,
+        matmul_sm90,
+        matmul_swiglu,
+        matmul_twophase,
+        matmul_wgmma,
+    )
     from blockscale.ops import quantize as Q
 
     calls = 0
@@ -72,6 +79,10 @@ def run(device: str, check: Callable[[str, Any, Any], None], bad: list[str]) -> 
                 expect(f"wgmma {fmt.name} {m}x{n}x{k}", assert_f32_within_bound,
                        matmul_wgmma.block_scaled_matmul_wgmma(*ops_args, out_dtype="float32",
                                                               **kw), exact, bound)
+            if k % 32 == 0 and fmt.name in matmul_twophase.FORMATS:
+                expect(f"twophase {fmt.name} {m}x{n}x{k}", assert_f32_within_bound,
+                       matmul_twophase.block_scaled_matmul_twophase(
+                           *ops_args, out_dtype="float32", **kw), exact, bound)
             if matmul_wgmma.supported(fmt, k) and fmt.name in matmul_wgmma.DISPATCH_FORMATS:
                 expect(f"wgmma-tma {fmt.name} {m}x{n}x{k}", assert_f32_within_bound,
                        matmul_wgmma.block_scaled_matmul_wgmma(

@@ -366,3 +366,36 @@ def test_interp_ring_release_after_retire(broken, monkeypatch):
     want = TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, NVFP4, out_dtype="float32",
                                            stages=3, device="interp")
     np.testing.assert_array_equal(c.reshape(m, n), want)
+
+
+def test_dispatch_hook():
+    """fast_path: sm_90a NVFP4 / MXFP4, K % 32 == 0, M >= MIN_M, workspaces within the cap,
+    unless BLOCKSCALE_SM90_TWOPHASE=0; registered before the wgmma kernel."""
+    from blockscale.ops import matmul
+
+    m = TP.MIN_M
+    assert TP.fast_path("sm_90a", NVFP4, m, 5760, 2944, "bfloat16", None) is not None
+    for args in (("sm_90a", NVFP4, m - 1, 5760, 2944), ("sm_90a", MXFP8, m, 5760, 2944),
+                 ("sm_90a", NVFP4, m, 5760, 2960), ("sm_100a", NVFP4, m, 5760, 2944),
+                 ("sm_90a", NVFP4, 1 << 17, 8192, 8192)):  # 2.3 GB of workspaces
+        assert TP.fast_path(*args, "bfloat16", None) is None, args
+    paths = matmul.FAST_PATHS
+    assert paths.index(TP.fast_path) < paths.index(matmul_wgmma.fast_path)
+
+
+@pytest.mark.interp
+def test_dispatch_runs_both_phases(monkeypatch):
+    """The dense dispatch (MIN_M lowered to this small case) returns the direct call's bytes;
+    switched off, the wgmma kernel runs instead."""
+    from blockscale.ops import matmul
+
+    m, n, k = 130, 264, 96
+    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(3), NVFP4, m, n, k)
+    direct = TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, NVFP4, alpha=0.5,
+                                             out_dtype="float32", device="interp")
+    monkeypatch.setattr(TP, "MIN_M", 100)
+    got = matmul.block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, alpha=0.5, out_dtype="float32",
+                                     device="interp", target="sm_90a")
+    np.testing.assert_array_equal(got.view(np.uint32), direct.view(np.uint32))
+    monkeypatch.setenv(TP.ENV_SWITCH, "0")
+    assert TP.fast_path("sm_90a", NVFP4, m, n, k, "float32", None) is None

@@ -220,6 +220,24 @@ def compile_spec(spec: Any) -> Any:
     return _core.compile_kernel(spec)
 
 
+def vector_aligned(*arrays: Any) -> bool:
+    """Whether every array can take the tiled kernels' 16-byte loads (and tensor maps): numpy
+    (copied to a fresh, aligned buffer) or device memory at a 16-byte aligned address. The
+    dispatches run the portable kernel (scalar loads) otherwise."""
+    from blockscale.runtime.arrays import DeviceArray, as_device_buffer
+
+    for x in arrays:
+        if x is None or isinstance(x, np.ndarray):
+            continue
+        try:
+            ptr = x.ptr if type(x) is DeviceArray else as_device_buffer(x, "operand").ptr
+        except (TypeError, ValueError, AttributeError):
+            return False
+        if int(ptr) % 16:
+            return False
+    return True
+
+
 def register_before(paths: list[Any], hook: Any, module_name: str) -> None:
     """Insert fast-path ``hook`` into ``paths`` just before the first entry defined in module
     ``module_name`` (by name: that module may still be partially imported, through an import

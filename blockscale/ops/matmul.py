@@ -307,7 +307,8 @@ def block_scaled_matmul_with_epilogue(a: Any, b: Any, sfa: Any, sfb: Any, fmt: F
         epilogue = Epilogue(epilogue)
     d = _validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
     dev, tgt = H.device_and_target(device, target)
-    for fast in FAST_PATHS:
+    # the tiled kernels load 16-byte pieces: operands at other addresses run the portable one
+    for fast in FAST_PATHS if H.vector_aligned(a, b, sfa, sfb) else ():
         runner = fast(tgt, fmt, d.m, d.n, d.k, out_dtype, epilogue)
         if runner is not None:
             return runner(a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}), dev)
@@ -353,6 +354,7 @@ _core.register_op_module(__name__)
 import blockscale.ops.matmul_sm90  # noqa: F401 (registers its FAST_PATHS entry)
 import blockscale.ops.matmul_decode  # noqa: E402, F401 (decode kernel: first in FAST_PATHS)
 import blockscale.ops.matmul_wgmma  # noqa: F401 (sm_90a default; BLOCKSCALE_SM90_WGMMA=0: off)
+import blockscale.ops.matmul_twophase  # noqa: E402, F401 (sm_90a, M >= 1024: before wgmma)
 import blockscale.ops.matmul_tcgen05  # noqa: E402, F401 (sm_100a: tcgen05 kernel)
 import blockscale.ops.matmul_mfma  # noqa: E402, F401 (gfx942 / gfx950: MFMA kernels)
 

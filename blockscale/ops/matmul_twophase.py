@@ -26,13 +26,16 @@ Numerics: the same bf16 operands and the same k16 wgmma sequence as
 :mod:`blockscale.ops.matmul_wgmma`'s fold kernel (dequant "lut"), so the interpreter's
 results are bit-identical to it; on the H200 within the stated bound (tests/test_matmul_common.py).
 
-Not in the default dispatch (the lead decides after measuring). Importing this module does
-not import MLIR.
+Dispatch (:func:`fast_path`, registered in ``matmul.FAST_PATHS`` before the wgmma kernel):
+NVFP4 / MXFP4 on sm_90a with K % 32 == 0, M >= :data:`MIN_M` and workspaces of at most
+:data:`MAX_WORKSPACE_BYTES`; ``BLOCKSCALE_SM90_TWOPHASE=0`` turns it off. Importing this module
+does not import MLIR.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, ClassVar
 
 import numpy as np
@@ -44,6 +47,14 @@ from blockscale.launch import KernelArg
 from blockscale.ops import matmul as _matmul
 from blockscale.ops.matmul_epilogue import Epilogue
 
+#: the dispatch runs the pair from this M on. Measured on the H200 (run K, 2026-11-30, N=5760
+#: K=2944, GPU time; the TMA-fed / register-fed wgmma kernel beside it): NVFP4 M=8192 0.536 vs
+#: 0.803 ms, M=1024 0.112 vs 0.142 ms; MXFP4 M=8192 0.530 vs 0.927 ms, M=1024 0.111 vs 0.165 ms
+MIN_M = 1024
+#: ... while its workspaces take at most this many bytes (larger problems: the wgmma kernel)
+MAX_WORKSPACE_BYTES = 1 << 30
+#: BLOCKSCALE_SM90_TWOPHASE=0 turns the dispatch to this kernel off
+ENV_SWITCH = "BLOCKSCALE_SM90_TWOPHASE"
 #: modules whose source shapes the kernels (part of the kernel key, see ops/_core.py)
 KERNEL_SOURCES = ("blockscale.ops._twophase_ir", "blockscale.ops._wgmma_ir",
                   "blockscale.ops._mma_ir", "blockscale.ops.matmul_epilogue",
@@ -321,20 +332,49 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
         raise ValueError(f"the two-phase kernel takes k % 32 == 0, got k={d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, tgt, kstep, stages, bm)
+    return _run(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}), dev)
+
+
+def _run(spec: TwophaseMatmulSpec, d: Any, a: Any, b: Any, sfa: Any, sfb: Any, alpha: float,
+         extra: dict[str, Any], dev: Any) -> Any:
+    """Both phases on validated operands ``d`` (dims) with ``spec``'s phase 2."""
     alpha = H.finite_f32(alpha, "alpha")
-    extra = dict(epilogue_inputs or {})
     H.check_epilogue_inputs(spec.epilogue.inputs if spec.epilogue else (), extra, d.m, d.n)
     ops = {"a": a, "b": b, "sfa": sfa, "sfb": sfb}
+    bm = spec.bm
     if d.m == 0 or d.n == 0:
-        return H.launch(spec, grid(d.m, d.n, bm), (d.m, d.n), out_dtype, {**ops, **extra}, {},
-                        dev, empty=True)
+        return H.launch(spec, grid(d.m, d.n, bm), (d.m, d.n), spec.out_dtype, {**ops, **extra},
+                        {}, dev, empty=True)
     host = all(isinstance(v, np.ndarray) for v in (*ops.values(), *extra.values()))
     if host:  # keep the workspaces on the device between the phases
         ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
-    wa, wb = _workspaces(fmt.name, tgt, ops, d.m, d.n, d.k, dev, bm)
-    out = H.launch(spec, grid(d.m, d.n, bm), (d.m, d.n), out_dtype, {"wa": wa, "wb": wb, **extra},
+    wa, wb = _workspaces(spec.fmt, spec.target, ops, d.m, d.n, d.k, dev, bm)
+    out = H.launch(spec, grid(d.m, d.n, bm), (d.m, d.n), spec.out_dtype,
+                   {"wa": wa, "wb": wb, **extra},
                    {"m": d.m, "n": d.n, "k": d.k, "alpha": alpha}, dev)
     return dev.to_host(out) if host else out
+
+
+def enabled() -> bool:
+    """False when BLOCKSCALE_SM90_TWOPHASE=0."""
+    return os.environ.get(ENV_SWITCH, "1") not in ("0", "false", "off")
+
+
+def fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
+              epilogue: Epilogue | None) -> Any:
+    """The :data:`blockscale.ops.matmul.FAST_PATHS` hook: a runner of both phases for sm_90a,
+    NVFP4 / MXFP4, K % 32 == 0, M >= :data:`MIN_M` and workspaces within
+    :data:`MAX_WORKSPACE_BYTES` (unless switched off), else None (the wgmma kernel is next)."""
+    if (target not in TARGETS or fmt.name not in FORMATS or k % 32 or m < MIN_M or n == 0
+            or not enabled() or workspace_bytes(m, n, k) > MAX_WORKSPACE_BYTES):
+        return None
+    spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, target)
+    dims = _matmul._Dense(fmt, m, n, k)
+
+    def run(a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, extra: dict[str, Any],
+            device: Any) -> Any:
+        return _run(spec, dims, a, b, sfa, sfb, alpha, extra, device)
+    return run
 
 
 def kernel(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
@@ -359,6 +399,7 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
+H.register_before(_matmul.FAST_PATHS, fast_path, "blockscale.ops.matmul_wgmma")
 _core.attach_kernel_api((block_scaled_matmul_twophase,), kernel, build)
 _core.register_op_module(__name__)
 
@@ -368,6 +409,7 @@ __all__ = [
     "block_scaled_matmul_twophase",
     "build",
     "bundle_specs",
+    "fast_path",
     "dequantize_operands",
     "grid",
     "kernel",

@@ -44,8 +44,6 @@ import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-import numpy as np
-
 import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 import blockscale.ops._matmul_host as H
 import blockscale.ops._wgmma_ws as _ws
@@ -108,8 +106,8 @@ DISPATCH_FORMATS = ("nvfp4", "mxfp4")
 WIDE_TILE_MIN_M = 4096
 #: the pipeline of the dispatch's 128 x 256 kernels: the TMA-fed loop (run I, 2026-11-30, H200,
 #: 8192 x 5760 x 2944: NVFP4 shift 0.808 vs 0.911 ms register-fed; MXFP4 lut 0.931 vs 1.071).
-#: Its tensor maps need 16-byte aligned a / b / sfa / sfb: other inputs run the register-fed
-#: ("early") kernel of the same tile
+#: (Its tensor maps need 16-byte aligned a / b / sfa / sfb, as the register-fed kernels' loads
+#: do: the dispatch runs the portable kernel for other addresses, H.vector_aligned.)
 WIDE_PIPELINE = "tma"
 #: the dispatch takes M > MIN_M (smaller M: the decode / mma.sync kernels)
 MIN_M = 16
@@ -310,19 +308,6 @@ def spec_for(fmt: Format, m: int, n: int, out_dtype: str = "bfloat16",
     return WgmmaMatmulSpec(fmt.name, out_dtype, epilogue, bm, bn, target)
 
 
-def _tma_addressable(x: Any) -> bool:
-    """Whether a tensor map can address ``x``: numpy (copied to a fresh, aligned buffer) or
-    device memory at a 16-byte aligned address."""
-    if isinstance(x, np.ndarray):
-        return True
-    try:
-        from blockscale.runtime.arrays import as_device_buffer
-
-        return int(as_device_buffer(x, "operand").ptr) % 16 == 0
-    except (TypeError, ValueError, AttributeError):
-        return False
-
-
 def _run_ws(spec: WgmmaMatmulSpec, d: Any, a: Any, b: Any, sfa: Any, sfb: Any, alpha: float,
             extra: dict[str, Any], device: Any) -> Any:
     """Launch a TMA-fed (``spec.ws``) kernel: the portable arguments plus the tensor maps'
@@ -343,17 +328,13 @@ def fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
             or not supported(fmt, k) or m <= MIN_M or n == 0):
         return None
     spec = spec_for(fmt, m, n, out_dtype, epilogue, target)
-    fallback = dataclasses.replace(spec, pipeline="early")
-    early = _matmul.dense_runner(fallback, fmt, m, n, k, grid(fallback, m, n))
     if not spec.ws:
-        return early
+        return _matmul.dense_runner(spec, fmt, m, n, k, grid(spec, m, n))
     dims = _matmul._Dense(fmt, m, n, k)
 
     def run(a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, extra: dict[str, Any],
             device: Any) -> Any:
-        if all(_tma_addressable(x) for x in (a, b, sfa, sfb)):
-            return _run_ws(spec, dims, a, b, sfa, sfb, alpha, extra, device)
-        return early(a, b, sfa, sfb, alpha, extra, device)
+        return _run_ws(spec, dims, a, b, sfa, sfb, alpha, extra, device)
     return run
 
 
