@@ -88,6 +88,11 @@ RASTER = 8
 #: phase-1 threads per block
 DEQUANT_THREADS = 256
 LBO = X.LBO
+#: workspace / shared operand layouts: "none" (canonical interleaved core matrices) or
+#: "128b" (the 128-byte swizzle; phase 2 at kstep 64 only)
+SWIZZLES = ("none", "128b")
+#: 128B swizzle: bytes of one 8-row atom (the SBO between row groups; stage alignment)
+SW128_ATOM = 1024
 
 
 # ---- phase 1 ---------------------------------------------------------------------------------
@@ -101,11 +106,26 @@ def ws_offset(row: Value, chunk: Value | int, tile: int, kp: Value) -> Value:
                            bir.mul(chunk, 16 * tile)), bir.mul(bir.urem(row, tile), 16))
 
 
+def ws_offset_sw128(row: Value, chunk: Value | int, tile: int, kp: Value) -> Value:
+    """Byte offset of the 16-byte chunk ``chunk`` of ``row`` in a 128B-swizzled workspace:
+    the tile-row's span, its 64-element K block ``chunk // 8`` (``tile * 128`` bytes: one
+    k64 stage), the row's 128-byte line ``(row % tile) * 128`` (8-row atoms of 1024 bytes),
+    and the chunk at ``((chunk % 8) ^ (row % 8)) * 16`` (module docstring)."""
+    c8, r8 = bir.urem(chunk, 8), bir.urem(row, 8)
+    line = bir.add(bir.add(bir.mul(bir.udiv(row, tile), bir.mul(kp, 2 * tile)),
+                           bir.mul(bir.udiv(chunk, 8), 128 * tile)),
+                   bir.mul(bir.urem(row, tile), 128))
+    return bir.add(line, bir.mul(arith.xori(c8, r8), 16))
+
+
 def emit_dequant(x: Value, sfx: Value, ws: Value, rows: Value, rows_pad: Value, k: Value,
-                 fmt: str, tile: int) -> None:
+                 fmt: str, tile: int, swizzle: str = "none") -> None:
     """Phase 1 for one operand: ``x`` ``[rows, K/2]`` packed FP4 (i8 memref), ``sfx`` its
     5-D scales, ``ws`` the stage-ordered bf16 workspace of ``rows_pad`` rows (a multiple of
-    ``tile``) x ``k_pad`` (i8 memref); index values."""
+    ``tile``) x ``k_pad`` (i8 memref); index values. ``swizzle`` "none": :func:`ws_offset`;
+    "128b": :func:`ws_offset_sw128` (the thread's 64-element piece is one 128-byte line)."""
+    if swizzle not in SWIZZLES:
+        raise ValueError(f"swizzle must be one of {list(SWIZZLES)}, got {swizzle!r}")
     block = 16 if fmt == "nvfp4" else 32
     nscales = 32 // block
     kp = bir.mul(bir.ceil_div(k, KPAD), KPAD)
@@ -134,10 +154,14 @@ def emit_dequant(x: Value, sfx: Value, ws: Value, rows: Value, rows_pad: Value, 
             sv = X._scale_values(arith.extui(bir.vec(nscales, bir.i32()), scales), "lut", fmt)
             splats = tuple(vector.broadcast(bir.vec(2, bir.bf16()), vector.extract(sv, [], [i]))
                            for i in range(nscales))
-            base = ws_offset(row, bir.mul(p, 4), tile, kp)
-            for c, v in enumerate(X._dequant_row(data, splats, "lut", block)):
-                bir.vector_store(vector.bitcast(vd, v), ws, bir.add(base, 16 * tile * c),
-                                 alignment=16)
+            if swizzle == "none":
+                base = ws_offset(row, bir.mul(p, 4), tile, kp)
+                offs = [bir.add(base, 16 * tile * c) for c in range(4)]
+            else:
+                offs = [ws_offset_sw128(row, bir.add(bir.mul(p, 4), c), tile, kp)
+                        for c in range(4)]
+            for off, v in zip(offs, X._dequant_row(data, splats, "lut", block), strict=True):
+                bir.vector_store(vector.bitcast(vd, v), ws, off, alignment=16)
 
 
 # ---- phase 2 ---------------------------------------------------------------------------------
@@ -173,10 +197,18 @@ def _parity(v: Value) -> Value:
 
 
 def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Value,
-                  k: Value, kstep: int, stages: int, bm: int = BM) -> tuple[Value, Value]:
+                  k: Value, kstep: int, stages: int, bm: int = BM,
+                  swizzle: str = "none") -> tuple[Value, Value]:
     """Phase 2's K loop over the stage-ordered workspaces ``wa`` / ``wb`` (i8 memrefs) for
-    the ``bm`` x 256 tile (``bm / 64`` warpgroups) at rows ``m0`` of A, ``n0`` of B; returns (the warpgroup's accumulator struct,
-    warpgroup index). Every thread of the CTA must execute it."""
+    the ``bm`` x 256 tile (``bm / 64`` warpgroups) at rows ``m0`` of A, ``n0`` of B; returns
+    (the warpgroup's accumulator struct, warpgroup index). Every thread of the CTA must
+    execute it. ``swizzle`` "128b" (kstep 64): the workspaces are :func:`ws_offset_sw128`'s,
+    the ring is 1024-byte aligned and the descriptors are SWIZZLE_128B (SBO 1024, the k16
+    steps 32 bytes apart inside the 128-byte row)."""
+    if swizzle not in SWIZZLES:
+        raise ValueError(f"swizzle must be one of {list(SWIZZLES)}, got {swizzle!r}")
+    if swizzle == "128b" and kstep != 64:
+        raise ValueError(f"the 128B swizzle takes kstep 64 (one 128-byte row), got {kstep}")
     if stages < 2:
         raise ValueError(f"stages must be >= 2, got {stages}")
     if kstep % 16:
@@ -187,7 +219,9 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Va
     sbytes = a_bytes + b_bytes
     # the dynamic shared memory as a CUDA extern array (gpu.dynamic_shared_memory becomes a
     # "demoted" static variable: issue #9)
-    smem = tma.extern_shared_buffer(kb, shared_bytes(kstep, stages, bm), align=128)
+    sw = swizzle == "128b"
+    smem = tma.extern_shared_buffer(kb, shared_bytes(kstep, stages, bm),
+                                    align=SW128_ATOM if sw else 128)
     tid = bir.thread_idx("x")
     wg = bir.udiv(tid, 128)
     is_prod = bir.eq(tid, 0)
@@ -228,18 +262,24 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Va
         for p in range(stages - 1):
             with bir.when(bir.ult(bir.const(p), steps)):
                 produce(bir.const(p))
-    da0 = W.descriptor(base, lbo=bm * 16, sbo=LBO)
-    db0 = W.descriptor(base, lbo=BN * 16, sbo=LBO)
+    if sw:  # stages and the B span start on 1024-byte atoms (base_offset 0); LBO unused
+        da0 = W.descriptor(base, lbo=16, sbo=SW128_ATOM, swizzle="128b")
+        db0 = da0
+        wg_bytes, h_bytes_a, h_bytes_b = 64 * 128, 32, 32
+    else:
+        da0 = W.descriptor(base, lbo=bm * 16, sbo=LBO)
+        db0 = W.descriptor(base, lbo=BN * 16, sbo=LBO)
+        wg_bytes, h_bytes_a, h_bytes_b = 8 * LBO, 2 * bm * 16, 2 * BN * 16
     with bir.for_range(0, steps, carry=[W.zero_accumulator(BN)]) as loop:
         step, acc = loop.iv, loop.carried[0]
         slot = bir.urem(step, stages)
         cpasync.mbarrier_wait(full(slot), _parity(bir.udiv(step, stages)))
         stage0 = bir.mul(slot, sbytes)
-        da = W.advance(da0, bir.as_i64(bir.add(stage0, bir.mul(wg, 8 * LBO))))
+        da = W.advance(da0, bir.as_i64(bir.add(stage0, bir.mul(wg, wg_bytes))))
         db = W.advance(db0, bir.as_i64(bir.add(stage0, a_bytes)))
         W.fence()
         for h in range(kstep // 16):
-            acc = W.mma_async(acc, W.advance(da, 2 * h * bm * 16), W.advance(db, 2 * h * BN * 16),
+            acc = W.mma_async(acc, W.advance(da, h * h_bytes_a), W.advance(db, h * h_bytes_b),
                               BN, dtype="bf16")
         W.commit_group()
         W.wait_group(1)  # the wgmmas of step - 1 retired: release its stage

@@ -72,8 +72,15 @@ DEFAULT_KSTEP = 64
 MAX_STAGES = {(128, 32): 9, (128, 64): 4, (192, 32): 8, (192, 64): 4}
 #: phase-1 threads per block (= _twophase_ir.DEQUANT_THREADS)
 DEQUANT_THREADS = 256
+#: workspace / shared operand layouts (= _twophase_ir.SWIZZLES): "none", the canonical
+#: interleaved core matrices; "128b", the 128-byte swizzle (phase 2 at kstep 64 only)
+SWIZZLES = ("none", "128b")
 #: MXFP4 "fold" operands are scaled by 2^MX_FOLD_EXP each (= _wgmma_ir.MX_FOLD_EXP)
 MX_FOLD_EXP = -2
+
+
+def _sw_tag(swizzle: str) -> str:
+    return "" if swizzle == "none" else "_sw128"
 
 
 def _scale_dtype(fmt: str) -> str:
@@ -94,11 +101,14 @@ class DequantSpec(FormatSpec):
     Attributes:
         fmt: "nvfp4" | "mxfp4".
         target: "sm_90a".
+        tile: the phase-2 tile height the workspace is for (:data:`BMS` for A, 256 for B).
+        swizzle: the workspace layout (:data:`SWIZZLES`); phase 2 must read it with the same.
     """
 
     fmt: str
     target: str = "sm_90a"
     tile: int = BM
+    swizzle: str = "none"
 
     op: ClassVar[str] = "block_scaled_matmul_twophase_dequant"
     block: ClassVar[tuple[int, int, int]] = (DEQUANT_THREADS, 1, 1)
@@ -107,10 +117,11 @@ class DequantSpec(FormatSpec):
         object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
         object.__setattr__(self, "target", _check_format(self.fmt, self.target))
         H.check_choice(self.tile, (*BMS, BN), "tile")
+        H.check_choice(self.swizzle, SWIZZLES, "swizzle")
 
     @property
     def kernel_name(self) -> str:
-        return f"bs_twophase_dequant_{self.fmt}_t{self.tile}"
+        return f"bs_twophase_dequant_{self.fmt}_t{self.tile}{_sw_tag(self.swizzle)}"
 
     def args(self) -> tuple[KernelArg, ...]:
         """x (packed rows), sfx (5-D scales), ws (the workspace bytes), rows, rows_pad, k."""
@@ -134,6 +145,8 @@ class TwophaseMatmulSpec(FormatSpec):
             steps ahead); None: the largest that fits (:data:`MAX_STAGES`).
         bm: the tile height (:data:`BMS`; ``bm / 64`` warpgroups, ``2 bm`` threads); the
             A workspace must be made for it (:func:`dequantize_operands` ``bm``).
+        swizzle: the workspaces' and shared stages' layout (:data:`SWIZZLES`; "128b" needs
+            kstep 64 and workspaces made with it).
     """
 
     fmt: str
@@ -143,6 +156,7 @@ class TwophaseMatmulSpec(FormatSpec):
     kstep: int | None = None
     stages: int | None = None
     bm: int = BM
+    swizzle: str = "none"
 
     op: ClassVar[str] = "block_scaled_matmul_twophase"
 
@@ -157,6 +171,10 @@ class TwophaseMatmulSpec(FormatSpec):
             object.__setattr__(self, "kstep", DEFAULT_KSTEP)
         H.check_choice(self.kstep, KSTEPS, "kstep")
         H.check_choice(self.bm, BMS, "bm")
+        H.check_choice(self.swizzle, SWIZZLES, "swizzle")
+        if self.swizzle == "128b" and self.kstep != 64:
+            raise ValueError(f"swizzle '128b' needs kstep 64 (one 128-byte row), got "
+                             f"kstep={self.kstep}")
         most = MAX_STAGES[(self.bm, self.kstep)]
         if self.stages is None:
             object.__setattr__(self, "stages", most)
@@ -174,7 +192,7 @@ class TwophaseMatmulSpec(FormatSpec):
     def kernel_name(self) -> str:
         ep = f"_ep{self.epilogue.key[:10]}" if self.epilogue else ""
         return (f"bs_twophase_{self.fmt}_{self.bm}x{BN}_k{self.kstep}_s{self.stages}_"
-                f"{H.out_tag(self.out_dtype)}{ep}")
+                f"{H.out_tag(self.out_dtype)}{_sw_tag(self.swizzle)}{ep}")
 
     def args(self) -> tuple[KernelArg, ...]:
         """wa, wb (the workspaces' bytes), c, epilogue inputs, m, n, k, alpha."""
@@ -218,14 +236,14 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
     from blockscale.compiler import ir as bir
     from blockscale.ops import matmul_sm90 as _sm90
 
-    if (T.BM, T.BN, T.KPAD, T.DEQUANT_THREADS, X.MX_FOLD_EXP) != (BM, BN, KPAD,
-                                                                    DEQUANT_THREADS, MX_FOLD_EXP):
+    if (T.BM, T.BN, T.KPAD, T.DEQUANT_THREADS, X.MX_FOLD_EXP, T.SWIZZLES) != (
+            BM, BN, KPAD, DEQUANT_THREADS, MX_FOLD_EXP, SWIZZLES):
         raise AssertionError("matmul_twophase's constants disagree with _twophase_ir's")
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         if isinstance(spec, DequantSpec):
             rows, rows_pad, k = (bir.as_index(kb.arg(x)) for x in ("rows", "rows_pad", "k"))
             T.emit_dequant(kb.arg("x"), kb.arg("sfx"), kb.arg("ws"), rows, rows_pad, k,
-                           spec.fmt, spec.tile)
+                           spec.fmt, spec.tile, spec.swizzle)
             return kb.module
         if T.shared_bytes(spec.kstep, spec.stages, spec.bm) != spec.dynamic_shared_bytes:
             raise AssertionError("matmul_twophase's shared bytes disagree with _twophase_ir's")
@@ -233,7 +251,7 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
         mt, nt = T.raster_tile(bir.ceil_div(m_count, spec.bm), bir.ceil_div(n_count, BN))
         m0, n0 = bir.mul(mt, spec.bm), bir.mul(nt, BN)
         acc, wg = T.emit_mainloop(kb, kb.arg("wa"), kb.arg("wb"), m0, n0, k, spec.kstep,
-                                  spec.stages, spec.bm)
+                                  spec.stages, spec.bm, spec.swizzle)
         fix = X.accumulator_scale("lut", spec.fmt, "fold")
 
         def scale(v: Any, m: Any, n: Any) -> Any:
@@ -250,10 +268,10 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
 
 
 def _dequantize(fmt: str, target: str, x: Any, sfx: Any, rows: int, tile: int, k: int,
-                dev: Any) -> Any:
+                dev: Any, swizzle: str = "none") -> Any:
     """Phase 1 for one operand: its workspace (a device uint8 array)."""
     rows_pad = padded(rows, tile)
-    _, out = _core.launch_op(DequantSpec(fmt, target, tile), dequant_grid(rows_pad, k),
+    _, out = _core.launch_op(DequantSpec(fmt, target, tile, swizzle), dequant_grid(rows_pad, k),
                              (("ws", (2 * rows_pad * k_padded(k),), np.dtype(np.uint8)),),
                              {"x": x, "sfx": sfx}, {"rows": rows, "rows_pad": rows_pad, "k": k},
                              dev)
@@ -261,19 +279,20 @@ def _dequantize(fmt: str, target: str, x: Any, sfx: Any, rows: int, tile: int, k
 
 
 def _workspaces(fmt: str, target: str, ops: dict[str, Any], m: int, n: int, k: int,
-                dev: Any, bm: int = BM) -> tuple[Any, Any]:
+                dev: Any, bm: int = BM, swizzle: str = "none") -> tuple[Any, Any]:
     """Phase 1 for A and B: their workspaces (device uint8 arrays)."""
-    return (_dequantize(fmt, target, ops["a"], ops["sfa"], m, bm, k, dev),
-            _dequantize(fmt, target, ops["b"], ops["sfb"], n, BN, k, dev))
+    return (_dequantize(fmt, target, ops["a"], ops["sfa"], m, bm, k, dev, swizzle),
+            _dequantize(fmt, target, ops["b"], ops["sfb"], n, BN, k, dev, swizzle))
 
 
 def dequantize_operands(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *,
-                        k: int | None = None, bm: int = BM,
+                        k: int | None = None, bm: int = BM, swizzle: str = "none",
                         device: Any = None) -> tuple[Any, Any]:
     """Phase 1 alone (e.g. to time it): the bf16 workspaces of A (``[M_pad, k_pad]``, for
-    phase-2 tiles of height ``bm``) and B (``[N_pad, k_pad]``) as flat uint8 device arrays
-    (numpy when every input is numpy)."""
+    phase-2 tiles of height ``bm``) and B (``[N_pad, k_pad]``) in the layout ``swizzle``
+    (:data:`SWIZZLES`) as flat uint8 device arrays (numpy when every input is numpy)."""
     H.check_choice(bm, BMS, "bm")
+    H.check_choice(swizzle, SWIZZLES, "swizzle")
     fmt = Format.from_name(fmt)
     if fmt.name not in FORMATS:
         raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt.name!r}")
@@ -286,17 +305,17 @@ def dequantize_operands(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *
     host = all(isinstance(v, np.ndarray) for v in ops.values())
     if host:
         ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
-    wa, wb = _workspaces(fmt.name, tgt, ops, d.m, d.n, d.k, dev, bm)
+    wa, wb = _workspaces(fmt.name, tgt, ops, d.m, d.n, d.k, dev, bm, swizzle)
     return (dev.to_host(wa), dev.to_host(wb)) if host else (wa, wb)
 
 
 def matmul_workspaces(wa: Any, wb: Any, fmt: Format | str, m: int, n: int, k: int, *,
                       alpha: float = 1.0, out_dtype: str = "bfloat16",
                       kstep: int | None = None, stages: int | None = None, bm: int = BM,
-                      device: Any = None) -> Any:
+                      swizzle: str = "none", device: Any = None) -> Any:
     """Phase 2 alone (e.g. to time it): C = A B^T from the device workspaces of
-    :func:`dequantize_operands` (``fmt`` and ``bm``: those they were made with; the layout
-    of A's depends on ``bm``), no epilogue. Returns the device output."""
+    :func:`dequantize_operands` (``fmt``, ``bm`` and ``swizzle``: those they were made with;
+    the layout of A's depends on ``bm``), no epilogue. Returns the device output."""
     fmt = Format.from_name(fmt)
     if fmt.name not in FORMATS:
         raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt.name!r}")
@@ -307,7 +326,7 @@ def matmul_workspaces(wa: Any, wb: Any, fmt: Format | str, m: int, n: int, k: in
             raise ValueError(f"{name} must hold {want} bytes (the workspace of {rows} rows, "
                              f"k={k}), got shape {tuple(w.shape)}")
     dev, tgt = H.device_and_target(device, "sm_90a")
-    spec = TwophaseMatmulSpec(fmt.name, out_dtype, None, tgt, kstep, stages, bm)
+    spec = TwophaseMatmulSpec(fmt.name, out_dtype, None, tgt, kstep, stages, bm, swizzle)
     return H.launch(spec, grid(m, n, bm), (m, n), out_dtype, {"wa": wa, "wb": wb},
                     {"m": m, "n": n, "k": k, "alpha": H.finite_f32(alpha, "alpha")}, dev)
 
@@ -317,11 +336,12 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
                                  out_dtype: str = "bfloat16", epilogue: Epilogue | None = None,
                                  epilogue_inputs: dict[str, Any] | None = None,
                                  kstep: int | None = None, stages: int | None = None,
-                                 bm: int = BM, device: Any = None) -> Any:
+                                 bm: int = BM, swizzle: str = "none",
+                                 device: Any = None) -> Any:
     """The two-phase kernel pair called directly (no dispatch), e.g. by tests and benchmarks.
     Same arguments as :func:`blockscale.ops.matmul_wgmma.block_scaled_matmul_wgmma` (no tile
-    or variant choice), plus phase 2's ``kstep``, ``stages`` and tile height ``bm``
-    (:class:`TwophaseMatmulSpec`).
+    or variant choice), plus phase 2's ``kstep``, ``stages``, tile height ``bm`` and the
+    workspaces' layout ``swizzle`` (:class:`TwophaseMatmulSpec`).
     Allocates :func:`workspace_bytes` of device memory per call. Raises ValueError for a
     format other than NVFP4 / MXFP4 or K % 32 != 0."""
     fmt = Format.from_name(fmt)
@@ -331,7 +351,7 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
     if d.k % 32:
         raise ValueError(f"the two-phase kernel takes k % 32 == 0, got k={d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
-    spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, tgt, kstep, stages, bm)
+    spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, tgt, kstep, stages, bm, swizzle)
     return _run(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}), dev)
 
 
@@ -348,7 +368,7 @@ def _run(spec: TwophaseMatmulSpec, d: Any, a: Any, b: Any, sfa: Any, sfb: Any, a
     host = all(isinstance(v, np.ndarray) for v in (*ops.values(), *extra.values()))
     if host:  # keep the workspaces on the device between the phases
         ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
-    wa, wb = _workspaces(spec.fmt, spec.target, ops, d.m, d.n, d.k, dev, bm)
+    wa, wb = _workspaces(spec.fmt, spec.target, ops, d.m, d.n, d.k, dev, bm, spec.swizzle)
     out = H.launch(spec, grid(d.m, d.n, bm), (d.m, d.n), spec.out_dtype,
                    {"wa": wa, "wb": wb, **extra},
                    {"m": d.m, "n": d.n, "k": d.k, "alpha": alpha}, dev)
@@ -388,14 +408,18 @@ GPU_SHAPES = ((8192, 5760, 2944), (777, 2560, 8192), (1000, 1024, 1056), (1024, 
 
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
     """Both phases for NVFP4 / MXFP4, bf16 / f32 out: 128 x 256 tiles with kstep 64 / 4
-    stages and 32 / 9, 192 x 256 tiles with kstep 64 / 4 (none off sm_90a)."""
+    stages and 32 / 9, 192 x 256 tiles with kstep 64 / 4; the 128B-swizzled pair (kstep 64,
+    4 stages) for both tile heights (none off sm_90a)."""
     if target not in TARGETS:
         return []
-    specs: list[Any] = [DequantSpec(f, target, t) for f in FORMATS for t in (*BMS, BN)]
+    specs: list[Any] = [DequantSpec(f, target, t, sw) for f in FORMATS for t in (*BMS, BN)
+                        for sw in SWIZZLES]
     specs += [TwophaseMatmulSpec(f, o, None, target, ks) for f in FORMATS
               for o in _matmul.OUT_DTYPES for ks in KSTEPS]
     specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, 192) for f in FORMATS
               for o in _matmul.OUT_DTYPES]
+    specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, bm, "128b") for f in FORMATS
+              for o in _matmul.OUT_DTYPES for bm in BMS]
     return sorted(specs, key=lambda s: s.kernel_name)
 
 

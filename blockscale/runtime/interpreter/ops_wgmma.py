@@ -15,7 +15,10 @@ ISA definitions this module implements independently:
   K-major element (row r, K byte b < 32) of a bf16 m64nNk16 operand is at
   no swizzle: ``start + (r // 8) SBO + (b // 16) LBO + 16 (r % 8) + b % 16``;
   span S swizzle: ``a = start + (r // 8) SBO + S (r % 8) + b``, then bits [4, 4 + log2(S/16))
-  of ``a`` ^= bits [7, 7 + log2(S/16)) (absolute address, as the TMA model writes them).
+  of ``a`` ^= bits [7, 7 + log2(S/16)) (absolute address, as the TMA model writes them);
+  LBO is unused (the 32 K bytes lie in one S-byte row). Modeled only with base offset 0,
+  ``start % 8S <= S - 32`` (the start in the first row of its 8-row repeat, e.g. + 32 h for
+  the k16 step h of a 128B row) and SBO a multiple of 8S; others raise NotImplementedError.
   A is [64, 16] (rows = M), B is stored [N, 16] (rows = N, K-major, "col" layout).
 * D fragment: thread t of warpgroup (warp w = t // 32, g = lane // 4, q = lane % 4) register
   i = ``D[16 w + g + 8 ((i % 4) // 2), 8 (i // 4) + 2 q + i % 2]``.
@@ -159,6 +162,14 @@ def operand_addresses(desc: int, rows: int) -> np.ndarray:
     span = _SPANS[d["swizzle"]]
     if span == 0:
         return d["start"] + (r // 8) * d["sbo"] + (b // 16) * d["lbo"] + 16 * (r % 8) + b % 16
+    # base offset 0: the start lies in the first row of its 8-row pattern repeat (8 span
+    # bytes) and the instruction's 32 K bytes in that row; other starts are not modeled
+    if d["start"] % (8 * span) + 32 > span:
+        raise NotImplementedError(f"interpreter: {span}B-swizzled wgmma descriptor with start "
+                                  f"{d['start']:#x} (start % {8 * span} must be <= {span - 32})")
+    if d["sbo"] % (8 * span):
+        raise NotImplementedError(f"interpreter: {span}B-swizzled wgmma descriptor with SBO "
+                                  f"{d['sbo']} (not a multiple of the {8 * span}-byte repeat)")
     a = d["start"] + (r // 8) * d["sbo"] + span * (r % 8) + b
     return a ^ (((a >> 7) & (span // 16 - 1)) << 4)
 
