@@ -39,7 +39,7 @@ from blockscale.ops import matmul_wgmma
 
 
 def _check(m, n, k, fmt, out_dtype, kstep=None, stages=None, device="interp", rows=None,
-           identical=True, bm=128):
+           identical=True, bm=128, swizzle="none"):
     """The bound and, in the interpreter, bit-identity with the wgmma fold kernel."""
     rng = np.random.default_rng(m * 131 + n * 7 + k)
     a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
@@ -48,7 +48,7 @@ def _check(m, n, k, fmt, out_dtype, kstep=None, stages=None, device="interp", ro
     bound = f32_error_bound(abs_sum, fmt, k, n_mul=1 + extra)
     got = TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, fmt, alpha=0.375,
                                           out_dtype=out_dtype, kstep=kstep, stages=stages,
-                                          bm=bm, device=device)
+                                          bm=bm, swizzle=swizzle, device=device)
     assert got.shape == (m, n)
     sel = got if rows is None else got[rows]
     if out_dtype == "float32":
@@ -82,11 +82,76 @@ def test_interp(case):
 
 
 @pytest.mark.interp
-@pytest.mark.parametrize("bm", TP.BMS)
-def test_interp_workspace_layout(bm):
+@pytest.mark.parametrize("case", [
+    ("nvfp4", (130, 300, 224), None, "float32", 128),  # M, N tails; 4 steps (ring wraps)
+    ("nvfp4", (128, 256, 352), 2, "bfloat16", 128),  # K tail, one step ahead
+    ("mxfp4", (130, 300, 224), None, "bfloat16", 128),
+    ("nvfp4", (200, 300, 352), None, "float32", 192),  # 3 warpgroups: A atoms at 8 KiB
+    ("nvfp4", (1, 5, 32), None, "float32", 128),  # one step, mostly padding
+], ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}-s{c[2]}-{c[3]}-bm{c[4]}")
+def test_interp_sw128(case):
+    """The 128B-swizzled pair: bit-identical to the wgmma fold kernel (so to the no-swizzle
+    pair) in the interpreter, whose wgmma model reads the operands through the swizzled
+    descriptor (absolute address bits [4:6] ^= [7:9])."""
+    fmt, (m, n, k), stages, out_dtype, bm = case
+    _check(m, n, k, Format.from_name(fmt), out_dtype, 64, stages, bm=bm, swizzle="128b")
+
+
+@pytest.mark.interp
+def test_interp_sw128_layouts_must_match():
+    """Phase 2 reading workspaces of the other layout gives other bytes (the swizzle is not
+    a no-op on either side); the matching pair equals the no-swizzle result."""
+    from blockscale import runtime
+
+    m, n, k = 64, 256, 128
+    rng = np.random.default_rng(11)
+    a, b, _, _, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
+    dev = runtime.get_device("interp")
+    ops = [dev.to_device(np.ascontiguousarray(x)) for x in (a, b, sfa5, sfb5)]
+    out = {}
+    for ws_sw in TP.SWIZZLES:
+        wa, wb = TP.dequantize_operands(*ops, NVFP4, swizzle=ws_sw, device=dev)
+        for sw in TP.SWIZZLES:
+            c = TP.matmul_workspaces(wa, wb, NVFP4, m, n, k, out_dtype="float32", swizzle=sw,
+                                     device=dev)
+            out[ws_sw, sw] = np.asarray(dev.to_host(c)).view(np.uint32)
+    assert np.array_equal(out["none", "none"], out["128b", "128b"])
+    assert not np.array_equal(out["none", "none"], out["none", "128b"])
+    assert not np.array_equal(out["none", "none"], out["128b", "none"])
+
+
+def test_interp_swizzled_descriptor_model():
+    """ops_wgmma's 128B model: row r, K byte b of an operand at a 1024-aligned atom + 32 h
+    is at atom + 1024 (r // 8) + 128 (r % 8) + (((2 h + b // 16) ^ (r % 8)) * 16) + b % 16;
+    starts past the atom's first row, SBOs off the 1024-byte repeat and base offsets are
+    refused (not modeled)."""
+    from blockscale.compiler.arch.wgmma import descriptor_bits
+    from blockscale.runtime.interpreter.ops_wgmma import operand_addresses
+
+    r = np.arange(64)[:, None]
+    b = np.arange(32)[None, :]
+    for h in range(4):
+        got = operand_addresses(descriptor_bits(0x2000 + 32 * h, 16, 1024, "128b"), 64)
+        want = 0x2000 + 1024 * (r // 8) + 128 * (r % 8) + (((2 * h + b // 16) ^ (r % 8)) * 16
+                                                           + b % 16)
+        np.testing.assert_array_equal(got, want)
+    for desc in (descriptor_bits(0x2000 + 128, 16, 1024, "128b"),  # row 1 of the atom
+                 descriptor_bits(0x2000 + 112, 16, 1024, "128b"),  # K bytes cross the row
+                 descriptor_bits(0x2000, 16, 1024 + 128, "128b"),
+                 descriptor_bits(0x2000, 16, 1024, "128b", base_offset=1)):
+        with pytest.raises(NotImplementedError):
+            operand_addresses(desc, 64)
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("bm,swizzle", [(128, "none"), (192, "none"), (128, "128b"),
+                                        (192, "128b")])
+def test_interp_workspace_layout(bm, swizzle):
     """Phase 1 alone: the workspace is the [rows_pad, k_pad] bf16 dequantization with the
     scales folded in (NVFP4: exact), zeros outside the operand, stored stage-ordered: per
-    tile-row (128 rows of A, 256 of B) the 16-byte K chunks, chunk-major."""
+    tile-row (128 rows of A, 256 of B) the 16-byte K chunks, chunk-major; 128B-swizzled:
+    per tile-row and 64-element K block the rows' 128-byte lines, chunk c of row r at
+    ``(c ^ (r % 8)) * 16``."""
     import ml_dtypes
 
     from blockscale.formats import decode_e2m1, decode_e4m3
@@ -94,12 +159,19 @@ def test_interp_workspace_layout(bm):
     m, n, k = 140, 3, 96
     rng = np.random.default_rng(5)
     a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
-    ws, wsb = TP.dequantize_operands(a, b, sfa5, sfb5, NVFP4, bm=bm, device="interp")
+    ws, wsb = TP.dequantize_operands(a, b, sfa5, sfb5, NVFP4, bm=bm, swizzle=swizzle,
+                                     device="interp")
     assert ws.size + wsb.size == TP.workspace_bytes(m, n, k, bm)
     kp = TP.k_padded(k)
     for x, sf, w, rows, tile in ((a, sfa, ws, m, bm), (b, sfb, wsb, n, 256)):
-        w = w.view(ml_dtypes.bfloat16).reshape(-1, kp // 8, tile, 8)  # tile, chunk, row, 8
-        w = w.transpose(0, 2, 1, 3).reshape(-1, kp).astype(np.float64)
+        if swizzle == "none":
+            w = w.view(ml_dtypes.bfloat16).reshape(-1, kp // 8, tile, 8)  # tile, chunk, row, 8
+            w = w.transpose(0, 2, 1, 3).reshape(-1, kp).astype(np.float64)
+        else:  # tile, k64 block, row, physical chunk, 8
+            w = w.view(ml_dtypes.bfloat16).reshape(-1, kp // 64, tile, 8, 8)
+            phys = np.arange(8)[None, :] ^ (np.arange(tile) % 8)[:, None]  # [row, logical c]
+            w = w[:, :, np.arange(tile)[:, None], phys]  # tile, block, row, c, 8
+            w = w.transpose(0, 2, 1, 3, 4).reshape(-1, kp).astype(np.float64)
         codes = np.stack([x & 0xF, x >> 4], axis=-1).reshape(rows, k)
         vals = decode_e2m1(codes).astype(np.float64) * np.repeat(
             np.abs(decode_e4m3(sf).astype(np.float64)), 16, axis=1)[:, :k]
@@ -176,6 +248,13 @@ def test_spec_validation_and_bundle():
         TP.TwophaseMatmulSpec("nvfp4", kstep=64, stages=5)
     with pytest.raises(ValueError, match="bm must be one of"):
         TP.TwophaseMatmulSpec("nvfp4", bm=256)
+    with pytest.raises(ValueError, match="swizzle '128b' needs kstep 64"):
+        TP.TwophaseMatmulSpec("nvfp4", kstep=32, swizzle="128b")
+    with pytest.raises(ValueError, match="swizzle must be one of"):
+        TP.TwophaseMatmulSpec("nvfp4", swizzle="64b")
+    with pytest.raises(ValueError, match="swizzle must be one of"):
+        TP.DequantSpec("nvfp4", swizzle="32b")
+    assert TP.TwophaseMatmulSpec("nvfp4", swizzle="128b").kernel_name.endswith("_bf16_sw128")
     s = TP.TwophaseMatmulSpec("nvfp4", bm=192)
     assert (s.stages, s.block, s.dynamic_shared_bytes) == (4, (384, 1, 1), 4 * 448 * 128 + 64)
     assert TP.TwophaseMatmulSpec("nvfp4", kstep=32, bm=192).stages == 8
@@ -190,7 +269,8 @@ def test_spec_validation_and_bundle():
                for ks in TP.KSTEPS for bm in TP.BMS) <= 227 * 1024
     assert TP.workspace_bytes(8192, 5760, 2944) == 2 * 2944 * (8192 + 5888)
     specs = TP.bundle_specs("sm_90a")
-    assert len(specs) == 2 * 3 + 2 * 2 * 2 + 2 * 2 and TP.bundle_specs("sm_100a") == []
+    assert len(specs) == 2 * 3 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2
+    assert TP.bundle_specs("sm_100a") == []
     assert all(TP.build(x).operation.verify() for x in specs[:3])
 
 
@@ -221,7 +301,7 @@ def test_kernel_sass(spec):
     """Phase 2: kstep / 16 HGMMA.64x256x16 per step, two bulk copies (UBLKCP) per step
     (stages - 1 prologue steps and once in the loop), mbarrier ops (SYNCS), no LDGSTS, no
     LDG, no MEMBAR (no proxy fence), no spills. Phase 1: two 128-bit loads and eight 128-bit
-    stores per thread."""
+    stores per thread (either layout)."""
     kernel = TP.kernel(spec)
     sass, meta = kernel.asm["sass"], kernel.meta
     assert meta["spill_stores"] == 0 and meta["spill_loads"] == 0
@@ -239,6 +319,13 @@ def test_kernel_sass(spec):
     assert meta["registers"] <= 255
     assert meta["dynamic_shared_bytes"] == spec.dynamic_shared_bytes
     assert meta["static_shared_bytes"] == 0  # one .extern buffer: ring + mbarriers (issue #9)
+    # the descriptors' constant bits: SWIZZLE_128B (bit 62), SBO 1024, LBO 16; a 1024-byte
+    # aligned ring (each stage and B span start on an atom: base offset 0)
+    ptx = kernel.asm["ptx"]
+    sw_bits = (1 << 62) | (1024 >> 4) << 32 | (16 >> 4) << 16
+    assert (str(sw_bits) in ptx) == (spec.swizzle == "128b")
+    align = 1024 if spec.swizzle == "128b" else 128
+    assert f".extern .shared .align {align} .b8" in ptx
 
 
 GPU_SHAPES = [(8192, 5760, 2944), (777, 2560, 8192), (1000, 1024, 1056)]
@@ -247,19 +334,31 @@ GPU_SHAPES = [(8192, 5760, 2944), (777, 2560, 8192), (1000, 1024, 1056)]
 @pytest.mark.gpu
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", TP.FORMATS)
-@pytest.mark.parametrize("kstep,bm", [(64, 128), (32, 128), (64, 192)],
-                         ids=lambda v: f"k{v}" if v in TP.KSTEPS else f"bm{v}")
+@pytest.mark.parametrize("kstep,bm,swizzle", [
+    pytest.param(ks, bm, sw, id=f"k{ks}-bm{bm}" + ("-sw128" if sw == "128b" else ""))
+    for ks, bm, sw in ((64, 128, "none"), (32, 128, "none"), (64, 192, "none"),
+                       (64, 128, "128b"), (64, 192, "128b"))])
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
-def test_gpu(shape, out_dtype, kstep, bm, fmt):
+def test_gpu(shape, out_dtype, kstep, bm, swizzle, fmt):
     """The stated fp32 bound (f32) / bf16 consistency on sampled rows (HGMMA rounds
-    differently from the interpreter's model, so no bit-identity on hardware)."""
+    differently from the interpreter's model, so no bit-identity on hardware); the swizzled
+    pair also equals the no-swizzle pair bit for bit (same operands, same HGMMA order)."""
     m, n, k = shape
     rng = np.random.default_rng(m + n)
     rows = np.unique(np.concatenate([np.arange(min(m, 64)), np.arange(max(0, m - 64), m),
                                      rng.integers(0, m, 64)]))
-    _check(m, n, k, Format.from_name(fmt), out_dtype, kstep, device="cuda", rows=rows,
-           identical=False, bm=bm)
+    fmt = Format.from_name(fmt)
+    _check(m, n, k, fmt, out_dtype, kstep, device="cuda", rows=rows, identical=False, bm=bm,
+           swizzle=swizzle)
+    if swizzle != "none":
+        a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(m * 131 + n * 7 + k),
+                                                   fmt, m, n, k)
+        got, ref = (TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, fmt, alpha=0.375,
+                                                    out_dtype=out_dtype, kstep=kstep, bm=bm,
+                                                    swizzle=sw, device="cuda")
+                    for sw in (swizzle, "none"))
+        assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))
 
 
 def _bulk_kernel(mode: str) -> str:
