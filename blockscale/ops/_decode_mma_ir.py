@@ -515,7 +515,8 @@ def emit_decode_mma_split_k(kb: Any, fmt: Format, *, start: Value, end: Value, e
     partials to ``workspace[(m * splits + z) * n + col]`` (rows m of the group); the CTA
     that arrives last at tile (x, y) (thread 0, after a CTA barrier: ``membar.gl``,
     ``atom.add`` on ``counters[x + grid_x * y]``, ``membar.gl``; the threadfence-reduction
-    pattern: NVPTX emits the atomic relaxed, the fences order the partials) sums them in split order 0, 1, .., splits - 1 (fixed: the result does not
+    pattern: NVPTX emits the atomic relaxed, the fences order the partials) sums them in
+    split order 0, 1, .., splits - 1 (fixed: the result does not
     depend on which CTA is last), calls ``store`` (alpha / expert scale / row scale as in
     "mma") and resets the counter to 0 (the buffer is reusable by the next launch: the host
     may keep one zeroed counter buffer per stream). ``decode``: as in

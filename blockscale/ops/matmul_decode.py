@@ -21,8 +21,17 @@ the MMA's M side, 64 columns per 128-thread CTA, weights streamed a 256-byte ste
 through registers into shared memory; cost per weight byte independent of the rows, result
 bit-identical to the portable kernel; :mod:`blockscale.ops._decode_mma_ir`), its variants
 "mma2", "mma_sk", "mma_p" (cheaper E2M1 -> f16 decode, ~19 % fewer instructions per step,
-the same values) and "mma_p5" ("mma_p" at 5 CTAs per SM; grouped), see :data:`VARIANTS`. The
-dispatch runs ``BLOCKSCALE_DECODE_VARIANT`` (default :data:`DEFAULT_VARIANT`) for FP4.
+the same values), "mma_p5" ("mma_p" at 5 CTAs per SM; grouped) and "mma_psk" ("mma_p" with K
+split over grid.z), see :data:`VARIANTS`. The dispatch runs ``BLOCKSCALE_DECODE_VARIANT``
+(default :data:`DEFAULT_VARIANT`) for FP4; with "mma_p", grids of at most
+:func:`split_k_max_ctas` CTAs run "mma_psk" (default 0: off).
+
+Split K ("mma_sk", "mma_psk"): split z of S sums its K steps from zero, writes fp32 partials
+to a workspace, and the CTA arriving last at a tile (an atomic counter per tile) adds them in
+split order 0..S-1 (deterministic) and resets the counter. "mma_psk"'s host side does no
+memset per call: the partials come from the stream-ordered allocator (every split writes all
+of its partials before any is read), the counters from a buffer zeroed once per (device,
+stream) and left at zero by every launch (:func:`split_k_counters`).
 
 Dispatch: registered first in ``matmul_grouped.FAST_PATHS`` and ``matmul.FAST_PATHS``. The
 grouped runner takes the decode kernel when the largest group has <= :data:`MAX_ROWS` rows
@@ -38,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -70,18 +80,32 @@ COLS = 32
 #: "mma_p" ("mma" with the prmt decode: E2M1 -> f16 in ~1.4 ALU ops an element instead of
 #: ~1.9, NVFP4 weight scales by cvt.rn.f16x2.e4m3x2; the same values: bit-identical),
 #: "mma_p5" ("mma_p" under 96 registers: 5 CTAs (20 warps) per SM instead of 4, ~35 L1
-#: spill reloads per step; for latency hiding: the mma kernels issue at ~1.7 IPC per SM)
-VARIANTS = ("simt", "mma", "mma2", "mma_sk", "mma_p", "mma_p5")
+#: spill reloads per step; for latency hiding: the mma kernels issue at ~1.7 IPC per SM),
+#: "mma_psk" ("mma_p" split over K like "mma_sk", :func:`split_k_p` splits; cached counters)
+VARIANTS = ("simt", "mma", "mma2", "mma_sk", "mma_p", "mma_p5", "mma_psk")
+#: the split-K variants (grid.z = splits; workspace and counters arguments)
+SPLIT_VARIANTS = ("mma_sk", "mma_psk")
 #: threads and output columns per CTA of each variant
 VARIANT_THREADS = {"simt": THREADS, "mma": 128, "mma2": 128, "mma_sk": 128, "mma_p": 128,
-                   "mma_p5": 128}
-VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_sk": 64, "mma_p": 64, "mma_p5": 64}
+                   "mma_p5": 128, "mma_psk": 128}
+VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_sk": 64, "mma_p": 64, "mma_p5": 64,
+                "mma_psk": 64}
 #: register cap (nvvm.maxnreg) per variant: simt 2 x 256 threads, mma 4 x 128, mma2 3 x 128,
 #: mma_p5 5 x 128 (5 x 42 KB of shared memory: fits the H200's 228 KB)
 VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_sk": 128, "mma_p": 128,
-                     "mma_p5": 96}
+                     "mma_p5": 96, "mma_psk": 128}
 #: mma_sk: split K until the grid has about this many CTAs (4 per SM of the H200's 132)
 SPLIT_K_CTAS = 4 * 132
+#: mma_psk: split K until the grid has about two waves of CTAs (4 per SM of 132 SMs, twice)
+SPLIT_K_P_CTAS = 2 * 4 * 132
+#: mma_psk: at least this many K steps (512 FP4 elements) per split (one step is loaded
+#: while the previous one is computed: a split of one step has nothing to overlap)
+SPLIT_K_MIN_STEPS = 2
+#: dispatch: with variant "mma_p", grids (column slices x groups) of at most this many CTAs
+#: run "mma_psk" when :func:`split_k_p` gives >= 2 splits; 0: never (the default until it
+#: is measured faster). ``BLOCKSCALE_DECODE_SPLIT_K`` (an int) overrides it.
+SPLIT_K_MAX_CTAS = 0
+SPLIT_K_ENV = "BLOCKSCALE_DECODE_SPLIT_K"
 #: BLOCKSCALE_DECODE_VARIANT: the variant the dispatch uses for FP4 (MXFP8: always "simt")
 VARIANT_ENV = "BLOCKSCALE_DECODE_VARIANT"
 #: measured on the H200 (run D, 2026-11-30, gpt-oss-120b gate_up NVFP4, simt -> mma):
@@ -156,7 +180,7 @@ class DecodeSpec(FormatSpec):
         else:
             args = list(_matmul.MatmulSpec(self.fmt, self.out_dtype, "tcgen5d", None,
                                            self.target).args())
-        if self.variant == "mma_sk":  # fp32 partials [rows][splits][n], int32 [tiles]
+        if self.variant in SPLIT_VARIANTS:  # fp32 partials [rows][splits][n], int32 [tiles]
             args += [KernelArg("workspace", "buffer", "float32", "inout"),
                      KernelArg("counters", "buffer", "int32", "inout")]
         return tuple(args)
@@ -180,10 +204,11 @@ def build(spec: DecodeSpec) -> Any:
     fmt = spec.format
     if spec.variant == "simt":
         emit = D.emit_decode
-    elif spec.variant == "mma_sk":
+    elif spec.variant in SPLIT_VARIANTS:
         def emit(*args: Any, **kw: Any) -> None:
             DM.emit_decode_mma_split_k(*args, **kw, workspace=kb.arg("workspace"),
-                                       counters=kb.arg("counters"))
+                                       counters=kb.arg("counters"),
+                                       decode="prmt" if spec.variant == "mma_psk" else "lop3")
     else:
         def emit(*args: Any, **kw: Any) -> None:
             DM.emit_decode_mma(*args, **kw, depth=2 if spec.variant == "mma2" else 1,
@@ -238,7 +263,7 @@ def build(spec: DecodeSpec) -> Any:
                 n0 = bir.mul(bir.block_idx("x"), cols)
                 rows = bir.sub(end, start)
                 tid = bir.thread_idx("x")
-                if spec.variant == "mma_sk":  # split 0 writes the zeros
+                if spec.variant in SPLIT_VARIANTS:  # split 0 writes the zeros
                     rows = bir.select(bir.eq(bir.block_idx("z"), 0), rows, bir.const(0))
                 with bir.for_range(tid, bir.mul(rows, cols), spec.block[0]) as zl:
                     m = bir.add(start, bir.udiv(zl.iv, cols))
@@ -289,27 +314,105 @@ def split_k(ctas: int, k: int) -> int:
     return -(-steps // -(-steps // want))
 
 
+def split_k_p(ctas: int, k: int) -> int:
+    """mma_psk: the K splits for a grid of ``ctas`` CTAs (per split) and K (FP4): enough for
+    ~:data:`SPLIT_K_P_CTAS` CTAs (two waves), at least :data:`SPLIT_K_MIN_STEPS` K steps per
+    split (so 1 below 4 steps), none empty, the steps spread evenly."""
+    steps = max(1, -(-(k // 2) // 256))
+    want = min(max(1, steps // SPLIT_K_MIN_STEPS), max(1, -(-SPLIT_K_P_CTAS // max(1, ctas))))
+    return -(-steps // -(-steps // want))
+
+
+def split_k_max_ctas() -> int:
+    """The dispatch's split-K threshold: ``BLOCKSCALE_DECODE_SPLIT_K`` (an int >= 0), else
+    :data:`SPLIT_K_MAX_CTAS` (ValueError for a bad value)."""
+    v = os.environ.get(SPLIT_K_ENV)
+    if v is None:
+        return SPLIT_K_MAX_CTAS
+    try:
+        out = int(v)
+    except ValueError:
+        out = -1
+    if out < 0:
+        raise ValueError(f"{SPLIT_K_ENV}: expected an int >= 0 (grid CTAs), got {v!r}")
+    return out
+
+
+def split_variant(variant: str, ctas: int, k: int) -> str:
+    """The variant the dispatch launches for a grid of ``ctas`` CTAs: "mma_psk" for "mma_p"
+    when ``ctas <= split_k_max_ctas()`` and :func:`split_k_p` gives >= 2 splits, else
+    ``variant``."""
+    if variant == "mma_p" and ctas <= split_k_max_ctas() and split_k_p(ctas, k) > 1:
+        return "mma_psk"
+    return variant
+
+
+#: (id(device), stream) -> (device, int32 counters, zero between launches): see
+#: :func:`split_k_counters`
+_COUNTERS: dict[tuple[int, int], tuple[Any, Any]] = {}
+_COUNTERS_LOCK = threading.Lock()
+
+
+def split_k_counters(device: Any, stream: int, tiles: int) -> Any:
+    """An int32 counter buffer of >= ``tiles`` zeros for a split-K launch on ``stream``.
+
+    Zeroed once per (device, stream) and reused: every launch leaves it at zero (the CTA that
+    reduces a tile resets its counter; groups without work never touch theirs), and launches
+    on one stream run one after another, so the next launch finds zeros. Each stream has its
+    own buffer: kernels on two streams may run at the same time, and sharing would mix their
+    counts. A buffer too small is replaced (the old one is freed in the order of its
+    stream). During CUDA graph capture a fresh zeroed buffer is used instead (its memset is
+    captured: a graph may be replayed on another stream than the one captured)."""
+    capturing = getattr(device, "is_capturing", None)
+    if capturing is not None and capturing(stream):
+        return device.zeros((max(1, tiles),), np.int32, stream)
+    key = (id(device), stream)
+    with _COUNTERS_LOCK:
+        hit = _COUNTERS.get(key)
+        if hit is not None and hit[0] is device and hit[1].shape[0] >= tiles:
+            return hit[1]
+        buf = device.zeros((max(1024, tiles),), np.int32, stream)
+        _COUNTERS[key] = (device, buf)
+        return buf
+
+
 def _with_split_k(spec: DecodeSpec, grid3: tuple[int, int, int], rows: int, n: int, k: int,
                   buffers: dict[str, Any], host: bool,
                   device: Any) -> tuple[tuple[int, int, int], dict[str, Any]]:
-    """mma_sk: grid.z = the splits, plus the workspace and zeroed counters (fresh per call;
-    the kernel leaves the counters at 0). Other variants: unchanged."""
-    if spec.variant != "mma_sk":
+    """Split variants: grid.z = the splits, plus the workspace and counters. mma_sk: both
+    fresh per call (counters zeroed: a memset). mma_psk on a GPU: the workspace from the
+    stream-ordered allocator (no memset: every split writes its partials before the reducing
+    CTA reads them) and the counters of :func:`split_k_counters`, on the launch stream (the
+    one the op's output is allocated on). Other variants: unchanged."""
+    if spec.variant not in SPLIT_VARIANTS:
         return grid3, buffers
-    s = split_k(grid3[0] * grid3[1], k)
-    ws = max(1, rows * s * n)
     tiles = grid3[0] * grid3[1]
-    extra = ({"workspace": np.empty(ws, np.float32), "counters": np.zeros(tiles, np.int32)}
-             if host else {"workspace": device.zeros((ws,), np.float32),
-                           "counters": device.zeros((tiles,), np.int32)})
+    s = (split_k_p if spec.variant == "mma_psk" else split_k)(tiles, k)
+    ws = max(1, rows * s * n)
+    if host:
+        extra = {"workspace": np.empty(ws, np.float32), "counters": np.zeros(tiles, np.int32)}
+    elif spec.variant == "mma_psk" and hasattr(device, "launch_stream"):
+        stream = device.launch_stream(buffers.values())
+        extra = {"workspace": device.alloc((ws,), np.float32, stream),
+                 "counters": split_k_counters(device, stream, tiles)}
+    else:
+        extra = {"workspace": device.alloc((ws,), np.float32),
+                 "counters": device.zeros((tiles,), np.int32)}
     return (grid3[0], grid3[1], s), {**buffers, **extra}
 
 
 def _launch_grouped(spec: DecodeSpec, t: int, n: int, num_groups: int,
-                    buffers: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
+                    buffers: dict[str, Any], scalars: dict[str, Any], device: Any,
+                    auto_split: bool = False) -> Any:
+    """Launch ``spec`` over the groups of :func:`group_list`; ``auto_split`` (the dispatch):
+    "mma_p" becomes :func:`split_variant`'s choice for the grid."""
     groups = group_list(buffers["expert_start"], num_groups)
     if groups.size == 0:  # no rows at all (t == 0 is handled by the caller)
         groups = np.zeros(1, np.int32)
+    if auto_split and spec.variant == "mma_p":
+        v = split_variant("mma_p", grid(n, 1, spec.cols)[0] * int(groups.size), scalars["k"])
+        if v != spec.variant:
+            spec = _grouped_spec(spec, v)
     host = all(isinstance(v, np.ndarray) for v in buffers.values())
     buffers = {**buffers, "group_list": groups if host else device.to_device(groups)}
     g3, buffers = _with_split_k(spec, grid(n, int(groups.size), spec.cols), t, n,
@@ -336,7 +439,8 @@ def grouped_fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_grou
 
     def run(buffers: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
         if max_group_rows(buffers["expert_start"], t) <= MAX_ROWS:
-            return _launch_grouped(spec, t, n, num_groups, buffers, scalars, device)
+            return _launch_grouped(spec, t, n, num_groups, buffers, scalars, device,
+                                   auto_split=True)
         for fast in _grouped.FAST_PATHS:  # hand over to the tiled kernels
             if fast is grouped_fast_path:
                 continue
@@ -348,6 +452,12 @@ def grouped_fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_grou
         return H.launch(portable, _grouped.grid(t, n), (t, n), "bfloat16", buffers, scalars,
                         device)
     return run
+
+
+@functools.lru_cache(maxsize=256)
+def _grouped_spec(spec: DecodeSpec, variant: str) -> DecodeSpec:
+    """``spec`` with ``variant`` (built once per combination: host cost)."""
+    return dataclasses.replace(spec, variant=variant)
 
 
 @functools.lru_cache(maxsize=256)
@@ -364,7 +474,8 @@ def dense_fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype:
         return None
     variant = dispatch_variant(fmt)
     # mma_p5 is bundled for the grouped kernels only: dense grids run its IR at 4 CTAs/SM
-    spec = _dense_spec(fmt.name, out_dtype, target, "mma_p" if variant == "mma_p5" else variant)
+    variant = split_variant("mma_p" if variant == "mma_p5" else variant, grid(n, 1, 64)[0], k)
+    spec = _dense_spec(fmt.name, out_dtype, target, variant)
 
     def run(a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, extra: dict[str, Any],
             device: Any) -> Any:
@@ -445,7 +556,7 @@ def bundle_specs(target: str = "sm_90a") -> list[DecodeSpec]:
     specs += [DecodeSpec(f, "dense", o, False, target)
               for f in ("nvfp4", "mxfp4", "mxfp8") for o in ("bfloat16", "float32")]
     # the tensor-core variant (FP4)
-    for v in ("mma", "mma2", "mma_sk", "mma_p", "mma_p5"):  # the tensor-core variants (FP4)
+    for v in ("mma", "mma2", "mma_sk", "mma_p", "mma_p5", "mma_psk"):  # tensor-core (FP4)
         specs += [DecodeSpec(f, "grouped", "bfloat16", False, target, v)
                   for f in ("nvfp4", "mxfp4")]
         specs.append(DecodeSpec("nvfp4", "grouped", "bfloat16", True, target, v))
@@ -464,6 +575,7 @@ _core.register_op_module(__name__)
 
 __all__ = [
     "MAX_ROWS",
+    "SPLIT_K_MAX_CTAS",
     "DecodeSpec",
     "block_scaled_matmul_decode",
     "build",
@@ -473,4 +585,7 @@ __all__ = [
     "grouped_fast_path",
     "grouped_matmul_decode",
     "kernel",
+    "split_k_counters",
+    "split_k_p",
+    "split_variant",
 ]
