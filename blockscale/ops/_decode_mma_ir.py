@@ -514,9 +514,9 @@ def emit_decode_mma_split_k(kb: Any, fmt: Format, *, start: Value, end: Value, e
     the K steps of split z (:func:`split_k_steps`, ``splits = grid_dim.z``), written as fp32
     partials to ``workspace[(m * splits + z) * n + col]`` (rows m of the group); the CTA
     that arrives last at tile (x, y) (thread 0, after a CTA barrier: ``membar.gl``,
-    ``atom.add`` on ``counters[x + grid_x * y]``, ``membar.gl``; the threadfence-reduction
-    pattern: NVPTX emits the atomic relaxed, the fences order the partials) sums them in
-    split order 0, 1, .., splits - 1 (fixed: the result does not
+    ``atom.add`` on ``counters[x + grid_x * y]``, then ``membar.gl`` in the last CTA only;
+    the threadfence-reduction pattern: NVPTX emits the atomic relaxed, the fences order the
+    partials) sums them in split order 0, 1, .., splits - 1 (fixed: the result does not
     depend on which CTA is last), calls ``store`` (alpha / expert scale / row scale as in
     "mma") and resets the counter to 0 (the buffer is reusable by the next launch: the host
     may keep one zeroed counter buffer per stream). ``decode``: as in
@@ -542,8 +542,10 @@ def emit_decode_mma_split_k(kb: Any, fmt: Format, *, start: Value, end: Value, e
         last = bir.eq(bir.as_index(old), bir.sub(splits, 1))
         with bir.when(last):
             bir.store(bir.const(0, i32), counters, tile)
+            # acquire the other CTAs' partials (and drop stale L1 lines: CCTL.IVALL); only
+            # the reducing CTA needs it
+            nvvm.memory_barrier(nvvm.MemScopeKind.GPU)
         bir.store(arith.extui(i32, last), flag, 0)
-        nvvm.memory_barrier(nvvm.MemScopeKind.GPU)  # acquire the other CTAs' partials
     bir.barrier()
     with bir.when(bir.eq(bir.load(flag, 0), bir.const(1, i32))):
         rows = bir.sub(end, start)
