@@ -25,7 +25,9 @@ Implementations:
   MXFP4: dequantize to stage-ordered bf16 workspaces, then a bf16 wgmma GEMM fed by
   cp.async.bulk through an mbarrier ring; kstep 64 / 4 stages, or 32 / 9; 192-row tiles:
   3 warpgroups, kstep 64 / 4 stages); ``blockscale-twophase-phase1`` / ``-phase2``: its
-  dequantization launches alone / its GEMM alone (128 x 256, kstep 64);
+  dequantization launches alone / its GEMM alone (128 x 256, kstep 64); ``-128x256-sw128``,
+  ``-192x256-sw128``, ``-phase1-sw128``, ``-phase2-sw128``: the same with 128B-swizzled
+  workspaces and shared stages (``swizzle="128b"``);
 * ``blockscale-portable``: the same call with both fast paths off (``BLOCKSCALE_SM90_FAST=0``,
   ``BLOCKSCALE_SM90_WGMMA=0``);
 * ``torch-bf16``: ``torch.matmul`` on bf16 dequantized A and B (the W4A16 upper bound a
@@ -205,14 +207,31 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
         check = _check_rows(dev.to_host(phase2()), a_deq, b_deq, rows, fmt, k, strict=True,
                             n_mul=1 + (fmt.kblocks(k) if fmt.is_mx else 0))
         record("blockscale-twophase-phase2", _timer(phase2, iters, dev.synchronize), check)
-        for ks, bm in ((64, 128), (32, 128), (64, 192)):
-            def twophase(ks: int = ks, bm: int = bm) -> Any:
-                return matmul_twophase.block_scaled_matmul_twophase(*args, fmt, k=k,
-                                                                    device=dev, kstep=ks, bm=bm)
+        sw = "128b"  # the 128B-swizzled pair: phase 1 and phase 2 alone
+        record("blockscale-twophase-phase1-sw128",
+               _timer(lambda: matmul_twophase.dequantize_operands(*args, fmt, k=k, swizzle=sw,
+                                                                  device=dev),
+                      iters, dev.synchronize), "n/a (workspaces only)")
+        wsa, wsb = matmul_twophase.dequantize_operands(*args, fmt, k=k, swizzle=sw, device=dev)
+
+        def phase2_sw() -> Any:
+            return matmul_twophase.matmul_workspaces(wsa, wsb, fmt, m, n, k, swizzle=sw,
+                                                     device=dev)
+        check = _check_rows(dev.to_host(phase2_sw()), a_deq, b_deq, rows, fmt, k, strict=True,
+                            n_mul=1 + (fmt.kblocks(k) if fmt.is_mx else 0))
+        record("blockscale-twophase-phase2-sw128", _timer(phase2_sw, iters, dev.synchronize),
+               check)
+        del wsa, wsb
+        for ks, bm, swz in ((64, 128, "none"), (32, 128, "none"), (64, 192, "none"),
+                            (64, 128, sw), (64, 192, sw)):
+            def twophase(ks: int = ks, bm: int = bm, swz: str = swz) -> Any:
+                return matmul_twophase.block_scaled_matmul_twophase(
+                    *args, fmt, k=k, device=dev, kstep=ks, bm=bm, swizzle=swz)
             extra = fmt.kblocks(k) if fmt.is_mx else 0  # the fold kernel's operands
             check = _check_rows(dev.to_host(twophase()), a_deq, b_deq, rows, fmt, k,
                                 strict=True, n_mul=1 + extra)
-            tag = "" if ks == matmul_twophase.DEFAULT_KSTEP else f"-k{ks}"
+            tag = ("" if ks == matmul_twophase.DEFAULT_KSTEP else f"-k{ks}") + (
+                "" if swz == "none" else "-sw128")
             record(f"blockscale-twophase-{bm}x256{tag}", _timer(twophase, iters, dev.synchronize),
                    check)
 

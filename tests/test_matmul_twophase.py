@@ -301,13 +301,15 @@ def test_kernel_sass(spec):
     """Phase 2: kstep / 16 HGMMA.64x256x16 per step, two bulk copies (UBLKCP) per step
     (stages - 1 prologue steps and once in the loop), mbarrier ops (SYNCS), no LDGSTS, no
     LDG, no MEMBAR (no proxy fence), no spills. Phase 1: two 128-bit loads and eight 128-bit
-    stores per thread (either layout)."""
+    stores per thread (128B-swizzled: staged through shared memory, 8 STS / LDS.128)."""
     kernel = TP.kernel(spec)
     sass, meta = kernel.asm["sass"], kernel.meta
     assert meta["spill_stores"] == 0 and meta["spill_loads"] == 0
     if isinstance(spec, TP.DequantSpec):
         assert len(re.findall(r"LDG\.E\.128", sass)) == 2
         assert len(re.findall(r"STG\.E\.128", sass)) == 8
+        staged = 8 if spec.swizzle == "128b" else 0  # lines staged in shared memory
+        assert len(re.findall(r"STS\.128", sass)) == len(re.findall(r"LDS\.128", sass)) == staged
         return
     assert len(re.findall(r"HGMMA\.64x256x16\.F32\.BF16", sass)) == spec.kstep // 16
     assert len(re.findall(r"\bUBLKCP\b", sass)) == 2 * spec.stages

@@ -11,6 +11,18 @@ row ``r`` is at ``(r // tile) * tile * k_pad * 2 + c * tile * 16 + (r % tile) * 
 matrices (8 rows x 16 bytes) at LBO = ``tile * 16`` bytes along K and SBO = 128 along
 M / N, and a k-step of any ``kstep`` is ONE contiguous span of ``tile * kstep * 2`` bytes.
 
+128B-swizzled workspaces (``swizzle="128b"``, phase 2 at kstep 64): per tile-row and
+64-element K block (one k64 stage, ``tile * 128`` bytes) the rows' 128-byte lines in row
+order, the 16-byte chunk ``c`` (K-elements ``8 c .. 8 c + 7`` of the block) of row ``r`` at
+``(c ^ (r % 8)) * 16`` in its line: ``(r // tile) * tile * k_pad * 2 + (c8 // 8) * tile *
+128 + (r % tile) * 128 + ((c8 % 8) ^ (r % 8)) * 16`` for the row's chunk ``c8``. Copied
+verbatim to a 1024-byte aligned stage, that is the K-major SWIZZLE_128B wgmma layout (8-row
+atoms of 1024 bytes, SBO 1024; the 128B swizzle XORs shared address bits [4:6] with [7:9]),
+which CUTLASS's Hopper GEMMs use: a k16 wgmma's 8 rows x 32 bytes of an atom then sit in
+distinct 16-byte bank groups, where the interleaved no-swizzle core matrices (8 rows x 16
+bytes, contiguous) are the suspect of phase 2's shortfall (issue #9). The k16 steps advance
+the descriptors' start by 32 bytes inside the row.
+
 Phase 1, :func:`emit_dequant` (one launch per operand): thread ``t`` takes row
 ``(t // tile // pieces) * tile + t % tile`` and the 64-element piece ``(t // tile) %
 pieces`` (``pieces = k_pad / 64``): two 16-byte loads of packed FP4 (one 32-byte sector)
@@ -59,7 +71,10 @@ cycles. Each CTA step reads 48 KiB (kstep 64) from L2 per 4.2 MFLOP: 800 TFLOP/s
 need ~9 TB/s of L2 -> SM bandwidth (no multicast), so expect it to be L2-bound below the
 tensor peak; bm = 192 (154 registers, 229,440 shared bytes at 4 stages) reads 56 KiB per
 6.3 MFLOP, 22% fewer bytes per flop. Phase 1: 40 registers (NVFP4), per thread two LDG.E.128 + the scale load(s)
-and eight STG.E.128; ~105 MB of traffic at 8192 x 5760 x 2944.
+and eight STG.E.128; ~105 MB of traffic at 8192 x 5760 x 2944. 128B-swizzled: phase 2 the
+same (154 registers, 4 HGMMA / 2 UBLKCP per step; descriptors or-ed with the constant
+SWIZZLE_128B | SBO 1024 | LBO 16); phase 1 stages its 32 KiB of lines in shared memory (8
+STS.128, BAR.SYNC, 8 LDS.128, 8 STG.E.128 a thread; 50 registers at tile 256 NVFP4).
 """
 
 from __future__ import annotations
@@ -106,26 +121,22 @@ def ws_offset(row: Value, chunk: Value | int, tile: int, kp: Value) -> Value:
                            bir.mul(chunk, 16 * tile)), bir.mul(bir.urem(row, tile), 16))
 
 
-def ws_offset_sw128(row: Value, chunk: Value | int, tile: int, kp: Value) -> Value:
-    """Byte offset of the 16-byte chunk ``chunk`` of ``row`` in a 128B-swizzled workspace:
-    the tile-row's span, its 64-element K block ``chunk // 8`` (``tile * 128`` bytes: one
-    k64 stage), the row's 128-byte line ``(row % tile) * 128`` (8-row atoms of 1024 bytes),
-    and the chunk at ``((chunk % 8) ^ (row % 8)) * 16`` (module docstring)."""
-    c8, r8 = bir.urem(chunk, 8), bir.urem(row, 8)
-    line = bir.add(bir.add(bir.mul(bir.udiv(row, tile), bir.mul(kp, 2 * tile)),
-                           bir.mul(bir.udiv(chunk, 8), 128 * tile)),
-                   bir.mul(bir.urem(row, tile), 128))
-    return bir.add(line, bir.mul(arith.xori(c8, r8), 16))
-
-
 def emit_dequant(x: Value, sfx: Value, ws: Value, rows: Value, rows_pad: Value, k: Value,
-                 fmt: str, tile: int, swizzle: str = "none") -> None:
+                 fmt: str, tile: int, swizzle: str = "none", kb: Any = None) -> None:
     """Phase 1 for one operand: ``x`` ``[rows, K/2]`` packed FP4 (i8 memref), ``sfx`` its
     5-D scales, ``ws`` the stage-ordered bf16 workspace of ``rows_pad`` rows (a multiple of
     ``tile``) x ``k_pad`` (i8 memref); index values. ``swizzle`` "none": :func:`ws_offset`;
-    "128b": :func:`ws_offset_sw128` (the thread's 64-element piece is one 128-byte line)."""
+    "128b": the 128B-swizzled layout (module docstring), staged through shared memory (``kb``: the kernel
+    builder): thread ``t``'s piece is the workspace's 128-byte line ``t``, so a block's
+    output is one contiguous span of ``DEQUANT_THREADS`` lines; the threads store their
+    swizzled lines to shared memory (conflict-free: the 8 threads of a quarter warp hit 8
+    different 16-byte chunks), then copy the span out 16 bytes a thread (each warp store
+    writes 512 contiguous bytes; direct stores would write 16 bytes to each of 32 lines)."""
     if swizzle not in SWIZZLES:
         raise ValueError(f"swizzle must be one of {list(SWIZZLES)}, got {swizzle!r}")
+    stage = None
+    if swizzle == "128b":
+        stage = tma.shared_buffer(kb, f"{DEQUANT_THREADS * 128}xi8", align=128)
     block = 16 if fmt == "nvfp4" else 32
     nscales = 32 // block
     kp = bir.mul(bir.ceil_div(k, KPAD), KPAD)
@@ -154,14 +165,27 @@ def emit_dequant(x: Value, sfx: Value, ws: Value, rows: Value, rows_pad: Value, 
             sv = X._scale_values(arith.extui(bir.vec(nscales, bir.i32()), scales), "lut", fmt)
             splats = tuple(vector.broadcast(bir.vec(2, bir.bf16()), vector.extract(sv, [], [i]))
                            for i in range(nscales))
-            if swizzle == "none":
+            if stage is None:
                 base = ws_offset(row, bir.mul(p, 4), tile, kp)
-                offs = [bir.add(base, 16 * tile * c) for c in range(4)]
-            else:
-                offs = [ws_offset_sw128(row, bir.add(bir.mul(p, 4), c), tile, kp)
-                        for c in range(4)]
+                dst, offs = ws, [bir.add(base, 16 * tile * c) for c in range(4)]
+            else:  # line tid of the block's span, chunk 4 half + c at ((4 half + c) ^ tid % 8)
+                tid = bir.thread_idx("x")
+                dst, offs = stage, [bir.add(bir.mul(tid, 128), bir.mul(
+                    arith.xori(bir.urem(tid, 8), bir.const(4 * half + c)), 16))
+                    for c in range(4)]
             for off, v in zip(offs, X._dequant_row(data, splats, "lut", block), strict=True):
-                bir.vector_store(vector.bitcast(vd, v), ws, off, alignment=16)
+                bir.vector_store(vector.bitcast(vd, v), dst, off, alignment=16)
+    if stage is not None:
+        bir.barrier()
+        lines = bir.mul(rows_pad, pieces)  # the workspace's 128-byte lines
+        span0 = bir.mul(bir.block_idx("x"), DEQUANT_THREADS)
+        tid = bir.thread_idx("x")
+        for i in range(8):
+            j = bir.add(tid, i * DEQUANT_THREADS)  # the 16-byte unit of the span
+            with bir.when(bir.ult(bir.add(span0, bir.udiv(j, 8)), lines)):
+                v = bir.vector_load(vd, stage, bir.mul(j, 16), alignment=16)
+                bir.vector_store(v, ws, bir.add(bir.mul(span0, 128), bir.mul(j, 16)),
+                                 alignment=16)
 
 
 # ---- phase 2 ---------------------------------------------------------------------------------
@@ -202,7 +226,7 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Va
     """Phase 2's K loop over the stage-ordered workspaces ``wa`` / ``wb`` (i8 memrefs) for
     the ``bm`` x 256 tile (``bm / 64`` warpgroups) at rows ``m0`` of A, ``n0`` of B; returns
     (the warpgroup's accumulator struct, warpgroup index). Every thread of the CTA must
-    execute it. ``swizzle`` "128b" (kstep 64): the workspaces are :func:`ws_offset_sw128`'s,
+    execute it. ``swizzle`` "128b" (kstep 64): the workspaces are 128B-swizzled,
     the ring is 1024-byte aligned and the descriptors are SWIZZLE_128B (SBO 1024, the k16
     steps 32 bytes apart inside the 128-byte row)."""
     if swizzle not in SWIZZLES:

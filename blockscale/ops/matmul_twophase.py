@@ -243,7 +243,7 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
         if isinstance(spec, DequantSpec):
             rows, rows_pad, k = (bir.as_index(kb.arg(x)) for x in ("rows", "rows_pad", "k"))
             T.emit_dequant(kb.arg("x"), kb.arg("sfx"), kb.arg("ws"), rows, rows_pad, k,
-                           spec.fmt, spec.tile, spec.swizzle)
+                           spec.fmt, spec.tile, spec.swizzle, kb)
             return kb.module
         if T.shared_bytes(spec.kstep, spec.stages, spec.bm) != spec.dynamic_shared_bytes:
             raise AssertionError("matmul_twophase's shared bytes disagree with _twophase_ir's")
