@@ -18,6 +18,12 @@ Kernels (:mod:`blockscale.ops._twophase_ir`):
   by two 1-D bulk copies (``cp.async.bulk`` + mbarrier ``complete_tx``; a stage is one
   contiguous span of each workspace); full / empty mbarriers, no proxy fence; the epilogue
   of the wgmma kernel (``matmul_sm90.store_tile``: scale fix, alpha, fused epilogue, cast).
+* ``swizzle="128b"`` (both specs; kstep 64): phase 1 writes the workspaces already
+  128B-swizzled (the 16-byte chunk c of row r at ``(c ^ (r % 8)) * 16`` in the row's
+  128-byte line; staged through shared memory for coalesced stores), phase 2 copies them to
+  a 1024-byte aligned ring and reads them with SWIZZLE_128B descriptors (SBO 1024), the
+  layout CUTLASS's Hopper GEMMs use. Same bytes, same k16 wgmma order: bit-identical to
+  the default layout. Not the dispatch default until measured (issue #9).
 
 Workspace: ``2 k_pad (M_pad + N_pad)`` bytes of device memory (``dev.alloc`` per call,
 stream-ordered), e.g. 82.9 MB at 8192 x 5760 x 2944.
