@@ -500,3 +500,28 @@ def test_dispatch_runs_both_phases(monkeypatch):
     np.testing.assert_array_equal(got.view(np.uint32), direct.view(np.uint32))
     monkeypatch.setenv(TP.ENV_SWITCH, "0")
     assert TP.fast_path("sm_90a", NVFP4, m, n, k, "float32", None) is None
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("broken", [False, True])
+def test_interp_sw128_phase1_staging_barrier(broken, monkeypatch):
+    """The swizzled phase 1 copies other threads' staged lines out after a CTA barrier:
+    without it the interpreter's race checker fails the kernel."""
+    from blockscale.ops import _twophase_ir as T
+    from blockscale.runtime.interpreter import SharedMemoryRaceError, run_kernel
+
+    if broken:
+        monkeypatch.setattr(T.bir, "barrier", lambda **kw: None)
+    rows, k = 40, 128
+    a, _, _, _, sfa5, _ = random_dense_case(np.random.default_rng(2), NVFP4, rows, 8, k)
+    spec = TP.DequantSpec("nvfp4", tile=128, swizzle="128b")
+    ws = np.zeros(2 * 128 * k, np.uint8)
+    run = lambda: run_kernel(str(TP.build(spec)), spec.kernel_name, TP.dequant_grid(128, k),
+                             spec.block, [a, sfa5, ws, rows, 128, k], "sm_90a")
+    if broken:
+        with pytest.raises(SharedMemoryRaceError):
+            run()
+        return
+    run()
+    want, _ = TP.dequantize_operands(a, a, sfa5, sfa5, NVFP4, swizzle="128b", device="interp")
+    np.testing.assert_array_equal(ws, want)
