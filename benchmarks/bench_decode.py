@@ -1,5 +1,5 @@
 """Decode (few rows) block-scaled matmul variants on the GPU, one run: simt, mma, mma2, mma_sk,
-mma_p, mma_p5.
+mma_p, mma_p5, mma_psk (split-K rows name their split count: ``S=3``).
 
 1. MoE gate_up of gpt-oss-120b (E=128, top-4, K=2880, N=5760) and DeepSeek-V3 (E=256, top-8,
    K=7168, N=4096) at T in {1, 16, 128} tokens (uniform random routing, every group <= 16
@@ -52,7 +52,7 @@ from benchmarks.common import (
     time_ms,
 )
 
-VARIANTS = ("simt", "mma", "mma2", "mma_sk", "mma_p", "mma_p5")
+VARIANTS = ("simt", "mma", "mma2", "mma_sk", "mma_p", "mma_p5", "mma_psk")
 T_VALUES = (1, 16, 128)
 DENSE = ((5760, 2880), (4096, 7168))
 #: variants bundled for the grouped (MoE) kernels only
@@ -83,6 +83,17 @@ def _row(case: str, impl: str, ms: float | None, nbytes: float, copy: float | No
     tbps = nbytes / (ms * 1e-3) / 1e12
     pct = f"{100 * tbps / copy:5.1f} % of copy" if copy else ""
     return f"  {case:32} {impl:26} {ms:9.4f} ms {tbps:6.2f} TB/s {pct}  {note[:70]}"
+
+
+def _label(v: str, ctas: int, k: int) -> str:
+    """``decode-<variant>``, with the split count for the split-K variants."""
+    from blockscale.ops import matmul_decode
+
+    if v == "mma_sk":
+        return f"decode-{v} S={matmul_decode.split_k(ctas, k)}"
+    if v == "mma_psk":
+        return f"decode-{v} S={matmul_decode.split_k_p(ctas, k)}"
+    return f"decode-{v}"
 
 
 def bench_moe_decode(dev: Any, copy: float | None, *, t_values: Sequence[int] = T_VALUES,
@@ -126,7 +137,9 @@ def bench_moe_decode(dev: Any, copy: float | None, *, t_values: Sequence[int] = 
                             caps.append(launches)
                         tm = time_ms(lambda i, caps=caps: replay(dev, caps[i % len(caps)]),
                                      device=dev)
-                        print(_row(case, f"decode-{v}", tm.ms, nbytes, copy, note), flush=True)
+                        ctas = -(-shape.n // 64) * len(sets[0][0].active)
+                        print(_row(case, _label(v, ctas, shape.k), tm.ms, nbytes, copy, note),
+                              flush=True)
                     except Exception as e:  # noqa: BLE001 - missing kernel, wrong output
                         print(_row(case, f"decode-{v}", None, nbytes, copy,
                                    f"FAIL/ERROR: {short_error(e)}"), flush=True)
@@ -187,7 +200,8 @@ def bench_dense_decode(dev: Any, copy: float | None, *, ms_values: Sequence[int]
                         if not ok:
                             raise AssertionError(text)
                         tm = time_ms(lambda i, call=call: call(), device=dev)
-                        print(_row(case, f"decode-{v}", tm.ms, nbytes, copy, text), flush=True)
+                        print(_row(case, _label(v, -(-n // 64), k), tm.ms, nbytes, copy, text),
+                              flush=True)
                     except Exception as e:  # noqa: BLE001
                         print(_row(case, f"decode-{v}", None, nbytes, copy,
                                    f"FAIL/ERROR: {short_error(e)}"), flush=True)
