@@ -17,7 +17,8 @@ Order: the dense rows, then gpt-oss-120b, then DeepSeek-V3 (the slow simt T=128 
 ``--budget-s`` (default 90) stops cleanly before a case once the run has taken that long,
 printing what ran and what was skipped; ``--variants`` picks the decode variants.
 
-Usage: ``python benchmarks/bench_decode.py [--quick] [--budget-s 90] [--variants mma,mma_p]``
+Usage: ``python benchmarks/bench_decode.py [--quick] [--budget-s 90] [--variants mma,mma_p]
+[--split-ctas 1056,528,2112]`` (one mma_psk row per split target)
 (needs the bundle: ``make gpu-bundle``).
 """
 
@@ -85,6 +86,19 @@ def _row(case: str, impl: str, ms: float | None, nbytes: float, copy: float | No
     return f"  {case:32} {impl:26} {ms:9.4f} ms {tbps:6.2f} TB/s {pct}  {note[:70]}"
 
 
+def _runs(variants: Sequence[str], split_ctas: Sequence[int]) -> list[tuple[str, int | None]]:
+    """(variant, SPLIT_K_P_CTAS to run it with): mma_psk once per ``split_ctas`` value."""
+    return [(v, c) for v in variants for c in (split_ctas if v == "mma_psk" else (None,))]
+
+
+def _set_split(ctas: int | None) -> None:
+    """Set matmul_decode.SPLIT_K_P_CTAS (the mma_psk split target) when ``ctas`` is given."""
+    from blockscale.ops import matmul_decode
+
+    if ctas is not None:
+        matmul_decode.SPLIT_K_P_CTAS = ctas
+
+
 def _label(v: str, ctas: int, k: int) -> str:
     """``decode-<variant>``, with the split count for the split-K variants."""
     from blockscale.ops import matmul_decode
@@ -98,7 +112,8 @@ def _label(v: str, ctas: int, k: int) -> str:
 
 def bench_moe_decode(dev: Any, copy: float | None, *, t_values: Sequence[int] = T_VALUES,
                      fmts: Sequence[str] = ("nvfp4", "mxfp4"), shapes=GATE_UP,
-                     variants: Sequence[str] = VARIANTS, budget: Budget | None = None) -> None:
+                     variants: Sequence[str] = VARIANTS, budget: Budget | None = None,
+                     split_ctas: Sequence[int] = (1056,)) -> None:
     from blockscale.formats import Format
     from blockscale.ops import matmul_decode
 
@@ -116,7 +131,8 @@ def bench_moe_decode(dev: Any, copy: float | None, *, t_values: Sequence[int] = 
                     a = random_data(rng, fmt, (r.rows, fmt.data_cols(shape.k)))
                     a_sc2d, a_sc5 = grouped_activation_scales(rng, fmt, r, shape.k)
                     sets.append((r, a, a_sc2d, dev.to_device(a), dev.to_device(a_sc5)))
-                for v in variants:
+                for v, sc in _runs(variants, split_ctas):
+                    _set_split(sc)
                     if budget is not None and budget.over(f"{case} decode-{v}"):
                         continue
                     try:
@@ -148,7 +164,8 @@ def bench_moe_decode(dev: Any, copy: float | None, *, t_values: Sequence[int] = 
 
 def bench_dense_decode(dev: Any, copy: float | None, *, ms_values: Sequence[int] = (1, 16),
                        fmts: Sequence[str] = ("nvfp4", "mxfp4"), dense=DENSE,
-                       variants: Sequence[str] = VARIANTS, budget: Budget | None = None) -> None:
+                       variants: Sequence[str] = VARIANTS, budget: Budget | None = None,
+                       split_ctas: Sequence[int] = (1056,)) -> None:
     from blockscale import reference as ref
     from blockscale.formats import Format
     from blockscale.layouts import interleave
@@ -185,7 +202,8 @@ def bench_dense_decode(dev: Any, copy: float | None, *, ms_values: Sequence[int]
                 exact = ad.astype(np.float64) @ bd.astype(np.float64).T
                 abs_sum = np.abs(ad).astype(np.float64) @ np.abs(bd).astype(np.float64).T
                 nbytes = b.nbytes + sb.nbytes
-                for v in [v for v in variants if v not in GROUPED_ONLY]:
+                for v, sc in _runs([v for v in variants if v not in GROUPED_ONLY], split_ctas):
+                    _set_split(sc)
                     case = f"dense M={m} N={n} K={k} {f}"
                     if budget is not None and budget.over(f"{case} decode-{v}"):
                         continue
@@ -219,7 +237,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="stop (cleanly, before the next case) after this many seconds")
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help=f"comma-separated decode variants (default {','.join(VARIANTS)})")
+    p.add_argument("--split-ctas", default="1056",
+                   help="comma-separated mma_psk split targets (grid CTAs; matmul_decode."
+                        "SPLIT_K_P_CTAS), one mma_psk row each (default 1056: two waves)")
     ns = p.parse_args(argv)
+    try:
+        split_ctas = tuple(int(x) for x in ns.split_ctas.split(",") if x)
+    except ValueError:
+        p.error(f"--split-ctas: expected comma-separated ints, got {ns.split_ctas!r}")
+    if not split_ctas or min(split_ctas) < 1:
+        p.error(f"--split-ctas: expected ints >= 1, got {ns.split_ctas!r}")
     variants = tuple(v for v in ns.variants.split(",") if v)
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
@@ -229,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev = runtime.get_device("cuda")
     copy = ceilings.copy_tbps([ceilings.copy_bandwidth(dev)])
     print(f"D2D copy: {copy} TB/s", flush=True)
-    kw = {"variants": variants, "budget": budget}
+    kw = {"variants": variants, "budget": budget, "split_ctas": split_ctas}
     if ns.quick:
         bench_dense_decode(dev, copy, ms_values=(1,), fmts=("nvfp4",), dense=DENSE[:1], **kw)
         bench_moe_decode(dev, copy, fmts=("nvfp4",), shapes=GATE_UP[:1], **kw)

@@ -315,11 +315,12 @@ def split_k(ctas: int, k: int) -> int:
 
 
 def split_k_p(ctas: int, k: int) -> int:
-    """mma_psk: the K splits for a grid of ``ctas`` CTAs (per split) and K (FP4): enough for
-    ~:data:`SPLIT_K_P_CTAS` CTAs (two waves), at least :data:`SPLIT_K_MIN_STEPS` K steps per
-    split (so 1 below 4 steps), none empty, the steps spread evenly."""
+    """mma_psk: the K splits for a grid of ``ctas`` CTAs (per split) and K (FP4): as many as
+    keep the grid within :data:`SPLIT_K_P_CTAS` CTAs (two waves: no third, partial one) and
+    give each split >= :data:`SPLIT_K_MIN_STEPS` K steps (so 1 below 4 steps), none empty,
+    the steps spread evenly."""
     steps = max(1, -(-(k // 2) // 256))
-    want = min(max(1, steps // SPLIT_K_MIN_STEPS), max(1, -(-SPLIT_K_P_CTAS // max(1, ctas))))
+    want = max(1, min(steps // SPLIT_K_MIN_STEPS, SPLIT_K_P_CTAS // max(1, ctas)))
     return -(-steps // -(-steps // want))
 
 
