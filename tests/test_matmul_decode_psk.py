@@ -27,7 +27,7 @@ from test_matmul_common import (
 from test_matmul_decode_splitk import STEP, _case, _ordered_sum, _run
 from test_matmul_grouped import exact_grouped, make_grouped_case
 
-from blockscale import layouts
+from blockscale import layouts, runtime
 from blockscale.formats import MXFP4, NVFP4
 from blockscale.ops import matmul, matmul_decode
 
@@ -98,7 +98,7 @@ def test_dense_psk_bf16_and_nan_scales(fmt):
 
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
 @pytest.mark.parametrize("case_id", range(len(GROUPED)))
-def test_grouped_psk_within_bound(case_id, fmt):
+def test_grouped_psk_within_bound(case_id, fmt, monkeypatch):
     counts, ids, e_count, n, k = GROUPED[case_id]
     rng = np.random.default_rng(90 + case_id)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
@@ -106,7 +106,19 @@ def test_grouped_psk_within_bound(case_id, fmt):
     t = case["hidden"].shape[0]
     rows = rng.uniform(0.5, 2, t).astype(ml_dtypes.bfloat16) if fmt is NVFP4 else None
     kw = {"expert_scales": esc, "fmt": fmt, "k": k, "a_row_scales": rows, "device": "interp"}
+    dev = runtime.get_device("interp")
+    seen = []
+    launch = dev.launch
+
+    def spy(kernel, grid3, args, *rest):  # the counters the kernel ran with (the reuse
+        launch(kernel, grid3, args, *rest)  # contract: left at zero after the launch)
+        seen.append((tuple(grid3), np.array(args[-1])))
+
+    monkeypatch.setattr(dev, "launch", spy)
     got = matmul_decode.grouped_matmul_decode(**case, **kw, variant="mma_psk")
+    (grid3, counters), = seen
+    assert grid3[2] == (2 if case_id == 0 else 3) and counters.size == grid3[0] * grid3[1]
+    assert not counters.any()
     assert got.shape == (t, n) and got.dtype == ml_dtypes.bfloat16
     exact, abs_sum = exact_grouped(case, row_scales, w_scales, fmt, k, esc, rows)
     assert_bf16_consistent(got, exact, f32_error_bound(abs_sum, fmt, k,
