@@ -18,7 +18,7 @@ Order: the dense rows, then gpt-oss-120b, then DeepSeek-V3 (the slow simt T=128 
 printing what ran and what was skipped; ``--variants`` picks the decode variants.
 
 Usage: ``python benchmarks/bench_decode.py [--quick] [--budget-s 90] [--variants mma,mma_p]
-[--split-ctas 1056,528,2112]`` (one mma_psk row per split target)
+[--split-ctas 1056,2112,1056:1]`` (one mma_psk row per split setting)
 (needs the bundle: ``make gpu-bundle``).
 """
 
@@ -86,17 +86,20 @@ def _row(case: str, impl: str, ms: float | None, nbytes: float, copy: float | No
     return f"  {case:32} {impl:26} {ms:9.4f} ms {tbps:6.2f} TB/s {pct}  {note[:70]}"
 
 
-def _runs(variants: Sequence[str], split_ctas: Sequence[int]) -> list[tuple[str, int | None]]:
-    """(variant, SPLIT_K_P_CTAS to run it with): mma_psk once per ``split_ctas`` value."""
-    return [(v, c) for v in variants for c in (split_ctas if v == "mma_psk" else (None,))]
+Split = tuple[int, int]  # (SPLIT_K_P_CTAS, SPLIT_K_MIN_STEPS) of one mma_psk row
 
 
-def _set_split(ctas: int | None) -> None:
-    """Set matmul_decode.SPLIT_K_P_CTAS (the mma_psk split target) when ``ctas`` is given."""
+def _runs(variants: Sequence[str], splits: Sequence[Split]) -> list[tuple[str, Split | None]]:
+    """(variant, split setting to run it with): mma_psk once per ``splits`` entry."""
+    return [(v, c) for v in variants for c in (splits if v == "mma_psk" else (None,))]
+
+
+def _set_split(split: Split | None) -> None:
+    """Set matmul_decode.SPLIT_K_P_CTAS / SPLIT_K_MIN_STEPS (mma_psk's split choice)."""
     from blockscale.ops import matmul_decode
 
-    if ctas is not None:
-        matmul_decode.SPLIT_K_P_CTAS = ctas
+    if split is not None:
+        matmul_decode.SPLIT_K_P_CTAS, matmul_decode.SPLIT_K_MIN_STEPS = split
 
 
 def _label(v: str, ctas: int, k: int) -> str:
@@ -113,7 +116,7 @@ def _label(v: str, ctas: int, k: int) -> str:
 def bench_moe_decode(dev: Any, copy: float | None, *, t_values: Sequence[int] = T_VALUES,
                      fmts: Sequence[str] = ("nvfp4", "mxfp4"), shapes=GATE_UP,
                      variants: Sequence[str] = VARIANTS, budget: Budget | None = None,
-                     split_ctas: Sequence[int] = (1056,)) -> None:
+                     split_ctas: Sequence[Split] = ((1056, 2),)) -> None:
     from blockscale.formats import Format
     from blockscale.ops import matmul_decode
 
@@ -165,7 +168,7 @@ def bench_moe_decode(dev: Any, copy: float | None, *, t_values: Sequence[int] = 
 def bench_dense_decode(dev: Any, copy: float | None, *, ms_values: Sequence[int] = (1, 16),
                        fmts: Sequence[str] = ("nvfp4", "mxfp4"), dense=DENSE,
                        variants: Sequence[str] = VARIANTS, budget: Budget | None = None,
-                       split_ctas: Sequence[int] = (1056,)) -> None:
+                       split_ctas: Sequence[Split] = ((1056, 2),)) -> None:
     from blockscale import reference as ref
     from blockscale.formats import Format
     from blockscale.layouts import interleave
@@ -238,15 +241,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help=f"comma-separated decode variants (default {','.join(VARIANTS)})")
     p.add_argument("--split-ctas", default="1056",
-                   help="comma-separated mma_psk split targets (grid CTAs; matmul_decode."
-                        "SPLIT_K_P_CTAS), one mma_psk row each (default 1056: two waves)")
+                   help="comma-separated mma_psk split settings CTAS[:MIN_STEPS] (grid CTAs "
+                        "and K steps per split: matmul_decode.SPLIT_K_P_CTAS, "
+                        "SPLIT_K_MIN_STEPS), one mma_psk row each (default 1056, i.e. "
+                        "1056:2: two waves, >= 2 steps a split)")
     ns = p.parse_args(argv)
     try:
-        split_ctas = tuple(int(x) for x in ns.split_ctas.split(",") if x)
-    except ValueError:
-        p.error(f"--split-ctas: expected comma-separated ints, got {ns.split_ctas!r}")
-    if not split_ctas or min(split_ctas) < 1:
-        p.error(f"--split-ctas: expected ints >= 1, got {ns.split_ctas!r}")
+        split_ctas = tuple((int(x.split(":")[0]), int(x.split(":")[1]) if ":" in x else 2)
+                           for x in ns.split_ctas.split(",") if x)
+    except (ValueError, IndexError):
+        split_ctas = ()
+    if not split_ctas or min(min(c) for c in split_ctas) < 1:
+        p.error(f"--split-ctas: expected CTAS[:MIN_STEPS] ints >= 1, got {ns.split_ctas!r}")
     variants = tuple(v for v in ns.variants.split(",") if v)
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
