@@ -29,7 +29,7 @@ from test_matmul_grouped import exact_grouped, make_grouped_case
 
 from blockscale import layouts, runtime
 from blockscale.formats import MXFP4, NVFP4
-from blockscale.ops import matmul, matmul_decode
+from blockscale.ops import matmul, matmul_decode, matmul_grouped
 
 pytestmark = pytest.mark.interp
 
@@ -228,3 +228,30 @@ def test_dispatch_split_switch(monkeypatch):
     monkeypatch.setenv(matmul_decode.SPLIT_K_ENV, "-1")
     with pytest.raises(ValueError, match=matmul_decode.SPLIT_K_ENV):
         matmul_decode.split_variant("mma_p", 2, k)
+
+
+def test_grouped_dispatch_split_switch(monkeypatch):
+    """The grouped dispatch counts the CTAs of the non-empty groups: GROUPED[1] (2 groups of
+    N=40: 2 CTAs) runs mma_psk under BLOCKSCALE_DECODE_SPLIT_K=2, not under 1 (its bits)."""
+    launched = []
+    real = matmul_decode.H.launch
+
+    def spy(spec, *args, **kw):
+        launched.append(getattr(spec, "variant", None))
+        return real(spec, *args, **kw)
+
+    monkeypatch.setattr(matmul_decode.H, "launch", spy)
+    monkeypatch.setenv(matmul_decode.VARIANT_ENV, "mma_p")
+    counts, ids, e_count, n, k = GROUPED[1]
+    case, _rs, _ws = make_grouped_case(np.random.default_rng(4), NVFP4, counts, ids, e_count,
+                                       n, k)
+    esc = np.ones(e_count, np.float32)
+    outs = []
+    for limit in ("1", "2"):
+        monkeypatch.setenv(matmul_decode.SPLIT_K_ENV, limit)
+        outs.append(matmul_grouped.grouped_matmul_block_scaled(
+            **case, expert_scales=esc, fmt=NVFP4, k=k, device="interp", target="sm_90a"))
+    assert launched == ["mma_p", "mma_psk"]
+    direct = matmul_decode.grouped_matmul_decode(**case, expert_scales=esc, fmt=NVFP4, k=k,
+                                                 device="interp", variant="mma_psk")
+    assert np.array_equal(outs[1].view(np.uint16), direct.view(np.uint16))
