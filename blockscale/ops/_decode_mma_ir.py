@@ -239,15 +239,6 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     n_last = bir.sub(n_count, 1)
     b_srow0 = bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS)
     last_chunk = bir.sub(bir.udiv(row_bytes, 16), 1)
-    # what fetch() may load: the whole row; a split (step_range) stops at its last step, so
-    # the prefetch past it (never computed) re-reads that step's last chunk (L1 / L2 hits)
-    # and loads no activations or scales instead of fetching the next split's step
-    w_lim, a_lim, q_lim = last_chunk, row_bytes, d1
-    if step_range is not None:
-        hi = step_range[1]
-        w_lim = bir.umin(last_chunk, bir.sub(bir.mul(hi, STEP_CHUNKS), 1))
-        a_lim = bir.umin(row_bytes, bir.mul(hi, STEP_BYTES))
-        q_lim = bir.umin(d1, bir.mul(hi, lay.words))
     zero = bir.const(0.0, f32)
 
     # this thread's weight chunks (8) and scale words: fixed rows, per-step columns
@@ -274,12 +265,12 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         activation scale bytes of this thread (registers)."""
         out = []
         for it in range(w_iters):
-            c = bir.umin(bir.add(bir.mul(step, STEP_CHUNKS), w_cs[it]), w_lim)
+            c = bir.umin(bir.add(bir.mul(step, STEP_CHUNKS), w_cs[it]), last_chunk)
             row = bir.umin(bir.add(w_base, bir.mul(w_stride, it)), w_last)
             out.append(bir.vector_load(v16, w, bir.add(row, bir.mul(c, 16)), alignment=16))
         for it in range(s_iters):
             q = bir.add(bir.mul(step, lay.words), s_qs[it])
-            br = bir.if_(bir.ult(q, q_lim), [i32])
+            br = bir.if_(bir.ult(q, d1), [i32])
             with br.then():
                 off = bir.add(s_rows[it][1], bir.mul(q, SF_ATOM_BYTES))
                 v = bir.vector_load(bir.vec(4, bir.i8()), sfb, off, alignment=4)
@@ -291,7 +282,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             cid = bir.add(tid, it * THREADS)
             n, c = bir.udiv(cid, STEP_CHUNKS), bir.urem(cid, STEP_CHUNKS)
             col = bir.add(bir.mul(step, STEP_BYTES), bir.mul(c, 16))
-            ok = bir.logical_and(bir.ult(n, rows), bir.ult(col, a_lim))
+            ok = bir.logical_and(bir.ult(n, rows), bir.ult(col, row_bytes))
             br = bir.if_(ok, [v16, i32])
             with br.then():
                 m = bir.add(r0, n)
@@ -486,7 +477,10 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             bir.barrier()  # the previous step's shared reads are done
             stage(step, cur, rows)
             bir.barrier()
-            nxt = later + fetch(bir.add(step, depth), r0, rows)
+            ahead = bir.add(step, depth)
+            if step_range is not None:  # a split's prefetch past its end re-reads its last
+                ahead = bir.umin(ahead, bir.sub(s_hi, 1))  # step (L1 / L2 hits), not the next's
+            nxt = later + fetch(ahead, r0, rows)
             accs = list(sl.carried[:8])
             br = bir.if_(two, [f32] * 8)
             with br.then():
