@@ -154,6 +154,27 @@ def test_streams_and_event_timing(cuda):
     assert start.elapsed_ms(end) >= 0.0
 
 
+def test_arrays_keep_their_stream_alive(cuda):
+    """An array allocated on a stream the caller drops: the stream lives until the array is
+    freed (its free and later copies are ordered on it; a destroyed stream handle never
+    reaches the driver), then goes."""
+    import gc
+    import weakref
+
+    stream = cuda.create_stream()
+    host = np.arange(1 << 16, dtype=np.int32)
+    arr = cuda.to_device(host, stream)
+    alive = weakref.ref(stream)
+    del stream
+    gc.collect()
+    assert alive() is not None
+    np.testing.assert_array_equal(cuda.to_host(arr), host)  # on the array's stream
+    del arr
+    gc.collect()
+    assert alive() is None
+    assert cuda.to_host(cuda.to_device(host)).sum() == host.sum()
+
+
 def test_wrong_target_is_rejected(cuda):
     kernel = scale_add_kernel(cuda, 1024)
     other = "sm_100a" if cuda.capability != (10, 0) else "sm_90a"

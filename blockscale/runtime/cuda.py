@@ -394,7 +394,7 @@ class CudaDevice(GpuDevice):
         return torch_stream or None
 
     def create_stream(self, non_blocking: bool = True) -> Stream:
-        return Stream(self, non_blocking)
+        return self.own_stream(Stream(self, non_blocking))
 
     def create_event(self) -> Event:
         return Event(self)

@@ -438,7 +438,28 @@ class GpuDevice(Device):
         handle = None if stream is None else self.resolve_stream(stream)
         where = self.default_stream() if handle is None else handle
         ptr = self._malloc(nbytes, where) if nbytes else 0
-        return DeviceArray._owned(self, int(ptr), shape, dt, handle, where)
+        arr = DeviceArray._owned(self, int(ptr), shape, dt, handle, where)
+        owner = self._stream_objects.get(where) if self._stream_objects else None
+        if owner is not None:  # a stream we created: it lives as long as its arrays
+            arr._base = owner()
+        return arr
+
+    #: handle -> weak reference of the streams :meth:`own_stream` registered
+    _stream_objects: dict[int, Any] | None = None
+
+    def own_stream(self, stream: Any) -> Any:
+        """Register a stream object this device created: arrays allocated on it keep it
+        alive (their frees and later launches are ordered on it), so it is not destroyed
+        while memory on it may still be in use. Returns ``stream``."""
+        import weakref
+
+        if self._stream_objects is None:
+            self._stream_objects = {}
+        refs = self._stream_objects
+        for h in [h for h, r in refs.items() if r() is None]:
+            del refs[h]
+        refs[int(stream.handle)] = weakref.ref(stream)
+        return stream
 
     def zeros(self, shape: Sequence[int], dtype: Any, stream: Any = None) -> Any:
         arr = self.alloc(shape, dtype, stream)
