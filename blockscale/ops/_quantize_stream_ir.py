@@ -111,16 +111,7 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
     co = QI._coords(k, kb)
     tid, j, col0, col_ok = co.tid, co.j, co.col0, co.col_ok
     in_stride = arith.shli(ncols, _c64(1)) if silu else ncols
-    # load columns: a sub-chunk past K re-reads a valid one of its scale block (the tile
-    # kernel's rule: the block max is unchanged, nothing of it is stored)
-    jcol = arith.muli(j, _c64(k.fmt.block_size))
-    jcol = arith.select(arith.cmpi(arith.CmpIPredicate.ult, jcol, ncols), jcol, _c64(0))
-    first = arith.select(col_ok, col0, jcol)
-    ld_cols = []
-    for h in range(k.chunk // CHUNK):
-        colh = arith.addi(col0, _c64(CHUNK * h))
-        ld_cols.append(arith.select(arith.cmpi(arith.CmpIPredicate.ult, colh, ncols),
-                                    colh, first))
+    ld_cols = QM.subchunk_columns(k, j, col0, col_ok, ncols)  # the tile kernel's load rule
     d1 = arith.shrui(kblocks_row, _c64(2))
     s_jpart = arith.addi(arith.shli(arith.shrui(j, _c64(2)), _c64(9)), arith.andi(j, _c64(3)))
     m32 = arith.trunci(i32, a("m"))

@@ -121,15 +121,7 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
     upr_log2 = arith.addi(rpb_log2, _c64(unroll.bit_length() - 1))  # rows per unit, log2
     in_stride = arith.shli(ncols, _c64(1)) if spec.mode == "silu" else ncols
     wide = k.chunk > CHUNK
-    ld_cols: list[ir.Value] = []
-    if wide:  # as the tile kernel: invalid sub-chunks re-read a valid one of their block
-        jcol = arith.muli(j, _c64(k.fmt.block_size))
-        jcol = arith.select(arith.cmpi(arith.CmpIPredicate.ult, jcol, ncols), jcol, _c64(0))
-        first = arith.select(col_ok, col0, jcol)
-        for h in range(k.chunk // CHUNK):
-            colh = arith.addi(col0, _c64(CHUNK * h))
-            ld_cols.append(arith.select(arith.cmpi(arith.CmpIPredicate.ult, colh, ncols),
-                                        colh, first))
+    ld_cols = subchunk_columns(k, j, col0, col_ok, ncols) if wide else []
     d1 = arith.shrui(kblocks_row, _c64(2))
     s_jpart = arith.addi(arith.shli(arith.shrui(j, _c64(2)), _c64(9)), arith.andi(j, _c64(3)))
     nvfp4 = not k.fmt.is_mx
@@ -254,6 +246,21 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
             _padding_unit(k, kb, co, d1, tile, t_start, t_end, t_tile0, t_owner, ng)
             br.yield_(*loop.carried)
         loop.yield_(*br.results)
+
+
+def subchunk_columns(k: QI._Ctx, j: ir.Value, col0: ir.Value, col_ok: ir.Value,
+                     ncols: ir.Value) -> list[ir.Value]:
+    """The load column of each CHUNK-wide sub-chunk of a thread's chunk: as the tile kernel,
+    a sub-chunk past K re-reads a valid one of its scale block (column ``j`` block's first,
+    or the chunk's own start), so the block max is unchanged and nothing of it is stored."""
+    jcol = arith.muli(j, _c64(k.fmt.block_size))
+    jcol = arith.select(arith.cmpi(arith.CmpIPredicate.ult, jcol, ncols), jcol, _c64(0))
+    first = arith.select(col_ok, col0, jcol)
+    cols = []
+    for h in range(k.chunk // CHUNK):
+        colh = arith.addi(col0, _c64(CHUNK * h))
+        cols.append(arith.select(arith.cmpi(arith.CmpIPredicate.ult, colh, ncols), colh, first))
+    return cols
 
 
 def _padding_unit(k: QI._Ctx, kb: B.KernelBuilder, co: QI._Coords, d1: ir.Value,
