@@ -27,7 +27,9 @@ Implementations:
   3 warpgroups, kstep 64 / 4 stages); ``blockscale-twophase-phase1`` / ``-phase2``: its
   dequantization launches alone / its GEMM alone (128 x 256, kstep 64); ``-128x256-sw128``,
   ``-192x256-sw128``, ``-phase1-sw128``, ``-phase2-sw128``: the same with 128B-swizzled
-  workspaces and shared stages (``swizzle="128b"``);
+  workspaces and shared stages (``swizzle="128b"``); ``-128x256-persistent``,
+  ``-phase2-persistent``: phase 2 with ``schedule="persistent"`` (one CTA per SM looping
+  over the tiles, its bulk-copy ring kept full across tile boundaries);
 * ``blockscale-portable``: the same call with both fast paths off (``BLOCKSCALE_SM90_FAST=0``,
   ``BLOCKSCALE_SM90_WGMMA=0``);
 * ``torch-bf16``: ``torch.matmul`` on bf16 dequantized A and B (the W4A16 upper bound a
@@ -207,6 +209,14 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
         check = _check_rows(dev.to_host(phase2()), a_deq, b_deq, rows, fmt, k, strict=True,
                             n_mul=1 + (fmt.kblocks(k) if fmt.is_mx else 0))
         record("blockscale-twophase-phase2", _timer(phase2, iters, dev.synchronize), check)
+
+        def phase2_pers() -> Any:  # phase 2 alone, persistent (one CTA per SM)
+            return matmul_twophase.matmul_workspaces(wa, wb, fmt, m, n, k,
+                                                     schedule="persistent", device=dev)
+        check = _check_rows(dev.to_host(phase2_pers()), a_deq, b_deq, rows, fmt, k,
+                            strict=True, n_mul=1 + (fmt.kblocks(k) if fmt.is_mx else 0))
+        record("blockscale-twophase-phase2-persistent",
+               _timer(phase2_pers, iters, dev.synchronize), check)
         sw = "128b"  # the 128B-swizzled pair: phase 1 and phase 2 alone
         record("blockscale-twophase-phase1-sw128",
                _timer(lambda: matmul_twophase.dequantize_operands(*args, fmt, k=k, swizzle=sw,
@@ -222,16 +232,17 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
         record("blockscale-twophase-phase2-sw128", _timer(phase2_sw, iters, dev.synchronize),
                check)
         del wsa, wsb
-        for ks, bm, swz in ((64, 128, "none"), (32, 128, "none"), (64, 192, "none"),
-                            (64, 128, sw), (64, 192, sw)):
-            def twophase(ks: int = ks, bm: int = bm, swz: str = swz) -> Any:
+        for ks, bm, swz, sch in ((64, 128, "none", "tiles"), (32, 128, "none", "tiles"),
+                                 (64, 192, "none", "tiles"), (64, 128, sw, "tiles"),
+                                 (64, 192, sw, "tiles"), (64, 128, "none", "persistent")):
+            def twophase(ks: int = ks, bm: int = bm, swz: str = swz, sch: str = sch) -> Any:
                 return matmul_twophase.block_scaled_matmul_twophase(
-                    *args, fmt, k=k, device=dev, kstep=ks, bm=bm, swizzle=swz)
+                    *args, fmt, k=k, device=dev, kstep=ks, bm=bm, swizzle=swz, schedule=sch)
             extra = fmt.kblocks(k) if fmt.is_mx else 0  # the fold kernel's operands
             check = _check_rows(dev.to_host(twophase()), a_deq, b_deq, rows, fmt, k,
                                 strict=True, n_mul=1 + extra)
             tag = ("" if ks == matmul_twophase.DEFAULT_KSTEP else f"-k{ks}") + (
-                "" if swz == "none" else "-sw128")
+                "" if swz == "none" else "-sw128") + ("" if sch == "tiles" else f"-{sch}")
             record(f"blockscale-twophase-{bm}x256{tag}", _timer(twophase, iters, dev.synchronize),
                    check)
 

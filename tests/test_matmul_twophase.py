@@ -39,7 +39,7 @@ from blockscale.ops import matmul_wgmma
 
 
 def _check(m, n, k, fmt, out_dtype, kstep=None, stages=None, device="interp", rows=None,
-           identical=True, bm=128, swizzle="none"):
+           identical=True, bm=128, swizzle="none", schedule="tiles"):
     """The bound and, in the interpreter, bit-identity with the wgmma fold kernel."""
     rng = np.random.default_rng(m * 131 + n * 7 + k)
     a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
@@ -48,7 +48,8 @@ def _check(m, n, k, fmt, out_dtype, kstep=None, stages=None, device="interp", ro
     bound = f32_error_bound(abs_sum, fmt, k, n_mul=1 + extra)
     got = TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, fmt, alpha=0.375,
                                           out_dtype=out_dtype, kstep=kstep, stages=stages,
-                                          bm=bm, swizzle=swizzle, device=device)
+                                          bm=bm, swizzle=swizzle, schedule=schedule,
+                                          device=device)
     assert got.shape == (m, n)
     sel = got if rows is None else got[rows]
     if out_dtype == "float32":
@@ -95,6 +96,68 @@ def test_interp_sw128(case):
     descriptor (absolute address bits [4:6] ^= [7:9])."""
     fmt, (m, n, k), stages, out_dtype, bm = case
     _check(m, n, k, Format.from_name(fmt), out_dtype, 64, stages, bm=bm, swizzle="128b")
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    ("nvfp4", (260, 520, 224), 64, 3, "float32", 128, 2),  # 6 tiles / 2 CTAs; K 4 steps
+    ("nvfp4", (130, 300, 352), 64, 2, "bfloat16", 128, 3),  # 4 tiles / 3 CTAs: 2 and 1
+    ("mxfp4", (390, 260, 160), 64, 4, "float32", 128, 2),  # 6 tiles; 3 steps < 4 stages
+    ("nvfp4", (300, 260, 96), 32, 4, "bfloat16", 128, 4),  # 6 tiles over 4 CTAs; kstep 32
+    ("nvfp4", (200, 300, 224), 64, 3, "float32", 192, 3),  # 192 x 256: 4 tiles / 3 CTAs
+    ("nvfp4", (130, 300, 96), 64, 2, "float32", 128, 64),  # more CTAs than tiles: 4
+], ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}-k{c[2]}-s{c[3]}-{c[4]}-bm{c[5]}"
+   f"-ctas{c[6]}")
+def test_interp_persistent(case):
+    """schedule "persistent" on a small grid (several tiles per CTA, the ring's phases
+    running on across tiles, the next tile's copies issued during this tile's last steps):
+    bit-identical to the one-CTA-per-tile kernel (and so to the wgmma fold kernel); M, N, K
+    tails, fewer k-steps than stages, 2..4 stages."""
+    fmt, (m, n, k), kstep, stages, out_dtype, bm, ctas = case
+    fmt = Format.from_name(fmt)
+    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(m + n + k), fmt, m, n, k)
+    got, want = (TP.block_scaled_matmul_twophase(
+        a, b, sfa5, sfb5, fmt, alpha=0.375, out_dtype=out_dtype, kstep=kstep, stages=stages,
+        bm=bm, schedule=sch, ctas=ctas, device="interp") for sch in TP.SCHEDULES)
+    tiles = TP.grid(m, n, bm)[0]
+    assert TP.grid(m, n, bm, "persistent", ctas) == (min(tiles, ctas), 1, 1)
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("broken", [False, True])
+def test_interp_persistent_phases_continue(broken, monkeypatch):
+    """The persistent ring counts its steps over the CTA's life: restarting the step count
+    (and so the mbarrier parities) at each tile deadlocks or reads a stale stage in the
+    interpreter's mbarrier model."""
+    from blockscale.ops import _twophase_ir as T
+    from blockscale.runtime.interpreter import run_kernel
+    from blockscale.runtime.interpreter.ops_tma import MBarrierDeadlockError
+
+    if broken:  # consume / refill see the tile-local k-step instead of the CTA step
+        consume, refill = T._Ring.consume, T._Ring.refill
+        local = lambda ring, step: T.bir.urem(step, ring.steps)
+        monkeypatch.setattr(T._Ring, "consume", lambda ring, step, acc: consume(
+            ring, local(ring, step), acc))
+        monkeypatch.setattr(T._Ring, "refill", lambda ring, step, nxt, total, fill: refill(
+            ring, local(ring, step), nxt, total, fill))
+    m, n, k = 260, 256, 192  # 3 tiles on 1 CTA, 3 steps each over 2 stages
+    rng = np.random.default_rng(4)
+    a, b, _, _, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
+    wa, wb = TP.dequantize_operands(a, b, sfa5, sfb5, NVFP4, device="interp")
+    spec = TP.TwophaseMatmulSpec("nvfp4", "float32", stages=2, schedule="persistent")
+    c = np.zeros(m * n, np.float32)
+    run = lambda: run_kernel(str(TP.build(spec)), spec.kernel_name, (1, 1, 1), spec.block,
+                             [wa, wb, c, m, n, k, 1.0], "sm_90a",
+                             dynamic_shared_bytes=spec.dynamic_shared_bytes)
+    if broken:
+        with pytest.raises(MBarrierDeadlockError):
+            run()
+        return
+    run()
+    want = TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, NVFP4, out_dtype="float32",
+                                           stages=2, device="interp")
+    np.testing.assert_array_equal(c.reshape(m, n), want)
 
 
 @pytest.mark.interp
@@ -269,7 +332,16 @@ def test_spec_validation_and_bundle():
                for ks in TP.KSTEPS for bm in TP.BMS) <= 227 * 1024
     assert TP.workspace_bytes(8192, 5760, 2944) == 2 * 2944 * (8192 + 5888)
     specs = TP.bundle_specs("sm_90a")
-    assert len(specs) == 2 * 3 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2
+    assert len(specs) == 2 * 3 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        TP.TwophaseMatmulSpec("nvfp4", schedule="stream-k")
+    with pytest.raises(ValueError, match="ctas must be a positive int"):
+        TP.grid(8192, 5760, 128, "persistent", 0)
+    p = TP.TwophaseMatmulSpec("nvfp4", schedule="persistent")
+    assert p.kernel_name == "bs_twophase_nvfp4_128x256_k64_s4_bf16_persistent"
+    assert p.args() == TP.TwophaseMatmulSpec("nvfp4").args()  # the grid is the only change
+    assert TP.grid(8192, 5760) == (1472, 1, 1)
+    assert TP.grid(8192, 5760, schedule="persistent") == (TP.SM_COUNT, 1, 1)
     assert TP.bundle_specs("sm_100a") == []
     assert all(TP.build(x).operation.verify() for x in specs[:3])
 
@@ -328,6 +400,31 @@ def test_kernel_sass(spec):
     assert (str(sw_bits) in ptx) == (spec.swizzle == "128b")
     align = 1024 if spec.swizzle == "128b" else 128
     assert f".extern .shared .align {align} .b8" in ptx
+    # persistent: a tile loop, whose back edge follows the epilogue's last store and goes
+    # back before the K loop (the shortest loop around the HGMMAs); one CTA per tile: only
+    # the out-of-line mbarrier retry blocks branch back from past the stores (into the K loop)
+    loops, mmas = _sass_loops(sass), _sass_at(sass, "HGMMA")
+    k_loop = min((x for x in loops if x[0] <= min(mmas) and max(mmas) <= x[1]),
+                 key=lambda x: x[1] - x[0])
+    tile_loops = [x for x in loops if x[0] < k_loop[0] and x[1] > max(_sass_at(sass, "STG"))]
+    assert len(tile_loops) == (spec.schedule == "persistent")
+
+
+def _sass_at(sass, op):
+    """Addresses of the SASS instructions ``op`` (predicated or not)."""
+    return [int(a, 16) for a in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?"
+                                           + op + r"\b", sass)]
+
+
+def _sass_loops(sass):
+    """(target, branch) address pairs of the backward branches."""
+    out = []
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?BRA\s+(?:\S+,\s*)?0x([0-9a-f]+)",
+                     line)
+        if m and int(m.group(2), 16) < int(m.group(1), 16):
+            out.append((int(m.group(2), 16), int(m.group(1), 16)))
+    return out
 
 
 GPU_SHAPES = [(8192, 5760, 2944), (777, 2560, 8192), (1000, 1024, 1056)]
@@ -336,30 +433,33 @@ GPU_SHAPES = [(8192, 5760, 2944), (777, 2560, 8192), (1000, 1024, 1056)]
 @pytest.mark.gpu
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", TP.FORMATS)
-@pytest.mark.parametrize("kstep,bm,swizzle", [
-    pytest.param(ks, bm, sw, id=f"k{ks}-bm{bm}" + ("-sw128" if sw == "128b" else ""))
-    for ks, bm, sw in ((64, 128, "none"), (32, 128, "none"), (64, 192, "none"),
-                       (64, 128, "128b"), (64, 192, "128b"))])
+@pytest.mark.parametrize("kstep,bm,swizzle,schedule", [
+    pytest.param(ks, bm, sw, sch, id=f"k{ks}-bm{bm}" + ("-sw128" if sw == "128b" else "")
+                 + ("-persistent" if sch == "persistent" else ""))
+    for ks, bm, sw, sch in ((64, 128, "none", "tiles"), (32, 128, "none", "tiles"),
+                            (64, 192, "none", "tiles"), (64, 128, "128b", "tiles"),
+                            (64, 192, "128b", "tiles"), (64, 128, "none", "persistent"))])
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
-def test_gpu(shape, out_dtype, kstep, bm, swizzle, fmt):
+def test_gpu(shape, out_dtype, kstep, bm, swizzle, schedule, fmt):
     """The stated fp32 bound (f32) / bf16 consistency on sampled rows (HGMMA rounds
     differently from the interpreter's model, so no bit-identity on hardware); the swizzled
-    pair also equals the no-swizzle pair bit for bit (same operands, same HGMMA order)."""
+    pair and the persistent kernel also equal the default pair bit for bit (same operands,
+    same HGMMA order per tile)."""
     m, n, k = shape
     rng = np.random.default_rng(m + n)
     rows = np.unique(np.concatenate([np.arange(min(m, 64)), np.arange(max(0, m - 64), m),
                                      rng.integers(0, m, 64)]))
     fmt = Format.from_name(fmt)
     _check(m, n, k, fmt, out_dtype, kstep, device="cuda", rows=rows, identical=False, bm=bm,
-           swizzle=swizzle)
-    if swizzle != "none":
+           swizzle=swizzle, schedule=schedule)
+    if swizzle != "none" or schedule != "tiles":
         a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(m * 131 + n * 7 + k),
                                                    fmt, m, n, k)
         got, ref = (TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, fmt, alpha=0.375,
                                                     out_dtype=out_dtype, kstep=kstep, bm=bm,
-                                                    swizzle=sw, device="cuda")
-                    for sw in (swizzle, "none"))
+                                                    swizzle=sw, schedule=sch, device="cuda")
+                    for sw, sch in ((swizzle, schedule), ("none", "tiles")))
         assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))
 
 

@@ -206,9 +206,10 @@ def shared_bytes(kstep: int, stages: int, bm: int = BM) -> int:
     return barrier_offset(kstep, stages, bm) + 16 * stages
 
 
-def raster_tile(tiles_m: Value, tiles_n: Value) -> tuple[Value, Value]:
-    """(m tile, n tile) of this CTA (``blockIdx.x``), in groups of :data:`RASTER` M-tiles."""
-    t = bir.block_idx("x")
+def raster_tile(tiles_m: Value, tiles_n: Value, t: Value | None = None) -> tuple[Value, Value]:
+    """(m tile, n tile) of the 1-D tile index ``t`` (default ``blockIdx.x``), in groups of
+    :data:`RASTER` M-tiles."""
+    t = bir.block_idx("x") if t is None else t
     per_group = bir.mul(tiles_n, RASTER)
     first = bir.mul(bir.udiv(t, per_group), RASTER)
     size = bir.umin(bir.sub(tiles_m, first), RASTER)
@@ -220,15 +221,7 @@ def _parity(v: Value) -> Value:
     return bir.as_i32(bir.urem(v, 2))
 
 
-def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Value,
-                  k: Value, kstep: int, stages: int, bm: int = BM,
-                  swizzle: str = "none") -> tuple[Value, Value]:
-    """Phase 2's K loop over the stage-ordered workspaces ``wa`` / ``wb`` (i8 memrefs) for
-    the ``bm`` x 256 tile (``bm / 64`` warpgroups) at rows ``m0`` of A, ``n0`` of B; returns
-    (the warpgroup's accumulator struct, warpgroup index). Every thread of the CTA must
-    execute it. ``swizzle`` "128b" (kstep 64): the workspaces are 128B-swizzled,
-    the ring is 1024-byte aligned and the descriptors are SWIZZLE_128B (SBO 1024, the k16
-    steps 32 bytes apart inside the 128-byte row)."""
+def _check_ring(kstep: int, stages: int, bm: int, swizzle: str) -> None:
     if swizzle not in SWIZZLES:
         raise ValueError(f"swizzle must be one of {list(SWIZZLES)}, got {swizzle!r}")
     if swizzle == "128b" and kstep != 64:
@@ -239,71 +232,93 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Va
         raise ValueError(f"kstep must be a multiple of 16, got {kstep}")
     if bm % 64:
         raise ValueError(f"bm must be a multiple of 64, got {bm}")
-    a_bytes, b_bytes = bm * 2 * kstep, BN * 2 * kstep
-    sbytes = a_bytes + b_bytes
-    # the dynamic shared memory as a CUDA extern array (gpu.dynamic_shared_memory becomes a
-    # "demoted" static variable: issue #9)
-    sw = swizzle == "128b"
-    smem = tma.extern_shared_buffer(kb, shared_bytes(kstep, stages, bm),
-                                    align=SW128_ATOM if sw else 128)
-    tid = bir.thread_idx("x")
-    wg = bir.udiv(tid, 128)
-    is_prod = bir.eq(tid, 0)
-    kp = bir.mul(bir.ceil_div(k, KPAD), KPAD)
-    steps = bir.ceil_div(k, kstep)
-    base = W.shared_address(smem)
-    bars = bir.add(base, bir.as_i64(bir.const(barrier_offset(kstep, stages, bm))))
 
-    def full(slot: Value) -> Value:
-        return bir.add(bars, bir.as_i64(bir.mul(slot, 8)))
 
-    def empty(slot: Value) -> Value:
-        return bir.add(bars, bir.as_i64(bir.add(bir.mul(slot, 8), 8 * stages)))
+class _Ring:
+    """Phase 2's shared ring (``stages`` stages + full / empty mbarriers in the one dynamic
+    shared buffer) and the per-step pieces of its protocol (:func:`emit_mainloop`); ``step``
+    values are counted over the CTA's whole life, so the mbarrier phases run on across tiles
+    (:func:`emit_persistent`)."""
 
-    # the tile-rows of the workspaces; step s of A is bytes [s a_bytes, (s + 1) a_bytes)
-    src_a = bir.add(cpasync.global_address(wa), bir.as_i64(bir.mul(bir.udiv(m0, bm),
-                                                                   bir.mul(kp, 2 * bm))))
-    src_b = bir.add(cpasync.global_address(wb), bir.as_i64(bir.mul(bir.udiv(n0, BN),
-                                                                   bir.mul(kp, 2 * BN))))
+    def __init__(self, kb: bir.KernelBuilder, k: Value, kstep: int, stages: int, bm: int,
+                 swizzle: str) -> None:
+        _check_ring(kstep, stages, bm, swizzle)
+        self.kstep, self.stages, self.bm = kstep, stages, bm
+        self.a_bytes, self.b_bytes = bm * 2 * kstep, BN * 2 * kstep
+        self.sbytes = self.a_bytes + self.b_bytes
+        # the dynamic shared memory as a CUDA extern array (gpu.dynamic_shared_memory
+        # becomes a "demoted" static variable: issue #9)
+        self.sw = swizzle == "128b"
+        smem = tma.extern_shared_buffer(kb, shared_bytes(kstep, stages, bm),
+                                        align=SW128_ATOM if self.sw else 128)
+        self.tid = bir.thread_idx("x")
+        self.wg = bir.udiv(self.tid, 128)
+        self.is_prod = bir.eq(self.tid, 0)
+        self.kp = bir.mul(bir.ceil_div(k, KPAD), KPAD)
+        self.steps = bir.ceil_div(k, kstep)
+        self.base = W.shared_address(smem)
+        self.bars = bir.add(self.base,
+                            bir.as_i64(bir.const(barrier_offset(kstep, stages, bm))))
 
-    def produce(t: Value) -> None:
-        """Thread 0: fill the stage of step ``t`` (t < steps; its stage is free)."""
-        slot = bir.urem(t, stages)
-        dst = bir.add(base, bir.as_i64(bir.mul(slot, sbytes)))
-        cpasync.mbarrier_arrive_expect_tx(full(slot), sbytes)
-        cpasync.bulk_copy(dst, bir.add(src_a, bir.as_i64(bir.mul(t, a_bytes))), a_bytes,
-                          full(slot))
-        cpasync.bulk_copy(bir.add(dst, bir.as_i64(bir.const(a_bytes))),
-                          bir.add(src_b, bir.as_i64(bir.mul(t, b_bytes))), b_bytes, full(slot))
+    def full(self, slot: Value) -> Value:
+        return bir.add(self.bars, bir.as_i64(bir.mul(slot, 8)))
 
-    with bir.when(is_prod):
-        for i in range(stages):
-            cpasync.mbarrier_init(full(bir.const(i)), 1)
-            cpasync.mbarrier_init(empty(bir.const(i)), bm // 64)  # one per warpgroup
-        tma.fence_mbarrier_init()
-    bir.barrier()
-    with bir.when(is_prod):
-        for p in range(stages - 1):
-            with bir.when(bir.ult(bir.const(p), steps)):
-                produce(bir.const(p))
-    if sw:  # stages and the B span start on 1024-byte atoms (base_offset 0); LBO unused
-        da0 = W.descriptor(base, lbo=16, sbo=SW128_ATOM, swizzle="128b")
-        db0 = da0
-        wg_bytes, h_bytes_a, h_bytes_b = 64 * 128, 32, 32
-    else:
-        da0 = W.descriptor(base, lbo=bm * 16, sbo=LBO)
-        db0 = W.descriptor(base, lbo=BN * 16, sbo=LBO)
-        wg_bytes, h_bytes_a, h_bytes_b = 8 * LBO, 2 * bm * 16, 2 * BN * 16
-    with bir.for_range(0, steps, carry=[W.zero_accumulator(BN)]) as loop:
-        step, acc = loop.iv, loop.carried[0]
+    def empty(self, slot: Value) -> Value:
+        return bir.add(self.bars, bir.as_i64(bir.add(bir.mul(slot, 8), 8 * self.stages)))
+
+    def sources(self, wa: Value, wb: Value, m0: Value, n0: Value) -> tuple[Value, Value]:
+        """Global addresses of the tile-rows at A row ``m0``, B row ``n0``; k-step s of A is
+        bytes [s a_bytes, (s + 1) a_bytes) of its span."""
+        bm, kp = self.bm, self.kp
+        return (bir.add(cpasync.global_address(wa),
+                        bir.as_i64(bir.mul(bir.udiv(m0, bm), bir.mul(kp, 2 * bm)))),
+                bir.add(cpasync.global_address(wb),
+                        bir.as_i64(bir.mul(bir.udiv(n0, BN), bir.mul(kp, 2 * BN)))))
+
+    def produce(self, step: Value, src_a: Value, src_b: Value, kk: Value) -> None:
+        """Thread 0: fill the stage of CTA step ``step`` (its stage is free) with k-step
+        ``kk`` of the tile-rows at ``src_a`` / ``src_b``."""
+        slot = bir.urem(step, self.stages)
+        dst = bir.add(self.base, bir.as_i64(bir.mul(slot, self.sbytes)))
+        cpasync.mbarrier_arrive_expect_tx(self.full(slot), self.sbytes)
+        cpasync.bulk_copy(dst, bir.add(src_a, bir.as_i64(bir.mul(kk, self.a_bytes))),
+                          self.a_bytes, self.full(slot))
+        cpasync.bulk_copy(bir.add(dst, bir.as_i64(bir.const(self.a_bytes))),
+                          bir.add(src_b, bir.as_i64(bir.mul(kk, self.b_bytes))),
+                          self.b_bytes, self.full(slot))
+
+    def init_barriers(self) -> None:
+        with bir.when(self.is_prod):
+            for i in range(self.stages):
+                cpasync.mbarrier_init(self.full(bir.const(i)), 1)
+                cpasync.mbarrier_init(self.empty(bir.const(i)), self.bm // 64)  # per wg
+            tma.fence_mbarrier_init()
+        bir.barrier()
+
+    def descriptors(self) -> None:
+        """The stage-0 descriptors and the byte strides of warpgroups and k16 steps."""
+        if self.sw:  # stages and the B span start on 1024-byte atoms (base_offset 0)
+            self.da0 = W.descriptor(self.base, lbo=16, sbo=SW128_ATOM, swizzle="128b")
+            self.db0 = self.da0
+            self.wg_bytes, self.h_a, self.h_b = 64 * 128, 32, 32
+        else:
+            self.da0 = W.descriptor(self.base, lbo=self.bm * 16, sbo=LBO)
+            self.db0 = W.descriptor(self.base, lbo=BN * 16, sbo=LBO)
+            self.wg_bytes, self.h_a, self.h_b = 8 * LBO, 2 * self.bm * 16, 2 * BN * 16
+
+    def consume(self, step: Value, acc: Value) -> Value:
+        """Every thread: wait for the stage of CTA step ``step``, issue its ``kstep / 16``
+        wgmmas, retire step - 1's (``wait_group 1``) and release its stage (one arrival per
+        warpgroup). Returns the accumulator."""
+        stages = self.stages
         slot = bir.urem(step, stages)
-        cpasync.mbarrier_wait(full(slot), _parity(bir.udiv(step, stages)))
-        stage0 = bir.mul(slot, sbytes)
-        da = W.advance(da0, bir.as_i64(bir.add(stage0, bir.mul(wg, wg_bytes))))
-        db = W.advance(db0, bir.as_i64(bir.add(stage0, a_bytes)))
+        cpasync.mbarrier_wait(self.full(slot), _parity(bir.udiv(step, stages)))
+        stage0 = bir.mul(slot, self.sbytes)
+        da = W.advance(self.da0, bir.as_i64(bir.add(stage0, bir.mul(self.wg, self.wg_bytes))))
+        db = W.advance(self.db0, bir.as_i64(bir.add(stage0, self.a_bytes)))
         W.fence()
-        for h in range(kstep // 16):
-            acc = W.mma_async(acc, W.advance(da, h * h_bytes_a), W.advance(db, h * h_bytes_b),
+        for h in range(self.kstep // 16):
+            acc = W.mma_async(acc, W.advance(da, h * self.h_a), W.advance(db, h * self.h_b),
                               BN, dtype="bf16")
         W.commit_group()
         W.wait_group(1)  # the wgmmas of step - 1 retired: release its stage
@@ -312,16 +327,92 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Va
         # accumulator moves inside its wgmma pipeline make ptxas serialize every wgmma). So
         # empty[j] completes once more for j = stages - 1, and the producer's wait at step s
         # is for parity (s / stages) & 1 on every slot.
-        prev = bir.urem(bir.add(step, stages - 1), stages)
-        with bir.when(bir.eq(bir.urem(tid, 128), 0)):
-            cpasync.mbarrier_arrive(empty(prev))
-        nxt = bir.add(step, stages - 1)
-        with bir.when(bir.logical_and(is_prod, bir.ult(nxt, steps))):
-            cpasync.mbarrier_wait(empty(prev), _parity(bir.udiv(step, stages)))
-            produce(nxt)
+        self.prev = bir.urem(bir.add(step, stages - 1), stages)
+        with bir.when(bir.eq(bir.urem(self.tid, 128), 0)):
+            cpasync.mbarrier_arrive(self.empty(self.prev))
+        return acc
+
+    def refill(self, step: Value, nxt: Value, total: Value,
+               fill: Any) -> None:
+        """Thread 0 after :meth:`consume` of ``step``: once step - 1's stage is free, fill it
+        with step ``nxt`` (= step + stages - 1) if ``nxt < total`` (``fill(nxt)``)."""
+        with bir.when(bir.logical_and(self.is_prod, bir.ult(nxt, total))):
+            cpasync.mbarrier_wait(self.empty(self.prev), _parity(bir.udiv(step, self.stages)))
+            fill(nxt)
+
+
+def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Value,
+                  k: Value, kstep: int, stages: int, bm: int = BM,
+                  swizzle: str = "none") -> tuple[Value, Value]:
+    """Phase 2's K loop over the stage-ordered workspaces ``wa`` / ``wb`` (i8 memrefs) for
+    the ``bm`` x 256 tile (``bm / 64`` warpgroups) at rows ``m0`` of A, ``n0`` of B; returns
+    (the warpgroup's accumulator struct, warpgroup index). Every thread of the CTA must
+    execute it. ``swizzle`` "128b" (kstep 64): the workspaces are 128B-swizzled,
+    the ring is 1024-byte aligned and the descriptors are SWIZZLE_128B (SBO 1024, the k16
+    steps 32 bytes apart inside the 128-byte row)."""
+    ring = _Ring(kb, k, kstep, stages, bm, swizzle)
+    steps = ring.steps
+    src_a, src_b = ring.sources(wa, wb, m0, n0)
+    fill = lambda t: ring.produce(t, src_a, src_b, t)
+    ring.init_barriers()
+    with bir.when(ring.is_prod):
+        for p in range(stages - 1):
+            with bir.when(bir.ult(bir.const(p), steps)):
+                fill(bir.const(p))
+    ring.descriptors()
+    with bir.for_range(0, steps, carry=[W.zero_accumulator(BN)]) as loop:
+        step = loop.iv
+        acc = ring.consume(step, loop.carried[0])
+        ring.refill(step, bir.add(step, stages - 1), steps, fill)
         loop.yield_(acc)
     W.wait_group(0)
-    return loop.results[0], wg
+    return loop.results[0], ring.wg
+
+
+def emit_persistent(kb: bir.KernelBuilder, wa: Value, wb: Value, m_count: Value,
+                    n_count: Value, k: Value, kstep: int, stages: int, bm: int,
+                    swizzle: str, epilogue: Any) -> None:
+    """Phase 2, persistent: CTA ``b`` of a grid of ``G`` CTAs (any G >= 1) computes the tiles
+    ``t = b, b + G, ...`` (rasterized as :func:`raster_tile`), each with
+    :func:`emit_mainloop`'s k-steps and wgmma order, then ``epilogue(acc, wg, m0, n0)``.
+    The ring's step counter runs over the CTA's ``tiles * steps`` steps (mbarrier phases
+    continue across tiles), and thread 0 refills step ``s + stages - 1`` whichever tile it
+    belongs to: the next tile's first ``stages - 1`` stages are in flight during this
+    tile's last wgmmas and its epilogue."""
+    ring = _Ring(kb, k, kstep, stages, bm, swizzle)
+    steps = ring.steps
+    tiles_m, tiles_n = bir.ceil_div(m_count, bm), bir.ceil_div(n_count, BN)
+    b, g = bir.block_idx("x"), bir.grid_dim("x")
+    # this CTA's tiles: ceil((tiles - b) / G), 0 when b >= tiles (b < G, so no underflow)
+    mine = bir.udiv(bir.sub(bir.add(bir.mul(tiles_m, tiles_n), bir.sub(g, 1)), b), g)
+    total = bir.mul(mine, steps)
+
+    def origin(i: Value) -> tuple[Value, Value]:
+        """(m0, n0) of this CTA's i-th tile."""
+        mt, nt = raster_tile(tiles_m, tiles_n, bir.add(b, bir.mul(i, g)))
+        return bir.mul(mt, bm), bir.mul(nt, BN)
+
+    def fill(s: Value) -> None:  # CTA step s: k-step s % steps of tile s / steps
+        m0, n0 = origin(bir.udiv(s, steps))
+        src_a, src_b = ring.sources(wa, wb, m0, n0)
+        ring.produce(s, src_a, src_b, bir.urem(s, steps))
+
+    ring.init_barriers()
+    with bir.when(ring.is_prod):
+        for p in range(stages - 1):
+            with bir.when(bir.ult(bir.const(p), total)):
+                fill(bir.const(p))
+    ring.descriptors()
+    with bir.for_range(0, mine) as tiles:
+        first = bir.mul(tiles.iv, steps)
+        with bir.for_range(0, steps, carry=[W.zero_accumulator(BN)]) as loop:
+            step = bir.add(first, loop.iv)
+            acc = ring.consume(step, loop.carried[0])
+            ring.refill(step, bir.add(step, stages - 1), total, fill)
+            loop.yield_(acc)
+        W.wait_group(0)
+        m0, n0 = origin(tiles.iv)
+        epilogue(loop.results[0], ring.wg, m0, n0)
 
 
 def accumulator_tiles(acc: Value) -> list[Any]:

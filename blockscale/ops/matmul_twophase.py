@@ -83,6 +83,11 @@ DEQUANT_THREADS = 256
 SWIZZLES = ("none", "128b")
 #: MXFP4 "fold" operands are scaled by 2^MX_FOLD_EXP each (= _wgmma_ir.MX_FOLD_EXP)
 MX_FOLD_EXP = -2
+#: phase-2 CTA schedules: "tiles", one CTA per tile; "persistent", at most one CTA per SM,
+#: each looping over tiles with its ring kept full across tile boundaries (issue #9)
+SCHEDULES = ("tiles", "persistent")
+#: persistent CTAs launched when the device does not say its SM count (the H200's 132)
+SM_COUNT = 132
 
 
 def _sw_tag(swizzle: str) -> str:
@@ -153,6 +158,9 @@ class TwophaseMatmulSpec(FormatSpec):
             A workspace must be made for it (:func:`dequantize_operands` ``bm``).
         swizzle: the workspaces' and shared stages' layout (:data:`SWIZZLES`; "128b" needs
             kstep 64 and workspaces made with it).
+        schedule: :data:`SCHEDULES`; "persistent" runs on any grid (:func:`grid`), each CTA
+            taking tiles ``blockIdx.x + i gridDim.x`` in the rasterized order; the same
+            wgmma order per tile, so the same bytes as "tiles".
     """
 
     fmt: str
@@ -163,6 +171,7 @@ class TwophaseMatmulSpec(FormatSpec):
     stages: int | None = None
     bm: int = BM
     swizzle: str = "none"
+    schedule: str = "tiles"
 
     op: ClassVar[str] = "block_scaled_matmul_twophase"
 
@@ -178,6 +187,7 @@ class TwophaseMatmulSpec(FormatSpec):
         H.check_choice(self.kstep, KSTEPS, "kstep")
         H.check_choice(self.bm, BMS, "bm")
         H.check_choice(self.swizzle, SWIZZLES, "swizzle")
+        H.check_choice(self.schedule, SCHEDULES, "schedule")
         if self.swizzle == "128b" and self.kstep != 64:
             raise ValueError(f"swizzle '128b' needs kstep 64 (one 128-byte row), got "
                              f"kstep={self.kstep}")
@@ -198,7 +208,8 @@ class TwophaseMatmulSpec(FormatSpec):
     def kernel_name(self) -> str:
         ep = f"_ep{self.epilogue.key[:10]}" if self.epilogue else ""
         return (f"bs_twophase_{self.fmt}_{self.bm}x{BN}_k{self.kstep}_s{self.stages}_"
-                f"{H.out_tag(self.out_dtype)}{_sw_tag(self.swizzle)}{ep}")
+                f"{H.out_tag(self.out_dtype)}{_sw_tag(self.swizzle)}"
+                f"{'_persistent' if self.schedule == 'persistent' else ''}{ep}")
 
     def args(self) -> tuple[KernelArg, ...]:
         """wa, wb (the workspaces' bytes), c, epilogue inputs, m, n, k, alpha."""
@@ -228,9 +239,24 @@ def dequant_grid(rows_pad: int, k: int) -> tuple[int, int, int]:
     return (max(1, -(-rows_pad * (k_padded(k) // 64) // DEQUANT_THREADS)), 1, 1)
 
 
-def grid(m: int, n: int, bm: int = BM) -> tuple[int, int, int]:
-    """Phase 2: one CTA per bm x 256 tile of C (1-D, rasterized in the kernel)."""
-    return (max(1, -(-m // bm)) * max(1, -(-n // BN)), 1, 1)
+def grid(m: int, n: int, bm: int = BM, schedule: str = "tiles",
+         ctas: int | None = None) -> tuple[int, int, int]:
+    """Phase 2: one CTA per bm x 256 tile of C (1-D, rasterized in the kernel); schedule
+    "persistent": ``min(tiles, ctas)`` CTAs (``ctas``: e.g. the SM count; None:
+    :data:`SM_COUNT`)."""
+    tiles = max(1, -(-m // bm)) * max(1, -(-n // BN))
+    H.check_choice(schedule, SCHEDULES, "schedule")
+    if schedule == "tiles":
+        return (tiles, 1, 1)
+    ctas = SM_COUNT if ctas is None else ctas
+    if type(ctas) is not int or ctas < 1:
+        raise ValueError(f"ctas must be a positive int, got {ctas!r}")
+    return (min(tiles, ctas), 1, 1)
+
+
+def _ctas(ctas: int | None, dev: Any) -> int:
+    """Persistent CTAs: ``ctas``, else the device's SM count (``sm_count``) or SM_COUNT."""
+    return ctas if ctas is not None else int(getattr(dev, "sm_count", None) or SM_COUNT)
 
 
 def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
@@ -254,10 +280,6 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
         if T.shared_bytes(spec.kstep, spec.stages, spec.bm) != spec.dynamic_shared_bytes:
             raise AssertionError("matmul_twophase's shared bytes disagree with _twophase_ir's")
         m_count, n_count, k = (bir.as_index(kb.arg(x)) for x in ("m", "n", "k"))
-        mt, nt = T.raster_tile(bir.ceil_div(m_count, spec.bm), bir.ceil_div(n_count, BN))
-        m0, n0 = bir.mul(mt, spec.bm), bir.mul(nt, BN)
-        acc, wg = T.emit_mainloop(kb, kb.arg("wa"), kb.arg("wb"), m0, n0, k, spec.kstep,
-                                  spec.stages, spec.bm, spec.swizzle)
         fix = X.accumulator_scale("lut", spec.fmt, "fold")
 
         def scale(v: Any, m: Any, n: Any) -> Any:
@@ -265,8 +287,19 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
                 v = arith.mulf(v, bir.const(fix, bir.f32()))
             return _sm90._alpha(v, kb.arg("alpha"))
 
-        _sm90.store_tile(spec, kb, T.accumulator_tiles(acc), X.warp_coords(wg), m0, n0,
-                         m_count, n_count, scale)
+        def store(acc: Any, wg: Any, m0: Any, n0: Any) -> None:
+            _sm90.store_tile(spec, kb, T.accumulator_tiles(acc), X.warp_coords(wg), m0, n0,
+                             m_count, n_count, scale)
+
+        if spec.schedule == "persistent":
+            T.emit_persistent(kb, kb.arg("wa"), kb.arg("wb"), m_count, n_count, k,
+                              spec.kstep, spec.stages, spec.bm, spec.swizzle, store)
+            return kb.module
+        mt, nt = T.raster_tile(bir.ceil_div(m_count, spec.bm), bir.ceil_div(n_count, BN))
+        m0, n0 = bir.mul(mt, spec.bm), bir.mul(nt, BN)
+        acc, wg = T.emit_mainloop(kb, kb.arg("wa"), kb.arg("wb"), m0, n0, k, spec.kstep,
+                                  spec.stages, spec.bm, spec.swizzle)
+        store(acc, wg, m0, n0)
     return kb.module
 
 
@@ -318,10 +351,12 @@ def dequantize_operands(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *
 def matmul_workspaces(wa: Any, wb: Any, fmt: Format | str, m: int, n: int, k: int, *,
                       alpha: float = 1.0, out_dtype: str = "bfloat16",
                       kstep: int | None = None, stages: int | None = None, bm: int = BM,
-                      swizzle: str = "none", device: Any = None) -> Any:
+                      swizzle: str = "none", schedule: str = "tiles",
+                      ctas: int | None = None, device: Any = None) -> Any:
     """Phase 2 alone (e.g. to time it): C = A B^T from the device workspaces of
     :func:`dequantize_operands` (``fmt``, ``bm`` and ``swizzle``: those they were made with;
-    the layout of A's depends on ``bm``), no epilogue. Returns the device output."""
+    the layout of A's depends on ``bm``), no epilogue; ``schedule`` / ``ctas``: see
+    :class:`TwophaseMatmulSpec` and :func:`grid`. Returns the device output."""
     fmt = Format.from_name(fmt)
     if fmt.name not in FORMATS:
         raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt.name!r}")
@@ -332,8 +367,10 @@ def matmul_workspaces(wa: Any, wb: Any, fmt: Format | str, m: int, n: int, k: in
             raise ValueError(f"{name} must hold {want} bytes (the workspace of {rows} rows, "
                              f"k={k}), got shape {tuple(w.shape)}")
     dev, tgt = H.device_and_target(device, "sm_90a")
-    spec = TwophaseMatmulSpec(fmt.name, out_dtype, None, tgt, kstep, stages, bm, swizzle)
-    return H.launch(spec, grid(m, n, bm), (m, n), out_dtype, {"wa": wa, "wb": wb},
+    spec = TwophaseMatmulSpec(fmt.name, out_dtype, None, tgt, kstep, stages, bm, swizzle,
+                              schedule)
+    return H.launch(spec, grid(m, n, bm, schedule, _ctas(ctas, dev)), (m, n), out_dtype,
+                    {"wa": wa, "wb": wb},
                     {"m": m, "n": n, "k": k, "alpha": H.finite_f32(alpha, "alpha")}, dev)
 
 
@@ -343,11 +380,13 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
                                  epilogue_inputs: dict[str, Any] | None = None,
                                  kstep: int | None = None, stages: int | None = None,
                                  bm: int = BM, swizzle: str = "none",
+                                 schedule: str = "tiles", ctas: int | None = None,
                                  device: Any = None) -> Any:
     """The two-phase kernel pair called directly (no dispatch), e.g. by tests and benchmarks.
     Same arguments as :func:`blockscale.ops.matmul_wgmma.block_scaled_matmul_wgmma` (no tile
-    or variant choice), plus phase 2's ``kstep``, ``stages``, tile height ``bm`` and the
-    workspaces' layout ``swizzle`` (:class:`TwophaseMatmulSpec`).
+    or variant choice), plus phase 2's ``kstep``, ``stages``, tile height ``bm``, the
+    workspaces' layout ``swizzle`` and CTA ``schedule`` (:class:`TwophaseMatmulSpec`;
+    ``ctas``: the persistent grid's CTA count, default the device's SM count).
     Allocates :func:`workspace_bytes` of device memory per call. Raises ValueError for a
     format other than NVFP4 / MXFP4 or K % 32 != 0."""
     fmt = Format.from_name(fmt)
@@ -357,12 +396,13 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
     if d.k % 32:
         raise ValueError(f"the two-phase kernel takes k % 32 == 0, got k={d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
-    spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, tgt, kstep, stages, bm, swizzle)
-    return _run(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}), dev)
+    spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, tgt, kstep, stages, bm, swizzle,
+                              schedule)
+    return _run(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}), dev, ctas)
 
 
 def _run(spec: TwophaseMatmulSpec, d: Any, a: Any, b: Any, sfa: Any, sfb: Any, alpha: float,
-         extra: dict[str, Any], dev: Any) -> Any:
+         extra: dict[str, Any], dev: Any, ctas: int | None = None) -> Any:
     """Both phases on validated operands ``d`` (dims) with ``spec``'s phase 2."""
     alpha = H.finite_f32(alpha, "alpha")
     H.check_epilogue_inputs(spec.epilogue.inputs if spec.epilogue else (), extra, d.m, d.n)
@@ -375,8 +415,8 @@ def _run(spec: TwophaseMatmulSpec, d: Any, a: Any, b: Any, sfa: Any, sfb: Any, a
     if host:  # keep the workspaces on the device between the phases
         ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
     wa, wb = _workspaces(spec.fmt, spec.target, ops, d.m, d.n, d.k, dev, bm, spec.swizzle)
-    out = H.launch(spec, grid(d.m, d.n, bm), (d.m, d.n), spec.out_dtype,
-                   {"wa": wa, "wb": wb, **extra},
+    out = H.launch(spec, grid(d.m, d.n, bm, spec.schedule, _ctas(ctas, dev)), (d.m, d.n),
+                   spec.out_dtype, {"wa": wa, "wb": wb, **extra},
                    {"m": d.m, "n": d.n, "k": d.k, "alpha": alpha}, dev)
     return dev.to_host(out) if host else out
 
@@ -415,7 +455,8 @@ GPU_SHAPES = ((8192, 5760, 2944), (777, 2560, 8192), (1000, 1024, 1056), (1024, 
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
     """Both phases for NVFP4 / MXFP4, bf16 / f32 out: 128 x 256 tiles with kstep 64 / 4
     stages and 32 / 9, 192 x 256 tiles with kstep 64 / 4; the 128B-swizzled pair (kstep 64,
-    4 stages) for both tile heights (none off sm_90a)."""
+    4 stages) for both tile heights; the persistent 128 x 256 kernel (kstep 64, 4 stages;
+    none off sm_90a)."""
     if target not in TARGETS:
         return []
     specs: list[Any] = [DequantSpec(f, target, t, sw) for f in FORMATS for t in (*BMS, BN)
@@ -426,6 +467,8 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
               for o in _matmul.OUT_DTYPES]
     specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, bm, "128b") for f in FORMATS
               for o in _matmul.OUT_DTYPES for bm in BMS]
+    specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, BM, "none", "persistent")
+              for f in FORMATS for o in _matmul.OUT_DTYPES]
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
