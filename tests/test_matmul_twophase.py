@@ -106,6 +106,7 @@ def test_interp_sw128(case):
     ("nvfp4", (300, 260, 96), 32, 4, "bfloat16", 128, 4),  # 6 tiles over 4 CTAs; kstep 32
     ("nvfp4", (200, 300, 224), 64, 3, "float32", 192, 3),  # 192 x 256: 4 tiles / 3 CTAs
     ("nvfp4", (130, 300, 96), 64, 2, "float32", 128, 64),  # more CTAs than tiles: 4
+    ("nvfp4", (520, 260, 64), 64, 4, "float32", 128, 2),  # 1 step a tile: refills 3 tiles on
 ], ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}-k{c[2]}-s{c[3]}-{c[4]}-bm{c[5]}"
    f"-ctas{c[6]}")
 def test_interp_persistent(case):
@@ -384,7 +385,9 @@ def test_kernel_sass(spec):
         assert len(re.findall(r"STS\.128", sass)) == len(re.findall(r"LDS\.128", sass)) == staged
         return
     assert len(re.findall(r"HGMMA\.64x256x16\.F32\.BF16", sass)) == spec.kstep // 16
-    assert len(re.findall(r"\bUBLKCP\b", sass)) == 2 * spec.stages
+    # persistent: the K loop's refill of this tile's k-step or (by division) a later tile's
+    persistent = spec.schedule == "persistent"
+    assert len(re.findall(r"\bUBLKCP\b", sass)) == 2 * spec.stages + 2 * persistent
     assert re.search(r"SYNCS\.PHASECHK\.TRANS64\.TRYWAIT", sass)
     assert re.search(r"SYNCS\.ARRIVE\.TRANS64", sass)
     assert not re.search(r"\b(LDGSTS|LDG|MEMBAR)\b", sass)
@@ -407,7 +410,7 @@ def test_kernel_sass(spec):
     k_loop = min((x for x in loops if x[0] <= min(mmas) and max(mmas) <= x[1]),
                  key=lambda x: x[1] - x[0])
     tile_loops = [x for x in loops if x[0] < k_loop[0] and x[1] > max(_sass_at(sass, "STG"))]
-    assert len(tile_loops) == (spec.schedule == "persistent")
+    assert len(tile_loops) == persistent
 
 
 def _sass_at(sass, op):

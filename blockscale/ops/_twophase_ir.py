@@ -405,13 +405,24 @@ def emit_persistent(kb: bir.KernelBuilder, wa: Value, wb: Value, m_count: Value,
     ring.descriptors()
     with bir.for_range(0, mine) as tiles:
         first = bir.mul(tiles.iv, steps)
+        m0, n0 = origin(tiles.iv)
+        src_a, src_b = ring.sources(wa, wb, m0, n0)
+
+        def refill(s: Value, kk: Value) -> None:
+            # k-step kk + stages - 1 of this tile (no divisions), else of a later tile
+            ahead = bir.add(kk, stages - 1)
+            with bir.when(bir.ult(ahead, steps)):
+                ring.produce(s, src_a, src_b, ahead)
+            with bir.when(bir.ult(bir.sub(steps, 1), ahead)):
+                fill(s)
+
         with bir.for_range(0, steps, carry=[W.zero_accumulator(BN)]) as loop:
             step = bir.add(first, loop.iv)
             acc = ring.consume(step, loop.carried[0])
-            ring.refill(step, bir.add(step, stages - 1), total, fill)
+            ring.refill(step, bir.add(step, stages - 1), total,
+                        lambda s, kk=loop.iv: refill(s, kk))
             loop.yield_(acc)
         W.wait_group(0)
-        m0, n0 = origin(tiles.iv)
         epilogue(loop.results[0], ring.wg, m0, n0)
 
 
