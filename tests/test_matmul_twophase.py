@@ -126,6 +126,24 @@ def test_interp_persistent(case):
 
 
 @pytest.mark.interp
+def test_interp_persistent_fused_epilogue():
+    """A fused epilogue (bias + relu) on the persistent kernel, 6 tiles on 2 CTAs: the same
+    bytes as one CTA per tile."""
+    from blockscale.ops import matmul_epilogue as ep
+
+    m, n, k = 130, 520, 96
+    rng = np.random.default_rng(6)
+    a, b, _, _, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
+    bias = rng.standard_normal(n).astype(np.float32)
+    got, want = (TP.block_scaled_matmul_twophase(
+        a, b, sfa5, sfb5, NVFP4, alpha=0.5, epilogue=ep.chain(ep.bias(), ep.relu()),
+        epilogue_inputs={"bias": bias}, schedule=sch, ctas=2, device="interp")
+        for sch in TP.SCHEDULES)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    assert (got.astype(np.float32) >= 0).all() and got.astype(np.float32).max() > 0
+
+
+@pytest.mark.interp
 @pytest.mark.parametrize("broken", [False, True])
 def test_interp_persistent_phases_continue(broken, monkeypatch):
     """The persistent ring counts its steps over the CTA's life: restarting the step count

@@ -59,6 +59,22 @@ the kernel (C7515). The k16 wgmma sequence and the bf16 operands equal the wgmma
 kernel's (lut, any kstep), so in the interpreter's model the outputs are bit-identical to
 ``matmul_wgmma``'s fold kernel.
 
+Persistent phase 2, :func:`emit_persistent` (``schedule="persistent"``, issue #9): a grid
+of ``G`` CTAs (the host launches ``min(tiles, SMs)``), CTA ``b`` taking tiles ``b, b + G,
+...`` in the rasterized order below; per tile the same k-steps and k16 wgmma order as
+:func:`emit_mainloop`, then the epilogue. The ring's step counter is the CTA's (tile ``i``,
+k-step ``kk``) -> ``i * steps + kk``, so the mbarrier parities continue across tiles, and
+the refill at step ``s`` is of step ``s + stages - 1`` whichever tile it belongs to (this
+tile's k-step: from the tile's hoisted sources; past it, by a division): the next tile's
+first ``stages - 1`` stages are copied during this tile's last wgmmas and its epilogue, so
+the 12th partial wave (1472 tiles / 132 SMs = 11.15 at 8192 x 5760) and the refill at
+each tile's start disappear and only the epilogue stays exposed. SASS (ptxas 13.0, NVFP4
+bf16 out): 235 registers (154 one CTA per tile; 1 CTA / SM either way at 196,672 shared
+bytes), no spills, 4 HGMMA / 2 + 2 UBLKCP in the K loop (two refill paths), the K loop
+306 static instructions (the cold later-tile refill with its divisions included), the
+epilogue ~1,500 per thread and tile (930 one CTA per tile: ptxas packs the 128 store
+guards' predicates into registers, P2R / LOP3).
+
 CTA order: tile ``t`` of the 1-D grid is rasterized in groups of :data:`RASTER` M-tiles
 (M fastest inside a group), so the CTAs of a wave share B's and A's workspace rows in L2.
 

@@ -25,6 +25,12 @@ Kernels (:mod:`blockscale.ops._twophase_ir`):
   layout CUTLASS's Hopper GEMMs use. Same bytes, same k16 wgmma order: bit-identical to
   the default layout. Not the dispatch default until measured (issue #9).
 
+* ``schedule="persistent"`` (phase 2): ``min(tiles, SMs)`` CTAs (``ctas``: a launch-time
+  override), each looping over the tiles ``blockIdx.x + i gridDim.x`` with its bulk-copy
+  ring kept full across tile boundaries (no partial last wave, no ring refill at a tile's
+  start; only the epilogue stays exposed). Same operands and wgmma order per tile:
+  bit-identical to the default. Not the dispatch default until measured (issue #9).
+
 Workspace: ``2 k_pad (M_pad + N_pad)`` bytes of device memory (``dev.alloc`` per call,
 stream-ordered), e.g. 82.9 MB at 8192 x 5760 x 2944.
 
