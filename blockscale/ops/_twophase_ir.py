@@ -67,8 +67,11 @@ k-step ``kk``) -> ``i * steps + kk``, so the mbarrier parities continue across t
 the refill at step ``s`` is of step ``s + stages - 1`` whichever tile it belongs to (this
 tile's k-step: from the tile's hoisted sources; past it, by a division): the next tile's
 first ``stages - 1`` stages are copied during this tile's last wgmmas and its epilogue, so
-the 12th partial wave (1472 tiles / 132 SMs = 11.15 at 8192 x 5760) and the refill at
-each tile's start disappear and only the epilogue stays exposed. SASS (ptxas 13.0, NVFP4
+the refill at each tile's start and the CTA launch / retire between tiles disappear and
+only the epilogue stays exposed. The wave quantization stays: 1472 tiles over 132 CTAs
+(8192 x 5760) are 12 tiles for 20 CTAs and 11 for the others, as 12 waves were (a K split
+of the last partial round would fix it but sums K in another order: not bit-identical;
+tiles of mixed heights 128 / 192 would be, not built). SASS (ptxas 13.0, NVFP4
 bf16 out): 235 registers (154 one CTA per tile; 1 CTA / SM either way at 196,672 shared
 bytes), no spills, 4 HGMMA / 2 + 2 UBLKCP in the K loop (two refill paths), the K loop
 306 static instructions (the cold later-tile refill with its divisions included), the

@@ -27,8 +27,8 @@ Kernels (:mod:`blockscale.ops._twophase_ir`):
 
 * ``schedule="persistent"`` (phase 2): ``min(tiles, SMs)`` CTAs (``ctas``: a launch-time
   override), each looping over the tiles ``blockIdx.x + i gridDim.x`` with its bulk-copy
-  ring kept full across tile boundaries (no partial last wave, no ring refill at a tile's
-  start; only the epilogue stays exposed). Same operands and wgmma order per tile:
+  ring kept full across tile boundaries (no ring refill at a tile's start, no CTA launch
+  between tiles; only the epilogue stays exposed; the wave quantization stays). Same operands and wgmma order per tile:
   bit-identical to the default. Not the dispatch default until measured (issue #9).
 
 Workspace: ``2 k_pad (M_pad + N_pad)`` bytes of device memory (``dev.alloc`` per call,
