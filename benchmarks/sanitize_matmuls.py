@@ -83,6 +83,10 @@ def run(device: str, check: Callable[[str, Any, Any], None], bad: list[str]) -> 
                 expect(f"twophase {fmt.name} {m}x{n}x{k}", assert_f32_within_bound,
                        matmul_twophase.block_scaled_matmul_twophase(
                            *ops_args, out_dtype="float32", **kw), exact, bound)
+                expect(f"twophase-persistent {fmt.name} {m}x{n}x{k}", assert_f32_within_bound,
+                       matmul_twophase.block_scaled_matmul_twophase(  # every tile on 1 CTA
+                           *ops_args, out_dtype="float32", schedule="persistent", ctas=1,
+                           **kw), exact, bound)
             if matmul_wgmma.supported(fmt, k) and fmt.name in matmul_wgmma.DISPATCH_FORMATS:
                 expect(f"wgmma-tma {fmt.name} {m}x{n}x{k}", assert_f32_within_bound,
                        matmul_wgmma.block_scaled_matmul_wgmma(
