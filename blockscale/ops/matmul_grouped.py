@@ -323,7 +323,8 @@ def grouped_matmul_block_scaled(hidden: Any, weight: Any, a_scales: Any, b_scale
         check_row_scales(a_row_scales, fmt, t)
         buffers["a_row_scales"] = a_row_scales
     dev, tgt = H.device_and_target(device, target)
-    for fast in FAST_PATHS:
+    # the tiled kernels load 16-byte pieces: operands at other addresses run the portable one
+    for fast in FAST_PATHS if H.vector_aligned(hidden, weight, a_scales, b_scales) else ():
         runner = fast(tgt, fmt, t, n, k, g_count, a_row_scales is not None)
         if runner is not None:
             return runner(buffers, {"t": t, "n": n, "k": k, "num_groups": g_count}, dev)

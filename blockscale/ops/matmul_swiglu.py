@@ -216,17 +216,18 @@ def mma_launch_plan(d: int, num_tiles: int, num_groups: int, k: int
 
 
 def chained_mainloop(target: str, fmt: Format, t: int, n: int, k: int, num_groups: int,
-                     expert_start: Any, row_scales: bool = False) -> str:
+                     expert_start: Any, row_scales: bool = False, aligned: bool = True) -> str:
     """Which kernel :func:`blockscale.ops.grouped_matmul_block_scaled` runs for these
     operands, found by walking its ``FAST_PATHS`` as it does: "decode" (sm_90a, groups of
     <= 16 rows), "mma" (the sm_90a tensor-core kernel), "wgmma" (the sm_90a grouped wgmma
-    kernel), "portable", or the module name of a fast path this op does not know (the fused
-    op then runs its portable kernel)."""
+    kernel), "portable" (also when the operands are not 16-byte aligned: ``aligned`` False,
+    see ``_matmul_host.vector_aligned``), or the module name of a fast path this op does not
+    know (the fused op then runs its portable kernel)."""
     from blockscale.ops import matmul_decode as MD
     from blockscale.ops import matmul_grouped_sm90 as GS
     from blockscale.ops import matmul_grouped_wgmma as GW
 
-    for hook in GM.FAST_PATHS:
+    for hook in GM.FAST_PATHS if aligned else ():
         if hook(target, fmt, t, n, k, num_groups, row_scales) is None:
             continue
         if hook is MD.grouped_fast_path:
@@ -320,12 +321,13 @@ def grouped_matmul_swiglu(hidden: Any, weight: Any, a_scales: Any, b_scales: Any
         GM.check_row_scales(a_row_scales, fmt, t)
         buffers["a_row_scales"] = a_row_scales
     dev, tgt = H.device_and_target(device, target)
+    aligned = H.vector_aligned(hidden, weight, a_scales, b_scales)
     if fmt.name == "mxfp8" and t > 0 and \
-            chained_mainloop(tgt, fmt, t, n, k, ng, expert_start) == "mma":
+            chained_mainloop(tgt, fmt, t, n, k, ng, expert_start, aligned=aligned) == "mma":
         return _run_mma(SwigluMmaSpec(fmt.name, tgt, act.kind, float(act.alpha),
                                       float(act.limit)), buffers, t, d, num_tiles, ng, k, dev)
     if fmt.is_fp4 and t > 0 and chained_mainloop(tgt, fmt, t, n, k, ng, expert_start,
-                                                 a_row_scales is not None) == "wgmma":
+                                                 a_row_scales is not None, aligned) == "wgmma":
         return _run_wgmma_chain(buffers, fmt, act, t, n, k, ng, es, offs, ids, num_tiles,
                                 a_row_scales is not None, tgt, dev)
     spec = _spec(fmt, tgt, act, a_row_scales is not None, d % 8 == 0)
