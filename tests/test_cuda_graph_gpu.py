@@ -2,8 +2,8 @@
 tensors is captured (launches and output allocations go to torch's capture stream; nothing
 synchronizes), replayed, and the replayed bytes equal the eager result exactly, after new
 input values are copied into the captured input tensors too. Shapes: a decode step (M = 1,
-the decode kernel) and M = 128 (the sm_90a wgmma kernel, whose TMA tensor maps are written
-inside the graph). Needs torch with CUDA and the kernel bundle::
+the decode kernel), M = 128 (the sm_90a wgmma kernel) and M = 1024 (the two-phase pair: its
+bf16 workspaces are stream-ordered allocations made inside the capture). Needs torch with CUDA and the kernel bundle::
 
     BLOCKSCALE_BUNDLE_DIR=build/gpu pytest -m gpu tests/test_cuda_graph_gpu.py
 """
@@ -47,7 +47,7 @@ def _bytes(out) -> np.ndarray:
     return out.numpy().view(np.uint8)
 
 
-@pytest.mark.parametrize("m", [1, 128])
+@pytest.mark.parametrize("m", [1, 128, 1024])  # decode, wgmma, two-phase (workspaces in the graph)
 def test_quantize_matmul_captured_replay_is_byte_exact(m):
     t = _torch_cuda()
     n, k = 512, 2048
