@@ -539,20 +539,10 @@ class GpuDevice(Device):
         producer_stream: int | None = None
         for (is_buffer, want, bounds), arg, value in zip(checks, kernel.args, args):
             if is_buffer:
-                if type(value) is DeviceArray:  # fast path
-                    if value.device is not self:
-                        raise ValueError(
-                            f"kernel {kernel.name!r} arg {arg.name!r}: expected memory on "
-                            f"{self.name}:{self.ordinal}, got an array on "
-                            f"{value.device.name}:{getattr(value.device, 'ordinal', 0)}")
+                if type(value) is DeviceArray and value.device is self:  # fast path
                     ptr, n, dtype, stream = value.ptr, value.size, value.dtype, value.stream
                 else:
-                    where = f"kernel {kernel.name!r} arg {arg.name!r}"
-                    self.check_foreign_memory(value, where)
-                    ptr, shape, dtype, stream = as_device_buffer(value, where)
-                    n = math.prod(shape)
-                    if n and not ptr:
-                        raise ValueError(f"{where}: null pointer")
+                    ptr, n, dtype, stream = self._resolve_buffer(kernel, arg, value)
                 if dtype is not want and dtype != want and not (
                         dtype.itemsize == 1 and want.itemsize == 1):  # type: ignore[union-attr]
                     check_buffer_dtype(kernel.name, arg, dtype)
