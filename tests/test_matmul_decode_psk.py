@@ -24,7 +24,7 @@ from test_matmul_common import (
     f32_error_bound,
     random_dense_case,
 )
-from test_matmul_decode_splitk import STEP, _case, _ordered_sum, _run
+from test_matmul_decode_splitk import STEP, _case, _ordered_sum, _partials, _run
 from test_matmul_grouped import exact_grouped, make_grouped_case
 
 from blockscale import layouts, runtime
@@ -42,21 +42,6 @@ GROUPED = [([3, 0, 5, 1], [0, 1, -1, 1], 2, 70, 2080),
            ([1, 2], [1, 0], 2, 40, 3072)]
 
 
-def _partials(fmt, a, b, sfa, sfb, k, splits):
-    """The "mma_p" kernel's fp32 result on each split's K slice (alpha 1)."""
-    steps = -(-k // STEP)
-    per = -(-steps // splits)
-    out = []
-    for z in range(splits):
-        lo, hi = z * per * STEP, min((z + 1) * per * STEP, k)
-        jl, jh = lo // fmt.block_size, -(-hi // fmt.block_size)
-        out.append(_run(fmt, np.ascontiguousarray(a[:, lo // 2:hi // 2]),
-                        np.ascontiguousarray(b[:, lo // 2:hi // 2]),
-                        np.ascontiguousarray(sfa[:, jl:jh]),
-                        np.ascontiguousarray(sfb[:, jl:jh]), hi - lo, "mma_p"))
-    return out
-
-
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
 @pytest.mark.parametrize("mnk", DENSE, ids=lambda s: "x".join(map(str, s)))
 def test_dense_psk_bit_exact_split_order_model(fmt, mnk):
@@ -66,7 +51,7 @@ def test_dense_psk_bit_exact_split_order_model(fmt, mnk):
     assert splits == max(1, -(-k // STEP) // 2)  # tiny grid: as many as 2 steps a split allow
     alpha = 0.375
     got = _run(fmt, a, b, sfa, sfb, k, "mma_psk", alpha)
-    parts = _partials(fmt, a, b, sfa, sfb, k, splits)
+    parts = _partials(fmt, a, b, sfa, sfb, k, splits, "mma_p")
     want = _ordered_sum(parts, list(range(splits))) * np.float32(alpha)
     assert got.dtype == np.float32 and got.shape == (m, n)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

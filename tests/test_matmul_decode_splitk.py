@@ -61,8 +61,8 @@ def _run(fmt, a, b, sfa, sfb, k, variant, alpha=1.0, out="float32"):
         out_dtype=out, device="interp", variant=variant)
 
 
-def _partials(fmt, a, b, sfa, sfb, k, splits):
-    """The "mma" kernel's fp32 result on each split's K slice (alpha 1)."""
+def _partials(fmt, a, b, sfa, sfb, k, splits, variant="mma"):
+    """The ``variant`` kernel's fp32 result on each split's K slice (alpha 1)."""
     steps = -(-k // STEP)
     per = -(-steps // splits)
     out = []
@@ -72,7 +72,7 @@ def _partials(fmt, a, b, sfa, sfb, k, splits):
         out.append(_run(fmt, np.ascontiguousarray(a[:, lo // 2:hi // 2]),
                         np.ascontiguousarray(b[:, lo // 2:hi // 2]),
                         np.ascontiguousarray(sfa[:, jl:jh]),
-                        np.ascontiguousarray(sfb[:, jl:jh]), hi - lo, "mma"))
+                        np.ascontiguousarray(sfb[:, jl:jh]), hi - lo, variant))
     return out
 
 
