@@ -144,8 +144,9 @@ def test_variant_choice(monkeypatch):
         matmul_decode.dispatch_variant(NVFP4)
 
 
-def test_dispatch_env_runs_mma(monkeypatch):
-    """BLOCKSCALE_DECODE_VARIANT=mma: the dense dispatch launches the mma variant."""
+def record_variants(monkeypatch) -> list:
+    """The ``variant`` of each spec the decode op launches from now on (None: a spec
+    without one, e.g. the portable kernel's), in launch order."""
     launched = []
     real = matmul_decode.H.launch
 
@@ -154,6 +155,12 @@ def test_dispatch_env_runs_mma(monkeypatch):
         return real(spec, *args, **kw)
 
     monkeypatch.setattr(matmul_decode.H, "launch", spy)
+    return launched
+
+
+def test_dispatch_env_runs_mma(monkeypatch):
+    """BLOCKSCALE_DECODE_VARIANT=mma: the dense dispatch launches the mma variant."""
+    launched = record_variants(monkeypatch)
     monkeypatch.setenv(matmul_decode.VARIANT_ENV, "mma")
     rng = np.random.default_rng(5)
     a, b, _sfa, _sfb, sfa5, sfb5 = random_dense_case(rng, NVFP4, 2, 40, 64)
@@ -168,14 +175,7 @@ def test_dispatch_env_runs_mma(monkeypatch):
 def test_dispatch_env_mma_p5_dense_runs_mma_p(monkeypatch):
     """BLOCKSCALE_DECODE_VARIANT=mma_p5 (bundled for the grouped kernels only): the dense
     dispatch runs mma_p (the same IR at 128 registers)."""
-    launched = []
-    real = matmul_decode.H.launch
-
-    def spy(spec, *args, **kw):
-        launched.append(getattr(spec, "variant", None))
-        return real(spec, *args, **kw)
-
-    monkeypatch.setattr(matmul_decode.H, "launch", spy)
+    launched = record_variants(monkeypatch)
     monkeypatch.setenv(matmul_decode.VARIANT_ENV, "mma_p5")
     rng = np.random.default_rng(6)
     a, b, _sfa, _sfb, sfa5, sfb5 = random_dense_case(rng, NVFP4, 3, 70, 544)

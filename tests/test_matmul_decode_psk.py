@@ -24,6 +24,7 @@ from test_matmul_common import (
     f32_error_bound,
     random_dense_case,
 )
+from test_matmul_decode_mma import record_variants
 from test_matmul_decode_splitk import STEP, _case, _ordered_sum, _partials, _run
 from test_matmul_grouped import exact_grouped, make_grouped_case
 
@@ -176,14 +177,7 @@ def test_split_k_counters_once_per_stream(monkeypatch):
 def test_dispatch_split_switch(monkeypatch):
     """mma_p dispatch: off by default; BLOCKSCALE_DECODE_SPLIT_K=<ctas> runs mma_psk for
     grids of at most that many CTAs that split, the bits of the split-order model."""
-    launched = []
-    real = matmul_decode.H.launch
-
-    def spy(spec, *args, **kw):
-        launched.append(getattr(spec, "variant", None))
-        return real(spec, *args, **kw)
-
-    monkeypatch.setattr(matmul_decode.H, "launch", spy)
+    launched = record_variants(monkeypatch)
     monkeypatch.setenv(matmul_decode.VARIANT_ENV, "mma_p")
     assert matmul_decode.SPLIT_K_MAX_CTAS == 0
     assert matmul_decode.split_variant("mma_p", 1, 18432) == "mma_p"
@@ -218,14 +212,7 @@ def test_dispatch_split_switch(monkeypatch):
 def test_grouped_dispatch_split_switch(monkeypatch):
     """The grouped dispatch counts the CTAs of the non-empty groups: GROUPED[1] (2 groups of
     N=40: 2 CTAs) runs mma_psk under BLOCKSCALE_DECODE_SPLIT_K=2, not under 1 (its bits)."""
-    launched = []
-    real = matmul_decode.H.launch
-
-    def spy(spec, *args, **kw):
-        launched.append(getattr(spec, "variant", None))
-        return real(spec, *args, **kw)
-
-    monkeypatch.setattr(matmul_decode.H, "launch", spy)
+    launched = record_variants(monkeypatch)
     monkeypatch.setenv(matmul_decode.VARIANT_ENV, "mma_p")
     counts, ids, e_count, n, k = GROUPED[1]
     case, _rs, _ws = make_grouped_case(np.random.default_rng(4), NVFP4, counts, ids, e_count,
