@@ -12,13 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from test_matmul_common import (
-    assert_bf16_consistent,
     assert_f32_within_bound,
     dequantize_exact,
     f32_error_bound,
     random_dense_case,
 )
-from test_matmul_decode_gpu import MODELS, _columns, _moe_case
+from test_matmul_decode_gpu import MODELS, _columns, _moe_case, check_moe_output
 
 from blockscale.formats import FORMATS
 from blockscale.ops import matmul, matmul_decode
@@ -86,18 +85,7 @@ def test_moe_psk_t1_gpu(fmt):
     case, a2d, w2d, esc = _moe_case(rng, fmt, experts, top_k, k, n, 1)
     out = matmul_decode.grouped_matmul_decode(**case, expert_scales=esc, fmt=fmt, k=k,
                                               device="cuda", variant="mma_psk")
-    cols = _columns(rng, n)
-    es, eids = case["expert_start"].astype(np.int64), case["expert_ids"]
-    ad = dequantize_exact(case["hidden"], a2d, fmt, k)
-    for g, e in enumerate(eids):
-        s, t = es[g], es[g + 1]
-        if s == t or e < 0:
-            continue
-        wd = dequantize_exact(case["weight"][e][cols], w2d[e][cols], fmt, k)
-        exact = (ad[s:t] @ wd.T) * float(esc[e])
-        abs_sum = (np.abs(ad[s:t]) @ np.abs(wd).T) * float(esc[e])
-        assert_bf16_consistent(out[s:t][:, cols], exact,
-                               f32_error_bound(abs_sum, fmt, k, n_mul=1))
+    check_moe_output(out, case, a2d, w2d, esc, fmt, k, _columns(rng, n))
 
 
 def test_dispatch_switch_gpu(monkeypatch):
