@@ -80,9 +80,9 @@ def test_grouped_rows_cases(fmt, case):
     _grouped(fmt, TARGETS[i], ("rows", "rows2")[i % 2], counts, ids, k, k)
 
 
-@pytest.mark.parametrize("target", ["sm_90a", "gfx942"])
-@pytest.mark.parametrize("schedule", ["rows", "rows2"])
-def test_grouped_rows_gather_and_empty_groups(schedule, target, sms):
+def check_gather_and_empty_groups(schedule: str, target: str) -> None:
+    """A gather (indices, indices_divisor 2), then empty groups with arbitrary offsets (as
+    device arrays would pass them) and spare tiles: byte-identical to the reference."""
     rng = np.random.default_rng(5)
     idx = rng.integers(0, 2 * 81, 160).astype(np.int32)
     es, offs = group_offsets([100, 60])
@@ -96,7 +96,6 @@ def test_grouped_rows_gather_and_empty_groups(schedule, target, sms):
                                                 indices_divisor=2)
     assert_same_bytes(d, rd)
     assert_same_bytes(s, rs)
-    # empty groups with arbitrary offsets (as device arrays would pass them), spare tiles
     QG_search = QG.search_offsets
     try:
         QG.search_offsets = lambda e, o: o
@@ -114,6 +113,12 @@ def test_grouped_rows_gather_and_empty_groups(schedule, target, sms):
         assert_same_bytes(s, rs)
     finally:
         QG.search_offsets = QG_search
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "gfx942"])
+@pytest.mark.parametrize("schedule", ["rows", "rows2"])
+def test_grouped_rows_gather_and_empty_groups(schedule, target, sms):
+    check_gather_and_empty_groups(schedule, target)
 
 
 @pytest.mark.parametrize("target", TARGETS)

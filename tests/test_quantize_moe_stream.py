@@ -11,7 +11,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _quantize_helpers import assert_same_bytes, group_offsets
-from test_quantize_moe_rows import COUNTS, IDS, TARGETS, _edges, _grouped
+from test_quantize_moe_rows import (
+    COUNTS,
+    IDS,
+    TARGETS,
+    _edges,
+    _grouped,
+    check_gather_and_empty_groups,
+)
 
 from blockscale.reference import grouped as RG
 
@@ -52,35 +59,7 @@ def test_grouped_stream_cases(fmt, case):
 
 @pytest.mark.parametrize("schedule", ["stream", "stream2"])
 def test_grouped_stream_gather_and_empty_groups(schedule, sms):
-    rng = np.random.default_rng(5)
-    idx = rng.integers(0, 2 * 81, 160).astype(np.int32)
-    es, offs = group_offsets([100, 60])
-    x = _edges(81, 64, 4)
-    tsf = np.array([1.0, 0.5], np.float32)
-    ids = np.array([0, 1], np.int32)
-    kw = {"indices": idx, "indices_divisor": 2}
-    d, s = QG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf, device="interp",
-                                              target="sm_90a", schedule=schedule, **kw)
-    rd, rs = RG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf, **kw)
-    assert_same_bytes(d, rd)
-    assert_same_bytes(s, rs)
-    # empty groups with arbitrary offsets (as device arrays would pass them), spare tiles
-    orig = QG.search_offsets
-    try:
-        QG.search_offsets = lambda e, o: o
-        es, offs = group_offsets([100, 0, 160, 0, 30])
-        offs[1], offs[3] = 7, -3
-        ids = np.array([0, 1, -1, 2, 1], np.int32)
-        x = _edges(int(es[-1]), 64, 15)
-        tsf = np.array([0.43, 2.0, 1e38], np.float32)
-        d, s = QG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf,
-                                                  device="interp", target="sm_90a",
-                                                  schedule=schedule)
-        rd, rs = RG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf)
-        assert_same_bytes(d, rd)
-        assert_same_bytes(s, rs)
-    finally:
-        QG.search_offsets = orig
+    check_gather_and_empty_groups(schedule, "sm_90a")
 
 
 @pytest.mark.parametrize("target", ["sm_90a", "gfx950"])
