@@ -1,13 +1,12 @@
 """The two-phase sm_90a NVFP4 / MXFP4 matmul (dequantize to stage-ordered bf16 workspaces,
 then a bf16 wgmma GEMM fed by cp.async.bulk through an mbarrier ring), and the interpreter's
-cp.async and cp.async.bulk models.
+cp.async.bulk model.
 
 * interp: the pair of kernels against the float64 value with the fp32 bound of
   test_matmul_common.py (MX: the fold kernel's extra k16 rounding per 32-block), and bit for
   bit against matmul_wgmma's fold kernel (same bf16 operands, same k16 wgmma order); M/N/K
   tails (K not a multiple of the step, rows past the tile), both ksteps, 2 .. max stages;
-  the workspace layout; the cp.async model lands copies at their wait (a kernel that skips
-  the wait reads unwritten shared memory); the bulk-copy model completes the mbarrier's
+  the workspace layout; the bulk-copy model completes the mbarrier's
   transaction bytes (a wait before the bytes arrive deadlocks) and its bytes need no proxy
   fence for a wgmma.
 * lower: sm_90a SASS: HGMMA.64x256x16.F32.BF16 and UBLKCP (bulk copy) + SYNCS (mbarriers),
@@ -24,7 +23,6 @@ import re
 
 import numpy as np
 import pytest
-from _interp_helpers import gpu_module
 from test_matmul_common import (
     assert_bf16_consistent,
     assert_f32_within_bound,
@@ -260,64 +258,6 @@ def test_interp_workspace_layout(bm, swizzle):
         np.testing.assert_array_equal(w[:rows, :k], vals)
         assert w.shape[0] == TP.padded(rows, tile)
         assert not w[rows:].any() and not w[:, k:].any()
-
-
-@pytest.mark.interp
-@pytest.mark.parametrize("wait", [True, False])
-def test_interp_cp_async_lands_at_its_wait(wait):
-    """cp.async copies land at the wait that retires their group: without it the read after
-    the barrier sees never-written shared memory."""
-    from blockscale.runtime.interpreter import UninitializedSharedReadError, run_kernel
-
-    shared = "memref<512xi8, #gpu.address_space<workgroup>>"
-    text = gpu_module("%x: memref<?xi8>, %y: memref<?xi8>", f"""
-    %c16 = arith.constant 16 : index
-    %c31 = arith.constant 31 : index
-    %off = arith.muli %i, %c16 : index
-    %soff = arith.muli %tid, %c16 : index
-    %t = nvgpu.device_async_copy %x[%off], %sh[%soff], 16 {{bypassL1}} : memref<?xi8> to {shared}
-    %g = nvgpu.device_async_create_group %t
-    {"nvgpu.device_async_wait %g {numGroups = 0 : i32}" if wait else ""}
-    gpu.barrier
-    %r = arith.subi %c31, %tid : index
-    %roff = arith.muli %r, %c16 : index
-    %v = vector.load %sh[%roff] : {shared}, vector<16xi8>
-    vector.store %v, %y[%off] : memref<?xi8>, vector<16xi8>""",
-                      attrs=f"workgroup(%sh : {shared})")
-    x = np.arange(2 * 512, dtype=np.uint8)
-    y = np.zeros_like(x)
-    if not wait:
-        with pytest.raises(UninitializedSharedReadError):
-            run_kernel(text, "k", (2, 1, 1), (32, 1, 1), [x, y], "sm_90a")
-        return
-    run_kernel(text, "k", (2, 1, 1), (32, 1, 1), [x, y], "sm_90a")
-    want = x.reshape(2, 32, 16)[:, ::-1].reshape(-1)
-    np.testing.assert_array_equal(y, want)
-
-
-@pytest.mark.interp
-def test_interp_cp_async_in_flight_destination_is_poison():
-    """Between issue and wait a copy's destination holds 0xFF bytes (the hardware may write
-    it any time in between): a read there sees neither the old nor the new bytes."""
-    from blockscale.runtime.interpreter import run_kernel
-
-    shared = "memref<512xi8, #gpu.address_space<workgroup>>"
-    text = gpu_module("%x: memref<?xi8>, %y: memref<?xi8>", f"""
-    %c16 = arith.constant 16 : index
-    %off = arith.muli %i, %c16 : index
-    %soff = arith.muli %tid, %c16 : index
-    %t = nvgpu.device_async_copy %x[%off], %sh[%soff], 16 {{bypassL1}} : memref<?xi8> to {shared}
-    %g = nvgpu.device_async_create_group %t
-    nvgpu.device_async_wait %g {{numGroups = 0 : i32}}
-    %t2 = nvgpu.device_async_copy %x[%off], %sh[%soff], 16 {{bypassL1}} : memref<?xi8> to {shared}
-    %g2 = nvgpu.device_async_create_group %t2
-    %v = vector.load %sh[%soff] : {shared}, vector<16xi8>
-    vector.store %v, %y[%off] : memref<?xi8>, vector<16xi8>
-    nvgpu.device_async_wait %g2 {{numGroups = 0 : i32}}""", attrs=f"workgroup(%sh : {shared})")
-    x = np.arange(512, dtype=np.uint8)
-    y = np.zeros_like(x)
-    run_kernel(text, "k", (1, 1, 1), (32, 1, 1), [x, y], "sm_90a")
-    assert (y == 0xFF).all()
 
 
 @pytest.mark.ir
