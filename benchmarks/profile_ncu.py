@@ -1,0 +1,101 @@
+"""Run one op of a benchmark shape once between cuProfilerStart / cuProfilerStop, so Nsight
+Compute profiles exactly its kernels (GPU machine, kernels from the bundle)::
+
+    ncu --profile-from-start off --set full -o $OUT/twophase \\
+        python3 benchmarks/profile_ncu.py twophase
+
+Cases (the shapes of bench_matmul / bench_quantize_moe / bench_moe):
+
+* ``twophase``: NVFP4 8192 x 5760 x 2944 through the dispatch (phase 1 twice, phase 2);
+* ``twophase_persistent``: the same pair with ``schedule="persistent"``;
+* ``grouped_quantize`` / ``silu_quantize``: NVFP4, T=8192, K=4096, 64 experts, the default
+  schedule;
+* ``moe_decode`` / ``moe_prefill``: gpt-oss-120b gate_up NVFP4 at T=128 / 4096.
+
+The op runs once before the profiled call (compiles nothing: the bundle; loads the module).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def _twophase(dev: Any, schedule: str) -> Callable[[], Any]:
+    from blockscale import layouts
+    from blockscale.formats import Format
+    from blockscale.ops import matmul_twophase
+
+    sys.path.insert(0, "tests")
+    from test_matmul_common import random_data, random_scales_2d
+
+    fmt, (m, n, k) = Format.from_name("nvfp4"), (8192, 5760, 2944)
+    rng = np.random.default_rng(0)
+    a, b = random_data(rng, fmt, m, k), random_data(rng, fmt, n, k)
+    sa, sb = random_scales_2d(rng, fmt, m, k), random_scales_2d(rng, fmt, n, k)
+    args = [dev.to_device(x) for x in (a, b, layouts.interleave(sa), layouts.interleave(sb))]
+    return lambda: matmul_twophase.block_scaled_matmul_twophase(
+        *args, fmt, k=k, device=dev, schedule=schedule)
+
+
+def _quantize(dev: Any, op: str) -> Callable[[], Any]:
+    from benchmarks import bench_quantize_moe as Q
+
+    rng = np.random.default_rng(0)
+    groups = Q._groups(rng, 8192, 64)
+    scales = rng.uniform(0.5, 2.0, 64).astype(np.float32)
+    x = dev.to_device(Q.random_bf16(rng, (8192, 4096), scale=2.0))
+    return lambda: Q._call(op, x, "nvfp4", groups, scales, dev)
+
+
+def _moe(dev: Any, tokens: int) -> Callable[[], Any]:
+    from benchmarks import bench_moe as B
+    from blockscale import ops
+    from blockscale.formats import Format
+
+    fmt, shape = Format.from_name("nvfp4"), B.GATE_UP[0]
+    rng = np.random.default_rng(0)
+    w = B.make_weights(dev, rng, fmt, shape.experts, shape.n, shape.k)
+    r = B.route(rng, tokens, shape.experts, shape.top_k)
+    a = dev.to_device(B.random_data(rng, fmt, (r.rows, fmt.data_cols(shape.k))))
+    sc = dev.to_device(B.grouped_activation_scales(rng, fmt, r, shape.k)[1])
+    return lambda: ops.grouped_matmul_block_scaled(
+        a, w.data_dev, sc, w.scales_dev, r.expert_start, r.scales_offset, r.expert_ids,
+        w.expert_scales, fmt, k=shape.k, device=dev, target=B.TARGET)
+
+
+CASES: dict[str, Callable[[Any], Callable[[], Any]]] = {
+    "twophase": lambda d: _twophase(d, "tiles"),
+    "twophase_persistent": lambda d: _twophase(d, "persistent"),
+    "grouped_quantize": lambda d: _quantize(d, "grouped_quantize"),
+    "silu_quantize": lambda d: _quantize(d, "fused_silu_quantize"),
+    "moe_decode": lambda d: _moe(d, 128),
+    "moe_prefill": lambda d: _moe(d, 4096),
+}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0] not in CASES:
+        print(f"usage: profile_ncu.py {{{','.join(CASES)}}}", file=sys.stderr)
+        return 2
+    from cuda.bindings import driver
+
+    from blockscale import runtime
+
+    dev = runtime.get_device("cuda")
+    call = CASES[argv[0]](dev)
+    call()
+    dev.synchronize()
+    driver.cuProfilerStart()
+    call()
+    dev.synchronize()
+    driver.cuProfilerStop()
+    print(f"profiled {argv[0]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
