@@ -220,20 +220,45 @@ def compile_spec(spec: Any) -> Any:
     return _core.compile_kernel(spec)
 
 
+#: the alignment the tiled kernels' 16-byte loads and tensor maps need of a device operand
+VECTOR_ALIGN = 16
+
+
+@functools.cache
+def _arrays() -> Any:
+    import blockscale.runtime.arrays as arrays  # noqa: PLR0402 (imported on first use)
+
+    return arrays
+
+
+def _device_address(x: Any) -> int | None:
+    """The device address of operand ``x``; None for numpy (copied to a fresh, aligned device
+    buffer) and None. Our DeviceArrays and torch CUDA tensors whose dtype was seen before are
+    read directly (no stream query, no DeviceBuffer: the launch resolves them once more);
+    other objects go through :func:`~blockscale.runtime.arrays.as_device_buffer` (its
+    TypeError / ValueError for memory no kernel can take propagate)."""
+    if x is None or isinstance(x, np.ndarray):
+        return None
+    arrays = _arrays()
+    if type(x) is arrays.DeviceArray:
+        return x.ptr
+    if (arrays._is_torch_tensor(x) and x.is_cuda and x.dtype in arrays._TORCH_DTYPE_CACHE
+            and x.is_contiguous()):
+        return int(x.data_ptr())  # what as_device_buffer would give, without the rest
+    return int(arrays.as_device_buffer(x, "operand").ptr)
+
+
 def vector_aligned(*arrays: Any) -> bool:
     """Whether every array can take the tiled kernels' 16-byte loads (and tensor maps): numpy
     (copied to a fresh, aligned buffer) or device memory at a 16-byte aligned address. The
-    dispatches run the portable kernel (scalar loads) otherwise."""
-    from blockscale.runtime.arrays import DeviceArray, as_device_buffer
-
+    dispatches run the portable kernel (scalar loads) otherwise, also for objects that are
+    not usable device memory (the portable launch then names the problem)."""
     for x in arrays:
-        if x is None or isinstance(x, np.ndarray):
-            continue
         try:
-            ptr = x.ptr if type(x) is DeviceArray else as_device_buffer(x, "operand").ptr
+            ptr = _device_address(x)
         except (TypeError, ValueError, AttributeError):
             return False
-        if int(ptr) % 16:
+        if ptr is not None and ptr % VECTOR_ALIGN:
             return False
     return True
 
