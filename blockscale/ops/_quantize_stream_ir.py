@@ -171,33 +171,11 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
         k.lut = (lut, lut_lo, lut_w)
 
     # ---- group state: (end row, start row, first tile, expert[, tsf, 1/tsf]) -------------
-    es, offs, ids = a("expert_start"), a("scales_offsets"), a("expert_ids")
-    ng = arith.extui(i64, a("num_groups"))
     state_types = [i32] * 4 + ([B.f32(), B.f32()] if nvfp4 else [])
     state0 = [_c32(0)] * 4 + ([_cf(1.0), _cf(1.0)] if nvfp4 else [])
 
     def find(row: ir.Value) -> list[ir.Value]:
-        """The state of the group holding data row ``row`` (i32, < M): the last g with
-        expert_start[g] <= row (empty groups share their start with the next: never)."""
-        with B.for_range(0, arith.extui(i64, a("search_steps")),
-                         carry=[_c64(0), ng]) as sl:
-            glo, ghi = sl.carried
-            mid = arith.shrui(arith.addi(glo, ghi), _c64(1))
-            le = arith.cmpi(arith.CmpIPredicate.sle, B.load(es, mid), row)
-            sl.yield_(arith.select(le, mid, glo), arith.select(le, ghi, mid))
-        g = sl.results[0]
-        start = B.load(es, g)
-        end = B.load(es, arith.addi(g, _c64(1)))
-        t0 = arith.addi(arith.shrui(start, _c32(7)), B.load(offs, g))
-        expert = B.load(ids, g)
-        out = [end, start, t0, expert]
-        if nvfp4:
-            e = arith.select(arith.cmpi(arith.CmpIPredicate.sge, expert, _c32(0)), expert,
-                             _c32(0))
-            v = B.load(a("tensor_sf"), B.cast_int(e, B.index(), signed=True))
-            tsf = arith.divf(_cf(1.0), v) if silu else v
-            out += [tsf, arith.divf(_cf(1.0), tsf)]
-        return out
+        return group_state(k, a, search(a, row))
 
     def visit(rg: ir.Value, words: list[ir.Value], state: list[ir.Value]) -> list[ir.Value]:
         """Quantize row group ``rg`` from its loaded ``words``; returns the new state."""
@@ -246,6 +224,39 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
         nxt = load(arith.select(arith.cmpi(arith.CmpIPredicate.ult, nxt_rg, hi), nxt_rg, rg))
         st = visit(rg, cur, list(loop.carried[nw:]))
         loop.yield_(*(nxt + st))
+
+
+def search(a, row: ir.Value) -> ir.Value:
+    """The group (i64) holding data row ``row`` (i32, < M): the last g with expert_start[g]
+    <= row (empty groups share their start with the next: never), ``search_steps``
+    halvings of [0, G) in global memory."""
+    i64 = B.i64()
+    es = a("expert_start")
+    with B.for_range(0, arith.extui(i64, a("search_steps")),
+                     carry=[_c64(0), arith.extui(i64, a("num_groups"))]) as sl:
+        glo, ghi = sl.carried
+        mid = arith.shrui(arith.addi(glo, ghi), _c64(1))
+        le = arith.cmpi(arith.CmpIPredicate.sle, B.load(es, mid), row)
+        sl.yield_(arith.select(le, mid, glo), arith.select(le, ghi, mid))
+    return sl.results[0]
+
+
+def group_state(k: QI._Ctx, a, g: ir.Value) -> list[ir.Value]:
+    """Group ``g``'s state (i64 index): end row, start row, first tile, expert id (i32)
+    and for NVFP4 its tensor scale (fused: 1 / input scale) and that value's reciprocal."""
+    es, offs, ids = a("expert_start"), a("scales_offsets"), a("expert_ids")
+    start = B.load(es, g)
+    end = B.load(es, arith.addi(g, _c64(1)))
+    t0 = arith.addi(arith.shrui(start, _c32(7)), B.load(offs, g))
+    expert = B.load(ids, g)
+    out = [end, start, t0, expert]
+    if not k.fmt.is_mx:
+        e = arith.select(arith.cmpi(arith.CmpIPredicate.sge, expert, _c32(0)), expert,
+                         _c32(0))
+        v = B.load(a("tensor_sf"), B.cast_int(e, B.index(), signed=True))
+        tsf = arith.divf(_cf(1.0), v) if k.spec.mode == "silu" else v
+        out += [tsf, arith.divf(_cf(1.0), tsf)]
+    return out
 
 
 def _padding(k: QI._Ctx, kb: B.KernelBuilder, co: QI._Coords, d1: ir.Value, share) -> None:

@@ -35,6 +35,17 @@ SCHEDULES = ("tiles", "rows", "rows2", "rows_lut", "rows2_lut")
 #: group's loads issued before this one's math); also accepted by the ops, not in SCHEDULES
 #: (whose order the tests and the bundle index)
 STREAM_SCHEDULES = ("stream", "stream2", "stream_lut", "stream2_lut")
+#: the "wide" schedules (:mod:`blockscale.ops._quantize_wide_ir`: the stream loop with 2
+#: (``wide4``: 4, grouped only) 16-element chunks of a row per thread visit, ring prefetch,
+#: the block's first group from a warp count); also accepted by the ops, not in SCHEDULES;
+#: "*_lut" as for the others (the fused op's sigmoid table; the grouped op: same kernel)
+WIDE_SCHEDULES = ("wide", "wide_lut", "wide4", "wide4_lut")
+#: nvvm.maxnreg of the wide-schedule CUDA kernels by (mode, chunks, lut); blocks per SM =
+#: 65536 // (256 * cap). Grouped wide at 48 spilled 48-60 words; wide4 at 64 / 80 spilled
+#: 156-236 / 64-80 (NVFP4 still 52 at 96): the four chunks' loop-invariant columns
+WIDE_REGISTER_CAPS = {("grouped", 2, False): 64, ("grouped", 4, False): 128,
+                      ("silu", 2, False): 80, ("silu", 2, True): 64,
+                      ("silu", 4, False): 128, ("silu", 4, True): 128}
 #: the schedule used when an op is called with ``schedule=None``
 DEFAULT_SCHEDULE = "tiles"
 #: the grouped op's schedule on GROUPED_SCHEDULE_TARGETS when none is given. Measured on the
@@ -48,7 +59,8 @@ NUM_SMS = 132
 #: table's window is built into the table kernels)
 KERNEL_SOURCES = _q.KERNEL_SOURCES + ("blockscale.ops.quantize_moe_ir",
                                        "blockscale.ops.quantize_silu",
-                                       "blockscale.ops._quantize_stream_ir")
+                                       "blockscale.ops._quantize_stream_ir",
+                                       "blockscale.ops._quantize_wide_ir")
 #: nvvm.maxnreg of the rows-schedule CUDA kernels by (mode, unroll); blocks per SM =
 #: 65536 // (256 * cap): 5, 4, 4, 3
 REGISTER_CAPS = {("grouped", 1): 48, ("grouped", 2): 64, ("silu", 1): 64, ("silu", 2): 80}
@@ -61,6 +73,11 @@ STREAM_REGISTER_CAPS = {("grouped", 1, False): 48, ("grouped", 2, False): 48,
 #: formats whose grouped "stream" kernel fits 40 registers without spills (NVFP4 39, MXFP8
 #: 40; MXFP4 spills 36 words): 6 blocks per SM, as the dense pipelined p1 kernel
 STREAM_CAP_40 = ("nvfp4", "mxfp8")
+
+
+def wide_register_cap(spec: MoeQuantizeSpec) -> int:
+    """nvvm.maxnreg of a wide-schedule CUDA kernel."""
+    return WIDE_REGISTER_CAPS[(spec.mode, spec.wide, spec.lut)]
 
 
 def stream_register_cap(spec: MoeQuantizeSpec) -> int:
@@ -77,11 +94,14 @@ class MoeQuantizeSpec(QuantizeSpec):
     ``unroll``: row groups a thread loads before quantizing them (1 = "rows", 2 = "rows2").
     ``lut``: mode "silu" only: the sigmoid comes from a shared-memory table indexed by the
     bf16 gate (:func:`blockscale.ops.quantize_silu.sigmoid_lut`) instead of exp_f32 + div.rn.
+    ``stream``: the stream schedule; ``wide``: chunks per thread visit of the wide schedule
+    (0: not wide).
     """
 
     unroll: int = 1
     lut: bool = False
     stream: bool = False
+    wide: int = 0
 
     def args(self) -> tuple[Any, ...]:
         from blockscale.launch import KernelArg
@@ -96,17 +116,27 @@ class MoeQuantizeSpec(QuantizeSpec):
                              f"got {self.mode!r}")
         if self.unroll not in (1, 2):
             raise ValueError(f"unroll must be 1 or 2, got {self.unroll!r}")
+        if self.wide not in (0, 2, 4):
+            raise ValueError(f"wide must be 0, 2 or 4, got {self.wide!r}")
         if self.lut and self.mode != "silu":
             raise ValueError(f"lut needs mode 'silu', got mode {self.mode!r}")
 
     @property
     def kernel_name(self) -> str:
         kind = "stream" if self.stream else "rows"
-        return f"{super().kernel_name}_{kind}{self.unroll}" + ("_lut" if self.lut else "")
+        if self.wide:
+            kind, n = "wide", self.wide
+        else:
+            n = self.unroll
+        return f"{super().kernel_name}_{kind}{n}" + ("_lut" if self.lut else "")
 
 
 def build(spec: MoeQuantizeSpec) -> Any:
-    """The kernel module of a rows- or stream-schedule spec (imports MLIR)."""
+    """The kernel module of a rows-, stream- or wide-schedule spec (imports MLIR)."""
+    if spec.wide:
+        from blockscale.ops import _quantize_wide_ir
+
+        return _quantize_wide_ir.build(spec)
     if spec.stream:
         from blockscale.ops import _quantize_stream_ir
 
@@ -124,12 +154,17 @@ def with_schedule(spec: QuantizeSpec, schedule: str | None, num_groups: int | No
     from blockscale.ops._matmul_host import check_choice
 
     schedule = DEFAULT_SCHEDULE if schedule is None else schedule
-    check_choice(schedule, SCHEDULES + STREAM_SCHEDULES, "schedule")
+    check_choice(schedule, SCHEDULES + STREAM_SCHEDULES + WIDE_SCHEDULES, "schedule")
+    wide = schedule.startswith("wide")
     stream = schedule.startswith("stream")
-    if schedule == "tiles" or (stream and not spec.aligned) or (
+    if schedule == "tiles" or ((stream or wide) and not spec.aligned) or (
             not stream and num_groups is not None and num_groups > 256):
         return spec
     fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(QuantizeSpec)}
+    if wide:
+        n = 4 if schedule.removesuffix("_lut") == "wide4" else 2
+        return MoeQuantizeSpec(**fields, lut=schedule.endswith("_lut") and spec.mode == "silu",
+                               wide=n)
     return MoeQuantizeSpec(**fields, unroll=2 if schedule.removesuffix("_lut")[-1] == "2"
                            else 1, lut=schedule.endswith("_lut") and spec.mode == "silu",
                            stream=stream)
@@ -145,6 +180,23 @@ def stream_plan(spec: MoeQuantizeSpec, m: int, k: int, n_tiles: int
     rpb = 256 >> sc["cb_log2"]
     cap = stream_register_cap(spec)
     resident = NUM_SMS * (65536 // (256 * cap))
+    sc.update(split_log2=0, tiles_per_step=1, tile_iters=1)
+    return (gx, max(1, min(-(-m // rpb), resident // gx)), 1), sc
+
+
+def wide_plan(spec: MoeQuantizeSpec, m: int, k: int, n_tiles: int
+              ) -> tuple[tuple[int, int, int], dict[str, int]]:
+    """Grid and scalars of the wide schedule: the tile plan's x split (``cb_log2``: chunks
+    a block covers per row, log2; ``spec.wide`` per thread), ``gy`` = one resident wave, no
+    more than there are row groups of ``256 * wide >> cb_log2`` rows."""
+    grid, sc = launch_plan(spec, m, k, n_tiles)
+    gx = grid[0]
+    lanes = spec.format.block_size // 16
+    if (1 << sc["cb_log2"]) < spec.wide * lanes:  # never for a valid K (NVFP4 >= 4, MX >= 8)
+        raise ValueError(f"the wide schedule needs >= {spec.wide * lanes} chunks per block "
+                         f"row, got {1 << sc['cb_log2']} (k={k})")
+    rpb = (256 * spec.wide) >> sc["cb_log2"]
+    resident = NUM_SMS * (65536 // (256 * wide_register_cap(spec)))
     sc.update(split_log2=0, tiles_per_step=1, tile_iters=1)
     return (gx, max(1, min(-(-m // rpb), resident // gx)), 1), sc
 
@@ -280,7 +332,9 @@ def run_grouped(spec: QuantizeSpec, x: Any, k: int, num_rows: int, num_tiles: in
         mk = (lambda s, d: np.zeros(s, d)) if host else device.zeros
         return mk(dshape, data_dt), mk(sshape, scale_dt)
     ng = int(extra["num_groups"])
-    if isinstance(spec, MoeQuantizeSpec) and spec.stream:
+    if isinstance(spec, MoeQuantizeSpec) and spec.wide:
+        grid, scalars = wide_plan(spec, num_rows, k, num_tiles)
+    elif isinstance(spec, MoeQuantizeSpec) and spec.stream:
         grid, scalars = stream_plan(spec, num_rows, k, num_tiles)
     elif isinstance(spec, MoeQuantizeSpec):
         grid, scalars = rows_plan(spec, num_rows, k, num_tiles, ng)
@@ -394,7 +448,7 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
             for g in (False, True)] + [
         with_schedule(QuantizeSpec(f, target, None, "tcgen5d", True, "grouped", gather=g,
                                    name="grouped_quantize_dynamic_scaled"), sch)
-        for sch in STREAM_SCHEDULES[:2] for f in ("nvfp4", "mxfp4", "mxfp8")
+        for sch in STREAM_SCHEDULES[:2] + WIDE_SCHEDULES[::2] for f in ("nvfp4", "mxfp4", "mxfp8")
         for g in (False, True)]
 
 
@@ -402,6 +456,7 @@ __all__ = [
     "DEFAULT_SCHEDULE",
     "SCHEDULES",
     "STREAM_SCHEDULES",
+    "WIDE_SCHEDULES",
     "MoeQuantizeSpec",
     "bundle_specs",
     "check_groups",

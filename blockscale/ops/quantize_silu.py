@@ -21,6 +21,7 @@ from blockscale.ops.quantize import QuantizeSpec, check_input
 from blockscale.ops.quantize_grouped import (
     SCHEDULES,
     STREAM_SCHEDULES,
+    WIDE_SCHEDULES,
     _i32,
     check_groups,
     expert_scales_arg,
@@ -168,7 +169,8 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
     """Fused SiLU / SwiGLU-OAI quantize specs for the GPU tests and benchmarks (every format
     and schedule)."""
     return [_spec(Format.from_name(f), target, a, True, sch)
-            for sch in SCHEDULES + STREAM_SCHEDULES for f in ("nvfp4", "mxfp4", "mxfp8")
+            for sch in SCHEDULES + STREAM_SCHEDULES + WIDE_SCHEDULES[:2]
+            for f in ("nvfp4", "mxfp4", "mxfp8")
             for a in (GatedActivation.SILU, GatedActivation.SWIGLU_OAI)]
 
 

@@ -1,0 +1,318 @@
+"""Kernel IR of the "wide" schedule of grouped and fused-activation quantize (sm_90a first).
+
+The "stream" schedules (:mod:`blockscale.ops._quantize_stream_ir`) pay per 16-element row
+visit the row's bookkeeping (row index and bounds, the group check, the scale tile / row
+offsets, the load and store addresses: ~35 SASS instructions), two 4-byte data stores, and
+keep 32 bytes per thread in flight; every block starts with a ~6-halving binary search over
+``expert_start`` in global memory (~8 dependent L2 round trips before its first math). This
+schedule:
+
+* gives each thread ``W = spec.wide`` chunks of 16 elements of the same row per visit
+  (2; "wide4": 4): chunk ``v`` of thread lane ``ci`` is ``((bx * W + v) << cbt) | ci``
+  with ``cbt = cb_log2 - log2 W`` (the x coverage of a block is the plan's, so the padding
+  pass, the 5-D scale placement and the MX shuffle pairs are the stream kernel's; lanes of a
+  warp stay on consecutive chunks for every ``v``: coalesced). The row's bookkeeping is paid
+  once per ``16 W`` elements;
+* ring prefetch: the loop carries the ``W`` chunks' raw words of the thread's next row; the
+  loads of chunk ``v`` of row ``r + 1`` go out right after chunk ``v`` of row ``r`` is
+  quantized, so ``2 (W - 1)``-``2 W`` 16-byte loads (grouped, fused twice that) are in flight
+  per thread all the time, without register moves;
+* the block's first group from one warp-cooperative count (each lane tests ``expert_start``
+  entries, one L2 round trip for G <= 32 * SCAN_UNROLL; shuffles add the counts) instead of
+  the binary search; later changes (about one per block) keep the stream kernel's search;
+* one vector store per chunk (8 bytes FP4, 16 bytes MXFP8) instead of one per 8 elements.
+
+Numerics (D2 chain, NaN / -0 handling, packing) are the tile kernel's helpers, so the bytes
+are identical on every target. Aligned kernels only (K % 8 == 0).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mlir import ir
+from mlir.dialects import arith, gpu, vector
+
+from blockscale.compiler import ir as B
+from blockscale.ops import _quantize_stream_ir as QS
+from blockscale.ops import quantize_ir as QI
+from blockscale.ops import quantize_moe_ir as QM
+from blockscale.ops.quantize_ir import CHUNK, _c32, _c64
+
+if TYPE_CHECKING:
+    from blockscale.ops.quantize_grouped import MoeQuantizeSpec
+
+BLOCK_THREADS = 256
+#: expert_start entries a lane tests per step of the first-group count
+SCAN_UNROLL = 4
+
+
+def build(spec: MoeQuantizeSpec) -> ir.Module:
+    """The ``gpu.module`` of the wide-schedule kernel of ``spec`` (module docstring)."""
+    from blockscale.ops.quantize_grouped import wide_register_cap
+
+    k = QI._Ctx(spec)
+    if k.chunk <= CHUNK:
+        raise ValueError(f"the wide schedule needs an aligned spec (K % 8 == 0), got "
+                         f"aligned={spec.aligned}")
+    if spec.wide not in (2, 4):
+        raise ValueError(f"spec.wide must be 2 or 4 chunks per visit, got {spec.wide!r}")
+    with ir.Context(), ir.Location.unknown():
+        with B.kernel_module(spec.kernel_name, spec.target, spec.args(),
+                             (BLOCK_THREADS, 1, 1)) as kb:
+            if k.target.is_cuda:
+                kb.func.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(
+                    B.i32(), wide_register_cap(spec))
+            _body(k, kb)
+        kb.module.operation.verify()
+        return kb.module
+
+
+class _Chunk:
+    """Loop-invariant facts of one of a thread's chunks (i64 unless noted)."""
+
+    def __init__(self, k: QI._Ctx, a, c: ir.Value) -> None:
+        ncols = a("k")
+        self.j = arith.shrui(c, _c64(k.lanes_log2))
+        self.col0 = arith.muli(c, _c64(k.chunk))
+        self.col_ok = arith.cmpi(arith.CmpIPredicate.ult, self.col0, ncols)
+        self.chunk_ok = arith.cmpi(arith.CmpIPredicate.ult, c, a("chunks_row"))
+        # the sub-chunks' load columns (a sub-chunk past K re-reads a valid one of its block)
+        self.ld_cols = QM.subchunk_columns(k, self.j, self.col0, self.col_ok, ncols)
+        self.okh = [self.col_ok] + [
+            arith.cmpi(arith.CmpIPredicate.ult, arith.addi(self.col0, _c64(CHUNK * h)), ncols)
+            for h in range(1, k.chunk // CHUNK)]
+        self.s_jpart = arith.addi(arith.shli(arith.shrui(self.j, _c64(2)), _c64(9)),
+                                  arith.andi(self.j, _c64(3)))
+        per_byte = 2 if k.fmt.is_fp4 else 1
+        self.dcol = arith.shrui(self.col0, _c64(per_byte - 1))  # data byte column
+
+
+def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
+    spec = k.spec
+    i64, i32 = B.i64(), B.i32()
+    a = kb.arg
+    silu = spec.mode == "silu"
+    nvfp4 = not k.fmt.is_mx
+    w = spec.wide
+    lw = w.bit_length() - 1
+    ncols, kblocks_row = a("k"), a("kblocks_row")
+    tid = B.cast_int(B.thread_idx(), i64)
+    bx = B.cast_int(B.block_idx("x"), i64)
+    by = B.cast_int(B.block_idx("y"), i64)
+    cbt = arith.subi(arith.extui(i64, a("cb_log2")), _c64(lw))  # chunk lanes per row, log2
+    ci = arith.andi(tid, arith.subi(arith.shli(_c64(1), cbt), _c64(1)))
+    lane0 = arith.cmpi(arith.CmpIPredicate.eq, arith.andi(ci, _c64(k.lanes - 1)), _c64(0))
+    chunks = [_Chunk(k, a, arith.ori(arith.shli(arith.addi(arith.shli(bx, _c64(lw)),
+                                                           _c64(v)), cbt), ci))
+              for v in range(w)]
+    in_stride = arith.shli(ncols, _c64(1)) if silu else ncols
+    d1 = arith.shrui(kblocks_row, _c64(2))
+    m32 = arith.trunci(i32, a("m"))
+    rpb_log2 = arith.trunci(i32, arith.subi(_c64(8), cbt))
+    ri = arith.trunci(i32, arith.shrui(tid, cbt))
+    rpb = arith.shli(_c32(1), rpb_log2)
+    n_rg = arith.extui(i64, arith.shrui(arith.addi(m32, arith.subi(rpb, _c32(1))), rpb_log2))
+    gy = B.cast_int(B.grid_dim("y"), i64)
+    row_bytes = arith.shrui(ncols, _c64(1)) if k.fmt.is_fp4 else ncols
+    k16 = arith.cmpi(arith.CmpIPredicate.eq, arith.andi(ncols, _c64(15)), _c64(0))
+
+    def share(n: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """This block's contiguous share [lo, hi) of n units (i64)."""
+        return (arith.divui(arith.muli(by, n), gy),
+                arith.divui(arith.muli(arith.addi(by, _c64(1)), n), gy))
+
+    lo, hi = share(n_rg)
+    x = a("x")
+    vt, wt = B.vec(CHUNK, B.bf16()), B.vec(CHUNK // 2, i32)
+
+    def drow_of(rg: ir.Value) -> ir.Value:
+        return arith.addi(arith.shli(arith.trunci(i32, rg), rpb_log2), ri)
+
+    def row_off(rg: ir.Value) -> ir.Value:
+        """Element offset of row group ``rg``'s source row in ``x`` (row 0 past M)."""
+        drow = drow_of(rg)
+        srow = arith.select(arith.cmpi(arith.CmpIPredicate.slt, drow, m32), drow, _c32(0))
+        if spec.gather:
+            src = B.load(a("indices"), arith.extui(i64, srow))
+            srow = arith.divui(src, a("indices_divisor"))
+        return arith.muli(arith.extui(i64, srow), in_stride)
+
+    def load(off: ir.Value, ch: _Chunk) -> list[ir.Value]:
+        """The raw words (vector<4xi32> per sub-chunk; fused: gate ones, then up ones)."""
+        out = []
+        for base in ((off, arith.addi(off, ncols)) if silu else (off,)):
+            for c in ch.ld_cols:
+                v = B.vector_load(vt, x, arith.addi(base, c), alignment=16)
+                out.append(vector.bitcast(wt, v))
+        return out
+
+    off0 = row_off(lo)
+    first = [load(off0, ch) for ch in chunks]  # out before the table fill and the lookups
+    k.mx_bf16x2 = (spec.mode == "grouped" and spec.fmt == "mxfp4"
+                   and k.target.name == "sm_90a")
+    k.lut = None
+    if spec.lut:  # the sigmoid table to shared memory (one barrier)
+        from blockscale.compiler.arch import tma
+        from blockscale.ops.quantize_silu import MAX_LUT, sigmoid_lut
+
+        _, lut_lo, lut_w = sigmoid_lut(spec.activation, spec.act_alpha, spec.act_limit)
+        lut = tma.shared_buffer(kb, f"{MAX_LUT}xf32", align=16)
+        with B.for_range(tid, _c64(2 * lut_w), BLOCK_THREADS) as cl:
+            i = B.cast_int(cl.iv, i64)
+            B.store(B.load(a("sig_table"), i), lut, i)
+        B.barrier()
+        k.lut = (lut, lut_lo, lut_w)
+
+    # ---- the group of the block's first row: a warp-cooperative count ---------------------
+    row0 = arith.minsi(arith.shli(arith.trunci(i32, lo), rpb_log2), arith.subi(m32, _c32(1)))
+    g0 = _first_group(k, a, tid, row0)
+    state_types = [i32] * 4 + ([B.f32(), B.f32()] if nvfp4 else [])
+    state0 = QS.group_state(k, a, g0)
+
+    QS._padding(k, kb, _Tid(tid), d1, share)
+
+    nw = len(first[0])
+    with B.for_range(lo, hi, carry=[wv for ws in first for wv in ws] + state0) as loop:
+        rg = B.cast_int(loop.iv, i64)
+        cur = [list(loop.carried[v * nw:(v + 1) * nw]) for v in range(w)]
+        state = list(loop.carried[w * nw:])
+        drow = drow_of(rg)
+        row_ok = arith.cmpi(arith.CmpIPredicate.slt, drow, m32)
+        rowc = arith.minsi(drow, arith.subi(m32, _c32(1)))
+        sb = B.if_(arith.cmpi(arith.CmpIPredicate.sge, rowc, state[0]), state_types)
+        with sb.then():
+            sb.yield_(*QS.group_state(k, a, QS.search(a, rowc)))
+        with sb.else_():
+            sb.yield_(*state)
+        st = list(sb.results)
+        _end, start, t0, expert = st[:4]
+        tsf, inv_tsf = (st[4], st[5]) if nvfp4 else (None, None)
+        active = arith.cmpi(arith.CmpIPredicate.sge, expert, _c32(0))
+        rel = arith.subi(rowc, start)
+        tile = arith.extui(i64, arith.addi(t0, arith.shrui(rel, _c32(7))))
+        rr = arith.extui(i64, arith.andi(rel, _c32(127)))
+        rpart = arith.ori(arith.shli(arith.andi(rr, _c64(31)), _c64(4)),
+                          arith.shli(arith.shrui(rr, _c64(5)), _c64(2)))
+        srow_base = arith.addi(arith.shli(arith.muli(tile, d1), _c64(9)), rpart)
+        drow_base = arith.muli(arith.extui(i64, drow), row_bytes)
+        row = _Row(row_ok, active, tsf, inv_tsf, srow_base, drow_base, lane0, k16)
+        nxt_rg = arith.addi(rg, _c64(1))
+        noff = row_off(arith.select(arith.cmpi(arith.CmpIPredicate.ult, nxt_rg, hi), nxt_rg,
+                                    rg))
+        nxt = []
+        for ch, words in zip(chunks, cur):
+            _chunk(k, a, ch, row, words)
+            nxt += load(noff, ch)
+        loop.yield_(*(nxt + st))
+
+
+class _Tid:
+    """The one field of quantize_ir._Coords that the stream padding pass reads."""
+
+    def __init__(self, tid: ir.Value) -> None:
+        self.tid = tid
+
+
+class _Row:
+    """Per-visit facts shared by a row's chunks."""
+
+    def __init__(self, row_ok, active, tsf, inv_tsf, srow_base, drow_base, lane0,
+                 k16) -> None:
+        self.row_ok, self.active, self.tsf, self.inv_tsf = row_ok, active, tsf, inv_tsf
+        self.srow_base, self.drow_base, self.lane0 = srow_base, drow_base, lane0
+        self.k16 = k16
+        self.not_k16 = arith.xori(k16, B.const(True, B.i1()))
+
+
+def _first_group(k: QI._Ctx, a, tid: ir.Value, row: ir.Value) -> ir.Value:
+    """The group (i64) holding data row ``row`` (i32, block-uniform): the number of g in
+    [1, G) with expert_start[g] <= row (a prefix, as expert_start rises from 0), counted by
+    each warp (lanes test SCAN_UNROLL entries per step with independent loads; xor shuffles
+    add the counts: the trip count is uniform, no shuffle under divergence)."""
+    i64, i32 = B.i64(), B.i32()
+    es = a("expert_start")
+    ng = arith.extui(i64, a("num_groups"))
+    ws = k.target.warp_size
+    per_step = ws * SCAN_UNROLL
+    lane = arith.andi(tid, _c64(ws - 1))
+    steps = arith.shrui(arith.addi(ng, _c64(per_step - 1)), _c64(per_step.bit_length() - 1))
+    with B.for_range(0, steps, carry=[_c32(0)]) as loop:
+        cnt = loop.carried[0]
+        base = arith.addi(arith.muli(B.cast_int(loop.iv, i64), _c64(per_step)), lane)
+        for u in range(SCAN_UNROLL):
+            g = arith.addi(base, _c64(u * ws + 1))
+            ok = arith.cmpi(arith.CmpIPredicate.ult, g, ng)
+            le = arith.cmpi(arith.CmpIPredicate.sle,
+                            B.load(es, arith.select(ok, g, _c64(0))), row)
+            cnt = arith.addi(cnt, arith.extui(i32, arith.andi(ok, le)))
+        loop.yield_(cnt)
+    cnt = loop.results[0]
+    width = _c32(ws)
+    off = 1
+    while off < ws:
+        cnt = arith.addi(cnt, gpu.shuffle(cnt, _c32(off), width, gpu.ShuffleMode.XOR)[0])
+        off *= 2
+    return arith.extui(i64, cnt)
+
+
+def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
+    """Quantize one chunk of the row from its loaded ``words``: the D2 chain, one vector
+    store of its data, its scale byte from the scale block's first lane."""
+    spec = k.spec
+    i32 = B.i32()
+    nh = k.chunk // CHUNK
+    if spec.mode == "silu":
+        act = QM._activation_lut if k.lut is not None else (
+            lambda _k, g, u, _s: QI._activation(spec, g, u))
+        halves = []
+        for h in range(nh):
+            gw, uw = words[h], words[nh + h]
+            sigs = QM._lut_sigs(k, gw) if k.lut is not None else [None] * CHUNK
+            bits = [arith.bitcast(i32, act(k, arith.bitcast(B.f32(), gv),
+                                           arith.bitcast(B.f32(), uv), sg))
+                    for gv, uv, sg in zip(QS._widen(gw), QS._widen(uw), sigs)]
+            halves.append((bits, None))
+        amax = QI._block_amax_bits(k, [b for hb, _ in halves for b in hb])
+    else:
+        halves = [(QS._widen(wv), wv) for wv in words]
+        amax = QI._block_amax_bits(k, [b for hb, _ in halves for b in hb], list(words))
+    nonfinite = arith.cmpi(arith.CmpIPredicate.uge, amax, _c32(0x7F800000))
+    safe_amax = arith.select(nonfinite, _c32(0), amax)
+    byte, recip, sd = QI._scale_and_recip(k, safe_amax, row.tsf, row.inv_tsf)
+    byte = arith.select(nonfinite, _c32(0xFF if k.fmt.is_mx else 0x7F), byte)
+    xs_h = [[arith.bitcast(B.f32(), b) for b in hb] for hb, _ in halves]
+    if getattr(k, "mx_bf16x2", False):
+        from blockscale.ops.quantize_pipe_ir import e2m1x8_mx_bf16x2
+
+        rbits = arith.bitcast(i32, recip)
+        packed = [[e2m1x8_mx_bf16x2(wv, rbits, spec.rounding != "up")] for _, wv in halves]
+    elif k.fmt.is_fp4:
+        packed = [[wd] for wd in QI._pack_fp4_all(k, xs_h, recip, sd, [wv for _, wv in halves])]
+    else:
+        packed = [QI._pack_e4m3(k, xs, recip) for xs in xs_h]
+    zero = arith.ori(nonfinite, arith.xori(row.active, B.const(True, B.i1())))
+    out = [arith.select(zero, _c32(0), wd) for ws in packed for wd in ws]
+    base = arith.addi(row.drow_base, ch.dcol)
+    per_half = len(packed[0])
+    data = a("data")
+
+    def store(words: list[ir.Value], off: ir.Value, ok: ir.Value) -> None:
+        with B.when(ok):
+            nbytes = 4 * len(words)
+            bv = vector.bitcast(B.vec(nbytes, B.i8()),
+                                vector.from_elements(B.vec(len(words), i32), words))
+            B.vector_store(bv, data, off, alignment=nbytes)
+
+    # K % 16 == 0 (block-uniform): one 8- / 16-byte store per chunk; else (rows only 4- /
+    # 8-byte aligned) one store per sub-chunk, as the stream kernel
+    store(out, base, arith.andi(row.row_ok, arith.andi(row.k16, ch.col_ok)))
+    half_bytes = _c64(4 * per_half)
+    for h in range(nh):
+        ok = arith.andi(arith.andi(row.row_ok, row.not_k16), ch.okh[h])
+        store(out[h * per_half:(h + 1) * per_half],
+              arith.addi(base, arith.muli(half_bytes, _c64(h))) if h else base, ok)
+    has_data = arith.andi(arith.andi(row.row_ok, ch.col_ok), row.active)
+    sval = arith.trunci(B.i8(), arith.select(has_data, byte, _c32(0)))
+    with B.when(arith.andi(arith.andi(row.lane0, ch.chunk_ok), row.row_ok)):
+        B.store(sval, a("scales"), arith.addi(row.srow_base, ch.s_jpart))
