@@ -49,3 +49,21 @@ def test_grouped_misaligned_hidden(fmt):
     out = matmul_grouped.grouped_matmul_block_scaled(**args, expert_scales=esc, fmt=fmt, k=k,
                                                      device="cuda", target="sm_90a")
     assert_bf16_consistent(out.numpy(), exact, f32_error_bound(abs_sum, fmt, k, n_mul=1))
+
+
+@pytest.mark.parametrize("arg", ["a", "sfb"])
+def test_direct_tiled_calls_reject_misaligned(arg):
+    """The direct calls have no portable fallback: a ValueError naming the operand before
+    any launch (the kernels' 16-byte loads would fault)."""
+    from test_matmul_common import random_dense_case
+
+    from blockscale.ops import matmul_decode, matmul_sm90, matmul_wgmma
+
+    m, n, k = 64, 128, 256
+    a, b, _sfa, _sfb, sfa5, sfb5 = random_dense_case(np.random.default_rng(2), NVFP4, m, n, k)
+    ops = {"a": _on_gpu(a), "b": _on_gpu(b), "sfa": _on_gpu(sfa5), "sfb": _on_gpu(sfb5)}
+    ops[arg] = _on_gpu({"a": a, "sfb": sfb5}[arg], 8)
+    for call in (matmul_wgmma.block_scaled_matmul_wgmma, matmul_sm90.block_scaled_matmul_sm90,
+                 matmul_decode.block_scaled_matmul_decode):
+        with pytest.raises(ValueError, match=rf"^{arg} must be 16-byte aligned.*% 16 = 8\)"):
+            call(*ops.values(), NVFP4, k=k, device="cuda")

@@ -263,6 +263,25 @@ def vector_aligned(*arrays: Any) -> bool:
     return True
 
 
+def require_aligned(**arrays: Any) -> None:
+    """ValueError naming the first operand (keyword name) in device memory that is not
+    16-byte aligned, e.g. ``require_aligned(a=a, b=b, sfa=sfa, sfb=sfb)``: the direct calls
+    of the tiled kernels (no dispatch to fall back to the portable kernel, see
+    :func:`vector_aligned`). Numpy operands always pass (they are copied); objects that are
+    not device memory pass too: the launch's checks name them."""
+    for name, x in arrays.items():
+        try:
+            ptr = _device_address(x)
+        except (TypeError, ValueError, AttributeError):
+            continue
+        if ptr is not None and ptr % VECTOR_ALIGN:
+            raise ValueError(f"{name} must be {VECTOR_ALIGN}-byte aligned device memory for "
+                             f"this tiled kernel (16-byte loads / tensor maps), got address "
+                             f"0x{ptr:x} (address % {VECTOR_ALIGN} = {ptr % VECTOR_ALIGN}); "
+                             "pass an aligned copy, or call block_scaled_matmul (it runs the "
+                             "portable kernel for such operands)")
+
+
 def register_before(paths: list[Any], hook: Any, module_name: str) -> None:
     """Insert fast-path ``hook`` into ``paths`` just before the first entry defined in module
     ``module_name`` (by name: that module may still be partially imported, through an import

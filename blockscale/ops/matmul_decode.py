@@ -498,9 +498,12 @@ def grouped_matmul_decode(hidden: Any, weight: Any, a_scales: Any, b_scales: Any
                           target: str = "sm_90a", variant: str = "simt") -> Any:
     """The decode kernel called directly (no dispatch; any group size), checked like
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled`; ``variant``: one of
-    :data:`VARIANTS` ("mma": FP4 only)."""
+    :data:`VARIANTS` ("mma": FP4 only). ValueError for operands in device memory that are
+    not 16-byte aligned (:func:`~blockscale.ops._matmul_host.require_aligned`)."""
     fmt = Format.from_name(fmt)
     DecodeSpec(fmt.name, variant=variant)  # ValueError for a bad variant / format pair
+    # (the grouped dispatch skips its fast paths, i.e. this hook, for misaligned operands)
+    H.require_aligned(hidden=hidden, weight=weight, a_scales=a_scales, b_scales=b_scales)
 
     def hook(tgt: str, f: Format, t: int, n: int, kk: int, g: int, rs: bool) -> Any:
         def run(buffers: dict[str, Any], scalars: dict[str, Any], dev: Any) -> Any:
@@ -526,9 +529,11 @@ def block_scaled_matmul_decode(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format |
                                out_dtype: str = "bfloat16", device: Any = None,
                                target: str = "sm_90a", variant: str = "simt") -> Any:
     """The dense decode kernel called directly (no dispatch; any M); ``variant``: one of
-    :data:`VARIANTS` ("mma": FP4 only)."""
+    :data:`VARIANTS` ("mma": FP4 only). ValueError for operands in device memory that are
+    not 16-byte aligned (:func:`~blockscale.ops._matmul_host.require_aligned`)."""
     fmt = Format.from_name(fmt)
     d = _matmul._validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
+    H.require_aligned(a=a, b=b, sfa=sfa, sfb=sfb)  # the 16-byte loads
     if not k_supported(fmt, d.k):
         raise ValueError(f"k must be a positive multiple of {32 if fmt.is_fp4 else 16} for "
                          f"the decode kernel ({fmt.name}), got {d.k}")

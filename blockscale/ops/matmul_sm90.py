@@ -207,10 +207,12 @@ def block_scaled_matmul_sm90(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | s
     """The tensor-core kernel called directly (no dispatch), e.g. by tests and benchmarks.
 
     Same arguments as :func:`blockscale.ops.matmul.block_scaled_matmul_with_epilogue`;
-    ``tiles`` forces ``(bm, bn)``. Raises ValueError when K is not 16-byte aligned.
+    ``tiles`` forces ``(bm, bn)``. Raises ValueError when K is not 16-byte aligned, or an
+    operand in device memory is not (:func:`~blockscale.ops._matmul_host.require_aligned`).
     """
     fmt = Format.from_name(fmt)
     d = _matmul._validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
+    H.require_aligned(a=a, b=b, sfa=sfa, sfb=sfb)  # no portable fallback here
     if not k_supported(fmt, d.k):
         raise ValueError(f"k must be a multiple of {32 if fmt.is_fp4 else 16} for the sm_90a "
                          f"tensor-core kernel ({fmt.name}), got {d.k}")
@@ -245,7 +247,7 @@ def bundle_specs(target: str = "sm_90a") -> list[Sm90MatmulSpec]:
 
 # imported last: matmul imports the fast-path modules (matmul_decode -> matmul_grouped ->
 # matmul_grouped_sm90 -> this module) at its end, so this module must be fully defined first
-from blockscale.ops import matmul as _matmul  # noqa: E402
+from blockscale.ops import matmul as _matmul
 
 if fast_path not in _matmul.FAST_PATHS:
     _matmul.FAST_PATHS.append(fast_path)

@@ -348,9 +348,12 @@ def block_scaled_matmul_wgmma(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | 
     """The wgmma kernel called directly (no dispatch, no env switch), e.g. by tests and
     benchmarks. Same arguments as :func:`blockscale.ops.matmul_sm90.block_scaled_matmul_sm90`,
     plus the variant: ``dequant``, ``kstep``, ``scaling``, ``pipeline``
-    (:class:`WgmmaMatmulSpec`; None: the format's default). Raises ValueError when K % 32 != 0 or the variant is not built."""
+    (:class:`WgmmaMatmulSpec`; None: the format's default). Raises ValueError when K % 32 != 0,
+    the variant is not built, or an operand in device memory is not 16-byte aligned
+    (:func:`~blockscale.ops._matmul_host.require_aligned`)."""
     fmt = Format.from_name(fmt)
     d = _matmul._validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
+    H.require_aligned(a=a, b=b, sfa=sfa, sfb=sfb)  # no portable fallback here
     if not supported(fmt, d.k):
         raise ValueError(f"the sm_90a wgmma kernel takes k % 32 == 0, got "
                          f"{fmt.name}, k={d.k}")
