@@ -1,6 +1,7 @@
-"""The stream schedules of grouped and fused-SiLU quantize (``schedule="stream"`` /
-``"stream2"`` / ``"stream_lut"`` / ``"stream2_lut"``, blockscale/ops/_quantize_stream_ir.py)
-in the interpreter, byte for byte against blockscale.reference: the rows schedules' edge
+"""The stream and wide schedules of grouped and fused-SiLU quantize (``schedule="stream"`` /
+``"stream2"`` / ``"stream_lut"`` / ``"stream2_lut"``, blockscale/ops/_quantize_stream_ir.py;
+``"wide"`` / ``"wide4"`` / ``"wide_lut"``, blockscale/ops/_quantize_wide_ir.py) in the
+interpreter, byte for byte against blockscale.reference: the rows schedules' edge
 cases (ties, NaN / Inf / -0, near zero, unused experts, empty groups, gathers, MAX's
 [0,3,1,2] / [-1,2,-1,0] groups, K not a multiple of 16), with one resident wave and with one
 block per SM (NUM_SMS = 1: each block walks many row groups across group changes and many
@@ -38,7 +39,7 @@ def sms(request, monkeypatch):
 
 @pytest.mark.parametrize("target", ["sm_90a", "gfx942"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
-@pytest.mark.parametrize("schedule", ["stream", "stream2"])
+@pytest.mark.parametrize("schedule", ["stream", "stream2", "wide", "wide4"])
 def test_grouped_stream_edges(schedule, fmt, target, sms):
     _grouped(fmt, target, schedule, COUNTS, IDS, 72, 11)
 
@@ -57,14 +58,15 @@ def test_grouped_stream_cases(fmt, case):
     _grouped(fmt, TARGETS[i % 4], ("stream", "stream2")[i % 2], counts, ids, k, k)
 
 
-@pytest.mark.parametrize("schedule", ["stream", "stream2"])
+@pytest.mark.parametrize("schedule", ["stream", "stream2", "wide", "wide4"])
 def test_grouped_stream_gather_and_empty_groups(schedule, sms):
     check_gather_and_empty_groups(schedule, "sm_90a")
 
 
 @pytest.mark.parametrize("target", ["sm_90a", "gfx950"])
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
-@pytest.mark.parametrize("schedule", ["stream", "stream2", "stream_lut", "stream2_lut"])
+@pytest.mark.parametrize("schedule", ["stream", "stream2", "stream_lut", "stream2_lut", "wide",
+                                      "wide_lut"])
 def test_fused_stream_edges(schedule, activation, target, sms):
     es, offs = group_offsets(COUNTS)
     ids = np.asarray(IDS, np.int32)
@@ -119,7 +121,7 @@ def test_stream_schedule_choice_and_plan():
 
 
 @pytest.mark.parametrize("k", [64, 4096])
-@pytest.mark.parametrize("schedule", ["stream", "stream2"])
+@pytest.mark.parametrize("schedule", ["stream", "stream2", "wide", "wide4"])
 def test_grouped_stream_nvfp4_blocks_over_many_groups(schedule, k, monkeypatch):
     """NVFP4 blocks whose rows span many groups (few resident blocks, small groups, each
     with its own tensor scale): the carried group state is re-found at every change; a
@@ -130,3 +132,63 @@ def test_grouped_stream_nvfp4_blocks_over_many_groups(schedule, k, monkeypatch):
     ids[3] = -1
     tsf = np.geomspace(0.05, 40.0, len(counts)).astype(np.float32)
     _grouped("nvfp4", "sm_90a", schedule, counts, ids, k, 3, tsf)
+
+
+#: MAX's grouped cases (counts, expert ids, K)
+MAX_CASES = [([256, 128, 256], [0, 1, 2], 64), ([100, 200, 50], [2, 0, 1], 72),
+             ([13, 999], [1, 0], 40), ([0, 3, 1, 2], [-1, 2, -1, 0], 32)]
+
+
+@pytest.mark.parametrize("schedule", ["wide", "wide4"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+def test_grouped_wide_max_cases(fmt, schedule):
+    """The wide schedules on MAX's grouped cases (K = 32 .. 72: 1-5 chunks a row, so a
+    thread's chunks past K, a half-valid last chunk and one-lane rows all occur)."""
+    for counts, ids, k in MAX_CASES:
+        _grouped(fmt, "sm_90a", schedule, counts, ids, k, k)
+
+
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+@pytest.mark.parametrize("schedule", ["wide", "wide_lut"])
+def test_fused_wide_max_cases(schedule, activation):
+    for counts, ids, d in MAX_CASES:
+        es, offs = group_offsets(counts)
+        gu = _edges(int(es[-1]), 2 * d, d)
+        for fmt in ("nvfp4", "mxfp4", "mxfp8"):
+            isc = (np.resize(np.asarray([2.0, 0.5, 1e-38], np.float32), 3) if fmt == "nvfp4"
+                   else None)
+            ids32 = np.asarray(ids, np.int32)
+            dd, ss = QS.fused_silu_quantize(gu, fmt, es, offs, ids32, isc, activation=activation,
+                                            device="interp", target="sm_90a",
+                                            schedule=schedule)
+            rd, rs = RG.fused_silu_quantize(gu, fmt, es, offs, ids32, isc, activation=activation)
+            assert_same_bytes(dd, rd, f"{schedule} {fmt} {activation} {counts} data")
+            assert_same_bytes(ss, rs, f"{schedule} {fmt} {activation} {counts} scales")
+
+
+def test_wide_schedule_choice_and_plan():
+    from blockscale.ops.quantize import QuantizeSpec
+
+    base = QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "grouped",
+                        name="grouped_quantize_dynamic_scaled")
+    w = QG.with_schedule(base, "wide")
+    assert w.wide == 2 and not w.stream and w.kernel_name.endswith("_wide2")
+    assert QG.with_schedule(base, "wide4_lut").wide == 4  # grouped: no table
+    assert not QG.with_schedule(base, "wide4_lut").lut
+    unaligned = QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", False, "grouped")
+    assert QG.with_schedule(unaligned, "wide") is unaligned  # the tile kernel
+    silu = QuantizeSpec("mxfp4", "sm_90a", "up", "tcgen5d", True, "silu")
+    lut = QG.with_schedule(silu, "wide_lut")
+    assert lut.lut and lut.wide == 2 and lut.kernel_name.endswith("_wide2_lut")
+    # K = 4096 NVFP4: 256 chunks a row, 2 a thread: 2 rows per block step; 64 registers:
+    # 4 blocks per SM
+    grid, sc = QG.wide_plan(w, 8192, 4096, 128)
+    assert grid == (1, 528, 1) and sc["cb_log2"] == 8
+    grid, _ = QG.wide_plan(QG.with_schedule(base, "wide4"), 8192, 4096, 128)
+    assert grid == (1, 264, 1)  # 128 registers: 2 blocks per SM
+    grid, _ = QG.wide_plan(w, 10, 4096, 65)
+    assert grid == (1, 5, 1)  # no more blocks than row groups
+    names = {s.kernel_name for s in QG.bundle_specs("sm_90a") + QS.bundle_specs("sm_90a")}
+    assert {"grouped_quantize_dynamic_scaled_nvfp4_rn_5d_v_wide2",
+            "grouped_quantize_dynamic_scaled_mxfp8_up_5d_v_gather_wide4",
+            "fused_silu_quantize_mxfp4_up_5d_v_silu_wide2_lut"} <= names

@@ -44,7 +44,7 @@ WIDE_SCHEDULES = ("wide", "wide_lut", "wide4", "wide4_lut")
 #: 65536 // (256 * cap). Grouped wide at 48 spilled 48-60 words; wide4 at 64 / 80 spilled
 #: 156-236 / 64-80 (NVFP4 still 52 at 96): the four chunks' loop-invariant columns
 WIDE_REGISTER_CAPS = {("grouped", 2, False): 64, ("grouped", 4, False): 128,
-                      ("silu", 2, False): 80, ("silu", 2, True): 64,
+                      ("silu", 2, False): 80, ("silu", 2, True): 80,
                       ("silu", 4, False): 128, ("silu", 4, True): 128}
 #: the schedule used when an op is called with ``schedule=None``
 DEFAULT_SCHEDULE = "tiles"
