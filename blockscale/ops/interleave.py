@@ -210,15 +210,29 @@ def _dtype_name(dtype: Any, arg: str) -> str:
     return name
 
 
-def _input_alignment(x: Any) -> int:
-    """Largest of 16/4/1 dividing the input's device address (numpy inputs are copied to
-    fresh, aligned device buffers)."""
+def _checked_input(x: Any, dev: Any) -> tuple[Any, int]:
+    """``(scales_2d for the launch, the largest of 16/4/1 dividing its device address)``,
+    checked once, here, so that errors name the user's argument (the kernel's is "scales"):
+    numpy passes (copied to a fresh, aligned device buffer: 16); our DeviceArrays of ``dev``
+    pass by type; other device memory (torch, CUDA Array Interface, DLPack) is resolved once
+    and handed on as a borrowed DeviceArray of ``dev`` over the same memory and stream,
+    which :func:`~blockscale.ops._core.launch_op` takes by type without resolving it
+    again (what it would do itself: ``_core._borrowed``)."""
     if isinstance(x, np.ndarray):
-        return 16
-    from blockscale.runtime.arrays import as_device_buffer
+        return x, 16
+    buf = _core._checked_foreign({"scales_2d": x}, dev).get("scales_2d")
+    if buf is None:  # a DeviceArray of dev
+        ptr = int(x.ptr)
+    else:
+        ptr = int(buf.ptr)
+        if hasattr(dev, "check_foreign_memory"):  # a GpuDevice
+            dev.check_foreign_memory(x, "scales_2d")
+            if not ptr:  # (not empty: the caller returned before)
+                raise ValueError("scales_2d: null pointer")
+            from blockscale.runtime.arrays import DeviceArray
 
-    ptr = int(as_device_buffer(x, "scales_2d").ptr)
-    return 16 if ptr % 16 == 0 else 4 if ptr % 4 == 0 else 1
+            x = DeviceArray._view_of(dev, buf, x)
+    return x, 16 if ptr % 16 == 0 else 4 if ptr % 4 == 0 else 1
 
 
 def block_scales_interleave(scales_2d: Any, *, device: Any = None,
@@ -248,11 +262,11 @@ def block_scales_interleave(scales_2d: Any, *, device: Any = None,
     if rows == 0 or kblocks == 0:
         empty = np.zeros(out_shape, np_dtype)
         return empty if host_io else dev.to_device(empty)
-    plan = launch_plan(rows, kblocks, input_alignment=_input_alignment(scales_2d))
-    _core.check_buffers({"scales_2d": scales_2d}, dev)  # errors name the user's argument
+    scales, alignment = _checked_input(scales_2d, dev)  # errors name the user's argument
+    plan = launch_plan(rows, kblocks, input_alignment=alignment)
     # the shared launch path: follows torch's current stream (CUDA-graph capture)
     _, out = _core.launch_op(spec, plan.grid, [("out", out_shape, np_dtype)],
-                             {"scales": scales_2d},
+                             {"scales": scales},
                              {"rows": plan.rows, "kblocks": plan.kblocks,
                               "num_groups": plan.num_groups, "vec_ok": plan.vec_ok}, dev, build)
     return out["out"]
