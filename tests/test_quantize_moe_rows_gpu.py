@@ -1,5 +1,5 @@
-"""The rows and stream schedules of grouped and fused-SiLU quantize on an NVIDIA GPU (sm_90a), byte for
-byte against the reference: MAX's grouped cases, the bench shape's routing, every bf16 gate
+"""The rows, stream and wide schedules of grouped and fused-SiLU quantize on an NVIDIA GPU
+(sm_90a), byte for byte against the reference: MAX's grouped cases, the bench shape's routing, every bf16 gate
 through the sigmoid-table kernels, edge values. Kernels come from the bundle
 (``make gpu-bundle``) or are compiled here. Run with
 ``pytest -m gpu tests/test_quantize_moe_rows_gpu.py``.
@@ -17,9 +17,9 @@ from blockscale.ops import quantize_silu as QS
 from blockscale.reference import grouped as RG
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
-ROWS = ("rows", "rows2", "stream", "stream2")
+ROWS = ("rows", "rows2", "stream", "stream2", "wide", "wide4")
 FUSED = ("rows", "rows2", "rows_lut", "rows2_lut", "stream", "stream2", "stream_lut",
-         "stream2_lut")
+         "stream2_lut", "wide", "wide_lut")
 
 
 def _routing(rows: int, experts: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

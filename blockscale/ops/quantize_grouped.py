@@ -448,8 +448,8 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
             for g in (False, True)] + [
         with_schedule(QuantizeSpec(f, target, None, "tcgen5d", True, "grouped", gather=g,
                                    name="grouped_quantize_dynamic_scaled"), sch)
-        for sch in STREAM_SCHEDULES[:2] + WIDE_SCHEDULES[::2] for f in ("nvfp4", "mxfp4", "mxfp8")
-        for g in (False, True)]
+        for sch in STREAM_SCHEDULES[:2] + WIDE_SCHEDULES[::2]
+        for f in ("nvfp4", "mxfp4", "mxfp8") for g in (False, True)]
 
 
 __all__ = [
