@@ -1,0 +1,252 @@
+"""IR of the warp-specialized "producer-dequant" sm_90a matmul (:mod:`blockscale.ops.matmul_pdq`,
+:mod:`blockscale.ops.matmul_grouped_pdq`; issues #9, #10).
+
+Imports MLIR: only the op modules' ``build`` import it.
+
+The CTA is ``bm / 64`` consumer warpgroups (threads ``0 .. 2 bm - 1``) plus one PRODUCER
+warpgroup (threads ``2 bm .. 2 bm + 127``): 384 threads at bm = 128. The consumers are the
+two-phase kernel's phase 2 unchanged (:class:`blockscale.ops._twophase_ir._Ring`: a ring of
+``stages`` shared stages of kstep 64 in the stage-ordered no-swizzle layout, A then B, full /
+empty mbarriers, ``m64n256k16`` bf16 wgmmas, ``wait_group 1``, one release per warpgroup).
+The producer fills stage ``t % stages`` with k-step ``t``:
+
+* A (bm x 64 bf16, 16 KiB at bm 128) from the phase-1 bf16 workspace of A
+  (:func:`blockscale.ops._twophase_ir.emit_dequant`, tile ``bm``) by one
+  ``cp.async.bulk`` of producer thread 0 (``mbarrier.arrive.expect_tx`` of its bytes on
+  full[slot] first);
+* B (256 x 64, 32 KiB) dequantized from the PACKED weights: producer thread ``p`` takes
+  rows ``p`` and ``p + 128`` of the B tile, per row the step's 32 FP4 bytes (two 16-byte
+  ``ld.global.v4``) and their scale bytes (5-D layout, or the 6-D expert layout of the
+  grouped kernel), converted exactly as phase 1 does (``_wgmma_ir._dequant_row`` "lut" with
+  the ``_scale_values`` splats folded in by ``mul.rn.bf16x2``: the SAME bf16 values as the
+  B workspace), and stored as eight 16-byte ``st.shared`` at ``c * 4096 + row * 16`` of the
+  B span (the 32 lanes of a warp write one 512-byte run: no bank conflicts). Rows past N,
+  halves past K: zeros (phase 1's guard, so the same bytes);
+* then ``fence.proxy.async.shared::cta`` (the generic-proxy stores are read by the
+  wgmmas, the async proxy) and one ``mbarrier.arrive`` per producer thread: full[] counts
+  ``1 + 128`` arrivals (the expect_tx one and the 128 producers).
+
+The producer waits on empty[slot] (the consumers' release of step ``t - stages``) before
+it overwrites a stage; it is ``stages - 1`` steps ahead at most. Its global loads of step
+``t + 1`` are issued before the wait and the dequantization of step ``t`` (``prefetch``:
+loop-carried registers) so their latency hides behind the conversion.
+
+One loop for both roles (the lock-step interpreter runs threads in lock-step: it models
+neither named barriers nor independent per-role loops): iteration ``s`` runs, per role
+(warp-uniform branches, so the producer warps never execute the consumers' wgmma code and
+run ahead on the GPU, bounded only by the mbarriers), the consumers' step ``s`` and then the
+producer's fill of step ``s + stages - 1`` (whose empty wait is for the release the
+consumers made in the same iteration). In lock-step order every wait finds its phase
+complete, so the interpreter runs the same IR the GPU runs. The accumulators are loop-carried
+through the producer's branch too (no ``setmaxnreg``: the 384-thread CTA has a 168-register
+cap for every role).
+
+Numerics: the stage bytes equal those the two-phase kernel copies from its workspaces and
+the consumers issue the same k16 wgmmas in the same order, so the output is bit-identical to
+:func:`blockscale.ops.matmul_twophase.block_scaled_matmul_twophase` (kstep 64, bm 128) in the
+interpreter's model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mlir import ir
+from mlir.dialects import arith, vector
+
+from blockscale.compiler import ir as bir
+from blockscale.compiler.arch import cpasync, tma
+from blockscale.compiler.arch import wgmma as W
+from blockscale.layouts import SF_ATOM_BYTES
+from blockscale.ops import _twophase_ir as T
+from blockscale.ops import _wgmma_ir as X
+from blockscale.ops._matmul_ir import tcgen_row_offset
+
+Value = ir.Value
+
+#: K elements per step (one 32-byte sector of packed FP4 per B row) and the B tile rows
+KSTEP, BN = 64, T.BN
+#: threads of the producer warpgroup; B rows per producer thread and step
+PRODUCER_THREADS = 128
+ROWS_PER_THREAD = BN // PRODUCER_THREADS
+
+
+def threads(bm: int) -> int:
+    """CTA threads: ``bm / 64`` consumer warpgroups and the producer warpgroup."""
+    return 2 * bm + PRODUCER_THREADS
+
+
+class _PdqRing(T._Ring):
+    """Phase 2's ring (:class:`blockscale.ops._twophase_ir._Ring`: same shared layout,
+    descriptors and consumer protocol) whose full barriers also count the 128 producer
+    threads' arrivals; keeps the shared buffer for the producer's stores."""
+
+    def __init__(self, kb: bir.KernelBuilder, k: Value, stages: int, bm: int) -> None:
+        T._check_ring(KSTEP, stages, bm, "none")
+        self.kstep, self.stages, self.bm = KSTEP, stages, bm
+        self.a_bytes, self.b_bytes = bm * 2 * KSTEP, BN * 2 * KSTEP
+        self.sbytes = self.a_bytes + self.b_bytes
+        self.sw = False
+        self.smem = tma.extern_shared_buffer(kb, T.shared_bytes(KSTEP, stages, bm), align=128)
+        self.tid = bir.thread_idx("x")
+        self.wg = bir.udiv(self.tid, 128)
+        self.is_cons = bir.ult(self.tid, 2 * bm)
+        self.pt = bir.sub(self.tid, 2 * bm)  # producer thread (valid where not is_cons)
+        self.is_prod = bir.eq(self.tid, 2 * bm)  # the producer's bulk-copy thread
+        self.kp = bir.mul(bir.ceil_div(k, T.KPAD), T.KPAD)
+        self.steps = bir.ceil_div(k, KSTEP)
+        self.base = W.shared_address(self.smem)
+        self.bars = bir.add(self.base,
+                            bir.as_i64(bir.const(T.barrier_offset(KSTEP, stages, bm))))
+
+    def init_barriers(self) -> None:
+        with bir.when(self.is_prod):
+            for i in range(self.stages):
+                cpasync.mbarrier_init(self.full(bir.const(i)), 1 + PRODUCER_THREADS)
+                cpasync.mbarrier_init(self.empty(bir.const(i)), self.bm // 64)
+            tma.fence_mbarrier_init()
+        bir.barrier()
+
+
+class BSource:
+    """Where the producer reads B's packed rows and scales: ``b`` ``[rows, K/2]`` bytes (i8
+    memref) from row ``row0`` on (``rows_valid`` of them count, rows past it are zeros), the
+    scale bytes of the tile's row ``r`` at ``scale_row(r)`` + the K-block offset (5-D / 6-D
+    layouts: 128-row atoms, so the offsets of the two rows a thread takes differ by one
+    atom row)."""
+
+    def __init__(self, b: Value, sfb: Value, row0: Value, rows_valid: Value, k: Value,
+                 scale_row: Callable[[Value], Value]) -> None:
+        self.b, self.sfb, self.row0, self.rows_valid, self.k = b, sfb, row0, rows_valid, k
+        self.scale_row = scale_row
+
+
+def _types(fmt: str) -> list[ir.Type]:
+    nscales = 2 if fmt == "nvfp4" else 1
+    return [bir.vec(16, bir.i8()), bir.vec(nscales, bir.i8())] * (2 * ROWS_PER_THREAD)
+
+
+def _load_step(src: BSource, pt: Value, t: Value, fmt: str) -> list[Value]:
+    """Producer thread ``pt``'s packed data and scale bytes of k-step ``t`` (per row, per
+    32-element half: vector<16xi8>, vector<nscales xi8>); zeros past the rows or K (so
+    zeros for every t >= steps, with no memory access)."""
+    block = 16 if fmt == "nvfp4" else 32
+    nscales = 32 // block
+    vd, vs = bir.vec(16, bir.i8()), bir.vec(nscales, bir.i8())
+    half_k = bir.udiv(src.k, 2)
+    out = []
+    for j in range(ROWS_PER_THREAD):
+        r = bir.add(pt, j * PRODUCER_THREADS)
+        row_ok = bir.ult(r, src.rows_valid)
+        grow = bir.add(src.row0, r)
+        srow = src.scale_row(r)
+        for half in range(2):
+            p = bir.add(bir.mul(t, 2), half)
+            br = bir.if_(bir.logical_and(row_ok, bir.ult(bir.mul(p, 32), src.k)), [vd, vs])
+            with br.then():
+                data = bir.vector_load(vd, src.b, bir.add(bir.mul(grow, half_k),
+                                                          bir.mul(p, 16)), alignment=16)
+                jb = bir.mul(p, nscales)
+                off = bir.add(srow, bir.add(bir.mul(bir.udiv(jb, 4), SF_ATOM_BYTES),
+                                            bir.urem(jb, 4)))
+                br.yield_(data, bir.vector_load(vs, src.sfb, off, alignment=nscales))
+            with br.else_():
+                br.yield_(bir.const(0, vd), bir.const(0, vs))
+            out += list(br.results)
+    return out
+
+
+def _store_step(ring: _PdqRing, stage_b: Value, vals: list[Value], fmt: str) -> None:
+    """Dequantize the registers of :func:`_load_step` as phase 1 does and store them to the
+    B span at ``stage_b`` (byte offset in the ring): chunk ``c`` of tile row ``r`` at
+    ``c * BN * 16 + r * 16``."""
+    block = 16 if fmt == "nvfp4" else 32
+    nscales = 32 // block
+    vd = bir.vec(16, bir.i8())
+    for j in range(ROWS_PER_THREAD):
+        r = bir.add(ring.pt, j * PRODUCER_THREADS)
+        for half in range(2):
+            data, scales = vals[4 * j + 2 * half], vals[4 * j + 2 * half + 1]
+            sv = X._scale_values(arith.extui(bir.vec(nscales, bir.i32()), scales), "lut", fmt)
+            splats = tuple(vector.broadcast(bir.vec(2, bir.bf16()), vector.extract(sv, [], [i]))
+                           for i in range(nscales))
+            base = bir.add(stage_b, bir.mul(r, 16))
+            for c, v in enumerate(X._dequant_row(data, splats, "lut", block)):
+                bir.vector_store(vector.bitcast(vd, v), ring.smem,
+                                 bir.add(base, (4 * half + c) * BN * 16), alignment=16)
+
+
+def _fill(ring: _PdqRing, src_a: Value, t: Value, vals: list[Value], fmt: str) -> None:
+    """Producer warpgroup: fill the (free) stage of step ``t``: A by bulk copy (thread 0 of
+    the producers), B from ``vals``; fence the stores to the async proxy and arrive."""
+    slot = bir.urem(t, ring.stages)
+    stage0 = bir.mul(slot, ring.sbytes)
+    full = ring.full(slot)
+    with bir.when(ring.is_prod):
+        cpasync.mbarrier_arrive_expect_tx(full, ring.a_bytes)
+        cpasync.bulk_copy(bir.add(ring.base, bir.as_i64(stage0)),
+                          bir.add(src_a, bir.as_i64(bir.mul(t, ring.a_bytes))),
+                          ring.a_bytes, full)
+    _store_step(ring, bir.add(stage0, ring.a_bytes), vals, fmt)
+    W.fence_proxy_async_shared()
+    cpasync.mbarrier_arrive(full)
+
+
+def emit_mainloop(kb: bir.KernelBuilder, wa: Value, m0: Value, src: BSource, k: Value,
+                  fmt: str, stages: int, bm: int = T.BM, prefetch: bool = True
+                  ) -> tuple[Value, Value, Value]:
+    """The producer / consumer K loop (module docstring) of the ``bm x 256`` tile at A row
+    ``m0`` of the stage-ordered A workspace ``wa`` (i8 memref, tile ``bm``) and B rows
+    ``src``. Every thread of the CTA runs it. Returns (the consumer warpgroup's accumulator
+    struct, warpgroup index, the is-consumer predicate); the accumulators are final (after
+    ``wait_group 0``) in the consumer threads only."""
+    ring = _PdqRing(kb, k, stages, bm)
+    steps = ring.steps
+    src_a = bir.add(cpasync.global_address(wa),
+                    bir.as_i64(bir.mul(bir.udiv(m0, bm), bir.mul(ring.kp, 2 * bm))))
+    ring.init_barriers()
+    ring.descriptors()
+    types = _types(fmt) if prefetch else []
+    not_cons = bir.ule(2 * bm, ring.tid)
+
+    # prologue: the producers fill steps 0 .. stages - 2 (all free)
+    pro = bir.if_(not_cons, types)
+    with pro.then():
+        regs = _load_step(src, ring.pt, bir.const(0), fmt) if prefetch else []
+        for p in range(stages - 1):
+            nxt = _load_step(src, ring.pt, bir.const(p + 1), fmt) if prefetch else []
+            with bir.when(bir.ult(bir.const(p), steps)):
+                vals = regs if prefetch else _load_step(src, ring.pt, bir.const(p), fmt)
+                _fill(ring, src_a, bir.const(p), vals, fmt)
+            regs = nxt
+        pro.yield_(*regs)
+    with pro.else_():
+        pro.yield_(*[bir.const(0, ty) for ty in types])
+
+    acc_t = W.accumulator_type(BN)
+    with bir.for_range(0, steps, carry=[W.zero_accumulator(BN), *pro.results]) as loop:
+        s = loop.iv
+        acc, regs = loop.carried[0], list(loop.carried[1:])
+        cons = bir.if_(ring.is_cons, [acc_t])
+        with cons.then():
+            cons.yield_(ring.consume(s, acc))
+        with cons.else_():
+            cons.yield_(acc)
+        prod = bir.if_(not_cons, types)
+        with prod.then():
+            t = bir.add(s, stages - 1)
+            nxt = _load_step(src, ring.pt, bir.add(t, 1), fmt) if prefetch else []
+            with bir.when(bir.ult(t, steps)):
+                # the consumers released step s - 1's stage (= t's) in this iteration
+                cpasync.mbarrier_wait(ring.empty(bir.urem(t, stages)),
+                                      T._parity(bir.udiv(s, stages)))
+                vals = regs if prefetch else _load_step(src, ring.pt, t, fmt)
+                _fill(ring, src_a, t, vals, fmt)
+            prod.yield_(*nxt)
+        with prod.else_():
+            prod.yield_(*regs)
+        loop.yield_(cons.results[0], *prod.results)
+    with bir.when(ring.is_cons):
+        W.wait_group(0)
+    return loop.results[0], ring.wg, ring.is_cons

@@ -1,0 +1,214 @@
+"""Warp-specialized "producer-dequant" sm_90a block-scaled matmul (NVFP4, MXFP4; issue #9).
+
+Same contract as :func:`blockscale.ops.matmul_twophase.block_scaled_matmul_twophase` (SEMANTICS
+§4.1: 5-D scales, fp32 accumulation, ``alpha`` on the accumulator, bf16 / f32 output, an
+optional fused :class:`~blockscale.ops.matmul_epilogue.Epilogue`; K % 32 == 0).
+
+Kernels: phase 1 of the two-phase pair for A only (:class:`~blockscale.ops.matmul_twophase.
+DequantSpec`, tile 128: the activations' bf16 workspace), then :class:`PdqMatmulSpec`: the
+two-phase kernel's consumers (two warpgroups of ``m64n256k16`` bf16 wgmmas over a shared
+stage ring, full / empty mbarriers) plus a producer warpgroup that fills each stage with A
+by ``cp.async.bulk`` from the workspace and B dequantized from the PACKED weights in
+registers (:mod:`blockscale.ops._pdq_ir`). B never goes through global memory as bf16: at
+8192 x 5760 x 2944 the workspaces shrink from 82.9 MB (written and read) to 48 MB (A).
+
+Numerics: the same stage bytes and k16 wgmma order as the two-phase kernel (kstep 64, bm 128),
+so bit-identical to it in the interpreter; on the GPU within the stated bound.
+
+Not in any dispatch (issue #9: the lead measures it first). Importing this module does not
+import MLIR.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import numpy as np
+
+import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
+import blockscale.ops._matmul_host as H
+from blockscale.formats import Format, FormatSpec
+from blockscale.launch import KernelArg
+from blockscale.ops import matmul as _matmul
+from blockscale.ops import matmul_twophase as TP
+from blockscale.ops.matmul_epilogue import Epilogue
+
+#: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
+KERNEL_SOURCES = ("blockscale.ops._pdq_ir", "blockscale.ops._twophase_ir",
+                  "blockscale.ops._wgmma_ir", "blockscale.ops._mma_ir",
+                  "blockscale.ops.matmul_epilogue", "blockscale.ops._matmul_ir",
+                  "blockscale.ops.matmul_sm90")
+TARGETS = ("sm_90a",)
+FORMATS = ("nvfp4", "mxfp4")
+#: the CTA tile (2 consumer warpgroups of m64n256), K elements per step (= _pdq_ir.KSTEP)
+BM, BN, KSTEP = 128, 256, 64
+#: the CTA's threads: 2 consumer warpgroups + the producer warpgroup (= _pdq_ir.threads(BM))
+THREADS = 384
+#: shared stages: 48 KiB each (A 16 + B 32); 4 fill 196,672 bytes
+MAX_STAGES = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class PdqMatmulSpec(FormatSpec):
+    """The producer-dequant kernel (after phase 1 of A).
+
+    Attributes:
+        fmt: "nvfp4" | "mxfp4".
+        out_dtype: "bfloat16" | "float32".
+        epilogue: an optional fused :class:`Epilogue`.
+        target: "sm_90a".
+        stages: shared stages (2 .. :data:`MAX_STAGES`); None: :data:`MAX_STAGES`.
+        prefetch: the producer loads step t + 1's packed B before dequantizing step t
+            (loop-carried registers); False: load, then dequantize.
+    """
+
+    fmt: str
+    out_dtype: str = "bfloat16"
+    epilogue: Epilogue | None = None
+    target: str = "sm_90a"
+    stages: int | None = None
+    prefetch: bool = True
+
+    op: ClassVar[str] = "block_scaled_matmul_pdq"
+    block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
+
+    def __post_init__(self) -> None:
+        _matmul.check_spec_fields(self)
+        object.__setattr__(self, "target", TP._check_format(self.fmt, self.target))
+        if self.stages is None:
+            object.__setattr__(self, "stages", MAX_STAGES)
+        if type(self.stages) is not int or not 2 <= self.stages <= MAX_STAGES:
+            raise ValueError(f"stages must be an int in [2, {MAX_STAGES}], got {self.stages!r}")
+        if not isinstance(self.prefetch, bool):
+            raise TypeError(f"prefetch must be a bool, got {type(self.prefetch).__name__}")
+
+    @property
+    def dynamic_shared_bytes(self) -> int:
+        """The ring (``stages`` x (BM + BN) rows x 64 bf16) and its ``2 stages`` mbarriers."""
+        return self.stages * (BM + BN) * 2 * KSTEP + 16 * self.stages
+
+    @property
+    def kernel_name(self) -> str:
+        ep = f"_ep{self.epilogue.key[:10]}" if self.epilogue else ""
+        pf = "" if self.prefetch else "_nopf"
+        return (f"bs_pdq_{self.fmt}_{BM}x{BN}_k{KSTEP}_s{self.stages}_"
+                f"{H.out_tag(self.out_dtype)}{pf}{ep}")
+
+    def args(self) -> tuple[KernelArg, ...]:
+        """wa (A's workspace bytes), b, sfb (packed B and its 5-D scales), c, epilogue
+        inputs, m, n, k, alpha."""
+        base = _matmul.MatmulSpec(self.fmt, self.out_dtype, "tcgen5d", self.epilogue,
+                                  self.target).args()
+        return (KernelArg("wa", "buffer", "uint8"),
+                *(a for a in base if a.name not in ("a", "sfa")))
+
+
+def grid(m: int, n: int) -> tuple[int, int, int]:
+    """One CTA per 128 x 256 tile of C (1-D, rasterized in the kernel)."""
+    return TP.grid(m, n, BM)
+
+
+def build(spec: PdqMatmulSpec) -> Any:
+    """The ``mlir.ir.Module`` of ``spec``'s kernel (IR only)."""
+    from mlir.dialects import arith
+
+    import blockscale.ops._pdq_ir as P
+    import blockscale.ops._twophase_ir as T
+    import blockscale.ops._wgmma_ir as X
+    from blockscale.compiler import ir as bir
+    from blockscale.ops import matmul_sm90 as _sm90
+    from blockscale.ops._matmul_ir import tcgen_row_offset
+
+    if (P.KSTEP, P.BN, P.threads(BM), T.BM) != (KSTEP, BN, THREADS, BM):
+        raise AssertionError("matmul_pdq's constants disagree with _pdq_ir's")
+    if T.shared_bytes(KSTEP, spec.stages, BM) != spec.dynamic_shared_bytes:
+        raise AssertionError("matmul_pdq's shared bytes disagree with _twophase_ir's")
+    with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
+        m_count, n_count, k = (bir.as_index(kb.arg(x)) for x in ("m", "n", "k"))
+        mt, nt = T.raster_tile(bir.ceil_div(m_count, BM), bir.ceil_div(n_count, BN))
+        m0, n0 = bir.mul(mt, BM), bir.mul(nt, BN)
+        block = 16 if spec.fmt == "nvfp4" else 32
+        d1 = bir.ceil_div(bir.ceil_div(k, block), 4)
+        src = P.BSource(kb.arg("b"), kb.arg("sfb"), n0, bir.sub(n_count, n0), k,
+                        lambda r: tcgen_row_offset(bir.add(n0, r), d1))
+        acc, wg, is_cons = P.emit_mainloop(kb, kb.arg("wa"), m0, src, k, spec.fmt,
+                                           spec.stages, BM, spec.prefetch)
+        fix = X.accumulator_scale("lut", spec.fmt, "fold")
+
+        def scale(v: Any, m: Any, n: Any) -> Any:
+            if fix != 1.0:  # exact power of two first, then alpha (as the two-phase kernel)
+                v = arith.mulf(v, bir.const(fix, bir.f32()))
+            return _sm90._alpha(v, kb.arg("alpha"))
+
+        with bir.when(is_cons):
+            _sm90.store_tile(spec, kb, T.accumulator_tiles(acc), X.warp_coords(wg), m0, n0,
+                             m_count, n_count, scale)
+    return kb.module
+
+
+# ---- host side -------------------------------------------------------------------------------
+
+
+def block_scaled_matmul_pdq(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *,
+                            k: int | None = None, alpha: float = 1.0,
+                            out_dtype: str = "bfloat16", epilogue: Epilogue | None = None,
+                            epilogue_inputs: dict[str, Any] | None = None,
+                            stages: int | None = None, prefetch: bool = True,
+                            device: Any = None) -> Any:
+    """The producer-dequant kernel called directly (no dispatch), e.g. by tests and
+    benchmarks. Arguments as :func:`blockscale.ops.matmul_twophase.
+    block_scaled_matmul_twophase` (5-D scales) plus ``stages`` and ``prefetch``
+    (:class:`PdqMatmulSpec`). Allocates A's bf16 workspace (``2 k_pad M_pad`` bytes) per
+    call. Raises ValueError for a format other than NVFP4 / MXFP4 or K % 32 != 0."""
+    fmt = Format.from_name(fmt)
+    if fmt.name not in FORMATS:
+        raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt.name!r}")
+    d = _matmul._validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
+    if d.k % 32:
+        raise ValueError(f"the producer-dequant kernel takes k % 32 == 0, got k={d.k}")
+    dev, tgt = H.device_and_target(device, "sm_90a")
+    spec = PdqMatmulSpec(fmt.name, out_dtype, epilogue, tgt, stages, prefetch)
+    alpha = H.finite_f32(alpha, "alpha")
+    extra = dict(epilogue_inputs or {})
+    H.check_epilogue_inputs(spec.epilogue.inputs if spec.epilogue else (), extra, d.m, d.n)
+    ops = {"a": a, "b": b, "sfa": sfa, "sfb": sfb}
+    if d.m == 0 or d.n == 0:
+        return H.launch(spec, grid(d.m, d.n), (d.m, d.n), spec.out_dtype, {**ops, **extra}, {},
+                        dev, empty=True)
+    host = all(isinstance(v, np.ndarray) for v in (*ops.values(), *extra.values()))
+    if host:  # keep the workspace on the device between the launches
+        ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
+    wa = TP._dequantize(spec.fmt, spec.target, ops["a"], ops["sfa"], d.m, BM, d.k, dev)
+    out = H.launch(spec, grid(d.m, d.n), (d.m, d.n), spec.out_dtype,
+                   {"wa": wa, "b": ops["b"], "sfb": ops["sfb"], **extra},
+                   {"m": d.m, "n": d.n, "k": d.k, "alpha": alpha}, dev)
+    return dev.to_host(out) if host else out
+
+
+def kernel(spec: PdqMatmulSpec) -> Any:
+    """The compiled Kernel (every asm stage) of ``spec``; needs the compiler."""
+    return H.compile_spec(spec)
+
+
+def bundle_specs(target: str = "sm_90a") -> list[Any]:
+    """NVFP4 / MXFP4 x bf16 / f32 out, 4 stages, with and without the prefetch (phase 1 of A:
+    matmul_twophase's DequantSpec, tile 128, bundled by that module); none off sm_90a."""
+    if target not in TARGETS:
+        return []
+    specs = [PdqMatmulSpec(f, o, None, target, None, pf) for f in FORMATS
+             for o in _matmul.OUT_DTYPES for pf in (True, False)]
+    return sorted(specs, key=lambda s: s.kernel_name)
+
+
+_core.attach_kernel_api((block_scaled_matmul_pdq,), kernel, build)
+_core.register_op_module(__name__)
+
+__all__ = [
+    "PdqMatmulSpec",
+    "block_scaled_matmul_pdq",
+    "build",
+    "bundle_specs",
+    "grid",
+    "kernel",
+]
