@@ -24,6 +24,27 @@ schedule:
 
 Numerics (D2 chain, NaN / -0 handling, packing) are the tile kernel's helpers, so the bytes
 are identical on every target. Aligned kernels only (K % 8 == 0).
+
+SASS of the data loop per element (sm_90a; the stream docstring's count: the loop minus the
+group-search branch, cold NaN / div.rn slow-path branches included), registers, spills:
+
+=============  ===============  ===============  ================  ================
+kernel         stream2          wide (2 chunks)  wide4 (4 chunks)  stream_lut
+=============  ===============  ===============  ================  ================
+grouped NVFP4  20.9 (48, 0)     19.3 (64, 0)     18.6 (128, 0)     --
+grouped MXFP4  13.6 (48, 0)     11.6 (64, 0)     10.9 (127, 0)     --
+grouped MXFP8  10.1 (48, 0)     8.4 (64, 0)      7.7 (127, 0)      --
+fused NVFP4    69.4 (80, 0)     68.8 (80, 12)    --                33.4 (58, 0)
+fused MXFP4    67.7 (80, 4)     65.4 (80, 0)     --                30.4 (59, 0)
+fused MXFP8    59.5 (80, 0)     57.5 (80, 0)     --                20.2 (61, 0)
+=============  ===============  ===============  ================  ================
+
+(fused ``wide_lut``: 30.2 (80, 4) / 26.8 (80, 0) / 18.8 (80, 0).) The NVFP4 loops carry one
+cold NaN-sign branch per chunk (42 instructions, ~2.6 per element); its hot path is ~16.7
+(wide) against ~18.3 (stream2). What is left per element in NVFP4 is the D2 chain itself:
+the f32 E2M1 rounding (~9.5 with widening and packing), the amax (~0.9) and the per-block
+div.rn (~0.6 with its range check). wide4's four chunks keep their columns and offsets live
+(ptxas: 128 registers, 2 blocks per SM, 64 KB of loads in flight per SM).
 """
 
 from __future__ import annotations
