@@ -29,7 +29,9 @@ Implementations:
   ``-192x256-sw128``, ``-phase1-sw128``, ``-phase2-sw128``: the same with 128B-swizzled
   workspaces and shared stages (``swizzle="128b"``); ``-128x256-persistent``,
   ``-phase2-persistent``: phase 2 with ``schedule="persistent"`` (one CTA per SM looping
-  over the tiles, its bulk-copy ring kept full across tile boundaries);
+  over the tiles, its bulk-copy ring kept full across tile boundaries); ``-128x256-staged``,
+  ``-phase2-staged``: phase 2's epilogue staged in shared memory and written by one bulk
+  copy per row (``store="staged"``);
 * ``blockscale-portable``: the same call with both fast paths off (``BLOCKSCALE_SM90_FAST=0``,
   ``BLOCKSCALE_SM90_WGMMA=0``);
 * ``torch-bf16``: ``torch.matmul`` on bf16 dequantized A and B (the W4A16 upper bound a
@@ -210,6 +212,14 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
                             n_mul=1 + (fmt.kblocks(k) if fmt.is_mx else 0))
         record("blockscale-twophase-phase2", _timer(phase2, iters, dev.synchronize), check)
 
+        def phase2_staged() -> Any:  # phase 2 alone, the tile staged in shared memory
+            return matmul_twophase.matmul_workspaces(wa, wb, fmt, m, n, k, store="staged",
+                                                     device=dev)
+        check = _check_rows(dev.to_host(phase2_staged()), a_deq, b_deq, rows, fmt, k,
+                            strict=True, n_mul=1 + (fmt.kblocks(k) if fmt.is_mx else 0))
+        record("blockscale-twophase-phase2-staged",
+               _timer(phase2_staged, iters, dev.synchronize), check)
+
         def phase2_pers() -> Any:  # phase 2 alone, persistent (one CTA per SM)
             return matmul_twophase.matmul_workspaces(wa, wb, fmt, m, n, k,
                                                      schedule="persistent", device=dev)
@@ -232,17 +242,24 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
         record("blockscale-twophase-phase2-sw128", _timer(phase2_sw, iters, dev.synchronize),
                check)
         del wsa, wsb
-        for ks, bm, swz, sch in ((64, 128, "none", "tiles"), (32, 128, "none", "tiles"),
-                                 (64, 192, "none", "tiles"), (64, 128, sw, "tiles"),
-                                 (64, 192, sw, "tiles"), (64, 128, "none", "persistent")):
-            def twophase(ks: int = ks, bm: int = bm, swz: str = swz, sch: str = sch) -> Any:
+        for ks, bm, swz, sch, st in ((64, 128, "none", "tiles", "direct"),
+                                     (64, 128, "none", "tiles", "staged"),
+                                     (32, 128, "none", "tiles", "direct"),
+                                     (64, 192, "none", "tiles", "direct"),
+                                     (64, 128, sw, "tiles", "direct"),
+                                     (64, 192, sw, "tiles", "direct"),
+                                     (64, 128, "none", "persistent", "direct")):
+            def twophase(ks: int = ks, bm: int = bm, swz: str = swz, sch: str = sch,
+                         st: str = st) -> Any:
                 return matmul_twophase.block_scaled_matmul_twophase(
-                    *args, fmt, k=k, device=dev, kstep=ks, bm=bm, swizzle=swz, schedule=sch)
+                    *args, fmt, k=k, device=dev, kstep=ks, bm=bm, swizzle=swz, schedule=sch,
+                    store=st)
             extra = fmt.kblocks(k) if fmt.is_mx else 0  # the fold kernel's operands
             check = _check_rows(dev.to_host(twophase()), a_deq, b_deq, rows, fmt, k,
                                 strict=True, n_mul=1 + extra)
             tag = ("" if ks == matmul_twophase.DEFAULT_KSTEP else f"-k{ks}") + (
-                "" if swz == "none" else "-sw128") + ("" if sch == "tiles" else f"-{sch}")
+                "" if swz == "none" else "-sw128") + ("" if sch == "tiles" else f"-{sch}") + (
+                "" if st == "direct" else f"-{st}")
             record(f"blockscale-twophase-{bm}x256{tag}", _timer(twophase, iters, dev.synchronize),
                    check)
 

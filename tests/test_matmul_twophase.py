@@ -142,6 +142,89 @@ def test_interp_persistent_fused_epilogue():
 
 
 @pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    ("nvfp4", (130, 264, 224), 64, None, "bfloat16", 128),  # M, N tails (N % 8 == 0)
+    ("nvfp4", (128, 256, 352), 64, 3, "float32", 128),  # f32 rows: 1040-byte pitch
+    ("mxfp4", (70, 520, 96), 32, None, "bfloat16", 128),  # kstep 32, 2 column tiles
+    ("nvfp4", (200, 300, 224), 64, None, "float32", 192),  # 3 warpgroups; N % 4 == 0
+    ("nvfp4", (1, 8, 32), 64, None, "bfloat16", 128),  # one row of 16 bytes
+], ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}-k{c[2]}-s{c[3]}-{c[4]}-bm{c[5]}")
+def test_interp_staged_store(case):
+    """store "staged" (the tile through shared memory, one bulk copy per row): the same
+    bytes as the direct stores, M / N tails included (the interpreter's bulk-copy model also
+    checks the proxy fence and that every copied byte was written)."""
+    fmt, (m, n, k), kstep, stages, out_dtype, bm = case
+    fmt = Format.from_name(fmt)
+    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(m + n + k), fmt, m, n, k)
+    got, want = (TP.block_scaled_matmul_twophase(
+        a, b, sfa5, sfb5, fmt, alpha=0.375, out_dtype=out_dtype, kstep=kstep, stages=stages,
+        bm=bm, store=st, device="interp") for st in ("staged", "direct"))
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.interp
+def test_interp_staged_store_fused_epilogue():
+    """A fused epilogue with an input (bias) and a residual on the staged store: the same
+    bytes as the direct store (the epilogue's loads stay inside C)."""
+    from blockscale.ops import matmul_epilogue as ep
+
+    m, n, k = 130, 264, 96
+    rng = np.random.default_rng(8)
+    a, b, _, _, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
+    inputs = {"bias": rng.standard_normal(n).astype(np.float32)}
+    got, want = (TP.block_scaled_matmul_twophase(
+        a, b, sfa5, sfb5, NVFP4, alpha=0.5, epilogue=ep.chain(ep.bias(), ep.relu()),
+        epilogue_inputs=inputs, store=st, device="interp") for st in ("staged", "direct"))
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    assert (got.astype(np.float32) >= 0).all() and got.astype(np.float32).max() > 0
+
+
+@pytest.mark.interp
+def test_interp_staged_store_needs_proxy_fence(monkeypatch):
+    """Without the proxy fence the bulk copies would read generic-proxy stores the async
+    proxy need not see: the interpreter's model refuses it."""
+    from blockscale.compiler.arch import wgmma as W
+    from blockscale.runtime.interpreter.ops_wgmma import WgmmaOrderError
+
+    from blockscale.runtime.interpreter import run_kernel
+
+    m, n, k = 64, 64, 64
+    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(2), NVFP4, m, n, k)
+    wa, wb = TP.dequantize_operands(a, b, sfa5, sfb5, NVFP4, device="interp")
+    spec = TP.TwophaseMatmulSpec("nvfp4", "float32", store="staged")
+    for fenced in (True, False):  # the kernel cache is bypassed: build the IR here
+        if not fenced:
+            monkeypatch.setattr(W, "fence_proxy_async_shared", lambda **kw: None)
+        c = np.zeros(m * n, np.float32)
+        run = lambda c=c: run_kernel(str(TP.build(spec)), spec.kernel_name, (1, 1, 1),
+                                     spec.block, [wa, wb, c, m, n, k, 1.0], "sm_90a",
+                                     dynamic_shared_bytes=spec.dynamic_shared_bytes)
+        if fenced:
+            run()
+            assert np.abs(c).max() > 0
+            continue
+        with pytest.raises(WgmmaOrderError, match="fence.proxy.async"):
+            run()
+
+
+def test_staged_store_arguments():
+    """Clear errors: an unknown store, staged with the persistent schedule, a ring too small
+    for the staged f32 tile, rows that are not 16-byte aligned."""
+    with pytest.raises(ValueError, match="store"):
+        TP.TwophaseMatmulSpec("nvfp4", store="tma")
+    with pytest.raises(ValueError, match="schedule 'tiles'"):
+        TP.TwophaseMatmulSpec("nvfp4", schedule="persistent", store="staged")
+    with pytest.raises(ValueError, match="stages=2"):
+        TP.TwophaseMatmulSpec("nvfp4", "float32", kstep=64, stages=2, store="staged")
+    spec = TP.TwophaseMatmulSpec("nvfp4", store="staged")
+    assert spec.kernel_name == "bs_twophase_nvfp4_128x256_k64_s4_bf16_st"
+    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(1), NVFP4, 8, 12, 32)
+    with pytest.raises(ValueError, match="n=12"):
+        TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, NVFP4, store="staged",
+                                        device="interp")
+
+
+@pytest.mark.interp
 @pytest.mark.parametrize("broken", [False, True])
 def test_interp_persistent_phases_continue(broken, monkeypatch):
     """The persistent ring counts its steps over the CTA's life: restarting the step count
@@ -291,7 +374,7 @@ def test_spec_validation_and_bundle():
                for ks in TP.KSTEPS for bm in TP.BMS) <= 227 * 1024
     assert TP.workspace_bytes(8192, 5760, 2944) == 2 * 2944 * (8192 + 5888)
     specs = TP.bundle_specs("sm_90a")
-    assert len(specs) == 2 * 3 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2
+    assert len(specs) == 2 * 3 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2
     with pytest.raises(ValueError, match="schedule must be one of"):
         TP.TwophaseMatmulSpec("nvfp4", schedule="stream-k")
     with pytest.raises(ValueError, match="ctas must be a positive int"):
@@ -344,11 +427,16 @@ def test_kernel_sass(spec):
         return
     assert len(re.findall(r"HGMMA\.64x256x16\.F32\.BF16", sass)) == spec.kstep // 16
     # persistent: the K loop's refill of this tile's k-step or (by division) a later tile's
-    persistent = spec.schedule == "persistent"
-    assert len(re.findall(r"\bUBLKCP\b", sass)) == 2 * spec.stages + 2 * persistent
+    persistent, staged = spec.schedule == "persistent", spec.store == "staged"
+    # staged: one more bulk copy (shared -> global, a row of C per thread), no global stores,
+    # one 4- / 8-byte shared store per accumulator pair, the epilogue's proxy fence
+    assert len(re.findall(r"\bUBLKCP\b", sass)) == 2 * spec.stages + 2 * persistent + staged
     assert re.search(r"SYNCS\.PHASECHK\.TRANS64\.TRYWAIT", sass)
     assert re.search(r"SYNCS\.ARRIVE\.TRANS64", sass)
-    assert not re.search(r"\b(LDGSTS|LDG|MEMBAR)\b", sass)
+    assert not re.search(r"\b(LDGSTS|LDG)\b", sass)
+    assert len(re.findall(r"\bMEMBAR\b", sass)) == staged
+    assert (len(re.findall(r"\bSTG\b", sass)) == 0) == staged
+    assert len(re.findall(r"\bSTS(\.64)?\b", sass)) == 64 * staged
     # the wgmmas of a step are not serialized (ptxas C7515): one wait per step, after all
     assert len(re.findall(r"WARPGROUP\.DEPBAR", sass)) == 2
     assert meta["registers"] <= 255
@@ -367,7 +455,8 @@ def test_kernel_sass(spec):
     loops, mmas = _sass_loops(sass), _sass_at(sass, "HGMMA")
     k_loop = min((x for x in loops if x[0] <= min(mmas) and max(mmas) <= x[1]),
                  key=lambda x: x[1] - x[0])
-    tile_loops = [x for x in loops if x[0] < k_loop[0] and x[1] > max(_sass_at(sass, "STG"))]
+    last_store = max(_sass_at(sass, "UBLKCP" if staged else "STG"))
+    tile_loops = [x for x in loops if x[0] < k_loop[0] and x[1] > last_store]
     assert len(tile_loops) == persistent
 
 
@@ -422,6 +511,24 @@ def test_gpu(shape, out_dtype, kstep, bm, swizzle, schedule, fmt):
                                                     swizzle=sw, schedule=sch, device="cuda")
                     for sw, sch in ((swizzle, schedule), ("none", "tiles")))
         assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", TP.FORMATS)
+@pytest.mark.parametrize("shape", [*GPU_SHAPES, (300, 264, 512)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+def test_gpu_staged_store(shape, out_dtype, fmt):
+    """store "staged" (shared memory + one bulk copy per row) writes the direct stores' bytes
+    on the H200, M / N tails included (300 x 264: a 8-column last tile)."""
+    m, n, k = shape
+    fmt = Format.from_name(fmt)
+    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(m + n + k), fmt, m, n, k)
+    got, ref = (TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, fmt, alpha=0.375,
+                                                out_dtype=out_dtype, store=st, device="cuda")
+                for st in ("staged", "direct"))
+    assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))
 
 
 def _bulk_kernel(mode: str) -> str:

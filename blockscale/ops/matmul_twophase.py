@@ -68,7 +68,7 @@ MAX_WORKSPACE_BYTES = 1 << 30
 #: BLOCKSCALE_SM90_TWOPHASE=0 turns the dispatch to this kernel off
 ENV_SWITCH = "BLOCKSCALE_SM90_TWOPHASE"
 #: modules whose source shapes the kernels (part of the kernel key, see ops/_core.py)
-KERNEL_SOURCES = ("blockscale.ops._twophase_ir", "blockscale.ops._wgmma_ir",
+KERNEL_SOURCES = ("blockscale.ops._twophase_ir", "blockscale.ops._staged_store_ir", "blockscale.ops._wgmma_ir",
                   "blockscale.ops._mma_ir", "blockscale.ops.matmul_epilogue",
                   "blockscale.ops._matmul_ir", "blockscale.ops.matmul_sm90")
 TARGETS = ("sm_90a",)
@@ -92,6 +92,10 @@ MX_FOLD_EXP = -2
 #: phase-2 CTA schedules: "tiles", one CTA per tile; "persistent", at most one CTA per SM,
 #: each looping over tiles with its ring kept full across tile boundaries (issue #9)
 SCHEDULES = ("tiles", "persistent")
+#: phase-2 epilogue stores: "direct", 2- / 4-byte global stores per element
+#: (matmul_sm90.store_tile); "staged", the tile through shared memory and out by one bulk copy
+#: per row (_staged_store_ir; schedule "tiles", N * element bytes % 16 == 0)
+STORES = ("direct", "staged")
 #: persistent CTAs launched when the device does not say its SM count (the H200's 132)
 SM_COUNT = 132
 
@@ -167,6 +171,9 @@ class TwophaseMatmulSpec(FormatSpec):
         schedule: :data:`SCHEDULES`; "persistent" runs on any grid (:func:`grid`), each CTA
             taking tiles ``blockIdx.x + i gridDim.x`` in the rasterized order; the same
             wgmma order per tile, so the same bytes as "tiles".
+        store: :data:`STORES`; "staged" (schedule "tiles" only; the staged tile must fit
+            in the ring) needs ``N * element bytes % 16 == 0`` at launch. Same bytes as
+            "direct".
     """
 
     fmt: str
@@ -178,6 +185,7 @@ class TwophaseMatmulSpec(FormatSpec):
     bm: int = BM
     swizzle: str = "none"
     schedule: str = "tiles"
+    store: str = "direct"
 
     op: ClassVar[str] = "block_scaled_matmul_twophase"
 
@@ -203,6 +211,18 @@ class TwophaseMatmulSpec(FormatSpec):
         if type(self.stages) is not int or not 2 <= self.stages <= most:
             raise ValueError(f"stages must be an int in [2, {most}] for bm={self.bm}, "
                              f"kstep={self.kstep}, got {self.stages!r}")
+        H.check_choice(self.store, STORES, "store")
+        if self.store == "staged":
+            from blockscale.ops import _staged_store_ir as S
+
+            if self.schedule != "tiles":
+                raise ValueError(f"store 'staged' needs schedule 'tiles' (the persistent ring "
+                                 f"stays busy during the epilogue), got {self.schedule!r}")
+            need, ring = S.stage_bytes(self.out_dtype, self.bm, BN), self.stages * (
+                self.bm + BN) * 2 * self.kstep
+            if need > ring:
+                raise ValueError(f"store 'staged' needs {need} bytes of the ring, but "
+                                 f"stages={self.stages} x kstep={self.kstep} give {ring}")
 
     @property
     def dynamic_shared_bytes(self) -> int:
@@ -215,7 +235,8 @@ class TwophaseMatmulSpec(FormatSpec):
         ep = f"_ep{self.epilogue.key[:10]}" if self.epilogue else ""
         return (f"bs_twophase_{self.fmt}_{self.bm}x{BN}_k{self.kstep}_s{self.stages}_"
                 f"{H.out_tag(self.out_dtype)}{_sw_tag(self.swizzle)}"
-                f"{'_persistent' if self.schedule == 'persistent' else ''}{ep}")
+                f"{'_persistent' if self.schedule == 'persistent' else ''}"
+                f"{'_st' if self.store == 'staged' else ''}{ep}")
 
     def args(self) -> tuple[KernelArg, ...]:
         """wa, wb (the workspaces' bytes), c, epilogue inputs, m, n, k, alpha."""
@@ -269,9 +290,11 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
     """The ``mlir.ir.Module`` of either phase's kernel (IR only)."""
     from mlir.dialects import arith
 
+    import blockscale.ops._staged_store_ir as S
     import blockscale.ops._twophase_ir as T
     import blockscale.ops._wgmma_ir as X
     from blockscale.compiler import ir as bir
+    from blockscale.compiler.arch import tma
     from blockscale.ops import matmul_sm90 as _sm90
 
     if (T.BM, T.BN, T.KPAD, T.DEQUANT_THREADS, X.MX_FOLD_EXP, T.SWIZZLES) != (
@@ -294,6 +317,12 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
             return _sm90._alpha(v, kb.arg("alpha"))
 
         def store(acc: Any, wg: Any, m0: Any, n0: Any) -> None:
+            if spec.store == "staged":
+                smem = tma.extern_shared_buffer(
+                    kb, T.shared_bytes(spec.kstep, spec.stages, spec.bm))  # the ring's bytes
+                S.store_tile_staged(spec, kb, T.accumulator_tiles(acc), X.warp_coords(wg),
+                                    smem, m0, n0, m_count, n_count, scale, spec.bm, BN)
+                return
             _sm90.store_tile(spec, kb, T.accumulator_tiles(acc), X.warp_coords(wg), m0, n0,
                              m_count, n_count, scale)
 
@@ -358,10 +387,11 @@ def matmul_workspaces(wa: Any, wb: Any, fmt: Format | str, m: int, n: int, k: in
                       alpha: float = 1.0, out_dtype: str = "bfloat16",
                       kstep: int | None = None, stages: int | None = None, bm: int = BM,
                       swizzle: str = "none", schedule: str = "tiles",
-                      ctas: int | None = None, device: Any = None) -> Any:
+                      ctas: int | None = None, store: str = "direct",
+                      device: Any = None) -> Any:
     """Phase 2 alone (e.g. to time it): C = A B^T from the device workspaces of
     :func:`dequantize_operands` (``fmt``, ``bm`` and ``swizzle``: those they were made with;
-    the layout of A's depends on ``bm``), no epilogue; ``schedule`` / ``ctas``: see
+    the layout of A's depends on ``bm``), no epilogue; ``schedule`` / ``ctas`` / ``store``: see
     :class:`TwophaseMatmulSpec` and :func:`grid`. Returns the device output."""
     fmt = Format.from_name(fmt)
     if fmt.name not in FORMATS:
@@ -374,7 +404,8 @@ def matmul_workspaces(wa: Any, wb: Any, fmt: Format | str, m: int, n: int, k: in
                              f"k={k}), got shape {tuple(w.shape)}")
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = TwophaseMatmulSpec(fmt.name, out_dtype, None, tgt, kstep, stages, bm, swizzle,
-                              schedule)
+                              schedule, store)
+    _check_store(spec, n)
     return H.launch(spec, grid(m, n, bm, schedule, _ctas(ctas, dev)), (m, n), out_dtype,
                     {"wa": wa, "wb": wb},
                     {"m": m, "n": n, "k": k, "alpha": H.finite_f32(alpha, "alpha")}, dev)
@@ -387,12 +418,13 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
                                  kstep: int | None = None, stages: int | None = None,
                                  bm: int = BM, swizzle: str = "none",
                                  schedule: str = "tiles", ctas: int | None = None,
-                                 device: Any = None) -> Any:
+                                 store: str = "direct", device: Any = None) -> Any:
     """The two-phase kernel pair called directly (no dispatch), e.g. by tests and benchmarks.
     Same arguments as :func:`blockscale.ops.matmul_wgmma.block_scaled_matmul_wgmma` (no tile
     or variant choice), plus phase 2's ``kstep``, ``stages``, tile height ``bm``, the
-    workspaces' layout ``swizzle`` and CTA ``schedule`` (:class:`TwophaseMatmulSpec`;
-    ``ctas``: the persistent grid's CTA count, default the device's SM count).
+    workspaces' layout ``swizzle``, CTA ``schedule`` and epilogue ``store``
+    (:class:`TwophaseMatmulSpec`; ``ctas``: the persistent grid's CTA count, default the
+    device's SM count).
     Allocates :func:`workspace_bytes` of device memory per call. Raises ValueError for a
     format other than NVFP4 / MXFP4 or K % 32 != 0."""
     fmt = Format.from_name(fmt)
@@ -403,8 +435,18 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
         raise ValueError(f"the two-phase kernel takes k % 32 == 0, got k={d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, tgt, kstep, stages, bm, swizzle,
-                              schedule)
+                              schedule, store)
+    _check_store(spec, d.n)
     return _run(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}), dev, ctas)
+
+
+def _check_store(spec: TwophaseMatmulSpec, n: int) -> None:
+    """ValueError when ``spec``'s staged store cannot write rows of ``n`` columns."""
+    from blockscale.ops import _staged_store_ir as S
+
+    if spec.store == "staged" and not S.supported(spec.out_dtype, n):
+        raise ValueError(f"store 'staged' needs n * {S.elem_bytes(spec.out_dtype)} bytes to be a "
+                         f"multiple of 16 (16-byte aligned output rows), got n={n}")
 
 
 def _run(spec: TwophaseMatmulSpec, d: Any, a: Any, b: Any, sfa: Any, sfb: Any, alpha: float,
@@ -461,7 +503,7 @@ GPU_SHAPES = ((8192, 5760, 2944), (777, 2560, 8192), (1000, 1024, 1056), (1024, 
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
     """Both phases for NVFP4 / MXFP4, bf16 / f32 out: 128 x 256 tiles with kstep 64 / 4
     stages and 32 / 9, 192 x 256 tiles with kstep 64 / 4; the 128B-swizzled pair (kstep 64,
-    4 stages) for both tile heights; the persistent 128 x 256 kernel (kstep 64, 4 stages;
+    4 stages) for both tile heights; the persistent and the staged-store 128 x 256 kernels (kstep 64, 4 stages;
     none off sm_90a)."""
     if target not in TARGETS:
         return []
@@ -474,6 +516,8 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, bm, "128b") for f in FORMATS
               for o in _matmul.OUT_DTYPES for bm in BMS]
     specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, BM, "none", "persistent")
+              for f in FORMATS for o in _matmul.OUT_DTYPES]
+    specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, BM, store="staged")
               for f in FORMATS for o in _matmul.OUT_DTYPES]
     return sorted(specs, key=lambda s: s.kernel_name)
 

@@ -1,5 +1,5 @@
-"""sm_90 bulk copies global -> shared (``cp.async.bulk``, non-tensor) and the pointer
-mbarriers that complete them. Each docstring names the PTX emitted; the numpy interpreter
+"""sm_90 bulk copies global -> shared and shared -> global (``cp.async.bulk``, non-tensor),
+the pointer mbarriers that complete the former and the bulk groups that track the latter. Each docstring names the PTX emitted; the numpy interpreter
 models them (:mod:`blockscale.runtime.interpreter.ops_cpasync`).
 
 (The non-bulk ``cp.async`` of sm_80 is not used: its writes come from the generic proxy, so
@@ -97,3 +97,44 @@ def mbarrier_wait(mbar_addr: ir.Value, parity: ir.Value, *, ticks: int = 10_000_
 
     with _loc(loc):
         nvvm.mbarrier_try_wait_parity(_ptr(mbar_addr, 3), parity, _i32c(ticks))
+
+
+# ---- shared -> global bulk copies (bulk groups) -------------------------------------------------
+#
+# ``cp.async.bulk.global.shared::cta.bulk_group [dst], [src], size``: one thread copies ``size``
+# bytes (a multiple of 16; both addresses 16-byte aligned) from shared to global memory through
+# the async proxy (SASS UBLKCP). Generic-proxy stores to the source bytes must be made visible to
+# the async proxy first (``fence.proxy.async.shared::cta`` by the writing threads, then a CTA
+# barrier). ``cp.async.bulk.commit_group`` closes the thread's group of copies;
+# ``cp.async.bulk.wait_group.read N`` waits until at most N groups still READ their shared
+# source (the bytes may then be reused; the global writes complete on their own by kernel end).
+
+
+def bulk_store(dst_addr: ir.Value, src_addr: ir.Value, nbytes: ir.Value, *,
+               loc: ir.Location | None = None) -> None:
+    """Copy ``nbytes`` (an i32 value, a multiple of 16) from the shared byte address
+    ``src_addr`` (i64) to the global byte address ``dst_addr`` (i64):
+    ``cp.async.bulk.global.shared::cta.bulk_group``. One thread; close with
+    :func:`bulk_commit` and :func:`bulk_wait_read`."""
+    from mlir.dialects import nvvm
+
+    with _loc(loc):
+        nvvm.cp_async_bulk_global_shared_cta(_ptr(dst_addr, 1), _ptr(src_addr, 3), nbytes)
+
+
+def bulk_commit(*, loc: ir.Location | None = None) -> None:
+    """``cp.async.bulk.commit_group``: the thread's bulk stores so far form one group."""
+    from mlir.dialects import nvvm
+
+    with _loc(loc):
+        nvvm.cp_async_bulk_commit_group()
+
+
+def bulk_wait_read(groups: int = 0, *, loc: ir.Location | None = None) -> None:
+    """``cp.async.bulk.wait_group.read groups``: at most ``groups`` of the thread's bulk groups
+    still read their shared source bytes."""
+    from mlir.dialects import nvvm
+
+    with _loc(loc):
+        nvvm.cp_async_bulk_wait_group(ir.IntegerAttr.get(ir.IntegerType.get_signless(32),
+                                                         groups), read=True)

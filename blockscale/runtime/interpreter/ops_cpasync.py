@@ -1,5 +1,6 @@
 """Bulk copies global -> shared (``nvvm.cp.async.bulk.shared.cluster.global``: the 1-D,
-non-tensor ``cp.async.bulk``), ``nvvm.mbarrier.arrive`` and ``nvvm.mbarrier.arrive.expect_tx``:
+non-tensor ``cp.async.bulk``) and shared -> global (``nvvm.cp.async.bulk.global.shared.cta``
+with its bulk groups), ``nvvm.mbarrier.arrive`` and ``nvvm.mbarrier.arrive.expect_tx``:
 see the comment block above their handlers. This module extends two handlers of other modules
 (imported first, so the extension is the one registered):
 ``memref.extract_aligned_pointer_as_index`` of global memrefs and ``llvm.inttoptr`` to
@@ -174,3 +175,61 @@ def _bulk_copy(op: Any, c: Compiler):
             _tx(f)[key] = _tx(f).get(key, 0) - n
             _complete(f, bar, key)
     return run
+
+
+# ---- bulk copies shared -> global (bulk groups) ----------------------------------------------
+#
+# ``cp.async.bulk.global.shared::cta.bulk_group``: the copy is the async proxy reading shared
+# memory, so its source bytes must equal the block's async image (the bytes at the last
+# ``fence.proxy.async.shared::cta``) and must have been written; otherwise it raises, as a wgmma
+# operand read does. The bytes land in the global buffer at issue (lock-step model);
+# ``commit_group`` / ``wait_group.read`` then have nothing left to order (no-ops).
+
+
+@handles("nvvm.cp.async.bulk.global.shared.cta")
+def _bulk_store(op: Any, c: Compiler):
+    if len(op.operands) != 3:
+        raise NotImplementedError("interpreter: cp.async.bulk shared -> global with an L2 cache "
+                                  "hint or a byte mask")
+    dst_s, src_s, size_s = c.slots(op.operands)
+    c.uses_shared = True
+
+    def run(f: Frame) -> None:
+        st = _wg._state(f)
+        for t in _t5._threads(f):
+            blk = _t5._block(f, t)
+            n = _t5._u(f, f.vals[size_s], t, 32)
+            dst, src = _t5._u(f, f.vals[dst_s], t), _t5._u(f, f.vals[src_s], t)
+            if n == 0 or n % 16 or dst % 16 or src % 16:
+                raise ValueError(f"cp.async.bulk shared -> global: size {n}, dst {dst:#x}, src "
+                                 f"{src:#x} must be non-zero multiples of 16 ({f.describe(t)})")
+            sbuf, soffs = _wg.resolve_shared(f, np.array([src, src + n - 1], np.int64))
+            s0 = int(soffs[0])
+            row = sbuf.data[blk].view(np.uint8)
+            if sbuf.race is not None and sbuf.check_uninit and f.check_uninit:
+                item = sbuf.data.dtype.itemsize
+                keys = blk * sbuf.size + np.arange(s0 // item, -(-(s0 + n) // item))
+                if not sbuf.race.written[keys].all():
+                    raise _wg.WgmmaOrderError(f"cp.async.bulk shared -> global reads never-"
+                                              f"written bytes of {sbuf.name} ({f.describe(t)})")
+            img = st.async_image.get((id(sbuf), blk))
+            if img is None or not np.array_equal(img[s0:s0 + n], row[s0:s0 + n]):
+                raise _wg.WgmmaOrderError(
+                    f"cp.async.bulk shared -> global reads bytes of {sbuf.name} written after "
+                    f"the last fence.proxy.async.shared::cta (or with none) ({f.describe(t)})")
+            gbuf, goff = _resolve_global(f, dst, n)
+            if gbuf.readonly:
+                raise ValueError(f"cp.async.bulk shared -> global writes the read-only buffer "
+                                 f"{gbuf.name} ({f.describe(t)})")
+            gbuf.data.view(np.uint8)[goff:goff + n] = row[s0:s0 + n]
+    return run
+
+
+@handles("nvvm.cp.async.bulk.commit.group")
+def _bulk_commit(op: Any, c: Compiler):
+    return lambda f: None
+
+
+@handles("nvvm.cp.async.bulk.wait_group")
+def _bulk_wait(op: Any, c: Compiler):
+    return lambda f: None

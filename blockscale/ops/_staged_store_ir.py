@@ -1,0 +1,115 @@
+"""A CTA tile's epilogue staged through shared memory and written by bulk copies (sm_90a).
+
+Imports MLIR only in :func:`store_tile_staged`. Used by the two-phase matmul's phase 2 (:mod:`blockscale.ops.matmul_twophase`,
+``store="staged"``) in place of :func:`blockscale.ops.matmul_sm90.store_tile`, whose
+per-element 2-byte global stores (128 ``STG.E.U16`` per thread and tile, 8 of every 32 bytes
+of a sector used) took ~23 % of phase 2's warp stall samples on the H200 (Nsight Compute,
+2026-11-30: ``lg`` throttle on the epilogue stores while the tensor cores idle).
+
+Per tile (``bm`` x ``bn``, every thread of the CTA):
+
+1. a CTA barrier: every warpgroup has retired its wgmmas (``wait_group 0``) and no bulk copy
+   into the ring is in flight, so the ring's bytes are free;
+2. each thread computes its accumulator pairs (columns ``2t, 2t + 1`` of an m16n8 C tile) as
+   :func:`~blockscale.ops.matmul_sm90.store_tile` does (``scale``, the fused epilogue, the
+   cast: the same values) and stores the pair as one 4-byte (bf16) / 8-byte (f32) word at
+   ``row * pitch + col * esize`` of the stage, ``pitch = bn * esize + 16`` (the 16 bytes of
+   padding put the 8 rows of a warp's store in distinct banks);
+3. ``fence.proxy.async.shared::cta`` (the generic stores become visible to the bulk copies)
+   and a CTA barrier;
+4. thread ``r < bm`` copies row ``r`` of the tile (``min(bn, N - n0) * esize`` bytes, rows
+   ``m0 + r < M`` only) to ``C[m0 + r, n0:]`` with one ``cp.async.bulk.global.shared::cta``,
+   commits it and waits until its source was read (``wait_group.read 0``).
+
+So the output bytes are the direct store's; rows / columns past M / N are neither computed
+into C nor copied. Needs ``N * esize % 16 == 0`` and a 16-byte aligned C (:func:`supported`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def elem_bytes(out_dtype: str) -> int:
+    """Bytes of one output element."""
+    return 2 if out_dtype == "bfloat16" else 4
+
+
+def pitch(out_dtype: str, bn: int) -> int:
+    """Bytes between two rows of the staged tile."""
+    return bn * elem_bytes(out_dtype) + 16
+
+
+def stage_bytes(out_dtype: str, bm: int, bn: int) -> int:
+    """Shared bytes the staged tile needs."""
+    return bm * pitch(out_dtype, bn)
+
+
+def supported(out_dtype: str, n: int) -> bool:
+    """Whether rows of an ``n``-column output start on 16-byte boundaries (the bulk copies)."""
+    return (n * elem_bytes(out_dtype)) % 16 == 0
+
+
+def store_tile_staged(spec: Any, kb: Any, acc: list, wc: Any, smem: Any, m0: Any, n0: Any,
+                      m_count: Any, n_count: Any, scale: Callable[[Any, Any, Any], Any],
+                      bm: int, bn: int) -> None:
+    """Store the accumulator tiles ``acc`` (m16n8 C tiles, :class:`WarpCoords` ``wc``) of the
+    ``bm`` x ``bn`` tile at ``(m0, n0)`` to ``c`` through the shared buffer ``smem`` (an i8
+    memref of at least :func:`stage_bytes`), as the module docstring says. ``scale(v, m,
+    n)`` and ``spec.epilogue`` as :func:`~blockscale.ops.matmul_sm90.store_tile`."""
+    from mlir.dialects import arith, vector
+
+    from blockscale.compiler import ir as bir
+    from blockscale.compiler.arch import cpasync
+    from blockscale.compiler.arch import wgmma as W
+    from blockscale.ops.matmul_epilogue import EpilogueContext
+
+    epilogue = getattr(spec, "epilogue", None)
+    bf16 = spec.out_dtype == "bfloat16"
+    out_t = bir.bf16() if bf16 else bir.f32()
+    esize, row_pitch = elem_bytes(spec.out_dtype), pitch(spec.out_dtype, bn)
+    pair_i8 = bir.vec(2 * esize, bir.i8())
+    buffers = {i.name: (i, kb.arg(i.name)) for i in epilogue.inputs} if epilogue else {}
+
+    def value(v: Any, m: Any, n: Any) -> Any:
+        v = scale(v, m, n)
+        if epilogue is not None:
+            v = epilogue.fn(v, EpilogueContext(m, n, n_count, out_t, buffers))
+        if v.type != out_t:
+            if v.type != bir.f32():
+                raise TypeError(f"epilogue must return an f32 or {out_t} value, got {v.type}")
+            v = arith.truncf(out_t, v)
+        return v
+
+    bir.barrier()  # 1. every warpgroup's wgmmas retired: the ring is free
+    for mt, row in enumerate(acc):
+        for nt, vals in enumerate(row):
+            for p in (0, 2):  # elements (p, p + 1): columns 2t, 2t + 1 of one row
+                r, col = wc.c_row(mt, p), wc.c_col(nt, p)
+                m, n = bir.add(m0, r), bir.add(n0, col)
+                if epilogue is None:  # no loads: compute the padding too (never copied)
+                    pair = [value(vals[p + j], m, bir.add(n, j)) for j in range(2)]
+                else:  # the epilogue may load inputs at (m, n): only inside C
+                    br = bir.if_(bir.logical_and(bir.ult(m, m_count), bir.ult(n, n_count)),
+                                 [out_t, out_t])
+                    with br.then():
+                        br.yield_(*(value(vals[p + j], m, bir.add(n, j)) for j in range(2)))
+                    with br.else_():
+                        br.yield_(bir.const(0.0, out_t), bir.const(0.0, out_t))
+                    pair = list(br.results)
+                word = vector.bitcast(pair_i8, vector.from_elements(bir.vec(2, out_t), pair))
+                bir.vector_store(word, smem, bir.add(bir.mul(r, row_pitch), bir.mul(col, esize)),
+                                 alignment=2 * esize)
+    W.fence_proxy_async_shared()  # 3. the stores become visible to the async proxy
+    bir.barrier()
+    tid = bir.thread_idx("x")
+    rows = bir.sub(bir.umin(bir.add(m0, bm), m_count), m0)
+    with bir.when(bir.ult(tid, rows)):  # 4. one bulk copy per row
+        nbytes = bir.mul(bir.sub(bir.umin(bir.add(n0, bn), n_count), n0), esize)
+        dst = bir.add(cpasync.global_address(kb.arg("c")),
+                      bir.as_i64(bir.mul(bir.add(bir.mul(bir.add(m0, tid), n_count), n0), esize)))
+        src = bir.add(W.shared_address(smem), bir.as_i64(bir.mul(tid, row_pitch)))
+        cpasync.bulk_store(dst, src, bir.as_i32(nbytes))
+        cpasync.bulk_commit()
+        cpasync.bulk_wait_read(0)
