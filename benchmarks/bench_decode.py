@@ -1,4 +1,4 @@
-"""Decode (few rows) block-scaled matmul variants on the GPU, one run: simt, mma, mma2, mma_sk,
+"""Decode (few rows) block-scaled matmul variants on the GPU, one run: simt, mma, mma2,
 mma_p, mma_p5, mma_psk (split-K rows name their split count: ``S=3``).
 
 1. MoE gate_up of gpt-oss-120b (E=128, top-4, K=2880, N=5760) and DeepSeek-V3 (E=256, top-8,
@@ -53,7 +53,7 @@ from benchmarks.common import (
     time_ms,
 )
 
-VARIANTS = ("simt", "mma", "mma2", "mma_sk", "mma_p", "mma_p5", "mma_psk")
+VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk")
 T_VALUES = (1, 16, 128)
 DENSE = ((5760, 2880), (4096, 7168))
 #: variants bundled for the grouped (MoE) kernels only
@@ -103,11 +103,9 @@ def _set_split(split: Split | None) -> None:
 
 
 def _label(v: str, ctas: int, k: int) -> str:
-    """``decode-<variant>``, with the split count for the split-K variants."""
+    """``decode-<variant>``, with the split count for the split-K variant."""
     from blockscale.ops import matmul_decode
 
-    if v == "mma_sk":
-        return f"decode-{v} S={matmul_decode.split_k(ctas, k)}"
     if v == "mma_psk":
         return f"decode-{v} S={matmul_decode.split_k_p(ctas, k)}"
     return f"decode-{v}"

@@ -9,7 +9,9 @@ sum_z (J_z - 1) + (S - 1) = J - 1 fp32 additions: the summation tree is deeper t
 the sequential chain's, and Higham's bound gamma_{J-1} * S (test_matmul_common's
 ``f32_error_bound`` with the same ``roundings`` count, ``n_mul`` the final multiplies) holds.
 Dense float32 is compared bit for bit with that model (the "mma_p" kernel on each K slice,
-summed in order in numpy), plus the bound; grouped bf16 against the bound.
+summed in order in numpy), plus the bound; grouped bf16 against the bound. Scales span many
+binades so that the partial sums round: the reversed split order gives other bits, and the
+result does not depend on which CTA reduces.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from test_matmul_common import (
     assert_f32_within_bound,
     exact_dense,
     f32_error_bound,
+    random_data,
     random_dense_case,
 )
 from test_matmul_decode_mma import record_variants
-from test_matmul_decode_splitk import STEP, _case, _ordered_sum, _partials, _run
 from test_matmul_grouped import exact_grouped, make_grouped_case
 
 from blockscale import layouts, runtime
@@ -35,12 +37,57 @@ from blockscale.ops import matmul, matmul_decode, matmul_grouped
 pytestmark = pytest.mark.interp
 
 FP4 = (NVFP4, MXFP4)
+STEP = 512  # FP4 elements per K step (_decode_mma_ir.STEP_BYTES * 2)
 # (M, N, K): 3 splits of 2 steps with an N tail; 2 splits (3 + 2 steps) with a K tail of 32;
 # 2 n-tiles; two row passes
 DENSE = [(1, 70, 3072), (3, 130, 2080), (9, 33, 2560), (17, 20, 2048)]
 # (counts, expert ids, experts, N, K): an unused group (D8), an empty one, 2 and 3 splits
 GROUPED = [([3, 0, 5, 1], [0, 1, -1, 1], 2, 70, 2080),
            ([1, 2], [1, 0], 2, 40, 3072)]
+
+
+def _wide_scales(rng, fmt, rows, k):
+    """Block scales over ~30 binades (so fp32 sums of partials round)."""
+    j = fmt.kblocks(k)
+    if fmt.is_mx:
+        return rng.integers(112, 143, size=(rows, j), dtype=np.uint8).view(
+            ml_dtypes.float8_e8m0fnu)
+    b = rng.integers(0x08, 0x7F, size=(rows, j), dtype=np.uint8)
+    return b.view(ml_dtypes.float8_e4m3fn)
+
+
+def _case(fmt, m, n, k, seed):
+    rng = np.random.default_rng(seed)
+    return (random_data(rng, fmt, m, k), random_data(rng, fmt, n, k),
+            _wide_scales(rng, fmt, m, k), _wide_scales(rng, fmt, n, k))
+
+
+def _run(fmt, a, b, sfa, sfb, k, variant, alpha=1.0, out="float32"):
+    return matmul_decode.block_scaled_matmul_decode(
+        a, b, layouts.interleave(sfa), layouts.interleave(sfb), fmt, k=k, alpha=alpha,
+        out_dtype=out, device="interp", variant=variant)
+
+
+def _partials(fmt, a, b, sfa, sfb, k, splits, variant="mma_p"):
+    """The ``variant`` kernel's fp32 result on each split's K slice (alpha 1)."""
+    steps = -(-k // STEP)
+    per = -(-steps // splits)
+    out = []
+    for z in range(splits):
+        lo, hi = z * per * STEP, min((z + 1) * per * STEP, k)
+        jl, jh = lo // fmt.block_size, -(-hi // fmt.block_size)
+        out.append(_run(fmt, np.ascontiguousarray(a[:, lo // 2:hi // 2]),
+                        np.ascontiguousarray(b[:, lo // 2:hi // 2]),
+                        np.ascontiguousarray(sfa[:, jl:jh]),
+                        np.ascontiguousarray(sfb[:, jl:jh]), hi - lo, variant))
+    return out
+
+
+def _ordered_sum(parts, order):
+    s = parts[order[0]].copy()
+    for z in order[1:]:
+        s = s + parts[z]  # float32 adds, one rounding each
+    return s
 
 
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
@@ -52,7 +99,7 @@ def test_dense_psk_bit_exact_split_order_model(fmt, mnk):
     assert splits == max(1, -(-k // STEP) // 2)  # tiny grid: as many as 2 steps a split allow
     alpha = 0.375
     got = _run(fmt, a, b, sfa, sfb, k, "mma_psk", alpha)
-    parts = _partials(fmt, a, b, sfa, sfb, k, splits, "mma_p")
+    parts = _partials(fmt, a, b, sfa, sfb, k, splits)
     want = _ordered_sum(parts, list(range(splits))) * np.float32(alpha)
     assert got.dtype == np.float32 and got.shape == (m, n)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
@@ -61,6 +108,57 @@ def test_dense_psk_bit_exact_split_order_model(fmt, mnk):
         assert not np.array_equal(rev.view(np.uint32), want.view(np.uint32))
     exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k, alpha)
     assert_f32_within_bound(got, exact, f32_error_bound(abs_sum, fmt, k, n_mul=1))
+
+
+@pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
+@pytest.mark.parametrize("seed_count", [1, 2])
+def test_result_independent_of_reducing_cta(fmt, seed_count, monkeypatch):
+    """Seeding the tile counters makes split 2 - seed (not the last one) the CTA that sums
+    (the interpreter runs the grid's CTAs in lock step: every partial is stored before the
+    counters move); the bits are the same, the reversed order's are not, and the reducing
+    CTA leaves the counters at 0."""
+    m, n, k = 4, 100, 3072  # 3 splits of two steps
+    a, b, sfa, sfb = _case(fmt, m, n, k, seed=7)
+    base = _run(fmt, a, b, sfa, sfb, k, "mma_psk")
+    parts = _partials(fmt, a, b, sfa, sfb, k, 3)
+    fwd, rev = _ordered_sum(parts, [0, 1, 2]), _ordered_sum(parts, [2, 1, 0])
+    assert np.array_equal(base.view(np.uint32), fwd.view(np.uint32))
+    assert not np.array_equal(fwd.view(np.uint32), rev.view(np.uint32))  # order matters
+    real = matmul_decode._with_split_k
+    seen = {}
+
+    def seeded(spec, grid3, rows, nn, kk, buffers, host, device):
+        g3, bufs = real(spec, grid3, rows, nn, kk, buffers, host, device)
+        assert g3[2] == 3
+        launch = device.launch
+
+        def spy(kernel, grid, args, *rest):  # the launched counters (the last argument)
+            seen["counters"] = args[-1]
+            return launch(kernel, grid, args, *rest)
+
+        monkeypatch.setattr(device, "launch", spy)
+        cnt = np.full(g3[0] * g3[1], seed_count, np.int32)
+        return g3, {**bufs, "counters": cnt}
+
+    monkeypatch.setattr(matmul_decode, "_with_split_k", seeded)
+    got = _run(fmt, a, b, sfa, sfb, k, "mma_psk")
+    assert np.array_equal(got.view(np.uint32), base.view(np.uint32))
+    assert list(np.asarray(seen["counters"])) == [0, 0]
+
+
+def test_mma_sk_removed(monkeypatch):
+    """The split "mma" variant ("mma_sk", dominated by mma_psk on the H200) is gone: not a
+    variant, not an env choice, not bundled."""
+    assert "mma_sk" not in matmul_decode.VARIANTS
+    assert matmul_decode.SPLIT_VARIANTS == ("mma_psk",)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        matmul_decode.DecodeSpec("nvfp4", "dense", variant="mma_sk")
+    monkeypatch.setenv(matmul_decode.VARIANT_ENV, "mma_sk")
+    with pytest.raises(ValueError, match=matmul_decode.VARIANT_ENV):
+        matmul_decode.dispatch_variant(NVFP4)
+    assert not hasattr(matmul_decode, "split_k")
+    assert {s.variant for s in matmul_decode.bundle_specs("sm_90a")} == set(
+        matmul_decode.VARIANTS)
 
 
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
