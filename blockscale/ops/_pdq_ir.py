@@ -193,14 +193,32 @@ def _fill(ring: _PdqRing, src_a: Value, t: Value, vals: list[Value], fmt: str) -
     cpasync.mbarrier_arrive(full)
 
 
+#: loop structures: "split" (each role its own loop: the GPU design, the accumulators live
+#: only in the consumers' code) and "lockstep" (one loop, both roles per iteration: the
+#: interpreter runs it for any number of steps; see the module docstring)
+LOOPS = ("split", "lockstep")
+
+
+def _role(bm: int) -> tuple[Value, Value]:
+    """(is consumer, is producer) from the warpgroup index broadcast from lane 0
+    (``shfl.sync.idx``): ptxas then knows the branch is warp-uniform and keeps the
+    consumers' wgmmas unserialized (C7518 otherwise)."""
+    from blockscale.compiler.arch import nvvm
+
+    wg = nvvm.shfl_idx(bir.as_i32(bir.udiv(bir.thread_idx("x"), 128)), 0)
+    return bir.ult(wg, bir.const(bm // 64, bir.i32())), bir.ule(bir.const(bm // 64, bir.i32()), wg)
+
+
 def emit_mainloop(kb: bir.KernelBuilder, wa: Value, m0: Value, src: BSource, k: Value,
-                  fmt: str, stages: int, bm: int = T.BM, prefetch: bool = True
-                  ) -> tuple[Value, Value, Value]:
+                  fmt: str, stages: int, epilogue: Callable[[Value, Value], None],
+                  bm: int = T.BM, prefetch: bool = True, loop: str = "split") -> None:
     """The producer / consumer K loop (module docstring) of the ``bm x 256`` tile at A row
     ``m0`` of the stage-ordered A workspace ``wa`` (i8 memref, tile ``bm``) and B rows
-    ``src``. Every thread of the CTA runs it. Returns (the consumer warpgroup's accumulator
-    struct, warpgroup index, the is-consumer predicate); the accumulators are final (after
-    ``wait_group 0``) in the consumer threads only."""
+    ``src``, then ``epilogue(acc, wg)`` in the consumer threads (the warpgroup's final
+    accumulator struct and index). Every thread of the CTA runs it. ``loop``:
+    :data:`LOOPS`."""
+    if loop not in LOOPS:
+        raise ValueError(f"loop must be one of {list(LOOPS)}, got {loop!r}")
     ring = _PdqRing(kb, k, stages, bm)
     steps = ring.steps
     src_a = bir.add(cpasync.global_address(wa),
@@ -208,45 +226,68 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, m0: Value, src: BSource, k: 
     ring.init_barriers()
     ring.descriptors()
     types = _types(fmt) if prefetch else []
-    not_cons = bir.ule(2 * bm, ring.tid)
+    is_cons, is_prod = _role(bm)
 
-    # prologue: the producers fill steps 0 .. stages - 2 (all free)
-    pro = bir.if_(not_cons, types)
+    def first(t: Value) -> list[Value]:
+        return _load_step(src, ring.pt, t, fmt) if prefetch else []
+
+    def produce(t: Value, regs: list[Value], wait_parity: Value | None) -> list[Value]:
+        """Step t (if t < steps; ``wait_parity``: wait on its empty barrier first); returns
+        the next step's prefetched registers."""
+        nxt = _load_step(src, ring.pt, bir.add(t, 1), fmt) if prefetch else []
+        with bir.when(bir.ult(t, steps)):
+            if wait_parity is not None:
+                cpasync.mbarrier_wait(ring.empty(bir.urem(t, stages)), wait_parity)
+            _fill(ring, src_a, t, regs if prefetch else _load_step(src, ring.pt, t, fmt), fmt)
+        return nxt
+
+    if loop == "split":
+        with bir.when(is_prod):  # first in the IR: lock-step order runs it first
+            with bir.for_range(0, steps, carry=first(bir.const(0))) as pl:
+                t = pl.iv
+                # t >= stages - 1: the consumers' release at their step t - stages + 1
+                ahead = bir.sub(bir.add(t, 1), stages)  # wraps for t < stages - 1
+                br = bir.if_(bir.ult(t, stages - 1), types)
+                with br.then():
+                    br.yield_(*produce(t, list(pl.carried), None))
+                with br.else_():
+                    br.yield_(*produce(t, list(pl.carried),
+                                       T._parity(bir.udiv(ahead, stages))))
+                if prefetch:
+                    pl.yield_(*br.results)
+        with bir.when(is_cons):
+            with bir.for_range(0, steps, carry=[W.zero_accumulator(BN)]) as cl:
+                cl.yield_(ring.consume(cl.iv, cl.carried[0]))
+            W.wait_group(0)
+            epilogue(cl.results[0], ring.wg)
+        return
+
+    # lockstep: the producers fill steps 0 .. stages - 2 (all free), then one loop
+    pro = bir.if_(is_prod, types)
     with pro.then():
-        regs = _load_step(src, ring.pt, bir.const(0), fmt) if prefetch else []
+        regs = first(bir.const(0))
         for p in range(stages - 1):
-            nxt = _load_step(src, ring.pt, bir.const(p + 1), fmt) if prefetch else []
-            with bir.when(bir.ult(bir.const(p), steps)):
-                vals = regs if prefetch else _load_step(src, ring.pt, bir.const(p), fmt)
-                _fill(ring, src_a, bir.const(p), vals, fmt)
-            regs = nxt
+            regs = produce(bir.const(p), regs, None)
         pro.yield_(*regs)
     with pro.else_():
         pro.yield_(*[bir.const(0, ty) for ty in types])
-
     acc_t = W.accumulator_type(BN)
-    with bir.for_range(0, steps, carry=[W.zero_accumulator(BN), *pro.results]) as loop:
-        s = loop.iv
-        acc, regs = loop.carried[0], list(loop.carried[1:])
-        cons = bir.if_(ring.is_cons, [acc_t])
+    with bir.for_range(0, steps, carry=[W.zero_accumulator(BN), *pro.results]) as lp:
+        s = lp.iv
+        acc, regs = lp.carried[0], list(lp.carried[1:])
+        cons = bir.if_(is_cons, [acc_t])
         with cons.then():
             cons.yield_(ring.consume(s, acc))
         with cons.else_():
             cons.yield_(acc)
-        prod = bir.if_(not_cons, types)
+        prod = bir.if_(is_prod, types)
         with prod.then():
-            t = bir.add(s, stages - 1)
-            nxt = _load_step(src, ring.pt, bir.add(t, 1), fmt) if prefetch else []
-            with bir.when(bir.ult(t, steps)):
-                # the consumers released step s - 1's stage (= t's) in this iteration
-                cpasync.mbarrier_wait(ring.empty(bir.urem(t, stages)),
-                                      T._parity(bir.udiv(s, stages)))
-                vals = regs if prefetch else _load_step(src, ring.pt, t, fmt)
-                _fill(ring, src_a, t, vals, fmt)
-            prod.yield_(*nxt)
+            # the consumers released step s - 1's stage (= step s + stages - 1's) above
+            prod.yield_(*produce(bir.add(s, stages - 1), regs,
+                                 T._parity(bir.udiv(s, stages))))
         with prod.else_():
             prod.yield_(*regs)
-        loop.yield_(cons.results[0], *prod.results)
-    with bir.when(ring.is_cons):
+        lp.yield_(cons.results[0], *prod.results)
+    with bir.when(is_cons):
         W.wait_group(0)
-    return loop.results[0], ring.wg, ring.is_cons
+        epilogue(lp.results[0], ring.wg)

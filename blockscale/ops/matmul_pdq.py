@@ -45,6 +45,8 @@ FORMATS = ("nvfp4", "mxfp4")
 BM, BN, KSTEP = 128, 256, 64
 #: the CTA's threads: 2 consumer warpgroups + the producer warpgroup (= _pdq_ir.threads(BM))
 THREADS = 384
+#: loop structures (= _pdq_ir.LOOPS)
+LOOPS = ("split", "lockstep")
 #: shared stages: 48 KiB each (A 16 + B 32); 4 fill 196,672 bytes
 MAX_STAGES = 4
 
@@ -61,6 +63,12 @@ class PdqMatmulSpec(FormatSpec):
         stages: shared stages (2 .. :data:`MAX_STAGES`); None: :data:`MAX_STAGES`.
         prefetch: the producer loads step t + 1's packed B before dequantizing step t
             (loop-carried registers); False: load, then dequantize.
+        loop: :data:`LOOPS`: "split", each role its own K loop (the GPU design: the
+            producer's registers are free of the accumulators; the lock-step interpreter
+            runs it only while the K steps fit in the ring, ``ceil(K / 64) < stages``);
+            "lockstep", one loop running both roles per iteration (any K in the
+            interpreter; the producer's path also holds the accumulators: 168-register
+            cap, spills).
     """
 
     fmt: str
@@ -69,6 +77,7 @@ class PdqMatmulSpec(FormatSpec):
     target: str = "sm_90a"
     stages: int | None = None
     prefetch: bool = True
+    loop: str = "split"
 
     op: ClassVar[str] = "block_scaled_matmul_pdq"
     block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
@@ -82,6 +91,7 @@ class PdqMatmulSpec(FormatSpec):
             raise ValueError(f"stages must be an int in [2, {MAX_STAGES}], got {self.stages!r}")
         if not isinstance(self.prefetch, bool):
             raise TypeError(f"prefetch must be a bool, got {type(self.prefetch).__name__}")
+        H.check_choice(self.loop, LOOPS, "loop")
 
     @property
     def dynamic_shared_bytes(self) -> int:
@@ -92,8 +102,9 @@ class PdqMatmulSpec(FormatSpec):
     def kernel_name(self) -> str:
         ep = f"_ep{self.epilogue.key[:10]}" if self.epilogue else ""
         pf = "" if self.prefetch else "_nopf"
+        lp = "" if self.loop == "split" else f"_{self.loop}"
         return (f"bs_pdq_{self.fmt}_{BM}x{BN}_k{KSTEP}_s{self.stages}_"
-                f"{H.out_tag(self.out_dtype)}{pf}{ep}")
+                f"{H.out_tag(self.out_dtype)}{pf}{lp}{ep}")
 
     def args(self) -> tuple[KernelArg, ...]:
         """wa (A's workspace bytes), b, sfb (packed B and its 5-D scales), c, epilogue
@@ -120,7 +131,7 @@ def build(spec: PdqMatmulSpec) -> Any:
     from blockscale.ops import matmul_sm90 as _sm90
     from blockscale.ops._matmul_ir import tcgen_row_offset
 
-    if (P.KSTEP, P.BN, P.threads(BM), T.BM) != (KSTEP, BN, THREADS, BM):
+    if (P.KSTEP, P.BN, P.threads(BM), T.BM, P.LOOPS) != (KSTEP, BN, THREADS, BM, LOOPS):
         raise AssertionError("matmul_pdq's constants disagree with _pdq_ir's")
     if T.shared_bytes(KSTEP, spec.stages, BM) != spec.dynamic_shared_bytes:
         raise AssertionError("matmul_pdq's shared bytes disagree with _twophase_ir's")
@@ -132,8 +143,6 @@ def build(spec: PdqMatmulSpec) -> Any:
         d1 = bir.ceil_div(bir.ceil_div(k, block), 4)
         src = P.BSource(kb.arg("b"), kb.arg("sfb"), n0, bir.sub(n_count, n0), k,
                         lambda r: tcgen_row_offset(bir.add(n0, r), d1))
-        acc, wg, is_cons = P.emit_mainloop(kb, kb.arg("wa"), m0, src, k, spec.fmt,
-                                           spec.stages, BM, spec.prefetch)
         fix = X.accumulator_scale("lut", spec.fmt, "fold")
 
         def scale(v: Any, m: Any, n: Any) -> Any:
@@ -141,9 +150,12 @@ def build(spec: PdqMatmulSpec) -> Any:
                 v = arith.mulf(v, bir.const(fix, bir.f32()))
             return _sm90._alpha(v, kb.arg("alpha"))
 
-        with bir.when(is_cons):
+        def store(acc: Any, wg: Any) -> None:
             _sm90.store_tile(spec, kb, T.accumulator_tiles(acc), X.warp_coords(wg), m0, n0,
                              m_count, n_count, scale)
+
+        P.emit_mainloop(kb, kb.arg("wa"), m0, src, k, spec.fmt, spec.stages, store, BM,
+                        spec.prefetch, spec.loop)
     return kb.module
 
 
@@ -155,10 +167,10 @@ def block_scaled_matmul_pdq(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | st
                             out_dtype: str = "bfloat16", epilogue: Epilogue | None = None,
                             epilogue_inputs: dict[str, Any] | None = None,
                             stages: int | None = None, prefetch: bool = True,
-                            device: Any = None) -> Any:
+                            loop: str = "split", device: Any = None) -> Any:
     """The producer-dequant kernel called directly (no dispatch), e.g. by tests and
     benchmarks. Arguments as :func:`blockscale.ops.matmul_twophase.
-    block_scaled_matmul_twophase` (5-D scales) plus ``stages`` and ``prefetch``
+    block_scaled_matmul_twophase` (5-D scales) plus ``stages``, ``prefetch`` and ``loop``
     (:class:`PdqMatmulSpec`). Allocates A's bf16 workspace (``2 k_pad M_pad`` bytes) per
     call. Raises ValueError for a format other than NVFP4 / MXFP4 or K % 32 != 0."""
     fmt = Format.from_name(fmt)
@@ -168,7 +180,7 @@ def block_scaled_matmul_pdq(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | st
     if d.k % 32:
         raise ValueError(f"the producer-dequant kernel takes k % 32 == 0, got k={d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
-    spec = PdqMatmulSpec(fmt.name, out_dtype, epilogue, tgt, stages, prefetch)
+    spec = PdqMatmulSpec(fmt.name, out_dtype, epilogue, tgt, stages, prefetch, loop)
     alpha = H.finite_f32(alpha, "alpha")
     extra = dict(epilogue_inputs or {})
     H.check_epilogue_inputs(spec.epilogue.inputs if spec.epilogue else (), extra, d.m, d.n)

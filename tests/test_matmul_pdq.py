@@ -1,0 +1,201 @@
+"""The warp-specialized producer-dequant sm_90a matmul (matmul_pdq: the two-phase kernel's
+consumers, a producer warpgroup dequantizing packed B into the shared ring).
+
+* interp: bit for bit against the two-phase pair (same stage bytes, same k16 wgmma order;
+  kstep 64, bm 128) and within the fp32 bound of test_matmul_common.py; NVFP4 / MXFP4, M / N
+  / K tails, 2..4 stages, with and without the producer's prefetch. The "lockstep" loop runs
+  any K in the interpreter; the "split" loop (the GPU kernel) while the steps fit in the ring
+  (ceil(K / 64) < stages), past that the lock-step order deadlocks, which is checked too.
+* lower: sm_90a SASS of the bundled (split) kernels: 4 HGMMA.64x256x16, the producer's
+  eight STS.128 per row pair, FENCE.VIEW.ASYNC.S, one UBLKCP, no spills, and no wgmma
+  serialization (ptxas C7518 / C7517).
+* gpu: on an H100 / H200 (``make gpu-bundle`` collects ``matmul_pdq.bundle_specs``)::
+
+      BLOCKSCALE_BUNDLE_DIR=build/gpu pytest -m gpu tests/test_matmul_pdq.py
+
+  the bound on sampled rows, and bit-identity with the two-phase pair (the same bf16
+  operands and HGMMA order run on the same hardware).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from test_matmul_common import (
+    assert_bf16_consistent,
+    assert_f32_within_bound,
+    exact_dense,
+    f32_error_bound,
+    random_dense_case,
+)
+
+from blockscale.formats import MXFP8, NVFP4, Format
+from blockscale.ops import matmul_pdq as P
+from blockscale.ops import matmul_twophase as TP
+
+
+def _check(m, n, k, fmt, out_dtype, stages=None, prefetch=True, loop="lockstep",
+           device="interp", rows=None):
+    """The bound and bit-identity with the two-phase pair."""
+    fmt = Format.from_name(fmt)
+    rng = np.random.default_rng(m * 131 + n * 7 + k)
+    a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
+    got = P.block_scaled_matmul_pdq(a, b, sfa5, sfb5, fmt, alpha=0.375, out_dtype=out_dtype,
+                                    stages=stages, prefetch=prefetch, loop=loop,
+                                    device=device)
+    assert got.shape == (m, n)
+    ref = TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, fmt, alpha=0.375,
+                                          out_dtype=out_dtype, kstep=64, device=device)
+    assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))
+    exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k, 0.375, rows)
+    bound = f32_error_bound(abs_sum, fmt, k, n_mul=1 + (fmt.kblocks(k) if fmt.is_mx else 0))
+    sel = got if rows is None else got[rows]
+    if out_dtype == "float32":
+        assert_f32_within_bound(sel, exact, bound)
+    else:
+        assert_bf16_consistent(sel, exact, bound)
+
+
+def _case_id(c):
+    return f"{c[0]}-{'x'.join(map(str, c[1]))}-s{c[2]}-pf{int(c[3])}-{c[4]}"
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    ("nvfp4", (129, 256, 512), None, True, "float32"),  # M tail, 8 steps over 4 stages
+    ("mxfp4", (129, 256, 512), None, True, "bfloat16"),
+    ("nvfp4", (130, 300, 224), 2, True, "bfloat16"),  # N tail, K tail (half step), 2 stages
+    ("mxfp4", (70, 260, 352), 3, False, "float32"),  # no prefetch
+    ("nvfp4", (1, 5, 32), None, True, "float32"),  # one step, mostly padding
+    pytest.param(("nvfp4", (1, 576, 7168), None, True, "float32"), marks=pytest.mark.slow),
+    pytest.param(("nvfp4", (255, 300, 2944), None, True, "bfloat16"), marks=pytest.mark.slow),
+    pytest.param(("mxfp4", (255, 300, 2944), 3, False, "float32"), marks=pytest.mark.slow),
+], ids=_case_id)
+def test_interp_lockstep(case):
+    fmt, (m, n, k), stages, prefetch, out_dtype = case
+    _check(m, n, k, fmt, out_dtype, stages, prefetch, "lockstep")
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    ("nvfp4", (130, 300, 192), None, True, "float32"),  # 3 steps in 4 stages; M, N tails
+    ("mxfp4", (200, 260, 160), None, False, "bfloat16"),  # K tail (half step), no prefetch
+    ("nvfp4", (64, 256, 64), 2, True, "bfloat16"),  # 1 step, 2 stages
+    ("nvfp4", (1, 5, 32), None, True, "float32"),
+], ids=_case_id)
+def test_interp_split(case):
+    """The GPU kernel ("split": a K loop per role) while its steps fit in the ring."""
+    fmt, (m, n, k), stages, prefetch, out_dtype = case
+    _check(m, n, k, fmt, out_dtype, stages, prefetch, "split")
+
+
+@pytest.mark.interp
+def test_interp_split_deadlocks_past_the_ring():
+    """In lock-step order the split producer runs first and waits for a release the
+    consumers make later: at ceil(K / 64) >= stages the interpreter reports the deadlock
+    (the reason the lockstep loop exists) instead of a wrong result."""
+    from blockscale.runtime.interpreter.ops_tma import MBarrierDeadlockError
+
+    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(3), NVFP4, 64, 256, 256)
+    with pytest.raises(MBarrierDeadlockError):
+        P.block_scaled_matmul_pdq(a, b, sfa5, sfb5, NVFP4, stages=4, loop="split",
+                                  device="interp")
+
+
+@pytest.mark.interp
+def test_interp_fused_epilogue():
+    """bias + relu fused: the two-phase pair's bytes."""
+    from blockscale.ops import matmul_epilogue as ep
+
+    m, n, k = 130, 300, 96
+    rng = np.random.default_rng(6)
+    a, b, _, _, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
+    bias = rng.standard_normal(n).astype(np.float32)
+    kw = dict(alpha=0.5, epilogue=ep.chain(ep.bias(), ep.relu()),
+              epilogue_inputs={"bias": bias}, device="interp")
+    got = P.block_scaled_matmul_pdq(a, b, sfa5, sfb5, NVFP4, loop="split", **kw)
+    want = TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, NVFP4, kstep=64, **kw)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    assert (got.astype(np.float32) >= 0).all() and got.astype(np.float32).max() > 0
+
+
+@pytest.mark.ir
+def test_spec_validation_and_bundle():
+    assert P.PdqMatmulSpec("nvfp4").stages == P.MAX_STAGES
+    with pytest.raises(ValueError, match="stages"):
+        P.PdqMatmulSpec("nvfp4", stages=5)
+    with pytest.raises(ValueError, match="stages"):
+        P.PdqMatmulSpec("nvfp4", stages=1)
+    with pytest.raises(TypeError, match="prefetch"):
+        P.PdqMatmulSpec("nvfp4", prefetch=1)
+    with pytest.raises(ValueError, match="loop"):
+        P.PdqMatmulSpec("nvfp4", loop="fused")
+    with pytest.raises(ValueError, match="fmt"):
+        P.PdqMatmulSpec("mxfp8")
+    with pytest.raises(ValueError, match="target"):
+        P.PdqMatmulSpec("nvfp4", target="sm_100a")
+    specs = P.bundle_specs("sm_90a")
+    assert len(specs) == len({s.kernel_name for s in specs}) == 8
+    assert all(s.loop == "split" for s in specs)
+    assert P.bundle_specs("sm_100a") == []
+    assert P.PdqMatmulSpec("nvfp4").dynamic_shared_bytes == TP.TwophaseMatmulSpec(
+        "nvfp4", kstep=64, stages=4).dynamic_shared_bytes
+
+
+@pytest.mark.interp
+def test_host_validation():
+    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(0), NVFP4, 4, 4, 48)
+    with pytest.raises(ValueError, match="k % 32"):
+        P.block_scaled_matmul_pdq(a, b, sfa5, sfb5, NVFP4, device="interp")
+    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(0), NVFP4, 4, 4, 64)
+    with pytest.raises(ValueError, match="fmt"):
+        P.block_scaled_matmul_pdq(a, b, sfa5, sfb5, MXFP8, device="interp")
+    empty = P.block_scaled_matmul_pdq(a[:0], b, sfa5[:0], sfb5, NVFP4, device="interp")
+    assert empty.shape == (0, 4)
+
+
+LOWER_SPECS = [pytest.param(s, id=s.kernel_name,
+                            marks=[pytest.mark.slow] if "f32" in s.kernel_name else [])
+               for s in P.bundle_specs("sm_90a")]
+
+
+@pytest.mark.lower
+@pytest.mark.parametrize("spec", LOWER_SPECS)
+def test_kernel_sass(spec):
+    """4 HGMMA per consumer step; the producer: sixteen STS.128 per step (2 rows x 8 chunks),
+    its proxy fence (FENCE.VIEW.ASYNC.S) and mbarrier arrival; one bulk copy (A) per step;
+    no spills and no wgmma serialization (the role branch is warp-uniform)."""
+    kernel = P.kernel(spec)
+    sass, meta = kernel.asm["sass"], kernel.meta
+    assert meta["spill_stores"] == 0 and meta["spill_loads"] == 0
+    assert meta["registers"] <= 168  # 384 threads: 65536 / 384
+    assert len(re.findall(r"HGMMA\.64x256x16\.F32\.BF16", sass)) == 4
+    assert len(re.findall(r"\bUBLKCP\b", sass)) == 1
+    assert len(re.findall(r"STS\.128", sass)) == 16
+    assert len(re.findall(r"FENCE\.VIEW\.ASYNC\.S", sass)) == 2  # + the mbarrier init's
+    assert re.search(r"SYNCS\.PHASECHK\.TRANS64\.TRYWAIT", sass)
+    assert len(re.findall(r"WARPGROUP\.DEPBAR", sass)) == 2
+    log = meta.get("ptxas_log", "")
+    assert "C7518" not in log and "C7517" not in log and "C7515" not in log
+    assert meta["dynamic_shared_bytes"] == spec.dynamic_shared_bytes
+
+
+GPU_SHAPES = [(8192, 5760, 2944), (777, 2560, 8192), (1000, 1024, 1056)]
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", P.FORMATS)
+@pytest.mark.parametrize("prefetch", [True, False], ids=["pf", "nopf"])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+def test_gpu(shape, out_dtype, prefetch, fmt):
+    """The stated bound on sampled rows and the two-phase pair's bytes (same operands, same
+    HGMMA order on the same hardware)."""
+    m, n, k = shape
+    rng = np.random.default_rng(m + n)
+    rows = np.unique(np.concatenate([np.arange(min(m, 64)), np.arange(max(0, m - 64), m),
+                                     rng.integers(0, m, 64)]))
+    _check(m, n, k, fmt, out_dtype, prefetch=prefetch, loop="split", device="cuda", rows=rows)
