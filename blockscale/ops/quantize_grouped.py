@@ -53,6 +53,15 @@ DEFAULT_SCHEDULE = "tiles"
 #: (NVFP4 / MXFP4 / MXFP8) vs tiles 0.0415 / 0.0409 / 0.0429 ms; other targets: not measured
 DEFAULT_GROUPED_SCHEDULE = "stream2"
 GROUPED_SCHEDULE_TARGETS = ("sm_90a",)
+
+
+def default_schedule(schedule: str | None, target: str, default: str,
+                     targets: tuple[str, ...]) -> str | None:
+    """``schedule`` when given, else ``default`` (the one measured fastest) on ``targets``,
+    else None (:func:`with_schedule`: DEFAULT_SCHEDULE). The grouped and fused ops' choice."""
+    return default if schedule is None and target in targets else schedule
+
+
 #: SMs of the GPU the rows schedule sizes its single wave for (H200)
 NUM_SMS = 132
 #: modules whose source enters the key of a MoeQuantizeSpec kernel (quantize_silu: the sigmoid
@@ -399,8 +408,8 @@ def grouped_quantize_dynamic_scaled(x: Any, fmt: Format | str, expert_start: Any
     dev, tgt = device_and_target(device, target)
     spec = QuantizeSpec(fmt.name, tgt, None, "tcgen5d", k % 8 == 0, "grouped",
                         gather=indices is not None, name="grouped_quantize_dynamic_scaled")
-    if schedule is None and tgt in GROUPED_SCHEDULE_TARGETS:
-        schedule = DEFAULT_GROUPED_SCHEDULE
+    schedule = default_schedule(schedule, tgt, DEFAULT_GROUPED_SCHEDULE,
+                                GROUPED_SCHEDULE_TARGETS)
     spec = with_schedule(spec, schedule, ng)
     buffers = {"x": x, "expert_start": _i32(expert_start),
                "scales_offsets": _i32(search_offsets(expert_start, scales_offsets)),
