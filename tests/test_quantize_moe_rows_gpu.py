@@ -83,7 +83,7 @@ def test_fused_rows(fmt, activation, schedule):
     assert_same_bytes(s, rs)
 
 
-@pytest.mark.parametrize("schedule", ["rows_lut", "rows2_lut"])
+@pytest.mark.parametrize("schedule", ["rows_lut", "rows2_lut", "wide_lut"])
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
 def test_fused_lut_every_gate(activation, schedule):
     """All 65536 bf16 gates (NaN, Inf, subnormals, +-0) through the sigmoid-table kernels."""

@@ -192,3 +192,22 @@ def test_wide_schedule_choice_and_plan():
     assert {"grouped_quantize_dynamic_scaled_nvfp4_rn_5d_v_wide2",
             "grouped_quantize_dynamic_scaled_mxfp8_up_5d_v_gather_wide4",
             "fused_silu_quantize_mxfp4_up_5d_v_silu_wide2_lut"} <= names
+
+
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+def test_fused_wide_lut_every_gate(activation):
+    """Every bf16 bit pattern as a gate through the wide_lut kernel (its batched table fill:
+    every entry read back), byte for byte against the reference."""
+    import ml_dtypes
+
+    gate = np.arange(1 << 16, dtype=np.uint16).reshape(256, 256).view(ml_dtypes.bfloat16)
+    up = (np.random.default_rng(7).standard_normal((256, 256)) * 2).astype(ml_dtypes.bfloat16)
+    gu = np.concatenate([gate, up], axis=1)
+    es, offs = group_offsets([120, 136])
+    ids = np.array([1, 0], np.int32)
+    isc = np.array([0.7, 3.0], np.float32)
+    d, s = QS.fused_silu_quantize(gu, "nvfp4", es, offs, ids, isc, activation=activation,
+                                  device="interp", target="sm_90a", schedule="wide_lut")
+    rd, rs = RG.fused_silu_quantize(gu, "nvfp4", es, offs, ids, isc, activation=activation)
+    assert_same_bytes(d, rd)
+    assert_same_bytes(s, rs)
