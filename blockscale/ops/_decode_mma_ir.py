@@ -198,11 +198,56 @@ class _Fmt:
         return p % 2, p // 2
 
 
+class _Staging:
+    """Shared-memory layouts and the weight scale loads of a staging scheme.
+
+    "v1": B fragments ``[unit pair][row][t][4 words]`` (256 words a pair), MX activation
+    scales ``[block][16 rows]``, NVFP4 weight scales ``[block pair][warp][g][block][h]``;
+    each thread loads 4-byte scale words (one row, 4 blocks: rows 4 apart in a warp). Its
+    scale stores are 8-way bank conflicts (a warp's 8 words of a row 256 words apart), and
+    so are the B fragment stores (a quarter warp's chunks 256 words apart): in Nsight
+    Compute, 74 % of the shared store wavefronts of the grouped NVFP4 kernel at T = 128.
+
+    "cf" (variant "mma_c"): unit pairs 260 words apart and MX scale blocks 18 apart (a
+    quarter warp's B fragment stores, a warp's scale stores on distinct banks); NVFP4 weight
+    scales ``[block pair][warp][g][h][block]``, stored as ``vector<2xf32>`` (blocks 2p, 2p+1
+    of one row) by lanes of consecutive rows; each thread loads 8-byte scale words (rows
+    ``n0 + i`` and ``n0 + 32 + i``, 4 blocks each: adjacent in the 5-D layout since the
+    CTA's 64 rows are half an atom), a warp one atom column of 32 such pairs. Rows past N
+    read the 5-D padding rows (the atom holds 128 rows): never stored."""
+
+    def __init__(self, lay: _Fmt, cf: bool):
+        self.cf = cf
+        self.b_stride = TOKENS * 16 + (4 if cf else 0)  # words per unit pair
+        self.b_words = UNITS // 2 * self.b_stride
+        self.sa_stride = TOKENS + (2 if cf else 0)  # MX activation scales per block
+        #: scale words (4 blocks) per load and loads per thread and step
+        self.s_rows = 2 if cf else 1
+        self.s_iters = (32 if cf else COLS) * lay.words // THREADS
+
+    def bofs(self, c: Any, n: Any, tt: Any) -> Value:
+        """Word offset of lane ``tt``'s B fragments of unit pair c, row n."""
+        base = c * self.b_stride if isinstance(c, int) else bir.mul(c, self.b_stride)
+        return bir.add(base, bir.mul(bir.add(bir.mul(n, 4), tt), 4))
+
+    def nv_scale_slot(self, r: Value) -> Value:
+        """NVFP4: word offset of CTA row r's scales in a block pair (blocks 2p, 2p + 1)."""
+        wp, rr = bir.udiv(r, 16), bir.urem(r, 16)
+        gg, hh = bir.urem(rr, 8), bir.udiv(rr, 8)
+        if self.cf:  # [warp][g][h][block]
+            return bir.add(bir.mul(wp, 32), bir.add(bir.mul(gg, 4), bir.mul(hh, 2)))
+        return bir.add(bir.mul(wp, 32), bir.add(bir.mul(gg, 4), hh))  # [warp][g][block][h]
+
+    def nv_block_scales(self, sbq: list[Value], s_: int) -> list[Value]:
+        """The weight scales (rows g, g + 8) of block 2q + s_ out of the 4 read at pair q."""
+        return [sbq[s_], sbq[2 + s_]] if self.cf else sbq[2 * s_:2 * s_ + 2]
+
+
 def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
                     n_count: Value, k: Value, a_srow: Callable[[Value], Value],
                     store: Callable[[Value, Value, Value], None], depth: int = 1,
                     step_range: tuple[Value, Value] | None = None,
-                    decode: str = "lop3") -> None:
+                    decode: str = "lop3", staging: str = "v1") -> None:
     """The body for one (group, column slice) (the interface of
     :func:`blockscale.ops._decode_ir.emit_decode`; CTA of :data:`THREADS` threads, columns
     ``[COLS * block_idx.x, +COLS)``); ``depth``: steps whose loads are in flight while one
@@ -210,21 +255,26 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     steps ``[lo, hi)`` to sum (split K; default all, from a zero accumulator either way);
     ``decode``: "lop3" (shift/mask per f16 pair, :func:`_dequant_pairs_f16`, per-byte scale
     decodes) or "prmt" (:func:`fp4_word_to_f16_pairs`, :func:`decode_e4m3_word`; the same
-    values, fewer instructions: variant "mma_p")."""
+    values, fewer instructions: variant "mma_p"); ``staging``: "v1" or "cf" (variant "mma_c":
+    shared stores free of bank conflicts and 8-byte weight scale loads, see
+    :class:`_Staging`; the same values)."""
     if depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {depth}")
     if decode not in ("lop3", "prmt"):
         raise ValueError(f"decode must be 'lop3' or 'prmt', got {decode!r}")
+    if staging not in ("v1", "cf"):
+        raise ValueError(f"staging must be 'v1' or 'cf', got {staging!r}")
     fast = decode == "prmt"
     lay = _Fmt(fmt)
+    st = _Staging(lay, staging == "cf")
     f32, i32 = bir.f32(), bir.i32()
     v16 = bir.vec(16, bir.i8())
     wsm = workgroup_buffer(kb, COLS * W_STRIDE, bir.i8())
     # B fragments: [unit][token][t][2] i32 (f16 pairs)
-    bsm = workgroup_buffer(kb, UNITS * TOKENS * 4 * 2, i32)
+    bsm = workgroup_buffer(kb, st.b_words, i32)
     # weight scales [block][warp][g][2] (rows 16 warp + g + 8h), f32
     sbsm = workgroup_buffer(kb, lay.blocks * COLS, f32)
-    sasm = None if lay.nv else workgroup_buffer(kb, lay.blocks * TOKENS, f32)
+    sasm = None if lay.nv else workgroup_buffer(kb, lay.blocks * st.sa_stride, f32)
     a, w, sfa, sfb = (kb.arg(x) for x in ("a", "w" if "w" in kb.values else "b", "sfa", "sfb"))
 
     tid = bir.thread_idx("x")
@@ -250,14 +300,18 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     w_last = bir.mul(bir.add(bir.mul(e, n_count), n_last), row_bytes)
     w_stride = bir.mul(row_bytes, THREADS // STEP_CHUNKS)
     w_cs = [bir.urem(tid, STEP_CHUNKS)] * w_iters
-    s_iters = COLS * lay.words // THREADS
+    s_iters = st.s_iters
     s_rows, s_qs = [], []
     for it in range(s_iters):
         sid = bir.add(tid, it * THREADS)
-        r = bir.udiv(sid, lay.words)
-        n_c = bir.umin(bir.add(n0, r), n_last)
+        if st.cf:  # rows n0 + i, n0 + 32 + i of word q (a warp: one q, i = lane)
+            r = bir.urem(sid, 32)
+            n_c = bir.add(n0, r)
+        else:
+            r = bir.udiv(sid, lay.words)
+            n_c = bir.umin(bir.add(n0, r), n_last)
         s_rows.append((r, mir.tcgen_row_offset(bir.add(b_srow0, n_c), d1)))
-        s_qs.append(bir.urem(sid, lay.words))
+        s_qs.append(bir.udiv(sid, 32) if st.cf else bir.urem(sid, lay.words))
     a_iters = TOKENS * STEP_CHUNKS // THREADS
 
     def fetch(step: Value, r0: Value, rows: Value) -> list[Value]:
@@ -270,14 +324,16 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             out.append(bir.vector_load(v16, w, bir.add(row, bir.mul(c, 16)), alignment=16))
         for it in range(s_iters):
             q = bir.add(bir.mul(step, lay.words), s_qs[it])
-            br = bir.if_(bir.ult(q, d1), [i32])
+            nw = st.s_rows
+            br = bir.if_(bir.ult(q, d1), [i32] * nw)
             with br.then():
                 off = bir.add(s_rows[it][1], bir.mul(q, SF_ATOM_BYTES))
-                v = bir.vector_load(bir.vec(4, bir.i8()), sfb, off, alignment=4)
-                br.yield_(vector.extract(vector.bitcast(bir.vec(1, i32), v), [], [0]))
+                v = bir.vector_load(bir.vec(4 * nw, bir.i8()), sfb, off, alignment=4 * nw)
+                v = vector.bitcast(bir.vec(nw, i32), v)
+                br.yield_(*[vector.extract(v, [], [i]) for i in range(nw)])
             with br.else_():
-                br.yield_(_i32c(0))
-            out.append(br.results[0])
+                br.yield_(*[_i32c(0)] * nw)
+            out += list(br.results)
         for it in range(a_iters):
             cid = bir.add(tid, it * THREADS)
             n, c = bir.udiv(cid, STEP_CHUNKS), bir.urem(cid, STEP_CHUNKS)
@@ -314,14 +370,15 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                                            arith.truncf(bir.f16(), sa)))
         else:  # E8M0 activation scale of the chunk's block, for the fold
             bir.store(mir.decode_scale(fmt, sbytes), sasm,  # chunk c = block c of the step
-                      bir.add(bir.mul(c, TOKENS), n))
+                      bir.add(bir.mul(c, st.sa_stride), n))
         if fast:  # whole words: units u, v of lane tt's pieces, one 16-byte store each
             pw = vector.bitcast(bir.vec(4, i32), _pair_pieces(lay.nv, chunk))
             for tt in range(4):
                 prs = fp4_word_to_f16_pairs(bir.extract(pw, tt))
                 if lay.nv:  # unit u = the chunk's block 0, v = block 1
                     prs = [arith.mulf(x, sp[i // 2]) for i, x in enumerate(prs)]
-                dst = bir.mul(bir.add(bir.mul(bir.add(bir.mul(c, TOKENS), n), 4), tt), 4)
+                dst = st.bofs(c, n, tt) if st.cf else \
+                    bir.mul(bir.add(bir.mul(bir.add(bir.mul(c, TOKENS), n), 4), tt), 4)
                 bir.vector_store(bir.from_elements(bir.vec(4, i32),
                                                    [mma.pack_i32(x) for x in prs]),
                                  bsm, dst, alignment=16)
@@ -337,13 +394,22 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 p1 = mma.pack_i32(arith.mulf(_f16x2(p1), s))
             s_, tt = lay.chunk_piece(p)
             # [unit pair c][row n][t][unit 2c + s_][2 words]: one LDS.128 per pair
-            dst = bir.add(bir.mul(bir.add(bir.mul(bir.add(bir.mul(c, TOKENS), n), 4), tt), 4),
+            dst = bir.add(st.bofs(c, n, tt) if st.cf else
+                          bir.mul(bir.add(bir.mul(bir.add(bir.mul(c, TOKENS), n), 4), tt), 4),
                           2 * s_)
             bir.vector_store(bir.from_elements(bir.vec(2, i32), [p0, p1]), bsm, dst,
                              alignment=8)
 
     def pair_pieces(chunk: Value) -> Value:
         return _pair_pieces(lay.nv, chunk)
+
+    def word_mask(q: Value) -> Value:
+        """Scale word q's mask: bytes of blocks >= kblocks (5-D padding, any value) read
+        as 0."""
+        n_live = bir.sub(kblocks, bir.umin(bir.mul(q, 4), kblocks))
+        sh = bir.mul(bir.as_i32(bir.umin(n_live, 4)), _i32c(8))
+        return bir.select(bir.ult(n_live, 4), bir.sub(bir.shl(_i32c(1), sh), _i32c(1)),
+                          _i32c(-1))
 
     def stage(step: Value, regs: list[Value], rows: Value) -> None:
         """Store fetched registers to shared memory (weights raw, scales decoded,
@@ -354,7 +420,29 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             bir.vector_store(pair_pieces(regs[it]), wsm,
                              bir.add(bir.mul(r, W_STRIDE), bir.mul(w_cs[it], 16)),
                              alignment=16)
-        for it in range(s_iters):
+        for it in range(s_iters if st.cf else 0):
+            q = bir.add(bir.mul(step, lay.words), s_qs[it])
+            mask = word_mask(q)
+            for hw in range(2):  # rows i, i + 32
+                word = bir.bit_and(regs[w_iters + 2 * it + hw], mask)
+                r = bir.add(s_rows[it][0], 32 * hw)
+                svs = decode_e4m3_word(word) if fast and lay.nv else [
+                    _decode_scale_fast(fmt, bir.bit_and(bir.shru(word, _i32c(8 * i)), 0xFF))
+                    for i in range(4)]
+                if lay.nv:  # blocks 4q' + 2j, + 1 of the row: [pair 2q' + j][slot][2]
+                    slot = st.nv_scale_slot(r)
+                    for j in range(2):
+                        dst = bir.add(bir.mul(bir.add(bir.mul(s_qs[it], 2), j), 128), slot)
+                        bir.vector_store(bir.from_elements(bir.vec(2, f32), svs[2 * j:2 * j + 2]),
+                                         sbsm, dst, alignment=8)
+                else:
+                    wp, rr = bir.udiv(r, 16), bir.urem(r, 16)
+                    slot = bir.add(bir.mul(wp, 16), bir.add(bir.mul(bir.urem(rr, 8), 2),
+                                                            bir.udiv(rr, 8)))
+                    for i in range(4):
+                        jl = bir.add(bir.mul(s_qs[it], 4), i)  # block within the step
+                        bir.store(svs[i], sbsm, bir.add(bir.mul(jl, COLS), slot))
+        for it in range(0 if st.cf else s_iters):
             word = regs[w_iters + it]
             r = s_rows[it][0]
             wp, rr = bir.udiv(r, 16), bir.urem(r, 16)
@@ -380,7 +468,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 else:
                     dst = bir.add(bir.mul(jl, COLS), slot)
                 bir.store(sv, sbsm, dst)
-        base = w_iters + s_iters
+        base = w_iters + s_iters * st.s_rows
         for it in range(a_iters):
             cid = bir.add(tid, it * THREADS)
             n, c = bir.udiv(cid, STEP_CHUNKS), bir.urem(cid, STEP_CHUNKS)
@@ -395,7 +483,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         for nt in range(len(blk)):
             if not lay.nv:
                 sav = bir.vector_load(bir.vec(2, f32), sasm,
-                                      bir.add(bir.mul(t, 2), j * TOKENS + 8 * nt),
+                                      bir.add(bir.mul(t, 2), j * st.sa_stride + 8 * nt),
                                       alignment=8)
                 sa = [bir.extract(sav, 0), bir.extract(sav, 1)]
             for i in range(4):
@@ -429,7 +517,8 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             sbq = [bir.extract(sbv, i) for i in range(4 if lay.nv else 2)]
             bq = []
             for nt in range(nts):  # B fragments of units 2q, 2q + 1
-                src = bir.mul(bir.add(bir.mul(bir.add(g, q * TOKENS + 8 * nt), 4), t), 4)
+                src = st.bofs(q, bir.add(g, 8 * nt), t) if st.cf else \
+                    bir.mul(bir.add(bir.mul(bir.add(g, q * TOKENS + 8 * nt), 4), t), 4)
                 bq.append(bir.vector_load(bir.vec(4, i32), bsm, src, alignment=16))
             pairs = []
             for h in range(2):  # rows g, g + 8: f16 pairs (u.c0, u.c2), (u.c1, u.c3), v...
@@ -448,18 +537,23 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                            _f16x2(bir.extract(bq[nt], 2 * s_ + 1))]
                     blk[nt] = list(mma.mma_m16n8k16(afr, bfr, blk[nt], input_type="f16"))
                 if u % upb == upb - 1:
-                    fold(accs, u // upb, blk, sbq[2 * s_:2 * s_ + 2] if lay.nv else sbq)
+                    fold(accs, u // upb, blk, st.nv_block_scales(sbq, s_) if lay.nv else sbq)
         return accs
 
     # B fragments (and MX activation scales) of rows past a pass are never staged: zero
     # them once (stale or zero, they only reach their own unstored MMA columns)
     vz = bir.const(0, bir.vec(4, i32))
-    for it in range(UNITS * TOKENS * 8 // 4 // THREADS):
-        bir.vector_store(vz, bsm, bir.mul(bir.add(tid, it * THREADS), 4), alignment=16)
+    for it in range(-(-st.b_words // 4 // THREADS)):
+        idx = bir.add(tid, it * THREADS)
+        if (it + 1) * THREADS * 4 <= st.b_words:
+            bir.vector_store(vz, bsm, bir.mul(idx, 4), alignment=16)
+        else:
+            with bir.when(bir.ult(idx, st.b_words // 4)):
+                bir.vector_store(vz, bsm, bir.mul(idx, 4), alignment=16)
     if sasm is not None:
-        for it in range(-(-lay.blocks * TOKENS // THREADS)):
+        for it in range(-(-lay.blocks * st.sa_stride // THREADS)):
             idx = bir.add(tid, it * THREADS)
-            with bir.when(bir.ult(idx, lay.blocks * TOKENS)):
+            with bir.when(bir.ult(idx, lay.blocks * st.sa_stride)):
                 bir.store(zero, sasm, idx)
     with bir.for_range(start, end, TOKENS) as pl:
         r0 = pl.iv
@@ -512,8 +606,8 @@ def split_k_steps(k: Value, split: Value, splits: Value) -> tuple[Value, Value]:
 def emit_decode_mma_split_k(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
                             n_count: Value, k: Value, a_srow: Callable[[Value], Value],
                             store: Callable[[Value, Value, Value], None], workspace: Value,
-                            counters: Value) -> None:
-    """Split-K body (``variant="mma_psk"``) of CTA (x, y, z): the "mma_p" kernel's sums over
+                            counters: Value, decode: str = "lop3") -> None:
+    """Split-K body (``variant="mma_sk"``) of CTA (x, y, z): the "mma" kernel's sums over
     the K steps of split z (:func:`split_k_steps`, ``splits = grid_dim.z``), written as fp32
     partials to ``workspace[(m * splits + z) * n + col]`` (rows m of the group); the CTA
     that arrives last at tile (x, y) (thread 0, after a CTA barrier: ``membar.gl``,
@@ -522,7 +616,8 @@ def emit_decode_mma_split_k(kb: Any, fmt: Format, *, start: Value, end: Value, e
     partials) sums them in split order 0, 1, .., splits - 1 (fixed: the result does not
     depend on which CTA is last), calls ``store`` (alpha / expert scale / row scale as in
     "mma") and resets the counter to 0 (the buffer is reusable by the next launch: the host
-    may keep one zeroed counter buffer per stream)."""
+    may keep one zeroed counter buffer per stream). ``decode``: as in
+    :func:`emit_decode_mma` ("prmt": variant "mma_psk")."""
     i32 = bir.i32()
     z, splits = bir.block_idx("z"), bir.grid_dim("z")
     n0 = bir.mul(bir.block_idx("x"), COLS)
@@ -532,7 +627,7 @@ def emit_decode_mma_split_k(kb: Any, fmt: Format, *, start: Value, end: Value, e
 
     emit_decode_mma(kb, fmt, start=start, end=end, expert=expert, n_count=n_count, k=k,
                     a_srow=a_srow, store=partial, step_range=split_k_steps(k, z, splits),
-                    decode="prmt")
+                    decode=decode)
     flag = workgroup_buffer(kb, 1, i32)
     tid = bir.thread_idx("x")
     bir.barrier()  # every thread's partials are stored (CTA scope)
