@@ -606,8 +606,8 @@ def split_k_steps(k: Value, split: Value, splits: Value) -> tuple[Value, Value]:
 def emit_decode_mma_split_k(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
                             n_count: Value, k: Value, a_srow: Callable[[Value], Value],
                             store: Callable[[Value, Value, Value], None], workspace: Value,
-                            counters: Value, decode: str = "lop3") -> None:
-    """Split-K body (``variant="mma_sk"``) of CTA (x, y, z): the "mma" kernel's sums over
+                            counters: Value) -> None:
+    """Split-K body (``variant="mma_psk"``) of CTA (x, y, z): the "mma_p" kernel's sums over
     the K steps of split z (:func:`split_k_steps`, ``splits = grid_dim.z``), written as fp32
     partials to ``workspace[(m * splits + z) * n + col]`` (rows m of the group); the CTA
     that arrives last at tile (x, y) (thread 0, after a CTA barrier: ``membar.gl``,
@@ -616,8 +616,7 @@ def emit_decode_mma_split_k(kb: Any, fmt: Format, *, start: Value, end: Value, e
     partials) sums them in split order 0, 1, .., splits - 1 (fixed: the result does not
     depend on which CTA is last), calls ``store`` (alpha / expert scale / row scale as in
     "mma") and resets the counter to 0 (the buffer is reusable by the next launch: the host
-    may keep one zeroed counter buffer per stream). ``decode``: as in
-    :func:`emit_decode_mma` ("prmt": variant "mma_psk")."""
+    may keep one zeroed counter buffer per stream)."""
     i32 = bir.i32()
     z, splits = bir.block_idx("z"), bir.grid_dim("z")
     n0 = bir.mul(bir.block_idx("x"), COLS)
@@ -627,7 +626,7 @@ def emit_decode_mma_split_k(kb: Any, fmt: Format, *, start: Value, end: Value, e
 
     emit_decode_mma(kb, fmt, start=start, end=end, expert=expert, n_count=n_count, k=k,
                     a_srow=a_srow, store=partial, step_range=split_k_steps(k, z, splits),
-                    decode=decode)
+                    decode="prmt")
     flag = workgroup_buffer(kb, 1, i32)
     tid = bir.thread_idx("x")
     bir.barrier()  # every thread's partials are stored (CTA scope)

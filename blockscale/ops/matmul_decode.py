@@ -20,16 +20,16 @@ Variants (``DecodeSpec.variant``, the ``variant=`` keyword of the direct calls):
 the MMA's M side, 64 columns per 128-thread CTA, weights streamed a 256-byte step ahead
 through registers into shared memory; cost per weight byte independent of the rows, result
 bit-identical to the portable kernel; :mod:`blockscale.ops._decode_mma_ir`), its variants
-"mma2", "mma_sk", "mma_p" (cheaper E2M1 -> f16 decode, ~19 % fewer instructions per step,
-the same values), "mma_p5" ("mma_p" at 5 CTAs per SM; grouped) and "mma_psk" ("mma_p" with K
-split over grid.z), see :data:`VARIANTS`. The dispatch runs ``BLOCKSCALE_DECODE_VARIANT``
+"mma2", "mma_p" (cheaper E2M1 -> f16 decode, ~19 % fewer instructions per step, the same
+values), "mma_p5" ("mma_p" at 5 CTAs per SM; grouped) and "mma_psk" ("mma_p" with K split
+over grid.z), see :data:`VARIANTS`. The dispatch runs ``BLOCKSCALE_DECODE_VARIANT``
 (default :data:`DEFAULT_VARIANT`) for FP4; with "mma_p", grids of at most
 :func:`split_k_max_ctas` CTAs run "mma_psk" (default 0: off).
 
-Split K ("mma_sk", "mma_psk"): split z of S sums its K steps from zero, writes fp32 partials
-to a workspace, and the CTA arriving last at a tile (an atomic counter per tile) adds them in
-split order 0..S-1 (deterministic) and resets the counter. "mma_psk"'s host side does no
-memset per call: the partials come from the stream-ordered allocator (every split writes all
+Split K ("mma_psk"): split z of S sums its K steps from zero, writes fp32 partials to a
+workspace, and the CTA arriving last at a tile (an atomic counter per tile) adds them in
+split order 0..S-1 (deterministic) and resets the counter. The host side does no memset per
+call: the partials come from the stream-ordered allocator (every split writes all
 of its partials before any is read), the counters from a buffer zeroed once per (device,
 stream) and left at zero by every launch (:func:`split_k_counters`).
 
@@ -75,28 +75,27 @@ MAX_REGISTERS = 128
 COLS = 32
 #: kernel variants: "simt" (FMAs per row, every format), "mma" (FP4: swap-AB mma.sync, the
 #: weights as the MMA's M side, one 16 KB step in flight per CTA; _decode_mma_ir), "mma2"
-#: (the same, two steps in flight: 32 KB per CTA, 3 CTAs per SM), "mma_sk" ("mma" with K
-#: split over grid.z for small grids: fp32 partials, summed in split order by the last CTA),
-#: "mma_p" ("mma" with the prmt decode: E2M1 -> f16 in ~1.4 ALU ops an element instead of
+#: (the same, two steps in flight: 32 KB per CTA, 3 CTAs per SM), "mma_p" ("mma" with the
+#: prmt decode: E2M1 -> f16 in ~1.4 ALU ops an element instead of
 #: ~1.9, NVFP4 weight scales by cvt.rn.f16x2.e4m3x2; the same values: bit-identical),
 #: "mma_p5" ("mma_p" under 96 registers: 5 CTAs (20 warps) per SM instead of 4, ~35 L1
 #: spill reloads per step; for latency hiding: the mma kernels issue at ~1.7 IPC per SM),
-#: "mma_psk" ("mma_p" split over K like "mma_sk", :func:`split_k_p` splits; cached counters)
-VARIANTS = ("simt", "mma", "mma2", "mma_sk", "mma_p", "mma_p5", "mma_psk", "mma_c")
+#: "mma_psk" ("mma_p" with K split over grid.z: fp32 partials, summed in split order by the
+#: last CTA; :func:`split_k_p` splits; cached counters). The split "mma" ("mma_sk") was
+#: removed: slower than "mma" everywhere (run H) and than "mma_psk" (run L: NVFP4 gpt-oss
+#: T=1 0.0483 vs 0.0386 ms, DeepSeek-V3 T=1 0.089 vs 0.0767 ms).
+VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c")
 #: the split-K variants (grid.z = splits; workspace and counters arguments)
-SPLIT_VARIANTS = ("mma_sk", "mma_psk")
+SPLIT_VARIANTS = ("mma_psk",)
 #: threads and output columns per CTA of each variant
-VARIANT_THREADS = {"simt": THREADS, "mma": 128, "mma2": 128, "mma_sk": 128, "mma_p": 128,
-                   "mma_p5": 128, "mma_psk": 128, "mma_c": 128}
-VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_sk": 64, "mma_p": 64, "mma_p5": 64,
-                "mma_psk": 64,
+VARIANT_THREADS = {"simt": THREADS, "mma": 128, "mma2": 128, "mma_p": 128, "mma_p5": 128,
+                   "mma_psk": 128, "mma_c": 128}
+VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_p": 64, "mma_p5": 64, "mma_psk": 64,
                 "mma_c": 64}
 #: register cap (nvvm.maxnreg) per variant: simt 2 x 256 threads, mma 4 x 128, mma2 3 x 128,
 #: mma_p5 5 x 128 (5 x 42 KB of shared memory: fits the H200's 228 KB)
-VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_sk": 128, "mma_p": 128,
-                     "mma_p5": 96, "mma_psk": 128, "mma_c": 128}
-#: mma_sk: split K until the grid has about this many CTAs (4 per SM of the H200's 132)
-SPLIT_K_CTAS = 4 * 132
+VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_p": 128, "mma_p5": 96,
+                     "mma_psk": 128, "mma_c": 128}
 #: mma_psk: split K until the grid has about two waves of CTAs (4 per SM of 132 SMs, twice)
 SPLIT_K_P_CTAS = 2 * 4 * 132
 #: mma_psk: at least this many K steps (512 FP4 elements) per split (one step is loaded
@@ -114,7 +113,7 @@ VARIANT_ENV = "BLOCKSCALE_DECODE_VARIANT"
 #: T=128 4.78 -> 2.07 ms (mma2 was slower than mma everywhere). Run J (2026-11-30), mma ->
 #: mma_p: gpt-oss NVFP4 T=1 0.0326 -> 0.0311, T=16 0.263 -> 0.247, T=128 0.697 -> 0.659 ms;
 #: DeepSeek-V3 NVFP4 T=128 2.08 -> 1.95 ms; dense M=1 / 16 (N=5760 K=2880) 0.0181 -> 0.0156 /
-#: 0.0276 -> 0.0240 ms (mma_p5 and, run H, mma_sk were slower than mma)
+#: 0.0276 -> 0.0240 ms (mma_p5 and, run H, the removed split "mma_sk" were slower than mma)
 DEFAULT_VARIANT = "mma_p"
 
 
@@ -208,8 +207,7 @@ def build(spec: DecodeSpec) -> Any:
     elif spec.variant in SPLIT_VARIANTS:
         def emit(*args: Any, **kw: Any) -> None:
             DM.emit_decode_mma_split_k(*args, **kw, workspace=kb.arg("workspace"),
-                                       counters=kb.arg("counters"),
-                                       decode="prmt" if spec.variant == "mma_psk" else "lop3")
+                                       counters=kb.arg("counters"))
     else:
         def emit(*args: Any, **kw: Any) -> None:
             DM.emit_decode_mma(*args, **kw, depth=2 if spec.variant == "mma2" else 1,
@@ -307,14 +305,6 @@ def group_list(expert_start: Any, num_groups: int) -> np.ndarray:
     return np.arange(num_groups, dtype=np.int32)
 
 
-def split_k(ctas: int, k: int) -> int:
-    """mma_sk: the K splits for a grid of ``ctas`` CTAs (per split) and K (FP4): enough for
-    ~:data:`SPLIT_K_CTAS` CTAs, at most one per 512-element step, none empty."""
-    steps = max(1, -(-(k // 2) // 256))
-    want = min(steps, max(1, -(-SPLIT_K_CTAS // max(1, ctas))))
-    return -(-steps // -(-steps // want))
-
-
 def split_k_p(ctas: int, k: int) -> int:
     """mma_psk: the K splits for a grid of ``ctas`` CTAs (per split) and K (FP4): as many as
     keep the grid within :data:`SPLIT_K_P_CTAS` CTAs (two waves: no third, partial one) and
@@ -381,19 +371,20 @@ def split_k_counters(device: Any, stream: int, tiles: int) -> Any:
 def _with_split_k(spec: DecodeSpec, grid3: tuple[int, int, int], rows: int, n: int, k: int,
                   buffers: dict[str, Any], host: bool,
                   device: Any) -> tuple[tuple[int, int, int], dict[str, Any]]:
-    """Split variants: grid.z = the splits, plus the workspace and counters. mma_sk: both
-    fresh per call (counters zeroed: a memset). mma_psk on a GPU: the workspace from the
-    stream-ordered allocator (no memset: every split writes its partials before the reducing
-    CTA reads them) and the counters of :func:`split_k_counters`, on the launch stream (the
-    one the op's output is allocated on). Other variants: unchanged."""
+    """Split variants: grid.z = the splits, plus the workspace and counters. On a GPU: the
+    workspace from the stream-ordered allocator (no memset: every split writes its partials
+    before the reducing CTA reads them) and the counters of :func:`split_k_counters`, on the
+    launch stream (the one the op's output is allocated on); all-numpy inputs: numpy buffers
+    (copied with them); a device without launch streams: fresh, zeroed counters. Other
+    variants: unchanged."""
     if spec.variant not in SPLIT_VARIANTS:
         return grid3, buffers
     tiles = grid3[0] * grid3[1]
-    s = (split_k_p if spec.variant == "mma_psk" else split_k)(tiles, k)
+    s = split_k_p(tiles, k)
     ws = max(1, rows * s * n)
     if host:
         extra = {"workspace": np.empty(ws, np.float32), "counters": np.zeros(tiles, np.int32)}
-    elif spec.variant == "mma_psk" and hasattr(device, "launch_stream"):
+    elif hasattr(device, "launch_stream"):
         stream = device.launch_stream(buffers.values())
         extra = {"workspace": device.alloc((ws,), np.float32, stream),
                  "counters": split_k_counters(device, stream, tiles)}
@@ -563,7 +554,7 @@ def bundle_specs(target: str = "sm_90a") -> list[DecodeSpec]:
     specs += [DecodeSpec(f, "dense", o, False, target)
               for f in ("nvfp4", "mxfp4", "mxfp8") for o in ("bfloat16", "float32")]
     # the tensor-core variant (FP4)
-    for v in ("mma", "mma2", "mma_sk", "mma_p", "mma_p5", "mma_psk", "mma_c"):  # tensor-core (FP4)
+    for v in ("mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c"):  # tensor-core (FP4)
         specs += [DecodeSpec(f, "grouped", "bfloat16", False, target, v)
                   for f in ("nvfp4", "mxfp4")]
         specs.append(DecodeSpec("nvfp4", "grouped", "bfloat16", True, target, v))
