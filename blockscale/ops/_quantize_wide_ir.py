@@ -20,7 +20,11 @@ schedule:
 * the block's first group from one warp-cooperative count (each lane tests ``expert_start``
   entries, one L2 round trip for G <= 32 * SCAN_UNROLL; shuffles add the counts) instead of
   the binary search; later changes (about one per block) keep the stream kernel's search;
-* one vector store per chunk (8 bytes FP4, 16 bytes MXFP8) instead of one per 8 elements.
+* one vector store per chunk (8 bytes FP4, 16 bytes MXFP8) instead of one per 8 elements;
+* the padding scale words (the stream kernel's pass) are zeroed after the data loop, so the
+  prologue before the first math is ~3 dependent L2 round trips (count, group vectors,
+  tensor scale), covered by the first row's loads; the fused table's fill issues all of a
+  thread's table loads at once (:func:`_fill_lut`).
 
 Numerics (D2 chain, NaN / -0 handling, packing) are the tile kernel's helpers, so the bytes
 are identical on every target. Aligned kernels only (K % 8 == 0).
@@ -197,8 +201,6 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
     state_types = [i32] * 4 + ([B.f32(), B.f32()] if nvfp4 else [])
     state0 = QS.group_state(k, a, g0)
 
-    QS._padding(k, kb, _Tid(tid), d1, share)
-
     nw = len(first[0])
     with B.for_range(lo, hi, carry=[wv for ws in first for wv in ws] + state0) as loop:
         rg = B.cast_int(loop.iv, i64)
@@ -232,6 +234,9 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
             _chunk(k, a, ch, row, words)
             nxt += load(noff, ch)
         loop.yield_(*(nxt + st))
+    # the padding scale words after the data (the stream kernel zeroes them first: ~2 more
+    # dependent L2 round trips before the first math, with only the first loads in flight)
+    QS._padding(k, kb, _Tid(tid), d1, share)
 
 
 #: table entries a thread loads before storing them (the fill's loads in flight at once)
