@@ -231,13 +231,20 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, m0: Value, src: BSource, k: 
     def first(t: Value) -> list[Value]:
         return _load_step(src, ring.pt, t, fmt) if prefetch else []
 
-    def produce(t: Value, regs: list[Value], wait_parity: Value | None) -> list[Value]:
-        """Step t (if t < steps; ``wait_parity``: wait on its empty barrier first); returns
-        the next step's prefetched registers."""
+    def produce(t: Value, regs: list[Value], wait: Value | None,
+                wait_parity: Value | None) -> list[Value]:
+        """Step t (if t < steps; where ``wait`` holds (None: always), wait on its empty
+        barrier for ``wait_parity`` first, if given); returns the next step's prefetched
+        registers."""
         nxt = _load_step(src, ring.pt, bir.add(t, 1), fmt) if prefetch else []
         with bir.when(bir.ult(t, steps)):
             if wait_parity is not None:
-                cpasync.mbarrier_wait(ring.empty(bir.urem(t, stages)), wait_parity)
+                empty = ring.empty(bir.urem(t, stages))
+                if wait is None:
+                    cpasync.mbarrier_wait(empty, wait_parity)
+                else:
+                    with bir.when(wait):
+                        cpasync.mbarrier_wait(empty, wait_parity)
             _fill(ring, src_a, t, regs if prefetch else _load_step(src, ring.pt, t, fmt), fmt)
         return nxt
 
@@ -245,16 +252,14 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, m0: Value, src: BSource, k: 
         with bir.when(is_prod):  # first in the IR: lock-step order runs it first
             with bir.for_range(0, steps, carry=first(bir.const(0))) as pl:
                 t = pl.iv
-                # t >= stages - 1: the consumers' release at their step t - stages + 1
-                ahead = bir.sub(bir.add(t, 1), stages)  # wraps for t < stages - 1
-                br = bir.if_(bir.ult(t, stages - 1), types)
-                with br.then():
-                    br.yield_(*produce(t, list(pl.carried), None))
-                with br.else_():
-                    br.yield_(*produce(t, list(pl.carried),
-                                       T._parity(bir.udiv(ahead, stages))))
+                # t >= stages - 1: wait for the consumers' release at their step
+                # t - stages + 1 (step t - stages's stage; the first, at t = stages - 1, is
+                # the consumers' step-0 release of the unused stage stages - 1)
+                ahead = bir.sub(bir.add(t, 1), stages)  # wraps for t < stages - 1: unused
+                nxt = produce(t, list(pl.carried), bir.ule(stages - 1, t),
+                              T._parity(bir.udiv(ahead, stages)))
                 if prefetch:
-                    pl.yield_(*br.results)
+                    pl.yield_(*nxt)
         with bir.when(is_cons):
             with bir.for_range(0, steps, carry=[W.zero_accumulator(BN)]) as cl:
                 cl.yield_(ring.consume(cl.iv, cl.carried[0]))
@@ -267,7 +272,7 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, m0: Value, src: BSource, k: 
     with pro.then():
         regs = first(bir.const(0))
         for p in range(stages - 1):
-            regs = produce(bir.const(p), regs, None)
+            regs = produce(bir.const(p), regs, None, None)
         pro.yield_(*regs)
     with pro.else_():
         pro.yield_(*[bir.const(0, ty) for ty in types])
@@ -283,7 +288,7 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, m0: Value, src: BSource, k: 
         prod = bir.if_(is_prod, types)
         with prod.then():
             # the consumers released step s - 1's stage (= step s + stages - 1's) above
-            prod.yield_(*produce(bir.add(s, stages - 1), regs,
+            prod.yield_(*produce(bir.add(s, stages - 1), regs, None,
                                  T._parity(bir.udiv(s, stages))))
         with prod.else_():
             prod.yield_(*regs)
