@@ -7,7 +7,8 @@ Compute profiles exactly its kernels (GPU machine, kernels from the bundle)::
 Cases (the shapes of bench_matmul / bench_quantize_moe / bench_moe):
 
 * ``twophase``: NVFP4 8192 x 5760 x 2944 through the dispatch (phase 1 twice, phase 2);
-* ``twophase_persistent``: the same pair with ``schedule="persistent"``;
+* ``twophase_persistent`` / ``twophase_staged``: the same pair with ``schedule="persistent"``
+  / ``store="staged"``;
 * ``grouped_quantize`` / ``silu_quantize``: NVFP4, T=8192, K=4096, 64 experts, the default
   schedule;
 * ``moe_decode`` / ``moe_prefill``: gpt-oss-120b gate_up NVFP4 at T=128 / 4096.
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 
-def _twophase(dev: Any, schedule: str) -> Callable[[], Any]:
+def _twophase(dev: Any, schedule: str, store: str = "direct") -> Callable[[], Any]:
     from blockscale import layouts
     from blockscale.formats import Format
     from blockscale.ops import matmul_twophase
@@ -38,7 +39,7 @@ def _twophase(dev: Any, schedule: str) -> Callable[[], Any]:
     sa, sb = random_scales_2d(rng, fmt, m, k), random_scales_2d(rng, fmt, n, k)
     args = [dev.to_device(x) for x in (a, b, layouts.interleave(sa), layouts.interleave(sb))]
     return lambda: matmul_twophase.block_scaled_matmul_twophase(
-        *args, fmt, k=k, device=dev, schedule=schedule)
+        *args, fmt, k=k, device=dev, schedule=schedule, store=store)
 
 
 def _quantize(dev: Any, op: str) -> Callable[[], Any]:
@@ -70,6 +71,7 @@ def _moe(dev: Any, tokens: int) -> Callable[[], Any]:
 CASES: dict[str, Callable[[Any], Callable[[], Any]]] = {
     "twophase": lambda d: _twophase(d, "tiles"),
     "twophase_persistent": lambda d: _twophase(d, "persistent"),
+    "twophase_staged": lambda d: _twophase(d, "tiles", "staged"),
     "grouped_quantize": lambda d: _quantize(d, "grouped_quantize"),
     "silu_quantize": lambda d: _quantize(d, "fused_silu_quantize"),
     "moe_decode": lambda d: _moe(d, 128),
