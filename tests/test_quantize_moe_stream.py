@@ -211,3 +211,15 @@ def test_fused_wide_lut_every_gate(activation):
     rd, rs = RG.fused_silu_quantize(gu, "nvfp4", es, offs, ids, isc, activation=activation)
     assert_same_bytes(d, rd)
     assert_same_bytes(s, rs)
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "gfx942"])
+def test_grouped_wide_many_groups(target, sms):
+    """More groups than one step of the first-group count (warp x 4 entries: its loop runs),
+    many empty, each block's rows crossing several groups (NUM_SMS = 1)."""
+    rng = np.random.default_rng(9)
+    counts = rng.integers(0, 4, 300)
+    counts[rng.integers(0, 300, 60)] = 0
+    ids = rng.integers(-1, 8, 300)
+    _grouped("nvfp4", target, "wide", counts.tolist(), ids.tolist(), 32, 9,
+             np.geomspace(0.1, 10.0, 8).astype(np.float32))
