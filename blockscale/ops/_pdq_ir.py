@@ -82,12 +82,14 @@ class _PdqRing(T._Ring):
     descriptors and consumer protocol) whose full barriers also count the 128 producer
     threads' arrivals; keeps the shared buffer for the producer's stores."""
 
-    def __init__(self, kb: bir.KernelBuilder, k: Value, stages: int, bm: int) -> None:
+    def __init__(self, kb: bir.KernelBuilder, k: Value, stages: int, bm: int,
+                 packed_a: bool = False) -> None:
         T._check_ring(KSTEP, stages, bm, "none")
         self.kstep, self.stages, self.bm = KSTEP, stages, bm
         self.a_bytes, self.b_bytes = bm * 2 * KSTEP, BN * 2 * KSTEP
         self.sbytes = self.a_bytes + self.b_bytes
         self.sw = False
+        self.packed_a = packed_a
         self.smem = tma.extern_shared_buffer(kb, T.shared_bytes(KSTEP, stages, bm), align=128)
         self.tid = bir.thread_idx("x")
         self.wg = bir.udiv(self.tid, 128)
@@ -103,57 +105,72 @@ class _PdqRing(T._Ring):
     def init_barriers(self) -> None:
         with bir.when(self.is_prod):
             for i in range(self.stages):
-                cpasync.mbarrier_init(self.full(bir.const(i)), 1 + PRODUCER_THREADS)
+                # the producers' arrivals (+ the bulk copy's expect_tx one)
+                cpasync.mbarrier_init(self.full(bir.const(i)),
+                                      PRODUCER_THREADS + (0 if self.packed_a else 1))
                 cpasync.mbarrier_init(self.empty(bir.const(i)), self.bm // 64)
             tma.fence_mbarrier_init()
         bir.barrier()
 
 
-class BSource:
-    """Where the producer reads B's packed rows and scales: ``b`` ``[rows, K/2]`` bytes (i8
-    memref) from row ``row0`` on (``rows_valid`` of them count, rows past it are zeros), the
-    scale bytes of the tile's row ``r`` at ``scale_row(r)`` + the K-block offset (5-D / 6-D
-    layouts: 128-row atoms, so the offsets of the two rows a thread takes differ by one
-    atom row)."""
+class PackedRows:
+    """Where the producer reads an operand's packed rows and scales: ``x`` ``[rows, K/2]``
+    bytes (i8 memref) from row ``row0`` on (``rows_valid`` of them count, rows past it are
+    zeros), the scale bytes of the tile's row ``r`` at ``scale_row(r)`` + the K-block
+    offset (5-D / 6-D layouts). ``tile``: the tile's rows (256 for B, bm for A), stored as
+    the stage span at byte ``span`` (set by :func:`emit_mainloop`)."""
 
-    def __init__(self, b: Value, sfb: Value, row0: Value, rows_valid: Value, k: Value,
-                 scale_row: Callable[[Value], Value]) -> None:
-        self.b, self.sfb, self.row0, self.rows_valid, self.k = b, sfb, row0, rows_valid, k
-        self.scale_row = scale_row
+    def __init__(self, x: Value, sfx: Value, row0: Value, rows_valid: Value, k: Value,
+                 scale_row: Callable[[Value], Value], tile: int = BN) -> None:
+        if tile % PRODUCER_THREADS:
+            raise ValueError(f"tile must be a multiple of {PRODUCER_THREADS}, got {tile}")
+        self.x, self.sfx, self.row0, self.rows_valid, self.k = x, sfx, row0, rows_valid, k
+        self.scale_row, self.tile, self.span = scale_row, tile, 0
+
+    @property
+    def per_thread(self) -> int:
+        return self.tile // PRODUCER_THREADS
 
 
-def _types(fmt: str) -> list[ir.Type]:
+#: the dense kernel's B operand (kept name)
+BSource = PackedRows
+
+
+def _types(ops: list[PackedRows], fmt: str) -> list[ir.Type]:
     nscales = 2 if fmt == "nvfp4" else 1
-    return [bir.vec(16, bir.i8()), bir.vec(nscales, bir.i8())] * (2 * ROWS_PER_THREAD)
+    per = [bir.vec(16, bir.i8()), bir.vec(nscales, bir.i8())] * 2
+    return per * sum(op.per_thread for op in ops)
 
 
-def _load_step(src: BSource, pt: Value, t: Value, fmt: str) -> list[Value]:
-    """Producer thread ``pt``'s packed data and scale bytes of k-step ``t`` (per row, per
-    32-element half: vector<16xi8>, vector<nscales xi8>); zeros past the rows or K (so
-    zeros for every t >= steps, with no memory access)."""
+def _load_step(ops: list[PackedRows], pt: Value, t: Value, fmt: str) -> list[Value]:
+    """Producer thread ``pt``'s packed data and scale bytes of k-step ``t`` (per operand,
+    row ``pt + 128 j`` of its tile and 32-element half: vector<16xi8>, vector<nscales
+    xi8>); zeros past the rows or K (so zeros for every t >= steps, with no memory
+    access)."""
     block = 16 if fmt == "nvfp4" else 32
     nscales = 32 // block
     vd, vs = bir.vec(16, bir.i8()), bir.vec(nscales, bir.i8())
-    half_k = bir.udiv(src.k, 2)
     out = []
-    for j in range(ROWS_PER_THREAD):
-        r = bir.add(pt, j * PRODUCER_THREADS)
-        row_ok = bir.ult(r, src.rows_valid)
-        grow = bir.add(src.row0, r)
-        srow = src.scale_row(r)
-        for half in range(2):
-            p = bir.add(bir.mul(t, 2), half)
-            br = bir.if_(bir.logical_and(row_ok, bir.ult(bir.mul(p, 32), src.k)), [vd, vs])
-            with br.then():
-                data = bir.vector_load(vd, src.b, bir.add(bir.mul(grow, half_k),
-                                                          bir.mul(p, 16)), alignment=16)
-                jb = bir.mul(p, nscales)
-                off = bir.add(srow, bir.add(bir.mul(bir.udiv(jb, 4), SF_ATOM_BYTES),
-                                            bir.urem(jb, 4)))
-                br.yield_(data, bir.vector_load(vs, src.sfb, off, alignment=nscales))
-            with br.else_():
-                br.yield_(bir.const(0, vd), bir.const(0, vs))
-            out += list(br.results)
+    for src in ops:
+        half_k = bir.udiv(src.k, 2)
+        for j in range(src.per_thread):
+            r = bir.add(pt, j * PRODUCER_THREADS)
+            row_ok = bir.ult(r, src.rows_valid)
+            grow = bir.add(src.row0, r)
+            srow = src.scale_row(r)
+            for half in range(2):
+                p = bir.add(bir.mul(t, 2), half)
+                br = bir.if_(bir.logical_and(row_ok, bir.ult(bir.mul(p, 32), src.k)), [vd, vs])
+                with br.then():
+                    data = bir.vector_load(vd, src.x, bir.add(bir.mul(grow, half_k),
+                                                              bir.mul(p, 16)), alignment=16)
+                    jb = bir.mul(p, nscales)
+                    off = bir.add(srow, bir.add(bir.mul(bir.udiv(jb, 4), SF_ATOM_BYTES),
+                                                bir.urem(jb, 4)))
+                    br.yield_(data, bir.vector_load(vs, src.sfx, off, alignment=nscales))
+                with br.else_():
+                    br.yield_(bir.const(0, vd), bir.const(0, vs))
+                out += list(br.results)
     return out
 
 
@@ -199,38 +216,48 @@ def _dequant_lut(codes: Value, splats: tuple[Value, ...], block: int) -> list[Va
     return rows
 
 
-def _store_step(ring: _PdqRing, stage_b: Value, vals: list[Value], fmt: str) -> None:
+def _store_step(ring: _PdqRing, stage0: Value, ops: list[PackedRows], vals: list[Value],
+                fmt: str) -> None:
     """Dequantize the registers of :func:`_load_step` as phase 1 does and store them to the
-    B span at ``stage_b`` (byte offset in the ring): chunk ``c`` of tile row ``r`` at
-    ``c * BN * 16 + r * 16``."""
+    operands' spans of the stage at ``stage0`` (byte offset in the ring): chunk ``c`` of
+    tile row ``r`` at ``span + c * tile * 16 + r * 16``."""
     block = 16 if fmt == "nvfp4" else 32
     nscales = 32 // block
     vd = bir.vec(16, bir.i8())
-    for j in range(ROWS_PER_THREAD):
-        r = bir.add(ring.pt, j * PRODUCER_THREADS)
-        for half in range(2):
-            data, scales = vals[4 * j + 2 * half], vals[4 * j + 2 * half + 1]
-            sv = X._scale_values(arith.extui(bir.vec(nscales, bir.i32()), scales), "lut", fmt)
-            splats = tuple(vector.broadcast(bir.vec(2, bir.bf16()), vector.extract(sv, [], [i]))
-                           for i in range(nscales))
-            base = bir.add(stage_b, bir.mul(r, 16))
-            for c, v in enumerate(_dequant_lut(data, splats, block)):
-                bir.vector_store(vector.bitcast(vd, v), ring.smem,
-                                 bir.add(base, (4 * half + c) * BN * 16), alignment=16)
+    i = 0
+    for src in ops:
+        for j in range(src.per_thread):
+            r = bir.add(ring.pt, j * PRODUCER_THREADS)
+            for half in range(2):
+                data, scales = vals[i], vals[i + 1]
+                i += 2
+                sv = X._scale_values(arith.extui(bir.vec(nscales, bir.i32()), scales), "lut",
+                                     fmt)
+                splats = tuple(vector.broadcast(bir.vec(2, bir.bf16()),
+                                                vector.extract(sv, [], [q]))
+                               for q in range(nscales))
+                base = bir.add(stage0, bir.add(src.span, bir.mul(r, 16)))
+                for c, v in enumerate(_dequant_lut(data, splats, block)):
+                    bir.vector_store(vector.bitcast(vd, v), ring.smem,
+                                     bir.add(base, (4 * half + c) * src.tile * 16),
+                                     alignment=16)
 
 
-def _fill(ring: _PdqRing, src_a: Value, t: Value, vals: list[Value], fmt: str) -> None:
+def _fill(ring: _PdqRing, src_a: Value | None, t: Value, ops: list[PackedRows],
+          vals: list[Value], fmt: str) -> None:
     """Producer warpgroup: fill the (free) stage of step ``t``: A by bulk copy (thread 0 of
-    the producers), B from ``vals``; fence the stores to the async proxy and arrive."""
+    the producers) unless ``src_a`` is None (A is one of ``ops``), the ``ops`` from
+    ``vals``; fence the stores to the async proxy and arrive."""
     slot = bir.urem(t, ring.stages)
     stage0 = bir.mul(slot, ring.sbytes)
     full = ring.full(slot)
-    with bir.when(ring.is_prod):
-        cpasync.mbarrier_arrive_expect_tx(full, ring.a_bytes)
-        cpasync.bulk_copy(bir.add(ring.base, bir.as_i64(stage0)),
-                          bir.add(src_a, bir.as_i64(bir.mul(t, ring.a_bytes))),
-                          ring.a_bytes, full)
-    _store_step(ring, bir.add(stage0, ring.a_bytes), vals, fmt)
+    if src_a is not None:
+        with bir.when(ring.is_prod):
+            cpasync.mbarrier_arrive_expect_tx(full, ring.a_bytes)
+            cpasync.bulk_copy(bir.add(ring.base, bir.as_i64(stage0)),
+                              bir.add(src_a, bir.as_i64(bir.mul(t, ring.a_bytes))),
+                              ring.a_bytes, full)
+    _store_step(ring, stage0, ops, vals, fmt)
     W.fence_proxy_async_shared()
     cpasync.mbarrier_arrive(full)
 
@@ -251,23 +278,32 @@ def _role(bm: int) -> tuple[Value, Value]:
     return bir.ult(wg, bir.const(bm // 64, bir.i32())), bir.ule(bir.const(bm // 64, bir.i32()), wg)
 
 
-def emit_mainloop(kb: bir.KernelBuilder, wa: Value, m0: Value, src: BSource, k: Value,
-                  fmt: str, stages: int, epilogue: Callable[[Value, Value], None],
+def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: PackedRows,
+                  k: Value, fmt: str, stages: int, epilogue: Callable[[Value, Value], None],
                   bm: int = T.BM, prefetch: bool = True, loop: str = "split") -> None:
-    """The producer / consumer K loop (module docstring) of the ``bm x 256`` tile at A row
-    ``m0`` of the stage-ordered A workspace ``wa`` (i8 memref, tile ``bm``) and B rows
-    ``src``, then ``epilogue(acc, wg)`` in the consumer threads (the warpgroup's final
-    accumulator struct and index). Every thread of the CTA runs it. ``loop``:
-    :data:`LOOPS`."""
+    """The producer / consumer K loop (module docstring) of the ``bm x 256`` tile of A rows
+    ``a`` and B rows ``b``, then ``epilogue(acc, wg)`` in the consumer threads (the
+    warpgroup's final accumulator struct and index). ``a``: the stage-ordered A workspace
+    (i8 memref, tile ``bm``; the tile's rows from ``m0`` on, copied by ``cp.async.bulk``)
+    or packed rows (:class:`PackedRows` with ``tile == bm``) the producer dequantizes too
+    (``m0`` unused). Every thread of the CTA runs it. ``loop``: :data:`LOOPS`."""
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {list(LOOPS)}, got {loop!r}")
-    ring = _PdqRing(kb, k, stages, bm)
+    ring = _PdqRing(kb, k, stages, bm, packed_a=isinstance(a, PackedRows))
     steps = ring.steps
-    src_a = bir.add(cpasync.global_address(wa),
-                    bir.as_i64(bir.mul(bir.udiv(m0, bm), bir.mul(ring.kp, 2 * bm))))
+    b.span = ring.a_bytes
+    if isinstance(a, PackedRows):
+        if a.tile != bm:
+            raise ValueError(f"packed A rows must be a tile of bm={bm} rows, got {a.tile}")
+        ops, src_a = [a, b], None
+    else:
+        ops = [b]
+        src_a = bir.add(cpasync.global_address(a),
+                        bir.as_i64(bir.mul(bir.udiv(m0, bm), bir.mul(ring.kp, 2 * bm))))
+    src = ops
     ring.init_barriers()
     ring.descriptors()
-    types = _types(fmt) if prefetch else []
+    types = _types(ops, fmt) if prefetch else []
     is_cons, is_prod = _role(bm)
 
     def first(t: Value) -> list[Value]:
@@ -287,7 +323,8 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, m0: Value, src: BSource, k: 
                 else:
                     with bir.when(wait):
                         cpasync.mbarrier_wait(empty, wait_parity)
-            _fill(ring, src_a, t, regs if prefetch else _load_step(src, ring.pt, t, fmt), fmt)
+            _fill(ring, src_a, t, ops, regs if prefetch else _load_step(src, ring.pt, t, fmt),
+                  fmt)
         return nxt
 
     if loop == "split":

@@ -47,6 +47,9 @@ BM, BN, KSTEP = 128, 256, 64
 THREADS = 384
 #: loop structures (= _pdq_ir.LOOPS)
 LOOPS = ("split", "lockstep")
+#: where the stages' A comes from: the phase-1 workspace (bulk copies) or the packed rows
+#: (dequantized by the producer)
+A_SOURCES = ("workspace", "packed")
 #: shared stages: 48 KiB each (A 16 + B 32); 4 fill 196,672 bytes
 MAX_STAGES = 4
 
@@ -69,6 +72,9 @@ class PdqMatmulSpec(FormatSpec):
             "lockstep", one loop running both roles per iteration (any K in the
             interpreter; the producer's path also holds the accumulators: 168-register
             cap, spills).
+        a_source: :data:`A_SOURCES`: "workspace", A's bf16 workspace (phase 1) copied by
+            ``cp.async.bulk``; "packed", the producer dequantizes A's packed rows too (no
+            phase 1: 384 rows a step for the producer instead of 256).
     """
 
     fmt: str
@@ -78,6 +84,7 @@ class PdqMatmulSpec(FormatSpec):
     stages: int | None = None
     prefetch: bool = True
     loop: str = "split"
+    a_source: str = "workspace"
 
     op: ClassVar[str] = "block_scaled_matmul_pdq"
     block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
@@ -92,6 +99,7 @@ class PdqMatmulSpec(FormatSpec):
         if not isinstance(self.prefetch, bool):
             raise TypeError(f"prefetch must be a bool, got {type(self.prefetch).__name__}")
         H.check_choice(self.loop, LOOPS, "loop")
+        H.check_choice(self.a_source, A_SOURCES, "a_source")
 
     @property
     def dynamic_shared_bytes(self) -> int:
@@ -103,14 +111,17 @@ class PdqMatmulSpec(FormatSpec):
         ep = f"_ep{self.epilogue.key[:10]}" if self.epilogue else ""
         pf = "" if self.prefetch else "_nopf"
         lp = "" if self.loop == "split" else f"_{self.loop}"
+        pa = "_pa" if self.a_source == "packed" else ""
         return (f"bs_pdq_{self.fmt}_{BM}x{BN}_k{KSTEP}_s{self.stages}_"
-                f"{H.out_tag(self.out_dtype)}{pf}{lp}{ep}")
+                f"{H.out_tag(self.out_dtype)}{pa}{pf}{lp}{ep}")
 
     def args(self) -> tuple[KernelArg, ...]:
-        """wa (A's workspace bytes), b, sfb (packed B and its 5-D scales), c, epilogue
-        inputs, m, n, k, alpha."""
+        """wa (A's workspace bytes; a_source "packed": a, sfa), b, sfb (packed B and its 5-D
+        scales), c, epilogue inputs, m, n, k, alpha."""
         base = _matmul.MatmulSpec(self.fmt, self.out_dtype, "tcgen5d", self.epilogue,
                                   self.target).args()
+        if self.a_source == "packed":
+            return base
         return (KernelArg("wa", "buffer", "uint8"),
                 *(a for a in base if a.name not in ("a", "sfa")))
 
@@ -141,8 +152,13 @@ def build(spec: PdqMatmulSpec) -> Any:
         m0, n0 = bir.mul(mt, BM), bir.mul(nt, BN)
         block = 16 if spec.fmt == "nvfp4" else 32
         d1 = bir.ceil_div(bir.ceil_div(k, block), 4)
-        src = P.BSource(kb.arg("b"), kb.arg("sfb"), n0, bir.sub(n_count, n0), k,
-                        lambda r: tcgen_row_offset(bir.add(n0, r), d1))
+        src = P.PackedRows(kb.arg("b"), kb.arg("sfb"), n0, bir.sub(n_count, n0), k,
+                           lambda r: tcgen_row_offset(bir.add(n0, r), d1))
+        if spec.a_source == "packed":
+            a_op = P.PackedRows(kb.arg("a"), kb.arg("sfa"), m0, bir.sub(m_count, m0), k,
+                                lambda r: tcgen_row_offset(bir.add(m0, r), d1), BM)
+        else:
+            a_op = kb.arg("wa")
         fix = X.accumulator_scale("lut", spec.fmt, "fold")
 
         def scale(v: Any, m: Any, n: Any) -> Any:
@@ -154,7 +170,7 @@ def build(spec: PdqMatmulSpec) -> Any:
             _sm90.store_tile(spec, kb, T.accumulator_tiles(acc), X.warp_coords(wg), m0, n0,
                              m_count, n_count, scale)
 
-        P.emit_mainloop(kb, kb.arg("wa"), m0, src, k, spec.fmt, spec.stages, store, BM,
+        P.emit_mainloop(kb, a_op, m0, src, k, spec.fmt, spec.stages, store, BM,
                         spec.prefetch, spec.loop)
     return kb.module
 
@@ -167,10 +183,11 @@ def block_scaled_matmul_pdq(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | st
                             out_dtype: str = "bfloat16", epilogue: Epilogue | None = None,
                             epilogue_inputs: dict[str, Any] | None = None,
                             stages: int | None = None, prefetch: bool = True,
-                            loop: str = "split", device: Any = None) -> Any:
+                            loop: str = "split", a_source: str = "workspace",
+                            device: Any = None) -> Any:
     """The producer-dequant kernel called directly (no dispatch), e.g. by tests and
     benchmarks. Arguments as :func:`blockscale.ops.matmul_twophase.
-    block_scaled_matmul_twophase` (5-D scales) plus ``stages``, ``prefetch`` and ``loop``
+    block_scaled_matmul_twophase` (5-D scales) plus ``stages``, ``prefetch``, ``loop`` and ``a_source``
     (:class:`PdqMatmulSpec`). Allocates A's bf16 workspace (``2 k_pad M_pad`` bytes) per
     call. Raises ValueError for a format other than NVFP4 / MXFP4 or K % 32 != 0."""
     fmt = Format.from_name(fmt)
@@ -180,7 +197,7 @@ def block_scaled_matmul_pdq(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | st
     if d.k % 32:
         raise ValueError(f"the producer-dequant kernel takes k % 32 == 0, got k={d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
-    spec = PdqMatmulSpec(fmt.name, out_dtype, epilogue, tgt, stages, prefetch, loop)
+    spec = PdqMatmulSpec(fmt.name, out_dtype, epilogue, tgt, stages, prefetch, loop, a_source)
     alpha = H.finite_f32(alpha, "alpha")
     extra = dict(epilogue_inputs or {})
     H.check_epilogue_inputs(spec.epilogue.inputs if spec.epilogue else (), extra, d.m, d.n)
@@ -191,9 +208,12 @@ def block_scaled_matmul_pdq(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | st
     host = all(isinstance(v, np.ndarray) for v in (*ops.values(), *extra.values()))
     if host:  # keep the workspace on the device between the launches
         ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
-    wa = TP._dequantize(spec.fmt, spec.target, ops["a"], ops["sfa"], d.m, BM, d.k, dev)
-    out = H.launch(spec, grid(d.m, d.n), (d.m, d.n), spec.out_dtype,
-                   {"wa": wa, "b": ops["b"], "sfb": ops["sfb"], **extra},
+    if spec.a_source == "packed":
+        bufs = dict(ops)
+    else:
+        bufs = {"wa": TP._dequantize(spec.fmt, spec.target, ops["a"], ops["sfa"], d.m, BM, d.k,
+                                     dev), "b": ops["b"], "sfb": ops["sfb"]}
+    out = H.launch(spec, grid(d.m, d.n), (d.m, d.n), spec.out_dtype, {**bufs, **extra},
                    {"m": d.m, "n": d.n, "k": d.k, "alpha": alpha}, dev)
     return dev.to_host(out) if host else out
 
@@ -204,12 +224,13 @@ def kernel(spec: PdqMatmulSpec) -> Any:
 
 
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
-    """NVFP4 / MXFP4 x bf16 / f32 out, 4 stages, with and without the prefetch (phase 1 of A:
-    matmul_twophase's DequantSpec, tile 128, bundled by that module); none off sm_90a."""
+    """NVFP4 / MXFP4 x bf16 / f32 out x A from the workspace / packed, 4 stages, with and
+    without the prefetch (phase 1 of A: matmul_twophase's DequantSpec, tile 128, bundled by
+    that module); none off sm_90a."""
     if target not in TARGETS:
         return []
-    specs = [PdqMatmulSpec(f, o, None, target, None, pf) for f in FORMATS
-             for o in _matmul.OUT_DTYPES for pf in (True, False)]
+    specs = [PdqMatmulSpec(f, o, None, target, None, pf, "split", src) for f in FORMATS
+             for o in _matmul.OUT_DTYPES for pf in (True, False) for src in A_SOURCES]
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
