@@ -200,8 +200,20 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
     # ---- the group of the block's first row: a warp-cooperative count ---------------------
     row0 = arith.minsi(arith.shli(arith.trunci(i32, lo), rpb_log2), arith.subi(m32, _c32(1)))
     g0 = _first_group(k, a, tid, row0)
-    state_types = [i32] * 4 + ([B.f32(), B.f32()] if nvfp4 else [])
+    table = nvfp4 and k.target.is_cuda
+    state_types = [i32] * 4 + ([B.f32(), B.f32()] if nvfp4 else []) + ([i32] if table else [])
     state0 = QS.group_state(k, a, g0)
+    k.recip_table = None
+    if table:  # D2's reciprocals of the block's first groups (module docstring)
+        k.recip_table = _fill_recip_table(k, kb, a, tid, g0)
+        state0.append(_c32(0))
+
+    def slot(g: ir.Value) -> list[ir.Value]:
+        """[g's table slot] (TABLE_GROUPS: not in the table), or [] without a table."""
+        if not table:
+            return []
+        rel = arith.subi(g, g0)  # >= 0: the thread's rows are at or past row0
+        return [arith.trunci(i32, arith.minui(rel, _c64(TABLE_GROUPS)))]
 
     nw = len(first[0])
     with B.for_range(lo, hi, carry=[wv for ws in first for wv in ws] + state0) as loop:
@@ -213,7 +225,8 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
         rowc = arith.minsi(drow, arith.subi(m32, _c32(1)))
         sb = B.if_(arith.cmpi(arith.CmpIPredicate.sge, rowc, state[0]), state_types)
         with sb.then():
-            sb.yield_(*QS.group_state(k, a, QS.search(a, rowc)))
+            g = QS.search(a, rowc)
+            sb.yield_(*(QS.group_state(k, a, g) + slot(g)))
         with sb.else_():
             sb.yield_(*state)
         st = list(sb.results)
@@ -228,6 +241,7 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
         srow_base = arith.addi(arith.shli(arith.muli(tile, d1), _c64(9)), rpart)
         drow_base = arith.muli(arith.extui(i64, drow), row_bytes)
         row = _Row(row_ok, active, tsf, inv_tsf, srow_base, drow_base, lane0, k16)
+        row.slot = st[6] if table else None
         nxt_rg = arith.addi(rg, _c64(1))
         noff = row_off(arith.select(arith.cmpi(arith.CmpIPredicate.ult, nxt_rg, hi), nxt_rg,
                                     rg))
@@ -239,6 +253,58 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
     # the padding scale words after the data (the stream kernel zeroes them first: ~2 more
     # dependent L2 round trips before the first math, with only the first loads in flight)
     QS._padding(k, kb, _Tid(tid), d1, share)
+
+
+#: groups (from the block's first) whose NVFP4 reciprocals the shared table holds
+TABLE_GROUPS = 4
+
+
+def _fill_recip_table(k: QI._Ctx, kb: B.KernelBuilder, a, tid: ir.Value,
+                      g0: ir.Value) -> ir.Value:
+    """Shared f32[TABLE_GROUPS * 128]: entry ``s * 128 + b`` is D2's reciprocal for scale
+    byte ``b`` under group ``g0 + s``'s tensor scale, computed as the group state computes
+    it (:func:`_quantize_stream_ir.group_state`: the same bits); one barrier."""
+    from blockscale.compiler.arch import tma
+
+    i32 = B.i32()
+    n = TABLE_GROUPS * 128
+    buf = tma.shared_buffer(kb, f"{n}xf32", align=16)
+    ng = arith.extui(B.i64(), a("num_groups"))
+    for i in range(n // BLOCK_THREADS):
+        e = arith.addi(tid, _c64(BLOCK_THREADS * i))
+        g = arith.addi(g0, arith.shrui(e, _c64(7)))
+        g = arith.select(arith.cmpi(arith.CmpIPredicate.ult, g, ng), g, g0)
+        expert = B.load(a("expert_ids"), g)
+        ex = arith.select(arith.cmpi(arith.CmpIPredicate.sge, expert, _c32(0)), expert, _c32(0))
+        v = B.load(a("tensor_sf"), B.cast_int(ex, B.index(), signed=True))
+        tsf = arith.divf(QI._cf(1.0), v) if k.spec.mode == "silu" else v
+        inv_tsf = arith.divf(QI._cf(1.0), tsf)
+        byte = arith.trunci(i32, arith.andi(e, _c64(127)))
+        B.store(QI._nvfp4_recip(byte, QI._e4m3_decode(k, byte), inv_tsf), buf, e)
+    B.barrier()
+    return buf
+
+
+def _scale_and_recip_table(k: QI._Ctx, amax_bits: ir.Value, row: _Row
+                           ) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """NVFP4 (scale byte, reciprocal, decoded scale) of D2 as :func:`quantize_ir.
+    _scale_and_recip`, the reciprocal read from the block's table when the row's group has a
+    slot there (else div.rn, as the stream kernel)."""
+    from blockscale.compiler.arch import convert as C
+    from blockscale.formats import RECIP_E2M1_MAX
+
+    f32 = B.f32()
+    amax = arith.bitcast(f32, amax_bits)
+    s = arith.mulf(row.tsf, arith.mulf(amax, QI._cf(RECIP_E2M1_MAX)))
+    byte = C.convert(s, "f32", "e4m3", rounding="rn", target=k.target)
+    sd = QI._e4m3_decode(k, byte)
+    br = B.if_(arith.cmpi(arith.CmpIPredicate.ult, row.slot, _c32(TABLE_GROUPS)), [f32])
+    with br.then():
+        idx = arith.addi(arith.shli(row.slot, _c32(7)), byte)
+        br.yield_(B.load(k.recip_table, arith.extui(B.i64(), idx)))
+    with br.else_():
+        br.yield_(QI._nvfp4_recip(byte, sd, row.inv_tsf))
+    return byte, br.results[0], sd
 
 
 #: table entries a thread loads before storing them (the fill's loads in flight at once)
@@ -345,7 +411,10 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
         amax = QI._block_amax_bits(k, [b for hb, _ in halves for b in hb], list(words))
     nonfinite = arith.cmpi(arith.CmpIPredicate.uge, amax, _c32(0x7F800000))
     safe_amax = arith.select(nonfinite, _c32(0), amax)
-    byte, recip, sd = QI._scale_and_recip(k, safe_amax, row.tsf, row.inv_tsf)
+    if k.recip_table is not None:
+        byte, recip, sd = _scale_and_recip_table(k, safe_amax, row)
+    else:
+        byte, recip, sd = QI._scale_and_recip(k, safe_amax, row.tsf, row.inv_tsf)
     byte = arith.select(nonfinite, _c32(0xFF if k.fmt.is_mx else 0x7F), byte)
     xs_h = [[arith.bitcast(B.f32(), b) for b in hb] for hb, _ in halves]
     if getattr(k, "mx_bf16x2", False):
