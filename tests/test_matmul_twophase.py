@@ -163,6 +163,27 @@ def test_interp_staged_store(case):
 
 
 @pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    ("nvfp4", (130, 400, 224), 192, "staged", "bfloat16"),  # 3 column tiles, N tail
+    ("mxfp4", (70, 200, 96), 192, "staged", "float32"),  # N tail inside the 2nd tile
+    ("nvfp4", (130, 390, 160), 192, "direct", "float32"),  # N % 8 != 0: direct stores
+], ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}-bn{c[2]}-{c[3]}-{c[4]}")
+def test_interp_tile_width(case):
+    """Tiles 128 x 192 (``wgmma m64n192k16``, B's workspace made for that width): the same
+    bytes as 128 x 256 tiles (the same k16 order per element); 128 is refused."""
+    fmt, (m, n, k), bn, store, out_dtype = case
+    fmt = Format.from_name(fmt)
+    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(m + n + k), fmt, m, n, k)
+    got, want = (TP.block_scaled_matmul_twophase(
+        a, b, sfa5, sfb5, fmt, alpha=0.375, out_dtype=out_dtype, bn=w, store=st,
+        device="interp") for w, st in ((bn, store), (256, "direct")))
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+    assert TP.grid(m, n, bn=bn) == (-(-m // 128) * -(-n // bn), 1, 1)
+    with pytest.raises(ValueError, match="bn must be one of"):
+        TP.TwophaseMatmulSpec("nvfp4", bn=128)
+
+
+@pytest.mark.interp
 def test_interp_staged_store_fused_epilogue():
     """A fused epilogue with an input (bias) and a residual on the staged store: the same
     bytes as the direct store (the epilogue's loads stay inside C)."""
@@ -374,7 +395,7 @@ def test_spec_validation_and_bundle():
                for ks in TP.KSTEPS for bm in TP.BMS) <= 227 * 1024
     assert TP.workspace_bytes(8192, 5760, 2944) == 2 * 2944 * (8192 + 5888)
     specs = TP.bundle_specs("sm_90a")
-    assert len(specs) == 2 * 3 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2
+    assert len(specs) == 2 * 3 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2
     with pytest.raises(ValueError, match="schedule must be one of"):
         TP.TwophaseMatmulSpec("nvfp4", schedule="stream-k")
     with pytest.raises(ValueError, match="ctas must be a positive int"):
@@ -425,7 +446,7 @@ def test_kernel_sass(spec):
         staged = 8 if spec.swizzle == "128b" else 0  # lines staged in shared memory
         assert len(re.findall(r"STS\.128", sass)) == len(re.findall(r"LDS\.128", sass)) == staged
         return
-    assert len(re.findall(r"HGMMA\.64x256x16\.F32\.BF16", sass)) == spec.kstep // 16
+    assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32\.BF16", sass)) == spec.kstep // 16
     # persistent: the K loop's refill of this tile's k-step or (by division) a later tile's
     persistent, staged = spec.schedule == "persistent", spec.store == "staged"
     # staged: one more bulk copy (shared -> global, a row of C per thread), no global stores,
@@ -436,7 +457,7 @@ def test_kernel_sass(spec):
     assert not re.search(r"\b(LDGSTS|LDG)\b", sass)
     assert len(re.findall(r"\bMEMBAR\b", sass)) == staged
     assert (len(re.findall(r"\bSTG\b", sass)) == 0) == staged
-    assert len(re.findall(r"\bSTS(\.64)?\b", sass)) == 64 * staged
+    assert len(re.findall(r"\bSTS(\.64)?\b", sass)) == spec.bn // 4 * staged  # 2 pairs a n8
     # the wgmmas of a step are not serialized (ptxas C7515): one wait per step, after all
     assert len(re.findall(r"WARPGROUP\.DEPBAR", sass)) == 2
     assert meta["registers"] <= 255

@@ -210,19 +210,19 @@ def emit_dequant(x: Value, sfx: Value, ws: Value, rows: Value, rows_pad: Value, 
 # ---- phase 2 ---------------------------------------------------------------------------------
 
 
-def stage_bytes(kstep: int, bm: int = BM) -> int:
-    """Shared bytes of one stage: (bm + BN) rows of ``kstep`` bf16."""
-    return (bm + BN) * 2 * kstep
+def stage_bytes(kstep: int, bm: int = BM, bn: int = BN) -> int:
+    """Shared bytes of one stage: (bm + bn) rows of ``kstep`` bf16."""
+    return (bm + bn) * 2 * kstep
 
 
-def barrier_offset(kstep: int, stages: int, bm: int = BM) -> int:
+def barrier_offset(kstep: int, stages: int, bm: int = BM, bn: int = BN) -> int:
     """Byte offset of the ``2 stages`` mbarriers (full, then empty) after the ring."""
-    return stages * stage_bytes(kstep, bm)
+    return stages * stage_bytes(kstep, bm, bn)
 
 
-def shared_bytes(kstep: int, stages: int, bm: int = BM) -> int:
+def shared_bytes(kstep: int, stages: int, bm: int = BM, bn: int = BN) -> int:
     """Dynamic shared bytes of phase 2: the ring and its mbarriers."""
-    return barrier_offset(kstep, stages, bm) + 16 * stages
+    return barrier_offset(kstep, stages, bm, bn) + 16 * stages
 
 
 def raster_tile(tiles_m: Value, tiles_n: Value, t: Value | None = None) -> tuple[Value, Value]:
@@ -240,7 +240,7 @@ def _parity(v: Value) -> Value:
     return bir.as_i32(bir.urem(v, 2))
 
 
-def _check_ring(kstep: int, stages: int, bm: int, swizzle: str) -> None:
+def _check_ring(kstep: int, stages: int, bm: int, swizzle: str, bn: int = BN) -> None:
     if swizzle not in SWIZZLES:
         raise ValueError(f"swizzle must be one of {list(SWIZZLES)}, got {swizzle!r}")
     if swizzle == "128b" and kstep != 64:
@@ -251,6 +251,8 @@ def _check_ring(kstep: int, stages: int, bm: int, swizzle: str) -> None:
         raise ValueError(f"kstep must be a multiple of 16, got {kstep}")
     if bm % 64:
         raise ValueError(f"bm must be a multiple of 64, got {bm}")
+    if bn % 64 or not 64 <= bn <= 256:
+        raise ValueError(f"bn must be a multiple of 64 in [64, 256], got {bn}")
 
 
 class _Ring:
@@ -260,15 +262,15 @@ class _Ring:
     (:func:`emit_persistent`)."""
 
     def __init__(self, kb: bir.KernelBuilder, k: Value, kstep: int, stages: int, bm: int,
-                 swizzle: str) -> None:
-        _check_ring(kstep, stages, bm, swizzle)
-        self.kstep, self.stages, self.bm = kstep, stages, bm
-        self.a_bytes, self.b_bytes = bm * 2 * kstep, BN * 2 * kstep
+                 swizzle: str, bn: int = BN) -> None:
+        _check_ring(kstep, stages, bm, swizzle, bn)
+        self.kstep, self.stages, self.bm, self.bn = kstep, stages, bm, bn
+        self.a_bytes, self.b_bytes = bm * 2 * kstep, bn * 2 * kstep
         self.sbytes = self.a_bytes + self.b_bytes
         # the dynamic shared memory as a CUDA extern array (gpu.dynamic_shared_memory
         # becomes a "demoted" static variable: issue #9)
         self.sw = swizzle == "128b"
-        smem = tma.extern_shared_buffer(kb, shared_bytes(kstep, stages, bm),
+        smem = tma.extern_shared_buffer(kb, shared_bytes(kstep, stages, bm, bn),
                                         align=SW128_ATOM if self.sw else 128)
         self.tid = bir.thread_idx("x")
         self.wg = bir.udiv(self.tid, 128)
@@ -277,7 +279,7 @@ class _Ring:
         self.steps = bir.ceil_div(k, kstep)
         self.base = W.shared_address(smem)
         self.bars = bir.add(self.base,
-                            bir.as_i64(bir.const(barrier_offset(kstep, stages, bm))))
+                            bir.as_i64(bir.const(barrier_offset(kstep, stages, bm, bn))))
 
     def full(self, slot: Value) -> Value:
         return bir.add(self.bars, bir.as_i64(bir.mul(slot, 8)))
@@ -288,11 +290,11 @@ class _Ring:
     def sources(self, wa: Value, wb: Value, m0: Value, n0: Value) -> tuple[Value, Value]:
         """Global addresses of the tile-rows at A row ``m0``, B row ``n0``; k-step s of A is
         bytes [s a_bytes, (s + 1) a_bytes) of its span."""
-        bm, kp = self.bm, self.kp
+        bm, bn, kp = self.bm, self.bn, self.kp
         return (bir.add(cpasync.global_address(wa),
                         bir.as_i64(bir.mul(bir.udiv(m0, bm), bir.mul(kp, 2 * bm)))),
                 bir.add(cpasync.global_address(wb),
-                        bir.as_i64(bir.mul(bir.udiv(n0, BN), bir.mul(kp, 2 * BN)))))
+                        bir.as_i64(bir.mul(bir.udiv(n0, bn), bir.mul(kp, 2 * bn)))))
 
     def produce(self, step: Value, src_a: Value, src_b: Value, kk: Value) -> None:
         """Thread 0: fill the stage of CTA step ``step`` (its stage is free) with k-step
@@ -322,8 +324,8 @@ class _Ring:
             self.wg_bytes, self.h_a, self.h_b = 64 * 128, 32, 32
         else:
             self.da0 = W.descriptor(self.base, lbo=self.bm * 16, sbo=LBO)
-            self.db0 = W.descriptor(self.base, lbo=BN * 16, sbo=LBO)
-            self.wg_bytes, self.h_a, self.h_b = 8 * LBO, 2 * self.bm * 16, 2 * BN * 16
+            self.db0 = W.descriptor(self.base, lbo=self.bn * 16, sbo=LBO)
+            self.wg_bytes, self.h_a, self.h_b = 8 * LBO, 2 * self.bm * 16, 2 * self.bn * 16
 
     def consume(self, step: Value, acc: Value) -> Value:
         """Every thread: wait for the stage of CTA step ``step``, issue its ``kstep / 16``
@@ -338,7 +340,7 @@ class _Ring:
         W.fence()
         for h in range(self.kstep // 16):
             acc = W.mma_async(acc, W.advance(da, h * self.h_a), W.advance(db, h * self.h_b),
-                              BN, dtype="bf16")
+                              self.bn, dtype="bf16")
         W.commit_group()
         W.wait_group(1)  # the wgmmas of step - 1 retired: release its stage
         # step 0 "releases" stage stages - 1 (not yet read; its producer fills it at once):
@@ -362,14 +364,14 @@ class _Ring:
 
 def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Value,
                   k: Value, kstep: int, stages: int, bm: int = BM,
-                  swizzle: str = "none") -> tuple[Value, Value]:
+                  swizzle: str = "none", bn: int = BN) -> tuple[Value, Value]:
     """Phase 2's K loop over the stage-ordered workspaces ``wa`` / ``wb`` (i8 memrefs) for
-    the ``bm`` x 256 tile (``bm / 64`` warpgroups) at rows ``m0`` of A, ``n0`` of B; returns
+    the ``bm`` x ``bn`` tile (``bm / 64`` warpgroups) at rows ``m0`` of A, ``n0`` of B; returns
     (the warpgroup's accumulator struct, warpgroup index). Every thread of the CTA must
     execute it. ``swizzle`` "128b" (kstep 64): the workspaces are 128B-swizzled,
     the ring is 1024-byte aligned and the descriptors are SWIZZLE_128B (SBO 1024, the k16
     steps 32 bytes apart inside the 128-byte row)."""
-    ring = _Ring(kb, k, kstep, stages, bm, swizzle)
+    ring = _Ring(kb, k, kstep, stages, bm, swizzle, bn)
     steps = ring.steps
     src_a, src_b = ring.sources(wa, wb, m0, n0)
     fill = lambda t: ring.produce(t, src_a, src_b, t)
@@ -379,7 +381,7 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Va
             with bir.when(bir.ult(bir.const(p), steps)):
                 fill(bir.const(p))
     ring.descriptors()
-    with bir.for_range(0, steps, carry=[W.zero_accumulator(BN)]) as loop:
+    with bir.for_range(0, steps, carry=[W.zero_accumulator(bn)]) as loop:
         step = loop.iv
         acc = ring.consume(step, loop.carried[0])
         ring.refill(step, bir.add(step, stages - 1), steps, fill)
@@ -390,7 +392,7 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Va
 
 def emit_persistent(kb: bir.KernelBuilder, wa: Value, wb: Value, m_count: Value,
                     n_count: Value, k: Value, kstep: int, stages: int, bm: int,
-                    swizzle: str, epilogue: Any) -> None:
+                    swizzle: str, epilogue: Any, bn: int = BN) -> None:
     """Phase 2, persistent: CTA ``b`` of a grid of ``G`` CTAs (any G >= 1) computes the tiles
     ``t = b, b + G, ...`` (rasterized as :func:`raster_tile`), each with
     :func:`emit_mainloop`'s k-steps and wgmma order, then ``epilogue(acc, wg, m0, n0)``.
@@ -398,9 +400,9 @@ def emit_persistent(kb: bir.KernelBuilder, wa: Value, wb: Value, m_count: Value,
     continue across tiles), and thread 0 refills step ``s + stages - 1`` whichever tile it
     belongs to: the next tile's first ``stages - 1`` stages are in flight during this
     tile's last wgmmas and its epilogue."""
-    ring = _Ring(kb, k, kstep, stages, bm, swizzle)
+    ring = _Ring(kb, k, kstep, stages, bm, swizzle, bn)
     steps = ring.steps
-    tiles_m, tiles_n = bir.ceil_div(m_count, bm), bir.ceil_div(n_count, BN)
+    tiles_m, tiles_n = bir.ceil_div(m_count, bm), bir.ceil_div(n_count, bn)
     b, g = bir.block_idx("x"), bir.grid_dim("x")
     # this CTA's tiles: ceil((tiles - b) / G), 0 when b >= tiles (b < G, so no underflow)
     mine = bir.udiv(bir.sub(bir.add(bir.mul(tiles_m, tiles_n), bir.sub(g, 1)), b), g)
@@ -409,7 +411,7 @@ def emit_persistent(kb: bir.KernelBuilder, wa: Value, wb: Value, m_count: Value,
     def origin(i: Value) -> tuple[Value, Value]:
         """(m0, n0) of this CTA's i-th tile."""
         mt, nt = raster_tile(tiles_m, tiles_n, bir.add(b, bir.mul(i, g)))
-        return bir.mul(mt, bm), bir.mul(nt, BN)
+        return bir.mul(mt, bm), bir.mul(nt, bn)
 
     def fill(s: Value) -> None:  # CTA step s: k-step s % steps of tile s / steps
         m0, n0 = origin(bir.udiv(s, steps))
@@ -435,7 +437,7 @@ def emit_persistent(kb: bir.KernelBuilder, wa: Value, wb: Value, m_count: Value,
             with bir.when(bir.ult(bir.sub(steps, 1), ahead)):
                 fill(s)
 
-        with bir.for_range(0, steps, carry=[W.zero_accumulator(BN)]) as loop:
+        with bir.for_range(0, steps, carry=[W.zero_accumulator(bn)]) as loop:
             step = bir.add(first, loop.iv)
             acc = ring.consume(step, loop.carried[0])
             ring.refill(step, bir.add(step, stages - 1), total,
@@ -445,6 +447,6 @@ def emit_persistent(kb: bir.KernelBuilder, wa: Value, wb: Value, m_count: Value,
         epilogue(loop.results[0], ring.wg, m0, n0)
 
 
-def accumulator_tiles(acc: Value) -> list[Any]:
+def accumulator_tiles(acc: Value, bn: int = BN) -> list[Any]:
     """The fragment as m16n8 C tiles (:func:`blockscale.ops._wgmma_ir.accumulator_tiles`)."""
-    return X.accumulator_tiles(acc, BN)
+    return X.accumulator_tiles(acc, bn)

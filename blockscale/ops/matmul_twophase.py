@@ -80,13 +80,24 @@ TARGETS = ("sm_90a",)
 FORMATS = ("nvfp4", "mxfp4")
 #: the phase-2 tile (= _twophase_ir.BM, BN), the workspaces' K padding (= _twophase_ir.KPAD)
 BM, BN, KPAD = 128, 256, 64
+#: phase-2 tile widths (wgmma n; B's workspace is made for it: a tile of that many rows). Not
+#: 128: ptxas serializes its wgmmas (C7515: non-wgmma instructions define the accumulator)
+BNS = (256, 192)
+#: phase-1 workspace tiles: A's (BMS), B's (BNS)
+TILES = (128, 192, 256)
 #: phase-2 tile heights (bm / 64 consumer warpgroups; 192: 22% fewer L2 bytes per flop)
 BMS = (128, 192)
 #: phase-2 K elements per step and shared stages built (kstep 64: 48 KiB a stage)
 KSTEPS = (32, 64)
 DEFAULT_KSTEP = 64
-#: (bm, kstep) -> the most stages (at most 227 KiB of shared memory)
-MAX_STAGES = {(128, 32): 9, (128, 64): 4, (192, 32): 8, (192, 64): 4}
+#: phase-2 shared memory per CTA at most (the H200's 227 KiB) and stages at most
+SHARED_LIMIT, STAGES_LIMIT = 227 * 1024, 9
+
+
+def max_stages(bm: int, kstep: int, bn: int = 256) -> int:
+    """The most stages of ``(bm + bn) x kstep`` bf16 (plus 16 bytes of mbarriers each) that
+    fit in :data:`SHARED_LIMIT`: e.g. 4 at 128 x 256 / k64, 9 at k32, 5 at 128 x 192 / k64."""
+    return min(STAGES_LIMIT, SHARED_LIMIT // ((bm + bn) * 2 * kstep + 16))
 #: phase-1 threads per block (= _twophase_ir.DEQUANT_THREADS)
 DEQUANT_THREADS = 256
 #: workspace / shared operand layouts (= _twophase_ir.SWIZZLES): "none", the canonical
@@ -142,7 +153,7 @@ class DequantSpec(FormatSpec):
     def __post_init__(self) -> None:
         object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
         object.__setattr__(self, "target", _check_format(self.fmt, self.target))
-        H.check_choice(self.tile, (*BMS, BN), "tile")
+        H.check_choice(self.tile, TILES, "tile")
         H.check_choice(self.swizzle, SWIZZLES, "swizzle")
 
     @property
@@ -167,8 +178,8 @@ class TwophaseMatmulSpec(FormatSpec):
         epilogue: an optional fused :class:`Epilogue`.
         target: "sm_90a".
         kstep: K elements per step (:data:`KSTEPS`); None: :data:`DEFAULT_KSTEP`.
-        stages: shared stages (2 .. :data:`MAX_STAGES`; bulk copies run ``stages - 1``
-            steps ahead); None: the largest that fits (:data:`MAX_STAGES`).
+        stages: shared stages (2 .. :func:`max_stages`; bulk copies run ``stages - 1``
+            steps ahead); None: the largest that fits (:func:`max_stages`).
         bm: the tile height (:data:`BMS`; ``bm / 64`` warpgroups, ``2 bm`` threads); the
             A workspace must be made for it (:func:`dequantize_operands` ``bm``).
         swizzle: the workspaces' and shared stages' layout (:data:`SWIZZLES`; "128b" needs
@@ -179,6 +190,9 @@ class TwophaseMatmulSpec(FormatSpec):
         store: :data:`STORES`; "staged" (schedule "tiles" only; the staged tile must fit
             in the ring) needs ``N * element bytes % 16 == 0`` at launch. Same bytes as
             "direct".
+        bn: the tile width (:data:`BNS`: ``wgmma m64n<bn>k16``); the B workspace must be
+            made for it (:func:`dequantize_operands` ``bn``). Same k16 order per element,
+            so the same bytes as any other width.
     """
 
     fmt: str
@@ -191,6 +205,7 @@ class TwophaseMatmulSpec(FormatSpec):
     swizzle: str = "none"
     schedule: str = "tiles"
     store: str = "direct"
+    bn: int = BN
 
     op: ClassVar[str] = "block_scaled_matmul_twophase"
 
@@ -210,12 +225,13 @@ class TwophaseMatmulSpec(FormatSpec):
         if self.swizzle == "128b" and self.kstep != 64:
             raise ValueError(f"swizzle '128b' needs kstep 64 (one 128-byte row), got "
                              f"kstep={self.kstep}")
-        most = MAX_STAGES[(self.bm, self.kstep)]
+        H.check_choice(self.bn, BNS, "bn")
+        most = max_stages(self.bm, self.kstep, self.bn)
         if self.stages is None:
             object.__setattr__(self, "stages", most)
         if type(self.stages) is not int or not 2 <= self.stages <= most:
             raise ValueError(f"stages must be an int in [2, {most}] for bm={self.bm}, "
-                             f"kstep={self.kstep}, got {self.stages!r}")
+                             f"bn={self.bn}, kstep={self.kstep}, got {self.stages!r}")
         H.check_choice(self.store, STORES, "store")
         if self.store == "staged":
             from blockscale.ops import _staged_store_ir as S
@@ -223,22 +239,22 @@ class TwophaseMatmulSpec(FormatSpec):
             if self.schedule != "tiles":
                 raise ValueError(f"store 'staged' needs schedule 'tiles' (the persistent ring "
                                  f"stays busy during the epilogue), got {self.schedule!r}")
-            need, ring = S.stage_bytes(self.out_dtype, self.bm, BN), self.stages * (
-                self.bm + BN) * 2 * self.kstep
+            need, ring = S.stage_bytes(self.out_dtype, self.bm, self.bn), self.stages * (
+                self.bm + self.bn) * 2 * self.kstep
             if need > ring:
                 raise ValueError(f"store 'staged' needs {need} bytes of the ring, but "
                                  f"stages={self.stages} x kstep={self.kstep} give {ring}")
 
     @property
     def dynamic_shared_bytes(self) -> int:
-        """The ring (``stages`` x (bm + BN) rows x ``kstep`` bf16) and its ``2 stages``
+        """The ring (``stages`` x (bm + bn) rows x ``kstep`` bf16) and its ``2 stages``
         mbarriers."""
-        return self.stages * (self.bm + BN) * 2 * self.kstep + 16 * self.stages
+        return self.stages * (self.bm + self.bn) * 2 * self.kstep + 16 * self.stages
 
     @property
     def kernel_name(self) -> str:
         ep = f"_ep{self.epilogue.key[:10]}" if self.epilogue else ""
-        return (f"bs_twophase_{self.fmt}_{self.bm}x{BN}_k{self.kstep}_s{self.stages}_"
+        return (f"bs_twophase_{self.fmt}_{self.bm}x{self.bn}_k{self.kstep}_s{self.stages}_"
                 f"{H.out_tag(self.out_dtype)}{_sw_tag(self.swizzle)}"
                 f"{'_persistent' if self.schedule == 'persistent' else ''}"
                 f"{'_st' if self.store == 'staged' else ''}{ep}")
@@ -261,9 +277,9 @@ def k_padded(k: int) -> int:
     return -(-k // KPAD) * KPAD
 
 
-def workspace_bytes(m: int, n: int, k: int, bm: int = BM) -> int:
+def workspace_bytes(m: int, n: int, k: int, bm: int = BM, bn: int = BN) -> int:
     """Device bytes of the two bf16 workspaces of an M x N x K call (tile height ``bm``)."""
-    return 2 * k_padded(k) * (padded(m, bm) + padded(n, BN))
+    return 2 * k_padded(k) * (padded(m, bm) + padded(n, bn))
 
 
 def dequant_grid(rows_pad: int, k: int) -> tuple[int, int, int]:
@@ -272,11 +288,11 @@ def dequant_grid(rows_pad: int, k: int) -> tuple[int, int, int]:
 
 
 def grid(m: int, n: int, bm: int = BM, schedule: str = "tiles",
-         ctas: int | None = None) -> tuple[int, int, int]:
+         ctas: int | None = None, bn: int = BN) -> tuple[int, int, int]:
     """Phase 2: one CTA per bm x 256 tile of C (1-D, rasterized in the kernel); schedule
     "persistent": ``min(tiles, ctas)`` CTAs (``ctas``: e.g. the SM count; None:
     :data:`SM_COUNT`)."""
-    tiles = max(1, -(-m // bm)) * max(1, -(-n // BN))
+    tiles = max(1, -(-m // bm)) * max(1, -(-n // bn))
     H.check_choice(schedule, SCHEDULES, "schedule")
     if schedule == "tiles":
         return (tiles, 1, 1)
@@ -311,7 +327,7 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
             T.emit_dequant(kb.arg("x"), kb.arg("sfx"), kb.arg("ws"), rows, rows_pad, k,
                            spec.fmt, spec.tile, spec.swizzle, kb)
             return kb.module
-        if T.shared_bytes(spec.kstep, spec.stages, spec.bm) != spec.dynamic_shared_bytes:
+        if T.shared_bytes(spec.kstep, spec.stages, spec.bm, spec.bn) != spec.dynamic_shared_bytes:
             raise AssertionError("matmul_twophase's shared bytes disagree with _twophase_ir's")
         m_count, n_count, k = (bir.as_index(kb.arg(x)) for x in ("m", "n", "k"))
         fix = X.accumulator_scale("lut", spec.fmt, "fold")
@@ -324,21 +340,22 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
         def store(acc: Any, wg: Any, m0: Any, n0: Any) -> None:
             if spec.store == "staged":
                 smem = tma.extern_shared_buffer(
-                    kb, T.shared_bytes(spec.kstep, spec.stages, spec.bm))  # the ring's bytes
-                S.store_tile_staged(spec, kb, T.accumulator_tiles(acc), X.warp_coords(wg),
-                                    smem, m0, n0, m_count, n_count, scale, spec.bm, BN)
+                    kb, T.shared_bytes(spec.kstep, spec.stages, spec.bm, spec.bn))  # the ring
+                S.store_tile_staged(spec, kb, T.accumulator_tiles(acc, spec.bn),
+                                    X.warp_coords(wg), smem, m0, n0, m_count, n_count, scale,
+                                    spec.bm, spec.bn)
                 return
-            _sm90.store_tile(spec, kb, T.accumulator_tiles(acc), X.warp_coords(wg), m0, n0,
-                             m_count, n_count, scale)
+            _sm90.store_tile(spec, kb, T.accumulator_tiles(acc, spec.bn), X.warp_coords(wg),
+                             m0, n0, m_count, n_count, scale)
 
         if spec.schedule == "persistent":
             T.emit_persistent(kb, kb.arg("wa"), kb.arg("wb"), m_count, n_count, k,
-                              spec.kstep, spec.stages, spec.bm, spec.swizzle, store)
+                              spec.kstep, spec.stages, spec.bm, spec.swizzle, store, spec.bn)
             return kb.module
-        mt, nt = T.raster_tile(bir.ceil_div(m_count, spec.bm), bir.ceil_div(n_count, BN))
-        m0, n0 = bir.mul(mt, spec.bm), bir.mul(nt, BN)
+        mt, nt = T.raster_tile(bir.ceil_div(m_count, spec.bm), bir.ceil_div(n_count, spec.bn))
+        m0, n0 = bir.mul(mt, spec.bm), bir.mul(nt, spec.bn)
         acc, wg = T.emit_mainloop(kb, kb.arg("wa"), kb.arg("wb"), m0, n0, k, spec.kstep,
-                                  spec.stages, spec.bm, spec.swizzle)
+                                  spec.stages, spec.bm, spec.swizzle, spec.bn)
         store(acc, wg, m0, n0)
     return kb.module
 
@@ -358,19 +375,22 @@ def _dequantize(fmt: str, target: str, x: Any, sfx: Any, rows: int, tile: int, k
 
 
 def _workspaces(fmt: str, target: str, ops: dict[str, Any], m: int, n: int, k: int,
-                dev: Any, bm: int = BM, swizzle: str = "none") -> tuple[Any, Any]:
+                dev: Any, bm: int = BM, swizzle: str = "none",
+                bn: int = BN) -> tuple[Any, Any]:
     """Phase 1 for A and B: their workspaces (device uint8 arrays)."""
     return (_dequantize(fmt, target, ops["a"], ops["sfa"], m, bm, k, dev, swizzle),
-            _dequantize(fmt, target, ops["b"], ops["sfb"], n, BN, k, dev, swizzle))
+            _dequantize(fmt, target, ops["b"], ops["sfb"], n, bn, k, dev, swizzle))
 
 
 def dequantize_operands(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *,
                         k: int | None = None, bm: int = BM, swizzle: str = "none",
-                        device: Any = None) -> tuple[Any, Any]:
+                        bn: int = BN, device: Any = None) -> tuple[Any, Any]:
     """Phase 1 alone (e.g. to time it): the bf16 workspaces of A (``[M_pad, k_pad]``, for
-    phase-2 tiles of height ``bm``) and B (``[N_pad, k_pad]``) in the layout ``swizzle``
-    (:data:`SWIZZLES`) as flat uint8 device arrays (numpy when every input is numpy)."""
+    phase-2 tiles of height ``bm``) and B (``[N_pad, k_pad]``, for tiles of width ``bn``) in
+    the layout ``swizzle`` (:data:`SWIZZLES`) as flat uint8 device arrays (numpy when every
+    input is numpy)."""
     H.check_choice(bm, BMS, "bm")
+    H.check_choice(bn, BNS, "bn")
     H.check_choice(swizzle, SWIZZLES, "swizzle")
     fmt = Format.from_name(fmt)
     if fmt.name not in FORMATS:
@@ -384,7 +404,7 @@ def dequantize_operands(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *
     host = all(isinstance(v, np.ndarray) for v in ops.values())
     if host:
         ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
-    wa, wb = _workspaces(fmt.name, tgt, ops, d.m, d.n, d.k, dev, bm, swizzle)
+    wa, wb = _workspaces(fmt.name, tgt, ops, d.m, d.n, d.k, dev, bm, swizzle, bn)
     return (dev.to_host(wa), dev.to_host(wb)) if host else (wa, wb)
 
 
@@ -392,26 +412,27 @@ def matmul_workspaces(wa: Any, wb: Any, fmt: Format | str, m: int, n: int, k: in
                       alpha: float = 1.0, out_dtype: str = "bfloat16",
                       kstep: int | None = None, stages: int | None = None, bm: int = BM,
                       swizzle: str = "none", schedule: str = "tiles",
-                      ctas: int | None = None, store: str = "direct",
+                      ctas: int | None = None, store: str = "direct", bn: int = BN,
                       device: Any = None) -> Any:
     """Phase 2 alone (e.g. to time it): C = A B^T from the device workspaces of
-    :func:`dequantize_operands` (``fmt``, ``bm`` and ``swizzle``: those they were made with;
-    the layout of A's depends on ``bm``), no epilogue; ``schedule`` / ``ctas`` / ``store``: see
+    :func:`dequantize_operands` (``fmt``, ``bm``, ``bn`` and ``swizzle``: those they were made
+    with; the layouts depend on ``bm`` / ``bn``), no epilogue; ``schedule`` / ``ctas`` / ``store``: see
     :class:`TwophaseMatmulSpec` and :func:`grid`. Returns the device output."""
     fmt = Format.from_name(fmt)
     if fmt.name not in FORMATS:
         raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt.name!r}")
     H.check_choice(bm, BMS, "bm")
-    for name, w, rows, tile in (("wa", wa, m, bm), ("wb", wb, n, BN)):
+    H.check_choice(bn, BNS, "bn")
+    for name, w, rows, tile in (("wa", wa, m, bm), ("wb", wb, n, bn)):
         want = 2 * k_padded(k) * padded(rows, tile)
         if int(np.prod(w.shape)) != want:
             raise ValueError(f"{name} must hold {want} bytes (the workspace of {rows} rows, "
                              f"k={k}), got shape {tuple(w.shape)}")
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = TwophaseMatmulSpec(fmt.name, out_dtype, None, tgt, kstep, stages, bm, swizzle,
-                              schedule, store)
+                              schedule, store, bn)
     _check_store(spec, n)
-    return H.launch(spec, grid(m, n, bm, schedule, _ctas(ctas, dev)), (m, n), out_dtype,
+    return H.launch(spec, grid(m, n, bm, schedule, _ctas(ctas, dev), bn), (m, n), out_dtype,
                     {"wa": wa, "wb": wb},
                     {"m": m, "n": n, "k": k, "alpha": H.finite_f32(alpha, "alpha")}, dev)
 
@@ -423,11 +444,12 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
                                  kstep: int | None = None, stages: int | None = None,
                                  bm: int = BM, swizzle: str = "none",
                                  schedule: str = "tiles", ctas: int | None = None,
-                                 store: str = "direct", device: Any = None) -> Any:
+                                 store: str = "direct", bn: int = BN,
+                                 device: Any = None) -> Any:
     """The two-phase kernel pair called directly (no dispatch), e.g. by tests and benchmarks.
     Same arguments as :func:`blockscale.ops.matmul_wgmma.block_scaled_matmul_wgmma` (no tile
     or variant choice), plus phase 2's ``kstep``, ``stages``, tile height ``bm``, the
-    workspaces' layout ``swizzle``, CTA ``schedule`` and epilogue ``store``
+    workspaces' layout ``swizzle``, CTA ``schedule``, epilogue ``store`` and tile width ``bn``
     (:class:`TwophaseMatmulSpec`; ``ctas``: the persistent grid's CTA count, default the
     device's SM count).
     Allocates :func:`workspace_bytes` of device memory per call. Raises ValueError for a
@@ -440,7 +462,7 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
         raise ValueError(f"the two-phase kernel takes k % 32 == 0, got k={d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, tgt, kstep, stages, bm, swizzle,
-                              schedule, store)
+                              schedule, store, bn)
     _check_store(spec, d.n)
     return _run(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}), dev, ctas)
 
@@ -460,15 +482,16 @@ def _run(spec: TwophaseMatmulSpec, d: Any, a: Any, b: Any, sfa: Any, sfb: Any, a
     alpha = H.finite_f32(alpha, "alpha")
     H.check_epilogue_inputs(spec.epilogue.inputs if spec.epilogue else (), extra, d.m, d.n)
     ops = {"a": a, "b": b, "sfa": sfa, "sfb": sfb}
-    bm = spec.bm
+    bm, bn = spec.bm, spec.bn
     if d.m == 0 or d.n == 0:
-        return H.launch(spec, grid(d.m, d.n, bm), (d.m, d.n), spec.out_dtype, {**ops, **extra},
+        return H.launch(spec, grid(d.m, d.n, bm, bn=bn), (d.m, d.n), spec.out_dtype,
+                        {**ops, **extra},
                         {}, dev, empty=True)
     host = all(isinstance(v, np.ndarray) for v in (*ops.values(), *extra.values()))
     if host:  # keep the workspaces on the device between the phases
         ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
-    wa, wb = _workspaces(spec.fmt, spec.target, ops, d.m, d.n, d.k, dev, bm, spec.swizzle)
-    out = H.launch(spec, grid(d.m, d.n, bm, spec.schedule, _ctas(ctas, dev)), (d.m, d.n),
+    wa, wb = _workspaces(spec.fmt, spec.target, ops, d.m, d.n, d.k, dev, bm, spec.swizzle, bn)
+    out = H.launch(spec, grid(d.m, d.n, bm, spec.schedule, _ctas(ctas, dev), bn), (d.m, d.n),
                    spec.out_dtype, {"wa": wa, "wb": wb, **extra},
                    {"m": d.m, "n": d.n, "k": d.k, "alpha": alpha}, dev)
     return dev.to_host(out) if host else out
@@ -518,7 +541,7 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     (kstep 64, 4 stages; none off sm_90a)."""
     if target not in TARGETS:
         return []
-    specs: list[Any] = [DequantSpec(f, target, t, sw) for f in FORMATS for t in (*BMS, BN)
+    specs: list[Any] = [DequantSpec(f, target, t, sw) for f in FORMATS for t in TILES
                         for sw in SWIZZLES]
     specs += [TwophaseMatmulSpec(f, o, None, target, ks) for f in FORMATS
               for o in _matmul.OUT_DTYPES for ks in KSTEPS]
@@ -528,8 +551,8 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
               for o in _matmul.OUT_DTYPES for bm in BMS]
     specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, BM, "none", "persistent")
               for f in FORMATS for o in _matmul.OUT_DTYPES]
-    specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, BM, store="staged")
-              for f in FORMATS for o in _matmul.OUT_DTYPES]
+    specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, BM, store="staged", bn=bn)
+              for f in FORMATS for o in _matmul.OUT_DTYPES for bn in BNS]
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
