@@ -20,15 +20,11 @@ from blockscale.runtime.arrays import DeviceArray
 pytestmark = pytest.mark.interp
 
 M, N, K = 16, 64, 64
-_TWOPHASE_PENDING = pytest.mark.xfail(
-    strict=True, reason="matmul_twophase.block_scaled_matmul_twophase does not call "
-    "H.require_aligned yet (the lead's file): remove this mark when it does")
 DENSE_CALLS = [
     pytest.param(matmul_wgmma.block_scaled_matmul_wgmma, id="wgmma"),
     pytest.param(matmul_sm90.block_scaled_matmul_sm90, id="sm90"),
     pytest.param(matmul_decode.block_scaled_matmul_decode, id="decode"),
-    pytest.param(matmul_twophase.block_scaled_matmul_twophase, id="twophase",
-                 marks=_TWOPHASE_PENDING),
+    pytest.param(matmul_twophase.block_scaled_matmul_twophase, id="twophase"),
 ]
 
 

@@ -458,6 +458,7 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
     if fmt.name not in FORMATS:
         raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt.name!r}")
     d = _matmul._validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
+    H.require_aligned(a=a, b=b, sfa=sfa, sfb=sfb)  # no portable fallback here
     if d.k % 32:
         raise ValueError(f"the two-phase kernel takes k % 32 == 0, got k={d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
