@@ -31,7 +31,7 @@ Implementations:
   ``-phase2-persistent``: phase 2 with ``schedule="persistent"`` (one CTA per SM looping
   over the tiles, its bulk-copy ring kept full across tile boundaries); ``-128x256-staged``,
   ``-phase2-staged``: phase 2's epilogue staged in shared memory and written by one bulk
-  copy per row (``store="staged"``);
+  copy per row (``store="staged"``); ``-128x192-staged``: 128 x 192 tiles (``bn=192``);
 * ``blockscale-portable``: the same call with both fast paths off (``BLOCKSCALE_SM90_FAST=0``,
   ``BLOCKSCALE_SM90_WGMMA=0``);
 * ``torch-bf16``: ``torch.matmul`` on bf16 dequantized A and B (the W4A16 upper bound a
@@ -242,25 +242,29 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
         record("blockscale-twophase-phase2-sw128", _timer(phase2_sw, iters, dev.synchronize),
                check)
         del wsa, wsb
-        for ks, bm, swz, sch, st in ((64, 128, "none", "tiles", "direct"),
-                                     (64, 128, "none", "tiles", "staged"),
-                                     (32, 128, "none", "tiles", "direct"),
-                                     (64, 192, "none", "tiles", "direct"),
-                                     (64, 128, sw, "tiles", "direct"),
-                                     (64, 192, sw, "tiles", "direct"),
-                                     (64, 128, "none", "persistent", "direct")):
-            def twophase(ks: int = ks, bm: int = bm, swz: str = swz, sch: str = sch,
-                         st: str = st) -> Any:
+        for ks, bm, bn, swz, sch, st in ((64, 128, 256, "none", "tiles", "direct"),
+                                         (64, 128, 256, "none", "tiles", "staged"),
+                                         (64, 128, 192, "none", "tiles", "staged"),
+                                         (32, 128, 256, "none", "tiles", "direct"),
+                                         (64, 192, 256, "none", "tiles", "direct"),
+                                         (64, 128, 256, sw, "tiles", "direct"),
+                                         (64, 192, 256, sw, "tiles", "direct"),
+                                         (64, 128, 256, "none", "persistent", "direct")):
+            if st == "staged" and n % 8:
+                continue
+            def twophase(ks: int = ks, bm: int = bm, bn: int = bn, swz: str = swz,
+                         sch: str = sch, st: str = st) -> Any:
                 return matmul_twophase.block_scaled_matmul_twophase(
                     *args, fmt, k=k, device=dev, kstep=ks, bm=bm, swizzle=swz, schedule=sch,
-                    store=st)
+                    store=st, bn=bn)
             extra = fmt.kblocks(k) if fmt.is_mx else 0  # the fold kernel's operands
             check = _check_rows(dev.to_host(twophase()), a_deq, b_deq, rows, fmt, k,
                                 strict=True, n_mul=1 + extra)
             tag = ("" if ks == matmul_twophase.DEFAULT_KSTEP else f"-k{ks}") + (
                 "" if swz == "none" else "-sw128") + ("" if sch == "tiles" else f"-{sch}") + (
                 "" if st == "direct" else f"-{st}")
-            record(f"blockscale-twophase-{bm}x256{tag}", _timer(twophase, iters, dev.synchronize),
+            record(f"blockscale-twophase-{bm}x{bn}{tag}",
+                   _timer(twophase, iters, dev.synchronize),
                    check)
 
     os.environ[matmul_wgmma.ENV_SWITCH] = "0"
