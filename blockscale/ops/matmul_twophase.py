@@ -416,8 +416,8 @@ def matmul_workspaces(wa: Any, wb: Any, fmt: Format | str, m: int, n: int, k: in
                       device: Any = None) -> Any:
     """Phase 2 alone (e.g. to time it): C = A B^T from the device workspaces of
     :func:`dequantize_operands` (``fmt``, ``bm``, ``bn`` and ``swizzle``: those they were made
-    with; the layouts depend on ``bm`` / ``bn``), no epilogue; ``schedule`` / ``ctas`` / ``store``: see
-    :class:`TwophaseMatmulSpec` and :func:`grid`. Returns the device output."""
+    with; the layouts depend on ``bm`` / ``bn``), no epilogue; ``schedule`` / ``ctas`` /
+    ``store``: see :class:`TwophaseMatmulSpec` and :func:`grid`. Returns the device output."""
     fmt = Format.from_name(fmt)
     if fmt.name not in FORMATS:
         raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt.name!r}")
