@@ -8,8 +8,8 @@ Each op is called once per rotating input set through its public function (the o
 checked byte for byte against ``blockscale.reference`` for the first set), its kernel launches
 are recorded, and the replayed launches are timed with CUDA events (median), so host work is
 excluded. Every kernel schedule of the ops (``quantize_grouped.SCHEDULES``: "tiles", "rows",
-"rows2", "stream", "stream2", "wide", "wide4", and for the fused op "rows_lut", "rows2_lut",
-"stream_lut", "stream2_lut", "wide_lut") gets its own row (``--schedules``
+"rows2", "stream", "stream2", "wide", and for the fused op "rows_lut", "rows2_lut",
+"stream_lut", "stream2_lut", "wide_lut"; grouped only: "wide4", "wide_deep") gets its own row (``--schedules``
 picks some). Bytes moved = bf16 input read + packed data + scales written; the ceilings are a
 device-to-device copy of the bf16 input (read + write) in the same process and a copy of the
 kernel's byte count (read + write = bytes moved: the fair one for a ~25-40 us kernel, whose
@@ -38,7 +38,9 @@ from benchmarks.common import (
 
 OPS = ("grouped_quantize", "fused_silu_quantize")
 SCHEDULES = ("tiles", "rows", "rows2", "rows_lut", "rows2_lut", "stream", "stream2",
-             "stream_lut", "stream2_lut", "wide", "wide4", "wide_lut")
+             "stream_lut", "stream2_lut", "wide", "wide4", "wide_deep", "wide_lut")
+#: schedules benchmarked for the grouped op only
+GROUPED_ONLY = ("wide4", "wide_deep")
 
 
 def _groups(rng: np.random.Generator, rows: int, experts: int) -> tuple[np.ndarray, ...]:
@@ -157,6 +159,8 @@ def bench(dev: Any, *, rows: int = 8192, k: int = 4096, experts: int = 64,
     for op in OPS:
         # the *_lut schedules only change the fused op (grouped: the rows kernels again)
         scheds = [s for s in schedules if op != "grouped_quantize" or not s.endswith("_lut")]
+        if op != "grouped_quantize":  # not bundled for the fused op (registers: see
+            scheds = [s for s in scheds if s not in GROUPED_ONLY]  # quantize_grouped)
         for f in fmts:
             data = make_case(op, f, rows, k, experts, rng)
             for i, sch in enumerate(scheds):

@@ -17,7 +17,7 @@ from blockscale.ops import quantize_silu as QS
 from blockscale.reference import grouped as RG
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
-ROWS = ("rows", "rows2", "stream", "stream2", "wide", "wide4")
+ROWS = ("rows", "rows2", "stream", "stream2", "wide", "wide4", "wide_deep")
 FUSED = ("rows", "rows2", "rows_lut", "rows2_lut", "stream", "stream2", "stream_lut",
          "stream2_lut", "wide", "wide_lut")
 

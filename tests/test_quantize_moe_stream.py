@@ -39,7 +39,7 @@ def sms(request, monkeypatch):
 
 @pytest.mark.parametrize("target", ["sm_90a", "gfx942"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
-@pytest.mark.parametrize("schedule", ["stream", "stream2", "wide", "wide4"])
+@pytest.mark.parametrize("schedule", ["stream", "stream2", "wide", "wide4", "wide_deep"])
 def test_grouped_stream_edges(schedule, fmt, target, sms):
     _grouped(fmt, target, schedule, COUNTS, IDS, 72, 11)
 
@@ -58,7 +58,7 @@ def test_grouped_stream_cases(fmt, case):
     _grouped(fmt, TARGETS[i % 4], ("stream", "stream2")[i % 2], counts, ids, k, k)
 
 
-@pytest.mark.parametrize("schedule", ["stream", "stream2", "wide", "wide4"])
+@pytest.mark.parametrize("schedule", ["stream", "stream2", "wide", "wide4", "wide_deep"])
 def test_grouped_stream_gather_and_empty_groups(schedule, sms):
     check_gather_and_empty_groups(schedule, "sm_90a")
 
@@ -121,7 +121,7 @@ def test_stream_schedule_choice_and_plan():
 
 
 @pytest.mark.parametrize("k", [64, 4096])
-@pytest.mark.parametrize("schedule", ["stream", "stream2", "wide", "wide4"])
+@pytest.mark.parametrize("schedule", ["stream", "stream2", "wide", "wide4", "wide_deep"])
 def test_grouped_stream_nvfp4_blocks_over_many_groups(schedule, k, monkeypatch):
     """NVFP4 blocks whose rows span many groups (few resident blocks, small groups, each
     with its own tensor scale): the carried group state is re-found at every change; a
@@ -139,7 +139,7 @@ MAX_CASES = [([256, 128, 256], [0, 1, 2], 64), ([100, 200, 50], [2, 0, 1], 72),
              ([13, 999], [1, 0], 40), ([0, 3, 1, 2], [-1, 2, -1, 0], 32)]
 
 
-@pytest.mark.parametrize("schedule", ["wide", "wide4"])
+@pytest.mark.parametrize("schedule", ["wide", "wide4", "wide_deep"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
 def test_grouped_wide_max_cases(fmt, schedule):
     """The wide schedules on MAX's grouped cases (K = 32 .. 72: 1-5 chunks a row, so a
@@ -189,7 +189,12 @@ def test_wide_schedule_choice_and_plan():
     grid, _ = QG.wide_plan(w, 10, 4096, 65)
     assert grid == (1, 5, 1)  # no more blocks than row groups
     names = {s.kernel_name for s in QG.bundle_specs("sm_90a") + QS.bundle_specs("sm_90a")}
+    deep = QG.with_schedule(base, "wide_deep")
+    assert deep.wide == 2 and deep.unroll == 2 and deep.kernel_name.endswith("_wided2")
+    grid, _ = QG.wide_plan(deep, 8192, 4096, 128)
+    assert grid == (1, 396, 1)  # 80 registers: 3 blocks per SM
     assert {"grouped_quantize_dynamic_scaled_nvfp4_rn_5d_v_wide2",
+            "grouped_quantize_dynamic_scaled_mxfp4_up_5d_v_wided2",
             "grouped_quantize_dynamic_scaled_mxfp8_up_5d_v_gather_wide4",
             "fused_silu_quantize_mxfp4_up_5d_v_silu_wide2_lut"} <= names
 
@@ -221,5 +226,5 @@ def test_grouped_wide_many_groups(target, sms):
     counts = rng.integers(0, 4, 300)
     counts[rng.integers(0, 300, 60)] = 0
     ids = rng.integers(-1, 8, 300)
-    _grouped("nvfp4", target, "wide", counts.tolist(), ids.tolist(), 32, 9,
+    _grouped("nvfp4", target, "wide_deep", counts.tolist(), ids.tolist(), 32, 9,
              np.geomspace(0.1, 10.0, 8).astype(np.float32))

@@ -216,10 +216,16 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
         return [arith.trunci(i32, arith.minui(rel, _c64(TABLE_GROUPS)))]
 
     nw = len(first[0])
-    with B.for_range(lo, hi, carry=[wv for ws in first for wv in ws] + state0) as loop:
-        rg = B.cast_int(loop.iv, i64)
-        cur = [list(loop.carried[v * nw:(v + 1) * nw]) for v in range(w)]
-        state = list(loop.carried[w * nw:])
+
+    def clamp(rg: ir.Value) -> ir.Value:
+        """``rg`` if it is in the block's share, else its last row group (valid, unused)."""
+        return arith.select(arith.cmpi(arith.CmpIPredicate.ult, rg, hi), rg,
+                            arith.subi(hi, _c64(1)))
+
+    def visit(rg: ir.Value, cur: list[list[ir.Value]], state: list[ir.Value],
+              noff: ir.Value | None) -> tuple[list[ir.Value], list[ir.Value]]:
+        """Quantize row group ``rg`` from its chunks' words ``cur``; after each chunk, the
+        same chunk's loads of the row at ``noff`` (None: none). Returns (loaded, state)."""
         drow = drow_of(rg)
         row_ok = arith.cmpi(arith.CmpIPredicate.slt, drow, m32)
         rowc = arith.minsi(drow, arith.subi(m32, _c32(1)))
@@ -242,14 +248,42 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
         drow_base = arith.muli(arith.extui(i64, drow), row_bytes)
         row = _Row(row_ok, active, tsf, inv_tsf, srow_base, drow_base, lane0, k16)
         row.slot = st[6] if table else None
-        nxt_rg = arith.addi(rg, _c64(1))
-        noff = row_off(arith.select(arith.cmpi(arith.CmpIPredicate.ult, nxt_rg, hi), nxt_rg,
-                                    rg))
         nxt = []
         for ch, words in zip(chunks, cur):
             _chunk(k, a, ch, row, words)
-            nxt += load(noff, ch)
-        loop.yield_(*(nxt + st))
+            if noff is not None:
+                nxt.append(load(noff, ch))
+        return nxt, st
+
+    depth = spec.unroll  # rows whose loads are in flight ahead of the math
+    if depth == 1:
+        with B.for_range(lo, hi, carry=[wv for ws in first for wv in ws] + state0) as loop:
+            rg = B.cast_int(loop.iv, i64)
+            cur = [list(loop.carried[v * nw:(v + 1) * nw]) for v in range(w)]
+            nxt, st = visit(rg, cur, list(loop.carried[w * nw:]),
+                            row_off(clamp(arith.addi(rg, _c64(1)))))
+            loop.yield_(*([wv for ws in nxt for wv in ws] + st))
+    else:
+        # depth 2, unrolled by 2 (the buffers rotate without register moves): sub-step d
+        # quantizes row group rg + d from the buffers loaded two row groups earlier and
+        # loads row group rg + d + 2 into them; the second sub-step runs when rg + 1 < hi
+        # (block-uniform), its loads after its math
+        second = [load(row_off(clamp(arith.addi(lo, _c64(1)))), ch) for ch in chunks]
+        flat = [wv for ws in first + second for wv in ws]
+        with B.for_range(lo, hi, 2, carry=flat + state0) as loop:
+            rg = B.cast_int(loop.iv, i64)
+            bufs = [list(loop.carried[v * nw:(v + 1) * nw]) for v in range(2 * w)]
+            state = list(loop.carried[2 * w * nw:])
+            nxt0, st = visit(rg, bufs[:w], state, row_off(clamp(arith.addi(rg, _c64(2)))))
+            rg1 = arith.addi(rg, _c64(1))
+            sb = B.if_(arith.cmpi(arith.CmpIPredicate.ult, rg1, hi), state_types)
+            with sb.then():
+                sb.yield_(*visit(rg1, bufs[w:], st, None)[1])
+            with sb.else_():
+                sb.yield_(*st)
+            noff1 = row_off(clamp(arith.addi(rg, _c64(3))))
+            nxt1 = [load(noff1, ch) for ch in chunks]
+            loop.yield_(*([wv for ws in nxt0 + nxt1 for wv in ws] + list(sb.results)))
     # the padding scale words after the data (the stream kernel zeroes them first: ~2 more
     # dependent L2 round trips before the first math, with only the first loads in flight)
     QS._padding(k, kb, _Tid(tid), d1, share)

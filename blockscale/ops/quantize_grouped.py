@@ -39,13 +39,15 @@ STREAM_SCHEDULES = ("stream", "stream2", "stream_lut", "stream2_lut")
 #: (``wide4``: 4, grouped only) 16-element chunks of a row per thread visit, ring prefetch,
 #: the block's first group from a warp count); also accepted by the ops, not in SCHEDULES;
 #: "*_lut" as for the others (the fused op's sigmoid table; the grouped op: same kernel)
-WIDE_SCHEDULES = ("wide", "wide_lut", "wide4", "wide4_lut")
+WIDE_SCHEDULES = ("wide", "wide_lut", "wide4", "wide4_lut", "wide_deep", "wide_deep_lut")
 #: nvvm.maxnreg of the wide-schedule CUDA kernels by (mode, chunks, lut); blocks per SM =
 #: 65536 // (256 * cap). Grouped wide at 48 spilled 48-60 words; wide4 at 64 / 80 spilled
 #: 156-236 / 64-80 (NVFP4 still 52 at 96): the four chunks' loop-invariant columns
 WIDE_REGISTER_CAPS = {("grouped", 2, False): 64, ("grouped", 4, False): 128,
                       ("silu", 2, False): 80, ("silu", 2, True): 80,
                       ("silu", 4, False): 128, ("silu", 4, True): 128}
+#: nvvm.maxnreg of the "wide_deep" kernels (2 chunks, loads two row groups ahead)
+WIDE_DEEP_REGISTER_CAP = 80
 #: the schedule used when an op is called with ``schedule=None``
 DEFAULT_SCHEDULE = "tiles"
 #: the grouped op's schedule on GROUPED_SCHEDULE_TARGETS when none is given. Measured on the
@@ -86,6 +88,8 @@ STREAM_CAP_40 = ("nvfp4", "mxfp8")
 
 def wide_register_cap(spec: MoeQuantizeSpec) -> int:
     """nvvm.maxnreg of a wide-schedule CUDA kernel."""
+    if spec.unroll == 2:
+        return WIDE_DEEP_REGISTER_CAP
     return WIDE_REGISTER_CAPS[(spec.mode, spec.wide, spec.lut)]
 
 
@@ -134,7 +138,7 @@ class MoeQuantizeSpec(QuantizeSpec):
     def kernel_name(self) -> str:
         kind = "stream" if self.stream else "rows"
         if self.wide:
-            kind, n = "wide", self.wide
+            kind, n = ("wide" if self.unroll == 1 else "wided"), self.wide
         else:
             n = self.unroll
         return f"{super().kernel_name}_{kind}{n}" + ("_lut" if self.lut else "")
@@ -171,9 +175,10 @@ def with_schedule(spec: QuantizeSpec, schedule: str | None, num_groups: int | No
         return spec
     fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(QuantizeSpec)}
     if wide:
-        n = 4 if schedule.removesuffix("_lut") == "wide4" else 2
+        base = schedule.removesuffix("_lut")
         return MoeQuantizeSpec(**fields, lut=schedule.endswith("_lut") and spec.mode == "silu",
-                               wide=n)
+                               wide=4 if base == "wide4" else 2,
+                               unroll=2 if base == "wide_deep" else 1)
     return MoeQuantizeSpec(**fields, unroll=2 if schedule.removesuffix("_lut")[-1] == "2"
                            else 1, lut=schedule.endswith("_lut") and spec.mode == "silu",
                            stream=stream)
