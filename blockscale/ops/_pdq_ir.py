@@ -84,23 +84,16 @@ class _PdqRing(T._Ring):
 
     def __init__(self, kb: bir.KernelBuilder, k: Value, stages: int, bm: int,
                  packed_a: bool = False) -> None:
-        T._check_ring(KSTEP, stages, bm, "none")
-        self.kstep, self.stages, self.bm = KSTEP, stages, bm
-        self.a_bytes, self.b_bytes = bm * 2 * KSTEP, BN * 2 * KSTEP
-        self.sbytes = self.a_bytes + self.b_bytes
-        self.sw = False
+        super().__init__(kb, k, KSTEP, stages, bm, "none")
+        # the ring's shared buffer: the memref under base = shared_address(smem)
+        cast = self.base.owner
+        self.smem = cast.operands[0].owner.operands[0]
+        if self.sbytes != (bm + BN) * 2 * KSTEP:
+            raise AssertionError("_PdqRing: the two-phase ring's stage is not bm + 256 rows")
         self.packed_a = packed_a
-        self.smem = tma.extern_shared_buffer(kb, T.shared_bytes(KSTEP, stages, bm), align=128)
-        self.tid = bir.thread_idx("x")
-        self.wg = bir.udiv(self.tid, 128)
         self.is_cons = bir.ult(self.tid, 2 * bm)
         self.pt = bir.sub(self.tid, 2 * bm)  # producer thread (valid where not is_cons)
         self.is_prod = bir.eq(self.tid, 2 * bm)  # the producer's bulk-copy thread
-        self.kp = bir.mul(bir.ceil_div(k, T.KPAD), T.KPAD)
-        self.steps = bir.ceil_div(k, KSTEP)
-        self.base = W.shared_address(self.smem)
-        self.bars = bir.add(self.base,
-                            bir.as_i64(bir.const(T.barrier_offset(KSTEP, stages, bm))))
 
     def init_barriers(self) -> None:
         with bir.when(self.is_prod):

@@ -1,0 +1,238 @@
+"""Warp-specialized "producer-dequant" sm_90a grouped (MoE prefill) block-scaled matmul: NVFP4,
+MXFP4 (issue #10).
+
+Same contract as :func:`blockscale.ops.matmul_grouped_wgmma.grouped_matmul_block_scaled_wgmma`
+(SEMANTICS §5, D8, D10): 5-D A scales with per-group padded tiles (``a_scale_offsets``), 6-D B
+scales, ``C = bf16(acc * expert_scales[e] (* a_row_scales[m]))`` in fp32, in that order;
+expert id -1 -> zeros.
+
+Kernel: the work items of the grouped wgmma kernel (CTA ``(x, y)``: column tile x of the y-th
+(group, 128-row tile), :func:`blockscale.ops._grouped_wgmma_ir.find_tile`), each a 128 x 256
+tile computed by :func:`blockscale.ops._pdq_ir.emit_mainloop`: two consumer warpgroups of
+``m64n256k16`` bf16 wgmmas over a 4-stage shared ring, and a producer warpgroup dequantizing
+BOTH operands' packed rows into it (A: the group's rows from ``m0``, zeros at the group end,
+scales in the group's padded 128-row tiles; B: expert ``e``'s weight rows ``e N + n``, 6-D
+scales): no per-thread dequantization in the consumers (the register-fed kernel's 243
+registers and 33 % issue slots) and no bf16 weights in global memory.
+
+Numerics: the same bf16 operands (dequant "lut", block scales folded in) and k16 wgmma order
+as the grouped wgmma kernel at 128 x 256, kstep 64, so its bytes in the interpreter.
+
+Not in any dispatch (the lead measures it first). Importing this module does not import MLIR.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
+import blockscale.ops._matmul_host as H
+from blockscale.formats import Format, FormatSpec
+from blockscale.launch import KernelArg
+from blockscale.ops import matmul_grouped as _grouped
+from blockscale.ops import matmul_pdq as _pdq
+
+#: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
+KERNEL_SOURCES = ("blockscale.ops._pdq_ir", "blockscale.ops._twophase_ir",
+                  "blockscale.ops._grouped_wgmma_ir", "blockscale.ops._wgmma_ir",
+                  "blockscale.ops._mma_ir", "blockscale.ops._matmul_ir",
+                  "blockscale.ops.matmul_sm90", "blockscale.ops.matmul_grouped",
+                  "blockscale.ops.matmul_grouped_sm90")
+TARGETS = ("sm_90a",)
+FORMATS = ("nvfp4", "mxfp4")
+#: the work item's tile and the CTA (= matmul_pdq's)
+BM, BN, THREADS, MAX_STAGES = _pdq.BM, _pdq.BN, _pdq.THREADS, _pdq.MAX_STAGES
+LOOPS = _pdq.LOOPS
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedPdqSpec(FormatSpec):
+    """What one grouped producer-dequant kernel is specialised on (bf16 output).
+
+    Attributes:
+        fmt: "nvfp4" | "mxfp4".
+        row_scales: whether the kernel reads ``a_row_scales`` (bf16 ``[T]``, NVFP4).
+        target: "sm_90a".
+        stages: shared stages (2 .. :data:`MAX_STAGES`); None: :data:`MAX_STAGES`.
+        prefetch: the producer loads step t + 1's packed rows before dequantizing step t.
+        loop: :data:`LOOPS` (:class:`blockscale.ops.matmul_pdq.PdqMatmulSpec`).
+    """
+
+    fmt: str
+    row_scales: bool = False
+    target: str = "sm_90a"
+    stages: int | None = None
+    prefetch: bool = False
+    loop: str = "split"
+
+    op: ClassVar[str] = "grouped_matmul_block_scaled_pdq"
+    out_dtype: ClassVar[str] = "bfloat16"
+    sigma_out: ClassVar[bool] = False
+    epilogue: ClassVar[None] = None
+    block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
+        H.check_choice(self.fmt, FORMATS, "fmt")
+        H.check_choice(H.target_name(self.target), TARGETS, "target")
+        object.__setattr__(self, "target", H.target_name(self.target))
+        for name in ("row_scales", "prefetch"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got "
+                                f"{type(getattr(self, name)).__name__}")
+        if self.row_scales and self.fmt != "nvfp4":
+            raise ValueError(f"row_scales is NVFP4 only, got fmt={self.fmt}")
+        if self.stages is None:
+            object.__setattr__(self, "stages", MAX_STAGES)
+        if type(self.stages) is not int or not 2 <= self.stages <= MAX_STAGES:
+            raise ValueError(f"stages must be an int in [2, {MAX_STAGES}], got {self.stages!r}")
+        H.check_choice(self.loop, LOOPS, "loop")
+
+    @property
+    def dynamic_shared_bytes(self) -> int:
+        return _pdq.PdqMatmulSpec(self.fmt, stages=self.stages).dynamic_shared_bytes
+
+    @property
+    def kernel_name(self) -> str:
+        rs = "_rowsc" if self.row_scales else ""
+        pf = "_pf" if self.prefetch else ""
+        lp = "" if self.loop == "split" else f"_{self.loop}"
+        return f"bs_grouped_pdq_{self.fmt}_{BM}x{BN}_k64_s{self.stages}{pf}{lp}{rs}"
+
+    def args(self) -> tuple[KernelArg, ...]:
+        """The portable grouped kernel's parameters (5-D scales, bf16 output)."""
+        return _grouped.GroupedMatmulSpec(self.fmt, "tcgen5d", "bfloat16", self.row_scales,
+                                          self.target).args()
+
+
+def grid(t: int, n: int, num_groups: int) -> tuple[int, int, int]:
+    """Column tiles x an upper bound of the (group, row tile) work items."""
+    return (max(1, -(-n // BN)), -(-t // BM) + num_groups, 1)
+
+
+def build(spec: GroupedPdqSpec) -> Any:
+    """The ``mlir.ir.Module`` of ``spec``'s kernel (IR only)."""
+    from mlir.dialects import arith
+
+    import blockscale.ops._grouped_wgmma_ir as GW
+    import blockscale.ops._pdq_ir as P
+    import blockscale.ops._twophase_ir as T
+    import blockscale.ops._wgmma_ir as X
+    from blockscale.compiler import ir as bir
+    from blockscale.layouts import SF_ATOM_ROWS
+    from blockscale.ops import matmul_grouped_sm90 as _gsm90
+    from blockscale.ops._matmul_ir import tcgen_row_offset
+
+    block = 16 if spec.fmt == "nvfp4" else 32
+    with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
+        n_count, k, groups = (bir.as_index(kb.arg(x)) for x in ("n", "k", "num_groups"))
+        g, tile, has_work = GW.find_tile(BM, kb, groups)
+        with bir.when(has_work):  # CTA-uniform: the barriers below are reached by all
+            start, end, expert, m0, n0, active = _gsm90.work_item(kb, g, tile, BM, BN)
+            br = bir.if_(active, [])
+            with br.then():
+                e = bir.as_index(expert)
+                d1 = bir.ceil_div(bir.ceil_div(k, block), 4)
+                # A: the group's padded 128-row scale tiles (as work_operands); B: expert e
+                tile0 = bir.add(bir.udiv(start, SF_ATOM_ROWS),
+                                bir.as_index(bir.load(kb.arg("a_scale_offsets"), g)))
+                srow0 = bir.add(bir.mul(tile0, SF_ATOM_ROWS), bir.mul(tile, BM))
+                b_srow0 = bir.add(bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)),
+                                          SF_ATOM_ROWS), n0)
+                a = P.PackedRows(kb.arg("a"), kb.arg("sfa"), m0, bir.sub(end, m0), k,
+                                 lambda r: tcgen_row_offset(bir.add(srow0, r), d1), BM)
+                b = P.PackedRows(kb.arg("w"), kb.arg("sfb"),
+                                 bir.add(bir.mul(e, n_count), n0), bir.sub(n_count, n0), k,
+                                 lambda r: tcgen_row_offset(bir.add(b_srow0, r), d1))
+                fix = X.accumulator_scale("lut", spec.fmt, "fold")
+                scale_e = bir.load(kb.arg("expert_scales"), e)
+
+                def expert_scaled(v: Any, m: Any, n: Any) -> Any:
+                    if fix != 1.0:  # exact power of two first (MXFP4 "fold")
+                        v = arith.mulf(v, bir.const(fix, bir.f32()))
+                    v = arith.mulf(v, scale_e)
+                    if spec.row_scales:  # D10: times the expert scale, then the row scale
+                        v = arith.mulf(v, arith.extf(bir.f32(),
+                                                     bir.load(kb.arg("a_row_scales"), m)))
+                    return v
+
+                def store(acc: Any, wg: Any) -> None:
+                    GW._store(spec, kb, T.accumulator_tiles(acc), X.warp_coords(wg), m0, n0,
+                              end, n_count, expert_scaled)
+
+                P.emit_mainloop(kb, a, m0, b, k, spec.fmt, spec.stages, store, BM,
+                                spec.prefetch, spec.loop)
+                br.yield_()
+            with br.else_():  # expert id -1: zeros (D8), by the consumer warpgroups' rows
+                tid = bir.thread_idx("x")
+                with bir.when(bir.ult(tid, 2 * BM)):
+                    zero = bir.const(0.0, bir.f32())
+                    zeros = [[[zero] * 4 for _ in range(BN // 8)]]
+                    GW._store(spec, kb, zeros, X.warp_coords(bir.udiv(tid, 128)), m0, n0, end,
+                              n_count, lambda v, m, n: v)
+                br.yield_()
+    return kb.module
+
+
+# ---- host side -------------------------------------------------------------------------------
+
+
+def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_scales: Any,
+                                    expert_start: Any, a_scale_offsets: Any, expert_ids: Any,
+                                    expert_scales: Any, fmt: Format | str, *,
+                                    k: int | None = None, a_row_scales: Any = None,
+                                    stages: int | None = None, prefetch: bool = False,
+                                    loop: str = "split", device: Any = None) -> Any:
+    """The kernel called directly (no dispatch), e.g. by tests and benchmarks. Arguments as
+    :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
+    ``prefetch`` and ``loop`` (:class:`GroupedPdqSpec`). Raises ValueError for K % 32 != 0
+    or a format other than NVFP4 / MXFP4."""
+    fmt = Format.from_name(fmt)
+    H.check_choice(fmt.name, FORMATS, "fmt")
+    t, e_count, n, k = _grouped._grouped_dims(hidden, weight, fmt, k)
+    if k % 32:
+        raise ValueError(f"the grouped producer-dequant kernel takes k % 32 == 0, got k={k}")
+    _grouped.check_tcgen_scales(a_scales, b_scales, fmt, e_count, n, k)
+    es, offs, ids = _grouped.group_vectors(expert_start, a_scale_offsets, expert_ids, t,
+                                           e_count)
+    g_count = es.shape[0] - 1
+    buffers = {"a": hidden, "w": weight, "sfa": a_scales, "sfb": b_scales,
+               "expert_start": es, "a_scale_offsets": offs, "expert_ids": ids,
+               "expert_scales": _grouped.expert_scales_arg(expert_scales, fmt, e_count)}
+    if a_row_scales is not None:
+        _grouped.check_row_scales(a_row_scales, fmt, t)
+        buffers["a_row_scales"] = a_row_scales
+    dev, tgt = H.device_and_target(device, "sm_90a")
+    spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop)
+    return H.launch(spec, grid(t, n, g_count), (t, n), "bfloat16", buffers,
+                    {"t": t, "n": n, "k": k, "num_groups": g_count}, dev,
+                    empty=t == 0 or n == 0)
+
+
+def kernel(spec: GroupedPdqSpec) -> Any:
+    """The compiled Kernel (every asm stage) of ``spec``; needs the compiler."""
+    return H.compile_spec(spec)
+
+
+def bundle_specs(target: str = "sm_90a") -> list[GroupedPdqSpec]:
+    """NVFP4 (row scales on / off) and MXFP4, 4 stages, with and without the prefetch;
+    none off sm_90a."""
+    if target not in TARGETS:
+        return []
+    specs = [GroupedPdqSpec(f, rs, target, None, pf) for f in FORMATS
+             for rs in ((False, True) if f == "nvfp4" else (False,)) for pf in (False, True)]
+    return sorted(specs, key=lambda s: s.kernel_name)
+
+
+_core.attach_kernel_api((grouped_matmul_block_scaled_pdq,), kernel, build)
+_core.register_op_module(__name__)
+
+__all__ = [
+    "GroupedPdqSpec",
+    "build",
+    "bundle_specs",
+    "grid",
+    "grouped_matmul_block_scaled_pdq",
+    "kernel",
+]

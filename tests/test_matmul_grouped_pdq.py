@@ -1,0 +1,143 @@
+"""The grouped (MoE prefill) producer-dequant sm_90a matmul (ops/matmul_grouped_pdq.py).
+
+* interp: MAX's grouped cases at small N / K (unused groups, groups spanning several row
+  tiles, empty groups, N and K tails) byte-equal to the grouped wgmma kernel at 128 x 256,
+  "lut" / kstep 64 / "fold" (the same bf16 operands and k16 wgmma order), with and without
+  ``a_row_scales``; within the stated bound of the exact grouped value; expert id -1 rows are
+  zeros. The "lockstep" loop for any K, the GPU's "split" loop while the steps fit in the
+  ring (test_matmul_pdq.py explains why).
+* lower: SASS of the bundled kernels: 4 HGMMA, the producer's 24 STS.128, no wgmma
+  serialization, no spills without the prefetch.
+* gpu: (``make gpu-bundle`` collects ``matmul_grouped_pdq.bundle_specs``)::
+
+      BLOCKSCALE_BUNDLE_DIR=build/gpu pytest -m gpu tests/test_matmul_grouped_pdq.py
+
+  byte-equal to the grouped wgmma kernel at 128 x 256 lut / k64 / fold on the gpt-oss-120b
+  gate_up shape (the same operands and HGMMA order on the same hardware).
+"""
+
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+from test_matmul_common import assert_bf16_consistent, f32_error_bound
+from test_matmul_grouped import exact_grouped, make_grouped_case
+from test_matmul_grouped_wgmma import CASES
+
+from blockscale.formats import MXFP4, NVFP4, Format
+from blockscale.ops import matmul_grouped_pdq as GP
+from blockscale.ops import matmul_grouped_wgmma as gw
+
+
+def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=False,
+         stages=None, seed=0, device="interp", check_exact=True):
+    rng = np.random.default_rng(300 + seed)
+    case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
+    esc = (1 + (np.arange(e_count) + 1) / e_count).astype(np.float32)
+    rs = rng.uniform(0.5, 2, sum(counts)).astype(ml_dtypes.bfloat16) if rows else None
+    out = GP.grouped_matmul_block_scaled_pdq(**case, expert_scales=esc, fmt=fmt, k=k,
+                                             a_row_scales=rs, stages=stages,
+                                             prefetch=prefetch, loop=loop, device=device)
+    assert out.dtype == ml_dtypes.bfloat16 and out.shape == (sum(counts), n)
+    want = gw.grouped_matmul_block_scaled_wgmma(**case, expert_scales=esc, fmt=fmt, k=k,
+                                                a_row_scales=rs, tiles=(128, 256),
+                                                dequant="lut", kstep=64, scaling="fold",
+                                                device=device)
+    assert np.array_equal(out.view(np.uint16), want.view(np.uint16))
+    es = case["expert_start"].astype(np.int64)
+    for g, e in enumerate(ids):  # rows of unused groups: zeros (D8)
+        if e < 0:
+            assert not np.any(out[es[g]:es[g + 1]].view(np.uint16))
+    if check_exact:
+        exact, abs_sum = exact_grouped(case, row_scales, w_scales, fmt, k, esc, rs)
+        extra = fmt.kblocks(k) if fmt.is_mx else 0
+        assert_bf16_consistent(out, exact, f32_error_bound(abs_sum, fmt, k,
+                                                           n_mul=(2 if rows else 1) + extra))
+    return out
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("case_id", range(len(CASES)))
+@pytest.mark.parametrize("fmt", [NVFP4, MXFP4], ids=lambda f: f.name)
+def test_interp_lockstep(fmt, case_id):
+    counts, ids, e_count, n, k = CASES[case_id]
+    _run(fmt, counts, ids, e_count, n, k, seed=case_id)
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    (NVFP4, [65, 129, 257], [0, 1, 2], 3, 264, 224, True, 3, True),  # N tail, K half step
+    (NVFP4, [0, 3, 1, 2], [-1, 2, -1, 0], 3, 40, 128, True, 2, False),
+    (MXFP4, [128, 256, 5], [1, -1, 0], 2, 72, 160, False, None, True),
+], ids=lambda c: f"{c[0].name}-{len(c[1])}g-n{c[4]}-k{c[5]}-rs{int(c[6])}-s{c[7]}-pf{int(c[8])}")
+def test_interp_row_scales_stages_prefetch(case):
+    fmt, counts, ids, e_count, n, k, rows, stages, prefetch = case
+    _run(fmt, counts, ids, e_count, n, k, rows=rows, stages=stages, prefetch=prefetch, seed=7)
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("case_id", [0, 1, 3])
+@pytest.mark.parametrize("fmt", [NVFP4, MXFP4], ids=lambda f: f.name)
+def test_interp_split(fmt, case_id):
+    """The GPU loop (K <= 192: the steps fit in the 4-stage ring)."""
+    counts, ids, e_count, n, k = CASES[case_id]
+    _run(fmt, counts, ids, e_count, n, k, loop="split", prefetch=case_id == 1, seed=case_id)
+
+
+@pytest.mark.ir
+def test_spec_checks():
+    assert GP.GroupedPdqSpec("nvfp4").stages == GP.MAX_STAGES
+    with pytest.raises(ValueError, match="fmt"):
+        GP.GroupedPdqSpec("mxfp8")
+    with pytest.raises(ValueError, match="row_scales"):
+        GP.GroupedPdqSpec("mxfp4", row_scales=True)
+    with pytest.raises(TypeError, match="prefetch"):
+        GP.GroupedPdqSpec("nvfp4", prefetch=0)
+    with pytest.raises(ValueError, match="stages"):
+        GP.GroupedPdqSpec("nvfp4", stages=9)
+    with pytest.raises(ValueError, match="loop"):
+        GP.GroupedPdqSpec("nvfp4", loop="x")
+    specs = GP.bundle_specs("sm_90a")
+    assert len(specs) == len({s.kernel_name for s in specs}) == 6
+    assert GP.bundle_specs("gfx942") == []
+    assert GP.grid(16384, 5760, 128) == (23, 256, 1)
+
+
+@pytest.mark.interp
+def test_host_checks():
+    case, _, _ = make_grouped_case(np.random.default_rng(0), NVFP4, [4, 4], [0, 1], 2, 16, 48)
+    with pytest.raises(ValueError, match="k % 32"):
+        GP.grouped_matmul_block_scaled_pdq(**case, expert_scales=None, fmt=NVFP4, k=48,
+                                           device="interp")
+
+
+@pytest.mark.lower
+@pytest.mark.parametrize("spec", GP.bundle_specs("sm_90a"), ids=lambda s: s.kernel_name)
+def test_kernel_sass(spec):
+    kernel = GP.kernel(spec)
+    sass, meta = kernel.asm["sass"], kernel.meta
+    assert len(re.findall(r"HGMMA\.64x256x16\.F32\.BF16", sass)) == 4
+    assert len(re.findall(r"STS\.128", sass)) == 24  # 3 rows x 8 chunks a producer thread
+    assert not re.search(r"\bUBLKCP\b", sass)
+    log = meta.get("ptxas_log", "")
+    assert "C7518" not in log and "C7517" not in log and "C7515" not in log
+    assert meta["registers"] <= 168
+    spills = 32 if spec.prefetch else 0  # 30 prefetched registers a producer thread
+    assert meta["spill_stores"] <= spills and meta["spill_loads"] <= spills
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("prefetch", [False, True], ids=["nopf", "pf"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_gpu(fmt, prefetch):
+    """gpt-oss-120b gate_up at T=1024 tokens (top-4 of 128 experts, N=5760, K=2880; some
+    experts unused): the grouped wgmma kernel's bytes (128 x 256, lut / k64 / fold)."""
+    rng = np.random.default_rng(5)
+    counts = list(rng.multinomial(4096, np.full(128, 1 / 128)))
+    ids = [e if c else -1 for e, c in enumerate(counts)]
+    _run(Format.from_name(fmt), counts, ids, 128, 5760, 2880, rows=fmt == "nvfp4",
+         loop="split", prefetch=prefetch, device="cuda", check_exact=False)
