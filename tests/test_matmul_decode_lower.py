@@ -74,19 +74,23 @@ def test_decode_mma_sass(spec):
     paths) in the step loop with the next step's 16-byte weight loads, the variant's register
     cap (mma: 4 CTAs of 128 threads per SM, mma2: 3), <= 48 KB static shared memory; in the
     step loop no spill store and only a few reloads of spilled loop-invariant addresses
-    (ptxas; a handful of L1 hits per 16 KB step)."""
+    (ptxas; a handful of L1 hits per 16 KB step). The 8-row variants ("mma_c8*": one n-tile
+    path, 32 HMMAs): no spill at all at 128 registers, <= 8 / 24 reloads a step at 96 / 80."""
     kernel = matmul_decode.kernel(spec)
     meta, ops = kernel.meta, _ops(kernel.asm["sass"])
     assert 0 < meta["registers"] <= matmul_decode.VARIANT_REGISTERS[spec.variant], meta
-    assert ops.count("HMMA.16816.F32") == 32 * 3, ops.count("HMMA.16816.F32")
+    paths = 1 if matmul_decode.STAGING.get(spec.variant) == "cf8" else 3
+    assert ops.count("HMMA.16816.F32") == 32 * paths, ops.count("HMMA.16816.F32")
     loop = _step_loop(kernel.asm["sass"])
-    assert loop.count("HMMA.16816.F32") == 32 * 3
+    assert loop.count("HMMA.16816.F32") == 32 * paths
     assert loop.count("LDG.E.128") >= 8  # the next step's weights
     assert not [o for o in loop if o.startswith("STL")], "spill store in the step loop"
     # <= 32 of the ~2300 instructions of a step (mma2: <= 26, mma: <= 8); mma_p5 (96
     # registers for 5 CTAs per SM): <= 48
-    cap = 48 if spec.variant == "mma_p5" else 32
+    cap = {"mma_p5": 48, "mma_c8": 0, "mma_c85": 8, "mma_c86": 24}.get(spec.variant, 32)
     assert sum(o.startswith("LDL") for o in loop) <= cap, "spill reloads in the step loop"
+    if spec.variant == "mma_c8" and spec.mode == "grouped":
+        assert meta["spill_stores"] == meta["spill_loads"] == 0, meta
     assert meta["static_shared_bytes"] <= 48 * 1024
 
 

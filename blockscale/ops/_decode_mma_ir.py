@@ -214,13 +214,21 @@ class _Staging:
     of one row) by lanes of consecutive rows; each thread loads 8-byte scale words (rows
     ``n0 + i`` and ``n0 + 32 + i``, 4 blocks each: adjacent in the 5-D layout since the
     CTA's 64 rows are half an atom), a warp one atom column of 32 such pairs. Rows past N
-    read the 5-D padding rows (the atom holds 128 rows): never stored."""
+    read the 5-D padding rows (the atom holds 128 rows): never stored.
 
-    def __init__(self, lay: _Fmt, cf: bool):
-        self.cf = cf
-        self.b_stride = TOKENS * 16 + (4 if cf else 0)  # words per unit pair
+    "cf8" (variants "mma_c8*"): "cf" with passes of 8 group rows (one n-tile; a group of
+    9-16 rows streams the weights twice): no second n-tile's code, accumulators or B
+    fragments (132 words a unit pair, MX scales 10 a block), fewer registers and 8 KB less
+    shared memory (34 KB: 6 CTAs per SM under 80 registers)."""
+
+    def __init__(self, lay: _Fmt, staging: str):
+        self.cf = staging != "v1"
+        #: group rows per pass: one n-tile ("cf8") or two
+        self.tokens = 8 if staging == "cf8" else TOKENS
+        cf = self.cf
+        self.b_stride = self.tokens * 16 + (4 if cf else 0)  # words per unit pair
         self.b_words = UNITS // 2 * self.b_stride
-        self.sa_stride = TOKENS + (2 if cf else 0)  # MX activation scales per block
+        self.sa_stride = self.tokens + (2 if cf else 0)  # MX activation scales per block
         #: scale words (4 blocks) per load and loads per thread and step
         self.s_rows = 2 if cf else 1
         self.s_iters = (32 if cf else COLS) * lay.words // THREADS
@@ -262,11 +270,12 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         raise ValueError(f"depth must be 1 or 2, got {depth}")
     if decode not in ("lop3", "prmt"):
         raise ValueError(f"decode must be 'lop3' or 'prmt', got {decode!r}")
-    if staging not in ("v1", "cf"):
-        raise ValueError(f"staging must be 'v1' or 'cf', got {staging!r}")
+    if staging not in ("v1", "cf", "cf8"):
+        raise ValueError(f"staging must be 'v1', 'cf' or 'cf8', got {staging!r}")
     fast = decode == "prmt"
     lay = _Fmt(fmt)
-    st = _Staging(lay, staging == "cf")
+    st = _Staging(lay, staging)
+    tokens = st.tokens
     f32, i32 = bir.f32(), bir.i32()
     v16 = bir.vec(16, bir.i8())
     wsm = workgroup_buffer(kb, COLS * W_STRIDE, bir.i8())
@@ -312,7 +321,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             n_c = bir.umin(bir.add(n0, r), n_last)
         s_rows.append((r, mir.tcgen_row_offset(bir.add(b_srow0, n_c), d1)))
         s_qs.append(bir.udiv(sid, 32) if st.cf else bir.urem(sid, lay.words))
-    a_iters = TOKENS * STEP_CHUNKS // THREADS
+    a_iters = tokens * STEP_CHUNKS // THREADS
 
     def fetch(step: Value, r0: Value, rows: Value) -> list[Value]:
         """Step ``step``'s weight chunks, weight scale words, activation chunks and
@@ -555,9 +564,9 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             idx = bir.add(tid, it * THREADS)
             with bir.when(bir.ult(idx, lay.blocks * st.sa_stride)):
                 bir.store(zero, sasm, idx)
-    with bir.for_range(start, end, TOKENS) as pl:
+    with bir.for_range(start, end, tokens) as pl:
         r0 = pl.iv
-        rows = bir.umin(bir.sub(end, r0), TOKENS)
+        rows = bir.umin(bir.sub(end, r0), tokens)
         two = bir.ult(bir.const(8), rows)
         s_lo, s_hi = (0, steps) if step_range is None else step_range
         init = [x for d in range(depth)
@@ -576,16 +585,19 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 ahead = bir.umin(ahead, bir.sub(s_hi, 1))  # step (L1 / L2 hits), not the next's
             nxt = later + fetch(ahead, r0, rows)
             accs = list(sl.carried[:8])
-            br = bir.if_(two, [f32] * 8)
-            with br.then():
-                br.yield_(*compute(accs, True))
-            with br.else_():
-                br.yield_(*(compute(accs[:4], False) + accs[4:]))
-            sl.yield_(*br.results, *nxt)
+            if tokens == 8:  # one n-tile (accs[4:] stay zero, never stored)
+                sl.yield_(*compute(accs[:4], False), *accs[4:], *nxt)
+            else:
+                br = bir.if_(two, [f32] * 8)
+                with br.then():
+                    br.yield_(*compute(accs, True))
+                with br.else_():
+                    br.yield_(*(compute(accs[:4], False) + accs[4:]))
+                sl.yield_(*br.results, *nxt)
         totals = list(sl.results[:8])
         if lay.nv:  # exact: the accumulators are 2^-28 times the portable kernel's
             totals = [arith.mulf(v, bir.const(UNSCALE, f32)) for v in totals]
-        for nt in range(2):
+        for nt in range(tokens // 8):
             for i in range(4):
                 col = bir.add(n0, bir.add(bir.mul(warp, 16), bir.add(g, 8 * (i >> 1))))
                 tok = bir.add(bir.mul(t, 2), nt * 8 + (i & 1))

@@ -84,18 +84,28 @@ COLS = 32
 #: last CTA; :func:`split_k_p` splits; cached counters). The split "mma" ("mma_sk") was
 #: removed: slower than "mma" everywhere (run H) and than "mma_psk" (run L: NVFP4 gpt-oss
 #: T=1 0.0483 vs 0.0386 ms, DeepSeek-V3 T=1 0.089 vs 0.0767 ms).
-VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c")
+#: "mma_c" ("mma_p" with conflict-free shared stores and 8-byte weight scale loads), "mma_c8"
+#: ("mma_c" in passes of 8 rows: one n-tile, no spills at 128 registers; groups of 9-16 rows
+#: stream the weights twice), "mma_c85" / "mma_c86" ("mma_c8" under 96 / 80 registers: 5 / 6
+#: CTAs per SM, grouped; 6 / 22 spill reloads per step); _decode_mma_ir._Staging
+VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
+            "mma_c86")
+#: the shared-memory staging of each "mma_c*" variant (_decode_mma_ir._Staging)
+STAGING = {"mma_c": "cf", "mma_c8": "cf8", "mma_c85": "cf8", "mma_c86": "cf8"}
+#: grouped-only variants (more CTAs per SM) -> the variant the dense dispatch runs instead
+DENSE_EQUIVALENT = {"mma_p5": "mma_p", "mma_c85": "mma_c8", "mma_c86": "mma_c8"}
 #: the split-K variants (grid.z = splits; workspace and counters arguments)
 SPLIT_VARIANTS = ("mma_psk",)
 #: threads and output columns per CTA of each variant
 VARIANT_THREADS = {"simt": THREADS, "mma": 128, "mma2": 128, "mma_p": 128, "mma_p5": 128,
-                   "mma_psk": 128, "mma_c": 128}
+                   "mma_psk": 128, **dict.fromkeys(STAGING, 128)}
 VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_p": 64, "mma_p5": 64, "mma_psk": 64,
-                "mma_c": 64}
+                **dict.fromkeys(STAGING, 64)}
 #: register cap (nvvm.maxnreg) per variant: simt 2 x 256 threads, mma 4 x 128, mma2 3 x 128,
 #: mma_p5 5 x 128 (5 x 42 KB of shared memory: fits the H200's 228 KB)
 VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_p": 128, "mma_p5": 96,
-                     "mma_psk": 128, "mma_c": 128}
+                     "mma_psk": 128, "mma_c": 128, "mma_c8": 128, "mma_c85": 96,
+                     "mma_c86": 80}
 #: mma_psk: split K until the grid has about two waves of CTAs (4 per SM of 132 SMs, twice)
 SPLIT_K_P_CTAS = 2 * 4 * 132
 #: mma_psk: at least this many K steps (512 FP4 elements) per split (one step is loaded
@@ -211,8 +221,8 @@ def build(spec: DecodeSpec) -> Any:
     else:
         def emit(*args: Any, **kw: Any) -> None:
             DM.emit_decode_mma(*args, **kw, depth=2 if spec.variant == "mma2" else 1,
-                               decode="prmt" if spec.variant in ("mma_p", "mma_p5", "mma_c")
-                               else "lop3", staging="cf" if spec.variant == "mma_c" else "v1")
+                               decode="lop3" if spec.variant in ("mma", "mma2") else "prmt",
+                               staging=STAGING.get(spec.variant, "v1"))
     cols = spec.cols
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         from mlir import ir as mlir_ir
@@ -466,8 +476,9 @@ def dense_fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype:
             or m > MAX_ROWS or not k_supported(fmt, k):
         return None
     variant = dispatch_variant(fmt)
-    # mma_p5 is bundled for the grouped kernels only: dense grids run its IR at 4 CTAs/SM
-    variant = split_variant("mma_p" if variant == "mma_p5" else variant, grid(n, 1, 64)[0], k)
+    # mma_p5 / mma_c85 / mma_c86 are bundled for the grouped kernels only: dense grids run
+    # their IR at 4 CTAs/SM
+    variant = split_variant(DENSE_EQUIVALENT.get(variant, variant), grid(n, 1, 64)[0], k)
     spec = _dense_spec(fmt.name, out_dtype, target, variant)
 
     def run(a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, extra: dict[str, Any],
@@ -554,11 +565,11 @@ def bundle_specs(target: str = "sm_90a") -> list[DecodeSpec]:
     specs += [DecodeSpec(f, "dense", o, False, target)
               for f in ("nvfp4", "mxfp4", "mxfp8") for o in ("bfloat16", "float32")]
     # the tensor-core variant (FP4)
-    for v in ("mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c"):  # tensor-core (FP4)
+    for v in ("mma", "mma2", "mma_p", "mma_p5", "mma_psk", *STAGING):  # tensor-core (FP4)
         specs += [DecodeSpec(f, "grouped", "bfloat16", False, target, v)
                   for f in ("nvfp4", "mxfp4")]
         specs.append(DecodeSpec("nvfp4", "grouped", "bfloat16", True, target, v))
-        if v != "mma_p5":  # (5 CTAs per SM: for the MoE grids; dense grids are small)
+        if v not in DENSE_EQUIVALENT:  # (more CTAs per SM: for the MoE grids)
             specs += [DecodeSpec(f, "dense", o, False, target, v)
                       for f in ("nvfp4", "mxfp4") for o in ("bfloat16", "float32")]
     return specs
