@@ -1,0 +1,175 @@
+"""A/B of the warp-specialized producer-dequant sm_90a matmuls (issues #9, #10), on the GPU.
+
+Dense (``ops/matmul_pdq.py``) at M x 5760 x 2944: the two-phase pair (kstep 64, the reference:
+same bf16 operands and HGMMA order, so the rows below must be byte-equal to it) against the
+producer-dequant kernel with A from the phase-1 workspace or packed, with / without the
+producer's prefetch. Grouped (``ops/matmul_grouped_pdq.py``) at gpt-oss-120b gate_up (E=128,
+top-4, N=5760, K=2880) and T tokens: the grouped wgmma kernel at 128 x 256 (lut / k64 / fold:
+byte-equal reference; and its dispatch default variant) against the grouped producer-dequant
+kernel, checked against the float64 product on sampled rows (bench_moe's check) and for byte
+equality with the lut / k64 / fold kernel. Times replay the recorded launches (both phases
+where there are two).
+
+Usage: ``python benchmarks/bench_pdq.py [--m 8192,1024] [--t 1024,4096] [--fmt nvfp4,mxfp4]
+[--suite dense,grouped]``; kernels from the bundle (``make gpu-bundle``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
+
+from benchmarks.bench_moe import (
+    GATE_UP,
+    check_grouped_matmul,
+    grouped_activation_scales,
+    make_weights,
+    route,
+    sample_rows,
+)
+from benchmarks.common import (
+    kernel_keys_without_mlir,
+    random_data,
+    random_scales,
+    record_launches,
+    replay,
+    time_ms,
+)
+
+#: dense (label, kwargs of block_scaled_matmul_pdq); None: the two-phase reference
+DENSE_IMPLS = (("twophase k64", None),
+               ("pdq ws pf", {"a_source": "workspace", "prefetch": True}),
+               ("pdq ws nopf", {"a_source": "workspace", "prefetch": False}),
+               ("pdq packed pf", {"a_source": "packed", "prefetch": True}),
+               ("pdq packed nopf", {"a_source": "packed", "prefetch": False}))
+#: grouped (label, kind, kwargs)
+GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequant": "lut",
+                                                     "kstep": 64, "scaling": "fold"}),
+                 ("wgmma 128x256 default", "wgmma", {"tiles": (128, 256)}),
+                 ("grouped pdq nopf", "pdq", {"prefetch": False}),
+                 ("grouped pdq pf", "pdq", {"prefetch": True}))
+
+
+def _timed(dev: Any, call: Callable[[], Any]) -> tuple[Any, float]:
+    with record_launches(dev) as launches:
+        got = call()
+    return got, time_ms(lambda i, ln=launches: replay(dev, ln), device=dev).ms
+
+
+def bench_dense(dev: Any, m_values: Sequence[int], fmts: Sequence[str], n: int = 5760,
+                k: int = 2944, log: Any = print) -> list[tuple[str, str, float | None, str]]:
+    from blockscale.formats import Format
+    from blockscale.layouts import interleave
+    from blockscale.ops import matmul_pdq as P
+    from blockscale.ops import matmul_twophase as TP
+
+    out = []
+    rng = np.random.default_rng(1)
+    for f in fmts:
+        fmt = Format.from_name(f)
+        b = dev.to_device(random_data(rng, fmt, (n, fmt.data_cols(k))))
+        sfb = dev.to_device(interleave(random_scales(rng, fmt, (n, fmt.kblocks(k)))))
+        for m in m_values:
+            a = dev.to_device(random_data(rng, fmt, (m, fmt.data_cols(k))))
+            sfa = dev.to_device(interleave(random_scales(rng, fmt, (m, fmt.kblocks(k)))))
+            case, ref = f"{f} {m}x{n}x{k}", None
+            for label, kw in DENSE_IMPLS:
+                try:
+                    if kw is None:
+                        call = lambda: TP.block_scaled_matmul_twophase(  # noqa: E731
+                            a, b, sfa, sfb, fmt, kstep=64, device=dev)
+                    else:
+                        call = lambda kw=kw: P.block_scaled_matmul_pdq(  # noqa: E731
+                            a, b, sfa, sfb, fmt, device=dev, **kw)
+                    got, ms = _timed(dev, call)
+                    host = np.asarray(dev.to_host(got)).view(np.uint16)
+                    if ref is None:
+                        ref, text = host, "reference"
+                    else:
+                        same = np.array_equal(host, ref)
+                        text = "== twophase" if same else \
+                            f"DIFFERS from twophase ({np.mean(host != ref):.2%} of outputs)"
+                except Exception as e:  # noqa: BLE001 - missing kernel, launch failure
+                    ms, text = None, f"error: {type(e).__name__}: {str(e)[:80]}"
+                rate = f"{2.0 * m * n * k / ms / 1e9:7.1f} TFLOP/s" if ms else ""
+                log(f"  {case:28} {label:18} {f'{ms:8.3f} ms' if ms else '       -   '} "
+                    f"{rate} {text}")
+                out.append((case, label, ms, text))
+    return out
+
+
+def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
+                  log: Any = print) -> list[tuple[str, str, float | None, str]]:
+    from blockscale.formats import Format
+    from blockscale.ops import matmul_grouped_pdq as GP
+    from blockscale.ops import matmul_grouped_wgmma as gw
+
+    out = []
+    shape = next(s for s in GATE_UP if s.name == "gpt-oss-120b")
+    rng = np.random.default_rng(1)
+    for f in fmts:
+        fmt = Format.from_name(f)
+        w = make_weights(dev, rng, fmt, shape.experts, shape.n, shape.k)
+        for t in t_values:
+            r = route(rng, t, shape.experts, shape.top_k)
+            a = random_data(rng, fmt, (r.rows, fmt.data_cols(shape.k)))
+            a_sc2d, a_sc5 = grouped_activation_scales(rng, fmt, r, shape.k)
+            a_dev, sc_dev = dev.to_device(a), dev.to_device(a_sc5)
+            args = (a_dev, w.data_dev, sc_dev, w.scales_dev, r.expert_start, r.scales_offset,
+                    r.expert_ids, w.expert_scales, w.fmt)
+            case, ref = f"{shape.name} {f} T={t} ({r.rows} rows)", None
+            for label, kind, kw in GROUPED_IMPLS:
+                try:
+                    fn = gw.grouped_matmul_block_scaled_wgmma if kind == "wgmma" else \
+                        GP.grouped_matmul_block_scaled_pdq
+                    got, ms = _timed(dev, lambda fn=fn, kw=kw: fn(*args, k=shape.k,
+                                                                  device=dev, **kw))
+                    host = np.asarray(dev.to_host(got))
+                    rows = sample_rows(rng, r.rows, 6)
+                    ok, text = check_grouped_matmul(host[rows], a, a_sc2d, rows, r, w)
+                    if ref is None:
+                        ref = host.view(np.uint16)
+                    elif kind == "pdq":
+                        same = np.array_equal(host.view(np.uint16), ref)
+                        text += " == wgmma lut k64" if same else " DIFFERS from wgmma lut k64"
+                    ms = ms if ok else None
+                except Exception as e:  # noqa: BLE001 - missing kernel, launch failure
+                    ms, text = None, f"error: {type(e).__name__}: {str(e)[:80]}"
+                rate = f"{2.0 * r.rows * shape.n * shape.k / ms / 1e9:7.1f} TFLOP/s" \
+                    if ms else ""
+                log(f"  {case:42} {label:22} {f'{ms:8.3f} ms' if ms else '       -   '} "
+                    f"{rate} {text[:70]}")
+                out.append((case, label, ms, text))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    from blockscale import runtime
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--m", default="8192,1024")
+    p.add_argument("--t", default="1024,4096")
+    p.add_argument("--fmt", default="nvfp4,mxfp4")
+    p.add_argument("--suite", default="dense,grouped")
+    ns = p.parse_args(argv)
+    kernel_keys_without_mlir()
+    dev = runtime.get_device("cuda")
+    fmts, suites = ns.fmt.split(","), ns.suite.split(",")
+    rows = []
+    if "dense" in suites:
+        rows += bench_dense(dev, [int(x) for x in ns.m.split(",")], fmts)
+    if "grouped" in suites:
+        rows += bench_grouped(dev, [int(x) for x in ns.t.split(",")], fmts)
+    return 0 if all(ms is not None for _, _, ms, _ in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
