@@ -126,7 +126,8 @@ def test_dense_decode_gpu(fmt, nk, m):
     assert_bf16_consistent(out16[:, cols], exact, bound)
 
 
-@pytest.mark.parametrize("variant", ["mma", "mma2", "mma_p", "mma_p5"])
+@pytest.mark.parametrize("variant", ["mma", "mma2", "mma_p", "mma_p5", "mma_c", "mma_c8",
+                                     "mma_c85", "mma_c86"])
 @pytest.mark.parametrize("tokens", [1, 16, 128])
 @pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
 def test_moe_decode_mma_gpu(fmt, tokens, variant):
@@ -141,7 +142,7 @@ def test_moe_decode_mma_gpu(fmt, tokens, variant):
     check_moe_output(out, case, a2d, w2d, esc, fmt, k, _columns(rng, n))
 
 
-@pytest.mark.parametrize("variant", ["mma", "mma2", "mma_p"])
+@pytest.mark.parametrize("variant", ["mma", "mma2", "mma_p", "mma_c", "mma_c8"])
 @pytest.mark.parametrize("m", [1, 9, 16])
 @pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
 def test_dense_decode_mma_bit_identical_gpu(fmt, m, variant):
