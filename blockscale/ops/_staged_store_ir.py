@@ -1,8 +1,8 @@
 """A CTA tile's epilogue staged through shared memory and written by bulk copies (sm_90a).
 
 Imports MLIR only in :func:`store_tile_staged`. Used by the two-phase matmul's phase 2
-(:mod:`blockscale.ops.matmul_twophase`, ``store="staged"``) in place of :func:`blockscale.ops.matmul_sm90.store_tile`, whose
-per-element 2-byte global stores (128 ``STG.E.U16`` per thread and tile, 8 of every 32 bytes
+(:mod:`blockscale.ops.matmul_twophase`, ``store="staged"``) in place of
+:func:`blockscale.ops.matmul_sm90.store_tile`, whose per-element 2-byte global stores (128 ``STG.E.U16`` per thread and tile, 8 of every 32 bytes
 of a sector used) took ~23 % of phase 2's warp stall samples on the H200 (Nsight Compute,
 2026-11-30: ``lg`` throttle on the epilogue stores while the tensor cores idle).
 
