@@ -540,15 +540,18 @@ def test_gpu(shape, out_dtype, kstep, bm, swizzle, schedule, fmt):
 @pytest.mark.parametrize("shape", [*GPU_SHAPES, (300, 264, 512)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
-def test_gpu_staged_store(shape, out_dtype, fmt):
+@pytest.mark.parametrize("bn", TP.BNS)
+def test_gpu_staged_store(shape, out_dtype, fmt, bn):
     """store "staged" (shared memory + one bulk copy per row) writes the direct stores' bytes
-    on the H200, M / N tails included (300 x 264: a 8-column last tile)."""
+    on the H200, M / N tails included (300 x 264: a 8-column last tile); 128 x 192 tiles
+    too (the same HGMMA k16 order per element as 128 x 256)."""
     m, n, k = shape
     fmt = Format.from_name(fmt)
     a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(m + n + k), fmt, m, n, k)
     got, ref = (TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, fmt, alpha=0.375,
-                                                out_dtype=out_dtype, store=st, device="cuda")
-                for st in ("staged", "direct"))
+                                                out_dtype=out_dtype, store=st, bn=w,
+                                                device="cuda")
+                for st, w in (("staged", bn), ("direct", 256)))
     assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))
 
 
