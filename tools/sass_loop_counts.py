@@ -4,6 +4,7 @@ Usage::
 
     python tools/sass_loop_counts.py KERNEL.sass [ELEMENTS_PER_ITERATION]
     python tools/sass_loop_counts.py --quantize [ELEMENTS]   # the sm_90a quantize kernels
+    python tools/sass_loop_counts.py --moe stream2,wide      # grouped / fused hot paths
 
 Every backward branch is a loop ``[target, branch]``; its static instruction count (cold
 branches inside it included, out-of-line slow paths such as div.rn's not) is split into FMA
@@ -87,9 +88,73 @@ def _quantize(elems: float) -> None:
             report(f"{mode} {fmt} {meta}", k.asm["sass"], elems)
 
 
+def hot_path(text: str) -> tuple[int, int]:
+    """(instructions, local loads/stores) of the hot path of the longest loop: minus forward
+    branches over store-free code holding a loop (the grouped kernels' group search), the cold
+    branches
+    after an ``FSETP ... +INF`` (the NVFP4 NaN-sign fix) or an ``LDS`` (the wide kernels'
+    table miss) and the div.rn slow-path calls."""
+    ins = parse(text)
+    lps = loops(ins)
+    lo, hi, _ = max(lps, key=lambda t: t[1] - t[0])
+    inner = [(a, b) for a, b, _ in lps if (a, b) != (lo, hi) and lo <= a and b <= hi]
+    skip, around = [], {}
+    for i, (addr, text_i) in enumerate(ins):
+        m = re.search(r"BRA (?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text_i)
+        if lo <= addr <= hi and m and int(m.group(1), 16) > addr:
+            tgt = int(m.group(1), 16)
+            # the outermost forward branch around each inner loop that stores nothing (the
+            # group search; not a guard around a whole row visit)
+            quiet = not any(lo_ <= a_ < tgt and ("STG" in t or ".128" in t)
+                            for a_, t in ins for lo_ in (addr,))
+            for a, b in inner:
+                if quiet and addr < a and b < tgt and (
+                        a not in around or tgt - addr > around[a][1] - around[a][0]):
+                    around[a] = (addr, tgt)
+            if any(("FSETP" in t and "+INF" in t) or "LDS" in t
+                   for _, t in ins[max(0, i - 6):i]):
+                skip.append((addr, tgt))
+        if lo <= addr <= hi and "CALL.REL" in text_i:
+            skip.append((addr - 0x30, addr + 0x10))
+    skip += around.values()
+    body = [t for a, t in ins if lo <= a <= hi and not any(s < a < e for s, e in skip)]
+    return len(body), sum(1 for t in body if "LDL" in t or "STL" in t)
+
+
+def _moe(schedules: list[str]) -> None:
+    """Hot-path SASS per element of the sm_90a grouped / fused (SILU) quantize kernels of
+    ``schedules`` (elements per iteration: 16 x chunks per visit x rows per iteration)."""
+    from blockscale.activations import GatedActivation
+    from blockscale.formats import Format
+    from blockscale.ops import quantize as q
+    from blockscale.ops import quantize_grouped as qg
+    from blockscale.ops import quantize_silu as qs
+    from blockscale.ops.quantize import QuantizeSpec
+
+    for mode in ("grouped", "silu"):
+        for sch in schedules:
+            for fmt in ("nvfp4", "mxfp4", "mxfp8"):
+                if mode == "grouped":
+                    spec = qg.with_schedule(QuantizeSpec(
+                        fmt, "sm_90a", None, "tcgen5d", True, "grouped",
+                        name="grouped_quantize_dynamic_scaled"), sch)
+                else:
+                    spec = qs._spec(Format.from_name(fmt), "sm_90a", GatedActivation.SILU, True,
+                                    sch)
+                k = q.kernel(spec)
+                wide = getattr(spec, "wide", 0)
+                elems = 16 * (wide * spec.unroll if wide else 1)
+                n, local = hot_path(k.asm["sass"])
+                print(f"{mode:7s} {fmt:6s} {sch:12s} {n / elems:5.1f}/elem ({n} / {elems})  "
+                      f"regs {k.meta.get('registers')} spill {k.meta.get('spill_stores')} "
+                      f"loop LDL/STL {local}")
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--quantize":
         _quantize(float(sys.argv[2]) if len(sys.argv) > 2 else 16)
+    elif len(sys.argv) > 2 and sys.argv[1] == "--moe":
+        _moe(sys.argv[2].split(","))
     elif len(sys.argv) > 1:
         with open(sys.argv[1]) as f:
             report(sys.argv[1], f.read(), float(sys.argv[2]) if len(sys.argv) > 2 else 16)
