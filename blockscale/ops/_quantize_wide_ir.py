@@ -16,7 +16,12 @@ schedule:
 * ring prefetch: the loop carries the ``W`` chunks' raw words of the thread's next row; the
   loads of chunk ``v`` of row ``r + 1`` go out right after chunk ``v`` of row ``r`` is
   quantized, so ``2 (W - 1)``-``2 W`` 16-byte loads (grouped, fused twice that) are in flight
-  per thread all the time, without register moves;
+  per thread all the time, without register moves; ``wide_deep`` (``spec.unroll = 2``)
+  loads two row groups ahead (the loop unrolled by 2, so the buffers still do not move);
+* NVFP4 on CUDA: D2's reciprocals of the block's first TABLE_GROUPS groups (127 per group)
+  in a shared table filled in the prologue (one barrier); a chunk's reciprocal is one shared
+  load instead of a decode, a multiply and a div.rn (~9 instructions with the division's
+  range check); rows of a later group (blocks spanning > 4 groups) keep the division;
 * the block's first group from one warp-cooperative count (each lane tests ``expert_start``
   entries, one L2 round trip for G <= 32 * SCAN_UNROLL; shuffles add the counts) instead of
   the binary search; later changes (about one per block) keep the stream kernel's search.
@@ -31,26 +36,26 @@ schedule:
 Numerics (D2 chain, NaN / -0 handling, packing) are the tile kernel's helpers, so the bytes
 are identical on every target. Aligned kernels only (K % 8 == 0).
 
-SASS of the data loop per element (sm_90a; the stream docstring's count: the loop minus the
-group-search branch, cold NaN / div.rn slow-path branches included), registers, spills:
+SASS of the data loop's hot path per element (sm_90a, ``tools/sass_loop_counts.py --moe``:
+the loop minus the group search, the NVFP4 NaN-sign and table-miss cold branches and the
+div.rn slow path), registers, spilled bytes (NVFP4 wide: one LDL/STL per iteration):
 
-=============  ===============  ===============  ================  ================
-kernel         stream2          wide (2 chunks)  wide4 (4 chunks)  stream_lut
-=============  ===============  ===============  ================  ================
-grouped NVFP4  20.9 (48, 0)     19.3 (64, 0)     18.6 (128, 0)     --
-grouped MXFP4  13.6 (48, 0)     11.6 (64, 0)     10.9 (127, 0)     --
-grouped MXFP8  10.1 (48, 0)     8.4 (64, 0)      7.7 (127, 0)      --
-fused NVFP4    69.4 (80, 0)     68.8 (80, 12)    --                33.4 (58, 0)
-fused MXFP4    67.7 (80, 4)     65.4 (80, 0)     --                30.4 (59, 0)
-fused MXFP8    59.5 (80, 0)     57.5 (80, 0)     --                20.2 (61, 0)
-=============  ===============  ===============  ================  ================
+=============  ============  =============  ==============  ==============  ===========
+kernel         stream2       wide (2 x 16)  wide4 (4 x 16)  wide_deep       stream_lut
+=============  ============  =============  ==============  ==============  ===========
+grouped NVFP4  18.2 (48, 0)  16.0 (64, 4)   15.7 (128, 0)   15.9 (80, 44)   --
+grouped MXFP4  13.6 (48, 0)  11.6 (64, 0)   11.4 (111, 0)   11.6 (80, 0)    --
+grouped MXFP8  10.1 (48, 0)  8.5 (63, 0)    8.0 (127, 0)    8.7 (80, 0)     --
+fused NVFP4    --            --             --              --              33.2 (58, 0)
+fused MXFP4    --            --             --              --              30.4 (59, 0)
+fused MXFP8    --            --             --              --              20.2 (61, 0)
+=============  ============  =============  ==============  ==============  ===========
 
-(fused ``wide_lut``: 30.2 (80, 4) / 26.8 (80, 0) / 18.8 (80, 0).) The NVFP4 loops carry one
-cold NaN-sign branch per chunk (42 instructions, ~2.6 per element); its hot path is ~16.7
-(wide) against ~18.3 (stream2). What is left per element in NVFP4 is the D2 chain itself:
-the f32 E2M1 rounding (~9.5 with widening and packing), the amax (~0.9) and the per-block
-div.rn (~0.6 with its range check). wide4's four chunks keep their columns and offsets live
-(ptxas: 128 registers, 2 blocks per SM, 64 KB of loads in flight per SM).
+fused ``wide_lut``: 29.3 (80, 16) / 26.3 (80, 0) / 18.9 (80, 0). Blocks per SM: 4 (wide),
+2 (wide4), 3 (wide_deep, fused wide_lut); 16-byte loads in flight per thread: 2-4, 6-8,
+4-8 (fused: twice). What is left per NVFP4 element is the D2 chain itself: the f32 E2M1
+rounding with widening and packing (~9.5), the amax (~1.1), the sign words and the per-chunk
+scale; the per-row bookkeeping is ~1.3 (wide) / ~0.7 (wide4).
 """
 
 from __future__ import annotations
