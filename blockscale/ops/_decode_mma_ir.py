@@ -505,10 +505,14 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                     s = arith.mulf(arith.mulf(sa[i & 1], sb[i >> 1]), bir.const(0.25, f32))
                     accs[idx] = mmath.fma(d, s, accs[idx])
 
-    def compute(accs: list[Value], two: bool) -> list[Value]:
+    def compute(accs: list[Value], two: bool, rows: Value | None = None) -> list[Value]:
         """One step's MMAs of this warp (n-tile 1 only when ``two``). Units 2q, 2q + 1 come
-        from one 32-bit shared word per row (staged by :func:`pair_pieces`)."""
+        from one 32-bit shared word per row (staged by :func:`pair_pieces`). With ``rows``
+        ("cf8"), lanes of B columns past the pass's rows skip their B fragment loads (half
+        the shared wavefronts of a pass of <= 4 rows) and keep the previous unit pair's
+        registers: a B column only reaches its own (never stored) outputs."""
         accs = list(accs)
+        b_live = None if rows is None else bir.ult(g, rows)
         rows_g = [bir.add(bir.mul(warp, 16), bir.add(g, 8 * h)) for h in range(2)]
         wbase = [bir.add(bir.mul(r, W_STRIDE), bir.mul(t, 4)) for r in rows_g]
         nts = 2 if two else 1
@@ -528,7 +532,16 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             for nt in range(nts):  # B fragments of units 2q, 2q + 1
                 src = st.bofs(q, bir.add(g, 8 * nt), t) if st.cf else \
                     bir.mul(bir.add(bir.mul(bir.add(g, q * TOKENS + 8 * nt), 4), t), 4)
-                bq.append(bir.vector_load(bir.vec(4, i32), bsm, src, alignment=16))
+                if b_live is None:
+                    bq.append(bir.vector_load(bir.vec(4, i32), bsm, src, alignment=16))
+                    continue
+                bl = bir.if_(b_live, [bir.vec(4, i32)])
+                with bl.then():
+                    bl.yield_(bir.vector_load(bir.vec(4, i32), bsm, src, alignment=16))
+                with bl.else_():
+                    bl.yield_(b_prev if q else bir.const(0, bir.vec(4, i32)))
+                b_prev = bl.results[0]
+                bq.append(b_prev)
             pairs = []
             for h in range(2):  # rows g, g + 8: f16 pairs (u.c0, u.c2), (u.c1, u.c3), v...
                 v = bir.vector_load(bir.vec(4, bir.i8()), wsm, bir.add(wbase[h], 16 * q),
@@ -586,7 +599,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             nxt = later + fetch(ahead, r0, rows)
             accs = list(sl.carried[:8])
             if tokens == 8:  # one n-tile (accs[4:] stay zero, never stored)
-                sl.yield_(*compute(accs[:4], False), *accs[4:], *nxt)
+                sl.yield_(*compute(accs[:4], False, rows), *accs[4:], *nxt)
             else:
                 br = bir.if_(two, [f32] * 8)
                 with br.then():
