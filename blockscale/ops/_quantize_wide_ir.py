@@ -22,11 +22,10 @@ schedule:
   in a shared table filled in the prologue (one barrier); a chunk's reciprocal is one shared
   load instead of a decode, a multiply and a div.rn (~9 instructions with the division's
   range check); rows of a later group (blocks spanning > 4 groups) keep the division;
-* the block's first group from one warp-cooperative count (each lane tests ``expert_start``
-  entries, one L2 round trip for G <= 32 * SCAN_UNROLL; shuffles add the counts) instead of
-  the binary search; later changes (about one per block) keep the stream kernel's search.
-  (LLVM sinks the first row's loads below the count: they go out one round trip in, still
-  ahead of the group vectors' and tensor scale's two);
+* the block's first group from one warp-cooperative count over the first warp x
+  SCAN_UNROLL entries of ``expert_start`` (one L2 round trip; a row past them falls to the
+  loop's check) instead of the binary search; later changes (about one per block) keep the
+  stream kernel's search;
 * one vector store per chunk (8 bytes FP4, 16 bytes MXFP8) instead of one per 8 elements;
 * the padding scale words (the stream kernel's pass) are zeroed after the data loop, so the
   prologue before the first math is ~3 dependent L2 round trips (count, group vectors,
@@ -386,39 +385,23 @@ class _Row:
 
 
 def _first_group(k: QI._Ctx, a, tid: ir.Value, row: ir.Value) -> ir.Value:
-    """The group (i64) holding data row ``row`` (i32, block-uniform): the number of g in
-    [1, G) with expert_start[g] <= row (a prefix, as expert_start rises from 0), counted by
-    each warp: lanes test SCAN_UNROLL entries per step with independent loads (the first
-    step straight-line, in the block of the first data loads, so those are not sunk below a
-    loop; G > warp * SCAN_UNROLL: a loop for the rest); xor shuffles add the counts (uniform
-    trip count: no shuffle under divergence)."""
+    """A group (i64) to start from for data row ``row`` (i32, block-uniform): the number of
+    g in [1, min(G, warp * SCAN_UNROLL)) with expert_start[g] <= row (a prefix, as
+    expert_start rises from 0), i.e. ``row``'s group when that is < warp * SCAN_UNROLL, else
+    a group whose end is <= row, which the loop's group check then replaces (binary search).
+    Straight-line: each lane tests SCAN_UNROLL entries with independent loads (one L2 round
+    trip), xor shuffles add the counts (convergent: no branch before them)."""
     i64, i32 = B.i64(), B.i32()
     es = a("expert_start")
     ng = arith.extui(i64, a("num_groups"))
     ws = k.target.warp_size
-    per_step = ws * SCAN_UNROLL
     lane = arith.andi(tid, _c64(ws - 1))
-
-    def step(base: ir.Value, cnt: ir.Value) -> ir.Value:
-        for u in range(SCAN_UNROLL):
-            g = arith.addi(base, _c64(u * ws + 1))
-            ok = arith.cmpi(arith.CmpIPredicate.ult, g, ng)
-            le = arith.cmpi(arith.CmpIPredicate.sle,
-                            B.load(es, arith.select(ok, g, _c64(0))), row)
-            cnt = arith.addi(cnt, arith.extui(i32, arith.andi(ok, le)))
-        return cnt
-
-    cnt = step(lane, _c32(0))
-    steps = arith.shrui(arith.addi(ng, _c64(per_step - 1)), _c64(per_step.bit_length() - 1))
-    more = B.if_(arith.cmpi(arith.CmpIPredicate.ugt, steps, _c64(1)), [i32])
-    with more.then():
-        with B.for_range(1, steps, carry=[cnt]) as loop:
-            base = arith.addi(arith.muli(B.cast_int(loop.iv, i64), _c64(per_step)), lane)
-            loop.yield_(step(base, loop.carried[0]))
-        more.yield_(loop.results[0])
-    with more.else_():
-        more.yield_(cnt)
-    cnt = more.results[0]
+    cnt = _c32(0)
+    for u in range(SCAN_UNROLL):
+        g = arith.addi(lane, _c64(u * ws + 1))
+        ok = arith.cmpi(arith.CmpIPredicate.ult, g, ng)
+        le = arith.cmpi(arith.CmpIPredicate.sle, B.load(es, arith.select(ok, g, _c64(0))), row)
+        cnt = arith.addi(cnt, arith.extui(i32, arith.andi(ok, le)))
     width = _c32(ws)
     off = 1
     while off < ws:
