@@ -79,15 +79,15 @@ def bench_dense(dev: Any, m_values: Sequence[int], fmts: Sequence[str], n: int =
             a = dev.to_device(random_data(rng, fmt, (m, fmt.data_cols(k))))
             sfa = dev.to_device(interleave(random_scales(rng, fmt, (m, fmt.kblocks(k)))))
             case, ref = f"{f} {m}x{n}x{k}", None
+            ops = (a, b, sfa, sfb, fmt)
             for label, kw in DENSE_IMPLS:
                 try:
                     if kw is None:
-                        call = lambda: TP.block_scaled_matmul_twophase(  # noqa: E731
-                            a, b, sfa, sfb, fmt, kstep=64, device=dev)
+                        got, ms = _timed(dev, lambda ops=ops: TP.block_scaled_matmul_twophase(
+                            *ops, kstep=64, device=dev))
                     else:
-                        call = lambda kw=kw: P.block_scaled_matmul_pdq(  # noqa: E731
-                            a, b, sfa, sfb, fmt, device=dev, **kw)
-                    got, ms = _timed(dev, call)
+                        got, ms = _timed(dev, lambda ops=ops, kw=kw: P.block_scaled_matmul_pdq(
+                            *ops, device=dev, **kw))
                     host = np.asarray(dev.to_host(got)).view(np.uint16)
                     if ref is None:
                         ref, text = host, "reference"
@@ -128,8 +128,8 @@ def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
                 try:
                     fn = gw.grouped_matmul_block_scaled_wgmma if kind == "wgmma" else \
                         GP.grouped_matmul_block_scaled_pdq
-                    got, ms = _timed(dev, lambda fn=fn, kw=kw: fn(*args, k=shape.k,
-                                                                  device=dev, **kw))
+                    got, ms = _timed(dev, lambda fn=fn, kw=kw, args=args: fn(
+                        *args, k=shape.k, device=dev, **kw))
                     host = np.asarray(dev.to_host(got))
                     rows = sample_rows(rng, r.rows, 6)
                     ok, text = check_grouped_matmul(host[rows], a, a_sc2d, rows, r, w)

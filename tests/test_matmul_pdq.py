@@ -127,8 +127,8 @@ def test_interp_fused_epilogue():
     rng = np.random.default_rng(6)
     a, b, _, _, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
     bias = rng.standard_normal(n).astype(np.float32)
-    kw = dict(alpha=0.5, epilogue=ep.chain(ep.bias(), ep.relu()),
-              epilogue_inputs={"bias": bias}, device="interp")
+    kw = {"alpha": 0.5, "epilogue": ep.chain(ep.bias(), ep.relu()),
+              "epilogue_inputs": {"bias": bias}, "device": "interp"}
     got = P.block_scaled_matmul_pdq(a, b, sfa5, sfb5, NVFP4, loop="split", **kw)
     want = TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, NVFP4, kstep=64, **kw)
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))

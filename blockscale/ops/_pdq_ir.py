@@ -10,47 +10,60 @@ two-phase kernel's phase 2 unchanged (:class:`blockscale.ops._twophase_ir._Ring`
 empty mbarriers, ``m64n256k16`` bf16 wgmmas, ``wait_group 1``, one release per warpgroup).
 The producer fills stage ``t % stages`` with k-step ``t``:
 
-* A (bm x 64 bf16, 16 KiB at bm 128) from the phase-1 bf16 workspace of A
+* A (bm x 64 bf16, 16 KiB at bm 128) either from the phase-1 bf16 workspace of A
   (:func:`blockscale.ops._twophase_ir.emit_dequant`, tile ``bm``) by one
   ``cp.async.bulk`` of producer thread 0 (``mbarrier.arrive.expect_tx`` of its bytes on
-  full[slot] first);
+  full[slot] first), or dequantized from its packed rows like B (:class:`PackedRows`: the
+  grouped kernel, whose group rows are not 128-aligned in a workspace);
 * B (256 x 64, 32 KiB) dequantized from the PACKED weights: producer thread ``p`` takes
-  rows ``p`` and ``p + 128`` of the B tile, per row the step's 32 FP4 bytes (two 16-byte
-  ``ld.global.v4``) and their scale bytes (5-D layout, or the 6-D expert layout of the
-  grouped kernel), converted exactly as phase 1 does (``_wgmma_ir._dequant_row`` "lut" with
-  the ``_scale_values`` splats folded in by ``mul.rn.bf16x2``: the SAME bf16 values as the
-  B workspace), and stored as eight 16-byte ``st.shared`` at ``c * 4096 + row * 16`` of the
-  B span (the 32 lanes of a warp write one 512-byte run: no bank conflicts). Rows past N,
-  halves past K: zeros (phase 1's guard, so the same bytes);
+  rows ``p`` and ``p + 128`` of the B tile (and row ``p`` of packed A), per row the step's
+  32 FP4 bytes (two 16-byte ``ld.global.v4``) and their scale bytes (5-D layout, or the 6-D
+  expert layout of the grouped kernel), converted exactly as phase 1 does (the "lut" bf16
+  values of ``_mma_ir.fp4x4_to_bf16x2x2`` with the ``_wgmma_ir._scale_values`` splats
+  folded in by ``mul.rn.bf16x2``; :func:`_fp4x4_lut` places the signs with one IMAD per
+  pair), and stored as eight 16-byte ``st.shared`` at ``span + c * tile * 16 + row * 16``
+  (the 32 lanes of a warp write one 512-byte run: no bank conflicts). Rows past N (past the
+  group end for A), halves past K: zeros (phase 1's guard, so the same bytes);
 * then ``fence.proxy.async.shared::cta`` (the generic-proxy stores are read by the
-  wgmmas, the async proxy) and one ``mbarrier.arrive`` per producer thread: full[] counts
-  ``1 + 128`` arrivals (the expect_tx one and the 128 producers).
+  wgmmas, the async proxy; SASS MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S) and one
+  ``mbarrier.arrive`` per producer thread: full[] counts the 128 producers (+ the
+  expect_tx arrival when A is bulk-copied).
 
-The producer waits on empty[slot] (the consumers' release of step ``t - stages``) before
-it overwrites a stage; it is ``stages - 1`` steps ahead at most. Its global loads of step
-``t + 1`` are issued before the wait and the dequantization of step ``t`` (``prefetch``:
-loop-carried registers) so their latency hides behind the conversion.
+The producer waits on empty[slot] before it overwrites a stage (the consumers' release of
+step ``t - stages``; at ``t = stages - 1`` their step-0 release of the unused last stage, as
+in the two-phase ring); it runs at most ``stages - 1`` steps ahead. With ``prefetch`` its
+global loads of step ``t + 1`` are issued before the wait and the dequantization of step
+``t`` (loop-carried registers).
 
-One loop for both roles (the lock-step interpreter runs threads in lock-step: it models
-neither named barriers nor independent per-role loops): iteration ``s`` runs, per role
-(warp-uniform branches, so the producer warps never execute the consumers' wgmma code and
-run ahead on the GPU, bounded only by the mbarriers), the consumers' step ``s`` and then the
-producer's fill of step ``s + stages - 1`` (whose empty wait is for the release the
-consumers made in the same iteration). In lock-step order every wait finds its phase
-complete, so the interpreter runs the same IR the GPU runs. The accumulators are loop-carried
-through the producer's branch too (no ``setmaxnreg``: the 384-thread CTA has a 168-register
-cap for every role).
+Loop structures (:data:`LOOPS`). "split", the GPU kernel: ``if producer { K loop } ; if
+consumer { K loop; epilogue }`` (warp-uniform branches on the warpgroup index broadcast by
+``shfl.sync``, so ptxas does not serialize the wgmmas, C7518): the accumulators live only
+in the consumers' code and every role fits the 168-register cap of 384 threads without
+``setmaxnreg``. The lock-step interpreter runs the producer branch to its end first, so it
+can run "split" only while the K steps fit in the ring (``ceil(K / 64) < stages``); past
+that the producer's empty wait deadlocks (the interpreter raises). "lockstep": one K loop in
+which iteration ``s`` runs the consumers' step ``s`` and then the producer's fill of step
+``s + stages - 1`` (whose empty wait is for the release made in the same iteration): every
+wait finds its phase complete in lock-step order, so the interpreter runs it for any K;
+on the GPU the producer's path also holds the 128 accumulators (spills; not bundled). Both
+are built from the same per-step pieces (:meth:`_Ring.consume`, :func:`_load_step`,
+:func:`_fill`).
 
 Numerics: the stage bytes equal those the two-phase kernel copies from its workspaces and
 the consumers issue the same k16 wgmmas in the same order, so the output is bit-identical to
 :func:`blockscale.ops.matmul_twophase.block_scaled_matmul_twophase` (kstep 64, bm 128) in the
-interpreter's model.
+interpreter's model (and, on the GPU, the same HGMMA sequence on the same operands).
+
+SASS (ptxas 13.0, sm_90a, tools/sass_loop_counts.py; per thread and k64 step): consumers 63
+instructions + 4 HGMMA.64x256x16 (1024 tensor cycles per SM at peak); producer, A by bulk
+copy: 692 (NVFP4; ALU 376, FMA-pipe 220, 16 STS.128) / 648 (MXFP4); packed A: 965 / 866
+(ALU 551 / 482, 24 STS.128); grouped (both packed): 955 / 855. 154 registers (168 with the
+prefetch), no spills (packed A with the prefetch: 16 bytes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from mlir import ir
 from mlir.dialects import arith, vector
@@ -61,7 +74,6 @@ from blockscale.compiler.arch import wgmma as W
 from blockscale.layouts import SF_ATOM_BYTES
 from blockscale.ops import _twophase_ir as T
 from blockscale.ops import _wgmma_ir as X
-from blockscale.ops._matmul_ir import tcgen_row_offset
 
 Value = ir.Value
 
@@ -321,17 +333,18 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         return nxt
 
     if loop == "split":
-        with bir.when(is_prod):  # first in the IR: lock-step order runs it first
-            with bir.for_range(0, steps, carry=first(bir.const(0))) as pl:
-                t = pl.iv
-                # t >= stages - 1: wait for the consumers' release at their step
-                # t - stages + 1 (step t - stages's stage; the first, at t = stages - 1, is
-                # the consumers' step-0 release of the unused stage stages - 1)
-                ahead = bir.sub(bir.add(t, 1), stages)  # wraps for t < stages - 1: unused
-                nxt = produce(t, list(pl.carried), bir.ule(stages - 1, t),
-                              T._parity(bir.udiv(ahead, stages)))
-                if prefetch:
-                    pl.yield_(*nxt)
+        # the producer first in the IR (lock-step order runs it first); its prefetch of
+        # step 0 inside the branch (the with items are entered in order)
+        with bir.when(is_prod), bir.for_range(0, steps, carry=first(bir.const(0))) as pl:
+            t = pl.iv
+            # t >= stages - 1: wait for the consumers' release at their step
+            # t - stages + 1 (step t - stages's stage; the first, at t = stages - 1, is
+            # the consumers' step-0 release of the unused stage stages - 1)
+            ahead = bir.sub(bir.add(t, 1), stages)  # wraps for t < stages - 1: unused
+            nxt = produce(t, list(pl.carried), bir.ule(stages - 1, t),
+                          T._parity(bir.udiv(ahead, stages)))
+            if prefetch:
+                pl.yield_(*nxt)
         with bir.when(is_cons):
             with bir.for_range(0, steps, carry=[W.zero_accumulator(BN)]) as cl:
                 cl.yield_(ring.consume(cl.iv, cl.carried[0]))
