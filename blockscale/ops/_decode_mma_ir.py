@@ -64,6 +64,21 @@ codes; :func:`decode_e4m3_word` for the weight scales) gives 99 + 88 + 604 (deco
 791 (0.19 per byte; activation rows ~84), the same f16 values. FP8 ``mma.sync.m16n8k32``
 (E2M1 -> E4M3 in 7 ops per 8 codes) is no way out on sm_90a: ptxas emulates it (F2FP
 unpacks + two HMMA.16816 per MMA; a 3248-instruction step loop against 2169).
+
+Shared-memory staging ("mma_c*" variants, :class:`_Staging`)
+------------------------------------------------------------
+Nsight Compute on the H200 (gpt-oss gate_up NVFP4, T = 128, "mma_p", 0.637 ms against
+~0.26 ms at copy speed): L1/TEX 92 % busy (the top unit), issue slots 45 %, 128 registers
+with 5.2 M local spill requests. 65 M of the 97 M shared wavefronts were stores, 74 % of
+them bank conflicts: the weight scales (a warp's 8 words of a row 256 words apart: 8-way)
+and the B fragments (a quarter warp's chunks 256 words apart: 8-way). Per warp and step
+that was ~240 store + ~120 load wavefronts against ~50 + ~110 conflict-free. "cf" pads and
+reorders both (and loads the weight scales as 8-byte words: two rows, half the loads);
+"cf8" runs passes of 8 rows (one n-tile): the step loop is 848 SASS instructions (0.21 per
+weight byte; 433 ALU) against the 1812 of "mma_p" (both n-tile paths), and no spill in it
+at 128 registers (4 bytes outside; "mma_p": 216 bytes, 9 reloads a step). With <= 4 rows,
+half the lanes skip their B fragment loads. Per warp and step ~80 load + ~56 store
+wavefronts; the ALU pipe (half rate: ~860 cycles a step) and L1 are now about balanced.
 """
 
 from __future__ import annotations
