@@ -223,3 +223,33 @@ def test_gpu(shape, out_dtype, a_source, prefetch, fmt):
                                      rng.integers(0, m, 64)]))
     _check(m, n, k, fmt, out_dtype, prefetch=prefetch, loop="split", device="cuda", rows=rows,
            a_source=a_source)
+
+
+@pytest.mark.interp
+def test_interp_proxy_fence_needed(monkeypatch):
+    """Without the producer's ``fence.proxy.async.shared::cta`` its generic-proxy stores are
+    not visible to the wgmmas: the interpreter's wgmma model refuses the kernel (built here:
+    the kernel cache is bypassed)."""
+    from blockscale.compiler.arch import wgmma as W
+    from blockscale.runtime.interpreter import run_kernel
+    from blockscale.runtime.interpreter.ops_wgmma import WgmmaOrderError
+
+    m, n, k = 64, 256, 128
+    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(4), NVFP4, m, n, k)
+    spec = P.PdqMatmulSpec("nvfp4", "float32", loop="lockstep", a_source="packed")
+    want = P.block_scaled_matmul_pdq(a, b, sfa5, sfb5, NVFP4, out_dtype="float32",
+                                     loop="lockstep", a_source="packed", device="interp")
+    for fenced in (True, False):
+        if not fenced:
+            monkeypatch.setattr(W, "fence_proxy_async_shared", lambda **kw: None)
+        c = np.zeros(m * n, np.float32)
+        run = lambda c=c: run_kernel(str(P.build(spec)), spec.kernel_name, (1, 1, 1),  # noqa: E731
+                                     spec.block, [a, b, sfa5, sfb5, c, m, n, k, 1.0], "sm_90a",
+                                     dynamic_shared_bytes=spec.dynamic_shared_bytes)
+        if fenced:
+            run()
+            np.testing.assert_array_equal(c.reshape(m, n).view(np.uint32),
+                                          want.view(np.uint32))
+            continue
+        with pytest.raises(WgmmaOrderError, match="fence.proxy.async"):
+            run()
