@@ -63,10 +63,11 @@ from blockscale.launch import KernelArg
 from blockscale.ops import matmul as _matmul
 from blockscale.ops.matmul_epilogue import Epilogue
 
-#: the dispatch runs the pair from this M on. Measured on the H200 (run K, 2026-11-30, N=5760
-#: K=2944, GPU time; the TMA-fed / register-fed wgmma kernel beside it): NVFP4 M=8192 0.536 vs
-#: 0.803 ms, M=1024 0.112 vs 0.142 ms; MXFP4 M=8192 0.530 vs 0.927 ms, M=1024 0.111 vs 0.165 ms
-MIN_M = 1024
+#: the dispatch runs the pair from this M on. Measured on the H200 (run O, 2026-11-30, N=5760
+#: K=2944, GPU time, staged stores; the wgmma kernel the dispatch ran before beside it): NVFP4
+#: M=256 0.056 vs 0.067 ms, M=512 0.055 vs 0.092, M=1024 0.090 vs 0.184; MXFP4 M=256 0.054 vs
+#: 0.075, M=512 0.055 vs 0.111; at M=128 a tie (NVFP4 0.053 vs 0.055, MXFP4 0.053 vs 0.051)
+MIN_M = 256
 #: ... while its workspaces take at most this many bytes (larger problems: the wgmma kernel)
 MAX_WORKSPACE_BYTES = 1 << 30
 #: BLOCKSCALE_SM90_TWOPHASE=0 turns the dispatch to this kernel off
