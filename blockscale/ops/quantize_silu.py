@@ -24,6 +24,7 @@ from blockscale.ops.quantize_grouped import (
     WIDE_SCHEDULES,
     _i32,
     check_groups,
+    default_schedule,
     expert_scales_arg,
     run_grouped,
     search_offsets,
@@ -101,8 +102,7 @@ SILU_SCHEDULE_TARGETS = ("sm_90a",)
 
 def _spec(fmt: Format, target: str, act: GatedActivation, aligned: bool,
           schedule: str | None = None, num_groups: int | None = None) -> QuantizeSpec:
-    if schedule is None and target in SILU_SCHEDULE_TARGETS:
-        schedule = DEFAULT_SILU_SCHEDULE
+    schedule = default_schedule(schedule, target, DEFAULT_SILU_SCHEDULE, SILU_SCHEDULE_TARGETS)
     return with_schedule(QuantizeSpec(fmt.name, target, None, "tcgen5d", aligned, "silu",
                                       False, act.kind, float(act.alpha), float(act.limit),
                                       name="fused_silu_quantize"), schedule, num_groups)
