@@ -528,6 +528,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         registers: a B column only reaches its own (never stored) outputs."""
         accs = list(accs)
         b_live = None if rows is None else bir.ult(g, rows)
+        b_prev: Value | None = None
         rows_g = [bir.add(bir.mul(warp, 16), bir.add(g, 8 * h)) for h in range(2)]
         wbase = [bir.add(bir.mul(r, W_STRIDE), bir.mul(t, 4)) for r in rows_g]
         nts = 2 if two else 1
@@ -554,7 +555,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 with bl.then():
                     bl.yield_(bir.vector_load(bir.vec(4, i32), bsm, src, alignment=16))
                 with bl.else_():
-                    bl.yield_(b_prev if q else bir.const(0, bir.vec(4, i32)))
+                    bl.yield_(b_prev if b_prev is not None else bir.const(0, bir.vec(4, i32)))
                 b_prev = bl.results[0]
                 bq.append(b_prev)
             pairs = []
