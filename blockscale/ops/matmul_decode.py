@@ -123,8 +123,13 @@ VARIANT_ENV = "BLOCKSCALE_DECODE_VARIANT"
 #: T=128 4.78 -> 2.07 ms (mma2 was slower than mma everywhere). Run J (2026-11-30), mma ->
 #: mma_p: gpt-oss NVFP4 T=1 0.0326 -> 0.0311, T=16 0.263 -> 0.247, T=128 0.697 -> 0.659 ms;
 #: DeepSeek-V3 NVFP4 T=128 2.08 -> 1.95 ms; dense M=1 / 16 (N=5760 K=2880) 0.0181 -> 0.0156 /
-#: 0.0276 -> 0.0240 ms (mma_p5 and, run H, the removed split "mma_sk" were slower than mma)
-DEFAULT_VARIANT = "mma_p"
+#: 0.0276 -> 0.0240 ms (mma_p5 and, run H, the removed split "mma_sk" were slower than mma).
+#: Run P (2026-11-30), mma_p -> mma_c8 (conflict-free staging, 8-row passes, no spills):
+#: gpt-oss NVFP4 T=1 0.0307 -> 0.0222, T=16 0.250 -> 0.168, T=128 0.656 -> 0.421 ms (65 % of
+#: copy); DeepSeek-V3 NVFP4 T=16 0.722 -> 0.495 (79 %), T=128 1.95 -> 1.35 ms; MXFP4 gpt-oss
+#: T=128 0.558 -> 0.440; dense M=1 0.0156 -> 0.0116, M=16 0.0240 -> 0.0182 ms (mma_c 0.0180;
+#: mma_c85 / mma_c86, capped at 96 / 80 registers, slower than mma_c8)
+DEFAULT_VARIANT = "mma_c8"
 
 
 @dataclasses.dataclass(frozen=True)

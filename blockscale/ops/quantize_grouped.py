@@ -52,8 +52,10 @@ WIDE_DEEP_REGISTER_CAP = 80
 DEFAULT_SCHEDULE = "tiles"
 #: the grouped op's schedule on GROUPED_SCHEDULE_TARGETS when none is given. Measured on the
 #: H200 (run J, 2026-11-30, T=8192 K=4096 E=64, GPU time): stream2 0.0382 / 0.0341 / 0.0393 ms
-#: (NVFP4 / MXFP4 / MXFP8) vs tiles 0.0415 / 0.0409 / 0.0429 ms; other targets: not measured
-DEFAULT_GROUPED_SCHEDULE = "stream2"
+#: (NVFP4 / MXFP4 / MXFP8) vs tiles 0.0415 / 0.0409 / 0.0429 ms; run P: wide 0.0373 / 0.0316 /
+#: 0.0341 ms vs stream2 0.0383 / 0.0339 / 0.0392 (wide4 0.0361 / 0.0341 / 0.0361, wide_deep
+#: 0.0387 / 0.0319 / 0.0352); other targets: not measured
+DEFAULT_GROUPED_SCHEDULE = "wide"
 GROUPED_SCHEDULE_TARGETS = ("sm_90a",)
 
 

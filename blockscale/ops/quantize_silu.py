@@ -95,8 +95,10 @@ def _lut_buffer(dev: Any, key: tuple, host: bool) -> Any:
 #: the fused op's schedule on SILU_SCHEDULE_TARGETS when none is given. Measured on the H200
 #: (T=8192 K=4096 E=64, GPU time; NVFP4 / MXFP4 / MXFP8): run J (2026-11-30) stream_lut
 #: 0.0361 / 0.0348 / 0.0350 ms vs rows2_lut 0.0413 / 0.0352 / 0.0352 ms and tiles 0.0547 /
-#: 0.0539 / 0.0489 ms. Other targets: DEFAULT_SCHEDULE (not measured).
-DEFAULT_SILU_SCHEDULE = "stream_lut"
+#: 0.0539 / 0.0489 ms; run P: wide_lut 0.0355 / 0.0325 / 0.0311 ms vs stream_lut 0.0355 / 0.0343 /
+#: 0.0338 (wide, without the table, 0.059 / 0.058 / 0.052). Other targets: DEFAULT_SCHEDULE
+#: (not measured).
+DEFAULT_SILU_SCHEDULE = "wide_lut"
 SILU_SCHEDULE_TARGETS = ("sm_90a",)
 
 
