@@ -101,7 +101,8 @@ def test_spec_checks():
     with pytest.raises(ValueError, match="loop"):
         GP.GroupedPdqSpec("nvfp4", loop="x")
     specs = GP.bundle_specs("sm_90a")
-    assert len(specs) == len({s.kernel_name for s in specs}) == 6
+    assert len(specs) == len({s.kernel_name for s in specs}) == 6 + 3  # + wgmma references
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 6
     assert GP.bundle_specs("gfx942") == []
     assert GP.grid(16384, 5760, 128) == (23, 256, 1)
 
@@ -115,7 +116,9 @@ def test_host_checks():
 
 
 @pytest.mark.lower
-@pytest.mark.parametrize("spec", GP.bundle_specs("sm_90a"), ids=lambda s: s.kernel_name)
+@pytest.mark.parametrize("spec", [s for s in GP.bundle_specs("sm_90a")
+                                  if isinstance(s, GP.GroupedPdqSpec)],
+                         ids=lambda s: s.kernel_name)
 def test_kernel_sass(spec):
     kernel = GP.kernel(spec)
     sass, meta = kernel.asm["sass"], kernel.meta

@@ -106,18 +106,22 @@ def test_dispatch(monkeypatch):
     assert gw.fast_path("sm_90a", NVFP4, t, 64, 128, 4, False) is None
     monkeypatch.delenv(gw.ENV_SWITCH)
     # the op takes this kernel (MIN_ROWS lowered): it is launched, with the dispatch's spec,
-    # and gives the direct call's bytes
+    # and gives the direct call's bytes; MXFP4 (PDQ_FORMATS) runs the producer-dequant kernel
+    # instead, with the same bytes
     monkeypatch.setattr(gw, "MIN_ROWS", 1)
     specs = _spy_launches(monkeypatch)
     counts, ids, e_count, n, k = CASES[3]
-    case, _, _ = make_grouped_case(np.random.default_rng(7), MXFP4, counts, ids, e_count, n, k)
-    got = grouped_matmul_block_scaled(**case, expert_scales=None, fmt=MXFP4, k=k,
-                                      device="interp", target="sm_90a")
-    spec = gw.spec_for(MXFP4, sum(counts), n, len(counts))
-    direct = gw.grouped_matmul_block_scaled_wgmma(**case, expert_scales=None, fmt=MXFP4, k=k,
-                                                  tiles=(spec.bm, spec.bn), device="interp")
-    assert specs[0] == spec and len(specs) == 2
-    assert np.array_equal(got.view(np.uint16), direct.view(np.uint16))
+    for fmt in (NVFP4, MXFP4):
+        case, _, _ = make_grouped_case(np.random.default_rng(7), fmt, counts, ids, e_count, n, k)
+        esc = np.linspace(0.5, 2.0, e_count).astype(np.float32) if fmt is NVFP4 else None
+        specs.clear()
+        got = grouped_matmul_block_scaled(**case, expert_scales=esc, fmt=fmt, k=k,
+                                          device="interp", target="sm_90a")
+        spec = gw.spec_for(fmt, sum(counts), n, len(counts))
+        direct = gw.grouped_matmul_block_scaled_wgmma(**case, expert_scales=esc, fmt=fmt, k=k,
+                                                      tiles=(spec.bm, spec.bn), device="interp")
+        assert specs == ([] if fmt.name in gw.PDQ_FORMATS else [spec]) + [spec]
+        assert np.array_equal(got.view(np.uint16), direct.view(np.uint16))
 
 
 def _spy_launches(monkeypatch) -> list:
@@ -158,8 +162,9 @@ def test_fused_swiglu_equals_chained(monkeypatch, fmt, rows):
     gate_up = grouped_matmul_block_scaled(case["hidden"], case["weight"], case["a_scales"],
                                           case["b_scales"], *grp, esc, fmt, k=k,
                                           a_row_scales=rs, device="interp", target="sm_90a")
-    # fused (σ store), then chained
-    assert [(s.sigma_out, s.row_scales) for s in specs] == [(True, rows), (False, rows)]
+    # fused (σ store), then chained (MXFP4: the producer-dequant kernel, the same bytes)
+    chained = [] if fmt.name in gw.PDQ_FORMATS else [(False, rows)]
+    assert [(s.sigma_out, s.row_scales) for s in specs] == [(True, rows), *chained]
     c_data, c_scales = fused_silu_quantize(gate_up, fmt, *grp, isc, activation=act,
                                            num_scale_tiles=tiles, device="interp",
                                            target="sm_90a")

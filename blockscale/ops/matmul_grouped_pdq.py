@@ -215,13 +215,19 @@ def kernel(spec: GroupedPdqSpec) -> Any:
     return H.compile_spec(spec)
 
 
-def bundle_specs(target: str = "sm_90a") -> list[GroupedPdqSpec]:
-    """NVFP4 (row scales on / off) and MXFP4, 4 stages, with and without the prefetch;
-    none off sm_90a."""
+def bundle_specs(target: str = "sm_90a") -> list[Any]:
+    """NVFP4 (row scales on / off) and MXFP4, 4 stages, with and without the prefetch, and
+    the grouped wgmma kernels its GPU tests compare with byte for byte (128 x 256, lut /
+    k64 / fold); none off sm_90a."""
+    from blockscale.ops.matmul_grouped_wgmma import GroupedWgmmaSpec
+
     if target not in TARGETS:
         return []
-    specs = [GroupedPdqSpec(f, rs, target, None, pf) for f in FORMATS
-             for rs in ((False, True) if f == "nvfp4" else (False,)) for pf in (False, True)]
+    variants = [(f, rs) for f in FORMATS for rs in ((False, True) if f == "nvfp4" else (False,))]
+    specs: list[Any] = [GroupedPdqSpec(f, rs, target, None, pf) for f, rs in variants
+                        for pf in (False, True)]
+    specs += [GroupedWgmmaSpec(f, rs, 128, 256, target, dequant="lut", kstep=64,
+                               scaling="fold") for f, rs in variants]
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
