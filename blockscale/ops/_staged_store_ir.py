@@ -53,12 +53,15 @@ def supported(out_dtype: str, n: int) -> bool:
 
 def store_tile_staged(spec: Any, kb: Any, acc: list, wc: Any, smem: Any, m0: Any, n0: Any,
                       m_count: Any, n_count: Any, scale: Callable[[Any, Any, Any], Any],
-                      bm: int, bn: int) -> None:
+                      bm: int, bn: int, writers: Any = None) -> None:
     """Store the accumulator tiles ``acc`` (m16n8 C tiles, :class:`WarpCoords` ``wc``) of the
     ``bm`` x ``bn`` tile at ``(m0, n0)`` to ``c`` through the shared buffer ``smem`` (an i8
     memref of at least :func:`stage_bytes`), as the module docstring says. ``scale(v, m,
-    n)`` and ``spec.epilogue`` as :func:`~blockscale.ops.matmul_sm90.store_tile`."""
-    from mlir.dialects import arith, vector
+    n)`` and ``spec.epilogue`` as :func:`~blockscale.ops.matmul_sm90.store_tile`.
+    ``writers``: an i1 value, true in the threads whose ``acc`` is stored (step 2 runs under
+    it: e.g. the consumer warpgroups of a warp-specialized CTA, whose other threads only
+    join the barriers and bulk copies); None: every thread (no branch)."""
+    from mlir.dialects import arith
 
     from blockscale.compiler import ir as bir
     from blockscale.compiler.arch import cpasync
@@ -83,24 +86,13 @@ def store_tile_staged(spec: Any, kb: Any, acc: list, wc: Any, smem: Any, m0: Any
         return v
 
     bir.barrier()  # 1. every warpgroup's wgmmas retired: the ring is free
-    for mt, row in enumerate(acc):
-        for nt, vals in enumerate(row):
-            for p in (0, 2):  # elements (p, p + 1): columns 2t, 2t + 1 of one row
-                r, col = wc.c_row(mt, p), wc.c_col(nt, p)
-                m, n = bir.add(m0, r), bir.add(n0, col)
-                if epilogue is None:  # no loads: compute the padding too (never copied)
-                    pair = [value(vals[p + j], m, bir.add(n, j)) for j in range(2)]
-                else:  # the epilogue may load inputs at (m, n): only inside C
-                    br = bir.if_(bir.logical_and(bir.ult(m, m_count), bir.ult(n, n_count)),
-                                 [out_t, out_t])
-                    with br.then():
-                        br.yield_(*(value(vals[p + j], m, bir.add(n, j)) for j in range(2)))
-                    with br.else_():
-                        br.yield_(bir.const(0.0, out_t), bir.const(0.0, out_t))
-                    pair = list(br.results)
-                word = vector.bitcast(pair_i8, vector.from_elements(bir.vec(2, out_t), pair))
-                bir.vector_store(word, smem, bir.add(bir.mul(r, row_pitch), bir.mul(col, esize)),
-                                 alignment=2 * esize)
+    if writers is None:
+        _stage(acc, wc, smem, m0, n0, m_count, n_count, value, out_t, pair_i8, esize,
+               row_pitch, epilogue is None)
+    else:
+        with bir.when(writers):
+            _stage(acc, wc, smem, m0, n0, m_count, n_count, value, out_t, pair_i8, esize,
+                   row_pitch, epilogue is None)
     W.fence_proxy_async_shared()  # 3. the stores become visible to the async proxy
     bir.barrier()
     tid = bir.thread_idx("x")
@@ -113,3 +105,31 @@ def store_tile_staged(spec: Any, kb: Any, acc: list, wc: Any, smem: Any, m0: Any
         cpasync.bulk_store(dst, src, bir.as_i32(nbytes))
         cpasync.bulk_commit()
         cpasync.bulk_wait_read(0)
+
+
+def _stage(acc: list, wc: Any, smem: Any, m0: Any, n0: Any, m_count: Any, n_count: Any,
+           value: Callable[[Any, Any, Any], Any], out_t: Any, pair_i8: Any, esize: int,
+           row_pitch: int, no_loads: bool) -> None:
+    """Step 2 of :func:`store_tile_staged`: this thread's accumulator pairs into ``smem``."""
+    from mlir.dialects import vector
+
+    from blockscale.compiler import ir as bir
+
+    for mt, row in enumerate(acc):
+        for nt, vals in enumerate(row):
+            for p in (0, 2):  # elements (p, p + 1): columns 2t, 2t + 1 of one row
+                r, col = wc.c_row(mt, p), wc.c_col(nt, p)
+                m, n = bir.add(m0, r), bir.add(n0, col)
+                if no_loads:  # no loads: compute the padding too (never copied)
+                    pair = [value(vals[p + j], m, bir.add(n, j)) for j in range(2)]
+                else:  # the epilogue may load inputs at (m, n): only inside C
+                    br = bir.if_(bir.logical_and(bir.ult(m, m_count), bir.ult(n, n_count)),
+                                 [out_t, out_t])
+                    with br.then():
+                        br.yield_(*(value(vals[p + j], m, bir.add(n, j)) for j in range(2)))
+                    with br.else_():
+                        br.yield_(bir.const(0.0, out_t), bir.const(0.0, out_t))
+                    pair = list(br.results)
+                word = vector.bitcast(pair_i8, vector.from_elements(bir.vec(2, out_t), pair))
+                bir.vector_store(word, smem, bir.add(bir.mul(r, row_pitch), bir.mul(col, esize)),
+                                 alignment=2 * esize)
