@@ -63,6 +63,27 @@ def bulk_copy(dst_addr: ir.Value, src_addr: ir.Value, nbytes: int, mbar_addr: ir
                                                  _ptr(mbar_addr, 3), _i32c(nbytes))
 
 
+def bulk_copy_n(dst_addr: ir.Value, src_addr: ir.Value, nbytes: ir.Value, mbar_addr: ir.Value,
+                *, loc: ir.Location | None = None) -> None:
+    """:func:`bulk_copy` with a runtime byte count ``nbytes`` (an i32 value; the caller
+    guarantees a positive multiple of 16 and 16-byte aligned addresses): the same
+    ``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes``. One thread."""
+    from mlir.dialects import nvvm
+
+    with _loc(loc):
+        nvvm.cp_async_bulk_shared_cluster_global(_ptr(dst_addr, 7), _ptr(src_addr, 1),
+                                                 _ptr(mbar_addr, 3), nbytes)
+
+
+def mbarrier_arrive_expect_tx_n(mbar_addr: ir.Value, nbytes: ir.Value, *,
+                                loc: ir.Location | None = None) -> None:
+    """:func:`mbarrier_arrive_expect_tx` with a runtime byte count ``nbytes`` (i32)."""
+    from mlir.dialects import nvvm
+
+    with _loc(loc):
+        nvvm.mbarrier_arrive_expect_tx(None, _ptr(mbar_addr, 3), nbytes)
+
+
 def mbarrier_init(mbar_addr: ir.Value, count: int, *, loc: ir.Location | None = None) -> None:
     """``mbarrier.init.shared.b64 [mbar], count`` (``mbar_addr``: i64 shared address)."""
     from mlir.dialects import nvvm
