@@ -186,8 +186,14 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
                 out.append(vector.bitcast(wt, v))
         return out
 
-    off0 = row_off(lo)
-    first = [load(off0, ch) for ch in chunks]  # out before the table fill and the lookups
+    ring = None
+    if spec.bulk:  # the ring's first S row groups are in flight before the prologue
+        ring = _BulkRing(k, kb, tid, ci, ri, cbt, lo, hi, in_stride, chunks,
+                         lambda rg: row_off(rg))
+        first = []
+    else:
+        off0 = row_off(lo)
+        first = [load(off0, ch) for ch in chunks]  # out before the table fill and lookups
     k.mx_bf16x2 = (spec.mode == "grouped" and spec.fmt == "mxfp4"
                    and k.target.name == "sm_90a")
     k.lut = None
@@ -219,7 +225,7 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
         rel = arith.subi(g, g0)  # >= 0: the thread's rows are at or past row0
         return [arith.trunci(i32, arith.minui(rel, _c64(TABLE_GROUPS)))]
 
-    nw = len(first[0])
+    nw = len(first[0]) if first else 0
 
     def clamp(rg: ir.Value) -> ir.Value:
         """``rg`` if it is in the block's share, else its last row group (valid, unused)."""
@@ -260,7 +266,13 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
         return nxt, st
 
     depth = spec.unroll  # rows whose loads are in flight ahead of the math
-    if depth == 1:
+    if ring is not None:
+        with B.for_range(lo, hi, carry=state0) as loop:
+            rg = B.cast_int(loop.iv, i64)
+            cur = ring.take(arith.subi(rg, lo))
+            _, st = visit(rg, cur, list(loop.carried), None)
+            loop.yield_(*st)
+    elif depth == 1:
         with B.for_range(lo, hi, carry=[wv for ws in first for wv in ws] + state0) as loop:
             rg = B.cast_int(loop.iv, i64)
             cur = [list(loop.carried[v * nw:(v + 1) * nw]) for v in range(w)]
@@ -291,6 +303,114 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
     # the padding scale words after the data (the stream kernel zeroes them first: ~2 more
     # dependent L2 round trips before the first math, with only the first loads in flight)
     QS._padding(k, kb, _Tid(tid), d1, share)
+
+
+class _BulkRing:
+    """The bulk schedule's shared ring (sm_90a): ``S = spec.bulk`` stages of one row group
+    each (``rpb`` rows x the block's column span, fused: gate span then up span), filled with
+    ``cp.async.bulk`` row copies completing on the stage's mbarrier (thread 0 arrives
+    expecting the stage's bytes; the first thread of each row's lanes copies that row, its
+    source row as :func:`_body`'s ``row_off``: row 0 past M, the gather's ``indices``).
+    Row group ``lo + i`` is in stage ``i % S``; a visit waits for its stage (parity ``(i / S)
+    & 1``), reads its chunks' 16-byte words from shared memory, passes a block barrier (all
+    threads have read the stage) and refills the stage with row group ``lo + i + S``: ``S``
+    row groups (``S x 16 KB``, fused 32 KB) per block in flight, independent of registers."""
+
+    def __init__(self, k: QI._Ctx, kb: B.KernelBuilder, tid: ir.Value, ci: ir.Value,
+                 ri: ir.Value, cbt: ir.Value, lo: ir.Value, hi: ir.Value,
+                 in_stride: ir.Value, chunks: list[_Chunk], row_off) -> None:
+        from blockscale.compiler.arch import cpasync, tma
+        from blockscale.compiler.arch import wgmma as W
+
+        spec = k.spec
+        i64, i32 = B.i64(), B.i32()
+        a = kb.arg
+        self.k, self.cp = k, cpasync
+        self.stages, self.stage_bytes = spec.bulk, spec.stage_bytes
+        self.silu = spec.mode == "silu"
+        self.lo, self.n, self.row_off = lo, arith.subi(hi, lo), row_off
+        self.buf = tma.extern_shared_buffer(kb, spec.dynamic_shared_bytes, align=128)
+        self.base = W.shared_address(self.buf)
+        self.bars = arith.addi(self.base, _c64(self.stages * self.stage_bytes))
+        cb_log2 = arith.extui(i64, a("cb_log2"))
+        span = arith.shli(_c64(16), cb_log2)  # elements of a block row
+        cstart = arith.muli(B.cast_int(B.block_idx("x"), i64), span)
+        ncols = a("k")
+        self.ncols_bytes = arith.shli(ncols, _c64(1))
+        valid = arith.minui(span, arith.subi(ncols, cstart))
+        self.span_bytes = arith.trunci(i32, arith.shli(valid, _c64(1)))  # K % 8: 16 B units
+        self.half_row = arith.trunci(i32, arith.shli(span, _c64(1)))  # the gate part's bytes
+        self.row_bytes = arith.shli(self.half_row, _c32(1)) if self.silu else self.half_row
+        rpb = arith.shrui(_c32(BLOCK_THREADS), arith.trunci(i32, cbt))
+        self.tx = arith.muli(arith.muli(rpb, self.span_bytes), _c32(2 if self.silu else 1))
+        self.src0 = arith.addi(cpasync.global_address(a("x")), arith.shli(cstart, _c64(1)))
+        self.ri = ri
+        self.row_lead = arith.cmpi(arith.CmpIPredicate.eq, ci, _c64(0))
+        self.is0 = arith.cmpi(arith.CmpIPredicate.eq, tid, _c64(0))
+        # this thread's read offsets in a stage: its row, then each sub-chunk's bytes (a
+        # column outside the block's span, a whole-padding block's column 0, reads the
+        # row's first bytes: valid, unused)
+        rowoff = arith.muli(ri, self.row_bytes)
+        self.reads = []
+        for ch in chunks:
+            offs = []
+            for c in ch.ld_cols:
+                rel = arith.subi(arith.extui(i64, c), cstart)
+                rel = arith.select(arith.cmpi(arith.CmpIPredicate.slt, rel, _c64(0)), _c64(0), rel)
+                offs.append(arith.addi(rowoff, arith.trunci(i32, arith.shli(rel, _c64(1)))))
+            self.reads.append(offs)
+        with B.when(self.is0):
+            for s in range(self.stages):
+                cpasync.mbarrier_init(self.bar(_c32(s)), 1)
+            tma.fence_mbarrier_init()
+        B.barrier()
+        for s in range(self.stages):
+            with B.when(arith.cmpi(arith.CmpIPredicate.ult, _c64(s), self.n)):
+                self.fill(_c64(s))
+
+    def bar(self, slot: ir.Value) -> ir.Value:
+        """The shared address of stage ``slot``'s mbarrier (``slot``: i32)."""
+        return arith.addi(self.bars, arith.extui(B.i64(), arith.shli(slot, _c32(3))))
+
+    def fill(self, i: ir.Value) -> None:
+        """Issue the copies of row group ``lo + i`` (i64) into stage ``i % S``."""
+        cp, i32, i64 = self.cp, B.i32(), B.i64()
+        slot = arith.trunci(i32, arith.remui(i, _c64(self.stages)))
+        bar = self.bar(slot)
+        dst = arith.addi(self.base, arith.extui(i64, arith.addi(
+            arith.muli(slot, _c32(self.stage_bytes)), arith.muli(self.ri, self.row_bytes))))
+        with B.when(self.is0):
+            cp.mbarrier_arrive_expect_tx_n(bar, self.tx)
+        with B.when(self.row_lead):
+            src = arith.addi(self.src0, arith.shli(self.row_off(arith.addi(self.lo, i)), _c64(1)))
+            cp.bulk_copy_n(dst, src, self.span_bytes, bar)
+            if self.silu:
+                cp.bulk_copy_n(arith.addi(dst, arith.extui(i64, self.half_row)),
+                               arith.addi(src, self.ncols_bytes), self.span_bytes, bar)
+
+    def take(self, i: ir.Value) -> list[list[ir.Value]]:
+        """Row group ``lo + i``'s words of this thread's chunks (as :func:`_body`'s loads),
+        then the stage refilled with row group ``lo + i + S`` when there is one."""
+        i32 = B.i32()
+        slot = arith.trunci(i32, arith.remui(i, _c64(self.stages)))
+        parity = arith.andi(arith.trunci(i32, arith.divui(i, _c64(self.stages))), _c32(1))
+        self.cp.mbarrier_wait(self.bar(slot), parity)
+        sbase = arith.muli(slot, _c32(self.stage_bytes))
+        out = []
+        for offs in self.reads:
+            words = []
+            for part in ((_c32(0), self.half_row) if self.silu else (_c32(0),)):
+                for off in offs:
+                    idx = arith.addi(arith.addi(sbase, off), part)
+                    v = B.vector_load(B.vec(16, B.i8()), self.buf,
+                                      arith.extui(B.i64(), idx), alignment=16)
+                    words.append(vector.bitcast(B.vec(CHUNK // 2, i32), v))
+            out.append(words)
+        B.barrier()  # every thread has read the stage: refill it
+        nxt = arith.addi(i, _c64(self.stages))
+        with B.when(arith.cmpi(arith.CmpIPredicate.ult, nxt, self.n)):
+            self.fill(nxt)
+        return out
 
 
 #: groups (from the block's first) whose NVFP4 reciprocals the shared table holds

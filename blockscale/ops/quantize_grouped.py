@@ -40,6 +40,15 @@ STREAM_SCHEDULES = ("stream", "stream2", "stream_lut", "stream2_lut")
 #: the block's first group from a warp count); also accepted by the ops, not in SCHEDULES;
 #: "*_lut" as for the others (the fused op's sigmoid table; the grouped op: same kernel)
 WIDE_SCHEDULES = ("wide", "wide_lut", "wide4", "wide4_lut", "wide_deep", "wide_deep_lut")
+#: the "wide_bulk<S>" schedules (sm_90a: the wide kernel fed by a shared ring of S row groups
+#: filled with ``cp.async.bulk`` row spans, :func:`blockscale.ops._quantize_wide_ir._bulk_body`);
+#: "*_lut" as for the others. Also accepted by the ops, not in SCHEDULES
+BULK_SCHEDULES = ("wide_bulk2", "wide_bulk2_lut", "wide_bulk3", "wide_bulk3_lut",
+                  "wide_bulk4", "wide_bulk4_lut")
+#: shared memory an SM gives its blocks (H200: 228 KB, 1 KB of it reserved per block)
+SM_SHARED_BYTES, BLOCK_RESERVED_SHARED = 228 * 1024, 1024
+#: most blocks per SM of a bulk kernel (its register cap is 65536 / (256 x blocks))
+BULK_MAX_BLOCKS = 4
 #: nvvm.maxnreg of the wide-schedule CUDA kernels by (mode, chunks, lut); blocks per SM =
 #: 65536 // (256 * cap). Grouped wide at 48 spilled 48-60 words; wide4 at 64 / 80 spilled
 #: 156-236 / 64-80 (NVFP4 still 52 at 96): the four chunks' loop-invariant columns
@@ -90,9 +99,25 @@ STREAM_CAP_40 = ("nvfp4", "mxfp8")
 
 def wide_register_cap(spec: MoeQuantizeSpec) -> int:
     """nvvm.maxnreg of a wide-schedule CUDA kernel."""
+    if spec.bulk:
+        return bulk_register_cap(spec)
     if spec.unroll == 2:
         return WIDE_DEEP_REGISTER_CAP
     return WIDE_REGISTER_CAPS[(spec.mode, spec.wide, spec.lut)]
+
+
+def bulk_blocks_per_sm(spec: MoeQuantizeSpec) -> int:
+    """Resident blocks per SM of a bulk-schedule kernel: its ring, mbarriers and static
+    tables (NVFP4 reciprocals 2 KB, the sigmoid table 32 KB) in SM_SHARED_BYTES, at most
+    BULK_MAX_BLOCKS."""
+    static = (4 * 128 * 4 if spec.fmt == "nvfp4" else 0) + (4 * 8192 if spec.lut else 0)
+    per = spec.dynamic_shared_bytes + static + BLOCK_RESERVED_SHARED
+    return max(1, min(BULK_MAX_BLOCKS, SM_SHARED_BYTES // per))
+
+
+def bulk_register_cap(spec: MoeQuantizeSpec) -> int:
+    """nvvm.maxnreg of a bulk-schedule kernel: the registers of bulk_blocks_per_sm blocks."""
+    return min(128, 65536 // (256 * bulk_blocks_per_sm(spec)) // 8 * 8)
 
 
 def stream_register_cap(spec: MoeQuantizeSpec) -> int:
@@ -110,13 +135,26 @@ class MoeQuantizeSpec(QuantizeSpec):
     ``lut``: mode "silu" only: the sigmoid comes from a shared-memory table indexed by the
     bf16 gate (:func:`blockscale.ops.quantize_silu.sigmoid_lut`) instead of exp_f32 + div.rn.
     ``stream``: the stream schedule; ``wide``: chunks per thread visit of the wide schedule
-    (0: not wide).
+    (0: not wide); ``bulk``: row groups in the wide schedule's shared ring (0: no ring, the
+    loads go to registers).
     """
 
     unroll: int = 1
     lut: bool = False
     stream: bool = False
     wide: int = 0
+    bulk: int = 0
+
+    @property
+    def stage_bytes(self) -> int:
+        """Bytes of one ring stage: a row group's 256 x ``wide`` chunks of 16 bf16 (fused:
+        gate and up)."""
+        return 32 * 256 * self.wide * (2 if self.mode == "silu" else 1)
+
+    @property
+    def dynamic_shared_bytes(self) -> int:
+        """The bulk ring (``bulk`` stages) and its ``bulk`` mbarriers; 0 without a ring."""
+        return self.bulk * (self.stage_bytes + 8) if self.bulk else 0
 
     def args(self) -> tuple[Any, ...]:
         from blockscale.launch import KernelArg
@@ -135,12 +173,19 @@ class MoeQuantizeSpec(QuantizeSpec):
             raise ValueError(f"wide must be 0, 2 or 4, got {self.wide!r}")
         if self.lut and self.mode != "silu":
             raise ValueError(f"lut needs mode 'silu', got mode {self.mode!r}")
+        if self.bulk not in (0, 2, 3, 4) or (self.bulk and (self.wide != 2 or self.unroll != 1
+                                                            or self.target != "sm_90a")):
+            raise ValueError(f"bulk must be 0 or 2-4 ring stages of a wide (2 chunks, unroll 1) "
+                             f"sm_90a kernel, got bulk={self.bulk!r} wide={self.wide!r} "
+                             f"unroll={self.unroll!r} target={self.target!r}")
 
     @property
     def kernel_name(self) -> str:
         kind = "stream" if self.stream else "rows"
         if self.wide:
             kind, n = ("wide" if self.unroll == 1 else "wided"), self.wide
+            if self.bulk:
+                kind, n = f"wide{n}_bulk", self.bulk
         else:
             n = self.unroll
         return f"{super().kernel_name}_{kind}{n}" + ("_lut" if self.lut else "")
@@ -169,7 +214,8 @@ def with_schedule(spec: QuantizeSpec, schedule: str | None, num_groups: int | No
     from blockscale.ops._matmul_host import check_choice
 
     schedule = DEFAULT_SCHEDULE if schedule is None else schedule
-    check_choice(schedule, SCHEDULES + STREAM_SCHEDULES + WIDE_SCHEDULES, "schedule")
+    check_choice(schedule, SCHEDULES + STREAM_SCHEDULES + WIDE_SCHEDULES + BULK_SCHEDULES,
+                 "schedule")
     wide = schedule.startswith("wide")
     stream = schedule.startswith("stream")
     if schedule == "tiles" or ((stream or wide) and not spec.aligned) or (
@@ -178,9 +224,12 @@ def with_schedule(spec: QuantizeSpec, schedule: str | None, num_groups: int | No
     fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(QuantizeSpec)}
     if wide:
         base = schedule.removesuffix("_lut")
+        bulk = int(base[-1]) if base.startswith("wide_bulk") else 0
+        if bulk and spec.target != "sm_90a":
+            return spec  # the ring is sm_90a's cp.async.bulk: the tile kernel elsewhere
         return MoeQuantizeSpec(**fields, lut=schedule.endswith("_lut") and spec.mode == "silu",
                                wide=4 if base == "wide4" else 2,
-                               unroll=2 if base == "wide_deep" else 1)
+                               unroll=2 if base == "wide_deep" else 1, bulk=bulk)
     return MoeQuantizeSpec(**fields, unroll=2 if schedule.removesuffix("_lut")[-1] == "2"
                            else 1, lut=schedule.endswith("_lut") and spec.mode == "silu",
                            stream=stream)
@@ -212,7 +261,9 @@ def wide_plan(spec: MoeQuantizeSpec, m: int, k: int, n_tiles: int
         raise ValueError(f"the wide schedule needs >= {spec.wide * lanes} chunks per block "
                          f"row, got {1 << sc['cb_log2']} (k={k})")
     rpb = (256 * spec.wide) >> sc["cb_log2"]
-    resident = NUM_SMS * (65536 // (256 * wide_register_cap(spec)))
+    per_sm = (bulk_blocks_per_sm(spec) if spec.bulk
+              else 65536 // (256 * wide_register_cap(spec)))
+    resident = NUM_SMS * per_sm
     sc.update(split_log2=0, tiles_per_step=1, tile_iters=1)
     return (gx, max(1, min(-(-m // rpb), resident // gx)), 1), sc
 
@@ -464,7 +515,7 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
             for g in (False, True)] + [
         with_schedule(QuantizeSpec(f, target, None, "tcgen5d", True, "grouped", gather=g,
                                    name="grouped_quantize_dynamic_scaled"), sch)
-        for sch in STREAM_SCHEDULES[:2] + WIDE_SCHEDULES[::2]
+        for sch in STREAM_SCHEDULES[:2] + WIDE_SCHEDULES[::2] + BULK_SCHEDULES[::2]
         for f in ("nvfp4", "mxfp4", "mxfp8") for g in (False, True)]
 
 
@@ -473,6 +524,7 @@ __all__ = [
     "SCHEDULES",
     "STREAM_SCHEDULES",
     "WIDE_SCHEDULES",
+    "BULK_SCHEDULES",
     "MoeQuantizeSpec",
     "bundle_specs",
     "check_groups",

@@ -1,0 +1,133 @@
+"""The bulk-ring wide schedules of grouped and fused-SiLU quantize (``schedule="wide_bulk2"``
+/ ``"wide_bulk3"`` / ``"wide_bulk4"`` and their ``_lut`` forms, sm_90a:
+blockscale/ops/_quantize_wide_ir.py ``_BulkRing``) in the interpreter, byte for byte against
+blockscale.reference: MAX's grouped cases for the three formats (SILU and SWIGLU_OAI for the
+fused op), the rows tests' edge cases, gathers and empty groups, with one resident wave and
+with one block per SM (NUM_SMS = 1: each block's ring wraps many times, so both mbarrier
+parities and the refill of every stage run), a K = 4096 row (one row a row group, the span
+copies of 8 KB), and the plan / spec facts (shared bytes, blocks per SM, register caps)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _quantize_helpers import assert_same_bytes, group_offsets
+from test_quantize_moe_rows import (
+    COUNTS,
+    IDS,
+    _edges,
+    _grouped,
+    check_gather_and_empty_groups,
+)
+from test_quantize_moe_stream import MAX_CASES
+
+from blockscale.reference import grouped as RG
+
+pytest.importorskip("mlir")
+
+from blockscale.ops import quantize_grouped as QG  # noqa: E402
+from blockscale.ops import quantize_silu as QS  # noqa: E402
+
+pytestmark = pytest.mark.interp
+BULK = ["wide_bulk2", "wide_bulk3", "wide_bulk4"]
+
+
+@pytest.fixture(params=[132, 1], ids=["wave", "few_blocks"])
+def sms(request, monkeypatch):
+    monkeypatch.setattr(QG, "NUM_SMS", request.param)
+    if request.param == 1:  # one block: its ring wraps (both parities, every stage refilled)
+        monkeypatch.setattr(QG, "BULK_MAX_BLOCKS", 1)
+    return request.param
+
+
+@pytest.mark.parametrize("schedule", BULK)
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+def test_grouped_bulk_max_cases(fmt, schedule):
+    """MAX's grouped cases (K = 32 .. 72: chunks past K, half-valid chunks, one-lane rows)."""
+    for counts, ids, k in MAX_CASES:
+        _grouped(fmt, "sm_90a", schedule, counts, ids, k, k)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+def test_grouped_bulk_edges(fmt, sms):
+    """Ties, NaN / Inf / -0, near-zero rows, unused experts; the ring wraps (few blocks)."""
+    _grouped(fmt, "sm_90a", "wide_bulk3", COUNTS, IDS, 72, 11)
+
+
+@pytest.mark.parametrize("schedule", ["wide_bulk2", "wide_bulk4"])
+def test_grouped_bulk_gather_and_empty_groups(schedule, sms):
+    check_gather_and_empty_groups(schedule, "sm_90a")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_grouped_bulk_long_rows(fmt, monkeypatch):
+    """K = 4096 (8 KB span copies, one row a row group) over group changes, two blocks."""
+    monkeypatch.setattr(QG, "NUM_SMS", 1)
+    monkeypatch.setattr(QG, "BULK_MAX_BLOCKS", 1)
+    _grouped(fmt, "sm_90a", "wide_bulk2", [1, 0, 0, 9, 0], [0, 1, 2, 3, 4], 4096, 7,
+             np.asarray([0.3, 1.0, 2.0, 40.0, 1.0], np.float32) if fmt == "nvfp4" else None)
+
+
+def test_grouped_bulk_nvfp4_blocks_over_many_groups(monkeypatch):
+    """NVFP4 rows of many groups (each its own tensor scale) past the reciprocal table."""
+    monkeypatch.setattr(QG, "NUM_SMS", 1)
+    monkeypatch.setattr(QG, "BULK_MAX_BLOCKS", 1)
+    counts = [5, 11, 0, 3, 30, 1, 17, 9, 0, 24]
+    ids = list(range(len(counts)))
+    ids[3] = -1
+    tsf = np.geomspace(0.05, 40.0, len(counts)).astype(np.float32)
+    _grouped("nvfp4", "sm_90a", "wide_bulk3", counts, ids, 64, 3, tsf)
+
+
+def _fused(schedule: str, activation: str, counts, ids, d: int, seed: int) -> None:
+    es, offs = group_offsets(counts)
+    gu = _edges(int(es[-1]), 2 * d, seed)
+    ids32 = np.asarray(ids, np.int32)
+    for fmt in ("nvfp4", "mxfp4", "mxfp8"):
+        isc = (np.resize(np.asarray([2.0, 0.5, 1e-38], np.float32), max(3, len(ids)))
+               if fmt == "nvfp4" else None)
+        dd, ss = QS.fused_silu_quantize(gu, fmt, es, offs, ids32, isc, activation=activation,
+                                        device="interp", target="sm_90a", schedule=schedule)
+        rd, rs = RG.fused_silu_quantize(gu, fmt, es, offs, ids32, isc, activation=activation)
+        assert_same_bytes(dd, rd, f"{schedule} {fmt} {activation} {counts} data")
+        assert_same_bytes(ss, rs, f"{schedule} {fmt} {activation} {counts} scales")
+
+
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+@pytest.mark.parametrize("schedule", ["wide_bulk2_lut", "wide_bulk2"])
+def test_fused_bulk_max_cases(schedule, activation):
+    for counts, ids, d in MAX_CASES:
+        _fused(schedule, activation, counts, ids, d, d)
+
+
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+def test_fused_bulk_edges(activation, sms):
+    _fused("wide_bulk3_lut", activation, COUNTS, IDS, 72, 12)
+
+
+def test_bulk_schedule_choice_and_plan():
+    from blockscale.ops.quantize import QuantizeSpec
+
+    base = QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "grouped",
+                        name="grouped_quantize_dynamic_scaled")
+    b3 = QG.with_schedule(base, "wide_bulk3")
+    assert (b3.wide, b3.bulk, b3.unroll) == (2, 3, 1)
+    assert b3.kernel_name.endswith("_wide2_bulk3")
+    assert b3.dynamic_shared_bytes == 3 * (16384 + 8)
+    assert QG.bulk_blocks_per_sm(b3) == 4 and QG.wide_register_cap(b3) == 64
+    b4 = QG.with_schedule(base, "wide_bulk4")
+    assert QG.bulk_blocks_per_sm(b4) == 3 and QG.wide_register_cap(b4) == 80
+    grid, sc = QG.wide_plan(b4, 8192, 4096, 128)
+    assert grid == (1, 396, 1) and sc["cb_log2"] == 8  # 132 SMs x 3 blocks
+    amd = QuantizeSpec("nvfp4", "gfx942", None, "tcgen5d", True, "grouped")
+    assert QG.with_schedule(amd, "wide_bulk3") is amd  # no ring off sm_90a: the tile kernel
+    silu = QuantizeSpec("mxfp4", "sm_90a", "up", "tcgen5d", True, "silu")
+    f2 = QG.with_schedule(silu, "wide_bulk2_lut")
+    assert f2.lut and f2.bulk == 2 and f2.stage_bytes == 32768
+    assert QG.bulk_blocks_per_sm(f2) == 2 and QG.wide_register_cap(f2) == 128
+    with pytest.raises(ValueError, match="bulk"):
+        QG.MoeQuantizeSpec("mxfp4", "sm_90a", "up", "tcgen5d", True, "grouped", wide=4, bulk=2)
+    names = {s.kernel_name for s in QG.bundle_specs("sm_90a") + QS.bundle_specs("sm_90a")}
+    assert {"grouped_quantize_dynamic_scaled_nvfp4_rn_5d_v_wide2_bulk2",
+            "grouped_quantize_dynamic_scaled_mxfp8_up_5d_v_gather_wide2_bulk4",
+            "fused_silu_quantize_mxfp4_up_5d_v_silu_wide2_bulk2_lut"} <= names
