@@ -270,7 +270,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                     n_count: Value, k: Value, a_srow: Callable[[Value], Value],
                     store: Callable[[Value, Value, Value], None], depth: int = 1,
                     step_range: tuple[Value, Value] | None = None,
-                    decode: str = "lop3", staging: str = "v1") -> None:
+                    decode: str = "lop3", staging: str = "v1", tail: bool = False) -> None:
     """The body for one (group, column slice) (the interface of
     :func:`blockscale.ops._decode_ir.emit_decode`; CTA of :data:`THREADS` threads, columns
     ``[COLS * block_idx.x, +COLS)``); ``depth``: steps whose loads are in flight while one
@@ -280,7 +280,12 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     decodes) or "prmt" (:func:`fp4_word_to_f16_pairs`, :func:`decode_e4m3_word`; the same
     values, fewer instructions: variant "mma_p"); ``staging``: "v1" or "cf" (variant "mma_c":
     shared stores free of bank conflicts and 8-byte weight scale loads, see
-    :class:`_Staging`; the same values)."""
+    :class:`_Staging`; the same values); ``tail`` (variants "mma_c8t*"): the last K step
+    peeled off the step loop: the loop's last prefetch (past the end: clamped re-reads) is
+    gone and the peeled step skips its unit pairs past the row end (K = 2880: 10 of 16;
+    the same values: those terms are fma(0, 0, acc) = acc)."""
+    if tail and (depth != 1 or step_range is not None):
+        raise ValueError("tail needs depth 1 and no step_range")
     if depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {depth}")
     if decode not in ("lop3", "prmt"):
@@ -520,21 +525,26 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                     s = arith.mulf(arith.mulf(sa[i & 1], sb[i >> 1]), bir.const(0.25, f32))
                     accs[idx] = mmath.fma(d, s, accs[idx])
 
-    def compute(accs: list[Value], two: bool, rows: Value | None = None) -> list[Value]:
+    def compute(accs: list[Value], two: bool, rows: Value | None = None,
+                live: Value | None = None) -> list[Value]:
         """One step's MMAs of this warp (n-tile 1 only when ``two``). Units 2q, 2q + 1 come
         from one 32-bit shared word per row (staged by :func:`pair_pieces`). With ``rows``
         ("cf8"), lanes of B columns past the pass's rows skip their B fragment loads (half
         the shared wavefronts of a pass of <= 4 rows) and keep the previous unit pair's
-        registers: a B column only reaches its own (never stored) outputs."""
+        registers: a B column only reaches its own (never stored) outputs. With ``live``
+        (the peeled last step, "tail"): unit pairs q >= live (past the row end: zero
+        activations and weight scales, terms fma(0, 0, acc) = acc) are skipped (uniform
+        branches)."""
         accs = list(accs)
         b_live = None if rows is None else bir.ult(g, rows)
-        b_prev: Value | None = None
         rows_g = [bir.add(bir.mul(warp, 16), bir.add(g, 8 * h)) for h in range(2)]
         wbase = [bir.add(bir.mul(r, W_STRIDE), bir.mul(t, 4)) for r in rows_g]
         nts = 2 if two else 1
         upb = UNITS // lay.blocks  # MMA units per block: NVFP4 1, MXFP4 2
-        blk: list[list[Value]] = []
-        for q in range(UNITS // 2):
+
+        def pair(q: int, accs: list[Value], b_prev: Value | None) -> tuple[list[Value], Any]:
+            """Unit pair q (units 2q, 2q + 1: whole blocks) folded into ``accs``."""
+            accs = list(accs)
             if lay.nv:  # weight scales of blocks 2q, 2q + 1, rows g, g + 8
                 sbv = bir.vector_load(bir.vec(4, f32), sbsm,
                                       bir.add(bir.mul(warp, 32), bir.add(bir.mul(g, 4), q * 128)),
@@ -564,6 +574,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                                     alignment=4)
                 x = vector.extract(vector.bitcast(bir.vec(1, i32), v), [], [0])
                 pairs.append(fp4_word_to_f16_pairs(x) if fast else _dequant_pairs_f16([x]))
+            blk: list[list[Value]] = []
             for s_ in range(2):
                 u = 2 * q + s_
                 if u % upb == 0:
@@ -576,6 +587,22 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                     blk[nt] = list(mma.mma_m16n8k16(afr, bfr, blk[nt], input_type="f16"))
                 if u % upb == upb - 1:
                     fold(accs, u // upb, blk, st.nv_block_scales(sbq, s_) if lay.nv else sbq)
+            return accs, b_prev
+
+        b_prev: Value | None = None
+        for q in range(UNITS // 2):
+            if live is None or q == 0:
+                accs, b_prev = pair(q, accs, b_prev)
+                continue
+            if b_prev is None:  # (no B-skip: a zero placeholder carried through the branch)
+                b_prev = bir.const(0, bir.vec(4, i32))
+            br = bir.if_(bir.ult(bir.const(q), live), [f32] * len(accs) + [bir.vec(4, i32)])
+            with br.then():
+                na, nb = pair(q, accs, b_prev)
+                br.yield_(*na, nb if nb is not None else b_prev)
+            with br.else_():
+                br.yield_(*accs, b_prev)
+            accs, b_prev = list(br.results[:-1]), br.results[-1]
         return accs
 
     # B fragments (and MX activation scales) of rows past a pass are never staged: zero
@@ -602,27 +629,47 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 for x in fetch(bir.const(d) if step_range is None else bir.add(s_lo, d),
                                r0, rows)]
         n_f = len(init) // depth
-        with bir.for_range(s_lo, s_hi, carry=[zero] * 8 + init) as sl:
-            step = sl.iv
-            cur = list(sl.carried[8:8 + n_f])
-            later = list(sl.carried[8 + n_f:])
+
+        def step_body(step: Value, accs: list[Value], cur: list[Value],
+                      live: Value | None = None,
+                      fetch_next: Callable[[], list[Value]] = list) -> list[Value]:
+            """Stage step ``step`` (fetched into ``cur``), issue ``fetch_next`` and fold the
+            step's MMAs into ``accs``: the 8 accumulators, then the fetched registers."""
             bir.barrier()  # the previous step's shared reads are done
             stage(step, cur, rows)
             bir.barrier()
-            ahead = bir.add(step, depth)
-            if step_range is not None:  # a split's prefetch past its end re-reads its last
-                ahead = bir.umin(ahead, bir.sub(s_hi, 1))  # step (L1 / L2 hits), not the next's
-            nxt = later + fetch(ahead, r0, rows)
-            accs = list(sl.carried[:8])
+            nxt = fetch_next()
             if tokens == 8:  # one n-tile (accs[4:] stay zero, never stored)
-                sl.yield_(*compute(accs[:4], False, rows), *accs[4:], *nxt)
-            else:
-                br = bir.if_(two, [f32] * 8)
-                with br.then():
-                    br.yield_(*compute(accs, True))
-                with br.else_():
-                    br.yield_(*(compute(accs[:4], False) + accs[4:]))
-                sl.yield_(*br.results, *nxt)
+                return compute(accs[:4], False, rows, live) + accs[4:] + nxt
+            br = bir.if_(two, [f32] * 8)
+            with br.then():
+                br.yield_(*compute(accs, True, None, live))
+            with br.else_():
+                br.yield_(*(compute(accs[:4], False, None, live) + accs[4:]))
+            return list(br.results) + nxt
+
+        # tail: the last step peeled off the loop (no prefetch past the end; its unit
+        # pairs past the row end skipped)
+        with bir.for_range(s_lo, bir.sub(s_hi, 1) if tail else s_hi,
+                           carry=[zero] * 8 + init) as sl:
+            step = sl.iv
+            cur = list(sl.carried[8:8 + n_f])
+            later = list(sl.carried[8 + n_f:])
+
+            def fetch_next(step: Value = step, later: list[Value] = later) -> list[Value]:
+                ahead = bir.add(step, depth)
+                if step_range is not None:  # a split's prefetch past its end re-reads its
+                    # last step (L1 / L2 hits), not the next split's
+                    ahead = bir.umin(ahead, bir.sub(s_hi, 1))
+                return later + fetch(ahead, r0, rows)
+
+            sl.yield_(*step_body(step, list(sl.carried[:8]), cur, fetch_next=fetch_next))
+        if tail:
+            last = bir.sub(s_hi, 1)
+            live = bir.udiv(bir.sub(row_bytes, bir.mul(last, STEP_BYTES)), 16)
+            res = step_body(last, list(sl.results[:8]), list(sl.results[8:8 + n_f]),
+                            bir.umin(live, UNITS // 2))
+            sl = _Results(res)
         totals = list(sl.results[:8])
         if lay.nv:  # exact: the accumulators are 2^-28 times the portable kernel's
             totals = [arith.mulf(v, bir.const(UNSCALE, f32)) for v in totals]
@@ -633,6 +680,13 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 with bir.when(bir.logical_and(bir.ult(tok, rows), bir.ult(col, n_count))):
                     store(totals[nt * 4 + i], bir.add(r0, tok), col)
         bir.barrier()  # the next pass restages the shared buffers
+
+
+class _Results:
+    """Stands in for a finished loop: ``results`` only."""
+
+    def __init__(self, results: list[Value]):
+        self.results = results
 
 
 def split_k_steps(k: Value, split: Value, splits: Value) -> tuple[Value, Value]:

@@ -1,0 +1,93 @@
+"""The decode kernel's "mma_c8t" variant ("mma_c8" with the last K step peeled off the step
+loop: no prefetch past the end, the peeled step's unit pairs past the row end skipped;
+blockscale/ops/_decode_mma_ir.emit_decode_mma ``tail``) run by the numpy interpreter: bit
+for bit the portable kernel's results (dense and grouped, NVFP4 / MXFP4) on K values whose
+last step is 1, 2, 10 and 16 unit pairs long (K = 32: the peeled step alone), the code and
+scale edges, NaN scales and the 5-D padding rows; its sm_90a SASS (the step loop of
+"mma_c8" without its prefetch past the end: no spill, one HMMA path)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_matmul_decode_lower import _ops, _step_loop
+from test_matmul_decode_mma import FP4, _dense
+from test_matmul_decode_mma import test_every_code_and_scale_edges as _codes_and_edges
+from test_matmul_decode_mma import test_grouped_mma_bit_identical_to_portable as _grouped
+from test_matmul_decode_mma import test_nan_scale_gives_nan_column as _nan_scales
+from test_matmul_decode_mmac import test_padding_scale_rows_never_reach_outputs as _padding
+
+from blockscale.ops import matmul_decode
+
+VARIANT = "mma_c8t"
+# (M, N, K): last step of 1 unit pair (K = 32, one step), 2 (K = 1088), 10 (K = 2880 as
+# gpt-oss, 6 steps), 16 (K = 1024, full), 9 rows (two 8-row passes)
+DENSE = [(1, 40, 32), (3, 70, 1088), (2, 64, 2880), (9, 33, 1024), (5, 20, 544)]
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
+@pytest.mark.parametrize("mnk", DENSE, ids=lambda s: "x".join(map(str, s)))
+def test_dense_bit_identical_to_portable(fmt, mnk):
+    got, want = _dense(fmt, *mnk, seed=sum(mnk), variant=VARIANT)
+    assert got.shape == want.shape
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
+def test_codes_and_scale_edges(fmt):
+    _codes_and_edges(fmt, VARIANT)
+
+
+@pytest.mark.interp
+def test_nan_scales():
+    _nan_scales(VARIANT)
+
+
+@pytest.mark.interp
+def test_padding_scale_rows():
+    _padding(VARIANT)
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
+@pytest.mark.parametrize("case_id", [0, 3, 4])
+def test_grouped_bit_identical_to_portable(case_id, fmt, monkeypatch):
+    _grouped(case_id, fmt, VARIANT, monkeypatch)
+
+
+def test_tail_needs_depth_one():
+    from blockscale.ops import _decode_mma_ir as DM  # noqa: PLC0415 (imports MLIR)
+    with pytest.raises(ValueError, match="tail"):
+        DM.emit_decode_mma(None, matmul_decode.DecodeSpec("nvfp4").format, start=None,
+                           end=None, expert=None, n_count=None, k=None, a_srow=None,
+                           store=None, depth=2, tail=True)
+
+
+def test_bundle_specs_hold_the_variant():
+    names = {s.kernel_name for s in matmul_decode.bundle_specs("sm_90a")}
+    for name in ("bs_decode_grouped_nvfp4_bf16_mma_c8t", "bs_decode_grouped_mxfp4_bf16_mma_c8t",
+                 "bs_decode_grouped_nvfp4_bf16_rowsc_mma_c8t", "bs_decode_dense_nvfp4_f32_mma_c8t",
+                 "bs_decode_dense_mxfp4_bf16_mma_c8t"):
+        assert name in names, name
+
+
+@pytest.mark.lower
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_step_loop_sass(fmt):
+    """The step loop holds one HMMA path (32), the next step's weight loads, no spill; the
+    peeled step's HMMAs sit after it (64 in all); no spill anywhere at 128 registers."""
+    spec = matmul_decode.DecodeSpec(fmt, "grouped", "bfloat16", False, "sm_90a", VARIANT)
+    kernel = matmul_decode.kernel(spec)
+    sass = kernel.asm["sass"]
+    loop = _step_loop(sass)
+    assert loop.count("HMMA.16816.F32") == 32
+    assert loop.count("LDG.E.128") >= 8
+    assert _ops(sass).count("HMMA.16816.F32") == 64
+    assert not [o for o in loop if o.startswith(("STL", "LDL"))]
+    ref = _step_loop(matmul_decode.kernel(
+        matmul_decode.DecodeSpec(fmt, "grouped", "bfloat16", False, "sm_90a", "mma_c8")
+    ).asm["sass"])
+    assert len(loop) <= len(ref)
+    assert kernel.meta["registers"] <= 128 and kernel.meta["spill_stores"] == 0, kernel.meta
