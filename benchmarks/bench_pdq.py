@@ -11,7 +11,8 @@ equality with the lut / k64 / fold kernel. Times replay the recorded launches (b
 where there are two).
 
 Usage: ``python benchmarks/bench_pdq.py [--m 8192,1024] [--t 1024,4096] [--fmt nvfp4,mxfp4]
-[--suite dense,grouped]``; kernels from the bundle (``make gpu-bundle``).
+[--suite dense,grouped] [--impls SUBSTR,...]`` (only the rows whose label contains one
+of the substrings, plus the references); kernels from the bundle (``make gpu-bundle``).
 """
 
 from __future__ import annotations
@@ -42,18 +43,32 @@ from benchmarks.common import (
     time_ms,
 )
 
-#: dense (label, kwargs of block_scaled_matmul_pdq); None: the two-phase reference
+#: dense (label, kwargs of block_scaled_matmul_pdq); None: the two-phase reference, a dict
+#: under "twophase": more kwargs of the two-phase pair
 DENSE_IMPLS = (("twophase k64", None),
+               ("twophase k64 staged", {"twophase": {"store": "staged"}}),
                ("pdq ws pf", {"a_source": "workspace", "prefetch": True}),
                ("pdq ws nopf", {"a_source": "workspace", "prefetch": False}),
                ("pdq packed pf", {"a_source": "packed", "prefetch": True}),
-               ("pdq packed nopf", {"a_source": "packed", "prefetch": False}))
+               ("pdq packed nopf", {"a_source": "packed", "prefetch": False}),
+               ("pdq ws pf staged", {"a_source": "workspace", "prefetch": True,
+                                     "store": "staged"}),
+               ("pdq packed pf staged", {"a_source": "packed", "prefetch": True,
+                                         "store": "staged"}))
 #: grouped (label, kind, kwargs)
 GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequant": "lut",
                                                      "kstep": 64, "scaling": "fold"}),
                  ("wgmma 128x256 default", "wgmma", {"tiles": (128, 256)}),
                  ("grouped pdq nopf", "pdq", {"prefetch": False}),
-                 ("grouped pdq pf", "pdq", {"prefetch": True}))
+                 ("grouped pdq pf", "pdq", {"prefetch": True}),
+                 ("grouped pdq pf staged", "pdq", {"prefetch": True, "store": "staged"}))
+
+
+def _select(impls: tuple, only: Sequence[str] | None) -> tuple:
+    """The reference (first) row and those whose label contains one of ``only``."""
+    if not only:
+        return impls
+    return impls[:1] + tuple(i for i in impls[1:] if any(x in i[0] for x in only))
 
 
 def _timed(dev: Any, call: Callable[[], Any]) -> tuple[Any, float]:
@@ -63,7 +78,8 @@ def _timed(dev: Any, call: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def bench_dense(dev: Any, m_values: Sequence[int], fmts: Sequence[str], n: int = 5760,
-                k: int = 2944, log: Any = print) -> list[tuple[str, str, float | None, str]]:
+                k: int = 2944, log: Any = print, only: Sequence[str] | None = None
+                ) -> list[tuple[str, str, float | None, str]]:
     from blockscale.formats import Format
     from blockscale.layouts import interleave
     from blockscale.ops import matmul_pdq as P
@@ -80,11 +96,13 @@ def bench_dense(dev: Any, m_values: Sequence[int], fmts: Sequence[str], n: int =
             sfa = dev.to_device(interleave(random_scales(rng, fmt, (m, fmt.kblocks(k)))))
             case, ref = f"{f} {m}x{n}x{k}", None
             ops = (a, b, sfa, sfb, fmt)
-            for label, kw in DENSE_IMPLS:
+            for label, kw in _select(DENSE_IMPLS, only):
                 try:
-                    if kw is None:
-                        got, ms = _timed(dev, lambda ops=ops: TP.block_scaled_matmul_twophase(
-                            *ops, kstep=64, device=dev))
+                    if kw is None or "twophase" in kw:
+                        tw = (kw or {}).get("twophase", {})
+                        got, ms = _timed(dev, lambda ops=ops, tw=tw:
+                                         TP.block_scaled_matmul_twophase(*ops, kstep=64,
+                                                                         device=dev, **tw))
                     else:
                         got, ms = _timed(dev, lambda ops=ops, kw=kw: P.block_scaled_matmul_pdq(
                             *ops, device=dev, **kw))
@@ -105,7 +123,8 @@ def bench_dense(dev: Any, m_values: Sequence[int], fmts: Sequence[str], n: int =
 
 
 def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
-                  log: Any = print) -> list[tuple[str, str, float | None, str]]:
+                  log: Any = print, only: Sequence[str] | None = None
+                  ) -> list[tuple[str, str, float | None, str]]:
     from blockscale.formats import Format
     from blockscale.ops import matmul_grouped_pdq as GP
     from blockscale.ops import matmul_grouped_wgmma as gw
@@ -124,7 +143,7 @@ def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
             args = (a_dev, w.data_dev, sc_dev, w.scales_dev, r.expert_start, r.scales_offset,
                     r.expert_ids, w.expert_scales, w.fmt)
             case, ref = f"{shape.name} {f} T={t} ({r.rows} rows)", None
-            for label, kind, kw in GROUPED_IMPLS:
+            for label, kind, kw in _select(GROUPED_IMPLS, only):
                 try:
                     fn = gw.grouped_matmul_block_scaled_wgmma if kind == "wgmma" else \
                         GP.grouped_matmul_block_scaled_pdq
@@ -159,15 +178,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--t", default="1024,4096")
     p.add_argument("--fmt", default="nvfp4,mxfp4")
     p.add_argument("--suite", default="dense,grouped")
+    p.add_argument("--impls", default="", help="label substrings (comma-separated)")
     ns = p.parse_args(argv)
     kernel_keys_without_mlir()
     dev = runtime.get_device("cuda")
     fmts, suites = ns.fmt.split(","), ns.suite.split(",")
+    only = [x for x in ns.impls.split(",") if x]
     rows = []
     if "dense" in suites:
-        rows += bench_dense(dev, [int(x) for x in ns.m.split(",")], fmts)
+        rows += bench_dense(dev, [int(x) for x in ns.m.split(",")], fmts, only=only)
     if "grouped" in suites:
-        rows += bench_grouped(dev, [int(x) for x in ns.t.split(",")], fmts)
+        rows += bench_grouped(dev, [int(x) for x in ns.t.split(",")], fmts, only=only)
     return 0 if all(ms is not None for _, _, ms, _ in rows) else 1
 
 

@@ -33,14 +33,15 @@ from blockscale.ops import matmul_grouped_wgmma as gw
 
 
 def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=False,
-         stages=None, seed=0, device="interp", check_exact=True):
+         stages=None, seed=0, device="interp", check_exact=True, store="direct"):
     rng = np.random.default_rng(300 + seed)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
     esc = (1 + (np.arange(e_count) + 1) / e_count).astype(np.float32)
     rs = rng.uniform(0.5, 2, sum(counts)).astype(ml_dtypes.bfloat16) if rows else None
     out = GP.grouped_matmul_block_scaled_pdq(**case, expert_scales=esc, fmt=fmt, k=k,
                                              a_row_scales=rs, stages=stages,
-                                             prefetch=prefetch, loop=loop, device=device)
+                                             prefetch=prefetch, loop=loop, store=store,
+                                             device=device)
     assert out.dtype == ml_dtypes.bfloat16 and out.shape == (sum(counts), n)
     want = gw.grouped_matmul_block_scaled_wgmma(**case, expert_scales=esc, fmt=fmt, k=k,
                                                 a_row_scales=rs, tiles=(128, 256),
@@ -87,6 +88,24 @@ def test_interp_split(fmt, case_id):
     _run(fmt, counts, ids, e_count, n, k, loop="split", prefetch=case_id == 1, seed=case_id)
 
 
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    (NVFP4, 0, "split", True),  # unused groups (zeros, direct), 1 row tiles
+    (MXFP4, 1, "lockstep", False),  # groups over several row tiles, ends mid-tile
+    (NVFP4, 3, "lockstep", True),  # a 256-row group, unused group, a 5-row group at the end
+    (MXFP4, 4, "split", False),  # 70 groups, N = 16 (rows of 32 bytes)
+], ids=lambda c: f"{c[0].name}-case{c[1]}-{c[2]}-rs{int(c[3])}")
+def test_interp_staged(case):
+    """store "staged": the grouped wgmma kernel's bytes (= the direct store's); rows past a
+    group's end are not copied (the next group's rows stay theirs), the row scales of the
+    uncopied rows stay inside ``a_row_scales`` (the last group ends at T)."""
+    fmt, case_id, loop, rows = case
+    counts, ids, e_count, n, k = CASES[case_id]
+    rows = rows and fmt == NVFP4
+    _run(fmt, counts, ids, e_count, n, k, rows=rows, loop=loop, prefetch=True, seed=case_id,
+         store="staged", check_exact=False)
+
+
 @pytest.mark.ir
 def test_spec_checks():
     assert GP.GroupedPdqSpec("nvfp4").stages == GP.MAX_STAGES
@@ -100,9 +119,14 @@ def test_spec_checks():
         GP.GroupedPdqSpec("nvfp4", stages=9)
     with pytest.raises(ValueError, match="loop"):
         GP.GroupedPdqSpec("nvfp4", loop="x")
+    with pytest.raises(ValueError, match="store"):
+        GP.GroupedPdqSpec("nvfp4", store="x")
+    assert GP.GroupedPdqSpec("nvfp4", True, stages=2, prefetch=True,
+                             store="staged").kernel_name.endswith("_s2_pf_st_rowsc")
     specs = GP.bundle_specs("sm_90a")
-    assert len(specs) == len({s.kernel_name for s in specs}) == 6 + 3  # + wgmma references
-    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 6
+    assert len(specs) == len({s.kernel_name for s in specs}) == 9 + 3  # + wgmma references
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 9
+    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 3
     assert GP.bundle_specs("gfx942") == []
     assert GP.grid(16384, 5760, 128) == (23, 256, 1)
 
@@ -113,6 +137,10 @@ def test_host_checks():
     with pytest.raises(ValueError, match="k % 32"):
         GP.grouped_matmul_block_scaled_pdq(**case, expert_scales=None, fmt=NVFP4, k=48,
                                            device="interp")
+    case, _, _ = make_grouped_case(np.random.default_rng(0), NVFP4, [4, 4], [0, 1], 2, 12, 64)
+    with pytest.raises(ValueError, match="n=12"):  # 24-byte rows: no bulk copies
+        GP.grouped_matmul_block_scaled_pdq(**case, expert_scales=np.ones(2, np.float32),
+                                           fmt=NVFP4, k=64, store="staged", device="interp")
 
 
 @pytest.mark.lower
@@ -120,27 +148,34 @@ def test_host_checks():
                                   if isinstance(s, GP.GroupedPdqSpec)],
                          ids=lambda s: s.kernel_name)
 def test_kernel_sass(spec):
+    """The staged store: 64 STS a consumer thread, its bulk copy, two more CTA barriers."""
     kernel = GP.kernel(spec)
     sass, meta = kernel.asm["sass"], kernel.meta
+    staged = spec.store == "staged"
     assert len(re.findall(r"HGMMA\.64x256x16\.F32\.BF16", sass)) == 4
     assert len(re.findall(r"STS\.128", sass)) == 24  # 3 rows x 8 chunks a producer thread
-    assert not re.search(r"\bUBLKCP\b", sass)
+    assert len(re.findall(r"\bUBLKCP\b", sass)) == staged
+    assert len(re.findall(r"\bSTS ", sass)) == (64 if staged else 0)
+    assert len(re.findall(r"BAR\.SYNC", sass)) == 1 + 2 * staged
     log = meta.get("ptxas_log", "")
     assert "C7518" not in log and "C7517" not in log and "C7515" not in log
     assert meta["registers"] <= 168
-    spills = 32 if spec.prefetch else 0  # 30 prefetched registers a producer thread
+    # 30 prefetched registers a producer thread (the staged kernels: none)
+    spills = 32 if spec.prefetch and not staged else 0
     assert meta["spill_stores"] <= spills and meta["spill_loads"] <= spills
 
 
 @pytest.mark.gpu
 @pytest.mark.cuda
-@pytest.mark.parametrize("prefetch", [False, True], ids=["nopf", "pf"])
+@pytest.mark.parametrize("variant", [(False, "direct"), (True, "direct"), (True, "staged")],
+                         ids=["nopf", "pf", "pf-staged"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_gpu(fmt, prefetch):
+def test_gpu(fmt, variant):
     """gpt-oss-120b gate_up at T=1024 tokens (top-4 of 128 experts, N=5760, K=2880; some
     experts unused): the grouped wgmma kernel's bytes (128 x 256, lut / k64 / fold)."""
+    prefetch, store = variant
     rng = np.random.default_rng(5)
     counts = list(rng.multinomial(4096, np.full(128, 1 / 128)))
     ids = [e if c else -1 for e, c in enumerate(counts)]
     _run(Format.from_name(fmt), counts, ids, 128, 5760, 2880, rows=fmt == "nvfp4",
-         loop="split", prefetch=prefetch, device="cuda", check_exact=False)
+         loop="split", prefetch=prefetch, device="cuda", check_exact=False, store=store)

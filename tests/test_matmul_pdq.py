@@ -37,14 +37,14 @@ from blockscale.ops import matmul_twophase as TP
 
 
 def _check(m, n, k, fmt, out_dtype, stages=None, prefetch=True, loop="lockstep",
-           device="interp", rows=None, a_source="workspace"):
+           device="interp", rows=None, a_source="workspace", store="direct"):
     """The bound and bit-identity with the two-phase pair."""
     fmt = Format.from_name(fmt)
     rng = np.random.default_rng(m * 131 + n * 7 + k)
     a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
     got = P.block_scaled_matmul_pdq(a, b, sfa5, sfb5, fmt, alpha=0.375, out_dtype=out_dtype,
                                     stages=stages, prefetch=prefetch, loop=loop,
-                                    a_source=a_source, device=device)
+                                    a_source=a_source, store=store, device=device)
     assert got.shape == (m, n)
     ref = TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, fmt, alpha=0.375,
                                           out_dtype=out_dtype, kstep=64, device=device)
@@ -106,6 +106,38 @@ def test_interp_packed_a(case):
 
 
 @pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    ("nvfp4", (130, 264, 192), "split", "workspace", "bfloat16"),  # M, N tails (N % 8 == 0)
+    ("mxfp4", (129, 300, 352), "lockstep", "packed", "float32"),  # K tail, wraps the ring
+    ("nvfp4", (200, 260, 160), "split", "packed", "float32"),
+    ("mxfp4", (1, 8, 32), "split", "workspace", "bfloat16"),
+], ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}-{c[2]}-{c[3]}-{c[4]}")
+def test_interp_staged(case):
+    """store "staged" (every thread after the role branches, the consumers write the
+    stage, bulk copies per row): the direct store's bytes (= the two-phase pair's)."""
+    fmt, (m, n, k), loop, a_source, out_dtype = case
+    stages = 3 if loop == "lockstep" else None  # split: the steps fit in the ring
+    _check(m, n, k, fmt, out_dtype, stages, True, loop, a_source=a_source, store="staged")
+
+
+@pytest.mark.interp
+def test_interp_staged_fused_epilogue():
+    """bias + relu fused into the staged store (the epilogue's loads only inside C)."""
+    from blockscale.ops import matmul_epilogue as ep
+
+    m, n, k = 130, 264, 96
+    rng = np.random.default_rng(8)
+    a, b, _, _, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
+    bias = rng.standard_normal(n).astype(np.float32)
+    kw = {"alpha": 0.5, "epilogue": ep.chain(ep.bias(), ep.relu()),
+          "epilogue_inputs": {"bias": bias}, "device": "interp", "loop": "split"}
+    got = P.block_scaled_matmul_pdq(a, b, sfa5, sfb5, NVFP4, store="staged", **kw)
+    want = P.block_scaled_matmul_pdq(a, b, sfa5, sfb5, NVFP4, **kw)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    assert (got.astype(np.float32) >= 0).all() and got.astype(np.float32).max() > 0
+
+
+@pytest.mark.interp
 def test_interp_split_deadlocks_past_the_ring():
     """In lock-step order the split producer runs first and waits for a release the
     consumers make later: at ceil(K / 64) >= stages the interpreter reports the deadlock
@@ -148,6 +180,13 @@ def test_spec_validation_and_bundle():
         P.PdqMatmulSpec("nvfp4", loop="fused")
     with pytest.raises(ValueError, match="a_source"):
         P.PdqMatmulSpec("nvfp4", a_source="tma")
+    with pytest.raises(ValueError, match="store"):
+        P.PdqMatmulSpec("nvfp4", store="tma")
+    # the f32 staged tile (133,120 bytes) needs 3 of the 48 KiB stages
+    with pytest.raises(ValueError, match="stages=2"):
+        P.PdqMatmulSpec("nvfp4", "float32", stages=2, store="staged")
+    assert P.PdqMatmulSpec("nvfp4", "float32", stages=3, store="staged").kernel_name.endswith(
+        "_f32_st")
     assert [a.name for a in P.PdqMatmulSpec("nvfp4", a_source="packed").args()][:4] == [
         "a", "b", "sfa", "sfb"]
     with pytest.raises(ValueError, match="fmt"):
@@ -155,7 +194,8 @@ def test_spec_validation_and_bundle():
     with pytest.raises(ValueError, match="target"):
         P.PdqMatmulSpec("nvfp4", target="sm_100a")
     specs = P.bundle_specs("sm_90a")
-    assert len(specs) == len({s.kernel_name for s in specs}) == 16
+    assert len(specs) == len({s.kernel_name for s in specs}) == 24
+    assert sum(s.store == "staged" for s in specs) == 8
     assert all(s.loop == "split" for s in specs)
     assert P.bundle_specs("sm_100a") == []
     assert P.PdqMatmulSpec("nvfp4").dynamic_shared_bytes == TP.TwophaseMatmulSpec(
@@ -170,6 +210,8 @@ def test_host_validation():
     a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(0), NVFP4, 4, 4, 64)
     with pytest.raises(ValueError, match="fmt"):
         P.block_scaled_matmul_pdq(a, b, sfa5, sfb5, MXFP8, device="interp")
+    with pytest.raises(ValueError, match="n=4"):  # 8-byte bf16 rows: no bulk copies
+        P.block_scaled_matmul_pdq(a, b, sfa5, sfb5, NVFP4, store="staged", device="interp")
     empty = P.block_scaled_matmul_pdq(a[:0], b, sfa5[:0], sfb5, NVFP4, device="interp")
     assert empty.shape == (0, 4)
 
@@ -185,7 +227,9 @@ def test_kernel_sass(spec):
     """4 HGMMA per consumer step; the producer: sixteen STS.128 per step (2 rows x 8 chunks;
     24 with packed A), its proxy fence (FENCE.VIEW.ASYNC.S) and mbarrier arrival; one bulk
     copy (A) per step (none with packed A); no spills (but 16 bytes for packed A with the
-    prefetch) and no wgmma serialization (the role branch is warp-uniform)."""
+    prefetch) and no wgmma serialization (the role branch is warp-uniform). The staged
+    store: 64 STS per consumer thread (bf16 pairs; STS.64 for f32), no STG, its proxy
+    fence, the two CTA barriers and one more bulk copy (the output rows)."""
     kernel = P.kernel(spec)
     sass, meta = kernel.asm["sass"], kernel.meta
     # packed A with the prefetch: 30 prefetched registers a producer thread, a few spills
@@ -193,10 +237,15 @@ def test_kernel_sass(spec):
     assert meta["spill_stores"] <= spills and meta["spill_loads"] <= spills
     assert meta["registers"] <= 168  # 384 threads: 65536 / 384
     assert len(re.findall(r"HGMMA\.64x256x16\.F32\.BF16", sass)) == 4
-    packed = spec.a_source == "packed"
-    assert len(re.findall(r"\bUBLKCP\b", sass)) == (0 if packed else 1)
+    packed, staged = spec.a_source == "packed", spec.store == "staged"
+    assert len(re.findall(r"\bUBLKCP\b", sass)) == (0 if packed else 1) + staged
     assert len(re.findall(r"STS\.128", sass)) == (24 if packed else 16)
-    assert len(re.findall(r"FENCE\.VIEW\.ASYNC\.S", sass)) == 2  # + the mbarrier init's
+    assert len(re.findall(r"FENCE\.VIEW\.ASYNC\.S", sass)) == 2 + staged  # + the init's
+    assert len(re.findall(r"BAR\.SYNC", sass)) == 1 + 2 * staged
+    if staged:
+        assert not re.search(r"\bSTG", sass)
+        wide = "STS.64" if spec.out_dtype == "float32" else "STS "
+        assert len(re.findall(rf"{re.escape(wide)}", sass)) == 64
     assert re.search(r"SYNCS\.PHASECHK\.TRANS64\.TRYWAIT", sass)
     assert len(re.findall(r"WARPGROUP\.DEPBAR", sass)) == 2
     log = meta.get("ptxas_log", "")
@@ -225,6 +274,22 @@ def test_gpu(shape, out_dtype, a_source, prefetch, fmt):
            a_source=a_source)
 
 
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", P.FORMATS)
+@pytest.mark.parametrize("a_source", P.A_SOURCES)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+def test_gpu_staged(shape, out_dtype, a_source, fmt):
+    """store "staged" (prefetch on): the two-phase pair's bytes, so the direct store's."""
+    m, n, k = shape
+    rng = np.random.default_rng(m + n + 1)
+    rows = np.unique(np.concatenate([np.arange(min(m, 64)), np.arange(max(0, m - 64), m),
+                                     rng.integers(0, m, 64)]))
+    _check(m, n, k, fmt, out_dtype, prefetch=True, loop="split", device="cuda", rows=rows,
+           a_source=a_source, store="staged")
+
+
 @pytest.mark.interp
 def test_interp_proxy_fence_needed(monkeypatch):
     """Without the producer's ``fence.proxy.async.shared::cta`` its generic-proxy stores are
@@ -243,7 +308,7 @@ def test_interp_proxy_fence_needed(monkeypatch):
         if not fenced:
             monkeypatch.setattr(W, "fence_proxy_async_shared", lambda **kw: None)
         c = np.zeros(m * n, np.float32)
-        run = lambda c=c: run_kernel(str(P.build(spec)), spec.kernel_name, (1, 1, 1),  # noqa: E731
+        run = lambda c=c: run_kernel(str(P.build(spec)), spec.kernel_name, (1, 1, 1),
                                      spec.block, [a, b, sfa5, sfb5, c, m, n, k, 1.0], "sm_90a",
                                      dynamic_shared_bytes=spec.dynamic_shared_bytes)
         if fenced:

@@ -49,6 +49,14 @@ on the GPU the producer's path also holds the 128 accumulators (spills; not bund
 are built from the same per-step pieces (:meth:`_Ring.consume`, :func:`_load_step`,
 :func:`_fill`).
 
+Epilogue: by the consumers inside their branch (the direct stores of
+:func:`blockscale.ops.matmul_sm90.store_tile`), or, ``all_threads`` (the staged store of
+:mod:`blockscale.ops._staged_store_ir`, whose CTA barriers need every thread), after the role
+branches: the consumer branch yields its accumulator struct, the producer branch zeros, and
+the store's ``writers`` predicate (the consumer role) keeps the producers out of the staged
+tile; every thread joins its barriers and threads 0 .. bm - 1 its row copies. ptxas keeps
+the wgmmas unserialized (no C7515) and the register count (154 / 168 with packed A).
+
 Numerics: the stage bytes equal those the two-phase kernel copies from its workspaces and
 the consumers issue the same k16 wgmmas in the same order, so the output is bit-identical to
 :func:`blockscale.ops.matmul_twophase.block_scaled_matmul_twophase` (kstep 64, bm 128) in the
@@ -284,14 +292,20 @@ def _role(bm: int) -> tuple[Value, Value]:
 
 
 def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: PackedRows,
-                  k: Value, fmt: str, stages: int, epilogue: Callable[[Value, Value], None],
-                  bm: int = T.BM, prefetch: bool = True, loop: str = "split") -> None:
+                  k: Value, fmt: str, stages: int,
+                  epilogue: Callable[[Value, Value, Value | None], None],
+                  bm: int = T.BM, prefetch: bool = True, loop: str = "split",
+                  all_threads: bool = False) -> None:
     """The producer / consumer K loop (module docstring) of the ``bm x 256`` tile of A rows
-    ``a`` and B rows ``b``, then ``epilogue(acc, wg)`` in the consumer threads (the
-    warpgroup's final accumulator struct and index). ``a``: the stage-ordered A workspace
-    (i8 memref, tile ``bm``; the tile's rows from ``m0`` on, copied by ``cp.async.bulk``)
-    or packed rows (:class:`PackedRows` with ``tile == bm``) the producer dequantizes too
-    (``m0`` unused). Every thread of the CTA runs it. ``loop``: :data:`LOOPS`."""
+    ``a`` and B rows ``b``, then ``epilogue(acc, wg, writers)``: the warpgroup's final
+    accumulator struct and index. Without ``all_threads`` it runs in the consumer threads
+    only (``writers`` None); with it every thread of the CTA runs it after the role
+    branches (so it may use CTA barriers, e.g. the staged store), ``writers`` the
+    (warp-uniform) consumer predicate and ``acc`` zeros in the producer threads.
+    ``a``: the stage-ordered A workspace (i8 memref, tile ``bm``; the tile's rows from
+    ``m0`` on, copied by ``cp.async.bulk``) or packed rows (:class:`PackedRows` with
+    ``tile == bm``) the producer dequantizes too (``m0`` unused). Every thread of the CTA
+    runs it. ``loop``: :data:`LOOPS`."""
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {list(LOOPS)}, got {loop!r}")
     ring = _PdqRing(kb, k, stages, bm, packed_a=isinstance(a, PackedRows))
@@ -345,11 +359,22 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                           T._parity(bir.udiv(ahead, stages)))
             if prefetch:
                 pl.yield_(*nxt)
-        with bir.when(is_cons):
+        if not all_threads:
+            with bir.when(is_cons):
+                with bir.for_range(0, steps, carry=[W.zero_accumulator(BN)]) as cl:
+                    cl.yield_(ring.consume(cl.iv, cl.carried[0]))
+                W.wait_group(0)
+                epilogue(cl.results[0], ring.wg, None)
+            return
+        cons = bir.if_(is_cons, [W.accumulator_type(BN)])
+        with cons.then():
             with bir.for_range(0, steps, carry=[W.zero_accumulator(BN)]) as cl:
                 cl.yield_(ring.consume(cl.iv, cl.carried[0]))
             W.wait_group(0)
-            epilogue(cl.results[0], ring.wg)
+            cons.yield_(cl.results[0])
+        with cons.else_():
+            cons.yield_(W.zero_accumulator(BN))
+        epilogue(cons.results[0], ring.wg, is_cons)
         return
 
     # lockstep: the producers fill steps 0 .. stages - 2 (all free), then one loop
@@ -380,4 +405,7 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         lp.yield_(cons.results[0], *prod.results)
     with bir.when(is_cons):
         W.wait_group(0)
-        epilogue(lp.results[0], ring.wg)
+        if not all_threads:
+            epilogue(lp.results[0], ring.wg, None)
+    if all_threads:
+        epilogue(lp.results[0], ring.wg, is_cons)

@@ -35,6 +35,7 @@ from blockscale.ops import matmul_pdq as _pdq
 
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
 KERNEL_SOURCES = ("blockscale.ops._pdq_ir", "blockscale.ops._twophase_ir",
+                  "blockscale.ops._staged_store_ir",
                   "blockscale.ops._grouped_wgmma_ir", "blockscale.ops._wgmma_ir",
                   "blockscale.ops._mma_ir", "blockscale.ops._matmul_ir",
                   "blockscale.ops.matmul_sm90", "blockscale.ops.matmul_grouped",
@@ -43,7 +44,7 @@ TARGETS = ("sm_90a",)
 FORMATS = ("nvfp4", "mxfp4")
 #: the work item's tile and the CTA (= matmul_pdq's)
 BM, BN, THREADS, MAX_STAGES = _pdq.BM, _pdq.BN, _pdq.THREADS, _pdq.MAX_STAGES
-LOOPS = _pdq.LOOPS
+LOOPS, STORES = _pdq.LOOPS, _pdq.STORES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,8 @@ class GroupedPdqSpec(FormatSpec):
         stages: shared stages (2 .. :data:`MAX_STAGES`); None: :data:`MAX_STAGES`.
         prefetch: the producer loads step t + 1's packed rows before dequantizing step t.
         loop: :data:`LOOPS` (:class:`blockscale.ops.matmul_pdq.PdqMatmulSpec`).
+        store: :data:`STORES`: "staged", the tile through the ring and out by one bulk
+            copy per row of the group (rows past the group end are not copied; N % 8 == 0).
     """
 
     fmt: str
@@ -65,6 +68,7 @@ class GroupedPdqSpec(FormatSpec):
     stages: int | None = None
     prefetch: bool = False
     loop: str = "split"
+    store: str = "direct"
 
     op: ClassVar[str] = "grouped_matmul_block_scaled_pdq"
     out_dtype: ClassVar[str] = "bfloat16"
@@ -88,6 +92,9 @@ class GroupedPdqSpec(FormatSpec):
         if type(self.stages) is not int or not 2 <= self.stages <= MAX_STAGES:
             raise ValueError(f"stages must be an int in [2, {MAX_STAGES}], got {self.stages!r}")
         H.check_choice(self.loop, LOOPS, "loop")
+        H.check_choice(self.store, STORES, "store")
+        if self.store == "staged":
+            _pdq.check_staged_fits(self.out_dtype, self.stages)
 
     @property
     def dynamic_shared_bytes(self) -> int:
@@ -98,7 +105,8 @@ class GroupedPdqSpec(FormatSpec):
         rs = "_rowsc" if self.row_scales else ""
         pf = "_pf" if self.prefetch else ""
         lp = "" if self.loop == "split" else f"_{self.loop}"
-        return f"bs_grouped_pdq_{self.fmt}_{BM}x{BN}_k64_s{self.stages}{pf}{lp}{rs}"
+        st = "_st" if self.store == "staged" else ""
+        return f"bs_grouped_pdq_{self.fmt}_{BM}x{BN}_k64_s{self.stages}{pf}{lp}{st}{rs}"
 
     def args(self) -> tuple[KernelArg, ...]:
         """The portable grouped kernel's parameters (5-D scales, bf16 output)."""
@@ -117,9 +125,11 @@ def build(spec: GroupedPdqSpec) -> Any:
 
     import blockscale.ops._grouped_wgmma_ir as GW
     import blockscale.ops._pdq_ir as P
+    import blockscale.ops._staged_store_ir as S
     import blockscale.ops._twophase_ir as T
     import blockscale.ops._wgmma_ir as X
     from blockscale.compiler import ir as bir
+    from blockscale.compiler.arch import tma
     from blockscale.layouts import SF_ATOM_ROWS
     from blockscale.ops import matmul_grouped_sm90 as _gsm90
     from blockscale.ops._matmul_ir import tcgen_row_offset
@@ -153,16 +163,24 @@ def build(spec: GroupedPdqSpec) -> Any:
                         v = arith.mulf(v, bir.const(fix, bir.f32()))
                     v = arith.mulf(v, scale_e)
                     if spec.row_scales:  # D10: times the expert scale, then the row scale
+                        if spec.store == "staged":  # computes rows past the end too (not
+                            m = bir.umin(m, bir.sub(end, 1))  # copied): stay inside [T]
                         v = arith.mulf(v, arith.extf(bir.f32(),
                                                      bir.load(kb.arg("a_row_scales"), m)))
                     return v
 
-                def store(acc: Any, wg: Any) -> None:
+                def store(acc: Any, wg: Any, writers: Any) -> None:
+                    if spec.store == "staged":  # every thread; the consumers write the stage
+                        smem = tma.extern_shared_buffer(kb, T.shared_bytes(64, spec.stages, BM))
+                        S.store_tile_staged(spec, kb, T.accumulator_tiles(acc),
+                                            X.warp_coords(wg), smem, m0, n0, end, n_count,
+                                            expert_scaled, BM, BN, writers)
+                        return
                     GW._store(spec, kb, T.accumulator_tiles(acc), X.warp_coords(wg), m0, n0,
                               end, n_count, expert_scaled)
 
                 P.emit_mainloop(kb, a, m0, b, k, spec.fmt, spec.stages, store, BM,
-                                spec.prefetch, spec.loop)
+                                spec.prefetch, spec.loop, all_threads=spec.store == "staged")
                 br.yield_()
             with br.else_():  # expert id -1: zeros (D8), by the consumer warpgroups' rows
                 tid = bir.thread_idx("x")
@@ -183,11 +201,12 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
                                     expert_scales: Any, fmt: Format | str, *,
                                     k: int | None = None, a_row_scales: Any = None,
                                     stages: int | None = None, prefetch: bool = False,
-                                    loop: str = "split", device: Any = None) -> Any:
+                                    loop: str = "split", store: str = "direct",
+                                    device: Any = None) -> Any:
     """The kernel called directly (no dispatch), e.g. by tests and benchmarks. Arguments as
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
-    ``prefetch`` and ``loop`` (:class:`GroupedPdqSpec`). Raises ValueError for K % 32 != 0
-    or a format other than NVFP4 / MXFP4."""
+    ``prefetch``, ``loop`` and ``store`` (:class:`GroupedPdqSpec`). Raises ValueError for
+    K % 32 != 0, a format other than NVFP4 / MXFP4, or a staged store with N % 8 != 0."""
     fmt = Format.from_name(fmt)
     H.check_choice(fmt.name, FORMATS, "fmt")
     t, e_count, n, k = _grouped._grouped_dims(hidden, weight, fmt, k)
@@ -204,7 +223,9 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
         _grouped.check_row_scales(a_row_scales, fmt, t)
         buffers["a_row_scales"] = a_row_scales
     dev, tgt = H.device_and_target(device, "sm_90a")
-    spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop)
+    spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
+                          store)
+    _pdq.check_store(spec.store, spec.out_dtype, n)
     return H.launch(spec, grid(t, n, g_count), (t, n), "bfloat16", buffers,
                     {"t": t, "n": n, "k": k, "num_groups": g_count}, dev,
                     empty=t == 0 or n == 0)
@@ -216,7 +237,8 @@ def kernel(spec: GroupedPdqSpec) -> Any:
 
 
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
-    """NVFP4 (row scales on / off) and MXFP4, 4 stages, with and without the prefetch, and
+    """NVFP4 (row scales on / off) and MXFP4, 4 stages, with and without the prefetch (and
+    staged stores with the prefetch), and
     the grouped wgmma kernels its GPU tests compare with byte for byte (128 x 256, lut /
     k64 / fold); none off sm_90a."""
     from blockscale.ops.matmul_grouped_wgmma import GroupedWgmmaSpec
@@ -226,6 +248,8 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     variants = [(f, rs) for f in FORMATS for rs in ((False, True) if f == "nvfp4" else (False,))]
     specs: list[Any] = [GroupedPdqSpec(f, rs, target, None, pf) for f, rs in variants
                         for pf in (False, True)]
+    specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged")
+              for f, rs in variants]
     specs += [GroupedWgmmaSpec(f, rs, 128, 256, target, dequant="lut", kstep=64,
                                scaling="fold") for f, rs in variants]
     return sorted(specs, key=lambda s: s.kernel_name)

@@ -36,6 +36,7 @@ from blockscale.ops.matmul_epilogue import Epilogue
 
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
 KERNEL_SOURCES = ("blockscale.ops._pdq_ir", "blockscale.ops._twophase_ir",
+                  "blockscale.ops._staged_store_ir",
                   "blockscale.ops._wgmma_ir", "blockscale.ops._mma_ir",
                   "blockscale.ops.matmul_epilogue", "blockscale.ops._matmul_ir",
                   "blockscale.ops.matmul_sm90")
@@ -50,6 +51,10 @@ LOOPS = ("split", "lockstep")
 #: where the stages' A comes from: the phase-1 workspace (bulk copies) or the packed rows
 #: (dequantized by the producer)
 A_SOURCES = ("workspace", "packed")
+#: the epilogue: "direct" (matmul_sm90.store_tile by the consumers) or "staged" (the tile
+#: into the free ring, one bulk copy per row: _staged_store_ir, every thread of the CTA
+#: after the role branches; N * element bytes % 16 == 0)
+STORES = ("direct", "staged")
 #: shared stages: 48 KiB each (A 16 + B 32); 4 fill 196,672 bytes
 MAX_STAGES = 4
 
@@ -75,6 +80,8 @@ class PdqMatmulSpec(FormatSpec):
         a_source: :data:`A_SOURCES`: "workspace", A's bf16 workspace (phase 1) copied by
             ``cp.async.bulk``; "packed", the producer dequantizes A's packed rows too (no
             phase 1: 384 rows a step for the producer instead of 256).
+        store: :data:`STORES` (the staged tile must fit in the ring: f32 output needs
+            3 stages).
     """
 
     fmt: str
@@ -85,6 +92,7 @@ class PdqMatmulSpec(FormatSpec):
     prefetch: bool = True
     loop: str = "split"
     a_source: str = "workspace"
+    store: str = "direct"
 
     op: ClassVar[str] = "block_scaled_matmul_pdq"
     block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
@@ -100,6 +108,9 @@ class PdqMatmulSpec(FormatSpec):
             raise TypeError(f"prefetch must be a bool, got {type(self.prefetch).__name__}")
         H.check_choice(self.loop, LOOPS, "loop")
         H.check_choice(self.a_source, A_SOURCES, "a_source")
+        H.check_choice(self.store, STORES, "store")
+        if self.store == "staged":
+            check_staged_fits(self.out_dtype, self.stages)
 
     @property
     def dynamic_shared_bytes(self) -> int:
@@ -112,8 +123,9 @@ class PdqMatmulSpec(FormatSpec):
         pf = "" if self.prefetch else "_nopf"
         lp = "" if self.loop == "split" else f"_{self.loop}"
         pa = "_pa" if self.a_source == "packed" else ""
+        st = "_st" if self.store == "staged" else ""
         return (f"bs_pdq_{self.fmt}_{BM}x{BN}_k{KSTEP}_s{self.stages}_"
-                f"{H.out_tag(self.out_dtype)}{pa}{pf}{lp}{ep}")
+                f"{H.out_tag(self.out_dtype)}{pa}{pf}{lp}{st}{ep}")
 
     def args(self) -> tuple[KernelArg, ...]:
         """wa (A's workspace bytes; a_source "packed": a, sfa), b, sfb (packed B and its 5-D
@@ -126,6 +138,25 @@ class PdqMatmulSpec(FormatSpec):
                 *(a for a in base if a.name not in ("a", "sfa")))
 
 
+def check_staged_fits(out_dtype: str, stages: int) -> None:
+    """ValueError when the staged output tile does not fit in ``stages`` ring stages."""
+    from blockscale.ops import _staged_store_ir as S
+
+    need, ring = S.stage_bytes(out_dtype, BM, BN), stages * (BM + BN) * 2 * KSTEP
+    if need > ring:
+        raise ValueError(f"store 'staged' needs {need} bytes of the ring, but "
+                         f"stages={stages} give {ring}")
+
+
+def check_store(store: str, out_dtype: str, n: int) -> None:
+    """ValueError when a ``store`` epilogue cannot write rows of ``n`` columns."""
+    from blockscale.ops import _staged_store_ir as S
+
+    if store == "staged" and not S.supported(out_dtype, n):
+        raise ValueError(f"store 'staged' needs n * {S.elem_bytes(out_dtype)} bytes to be a "
+                         f"multiple of 16 (16-byte aligned output rows), got n={n}")
+
+
 def grid(m: int, n: int) -> tuple[int, int, int]:
     """One CTA per 128 x 256 tile of C (1-D, rasterized in the kernel)."""
     return TP.grid(m, n, BM)
@@ -136,9 +167,11 @@ def build(spec: PdqMatmulSpec) -> Any:
     from mlir.dialects import arith
 
     import blockscale.ops._pdq_ir as P
+    import blockscale.ops._staged_store_ir as S
     import blockscale.ops._twophase_ir as T
     import blockscale.ops._wgmma_ir as X
     from blockscale.compiler import ir as bir
+    from blockscale.compiler.arch import tma
     from blockscale.ops import matmul_sm90 as _sm90
     from blockscale.ops._matmul_ir import tcgen_row_offset
 
@@ -166,12 +199,17 @@ def build(spec: PdqMatmulSpec) -> Any:
                 v = arith.mulf(v, bir.const(fix, bir.f32()))
             return _sm90._alpha(v, kb.arg("alpha"))
 
-        def store(acc: Any, wg: Any) -> None:
+        def store(acc: Any, wg: Any, writers: Any) -> None:
+            if spec.store == "staged":  # every thread; the consumers write the stage
+                smem = tma.extern_shared_buffer(kb, T.shared_bytes(KSTEP, spec.stages, BM))
+                S.store_tile_staged(spec, kb, T.accumulator_tiles(acc), X.warp_coords(wg),
+                                    smem, m0, n0, m_count, n_count, scale, BM, BN, writers)
+                return
             _sm90.store_tile(spec, kb, T.accumulator_tiles(acc), X.warp_coords(wg), m0, n0,
                              m_count, n_count, scale)
 
         P.emit_mainloop(kb, a_op, m0, src, k, spec.fmt, spec.stages, store, BM,
-                        spec.prefetch, spec.loop)
+                        spec.prefetch, spec.loop, all_threads=spec.store == "staged")
     return kb.module
 
 
@@ -184,12 +222,13 @@ def block_scaled_matmul_pdq(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | st
                             epilogue_inputs: dict[str, Any] | None = None,
                             stages: int | None = None, prefetch: bool = True,
                             loop: str = "split", a_source: str = "workspace",
-                            device: Any = None) -> Any:
+                            store: str = "direct", device: Any = None) -> Any:
     """The producer-dequant kernel called directly (no dispatch), e.g. by tests and
     benchmarks. Arguments as :func:`blockscale.ops.matmul_twophase.
-    block_scaled_matmul_twophase` (5-D scales) plus ``stages``, ``prefetch``, ``loop`` and ``a_source``
-    (:class:`PdqMatmulSpec`). Allocates A's bf16 workspace (``2 k_pad M_pad`` bytes) per
-    call. Raises ValueError for a format other than NVFP4 / MXFP4 or K % 32 != 0."""
+    block_scaled_matmul_twophase` (5-D scales) plus ``stages``, ``prefetch``, ``loop``,
+    ``a_source`` and ``store`` (:class:`PdqMatmulSpec`). Allocates A's bf16 workspace
+    (``2 k_pad M_pad`` bytes) per call. Raises ValueError for a format other than NVFP4 /
+    MXFP4, K % 32 != 0, or a staged store of rows not 16-byte aligned."""
     fmt = Format.from_name(fmt)
     if fmt.name not in FORMATS:
         raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt.name!r}")
@@ -197,7 +236,9 @@ def block_scaled_matmul_pdq(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | st
     if d.k % 32:
         raise ValueError(f"the producer-dequant kernel takes k % 32 == 0, got k={d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
-    spec = PdqMatmulSpec(fmt.name, out_dtype, epilogue, tgt, stages, prefetch, loop, a_source)
+    spec = PdqMatmulSpec(fmt.name, out_dtype, epilogue, tgt, stages, prefetch, loop, a_source,
+                         store)
+    check_store(spec.store, spec.out_dtype, d.n)
     alpha = H.finite_f32(alpha, "alpha")
     extra = dict(epilogue_inputs or {})
     H.check_epilogue_inputs(spec.epilogue.inputs if spec.epilogue else (), extra, d.m, d.n)
@@ -225,12 +266,14 @@ def kernel(spec: PdqMatmulSpec) -> Any:
 
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
     """NVFP4 / MXFP4 x bf16 / f32 out x A from the workspace / packed, 4 stages, with and
-    without the prefetch (phase 1 of A: matmul_twophase's DequantSpec, tile 128, bundled by
-    that module); none off sm_90a."""
+    without the prefetch, direct stores; and the staged store with the prefetch (phase 1 of
+    A: matmul_twophase's DequantSpec, tile 128, bundled by that module); none off sm_90a."""
     if target not in TARGETS:
         return []
     specs = [PdqMatmulSpec(f, o, None, target, None, pf, "split", src) for f in FORMATS
              for o in _matmul.OUT_DTYPES for pf in (True, False) for src in A_SOURCES]
+    specs += [PdqMatmulSpec(f, o, None, target, None, True, "split", src, "staged")
+              for f in FORMATS for o in _matmul.OUT_DTYPES for src in A_SOURCES]
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
