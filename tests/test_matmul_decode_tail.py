@@ -58,7 +58,7 @@ def test_grouped_bit_identical_to_portable(case_id, fmt, monkeypatch):
 
 
 def test_tail_needs_depth_one():
-    from blockscale.ops import _decode_mma_ir as DM  # noqa: PLC0415 (imports MLIR)
+    from blockscale.ops import _decode_mma_ir as DM
     with pytest.raises(ValueError, match="tail"):
         DM.emit_decode_mma(None, matmul_decode.DecodeSpec("nvfp4").format, start=None,
                            end=None, expert=None, n_count=None, k=None, a_srow=None,
