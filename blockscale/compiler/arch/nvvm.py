@@ -50,3 +50,15 @@ def byte_perm(a: ir.Value, b: ir.Value, selector: ir.Value | int, *,
     with _loc(loc):
         sel = _i32_const(selector) if isinstance(selector, int) else selector
         return nvvm.prmt(i32(), a, sel, nvvm.PermuteMode.DEFAULT, hi=b)
+
+
+def set_max_registers(count: int, increase: bool, *, loc: ir.Location | None = None) -> None:
+    """Move this warpgroup's per-thread register budget to ``count`` (a multiple of 8 in
+    [24, 256]; sm_90a): ``setmaxnreg.inc.sync.aligned.u32 count`` (``increase``, blocks until
+    the registers are free) or ``setmaxnreg.dec.sync.aligned.u32 count``. All threads of the
+    warpgroup must execute the same one."""
+    if type(count) is not int or count % 8 or not 24 <= count <= 256:
+        raise ValueError(f"count must be a multiple of 8 in [24, 256], got {count!r}")
+    action = nvvm.SetMaxRegisterAction.increase if increase else nvvm.SetMaxRegisterAction.decrease
+    with _loc(loc):
+        nvvm.setmaxregister(count, action)

@@ -106,6 +106,36 @@ def _barrier(op: Any, c: Compiler):
     return barrier
 
 
+@handles("nvvm.setmaxregister")
+def _setmaxregister(op: Any, c: Compiler):
+    """``setmaxnreg``: no effect on values; the count must be a multiple of 8 in [24, 256]
+    (ValueError when the kernel is compiled) and the 128 threads of a warpgroup execute it
+    together (BarrierDivergenceError otherwise)."""
+    count = ir_int(op.attributes["regCount"])
+    if count % 8 or not 24 <= count <= 256:
+        raise ValueError(f"setmaxnreg: count must be a multiple of 8 in [24, 256], got {count}")
+
+    def run(f: Frame) -> None:
+        if f.mask is None:
+            return
+        if f.nthreads % 128:
+            raise BarrierDivergenceError(f"setmaxnreg in a block of {f.nthreads} threads "
+                                         "(not whole warpgroups)")
+        groups = f.mask.reshape(-1, 128)
+        mixed = groups.any(axis=1) & ~groups.all(axis=1)
+        if mixed.any():
+            g = int(np.argmax(mixed))
+            raise BarrierDivergenceError(
+                f"setmaxnreg reached by {int(groups[g].sum())} of the 128 threads of "
+                f"warpgroup {g % (f.nthreads // 128)} of {f.describe_block(g // (f.nthreads // 128))}")
+    return run
+
+
+def ir_int(attr: Any) -> int:
+    """The value of an integer attribute (``232 : i32``)."""
+    return int(str(attr).split(":")[0])
+
+
 # ---- lane exchange --------------------------------------------------------------------------
 
 
