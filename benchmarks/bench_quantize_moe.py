@@ -9,8 +9,8 @@ checked byte for byte against ``blockscale.reference`` for the first set), its k
 are recorded, and the replayed launches are timed with CUDA events (median), so host work is
 excluded. Every kernel schedule of the ops (``quantize_grouped.SCHEDULES``: "tiles", "rows",
 "rows2", "stream", "stream2", "wide", and for the fused op "rows_lut", "rows2_lut",
-"stream_lut", "stream2_lut", "wide_lut"; grouped only: "wide4", "wide_deep") gets its own row (``--schedules``
-picks some). Bytes moved = bf16 input read + packed data + scales written; the ceilings are a
+"stream_lut", "stream2_lut", "wide_lut", "wide_bulk2_lut"; grouped only: "wide4", "wide_deep",
+"wide_bulk2" / "wide_bulk3" / "wide_bulk4") gets its own row (``--schedules`` picks some). Bytes moved = bf16 input read + packed data + scales written; the ceilings are a
 device-to-device copy of the bf16 input (read + write) in the same process and a copy of the
 kernel's byte count (read + write = bytes moved: the fair one for a ~25-40 us kernel, whose
 fixed launch / ramp / tail cost the 1.5x larger input copy spreads over more bytes).
@@ -38,9 +38,10 @@ from benchmarks.common import (
 
 OPS = ("grouped_quantize", "fused_silu_quantize")
 SCHEDULES = ("tiles", "rows", "rows2", "rows_lut", "rows2_lut", "stream", "stream2",
-             "stream_lut", "stream2_lut", "wide", "wide4", "wide_deep", "wide_lut")
+             "stream_lut", "stream2_lut", "wide", "wide4", "wide_deep", "wide_lut",
+             "wide_bulk2", "wide_bulk3", "wide_bulk4", "wide_bulk2_lut")
 #: schedules benchmarked for the grouped op only
-GROUPED_ONLY = ("wide4", "wide_deep")
+GROUPED_ONLY = ("wide4", "wide_deep", "wide_bulk2", "wide_bulk3", "wide_bulk4")
 
 
 def _groups(rng: np.random.Generator, rows: int, experts: int) -> tuple[np.ndarray, ...]:

@@ -25,8 +25,8 @@ from blockscale.reference import grouped as RG
 
 pytest.importorskip("mlir")
 
-from blockscale.ops import quantize_grouped as QG  # noqa: E402
-from blockscale.ops import quantize_silu as QS  # noqa: E402
+from blockscale.ops import quantize_grouped as QG
+from blockscale.ops import quantize_silu as QS
 
 pytestmark = pytest.mark.interp
 BULK = ["wide_bulk2", "wide_bulk3", "wide_bulk4"]

@@ -95,7 +95,11 @@ def hot_path(text: str) -> tuple[int, int]:
     after an ``FSETP ... +INF`` (the NVFP4 NaN-sign fix) or an ``LDS`` (the wide kernels'
     table miss) and the div.rn slow-path calls."""
     ins = parse(text)
-    lps = loops(ins)
+    prev = {a: ins[i - 1][1] for i, (a, _) in enumerate(ins) if i}
+    # not a loop: an out-of-line block's jump back (an unconditional BRA right after a
+    # branch, e.g. the return from the mbarrier try-wait retry of the bulk kernels)
+    lps = [lp for lp in loops(ins) if not ("BRA" in prev.get(lp[1], "") and any(
+        a == lp[1] and t.startswith("BRA") for a, t in ins))]
     lo, hi, _ = max(lps, key=lambda t: t[1] - t[0])
     inner = [(a, b) for a, b, _ in lps if (a, b) != (lo, hi) and lo <= a and b <= hi]
     skip, around = [], {}

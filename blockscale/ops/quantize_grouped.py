@@ -520,11 +520,11 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
 
 
 __all__ = [
+    "BULK_SCHEDULES",
     "DEFAULT_SCHEDULE",
     "SCHEDULES",
     "STREAM_SCHEDULES",
     "WIDE_SCHEDULES",
-    "BULK_SCHEDULES",
     "MoeQuantizeSpec",
     "bundle_specs",
     "check_groups",
