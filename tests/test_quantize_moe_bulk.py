@@ -113,7 +113,7 @@ def test_bulk_schedule_choice_and_plan():
     b3 = QG.with_schedule(base, "wide_bulk3")
     assert (b3.wide, b3.bulk, b3.unroll) == (2, 3, 1)
     assert b3.kernel_name.endswith("_wide2_bulk3")
-    assert b3.dynamic_shared_bytes == 3 * (16384 + 8)
+    assert b3.dynamic_shared_bytes == 3 * (16384 + 8)  # stages and their mbarriers
     assert QG.bulk_blocks_per_sm(b3) == 4 and QG.wide_register_cap(b3) == 64
     b4 = QG.with_schedule(base, "wide_bulk4")
     assert QG.bulk_blocks_per_sm(b4) == 3 and QG.wide_register_cap(b4) == 80
@@ -124,6 +124,7 @@ def test_bulk_schedule_choice_and_plan():
     silu = QuantizeSpec("mxfp4", "sm_90a", "up", "tcgen5d", True, "silu")
     f2 = QG.with_schedule(silu, "wide_bulk2_lut")
     assert f2.lut and f2.bulk == 2 and f2.stage_bytes == 32768
+    assert f2.dynamic_shared_bytes == 2 * (32768 + 8) + 8  # + the sigmoid table's mbarrier
     assert QG.bulk_blocks_per_sm(f2) == 2 and QG.wide_register_cap(f2) == 128
     with pytest.raises(ValueError, match="bulk"):
         QG.MoeQuantizeSpec("mxfp4", "sm_90a", "up", "tcgen5d", True, "grouped", wide=4, bulk=2)

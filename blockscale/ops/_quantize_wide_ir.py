@@ -203,8 +203,11 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
 
         _, lut_lo, lut_w = sigmoid_lut(spec.activation, spec.act_alpha, spec.act_limit)
         lut = tma.shared_buffer(kb, f"{MAX_LUT}xf32", align=16)
-        _fill_lut(a("sig_table"), lut, tid, 2 * lut_w)
-        B.barrier()
+        if ring is not None:  # one bulk copy, waited for after the prologue
+            ring.copy_table(a("sig_table"), lut, 2 * lut_w)
+        else:
+            _fill_lut(a("sig_table"), lut, tid, 2 * lut_w)
+            B.barrier()
         k.lut = (lut, lut_lo, lut_w)
 
     # ---- the group of the block's first row: a warp-cooperative count ---------------------
@@ -267,6 +270,8 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
 
     depth = spec.unroll  # rows whose loads are in flight ahead of the math
     if ring is not None:
+        if spec.lut:
+            ring.wait_table()
         with B.for_range(lo, hi, carry=state0) as loop:
             rg = B.cast_int(loop.iv, i64)
             cur = ring.take(arith.subi(rg, lo))
@@ -346,6 +351,7 @@ class _BulkRing:
         self.src0 = arith.addi(cpasync.global_address(a("x")), arith.shli(cstart, _c64(1)))
         self.ri = ri
         self.row_lead = arith.cmpi(arith.CmpIPredicate.eq, ci, _c64(0))
+        self.tid = tid
         self.is0 = arith.cmpi(arith.CmpIPredicate.eq, tid, _c64(0))
         # this thread's read offsets in a stage: its row, then each sub-chunk's bytes (a
         # column outside the block's span, a whole-padding block's column 0, reads the
@@ -360,13 +366,37 @@ class _BulkRing:
                 offs.append(arith.addi(rowoff, arith.trunci(i32, arith.shli(rel, _c64(1)))))
             self.reads.append(offs)
         with B.when(self.is0):
-            for s in range(self.stages):
+            for s in range(self.stages + (1 if spec.lut else 0)):  # + the sigmoid table's
                 cpasync.mbarrier_init(self.bar(_c32(s)), 1)
             tma.fence_mbarrier_init()
         B.barrier()
         for s in range(self.stages):
             with B.when(arith.cmpi(arith.CmpIPredicate.ult, _c64(s), self.n)):
                 self.fill(_c64(s))
+
+    def copy_table(self, src: ir.Value, dst: ir.Value, n: int) -> None:
+        """Copy the ``n``-entry f32 sigmoid table ``src`` (global) to the shared ``dst``:
+        thread 0 bulk-copies its first ``n * 4 // 16 * 16`` bytes on the table's mbarrier
+        (one L2 round trip, overlapping the prologue; the register fill waits ~n / 4096),
+        threads ``< n % 4`` store the rest (seen after the first visit's block barrier, before
+        any lookup; a block without rows looks up nothing)."""
+        from blockscale.compiler.arch import wgmma as W
+
+        cp = self.cp
+        body, tail = n * 4 // 16 * 16, n % 4
+        bar = self.bar(_c32(self.stages))
+        with B.when(self.is0):
+            cp.mbarrier_arrive_expect_tx_n(bar, _c32(body))
+            cp.bulk_copy_n(W.shared_address(dst), cp.global_address(src), _c32(body), bar)
+        if tail:
+            tid = self.tid
+            with B.when(arith.cmpi(arith.CmpIPredicate.ult, tid, _c64(tail))):
+                idx = arith.addi(tid, _c64(body // 4))
+                B.store(B.load(src, idx), dst, idx)
+
+    def wait_table(self) -> None:
+        """Every thread: wait for :meth:`copy_table`'s bulk copy (phase 0)."""
+        self.cp.mbarrier_wait(self.bar(_c32(self.stages)), _c32(0))
 
     def bar(self, slot: ir.Value) -> ir.Value:
         """The shared address of stage ``slot``'s mbarrier (``slot``: i32)."""

@@ -153,8 +153,9 @@ class MoeQuantizeSpec(QuantizeSpec):
 
     @property
     def dynamic_shared_bytes(self) -> int:
-        """The bulk ring (``bulk`` stages) and its ``bulk`` mbarriers; 0 without a ring."""
-        return self.bulk * (self.stage_bytes + 8) if self.bulk else 0
+        """The bulk ring (``bulk`` stages), its ``bulk`` mbarriers and with ``lut`` the
+        sigmoid table copy's; 0 without a ring."""
+        return self.bulk * (self.stage_bytes + 8) + 8 * self.lut if self.bulk else 0
 
     def args(self) -> tuple[Any, ...]:
         from blockscale.launch import KernelArg
