@@ -127,7 +127,7 @@ def test_dense_decode_gpu(fmt, nk, m):
 
 
 @pytest.mark.parametrize("variant", ["mma", "mma2", "mma_p", "mma_p5", "mma_c", "mma_c8",
-                                     "mma_c85", "mma_c86", "mma_c8t"])
+                                     "mma_c85", "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4"])
 @pytest.mark.parametrize("tokens", [1, 16, 128])
 @pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
 def test_moe_decode_mma_gpu(fmt, tokens, variant):
@@ -142,7 +142,8 @@ def test_moe_decode_mma_gpu(fmt, tokens, variant):
     check_moe_output(out, case, a2d, w2d, esc, fmt, k, _columns(rng, n))
 
 
-@pytest.mark.parametrize("variant", ["mma", "mma2", "mma_p", "mma_c", "mma_c8", "mma_c8t"])
+@pytest.mark.parametrize("variant", ["mma", "mma2", "mma_p", "mma_c", "mma_c8", "mma_c8t",
+                                     "mma_c8s2", "mma_c8s4"])
 @pytest.mark.parametrize("m", [1, 9, 16])
 @pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
 def test_dense_decode_mma_bit_identical_gpu(fmt, m, variant):
@@ -160,17 +161,19 @@ def test_dense_decode_mma_bit_identical_gpu(fmt, m, variant):
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("variant", ["mma_c8t", "mma_c8s2", "mma_c8s4"])
 @pytest.mark.parametrize("k", [2880, 1088])
 @pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
-def test_dense_decode_tail_bit_identical_gpu(fmt, k):
+def test_dense_decode_tail_bit_identical_gpu(fmt, k, variant):
     """"mma_c8t" (last K step peeled, its unit pairs past the row end skipped: 10 / 2 of 16
-    here) equals the portable kernel bit for bit."""
+    here) and the sliced "mma_c8s*" (N = 640: 10 slices, a CTA of 4 with 2 left) equal the
+    portable kernel bit for bit."""
     m, n = 5, 640
     rng = np.random.default_rng(k)
     a, b, _sfa, _sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
     got = matmul_decode.block_scaled_matmul_decode(a, b, sfa5, sfb5, fmt, k=k, alpha=0.5,
                                                    out_dtype="float32", device="cuda",
-                                                   variant="mma_c8t")
+                                                   variant=variant)
     want = matmul.naive_block_scaled_matmul(a, b, sfa5, sfb5, fmt, k=k, alpha=0.5,
                                             out_dtype="float32", device="cuda")
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -1,10 +1,13 @@
 """The decode kernel's "mma_c8t" variant ("mma_c8" with the last K step peeled off the step
 loop: no prefetch past the end, the peeled step's unit pairs past the row end skipped;
-blockscale/ops/_decode_mma_ir.emit_decode_mma ``tail``) run by the numpy interpreter: bit
-for bit the portable kernel's results (dense and grouped, NVFP4 / MXFP4) on K values whose
-last step is 1, 2, 10 and 16 unit pairs long (K = 32: the peeled step alone), the code and
-scale edges, NaN scales and the 5-D padding rows; its sm_90a SASS (the step loop of
-"mma_c8" without its prefetch past the end: no spill, one HMMA path)."""
+blockscale/ops/_decode_mma_ir.emit_decode_mma ``tail``) and "mma_c8s2" / "mma_c8s4" (the
+same over 2 / 4 column slices of 64 per CTA, the next slice's first step fetched during the
+last step of the current one: ``slices``) run by the numpy interpreter: bit for bit the
+portable kernel's results (dense and grouped, NVFP4 / MXFP4) on K values whose last step is
+1, 2, 10 and 16 unit pairs long (K = 32: the peeled step alone), N of 1..5 slices (a CTA
+with fewer slices than its share past N), the code and scale edges, NaN scales and the 5-D
+padding rows; their sm_90a SASS (the step loop of "mma_c8" without its prefetch past the
+end: no spill in it, one HMMA path)."""
 
 from __future__ import annotations
 
@@ -19,42 +22,48 @@ from test_matmul_decode_mmac import test_padding_scale_rows_never_reach_outputs 
 
 from blockscale.ops import matmul_decode
 
-VARIANT = "mma_c8t"
+VARIANTS = ("mma_c8t", "mma_c8s2", "mma_c8s4")
 # (M, N, K): last step of 1 unit pair (K = 32, one step), 2 (K = 1088), 10 (K = 2880 as
 # gpt-oss, 6 steps), 16 (K = 1024, full), 9 rows (two 8-row passes)
-DENSE = [(1, 40, 32), (3, 70, 1088), (2, 64, 2880), (9, 33, 1024), (5, 20, 544)]
+DENSE = [(1, 40, 32), (3, 70, 1088), (2, 64, 2880), (9, 33, 1024), (5, 20, 544),
+         (2, 300, 96)]
+
+
+@pytest.fixture(params=VARIANTS)
+def variant(request):
+    return request.param
 
 
 @pytest.mark.interp
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
 @pytest.mark.parametrize("mnk", DENSE, ids=lambda s: "x".join(map(str, s)))
-def test_dense_bit_identical_to_portable(fmt, mnk):
-    got, want = _dense(fmt, *mnk, seed=sum(mnk), variant=VARIANT)
+def test_dense_bit_identical_to_portable(fmt, mnk, variant):
+    got, want = _dense(fmt, *mnk, seed=sum(mnk), variant=variant)
     assert got.shape == want.shape
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.interp
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
-def test_codes_and_scale_edges(fmt):
-    _codes_and_edges(fmt, VARIANT)
+def test_codes_and_scale_edges(fmt, variant):
+    _codes_and_edges(fmt, variant)
 
 
 @pytest.mark.interp
-def test_nan_scales():
-    _nan_scales(VARIANT)
+def test_nan_scales(variant):
+    _nan_scales(variant)
 
 
 @pytest.mark.interp
-def test_padding_scale_rows():
-    _padding(VARIANT)
+def test_padding_scale_rows(variant):
+    _padding(variant)
 
 
 @pytest.mark.interp
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
 @pytest.mark.parametrize("case_id", [0, 3, 4])
-def test_grouped_bit_identical_to_portable(case_id, fmt, monkeypatch):
-    _grouped(case_id, fmt, VARIANT, monkeypatch)
+def test_grouped_bit_identical_to_portable(case_id, fmt, variant, monkeypatch):
+    _grouped(case_id, fmt, variant, monkeypatch)
 
 
 def test_tail_needs_depth_one():
@@ -67,18 +76,21 @@ def test_tail_needs_depth_one():
 
 def test_bundle_specs_hold_the_variant():
     names = {s.kernel_name for s in matmul_decode.bundle_specs("sm_90a")}
-    for name in ("bs_decode_grouped_nvfp4_bf16_mma_c8t", "bs_decode_grouped_mxfp4_bf16_mma_c8t",
-                 "bs_decode_grouped_nvfp4_bf16_rowsc_mma_c8t", "bs_decode_dense_nvfp4_f32_mma_c8t",
-                 "bs_decode_dense_mxfp4_bf16_mma_c8t"):
-        assert name in names, name
+    for v in VARIANTS:
+        for name in ("grouped_nvfp4_bf16", "grouped_mxfp4_bf16", "grouped_nvfp4_bf16_rowsc",
+                     "dense_nvfp4_f32", "dense_mxfp4_bf16"):
+            assert f"bs_decode_{name}_{v}" in names, (name, v)
+    assert matmul_decode.DecodeSpec("nvfp4", variant="mma_c8s4").cols == 256
 
 
 @pytest.mark.lower
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_step_loop_sass(fmt):
+def test_step_loop_sass(fmt, variant):
     """The step loop holds one HMMA path (32), the next step's weight loads, no spill; the
-    peeled step's HMMAs sit after it (64 in all); no spill anywhere at 128 registers."""
-    spec = matmul_decode.DecodeSpec(fmt, "grouped", "bfloat16", False, "sm_90a", VARIANT)
+    peeled step's HMMAs sit after it (64 in all); "mma_c8t": no spill anywhere at 128
+    registers ("mma_c8s*": ptxas spills <= 256 bytes around the slice loop, none in the
+    step loop)."""
+    spec = matmul_decode.DecodeSpec(fmt, "grouped", "bfloat16", False, "sm_90a", variant)
     kernel = matmul_decode.kernel(spec)
     sass = kernel.asm["sass"]
     loop = _step_loop(sass)
@@ -89,5 +101,6 @@ def test_step_loop_sass(fmt):
     ref = _step_loop(matmul_decode.kernel(
         matmul_decode.DecodeSpec(fmt, "grouped", "bfloat16", False, "sm_90a", "mma_c8")
     ).asm["sass"])
-    assert len(loop) <= len(ref)
-    assert kernel.meta["registers"] <= 128 and kernel.meta["spill_stores"] == 0, kernel.meta
+    assert len(loop) <= len(ref) + 4  # (a slice offset or two)
+    spill = 0 if variant == "mma_c8t" else 256
+    assert kernel.meta["registers"] <= 128 and kernel.meta["spill_stores"] <= spill, kernel.meta

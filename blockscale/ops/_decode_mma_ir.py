@@ -270,7 +270,8 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                     n_count: Value, k: Value, a_srow: Callable[[Value], Value],
                     store: Callable[[Value, Value, Value], None], depth: int = 1,
                     step_range: tuple[Value, Value] | None = None,
-                    decode: str = "lop3", staging: str = "v1", tail: bool = False) -> None:
+                    decode: str = "lop3", staging: str = "v1", tail: bool = False,
+                    slices: int = 1) -> None:
     """The body for one (group, column slice) (the interface of
     :func:`blockscale.ops._decode_ir.emit_decode`; CTA of :data:`THREADS` threads, columns
     ``[COLS * block_idx.x, +COLS)``); ``depth``: steps whose loads are in flight while one
@@ -283,9 +284,15 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     :class:`_Staging`; the same values); ``tail`` (variants "mma_c8t*"): the last K step
     peeled off the step loop: the loop's last prefetch (past the end: clamped re-reads) is
     gone and the peeled step skips its unit pairs past the row end (K = 2880: 10 of 16;
-    the same values: those terms are fma(0, 0, acc) = acc)."""
+    the same values: those terms are fma(0, 0, acc) = acc);
+    ``slices`` (variants "mma_c8s*", with ``tail`` and "cf8"): the CTA computes ``slices``
+    column slices of :data:`COLS` rows in turn (columns ``[COLS * slices * block_idx.x,
+    +COLS * slices)``), the next slice's first step fetched during the current slice's peeled
+    last step: one prologue (first load latency) per ``slices`` slices."""
     if tail and (depth != 1 or step_range is not None):
         raise ValueError("tail needs depth 1 and no step_range")
+    if slices < 1 or (slices > 1 and not (tail and staging == "cf8")):
+        raise ValueError(f"slices > 1 needs tail and staging 'cf8', got slices={slices}")
     if depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {depth}")
     if decode not in ("lop3", "prmt"):
@@ -313,7 +320,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     kblocks = bir.ceil_div(k, fmt.block_size)
     d1 = bir.ceil_div(kblocks, 4)
     steps = bir.ceil_div(row_bytes, STEP_BYTES)
-    n0 = bir.mul(bir.block_idx("x"), COLS)
+    n0 = bir.mul(bir.block_idx("x"), COLS * slices)
     e = bir.as_index(expert)
     n_last = bir.sub(n_count, 1)
     b_srow0 = bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS)
@@ -343,20 +350,24 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         s_qs.append(bir.udiv(sid, 32) if st.cf else bir.urem(sid, lay.words))
     a_iters = tokens * STEP_CHUNKS // THREADS
 
-    def fetch(step: Value, r0: Value, rows: Value) -> list[Value]:
+    def fetch(step: Value, r0: Value, rows: Value, j: Value | None = None) -> list[Value]:
         """Step ``step``'s weight chunks, weight scale words, activation chunks and
-        activation scale bytes of this thread (registers)."""
+        activation scale bytes of this thread (registers); ``j``: of column slice j of the
+        CTA (``slices``)."""
         out = []
+        wb = w_base if j is None else bir.add(w_base, bir.mul(j, bir.mul(row_bytes, COLS)))
         for it in range(w_iters):
             c = bir.umin(bir.add(bir.mul(step, STEP_CHUNKS), w_cs[it]), last_chunk)
-            row = bir.umin(bir.add(w_base, bir.mul(w_stride, it)), w_last)
+            row = bir.umin(bir.add(wb, bir.mul(w_stride, it)), w_last)
             out.append(bir.vector_load(v16, w, bir.add(row, bir.mul(c, 16)), alignment=16))
         for it in range(s_iters):
             q = bir.add(bir.mul(step, lay.words), s_qs[it])
             nw = st.s_rows
+            s_off = s_rows[it][1] if j is None else mir.tcgen_row_offset(
+                bir.add(b_srow0, bir.add(bir.add(n0, bir.mul(j, COLS)), s_rows[it][0])), d1)
             br = bir.if_(bir.ult(q, d1), [i32] * nw)
             with br.then():
-                off = bir.add(s_rows[it][1], bir.mul(q, SF_ATOM_BYTES))
+                off = bir.add(s_off, bir.mul(q, SF_ATOM_BYTES))
                 v = bir.vector_load(bir.vec(4 * nw, bir.i8()), sfb, off, alignment=4 * nw)
                 v = vector.bitcast(bir.vec(nw, i32), v)
                 br.yield_(*[vector.extract(v, [], [i]) for i in range(nw)])
@@ -620,6 +631,55 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             idx = bir.add(tid, it * THREADS)
             with bir.when(bir.ult(idx, lay.blocks * st.sa_stride)):
                 bir.store(zero, sasm, idx)
+    if slices > 1:  # (tail, one n-tile: passes of <= 8 rows)
+        j_count = bir.umin(bir.ceil_div(bir.sub(n_count, n0), COLS), slices)
+        with bir.for_range(start, end, tokens) as pl:
+            r0 = pl.iv
+            rows = bir.umin(bir.sub(end, r0), tokens)
+            init = fetch(bir.const(0), r0, rows, bir.const(0))
+            n_f = len(init)
+            with bir.for_range(0, j_count, carry=init) as jl:
+                j = jl.iv
+
+                def body(step: Value, accs: list[Value], cur: list[Value],
+                         nxt: Callable[[], list[Value]], live: Value | None = None,
+                         ) -> list[Value]:
+                    bir.barrier()  # the previous step's shared reads are done
+                    stage(step, cur, rows)
+                    bir.barrier()
+                    regs = nxt()
+                    return compute(accs, False, rows, live) + regs
+
+                with bir.for_range(0, bir.sub(steps, 1),
+                                   carry=[zero] * 4 + list(jl.carried)) as sl:
+                    sl.yield_(*body(sl.iv, list(sl.carried[:4]), list(sl.carried[4:]),
+                                    lambda sl=sl, j=j: fetch(bir.add(sl.iv, 1), r0, rows, j)))
+                last = bir.sub(steps, 1)
+                live = bir.umin(bir.udiv(bir.sub(row_bytes, bir.mul(last, STEP_BYTES)), 16),
+                                UNITS // 2)
+
+                def next_slice(j: Value = j) -> list[Value]:
+                    """The next slice's first step (none after the last slice)."""
+                    more = bir.ult(bir.add(j, 1), j_count)
+                    br = bir.if_(more, [v.type for v in init])
+                    with br.then():
+                        br.yield_(*fetch(bir.const(0), r0, rows, bir.add(j, 1)))
+                    with br.else_():
+                        br.yield_(*[bir.const(0, v.type) for v in init])
+                    return list(br.results)
+
+                res = body(last, list(sl.results[:4]), list(sl.results[4:]), next_slice, live)
+                totals = [arith.mulf(v, bir.const(UNSCALE, f32)) if lay.nv else v
+                          for v in res[:4]]
+                nj = bir.add(n0, bir.mul(j, COLS))
+                for i in range(4):
+                    col = bir.add(nj, bir.add(bir.mul(warp, 16), bir.add(g, 8 * (i >> 1))))
+                    tok = bir.add(bir.mul(t, 2), i & 1)
+                    with bir.when(bir.logical_and(bir.ult(tok, rows), bir.ult(col, n_count))):
+                        store(totals[i], bir.add(r0, tok), col)
+                jl.yield_(*res[4:4 + n_f])
+            bir.barrier()  # the next pass restages the shared buffers
+        return
     with bir.for_range(start, end, tokens) as pl:
         r0 = pl.iv
         rows = bir.umin(bir.sub(end, r0), tokens)

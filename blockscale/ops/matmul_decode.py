@@ -90,12 +90,17 @@ COLS = 32
 #: CTAs per SM, grouped; 6 / 22 spill reloads per step); _decode_mma_ir._Staging
 #: "mma_c8t" ("mma_c8" with the last K step peeled off the loop: no prefetch past the end,
 #: unit pairs past the row end skipped; K = 2880: 5.625 steps computed, not 6)
+#: "mma_c8s2" / "mma_c8s4" ("mma_c8t" over 2 / 4 column slices per CTA in turn, the next
+#: slice's first step fetched during the current slice's last step: 128 / 256 columns a CTA)
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
-            "mma_c86", "mma_c8t")
+            "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4")
 #: the shared-memory staging of each "mma_c*" variant (_decode_mma_ir._Staging)
-STAGING = {"mma_c": "cf", "mma_c8": "cf8", "mma_c85": "cf8", "mma_c86": "cf8", "mma_c8t": "cf8"}
+STAGING = {"mma_c": "cf", "mma_c8": "cf8", "mma_c85": "cf8", "mma_c86": "cf8", "mma_c8t": "cf8",
+           "mma_c8s2": "cf8", "mma_c8s4": "cf8"}
 #: the variants with the last K step peeled (_decode_mma_ir.emit_decode_mma's ``tail``)
-TAIL_VARIANTS = ("mma_c8t",)
+TAIL_VARIANTS = ("mma_c8t", "mma_c8s2", "mma_c8s4")
+#: column slices of 64 per CTA (_decode_mma_ir.emit_decode_mma's ``slices``)
+SLICES = {"mma_c8s2": 2, "mma_c8s4": 4}
 #: grouped-only variants (more CTAs per SM) -> the variant the dense dispatch runs instead
 DENSE_EQUIVALENT = {"mma_p5": "mma_p", "mma_c85": "mma_c8", "mma_c86": "mma_c8"}
 #: the split-K variants (grid.z = splits; workspace and counters arguments)
@@ -104,12 +109,12 @@ SPLIT_VARIANTS = ("mma_psk",)
 VARIANT_THREADS = {"simt": THREADS, "mma": 128, "mma2": 128, "mma_p": 128, "mma_p5": 128,
                    "mma_psk": 128, **dict.fromkeys(STAGING, 128)}
 VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_p": 64, "mma_p5": 64, "mma_psk": 64,
-                **dict.fromkeys(STAGING, 64)}
+                **dict.fromkeys(STAGING, 64), **{v: 64 * j for v, j in SLICES.items()}}
 #: register cap (nvvm.maxnreg) per variant: simt 2 x 256 threads, mma 4 x 128, mma2 3 x 128,
 #: mma_p5 5 x 128 (5 x 42 KB of shared memory: fits the H200's 228 KB)
 VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_p": 128, "mma_p5": 96,
                      "mma_psk": 128, "mma_c": 128, "mma_c8": 128, "mma_c85": 96,
-                     "mma_c86": 80, "mma_c8t": 128}
+                     "mma_c86": 80, "mma_c8t": 128, "mma_c8s2": 128, "mma_c8s4": 128}
 #: mma_psk: split K until the grid has about two waves of CTAs (4 per SM of 132 SMs, twice)
 SPLIT_K_P_CTAS = 2 * 4 * 132
 #: mma_psk: at least this many K steps (512 FP4 elements) per split (one step is loaded
@@ -232,7 +237,8 @@ def build(spec: DecodeSpec) -> Any:
             DM.emit_decode_mma(*args, **kw, depth=2 if spec.variant == "mma2" else 1,
                                decode="lop3" if spec.variant in ("mma", "mma2") else "prmt",
                                staging=STAGING.get(spec.variant, "v1"),
-                               tail=spec.variant in TAIL_VARIANTS)
+                               tail=spec.variant in TAIL_VARIANTS,
+                               slices=SLICES.get(spec.variant, 1))
     cols = spec.cols
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         from mlir import ir as mlir_ir
