@@ -220,6 +220,14 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
         record("blockscale-twophase-phase2-staged",
                _timer(phase2_staged, iters, dev.synchronize), check)
 
+        def phase2_pers_st() -> Any:  # phase 2 alone, persistent, the tile staged
+            return matmul_twophase.matmul_workspaces(wa, wb, fmt, m, n, k, store="staged",
+                                                     schedule="persistent", device=dev)
+        check = _check_rows(dev.to_host(phase2_pers_st()), a_deq, b_deq, rows, fmt, k,
+                            strict=True, n_mul=1 + (fmt.kblocks(k) if fmt.is_mx else 0))
+        record("blockscale-twophase-phase2-persistent-staged",
+               _timer(phase2_pers_st, iters, dev.synchronize), check)
+
         def phase2_pers() -> Any:  # phase 2 alone, persistent (one CTA per SM)
             return matmul_twophase.matmul_workspaces(wa, wb, fmt, m, n, k,
                                                      schedule="persistent", device=dev)
@@ -249,7 +257,8 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
                                          (64, 192, 256, "none", "tiles", "direct"),
                                          (64, 128, 256, sw, "tiles", "direct"),
                                          (64, 192, 256, sw, "tiles", "direct"),
-                                         (64, 128, 256, "none", "persistent", "direct")):
+                                         (64, 128, 256, "none", "persistent", "direct"),
+                                         (64, 128, 256, "none", "persistent", "staged")):
             if st == "staged" and n % 8:
                 continue
             def twophase(ks: int = ks, bm: int = bm, bn: int = bn, swz: str = swz,

@@ -184,6 +184,22 @@ def test_interp_tile_width(case):
 
 
 @pytest.mark.interp
+def test_interp_staged_store_persistent():
+    """The persistent schedule with the staged store (the tile staged after the ring and its
+    mbarriers, 3 stages): 6 tiles on 2 CTAs give the one-CTA-per-tile direct stores' bytes,
+    M / N tails included."""
+    m, n, k = 260, 520, 224
+    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(5), NVFP4, m, n, k)
+    got, want = (TP.block_scaled_matmul_twophase(
+        a, b, sfa5, sfb5, NVFP4, alpha=0.375, schedule=sch, store=st, ctas=2, device="interp")
+        for sch, st in (("persistent", "staged"), ("tiles", "direct")))
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    spec = TP.TwophaseMatmulSpec("nvfp4", schedule="persistent", store="staged")
+    assert spec.stages == 3 and spec.staging_bytes == 128 * (512 + 16)
+    assert spec.dynamic_shared_bytes == 3 * 384 * 128 + 3 * 16 + spec.staging_bytes
+
+
+@pytest.mark.interp
 def test_interp_staged_store_fused_epilogue():
     """A fused epilogue with an input (bias) and a residual on the staged store: the same
     bytes as the direct store (the epilogue's loads stay inside C)."""
@@ -233,8 +249,6 @@ def test_staged_store_arguments():
     for the staged f32 tile, rows that are not 16-byte aligned."""
     with pytest.raises(ValueError, match="store"):
         TP.TwophaseMatmulSpec("nvfp4", store="tma")
-    with pytest.raises(ValueError, match="schedule 'tiles'"):
-        TP.TwophaseMatmulSpec("nvfp4", schedule="persistent", store="staged")
     with pytest.raises(ValueError, match="stages=2"):
         TP.TwophaseMatmulSpec("nvfp4", "float32", kstep=64, stages=2, store="staged")
     spec = TP.TwophaseMatmulSpec("nvfp4", store="staged")
@@ -395,7 +409,7 @@ def test_spec_validation_and_bundle():
                for ks in TP.KSTEPS for bm in TP.BMS) <= 227 * 1024
     assert TP.workspace_bytes(8192, 5760, 2944) == 2 * 2944 * (8192 + 5888)
     specs = TP.bundle_specs("sm_90a")
-    assert len(specs) == 2 * 3 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2
+    assert len(specs) == 2 * 3 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2
     with pytest.raises(ValueError, match="schedule must be one of"):
         TP.TwophaseMatmulSpec("nvfp4", schedule="stream-k")
     with pytest.raises(ValueError, match="ctas must be a positive int"):
@@ -552,6 +566,23 @@ def test_gpu_staged_store(shape, out_dtype, fmt, bn):
                                                 out_dtype=out_dtype, store=st, bn=w,
                                                 device="cuda")
                 for st, w in (("staged", bn), ("direct", 256)))
+    assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", TP.FORMATS)
+@pytest.mark.parametrize("shape", [(8192, 5760, 2944), (300, 264, 512)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gpu_staged_store_persistent(shape, fmt):
+    """The persistent schedule with the staged store (tile staged after the ring): the bytes
+    of one CTA per tile with direct stores, on the H200."""
+    m, n, k = shape
+    fmt = Format.from_name(fmt)
+    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(m + n + k), fmt, m, n, k)
+    got, ref = (TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, fmt, alpha=0.375,
+                                                schedule=sch, store=st, device="cuda")
+                for sch, st in (("persistent", "staged"), ("tiles", "direct")))
     assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))
 
 

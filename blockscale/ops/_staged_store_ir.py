@@ -53,14 +53,19 @@ def supported(out_dtype: str, n: int) -> bool:
 
 def store_tile_staged(spec: Any, kb: Any, acc: list, wc: Any, smem: Any, m0: Any, n0: Any,
                       m_count: Any, n_count: Any, scale: Callable[[Any, Any, Any], Any],
-                      bm: int, bn: int, writers: Any = None) -> None:
+                      bm: int, bn: int, writers: Any = None, base: int = 0) -> None:
     """Store the accumulator tiles ``acc`` (m16n8 C tiles, :class:`WarpCoords` ``wc``) of the
     ``bm`` x ``bn`` tile at ``(m0, n0)`` to ``c`` through the shared buffer ``smem`` (an i8
     memref of at least :func:`stage_bytes`), as the module docstring says. ``scale(v, m,
     n)`` and ``spec.epilogue`` as :func:`~blockscale.ops.matmul_sm90.store_tile`.
     ``writers``: an i1 value, true in the threads whose ``acc`` is stored (step 2 runs under
     it: e.g. the consumer warpgroups of a warp-specialized CTA, whose other threads only
-    join the barriers and bulk copies); None: every thread (no branch)."""
+    join the barriers and bulk copies); None: every thread (no branch). ``base``: the staged
+    tile's byte offset in ``smem`` (a multiple of 16; e.g. past a persistent CTA's ring,
+    which keeps loading the next tile meanwhile: step 1 then orders this epilogue after the
+    previous tile's, whose copies finished reading before their threads went on)."""
+    if base % 16:
+        raise ValueError(f"base must be a multiple of 16, got {base}")
     from mlir.dialects import arith
 
     from blockscale.compiler import ir as bir
@@ -85,14 +90,15 @@ def store_tile_staged(spec: Any, kb: Any, acc: list, wc: Any, smem: Any, m0: Any
             v = arith.truncf(out_t, v)
         return v
 
-    bir.barrier()  # 1. every warpgroup's wgmmas retired: the ring is free
+    bir.barrier()  # 1. every warpgroup's wgmmas retired: the ring is free (or: the last
+    # tile's bulk copies, waited for by their threads, finished reading the staged bytes)
     if writers is None:
         _stage(acc, wc, smem, m0, n0, m_count, n_count, value, out_t, pair_i8, esize,
-               row_pitch, epilogue is None)
+               row_pitch, epilogue is None, base)
     else:
         with bir.when(writers):
             _stage(acc, wc, smem, m0, n0, m_count, n_count, value, out_t, pair_i8, esize,
-                   row_pitch, epilogue is None)
+                   row_pitch, epilogue is None, base)
     W.fence_proxy_async_shared()  # 3. the stores become visible to the async proxy
     bir.barrier()
     tid = bir.thread_idx("x")
@@ -101,7 +107,7 @@ def store_tile_staged(spec: Any, kb: Any, acc: list, wc: Any, smem: Any, m0: Any
         nbytes = bir.mul(bir.sub(bir.umin(bir.add(n0, bn), n_count), n0), esize)
         dst = bir.add(cpasync.global_address(kb.arg("c")),
                       bir.as_i64(bir.mul(bir.add(bir.mul(bir.add(m0, tid), n_count), n0), esize)))
-        src = bir.add(W.shared_address(smem), bir.as_i64(bir.mul(tid, row_pitch)))
+        src = bir.add(W.shared_address(smem), bir.as_i64(bir.add(bir.mul(tid, row_pitch), base)))
         cpasync.bulk_store(dst, src, bir.as_i32(nbytes))
         cpasync.bulk_commit()
         cpasync.bulk_wait_read(0)
@@ -109,7 +115,7 @@ def store_tile_staged(spec: Any, kb: Any, acc: list, wc: Any, smem: Any, m0: Any
 
 def _stage(acc: list, wc: Any, smem: Any, m0: Any, n0: Any, m_count: Any, n_count: Any,
            value: Callable[[Any, Any, Any], Any], out_t: Any, pair_i8: Any, esize: int,
-           row_pitch: int, no_loads: bool) -> None:
+           row_pitch: int, no_loads: bool, base: int = 0) -> None:
     """Step 2 of :func:`store_tile_staged`: this thread's accumulator pairs into ``smem``."""
     from mlir.dialects import vector
 
@@ -131,5 +137,6 @@ def _stage(acc: list, wc: Any, smem: Any, m0: Any, n0: Any, m_count: Any, n_coun
                         br.yield_(bir.const(0.0, out_t), bir.const(0.0, out_t))
                     pair = list(br.results)
                 word = vector.bitcast(pair_i8, vector.from_elements(bir.vec(2, out_t), pair))
-                bir.vector_store(word, smem, bir.add(bir.mul(r, row_pitch), bir.mul(col, esize)),
+                off = bir.add(bir.mul(r, row_pitch), bir.mul(col, esize))
+                bir.vector_store(word, smem, bir.add(off, base) if base else off,
                                  alignment=2 * esize)

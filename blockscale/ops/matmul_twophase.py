@@ -95,10 +95,11 @@ DEFAULT_KSTEP = 64
 SHARED_LIMIT, STAGES_LIMIT = 227 * 1024, 9
 
 
-def max_stages(bm: int, kstep: int, bn: int = 256) -> int:
+def max_stages(bm: int, kstep: int, bn: int = 256, extra: int = 0) -> int:
     """The most stages of ``(bm + bn) x kstep`` bf16 (plus 16 bytes of mbarriers each) that
-    fit in :data:`SHARED_LIMIT`: e.g. 4 at 128 x 256 / k64, 9 at k32, 5 at 128 x 192 / k64."""
-    return min(STAGES_LIMIT, SHARED_LIMIT // ((bm + bn) * 2 * kstep + 16))
+    fit in :data:`SHARED_LIMIT` beside ``extra`` bytes: e.g. 4 at 128 x 256 / k64, 9 at k32,
+    5 at 128 x 192 / k64; 3 at 128 x 256 / k64 beside a staged bf16 tile (67,584 bytes)."""
+    return min(STAGES_LIMIT, (SHARED_LIMIT - extra) // ((bm + bn) * 2 * kstep + 16))
 #: phase-1 threads per block (= _twophase_ir.DEQUANT_THREADS)
 DEQUANT_THREADS = 256
 #: workspace / shared operand layouts (= _twophase_ir.SWIZZLES): "none", the canonical
@@ -188,9 +189,10 @@ class TwophaseMatmulSpec(FormatSpec):
         schedule: :data:`SCHEDULES`; "persistent" runs on any grid (:func:`grid`), each CTA
             taking tiles ``blockIdx.x + i gridDim.x`` in the rasterized order; the same
             wgmma order per tile, so the same bytes as "tiles".
-        store: :data:`STORES`; "staged" (schedule "tiles" only; the staged tile must fit
-            in the ring) needs ``N * element bytes % 16 == 0`` at launch. Same bytes as
-            "direct".
+        store: :data:`STORES`; "staged" needs ``N * element bytes % 16 == 0`` at launch
+            (schedule "tiles": the tile is staged in the free ring, which must hold it;
+            "persistent": in :attr:`staging_bytes` after the ring, so fewer stages fit).
+            Same bytes as "direct".
         bn: the tile width (:data:`BNS`: ``wgmma m64n<bn>k16``); the B workspace must be
             made for it (:func:`dequantize_operands` ``bn``). Same k16 order per element,
             so the same bytes as any other width.
@@ -227,19 +229,16 @@ class TwophaseMatmulSpec(FormatSpec):
             raise ValueError(f"swizzle '128b' needs kstep 64 (one 128-byte row), got "
                              f"kstep={self.kstep}")
         H.check_choice(self.bn, BNS, "bn")
-        most = max_stages(self.bm, self.kstep, self.bn)
+        H.check_choice(self.store, STORES, "store")
+        most = max_stages(self.bm, self.kstep, self.bn, self.staging_bytes)
         if self.stages is None:
             object.__setattr__(self, "stages", most)
         if type(self.stages) is not int or not 2 <= self.stages <= most:
             raise ValueError(f"stages must be an int in [2, {most}] for bm={self.bm}, "
                              f"bn={self.bn}, kstep={self.kstep}, got {self.stages!r}")
-        H.check_choice(self.store, STORES, "store")
-        if self.store == "staged":
+        if self.store == "staged" and self.schedule == "tiles":  # the tile in the free ring
             from blockscale.ops import _staged_store_ir as S
 
-            if self.schedule != "tiles":
-                raise ValueError(f"store 'staged' needs schedule 'tiles' (the persistent ring "
-                                 f"stays busy during the epilogue), got {self.schedule!r}")
             need, ring = S.stage_bytes(self.out_dtype, self.bm, self.bn), self.stages * (
                 self.bm + self.bn) * 2 * self.kstep
             if need > ring:
@@ -247,10 +246,21 @@ class TwophaseMatmulSpec(FormatSpec):
                                  f"stages={self.stages} x kstep={self.kstep} give {ring}")
 
     @property
+    def staging_bytes(self) -> int:
+        """Shared bytes of the staged tile beside the ring: a persistent CTA's ring keeps
+        loading the next tile during the epilogue (schedule "tiles": 0, the ring is reused)."""
+        if self.store != "staged" or self.schedule == "tiles":
+            return 0
+        from blockscale.ops import _staged_store_ir as S
+
+        return S.stage_bytes(self.out_dtype, self.bm, self.bn)
+
+    @property
     def dynamic_shared_bytes(self) -> int:
-        """The ring (``stages`` x (bm + bn) rows x ``kstep`` bf16) and its ``2 stages``
-        mbarriers."""
-        return self.stages * (self.bm + self.bn) * 2 * self.kstep + 16 * self.stages
+        """The ring (``stages`` x (bm + bn) rows x ``kstep`` bf16), its ``2 stages``
+        mbarriers and the :attr:`staging_bytes` after them."""
+        return (self.stages * (self.bm + self.bn) * 2 * self.kstep + 16 * self.stages
+                + self.staging_bytes)
 
     @property
     def kernel_name(self) -> str:
@@ -328,7 +338,8 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
             T.emit_dequant(kb.arg("x"), kb.arg("sfx"), kb.arg("ws"), rows, rows_pad, k,
                            spec.fmt, spec.tile, spec.swizzle, kb)
             return kb.module
-        if T.shared_bytes(spec.kstep, spec.stages, spec.bm, spec.bn) != spec.dynamic_shared_bytes:
+        if (T.shared_bytes(spec.kstep, spec.stages, spec.bm, spec.bn) + spec.staging_bytes
+                != spec.dynamic_shared_bytes):
             raise AssertionError("matmul_twophase's shared bytes disagree with _twophase_ir's")
         m_count, n_count, k = (bir.as_index(kb.arg(x)) for x in ("m", "n", "k"))
         fix = X.accumulator_scale("lut", spec.fmt, "fold")
@@ -339,12 +350,12 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
             return _sm90._alpha(v, kb.arg("alpha"))
 
         def store(acc: Any, wg: Any, m0: Any, n0: Any) -> None:
-            if spec.store == "staged":
-                smem = tma.extern_shared_buffer(
-                    kb, T.shared_bytes(spec.kstep, spec.stages, spec.bm, spec.bn))  # the ring
+            if spec.store == "staged":  # in the ring ("tiles"), or after it and its mbarriers
+                ring = T.shared_bytes(spec.kstep, spec.stages, spec.bm, spec.bn)
+                smem = tma.extern_shared_buffer(kb, spec.dynamic_shared_bytes)
                 S.store_tile_staged(spec, kb, T.accumulator_tiles(acc, spec.bn),
                                     X.warp_coords(wg), smem, m0, n0, m_count, n_count, scale,
-                                    spec.bm, spec.bn)
+                                    spec.bm, spec.bn, base=ring if spec.staging_bytes else 0)
                 return
             _sm90.store_tile(spec, kb, T.accumulator_tiles(acc, spec.bn), X.warp_coords(wg),
                              m0, n0, m_count, n_count, scale)
@@ -555,6 +566,8 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
               for f in FORMATS for o in _matmul.OUT_DTYPES]
     specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, BM, store="staged", bn=bn)
               for f in FORMATS for o in _matmul.OUT_DTYPES for bn in BNS]
+    specs += [TwophaseMatmulSpec(f, "bfloat16", None, target, 64, None, BM, "none",
+                                 "persistent", "staged") for f in FORMATS]
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
