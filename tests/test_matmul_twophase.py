@@ -221,9 +221,8 @@ def test_interp_staged_store_needs_proxy_fence(monkeypatch):
     """Without the proxy fence the bulk copies would read generic-proxy stores the async
     proxy need not see: the interpreter's model refuses it."""
     from blockscale.compiler.arch import wgmma as W
-    from blockscale.runtime.interpreter.ops_wgmma import WgmmaOrderError
-
     from blockscale.runtime.interpreter import run_kernel
+    from blockscale.runtime.interpreter.ops_wgmma import WgmmaOrderError
 
     m, n, k = 64, 64, 64
     a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(2), NVFP4, m, n, k)
