@@ -72,6 +72,7 @@ prefetch), no spills (packed A with the prefetch: 16 bytes).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from mlir import ir
 from mlir.dialects import arith, vector
@@ -90,11 +91,18 @@ KSTEP, BN = 64, T.BN
 #: threads of the producer warpgroup; B rows per producer thread and step
 PRODUCER_THREADS = 128
 ROWS_PER_THREAD = BN // PRODUCER_THREADS
+#: producer warpgroups: one, or two (512 threads: 128 registers a thread, so the consumers'
+#: tile is 128 x 192, 96 accumulator registers; ptxas does not let code after a setmaxnreg.inc
+#: use more registers than the count at entry: C7602 "Insufficient registers (128)" for the
+#: m64n256 wgmmas)
+PRODUCERS = (1, 2)
+#: B tile widths (the consumers' wgmma N)
+BNS = (256, 192)
 
 
-def threads(bm: int) -> int:
-    """CTA threads: ``bm / 64`` consumer warpgroups and the producer warpgroup."""
-    return 2 * bm + PRODUCER_THREADS
+def threads(bm: int, producers: int = 1) -> int:
+    """CTA threads: ``bm / 64`` consumer warpgroups and the producer warpgroup(s)."""
+    return 2 * bm + PRODUCER_THREADS * producers
 
 
 class _PdqRing(T._Ring):
@@ -103,24 +111,25 @@ class _PdqRing(T._Ring):
     threads' arrivals; keeps the shared buffer for the producer's stores."""
 
     def __init__(self, kb: bir.KernelBuilder, k: Value, stages: int, bm: int,
-                 packed_a: bool = False) -> None:
-        super().__init__(kb, k, KSTEP, stages, bm, "none")
+                 packed_a: bool = False, producers: int = 1, bn: int = BN) -> None:
+        super().__init__(kb, k, KSTEP, stages, bm, "none", bn)
         # the ring's shared buffer: the memref under base = shared_address(smem)
         cast = self.base.owner
         self.smem = cast.operands[0].owner.operands[0]
-        if self.sbytes != (bm + BN) * 2 * KSTEP:
+        if self.sbytes != (bm + bn) * 2 * KSTEP:
             raise AssertionError("_PdqRing: the two-phase ring's stage is not bm + 256 rows")
         self.packed_a = packed_a
         self.is_cons = bir.ult(self.tid, 2 * bm)
         self.pt = bir.sub(self.tid, 2 * bm)  # producer thread (valid where not is_cons)
         self.is_prod = bir.eq(self.tid, 2 * bm)  # the producer's bulk-copy thread
+        self.producers = producers
 
     def init_barriers(self) -> None:
         with bir.when(self.is_prod):
             for i in range(self.stages):
                 # the producers' arrivals (+ the bulk copy's expect_tx one)
-                cpasync.mbarrier_init(self.full(bir.const(i)),
-                                      PRODUCER_THREADS + (0 if self.packed_a else 1))
+                cpasync.mbarrier_init(self.full(bir.const(i)), PRODUCER_THREADS * self.producers
+                                      + (0 if self.packed_a else 1))
                 cpasync.mbarrier_init(self.empty(bir.const(i)), self.bm // 64)
             tma.fence_mbarrier_init()
         bir.barrier()
@@ -135,8 +144,8 @@ class PackedRows:
 
     def __init__(self, x: Value, sfx: Value, row0: Value, rows_valid: Value, k: Value,
                  scale_row: Callable[[Value], Value], tile: int = BN) -> None:
-        if tile % PRODUCER_THREADS:
-            raise ValueError(f"tile must be a multiple of {PRODUCER_THREADS}, got {tile}")
+        if tile % 32:  # warp-uniform units (a multiple of 128 for the one-warpgroup rows)
+            raise ValueError(f"tile must be a multiple of 32, got {tile}")
         self.x, self.sfx, self.row0, self.rows_valid, self.k = x, sfx, row0, rows_valid, k
         self.scale_row, self.tile, self.span = scale_row, tile, 0
 
@@ -256,8 +265,97 @@ def _store_step(ring: _PdqRing, stage0: Value, ops: list[PackedRows], vals: list
                                      alignment=16)
 
 
+
+class _Unit(NamedTuple):
+    """One 32-element half (``half``) of tile row ``row`` of operand ``src`` that a producer
+    thread converts every step, where ``valid`` (None: always)."""
+
+    src: PackedRows
+    row: Value
+    half: Value
+    valid: Value | None
+
+
+def _units(ops: list[PackedRows], pt: Value, nthreads: int) -> list[_Unit]:
+    """Producer thread ``pt``'s units of ``nthreads`` producers: per operand the ``2 tile``
+    row halves, half-major (unit ``u``: row ``u % tile``, half ``u // tile``), unit
+    ``pt + nthreads i`` for ``i < ceil(2 tile / nthreads)`` (the last one where it exists:
+    tile 192 over 256 threads, threads 0 .. 127 take two of B, the others one). A warp's 32
+    units share their half (tile and nthreads multiples of 32)."""
+    out = []
+    for src in ops:
+        n = 2 * src.tile
+        for i in range(-(-n // nthreads)):
+            u = bir.add(pt, i * nthreads)
+            valid = None if (i + 1) * nthreads <= n else bir.ult(u, n)
+            out.append(_Unit(src, bir.urem(u, src.tile), bir.udiv(u, src.tile), valid))
+    return out
+
+
+def _unit_types(units: list[_Unit], fmt: str) -> list[ir.Type]:
+    nscales = 2 if fmt == "nvfp4" else 1
+    return [bir.vec(16, bir.i8()), bir.vec(nscales, bir.i8())] * len(units)
+
+
+def _load_units(units: list[_Unit], t: Value, fmt: str) -> list[Value]:
+    """:func:`_load_step` over :func:`_units`: each unit's 16 data bytes and scale bytes of
+    k-step ``t``, zeros past the rows, K or the units."""
+    block = 16 if fmt == "nvfp4" else 32
+    nscales = 32 // block
+    vd, vs = bir.vec(16, bir.i8()), bir.vec(nscales, bir.i8())
+    out = []
+    for un in units:
+        src = un.src
+        p = bir.add(bir.mul(t, 2), un.half)
+        ok = bir.logical_and(bir.ult(un.row, src.rows_valid), bir.ult(bir.mul(p, 32), src.k))
+        if un.valid is not None:
+            ok = bir.logical_and(un.valid, ok)
+        br = bir.if_(ok, [vd, vs])
+        with br.then():
+            data = bir.vector_load(vd, src.x, bir.add(bir.mul(bir.add(src.row0, un.row),
+                                                              bir.udiv(src.k, 2)),
+                                                      bir.mul(p, 16)), alignment=16)
+            jb = bir.mul(p, nscales)
+            off = bir.add(src.scale_row(un.row),
+                          bir.add(bir.mul(bir.udiv(jb, 4), SF_ATOM_BYTES), bir.urem(jb, 4)))
+            br.yield_(data, bir.vector_load(vs, src.sfx, off, alignment=nscales))
+        with br.else_():
+            br.yield_(bir.const(0, vd), bir.const(0, vs))
+        out += list(br.results)
+    return out
+
+
+def _store_units(ring: _PdqRing, stage0: Value, units: list[_Unit], vals: list[Value],
+                 fmt: str) -> None:
+    """:func:`_store_step` over :func:`_units`: chunk ``c`` of unit (row, half) at
+    ``span + (4 half + c) tile 16 + row 16``; units past the operand store nothing."""
+    block = 16 if fmt == "nvfp4" else 32
+    nscales = 32 // block
+    vd = bir.vec(16, bir.i8())
+    for i, un in enumerate(units):
+        data, scales = vals[2 * i], vals[2 * i + 1]
+        tile = un.src.tile
+
+        def store(un: _Unit = un, data: Value = data, scales: Value = scales,
+                  tile: int = tile) -> None:
+            sv = X._scale_values(arith.extui(bir.vec(nscales, bir.i32()), scales), "lut", fmt)
+            splats = tuple(vector.broadcast(bir.vec(2, bir.bf16()), vector.extract(sv, [], [q]))
+                           for q in range(nscales))
+            base = bir.add(bir.add(stage0, un.src.span),
+                           bir.add(bir.mul(un.row, 16), bir.mul(un.half, 4 * tile * 16)))
+            for c, v in enumerate(_dequant_lut(data, splats, block)):
+                bir.vector_store(vector.bitcast(vd, v), ring.smem,
+                                 bir.add(base, c * tile * 16), alignment=16)
+
+        if un.valid is None:
+            store()
+        else:
+            with bir.when(un.valid):
+                store()
+
+
 def _fill(ring: _PdqRing, src_a: Value | None, t: Value, ops: list[PackedRows],
-          vals: list[Value], fmt: str) -> None:
+          vals: list[Value], fmt: str, units: list[_Unit] | None = None) -> None:
     """Producer warpgroup: fill the (free) stage of step ``t``: A by bulk copy (thread 0 of
     the producers) unless ``src_a`` is None (A is one of ``ops``), the ``ops`` from
     ``vals``; fence the stores to the async proxy and arrive."""
@@ -270,7 +368,10 @@ def _fill(ring: _PdqRing, src_a: Value | None, t: Value, ops: list[PackedRows],
             cpasync.bulk_copy(bir.add(ring.base, bir.as_i64(stage0)),
                               bir.add(src_a, bir.as_i64(bir.mul(t, ring.a_bytes))),
                               ring.a_bytes, full)
-    _store_step(ring, stage0, ops, vals, fmt)
+    if units is None:
+        _store_step(ring, stage0, ops, vals, fmt)
+    else:
+        _store_units(ring, stage0, units, vals, fmt)
     W.fence_proxy_async_shared()
     cpasync.mbarrier_arrive(full)
 
@@ -295,20 +396,28 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                   k: Value, fmt: str, stages: int,
                   epilogue: Callable[[Value, Value, Value | None], None],
                   bm: int = T.BM, prefetch: bool = True, loop: str = "split",
-                  all_threads: bool = False) -> None:
-    """The producer / consumer K loop (module docstring) of the ``bm x 256`` tile of A rows
-    ``a`` and B rows ``b``, then ``epilogue(acc, wg, writers)``: the warpgroup's final
-    accumulator struct and index. Without ``all_threads`` it runs in the consumer threads
-    only (``writers`` None); with it every thread of the CTA runs it after the role
-    branches (so it may use CTA barriers, e.g. the staged store), ``writers`` the
+                  all_threads: bool = False, producers: int = 1, bn: int = BN) -> None:
+    """The producer / consumer K loop (module docstring) of the ``bm x bn`` tile of A rows
+    ``a`` and B rows ``b`` (``b.tile == bn``), then ``epilogue(acc, wg, writers)``: the
+    warpgroup's final accumulator struct and index. Without ``all_threads`` it runs in the
+    consumer threads only (``writers`` None); with it every thread of the CTA runs it after
+    the role branches (so it may use CTA barriers, e.g. the staged store), ``writers`` the
     (warp-uniform) consumer predicate and ``acc`` zeros in the producer threads.
     ``a``: the stage-ordered A workspace (i8 memref, tile ``bm``; the tile's rows from
     ``m0`` on, copied by ``cp.async.bulk``) or packed rows (:class:`PackedRows` with
     ``tile == bm``) the producer dequantizes too (``m0`` unused). Every thread of the CTA
-    runs it. ``loop``: :data:`LOOPS`."""
+    runs it. ``loop``: :data:`LOOPS`. ``producers``: :data:`PRODUCERS` warpgroups; other
+    than one producer warpgroup at bn 256 the row halves are dealt as units
+    (:func:`_units`)."""
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {list(LOOPS)}, got {loop!r}")
-    ring = _PdqRing(kb, k, stages, bm, packed_a=isinstance(a, PackedRows))
+    if producers not in PRODUCERS:
+        raise ValueError(f"producers must be one of {list(PRODUCERS)}, got {producers!r}")
+    if bn not in BNS or b.tile != bn:
+        raise ValueError(f"bn must be one of {list(BNS)} and the B rows' tile, got bn={bn}, "
+                         f"tile {b.tile}")
+    ring = _PdqRing(kb, k, stages, bm, packed_a=isinstance(a, PackedRows), producers=producers,
+                    bn=bn)
     steps = ring.steps
     b.span = ring.a_bytes
     if isinstance(a, PackedRows):
@@ -322,18 +431,28 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     src = ops
     ring.init_barriers()
     ring.descriptors()
-    types = _types(ops, fmt) if prefetch else []
+    units = None if (producers, bn) == (1, BN) else _units(ops, ring.pt,
+                                                          PRODUCER_THREADS * producers)
+    if units is None:
+        types = _types(ops, fmt) if prefetch else []
+    else:
+        types = _unit_types(units, fmt) if prefetch else []
     is_cons, is_prod = _role(bm)
 
+    def load(t: Value) -> list[Value]:
+        if units is None:
+            return _load_step(src, ring.pt, t, fmt)
+        return _load_units(units, t, fmt)
+
     def first(t: Value) -> list[Value]:
-        return _load_step(src, ring.pt, t, fmt) if prefetch else []
+        return load(t) if prefetch else []
 
     def produce(t: Value, regs: list[Value], wait: Value | None,
                 wait_parity: Value | None) -> list[Value]:
         """Step t (if t < steps; where ``wait`` holds (None: always), wait on its empty
         barrier for ``wait_parity`` first, if given); returns the next step's prefetched
         registers."""
-        nxt = _load_step(src, ring.pt, bir.add(t, 1), fmt) if prefetch else []
+        nxt = load(bir.add(t, 1)) if prefetch else []
         with bir.when(bir.ult(t, steps)):
             if wait_parity is not None:
                 empty = ring.empty(bir.urem(t, stages))
@@ -342,10 +461,10 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                 else:
                     with bir.when(wait):
                         cpasync.mbarrier_wait(empty, wait_parity)
-            _fill(ring, src_a, t, ops, regs if prefetch else _load_step(src, ring.pt, t, fmt),
-                  fmt)
+            _fill(ring, src_a, t, ops, regs if prefetch else load(t), fmt, units)
         return nxt
 
+    acc_t = W.accumulator_type(bn)
     if loop == "split":
         # the producer first in the IR (lock-step order runs it first); its prefetch of
         # step 0 inside the branch (the with items are entered in order)
@@ -359,21 +478,22 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                           T._parity(bir.udiv(ahead, stages)))
             if prefetch:
                 pl.yield_(*nxt)
-        if not all_threads:
-            with bir.when(is_cons):
-                with bir.for_range(0, steps, carry=[W.zero_accumulator(BN)]) as cl:
-                    cl.yield_(ring.consume(cl.iv, cl.carried[0]))
-                W.wait_group(0)
-                epilogue(cl.results[0], ring.wg, None)
-            return
-        cons = bir.if_(is_cons, [W.accumulator_type(BN)])
-        with cons.then():
-            with bir.for_range(0, steps, carry=[W.zero_accumulator(BN)]) as cl:
+
+        def consumer_loop() -> Value:
+            with bir.for_range(0, steps, carry=[W.zero_accumulator(bn)]) as cl:
                 cl.yield_(ring.consume(cl.iv, cl.carried[0]))
             W.wait_group(0)
-            cons.yield_(cl.results[0])
+            return cl.results[0]
+
+        if not all_threads:
+            with bir.when(is_cons):
+                epilogue(consumer_loop(), ring.wg, None)
+            return
+        cons = bir.if_(is_cons, [acc_t])
+        with cons.then():
+            cons.yield_(consumer_loop())
         with cons.else_():
-            cons.yield_(W.zero_accumulator(BN))
+            cons.yield_(W.zero_accumulator(bn))
         epilogue(cons.results[0], ring.wg, is_cons)
         return
 
@@ -386,8 +506,7 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         pro.yield_(*regs)
     with pro.else_():
         pro.yield_(*[bir.const(0, ty) for ty in types])
-    acc_t = W.accumulator_type(BN)
-    with bir.for_range(0, steps, carry=[W.zero_accumulator(BN), *pro.results]) as lp:
+    with bir.for_range(0, steps, carry=[W.zero_accumulator(bn), *pro.results]) as lp:
         s = lp.iv
         acc, regs = lp.carried[0], list(lp.carried[1:])
         cons = bir.if_(is_cons, [acc_t])

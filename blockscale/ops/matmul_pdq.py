@@ -46,6 +46,12 @@ FORMATS = ("nvfp4", "mxfp4")
 BM, BN, KSTEP = 128, 256, 64
 #: the CTA's threads: 2 consumer warpgroups + the producer warpgroup (= _pdq_ir.threads(BM))
 THREADS = 384
+#: producer warpgroups (= _pdq_ir.PRODUCERS): 2 gives 512 threads, 128 registers a thread,
+#: so the 128 x 192 tile (96 accumulator registers; ptxas keeps code after setmaxnreg.inc to
+#: the entry count, so m64n256's 128 accumulators do not fit)
+PRODUCERS = (1, 2)
+#: the C tile widths (= _pdq_ir.BNS)
+BNS = (256, 192)
 #: loop structures (= _pdq_ir.LOOPS)
 LOOPS = ("split", "lockstep")
 #: where the stages' A comes from: the phase-1 workspace (bulk copies) or the packed rows
@@ -55,8 +61,13 @@ A_SOURCES = ("workspace", "packed")
 #: into the free ring, one bulk copy per row: _staged_store_ir, every thread of the CTA
 #: after the role branches; N * element bytes % 16 == 0)
 STORES = ("direct", "staged")
-#: shared stages: 48 KiB each (A 16 + B 32); 4 fill 196,672 bytes
+#: shared stages: 48 KiB each (A 16 + B 32); 4 fill 196,672 bytes (bn 192: 40 KiB, 5 stages)
 MAX_STAGES = 4
+
+
+def max_stages(bn: int = BN) -> int:
+    """The most ring stages of (128 + bn) x 64 bf16 in the 227 KiB of shared memory."""
+    return (227 * 1024 - 64) // ((BM + bn) * 2 * KSTEP + 16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +79,7 @@ class PdqMatmulSpec(FormatSpec):
         out_dtype: "bfloat16" | "float32".
         epilogue: an optional fused :class:`Epilogue`.
         target: "sm_90a".
-        stages: shared stages (2 .. :data:`MAX_STAGES`); None: :data:`MAX_STAGES`.
+        stages: shared stages (2 .. :func:`max_stages`); None: the most.
         prefetch: the producer loads step t + 1's packed B before dequantizing step t
             (loop-carried registers); False: load, then dequantize.
         loop: :data:`LOOPS`: "split", each role its own K loop (the GPU design: the
@@ -82,6 +93,9 @@ class PdqMatmulSpec(FormatSpec):
             phase 1: 384 rows a step for the producer instead of 256).
         store: :data:`STORES` (the staged tile must fit in the ring: f32 output needs
             3 stages).
+        producers: :data:`PRODUCERS`: 2, two producer warpgroups (512 threads; the row
+            halves of a step dealt over 256 threads: ``_pdq_ir._units``); needs bn 192.
+        bn: :data:`BNS`, the C tile's columns (the consumers' m64nBN wgmmas).
     """
 
     fmt: str
@@ -93,29 +107,39 @@ class PdqMatmulSpec(FormatSpec):
     loop: str = "split"
     a_source: str = "workspace"
     store: str = "direct"
+    producers: int = 1
+    bn: int = BN
 
     op: ClassVar[str] = "block_scaled_matmul_pdq"
-    block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
 
     def __post_init__(self) -> None:
         _matmul.check_spec_fields(self)
         object.__setattr__(self, "target", TP._check_format(self.fmt, self.target))
+        H.check_choice(self.bn, BNS, "bn")
+        most = max_stages(self.bn)
         if self.stages is None:
-            object.__setattr__(self, "stages", MAX_STAGES)
-        if type(self.stages) is not int or not 2 <= self.stages <= MAX_STAGES:
-            raise ValueError(f"stages must be an int in [2, {MAX_STAGES}], got {self.stages!r}")
+            object.__setattr__(self, "stages", most)
+        if type(self.stages) is not int or not 2 <= self.stages <= most:
+            raise ValueError(f"stages must be an int in [2, {most}] at bn={self.bn}, got "
+                             f"{self.stages!r}")
         if not isinstance(self.prefetch, bool):
             raise TypeError(f"prefetch must be a bool, got {type(self.prefetch).__name__}")
         H.check_choice(self.loop, LOOPS, "loop")
         H.check_choice(self.a_source, A_SOURCES, "a_source")
         H.check_choice(self.store, STORES, "store")
         if self.store == "staged":
-            check_staged_fits(self.out_dtype, self.stages)
+            check_staged_fits(self.out_dtype, self.stages, self.bn)
+        check_producers(self.producers, self.bn)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        """The CTA: :data:`THREADS` + 128 a second producer warpgroup."""
+        return (THREADS + 128 * (self.producers - 1), 1, 1)
 
     @property
     def dynamic_shared_bytes(self) -> int:
-        """The ring (``stages`` x (BM + BN) rows x 64 bf16) and its ``2 stages`` mbarriers."""
-        return self.stages * (BM + BN) * 2 * KSTEP + 16 * self.stages
+        """The ring (``stages`` x (BM + bn) rows x 64 bf16) and its ``2 stages`` mbarriers."""
+        return self.stages * (BM + self.bn) * 2 * KSTEP + 16 * self.stages
 
     @property
     def kernel_name(self) -> str:
@@ -124,8 +148,9 @@ class PdqMatmulSpec(FormatSpec):
         lp = "" if self.loop == "split" else f"_{self.loop}"
         pa = "_pa" if self.a_source == "packed" else ""
         st = "_st" if self.store == "staged" else ""
-        return (f"bs_pdq_{self.fmt}_{BM}x{BN}_k{KSTEP}_s{self.stages}_"
-                f"{H.out_tag(self.out_dtype)}{pa}{pf}{lp}{st}{ep}")
+        pr = f"_p{self.producers}" if self.producers > 1 else ""
+        return (f"bs_pdq_{self.fmt}_{BM}x{self.bn}_k{KSTEP}_s{self.stages}_"
+                f"{H.out_tag(self.out_dtype)}{pa}{pf}{lp}{st}{pr}{ep}")
 
     def args(self) -> tuple[KernelArg, ...]:
         """wa (A's workspace bytes; a_source "packed": a, sfa), b, sfb (packed B and its 5-D
@@ -138,14 +163,24 @@ class PdqMatmulSpec(FormatSpec):
                 *(a for a in base if a.name not in ("a", "sfa")))
 
 
-def check_staged_fits(out_dtype: str, stages: int) -> None:
+def check_staged_fits(out_dtype: str, stages: int, bn: int = BN) -> None:
     """ValueError when the staged output tile does not fit in ``stages`` ring stages."""
     from blockscale.ops import _staged_store_ir as S
 
-    need, ring = S.stage_bytes(out_dtype, BM, BN), stages * (BM + BN) * 2 * KSTEP
+    need, ring = S.stage_bytes(out_dtype, BM, bn), stages * (BM + bn) * 2 * KSTEP
     if need > ring:
         raise ValueError(f"store 'staged' needs {need} bytes of the ring, but "
                          f"stages={stages} give {ring}")
+
+
+def check_producers(producers: Any, bn: int) -> None:
+    """ValueError for producer warpgroups not in :data:`PRODUCERS`, or two at bn 256 (512
+    threads have 128 registers each: no room for m64n256's 128 accumulators)."""
+    if type(producers) is not int or producers not in PRODUCERS:
+        raise ValueError(f"producers must be one of {list(PRODUCERS)}, got {producers!r}")
+    if producers > 1 and bn != 192:
+        raise ValueError(f"producers={producers} needs bn=192 (512 threads: 128 registers "
+                         f"a thread), got bn={bn}")
 
 
 def check_store(store: str, out_dtype: str, n: int) -> None:
@@ -157,9 +192,9 @@ def check_store(store: str, out_dtype: str, n: int) -> None:
                          f"multiple of 16 (16-byte aligned output rows), got n={n}")
 
 
-def grid(m: int, n: int) -> tuple[int, int, int]:
-    """One CTA per 128 x 256 tile of C (1-D, rasterized in the kernel)."""
-    return TP.grid(m, n, BM)
+def grid(m: int, n: int, bn: int = BN) -> tuple[int, int, int]:
+    """One CTA per 128 x bn tile of C (1-D, rasterized in the kernel)."""
+    return TP.grid(m, n, BM, bn=bn)
 
 
 def build(spec: PdqMatmulSpec) -> Any:
@@ -175,18 +210,20 @@ def build(spec: PdqMatmulSpec) -> Any:
     from blockscale.ops import matmul_sm90 as _sm90
     from blockscale.ops._matmul_ir import tcgen_row_offset
 
-    if (P.KSTEP, P.BN, P.threads(BM), T.BM, P.LOOPS) != (KSTEP, BN, THREADS, BM, LOOPS):
+    if (P.KSTEP, P.BN, P.threads(BM, spec.producers), T.BM, P.LOOPS, P.PRODUCERS, P.BNS) != (
+            KSTEP, BN, spec.block[0], BM, LOOPS, PRODUCERS, BNS):
         raise AssertionError("matmul_pdq's constants disagree with _pdq_ir's")
-    if T.shared_bytes(KSTEP, spec.stages, BM) != spec.dynamic_shared_bytes:
+    bn = spec.bn
+    if T.shared_bytes(KSTEP, spec.stages, BM, bn) != spec.dynamic_shared_bytes:
         raise AssertionError("matmul_pdq's shared bytes disagree with _twophase_ir's")
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         m_count, n_count, k = (bir.as_index(kb.arg(x)) for x in ("m", "n", "k"))
-        mt, nt = T.raster_tile(bir.ceil_div(m_count, BM), bir.ceil_div(n_count, BN))
-        m0, n0 = bir.mul(mt, BM), bir.mul(nt, BN)
+        mt, nt = T.raster_tile(bir.ceil_div(m_count, BM), bir.ceil_div(n_count, bn))
+        m0, n0 = bir.mul(mt, BM), bir.mul(nt, bn)
         block = 16 if spec.fmt == "nvfp4" else 32
         d1 = bir.ceil_div(bir.ceil_div(k, block), 4)
         src = P.PackedRows(kb.arg("b"), kb.arg("sfb"), n0, bir.sub(n_count, n0), k,
-                           lambda r: tcgen_row_offset(bir.add(n0, r), d1))
+                           lambda r: tcgen_row_offset(bir.add(n0, r), d1), bn)
         if spec.a_source == "packed":
             a_op = P.PackedRows(kb.arg("a"), kb.arg("sfa"), m0, bir.sub(m_count, m0), k,
                                 lambda r: tcgen_row_offset(bir.add(m0, r), d1), BM)
@@ -201,15 +238,16 @@ def build(spec: PdqMatmulSpec) -> Any:
 
         def store(acc: Any, wg: Any, writers: Any) -> None:
             if spec.store == "staged":  # every thread; the consumers write the stage
-                smem = tma.extern_shared_buffer(kb, T.shared_bytes(KSTEP, spec.stages, BM))
-                S.store_tile_staged(spec, kb, T.accumulator_tiles(acc), X.warp_coords(wg),
-                                    smem, m0, n0, m_count, n_count, scale, BM, BN, writers)
+                smem = tma.extern_shared_buffer(kb, T.shared_bytes(KSTEP, spec.stages, BM, bn))
+                S.store_tile_staged(spec, kb, T.accumulator_tiles(acc, bn), X.warp_coords(wg),
+                                    smem, m0, n0, m_count, n_count, scale, BM, bn, writers)
                 return
-            _sm90.store_tile(spec, kb, T.accumulator_tiles(acc), X.warp_coords(wg), m0, n0,
+            _sm90.store_tile(spec, kb, T.accumulator_tiles(acc, bn), X.warp_coords(wg), m0, n0,
                              m_count, n_count, scale)
 
         P.emit_mainloop(kb, a_op, m0, src, k, spec.fmt, spec.stages, store, BM,
-                        spec.prefetch, spec.loop, all_threads=spec.store == "staged")
+                        spec.prefetch, spec.loop, all_threads=spec.store == "staged",
+                        producers=spec.producers, bn=bn)
     return kb.module
 
 
@@ -222,11 +260,12 @@ def block_scaled_matmul_pdq(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | st
                             epilogue_inputs: dict[str, Any] | None = None,
                             stages: int | None = None, prefetch: bool = True,
                             loop: str = "split", a_source: str = "workspace",
-                            store: str = "direct", device: Any = None) -> Any:
+                            store: str = "direct", producers: int = 1, bn: int = BN,
+                            device: Any = None) -> Any:
     """The producer-dequant kernel called directly (no dispatch), e.g. by tests and
     benchmarks. Arguments as :func:`blockscale.ops.matmul_twophase.
     block_scaled_matmul_twophase` (5-D scales) plus ``stages``, ``prefetch``, ``loop``,
-    ``a_source`` and ``store`` (:class:`PdqMatmulSpec`). Allocates A's bf16 workspace
+    ``a_source``, ``store``, ``producers`` and ``bn`` (:class:`PdqMatmulSpec`). Allocates A's bf16 workspace
     (``2 k_pad M_pad`` bytes) per call. Raises ValueError for a format other than NVFP4 /
     MXFP4, K % 32 != 0, or a staged store of rows not 16-byte aligned."""
     fmt = Format.from_name(fmt)
@@ -237,15 +276,15 @@ def block_scaled_matmul_pdq(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | st
         raise ValueError(f"the producer-dequant kernel takes k % 32 == 0, got k={d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = PdqMatmulSpec(fmt.name, out_dtype, epilogue, tgt, stages, prefetch, loop, a_source,
-                         store)
+                         store, producers, bn)
     check_store(spec.store, spec.out_dtype, d.n)
     alpha = H.finite_f32(alpha, "alpha")
     extra = dict(epilogue_inputs or {})
     H.check_epilogue_inputs(spec.epilogue.inputs if spec.epilogue else (), extra, d.m, d.n)
     ops = {"a": a, "b": b, "sfa": sfa, "sfb": sfb}
     if d.m == 0 or d.n == 0:
-        return H.launch(spec, grid(d.m, d.n), (d.m, d.n), spec.out_dtype, {**ops, **extra}, {},
-                        dev, empty=True)
+        return H.launch(spec, grid(d.m, d.n, spec.bn), (d.m, d.n), spec.out_dtype,
+                        {**ops, **extra}, {}, dev, empty=True)
     host = all(isinstance(v, np.ndarray) for v in (*ops.values(), *extra.values()))
     if host:  # keep the workspace on the device between the launches
         ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
@@ -254,7 +293,7 @@ def block_scaled_matmul_pdq(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | st
     else:
         bufs = {"wa": TP._dequantize(spec.fmt, spec.target, ops["a"], ops["sfa"], d.m, BM, d.k,
                                      dev), "b": ops["b"], "sfb": ops["sfb"]}
-    out = H.launch(spec, grid(d.m, d.n), (d.m, d.n), spec.out_dtype, {**bufs, **extra},
+    out = H.launch(spec, grid(d.m, d.n, spec.bn), (d.m, d.n), spec.out_dtype, {**bufs, **extra},
                    {"m": d.m, "n": d.n, "k": d.k, "alpha": alpha}, dev)
     return dev.to_host(out) if host else out
 
