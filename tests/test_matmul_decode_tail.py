@@ -104,3 +104,48 @@ def test_step_loop_sass(fmt, variant):
     assert len(loop) <= len(ref) + 4  # (a slice offset or two)
     spill = 0 if variant == "mma_c8t" else 256
     assert kernel.meta["registers"] <= 128 and kernel.meta["spill_stores"] <= spill, kernel.meta
+
+
+def test_slices_variant_by_grid():
+    w = matmul_decode.WAVE_CTAS
+    assert matmul_decode.slices_variant(4 * 90) == "mma_c8t"  # gpt-oss T=1: 4 experts
+    assert matmul_decode.slices_variant(4 * w) == "mma_c8s2"
+    assert matmul_decode.slices_variant(16 * w - 1) == "mma_c8s2"
+    assert matmul_decode.slices_variant(126 * 90) == "mma_c8s4"  # gpt-oss T=128
+
+
+@pytest.mark.interp
+def test_auto_dispatch(monkeypatch):
+    """BLOCKSCALE_DECODE_VARIANT=mma_c8a: the dense and grouped dispatch launch
+    slices_variant's kernel for their grid (here small: "mma_c8t"; with a smaller wave
+    units: "mma_c8s2", "mma_c8s4"), bit for bit the portable kernel's results."""
+    from test_matmul_common import random_dense_case
+    from test_matmul_decode_mma import record_variants
+
+    from blockscale.formats import NVFP4
+    from blockscale.ops import matmul
+
+    launched = record_variants(monkeypatch)
+    monkeypatch.setenv(matmul_decode.VARIANT_ENV, matmul_decode.AUTO_VARIANT)
+    rng = np.random.default_rng(6)
+    a, b, _sfa, _sfb, sfa5, sfb5 = random_dense_case(rng, NVFP4, 3, 300, 96)
+    want = matmul.naive_block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, k=96, device="interp")
+    for wave, variant in ((528, "mma_c8t"), (1, "mma_c8s2"), (0, "mma_c8s4")):
+        monkeypatch.setattr(matmul_decode, "WAVE_CTAS", wave)
+        launched.clear()
+        got = matmul.block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, k=96, device="interp",
+                                         target="sm_90a")
+        assert launched[0] == variant
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    from test_matmul_decode import _grouped_case
+
+    from blockscale.ops import matmul_grouped
+    case, _rs, _ws, esc, k = _grouped_case(NVFP4, 4, np.random.default_rng(7))
+    launched.clear()
+    got = matmul_grouped.grouped_matmul_block_scaled(**case, expert_scales=esc, fmt=NVFP4, k=k,
+                                                     device="interp", target="sm_90a")
+    assert launched[0] == "mma_c8s4"
+    monkeypatch.setattr(matmul_grouped, "FAST_PATHS", [])  # the portable grouped kernel
+    want = matmul_grouped.grouped_matmul_block_scaled(**case, expert_scales=esc, fmt=NVFP4,
+                                                      k=k, device="interp")
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))

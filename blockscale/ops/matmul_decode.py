@@ -127,6 +127,11 @@ SPLIT_K_MAX_CTAS = 0
 SPLIT_K_ENV = "BLOCKSCALE_DECODE_SPLIT_K"
 #: BLOCKSCALE_DECODE_VARIANT: the variant the dispatch uses for FP4 (MXFP8: always "simt")
 VARIANT_ENV = "BLOCKSCALE_DECODE_VARIANT"
+#: a dispatch-only choice (BLOCKSCALE_DECODE_VARIANT / DEFAULT_VARIANT): "mma_c8t",
+#: "mma_c8s2" or "mma_c8s4" by the grid's 64-column tiles (:func:`slices_variant`)
+AUTO_VARIANT = "mma_c8a"
+#: CTAs resident at once (4 per SM, 132 SMs): slices_variant's wave unit
+WAVE_CTAS = 4 * 132
 #: measured on the H200 (run D, 2026-11-30, gpt-oss-120b gate_up NVFP4, simt -> mma):
 #: T=1 0.0344 -> 0.0324 ms, T=16 0.334 -> 0.262 ms, T=128 1.59 -> 0.70 ms; DeepSeek-V3
 #: T=128 4.78 -> 2.07 ms (mma2 was slower than mma everywhere). Run J (2026-11-30), mma ->
@@ -422,12 +427,15 @@ def _with_split_k(spec: DecodeSpec, grid3: tuple[int, int, int], rows: int, n: i
 
 def _launch_grouped(spec: DecodeSpec, t: int, n: int, num_groups: int,
                     buffers: dict[str, Any], scalars: dict[str, Any], device: Any,
-                    auto_split: bool = False) -> Any:
+                    auto_split: bool = False, auto_slices: bool = False) -> Any:
     """Launch ``spec`` over the groups of :func:`group_list`; ``auto_split`` (the dispatch):
-    "mma_p" becomes :func:`split_variant`'s choice for the grid."""
+    "mma_p" becomes :func:`split_variant`'s choice for the grid; ``auto_slices``
+    (:data:`AUTO_VARIANT`): the variant is :func:`slices_variant`'s for the grid."""
     groups = group_list(buffers["expert_start"], num_groups)
     if groups.size == 0:  # no rows at all (t == 0 is handled by the caller)
         groups = np.zeros(1, np.int32)
+    if auto_slices:
+        spec = _grouped_spec(spec, slices_variant(grid(n, 1, 64)[0] * int(groups.size)))
     if auto_split and spec.variant == "mma_p":
         v = split_variant("mma_p", grid(n, 1, spec.cols)[0] * int(groups.size), scalars["k"])
         if v != spec.variant:
@@ -440,11 +448,21 @@ def _launch_grouped(spec: DecodeSpec, t: int, n: int, num_groups: int,
                     empty=t == 0 or n == 0)
 
 
+def slices_variant(tiles: int) -> str:
+    """:data:`AUTO_VARIANT`'s kernel for a grid of ``tiles`` 64-column tiles (column slices
+    x groups): one slice per CTA below 4 waves of :data:`WAVE_CTAS` ("mma_c8t": small grids
+    need every CTA), 2 below 16 waves, else 4 (fewer load prologues per weight byte)."""
+    if tiles < 4 * WAVE_CTAS:
+        return "mma_c8t"
+    return "mma_c8s2" if tiles < 16 * WAVE_CTAS else "mma_c8s4"
+
+
 def dispatch_variant(fmt: Format) -> str:
     """The variant the dispatch runs for ``fmt``: ``BLOCKSCALE_DECODE_VARIANT`` (else
-    :data:`DEFAULT_VARIANT`) for FP4, "simt" for MXFP8 (ValueError for an unknown name)."""
+    :data:`DEFAULT_VARIANT`) for FP4, "simt" for MXFP8 (ValueError for an unknown name;
+    :data:`AUTO_VARIANT` is resolved per launch)."""
     v = os.environ.get(VARIANT_ENV, DEFAULT_VARIANT)
-    H.check_choice(v, VARIANTS, VARIANT_ENV)
+    H.check_choice(v, (*VARIANTS, AUTO_VARIANT), VARIANT_ENV)
     return v if fmt.is_fp4 else "simt"
 
 
@@ -453,13 +471,15 @@ def grouped_fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_grou
     """The :data:`blockscale.ops.matmul_grouped.FAST_PATHS` hook (registered first)."""
     if target not in TARGETS or not enabled() or t == 0 or n == 0 or not k_supported(fmt, k):
         return None
+    variant = dispatch_variant(fmt)
+    auto = variant == AUTO_VARIANT
     spec = DecodeSpec(fmt.name, "grouped", "bfloat16", row_scales, target,
-                      dispatch_variant(fmt))
+                      "mma_c8t" if auto else variant)
 
     def run(buffers: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
         if max_group_rows(buffers["expert_start"], t) <= MAX_ROWS:
             return _launch_grouped(spec, t, n, num_groups, buffers, scalars, device,
-                                   auto_split=True)
+                                   auto_split=True, auto_slices=auto)
         for fast in _grouped.FAST_PATHS:  # hand over to the tiled kernels
             if fast is grouped_fast_path:
                 continue
@@ -492,6 +512,8 @@ def dense_fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype:
             or m > MAX_ROWS or not k_supported(fmt, k):
         return None
     variant = dispatch_variant(fmt)
+    if variant == AUTO_VARIANT:
+        variant = slices_variant(grid(n, 1, 64)[0])
     # mma_p5 / mma_c85 / mma_c86 are bundled for the grouped kernels only: dense grids run
     # their IR at 4 CTAs/SM
     variant = split_variant(DENSE_EQUIVALENT.get(variant, variant), grid(n, 1, 64)[0], k)
@@ -599,6 +621,7 @@ if dense_fast_path not in _matmul.FAST_PATHS:
 _core.register_op_module(__name__)
 
 __all__ = [
+    "AUTO_VARIANT",
     "MAX_ROWS",
     "SPLIT_K_MAX_CTAS",
     "DecodeSpec",
@@ -610,6 +633,7 @@ __all__ = [
     "grouped_fast_path",
     "grouped_matmul_decode",
     "kernel",
+    "slices_variant",
     "split_k_counters",
     "split_k_p",
     "split_variant",
