@@ -1,7 +1,8 @@
 """Decode (few rows) block-scaled matmul variants on the GPU, one run: simt, mma, mma2,
 mma_p, mma_p5, mma_psk (split-K rows name their split count: ``S=3``), mma_c, mma_c8, mma_c85,
 mma_c86 (conflict-free staging; 8-row passes; 5 / 6 CTAs per SM), mma_c8t (mma_c8, last K step
-peeled), mma_c8s2 / mma_c8s4 (mma_c8t over 2 / 4 column slices per CTA).
+peeled), mma_c8s2 / mma_c8s4 (mma_c8t over 2 / 4 column slices per CTA), mma_c8d2 (two steps
+in flight).
 
 1. MoE gate_up of gpt-oss-120b (E=128, top-4, K=2880, N=5760) and DeepSeek-V3 (E=256, top-8,
    K=7168, N=4096) at T in {1, 16, 128} tokens (uniform random routing, every group <= 16
@@ -56,7 +57,8 @@ from benchmarks.common import (
 )
 
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
-            "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4")
+            "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4",
+            "mma_c8d2")
 T_VALUES = (1, 16, 128)
 DENSE = ((5760, 2880), (4096, 7168))
 #: variants bundled for the grouped (MoE) kernels only

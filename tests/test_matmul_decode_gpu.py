@@ -127,7 +127,8 @@ def test_dense_decode_gpu(fmt, nk, m):
 
 
 @pytest.mark.parametrize("variant", ["mma", "mma2", "mma_p", "mma_p5", "mma_c", "mma_c8",
-                                     "mma_c85", "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4"])
+                                     "mma_c85", "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4",
+                                     "mma_c8d2"])
 @pytest.mark.parametrize("tokens", [1, 16, 128])
 @pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
 def test_moe_decode_mma_gpu(fmt, tokens, variant):
@@ -143,7 +144,7 @@ def test_moe_decode_mma_gpu(fmt, tokens, variant):
 
 
 @pytest.mark.parametrize("variant", ["mma", "mma2", "mma_p", "mma_c", "mma_c8", "mma_c8t",
-                                     "mma_c8s2", "mma_c8s4"])
+                                     "mma_c8s2", "mma_c8s4", "mma_c8d2"])
 @pytest.mark.parametrize("m", [1, 9, 16])
 @pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
 def test_dense_decode_mma_bit_identical_gpu(fmt, m, variant):

@@ -91,12 +91,14 @@ COLS = 32
 #: "mma_c8t" ("mma_c8" with the last K step peeled off the loop: no prefetch past the end,
 #: unit pairs past the row end skipped; K = 2880: 5.625 steps computed, not 6)
 #: "mma_c8s2" / "mma_c8s4" ("mma_c8t" over 2 / 4 column slices per CTA in turn, the next
-#: slice's first step fetched during the current slice's last step: 128 / 256 columns a CTA)
+#: slice's first step fetched during the current slice's last step: 128 / 256 columns a CTA),
+#: "mma_c8d2" ("mma_c8" with two steps in flight, 168 registers: 3 CTAs per SM; for grids
+#: under one wave)
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
-            "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4")
+            "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2")
 #: the shared-memory staging of each "mma_c*" variant (_decode_mma_ir._Staging)
 STAGING = {"mma_c": "cf", "mma_c8": "cf8", "mma_c85": "cf8", "mma_c86": "cf8", "mma_c8t": "cf8",
-           "mma_c8s2": "cf8", "mma_c8s4": "cf8"}
+           "mma_c8s2": "cf8", "mma_c8s4": "cf8", "mma_c8d2": "cf8"}
 #: the variants with the last K step peeled (_decode_mma_ir.emit_decode_mma's ``tail``)
 TAIL_VARIANTS = ("mma_c8t", "mma_c8s2", "mma_c8s4")
 #: column slices of 64 per CTA (_decode_mma_ir.emit_decode_mma's ``slices``)
@@ -114,7 +116,8 @@ VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_p": 64, "mma_p5": 64, 
 #: mma_p5 5 x 128 (5 x 42 KB of shared memory: fits the H200's 228 KB)
 VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_p": 128, "mma_p5": 96,
                      "mma_psk": 128, "mma_c": 128, "mma_c8": 128, "mma_c85": 96,
-                     "mma_c86": 80, "mma_c8t": 128, "mma_c8s2": 128, "mma_c8s4": 128}
+                     "mma_c86": 80, "mma_c8t": 128, "mma_c8s2": 128, "mma_c8s4": 128,
+                     "mma_c8d2": 168}
 #: mma_psk: split K until the grid has about two waves of CTAs (4 per SM of 132 SMs, twice)
 SPLIT_K_P_CTAS = 2 * 4 * 132
 #: mma_psk: at least this many K steps (512 FP4 elements) per split (one step is loaded
@@ -239,7 +242,7 @@ def build(spec: DecodeSpec) -> Any:
                                        counters=kb.arg("counters"))
     else:
         def emit(*args: Any, **kw: Any) -> None:
-            DM.emit_decode_mma(*args, **kw, depth=2 if spec.variant == "mma2" else 1,
+            DM.emit_decode_mma(*args, **kw, depth=2 if spec.variant in ("mma2", "mma_c8d2") else 1,
                                decode="lop3" if spec.variant in ("mma", "mma2") else "prmt",
                                staging=STAGING.get(spec.variant, "v1"),
                                tail=spec.variant in TAIL_VARIANTS,
