@@ -44,7 +44,7 @@ TARGETS = ("sm_90a",)
 FORMATS = ("nvfp4", "mxfp4")
 #: the work item's tile and the CTA (= matmul_pdq's)
 BM, BN, THREADS, MAX_STAGES = _pdq.BM, _pdq.BN, _pdq.THREADS, _pdq.MAX_STAGES
-LOOPS, STORES = _pdq.LOOPS, _pdq.STORES
+LOOPS, STORES, PRODUCERS, BNS = _pdq.LOOPS, _pdq.STORES, _pdq.PRODUCERS, _pdq.BNS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +55,13 @@ class GroupedPdqSpec(FormatSpec):
         fmt: "nvfp4" | "mxfp4".
         row_scales: whether the kernel reads ``a_row_scales`` (bf16 ``[T]``, NVFP4).
         target: "sm_90a".
-        stages: shared stages (2 .. :data:`MAX_STAGES`); None: :data:`MAX_STAGES`.
+        stages: shared stages (2 .. ``matmul_pdq.max_stages(bn)``); None: the most.
         prefetch: the producer loads step t + 1's packed rows before dequantizing step t.
         loop: :data:`LOOPS` (:class:`blockscale.ops.matmul_pdq.PdqMatmulSpec`).
         store: :data:`STORES`: "staged", the tile through the ring and out by one bulk
             copy per row of the group (rows past the group end are not copied; N % 8 == 0).
+        producers, bn: as :class:`blockscale.ops.matmul_pdq.PdqMatmulSpec` (two producer
+            warpgroups need the 128 x 192 tile).
     """
 
     fmt: str
@@ -69,12 +71,13 @@ class GroupedPdqSpec(FormatSpec):
     prefetch: bool = False
     loop: str = "split"
     store: str = "direct"
+    producers: int = 1
+    bn: int = BN
 
     op: ClassVar[str] = "grouped_matmul_block_scaled_pdq"
     out_dtype: ClassVar[str] = "bfloat16"
     sigma_out: ClassVar[bool] = False
     epilogue: ClassVar[None] = None
-    block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
@@ -87,18 +90,28 @@ class GroupedPdqSpec(FormatSpec):
                                 f"{type(getattr(self, name)).__name__}")
         if self.row_scales and self.fmt != "nvfp4":
             raise ValueError(f"row_scales is NVFP4 only, got fmt={self.fmt}")
+        H.check_choice(self.bn, BNS, "bn")
+        most = _pdq.max_stages(self.bn)
         if self.stages is None:
-            object.__setattr__(self, "stages", MAX_STAGES)
-        if type(self.stages) is not int or not 2 <= self.stages <= MAX_STAGES:
-            raise ValueError(f"stages must be an int in [2, {MAX_STAGES}], got {self.stages!r}")
+            object.__setattr__(self, "stages", most)
+        if type(self.stages) is not int or not 2 <= self.stages <= most:
+            raise ValueError(f"stages must be an int in [2, {most}] at bn={self.bn}, got "
+                             f"{self.stages!r}")
         H.check_choice(self.loop, LOOPS, "loop")
         H.check_choice(self.store, STORES, "store")
         if self.store == "staged":
-            _pdq.check_staged_fits(self.out_dtype, self.stages)
+            _pdq.check_staged_fits(self.out_dtype, self.stages, self.bn)
+        _pdq.check_producers(self.producers, self.bn)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        """The CTA: :data:`THREADS` + 128 a second producer warpgroup."""
+        return (THREADS + 128 * (self.producers - 1), 1, 1)
 
     @property
     def dynamic_shared_bytes(self) -> int:
-        return _pdq.PdqMatmulSpec(self.fmt, stages=self.stages).dynamic_shared_bytes
+        return _pdq.PdqMatmulSpec(self.fmt, stages=self.stages,
+                                  bn=self.bn).dynamic_shared_bytes
 
     @property
     def kernel_name(self) -> str:
@@ -106,7 +119,9 @@ class GroupedPdqSpec(FormatSpec):
         pf = "_pf" if self.prefetch else ""
         lp = "" if self.loop == "split" else f"_{self.loop}"
         st = "_st" if self.store == "staged" else ""
-        return f"bs_grouped_pdq_{self.fmt}_{BM}x{BN}_k64_s{self.stages}{pf}{lp}{st}{rs}"
+        pr = f"_p{self.producers}" if self.producers > 1 else ""
+        return (f"bs_grouped_pdq_{self.fmt}_{BM}x{self.bn}_k64_s{self.stages}{pf}{lp}{st}{pr}"
+                f"{rs}")
 
     def args(self) -> tuple[KernelArg, ...]:
         """The portable grouped kernel's parameters (5-D scales, bf16 output)."""
@@ -114,9 +129,9 @@ class GroupedPdqSpec(FormatSpec):
                                           self.target).args()
 
 
-def grid(t: int, n: int, num_groups: int) -> tuple[int, int, int]:
+def grid(t: int, n: int, num_groups: int, bn: int = BN) -> tuple[int, int, int]:
     """Column tiles x an upper bound of the (group, row tile) work items."""
-    return (max(1, -(-n // BN)), -(-t // BM) + num_groups, 1)
+    return (max(1, -(-n // bn)), -(-t // BM) + num_groups, 1)
 
 
 def build(spec: GroupedPdqSpec) -> Any:
@@ -134,12 +149,12 @@ def build(spec: GroupedPdqSpec) -> Any:
     from blockscale.ops import matmul_grouped_sm90 as _gsm90
     from blockscale.ops._matmul_ir import tcgen_row_offset
 
-    block = 16 if spec.fmt == "nvfp4" else 32
+    block, bn = (16 if spec.fmt == "nvfp4" else 32), spec.bn
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         n_count, k, groups = (bir.as_index(kb.arg(x)) for x in ("n", "k", "num_groups"))
         g, tile, has_work = GW.find_tile(BM, kb, groups)
         with bir.when(has_work):  # CTA-uniform: the barriers below are reached by all
-            start, end, expert, m0, n0, active = _gsm90.work_item(kb, g, tile, BM, BN)
+            start, end, expert, m0, n0, active = _gsm90.work_item(kb, g, tile, BM, bn)
             br = bir.if_(active, [])
             with br.then():
                 e = bir.as_index(expert)
@@ -154,7 +169,7 @@ def build(spec: GroupedPdqSpec) -> Any:
                                  lambda r: tcgen_row_offset(bir.add(srow0, r), d1), BM)
                 b = P.PackedRows(kb.arg("w"), kb.arg("sfb"),
                                  bir.add(bir.mul(e, n_count), n0), bir.sub(n_count, n0), k,
-                                 lambda r: tcgen_row_offset(bir.add(b_srow0, r), d1))
+                                 lambda r: tcgen_row_offset(bir.add(b_srow0, r), d1), bn)
                 fix = X.accumulator_scale("lut", spec.fmt, "fold")
                 scale_e = bir.load(kb.arg("expert_scales"), e)
 
@@ -171,22 +186,24 @@ def build(spec: GroupedPdqSpec) -> Any:
 
                 def store(acc: Any, wg: Any, writers: Any) -> None:
                     if spec.store == "staged":  # every thread; the consumers write the stage
-                        smem = tma.extern_shared_buffer(kb, T.shared_bytes(64, spec.stages, BM))
-                        S.store_tile_staged(spec, kb, T.accumulator_tiles(acc),
+                        smem = tma.extern_shared_buffer(
+                            kb, T.shared_bytes(64, spec.stages, BM, bn))
+                        S.store_tile_staged(spec, kb, T.accumulator_tiles(acc, bn),
                                             X.warp_coords(wg), smem, m0, n0, end, n_count,
-                                            expert_scaled, BM, BN, writers)
+                                            expert_scaled, BM, bn, writers)
                         return
-                    GW._store(spec, kb, T.accumulator_tiles(acc), X.warp_coords(wg), m0, n0,
-                              end, n_count, expert_scaled)
+                    GW._store(spec, kb, T.accumulator_tiles(acc, bn), X.warp_coords(wg), m0,
+                              n0, end, n_count, expert_scaled)
 
                 P.emit_mainloop(kb, a, m0, b, k, spec.fmt, spec.stages, store, BM,
-                                spec.prefetch, spec.loop, all_threads=spec.store == "staged")
+                                spec.prefetch, spec.loop, all_threads=spec.store == "staged",
+                                producers=spec.producers, bn=bn)
                 br.yield_()
             with br.else_():  # expert id -1: zeros (D8), by the consumer warpgroups' rows
                 tid = bir.thread_idx("x")
                 with bir.when(bir.ult(tid, 2 * BM)):
                     zero = bir.const(0.0, bir.f32())
-                    zeros = [[[zero] * 4 for _ in range(BN // 8)]]
+                    zeros = [[[zero] * 4 for _ in range(bn // 8)]]
                     GW._store(spec, kb, zeros, X.warp_coords(bir.udiv(tid, 128)), m0, n0, end,
                               n_count, lambda v, m, n: v)
                 br.yield_()
@@ -202,10 +219,11 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
                                     k: int | None = None, a_row_scales: Any = None,
                                     stages: int | None = None, prefetch: bool = False,
                                     loop: str = "split", store: str = "direct",
+                                    producers: int = 1, bn: int = BN,
                                     device: Any = None) -> Any:
     """The kernel called directly (no dispatch), e.g. by tests and benchmarks. Arguments as
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
-    ``prefetch``, ``loop`` and ``store`` (:class:`GroupedPdqSpec`). Raises ValueError for
+    ``prefetch``, ``loop``, ``store``, ``producers`` and ``bn`` (:class:`GroupedPdqSpec`). Raises ValueError for
     K % 32 != 0, a format other than NVFP4 / MXFP4, or a staged store with N % 8 != 0."""
     fmt = Format.from_name(fmt)
     H.check_choice(fmt.name, FORMATS, "fmt")
@@ -224,9 +242,9 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
         buffers["a_row_scales"] = a_row_scales
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
-                          store)
+                          store, producers, bn)
     _pdq.check_store(spec.store, spec.out_dtype, n)
-    return H.launch(spec, grid(t, n, g_count), (t, n), "bfloat16", buffers,
+    return H.launch(spec, grid(t, n, g_count, spec.bn), (t, n), "bfloat16", buffers,
                     {"t": t, "n": n, "k": k, "num_groups": g_count}, dev,
                     empty=t == 0 or n == 0)
 
