@@ -37,14 +37,16 @@ from blockscale.ops import matmul_twophase as TP
 
 
 def _check(m, n, k, fmt, out_dtype, stages=None, prefetch=True, loop="lockstep",
-           device="interp", rows=None, a_source="workspace", store="direct"):
+           device="interp", rows=None, a_source="workspace", store="direct", producers=1,
+           bn=256):
     """The bound and bit-identity with the two-phase pair."""
     fmt = Format.from_name(fmt)
     rng = np.random.default_rng(m * 131 + n * 7 + k)
     a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
     got = P.block_scaled_matmul_pdq(a, b, sfa5, sfb5, fmt, alpha=0.375, out_dtype=out_dtype,
                                     stages=stages, prefetch=prefetch, loop=loop,
-                                    a_source=a_source, store=store, device=device)
+                                    a_source=a_source, store=store, producers=producers,
+                                    bn=bn, device=device)
     assert got.shape == (m, n)
     ref = TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, fmt, alpha=0.375,
                                           out_dtype=out_dtype, kstep=64, device=device)
@@ -121,6 +123,23 @@ def test_interp_staged(case):
 
 
 @pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    ("nvfp4", (130, 264, 192), "split", "workspace", "bfloat16", "direct", 2),
+    ("mxfp4", (129, 400, 352), "lockstep", "packed", "float32", "direct", 2),  # 3 tiles of N
+    ("nvfp4", (200, 392, 160), "split", "packed", "bfloat16", "staged", 2),
+    ("mxfp4", (70, 200, 224), "lockstep", "workspace", "float32", "staged", 2),
+    ("nvfp4", (65, 200, 96), "split", "packed", "bfloat16", "direct", 1),  # one producer
+], ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}-{c[2]}-{c[3]}-{c[4]}-{c[5]}-p{c[6]}")
+def test_interp_bn192(case):
+    """128 x 192 tiles, two producer warpgroups (512 threads; the row halves of a step dealt
+    over 256 threads, B's 384 as 2 / 1 a thread) or one: the two-phase pair's bytes (the
+    same k16 sums at any tile width)."""
+    fmt, (m, n, k), loop, a_source, out_dtype, store, producers = case
+    _check(m, n, k, fmt, out_dtype, None, True, loop, a_source=a_source, store=store,
+           producers=producers, bn=192)
+
+
+@pytest.mark.interp
 def test_interp_staged_fused_epilogue():
     """bias + relu fused into the staged store (the epilogue's loads only inside C)."""
     from blockscale.ops import matmul_epilogue as ep
@@ -187,6 +206,17 @@ def test_spec_validation_and_bundle():
         P.PdqMatmulSpec("nvfp4", "float32", stages=2, store="staged")
     assert P.PdqMatmulSpec("nvfp4", "float32", stages=3, store="staged").kernel_name.endswith(
         "_f32_st")
+    with pytest.raises(ValueError, match="bn=192"):  # 512 threads: 128 registers a thread
+        P.PdqMatmulSpec("nvfp4", producers=2)
+    with pytest.raises(ValueError, match="producers"):
+        P.PdqMatmulSpec("nvfp4", producers=3, bn=192)
+    with pytest.raises(ValueError, match="bn"):
+        P.PdqMatmulSpec("nvfp4", bn=128)
+    p2 = P.PdqMatmulSpec("nvfp4", producers=2, bn=192)
+    assert p2.block == (512, 1, 1) and p2.stages == 5 and p2.kernel_name.endswith("_p2")
+    assert p2.dynamic_shared_bytes == TP.TwophaseMatmulSpec(
+        "nvfp4", kstep=64, stages=5, bn=192).dynamic_shared_bytes
+    assert P.grid(8192, 5760, 192) == (64 * 30, 1, 1)
     assert [a.name for a in P.PdqMatmulSpec("nvfp4", a_source="packed").args()][:4] == [
         "a", "b", "sfa", "sfb"]
     with pytest.raises(ValueError, match="fmt"):
@@ -194,8 +224,9 @@ def test_spec_validation_and_bundle():
     with pytest.raises(ValueError, match="target"):
         P.PdqMatmulSpec("nvfp4", target="sm_100a")
     specs = P.bundle_specs("sm_90a")
-    assert len(specs) == len({s.kernel_name for s in specs}) == 24
-    assert sum(s.store == "staged" for s in specs) == 8
+    assert len(specs) == len({s.kernel_name for s in specs}) == 44
+    assert sum(s.store == "staged" for s in specs) == 8 + 8 + 4
+    assert sum(s.producers == 2 for s in specs) == 16
     assert all(s.loop == "split" for s in specs)
     assert P.bundle_specs("sm_100a") == []
     assert P.PdqMatmulSpec("nvfp4").dynamic_shared_bytes == TP.TwophaseMatmulSpec(
@@ -233,19 +264,23 @@ def test_kernel_sass(spec):
     kernel = P.kernel(spec)
     sass, meta = kernel.asm["sass"], kernel.meta
     # packed A with the prefetch: 30 prefetched registers a producer thread, a few spills
-    spills = 16 if spec.a_source == "packed" and spec.prefetch else 0
+    spills = 16 if spec.a_source == "packed" and spec.prefetch and spec.bn == 256 else 0
     assert meta["spill_stores"] <= spills and meta["spill_loads"] <= spills
-    assert meta["registers"] <= 168  # 384 threads: 65536 / 384
-    assert len(re.findall(r"HGMMA\.64x256x16\.F32\.BF16", sass)) == 4
+    assert meta["registers"] <= 65536 // spec.block[0]  # 168 at 384 threads, 128 at 512
+    assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32\.BF16", sass)) == 4
     packed, staged = spec.a_source == "packed", spec.store == "staged"
     assert len(re.findall(r"\bUBLKCP\b", sass)) == (0 if packed else 1) + staged
-    assert len(re.findall(r"STS\.128", sass)) == (24 if packed else 16)
+    # 8 chunks a row a thread (4 a row half); 128 x 192 over 256 threads: at most 2 B
+    # halves (+ 1 of A), over 128 threads: 3 B halves (+ 2 of A)
+    units = {(256, 1): 4, (192, 2): 2, (192, 1): 3}[spec.bn, spec.producers]
+    units += {(256, 1): 2, (192, 2): 1, (192, 1): 2}[spec.bn, spec.producers] * packed
+    assert len(re.findall(r"STS\.128", sass)) == 4 * units
     assert len(re.findall(r"FENCE\.VIEW\.ASYNC\.S", sass)) == 2 + staged  # + the init's
     assert len(re.findall(r"BAR\.SYNC", sass)) == 1 + 2 * staged
     if staged:
         assert not re.search(r"\bSTG", sass)
         wide = "STS.64" if spec.out_dtype == "float32" else "STS "
-        assert len(re.findall(rf"{re.escape(wide)}", sass)) == 64
+        assert len(re.findall(rf"{re.escape(wide)}", sass)) == spec.bn // 4
     assert re.search(r"SYNCS\.PHASECHK\.TRANS64\.TRYWAIT", sass)
     assert len(re.findall(r"WARPGROUP\.DEPBAR", sass)) == 2
     log = meta.get("ptxas_log", "")
@@ -288,6 +323,23 @@ def test_gpu_staged(shape, out_dtype, a_source, fmt):
                                      rng.integers(0, m, 64)]))
     _check(m, n, k, fmt, out_dtype, prefetch=True, loop="split", device="cuda", rows=rows,
            a_source=a_source, store="staged")
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", P.FORMATS)
+@pytest.mark.parametrize("store", P.STORES)
+@pytest.mark.parametrize("a_source", P.A_SOURCES)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+def test_gpu_p2(shape, out_dtype, a_source, store, fmt):
+    """Two producer warpgroups at 128 x 192 (prefetch on): the two-phase pair's bytes."""
+    m, n, k = shape
+    rng = np.random.default_rng(m + n + 2)
+    rows = np.unique(np.concatenate([np.arange(min(m, 64)), np.arange(max(0, m - 64), m),
+                                     rng.integers(0, m, 64)]))
+    _check(m, n, k, fmt, out_dtype, prefetch=True, loop="split", device="cuda", rows=rows,
+           a_source=a_source, store=store, producers=2, bn=192)
 
 
 @pytest.mark.interp

@@ -256,7 +256,7 @@ def kernel(spec: GroupedPdqSpec) -> Any:
 
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
     """NVFP4 (row scales on / off) and MXFP4, 4 stages, with and without the prefetch (and
-    staged stores with the prefetch), and
+    staged stores with the prefetch; two producer warpgroups at 128 x 192, both stores), and
     the grouped wgmma kernels its GPU tests compare with byte for byte (128 x 256, lut /
     k64 / fold); none off sm_90a."""
     from blockscale.ops.matmul_grouped_wgmma import GroupedWgmmaSpec
@@ -268,6 +268,8 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
                         for pf in (False, True)]
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged")
               for f, rs in variants]
+    specs += [GroupedPdqSpec(f, rs, target, None, True, "split", st, 2, 192)
+              for f, rs in variants for st in STORES]
     specs += [GroupedWgmmaSpec(f, rs, 128, 256, target, dequant="lut", kstep=64,
                                scaling="fold") for f, rs in variants]
     return sorted(specs, key=lambda s: s.kernel_name)

@@ -305,14 +305,23 @@ def kernel(spec: PdqMatmulSpec) -> Any:
 
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
     """NVFP4 / MXFP4 x bf16 / f32 out x A from the workspace / packed, 4 stages, with and
-    without the prefetch, direct stores; and the staged store with the prefetch (phase 1 of
-    A: matmul_twophase's DequantSpec, tile 128, bundled by that module); none off sm_90a."""
+    without the prefetch, direct stores; the staged store with the prefetch; two producer
+    warpgroups at 128 x 192 (5 stages, prefetch, both stores); one at 128 x 192 (staged,
+    bf16) (phase 1 of A: matmul_twophase's DequantSpec, tile 128, bundled by that module);
+    none off sm_90a."""
     if target not in TARGETS:
         return []
     specs = [PdqMatmulSpec(f, o, None, target, None, pf, "split", src) for f in FORMATS
              for o in _matmul.OUT_DTYPES for pf in (True, False) for src in A_SOURCES]
     specs += [PdqMatmulSpec(f, o, None, target, None, True, "split", src, "staged")
               for f in FORMATS for o in _matmul.OUT_DTYPES for src in A_SOURCES]
+    # two producer warpgroups (128 x 192), both stores; one producer at 128 x 192 (staged,
+    # bf16) for the A/B of the tile width alone
+    specs += [PdqMatmulSpec(f, o, None, target, None, True, "split", src, st, 2, 192)
+              for f in FORMATS for o in _matmul.OUT_DTYPES for src in A_SOURCES
+              for st in STORES]
+    specs += [PdqMatmulSpec(f, "bfloat16", None, target, None, True, "split", src, "staged",
+                            1, 192) for f in FORMATS for src in A_SOURCES]
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
