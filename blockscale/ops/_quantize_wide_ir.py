@@ -55,6 +55,19 @@ fused ``wide_lut``: 29.3 (80, 16) / 26.3 (80, 0) / 18.9 (80, 0). Blocks per SM: 
 4-8 (fused: twice). What is left per NVFP4 element is the D2 chain itself: the f32 E2M1
 rounding with widening and packing (~9.5), the amax (~1.1), the sign words and the per-chunk
 scale; the per-row bookkeeping is ~1.3 (wide) / ~0.7 (wide4).
+
+``wide_bulk<S>`` (sm_90a, ``spec.bulk = S``, :class:`_BulkRing`): the same visit, its words
+read from a shared ring of S row groups (16 KB each, fused 32 KB: gate and up spans) that
+``cp.async.bulk`` row copies fill (the first row lane of each row issues its row's copy;
+the first S row groups go out before the prologue), so the bytes in flight no longer cost
+registers: per SM 64-128 KB (S = 2, 4 blocks), 128-192 KB (S = 3, 4 blocks), 144-192 KB
+(S = 4, 3 blocks), fused S = 2: 64-128 KB (2 blocks), against 32-64 KB of ``wide``'s
+registers. Per visit: one mbarrier wait, two (fused four) ``LDS.128`` per chunk, one
+block barrier, and in the row-lead warps the refill (~50 SASS). The fused table comes in
+one bulk copy on its own mbarrier. Hot path per element (registers, spills), S = 2 / 3 / 4:
+grouped NVFP4 15.8 (64, 0) / 16.0 (64, 0) / 17.7 (71, 0), MXFP4 11.8 (62) / 12.0 (62) /
+12.4 (68), MXFP8 8.8 (64) / 9.0 (64) / 9.2 (72); fused ``wide_bulk2_lut`` 28.7 (112-119,
+0) / 26.1 (104-114) / 18.7 (107-112).
 """
 
 from __future__ import annotations
@@ -316,10 +329,11 @@ class _BulkRing:
     ``cp.async.bulk`` row copies completing on the stage's mbarrier (thread 0 arrives
     expecting the stage's bytes; the first thread of each row's lanes copies that row, its
     source row as :func:`_body`'s ``row_off``: row 0 past M, the gather's ``indices``).
-    Row group ``lo + i`` is in stage ``i % S``; a visit waits for its stage (parity ``(i / S)
-    & 1``), reads its chunks' 16-byte words from shared memory, passes a block barrier (all
-    threads have read the stage) and refills the stage with row group ``lo + i + S``: ``S``
-    row groups (``S x 16 KB``, fused 32 KB) per block in flight, independent of registers."""
+    Row group ``lo + i`` is in stage ``i % S``; a visit waits for its stage's mbarrier
+    (parity ``(i / S) & 1``), reads its chunks' 16-byte words from shared memory, passes a
+    block barrier (every thread has read the stage) and the row leads refill the stage with
+    row group ``lo + i + S``. ``S`` row groups (``S x 16 KB``, fused 32 KB) per block
+    in flight, independent of registers."""
 
     def __init__(self, k: QI._Ctx, kb: B.KernelBuilder, tid: ir.Value, ci: ir.Value,
                  ri: ir.Value, cbt: ir.Value, lo: ir.Value, hi: ir.Value,
@@ -365,8 +379,9 @@ class _BulkRing:
                 rel = arith.select(arith.cmpi(arith.CmpIPredicate.slt, rel, _c64(0)), _c64(0), rel)
                 offs.append(arith.addi(rowoff, arith.trunci(i32, arith.shli(rel, _c64(1)))))
             self.reads.append(offs)
+        self.nfull = self.stages + (1 if spec.lut else 0)  # + the sigmoid table's
         with B.when(self.is0):
-            for s in range(self.stages + (1 if spec.lut else 0)):  # + the sigmoid table's
+            for s in range(self.nfull):
                 cpasync.mbarrier_init(self.bar(_c32(s)), 1)
             tma.fence_mbarrier_init()
         B.barrier()
@@ -378,8 +393,7 @@ class _BulkRing:
         """Copy the ``n``-entry f32 sigmoid table ``src`` (global) to the shared ``dst``:
         thread 0 bulk-copies its first ``n * 4 // 16 * 16`` bytes on the table's mbarrier
         (one L2 round trip, overlapping the prologue; the register fill waits ~n / 4096),
-        threads ``< n % 4`` store the rest (seen after the first visit's block barrier, before
-        any lookup; a block without rows looks up nothing)."""
+        threads ``< n % 4`` store the rest (seen after :meth:`wait_table`'s barrier)."""
         from blockscale.compiler.arch import wgmma as W
 
         cp = self.cp
@@ -395,8 +409,10 @@ class _BulkRing:
                 B.store(B.load(src, idx), dst, idx)
 
     def wait_table(self) -> None:
-        """Every thread: wait for :meth:`copy_table`'s bulk copy (phase 0)."""
+        """Every thread: wait for :meth:`copy_table`'s bulk copy (phase 0), then a block
+        barrier (its tail stores)."""
         self.cp.mbarrier_wait(self.bar(_c32(self.stages)), _c32(0))
+        B.barrier()
 
     def bar(self, slot: ir.Value) -> ir.Value:
         """The shared address of stage ``slot``'s mbarrier (``slot``: i32)."""
@@ -436,7 +452,10 @@ class _BulkRing:
                                       arith.extui(B.i64(), idx), alignment=16)
                     words.append(vector.bitcast(B.vec(CHUNK // 2, i32), v))
             out.append(words)
-        B.barrier()  # every thread has read the stage: refill it
+        # a block barrier: every thread has read the stage, refill it. (A per-stage "read"
+        # mbarrier that only the row leads wait for spilled 24 bytes in NVFP4 at 64
+        # registers and added ~0.5 SASS per element.)
+        B.barrier()
         nxt = arith.addi(i, _c64(self.stages))
         with B.when(arith.cmpi(arith.CmpIPredicate.ult, nxt, self.n)):
             self.fill(nxt)
