@@ -301,6 +301,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         raise ValueError(f"staging must be 'v1', 'cf' or 'cf8', got {staging!r}")
     fast = decode == "prmt"
     lay = _Fmt(fmt)
+    mx_raw = tail and not lay.nv
     st = _Staging(lay, staging)
     tokens = st.tokens
     f32, i32 = bir.f32(), bir.i32()
@@ -412,7 +413,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             bir.store(mir.decode_scale(fmt, sbytes), sasm,  # chunk c = block c of the step
                       bir.add(bir.mul(c, st.sa_stride), n))
         if fast:  # whole words: units u, v of lane tt's pieces, one 16-byte store each
-            pw = vector.bitcast(bir.vec(4, i32), _pair_pieces(lay.nv, chunk))
+            pw = vector.bitcast(bir.vec(4, i32), pair_pieces(chunk))
             for tt in range(4):
                 prs = fp4_word_to_f16_pairs(bir.extract(pw, tt))
                 if lay.nv:  # unit u = the chunk's block 0, v = block 1
@@ -441,7 +442,10 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                              alignment=8)
 
     def pair_pieces(chunk: Value) -> Value:
-        return _pair_pieces(lay.nv, chunk)
+        """Weight and activation chunks alike (one K order for both operands). MXFP4 with
+        ``tail``: the raw chunk (a block is the whole chunk: any split of its 32 codes over
+        the two chained MMAs gives the same exact block sum; one PRMT a word less)."""
+        return chunk if mx_raw else _pair_pieces(lay.nv, chunk)
 
     def word_mask(q: Value) -> Value:
         """Scale word q's mask: bytes of blocks >= kblocks (5-D padding, any value) read
