@@ -33,7 +33,8 @@ from blockscale.ops import matmul_grouped_wgmma as gw
 
 
 def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=False,
-         stages=None, seed=0, device="interp", check_exact=True, store="direct"):
+         stages=None, seed=0, device="interp", check_exact=True, store="direct", producers=1,
+         bn=256):
     rng = np.random.default_rng(300 + seed)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
     esc = (1 + (np.arange(e_count) + 1) / e_count).astype(np.float32)
@@ -41,7 +42,7 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
     out = GP.grouped_matmul_block_scaled_pdq(**case, expert_scales=esc, fmt=fmt, k=k,
                                              a_row_scales=rs, stages=stages,
                                              prefetch=prefetch, loop=loop, store=store,
-                                             device=device)
+                                             producers=producers, bn=bn, device=device)
     assert out.dtype == ml_dtypes.bfloat16 and out.shape == (sum(counts), n)
     want = gw.grouped_matmul_block_scaled_wgmma(**case, expert_scales=esc, fmt=fmt, k=k,
                                                 a_row_scales=rs, tiles=(128, 256),
@@ -106,6 +107,22 @@ def test_interp_staged(case):
          store="staged", check_exact=False)
 
 
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    (NVFP4, 0, "split", True, "direct"),
+    (MXFP4, 1, "lockstep", False, "direct"),  # several row tiles, ends mid-tile
+    (NVFP4, 3, "lockstep", True, "staged"),
+    (MXFP4, 2, "split", False, "staged"),
+], ids=lambda c: f"{c[0].name}-case{c[1]}-{c[2]}-rs{int(c[3])}-{c[4]}")
+def test_interp_p2(case):
+    """Two producer warpgroups at 128 x 192 (A's 256 row halves one a thread, B's 384 two
+    / one): the grouped wgmma kernel's bytes (128 x 256)."""
+    fmt, case_id, loop, rows, store = case
+    counts, ids, e_count, n, k = CASES[case_id]
+    _run(fmt, counts, ids, e_count, n, k, rows=rows, loop=loop, prefetch=True, seed=case_id,
+         store=store, producers=2, bn=192, check_exact=False)
+
+
 @pytest.mark.ir
 def test_spec_checks():
     assert GP.GroupedPdqSpec("nvfp4").stages == GP.MAX_STAGES
@@ -123,10 +140,16 @@ def test_spec_checks():
         GP.GroupedPdqSpec("nvfp4", store="x")
     assert GP.GroupedPdqSpec("nvfp4", True, stages=2, prefetch=True,
                              store="staged").kernel_name.endswith("_s2_pf_st_rowsc")
+    with pytest.raises(ValueError, match="bn=192"):
+        GP.GroupedPdqSpec("nvfp4", producers=2)
+    p2 = GP.GroupedPdqSpec("nvfp4", True, prefetch=True, producers=2, bn=192)
+    assert p2.block == (512, 1, 1) and p2.kernel_name.endswith("_128x192_k64_s5_pf_p2_rowsc")
+    assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     specs = GP.bundle_specs("sm_90a")
-    assert len(specs) == len({s.kernel_name for s in specs}) == 9 + 3  # + wgmma references
-    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 9
-    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 3
+    assert len(specs) == len({s.kernel_name for s in specs}) == 15 + 3  # + wgmma references
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 15
+    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 6
+    assert sum(getattr(s, "producers", 1) == 2 for s in specs) == 6
     assert GP.bundle_specs("gfx942") == []
     assert GP.grid(16384, 5760, 128) == (23, 256, 1)
 
@@ -152,30 +175,34 @@ def test_kernel_sass(spec):
     kernel = GP.kernel(spec)
     sass, meta = kernel.asm["sass"], kernel.meta
     staged = spec.store == "staged"
-    assert len(re.findall(r"HGMMA\.64x256x16\.F32\.BF16", sass)) == 4
-    assert len(re.findall(r"STS\.128", sass)) == 24  # 3 rows x 8 chunks a producer thread
+    assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32\.BF16", sass)) == 4
+    # 3 rows x 8 chunks a producer thread; two producers at 128 x 192: 3 row halves x 4
+    assert len(re.findall(r"STS\.128", sass)) == (24 if spec.producers == 1 else 12)
     assert len(re.findall(r"\bUBLKCP\b", sass)) == staged
-    assert len(re.findall(r"\bSTS ", sass)) == (64 if staged else 0)
+    assert len(re.findall(r"\bSTS ", sass)) == (spec.bn // 4 if staged else 0)
     assert len(re.findall(r"BAR\.SYNC", sass)) == 1 + 2 * staged
     log = meta.get("ptxas_log", "")
     assert "C7518" not in log and "C7517" not in log and "C7515" not in log
-    assert meta["registers"] <= 168
-    # 30 prefetched registers a producer thread (the staged kernels: none)
-    spills = 32 if spec.prefetch and not staged else 0
+    assert meta["registers"] <= 65536 // spec.block[0]
+    # 30 prefetched registers a producer thread (the staged and two-producer kernels: none)
+    spills = 32 if spec.prefetch and not staged and spec.producers == 1 else 0
     assert meta["spill_stores"] <= spills and meta["spill_loads"] <= spills
 
 
 @pytest.mark.gpu
 @pytest.mark.cuda
-@pytest.mark.parametrize("variant", [(False, "direct"), (True, "direct"), (True, "staged")],
-                         ids=["nopf", "pf", "pf-staged"])
+@pytest.mark.parametrize("variant", [(False, "direct", 1), (True, "direct", 1),
+                                     (True, "staged", 1), (True, "direct", 2),
+                                     (True, "staged", 2)],
+                         ids=["nopf", "pf", "pf-staged", "pf-p2", "pf-staged-p2"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_gpu(fmt, variant):
     """gpt-oss-120b gate_up at T=1024 tokens (top-4 of 128 experts, N=5760, K=2880; some
     experts unused): the grouped wgmma kernel's bytes (128 x 256, lut / k64 / fold)."""
-    prefetch, store = variant
+    prefetch, store, producers = variant
     rng = np.random.default_rng(5)
     counts = list(rng.multinomial(4096, np.full(128, 1 / 128)))
     ids = [e if c else -1 for e, c in enumerate(counts)]
     _run(Format.from_name(fmt), counts, ids, 128, 5760, 2880, rows=fmt == "nvfp4",
-         loop="split", prefetch=prefetch, device="cuda", check_exact=False, store=store)
+         loop="split", prefetch=prefetch, device="cuda", check_exact=False, store=store,
+         producers=producers, bn=256 if producers == 1 else 192)
