@@ -47,6 +47,7 @@ from benchmarks.common import (
 #: under "twophase": more kwargs of the two-phase pair
 DENSE_IMPLS = (("twophase k64", None),
                ("twophase k64 staged", {"twophase": {"store": "staged"}}),
+               ("twophase k64 staged 192", {"twophase": {"store": "staged", "bn": 192}}),
                ("pdq ws pf", {"a_source": "workspace", "prefetch": True}),
                ("pdq ws nopf", {"a_source": "workspace", "prefetch": False}),
                ("pdq packed pf", {"a_source": "packed", "prefetch": True}),
@@ -54,14 +55,27 @@ DENSE_IMPLS = (("twophase k64", None),
                ("pdq ws pf staged", {"a_source": "workspace", "prefetch": True,
                                      "store": "staged"}),
                ("pdq packed pf staged", {"a_source": "packed", "prefetch": True,
-                                         "store": "staged"}))
+                                         "store": "staged"}),
+               # 128 x 192 tiles: one producer warpgroup, two (512 threads)
+               ("pdq ws pf staged 192", {"store": "staged", "bn": 192}),
+               ("pdq packed pf staged 192", {"a_source": "packed", "store": "staged",
+                                             "bn": 192}),
+               ("pdq ws pf p2 192", {"producers": 2, "bn": 192}),
+               ("pdq ws pf staged p2 192", {"store": "staged", "producers": 2, "bn": 192}),
+               ("pdq packed pf p2 192", {"a_source": "packed", "producers": 2, "bn": 192}),
+               ("pdq packed pf staged p2 192", {"a_source": "packed", "store": "staged",
+                                                "producers": 2, "bn": 192}))
 #: grouped (label, kind, kwargs)
 GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequant": "lut",
                                                      "kstep": 64, "scaling": "fold"}),
                  ("wgmma 128x256 default", "wgmma", {"tiles": (128, 256)}),
                  ("grouped pdq nopf", "pdq", {"prefetch": False}),
                  ("grouped pdq pf", "pdq", {"prefetch": True}),
-                 ("grouped pdq pf staged", "pdq", {"prefetch": True, "store": "staged"}))
+                 ("grouped pdq pf staged", "pdq", {"prefetch": True, "store": "staged"}),
+                 ("grouped pdq pf p2 192", "pdq", {"prefetch": True, "producers": 2,
+                                                   "bn": 192}),
+                 ("grouped pdq pf staged p2 192", "pdq", {"prefetch": True, "store": "staged",
+                                                          "producers": 2, "bn": 192}))
 
 
 def _select(impls: tuple, only: Sequence[str] | None) -> tuple:
@@ -116,7 +130,7 @@ def bench_dense(dev: Any, m_values: Sequence[int], fmts: Sequence[str], n: int =
                 except Exception as e:  # noqa: BLE001 - missing kernel, launch failure
                     ms, text = None, f"error: {type(e).__name__}: {str(e)[:80]}"
                 rate = f"{2.0 * m * n * k / ms / 1e9:7.1f} TFLOP/s" if ms else ""
-                log(f"  {case:28} {label:18} {f'{ms:8.3f} ms' if ms else '       -   '} "
+                log(f"  {case:28} {label:28} {f'{ms:8.3f} ms' if ms else '       -   '} "
                     f"{rate} {text}")
                 out.append((case, label, ms, text))
     return out
@@ -162,7 +176,7 @@ def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
                     ms, text = None, f"error: {type(e).__name__}: {str(e)[:80]}"
                 rate = f"{2.0 * r.rows * shape.n * shape.k / ms / 1e9:7.1f} TFLOP/s" \
                     if ms else ""
-                log(f"  {case:42} {label:22} {f'{ms:8.3f} ms' if ms else '       -   '} "
+                log(f"  {case:42} {label:28} {f'{ms:8.3f} ms' if ms else '       -   '} "
                     f"{rate} {text[:70]}")
                 out.append((case, label, ms, text))
     return out
