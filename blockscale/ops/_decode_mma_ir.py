@@ -455,9 +455,10 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         return bir.select(bir.ult(n_live, 4), bir.sub(bir.shl(_i32c(1), sh), _i32c(1)),
                           _i32c(-1))
 
-    def stage(step: Value, regs: list[Value], rows: Value) -> None:
+    def stage(step: Value, regs: list[Value], rows: Value, full: bool = False) -> None:
         """Store fetched registers to shared memory (weights raw, scales decoded,
-        activations as B fragments)."""
+        activations as B fragments); ``full``: a step before the last one (every block of
+        it < kblocks: no scale byte to mask)."""
         for it in range(w_iters):
             cid = bir.add(tid, it * THREADS)
             r = bir.udiv(cid, STEP_CHUNKS)
@@ -466,9 +467,11 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                              alignment=16)
         for it in range(s_iters if st.cf else 0):
             q = bir.add(bir.mul(step, lay.words), s_qs[it])
-            mask = word_mask(q)
+            mask = None if full else word_mask(q)
             for hw in range(2):  # rows i, i + 32
-                word = bir.bit_and(regs[w_iters + 2 * it + hw], mask)
+                word = regs[w_iters + 2 * it + hw]
+                if mask is not None:
+                    word = bir.bit_and(word, mask)
                 r = bir.add(s_rows[it][0], 32 * hw)
                 svs = decode_e4m3_word(word) if fast and lay.nv else [
                     _decode_scale_fast(fmt, bir.bit_and(bir.shru(word, _i32c(8 * i)), 0xFF))
@@ -649,7 +652,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                          nxt: Callable[[], list[Value]], live: Value | None = None,
                          ) -> list[Value]:
                     bir.barrier()  # the previous step's shared reads are done
-                    stage(step, cur, rows)
+                    stage(step, cur, rows, full=live is None)  # (the loop: not the last)
                     bir.barrier()
                     regs = nxt()
                     return compute(accs, False, rows, live) + regs
@@ -700,7 +703,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             """Stage step ``step`` (fetched into ``cur``), issue ``fetch_next`` and fold the
             step's MMAs into ``accs``: the 8 accumulators, then the fetched registers."""
             bir.barrier()  # the previous step's shared reads are done
-            stage(step, cur, rows)
+            stage(step, cur, rows, full=tail and live is None)  # (tail: the loop's steps)
             bir.barrier()
             nxt = fetch_next()
             if tokens == 8:  # one n-tile (accs[4:] stay zero, never stored)
