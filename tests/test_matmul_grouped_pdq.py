@@ -34,7 +34,7 @@ from blockscale.ops import matmul_grouped_wgmma as gw
 
 def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=False,
          stages=None, seed=0, device="interp", check_exact=True, store="direct", producers=1,
-         bn=256):
+         bn=256, depth=1):
     rng = np.random.default_rng(300 + seed)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
     esc = (1 + (np.arange(e_count) + 1) / e_count).astype(np.float32)
@@ -42,7 +42,8 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
     out = GP.grouped_matmul_block_scaled_pdq(**case, expert_scales=esc, fmt=fmt, k=k,
                                              a_row_scales=rs, stages=stages,
                                              prefetch=prefetch, loop=loop, store=store,
-                                             producers=producers, bn=bn, device=device)
+                                             producers=producers, bn=bn, depth=depth,
+                                             device=device)
     assert out.dtype == ml_dtypes.bfloat16 and out.shape == (sum(counts), n)
     want = gw.grouped_matmul_block_scaled_wgmma(**case, expert_scales=esc, fmt=fmt, k=k,
                                                 a_row_scales=rs, tiles=(128, 256),
@@ -113,14 +114,15 @@ def test_interp_staged(case):
     (MXFP4, 1, "lockstep", False, "direct"),  # several row tiles, ends mid-tile
     (NVFP4, 3, "lockstep", True, "staged"),
     (MXFP4, 2, "split", False, "staged"),
-], ids=lambda c: f"{c[0].name}-case{c[1]}-{c[2]}-rs{int(c[3])}-{c[4]}")
+    (NVFP4, 1, "lockstep", True, "staged", 2),  # prefetch distance 2
+], ids=lambda c: f"{c[0].name}-case{c[1]}-{c[2]}-rs{int(c[3])}-{c[4]}-d{(c + (1,))[5]}")
 def test_interp_p2(case):
     """Two producer warpgroups at 128 x 192 (A's 256 row halves one a thread, B's 384 two
     / one): the grouped wgmma kernel's bytes (128 x 256)."""
-    fmt, case_id, loop, rows, store = case
+    fmt, case_id, loop, rows, store, *depth = case
     counts, ids, e_count, n, k = CASES[case_id]
     _run(fmt, counts, ids, e_count, n, k, rows=rows, loop=loop, prefetch=True, seed=case_id,
-         store=store, producers=2, bn=192, check_exact=False)
+         store=store, producers=2, bn=192, check_exact=False, depth=(depth or [1])[0])
 
 
 @pytest.mark.ir
@@ -146,10 +148,11 @@ def test_spec_checks():
     assert p2.block == (512, 1, 1) and p2.kernel_name.endswith("_128x192_k64_s5_pf_p2_rowsc")
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     specs = GP.bundle_specs("sm_90a")
-    assert len(specs) == len({s.kernel_name for s in specs}) == 15 + 3  # + wgmma references
-    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 15
-    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 6
-    assert sum(getattr(s, "producers", 1) == 2 for s in specs) == 6
+    assert len(specs) == len({s.kernel_name for s in specs}) == 18 + 3  # + wgmma references
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 18
+    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 9
+    assert sum(getattr(s, "producers", 1) == 2 for s in specs) == 9
+    assert sum(getattr(s, "depth", 1) == 2 for s in specs) == 3
     assert GP.bundle_specs("gfx942") == []
     assert GP.grid(16384, 5760, 128) == (23, 256, 1)
 
@@ -193,16 +196,17 @@ def test_kernel_sass(spec):
 @pytest.mark.cuda
 @pytest.mark.parametrize("variant", [(False, "direct", 1), (True, "direct", 1),
                                      (True, "staged", 1), (True, "direct", 2),
-                                     (True, "staged", 2)],
-                         ids=["nopf", "pf", "pf-staged", "pf-p2", "pf-staged-p2"])
+                                     (True, "staged", 2), (True, "staged", 2, 2)],
+                         ids=["nopf", "pf", "pf-staged", "pf-p2", "pf-staged-p2",
+                              "pf-staged-p2-d2"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_gpu(fmt, variant):
     """gpt-oss-120b gate_up at T=1024 tokens (top-4 of 128 experts, N=5760, K=2880; some
     experts unused): the grouped wgmma kernel's bytes (128 x 256, lut / k64 / fold)."""
-    prefetch, store, producers = variant
+    prefetch, store, producers, *depth = variant
     rng = np.random.default_rng(5)
     counts = list(rng.multinomial(4096, np.full(128, 1 / 128)))
     ids = [e if c else -1 for e, c in enumerate(counts)]
     _run(Format.from_name(fmt), counts, ids, 128, 5760, 2880, rows=fmt == "nvfp4",
          loop="split", prefetch=prefetch, device="cuda", check_exact=False, store=store,
-         producers=producers, bn=256 if producers == 1 else 192)
+         producers=producers, bn=256 if producers == 1 else 192, depth=(depth or [1])[0])

@@ -38,7 +38,7 @@ from blockscale.ops import matmul_twophase as TP
 
 def _check(m, n, k, fmt, out_dtype, stages=None, prefetch=True, loop="lockstep",
            device="interp", rows=None, a_source="workspace", store="direct", producers=1,
-           bn=256):
+           bn=256, depth=1):
     """The bound and bit-identity with the two-phase pair."""
     fmt = Format.from_name(fmt)
     rng = np.random.default_rng(m * 131 + n * 7 + k)
@@ -46,7 +46,7 @@ def _check(m, n, k, fmt, out_dtype, stages=None, prefetch=True, loop="lockstep",
     got = P.block_scaled_matmul_pdq(a, b, sfa5, sfb5, fmt, alpha=0.375, out_dtype=out_dtype,
                                     stages=stages, prefetch=prefetch, loop=loop,
                                     a_source=a_source, store=store, producers=producers,
-                                    bn=bn, device=device)
+                                    bn=bn, depth=depth, device=device)
     assert got.shape == (m, n)
     ref = TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, fmt, alpha=0.375,
                                           out_dtype=out_dtype, kstep=64, device=device)
@@ -140,6 +140,21 @@ def test_interp_bn192(case):
 
 
 @pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    ("nvfp4", (130, 264, 192), "split", "workspace", "bfloat16", "staged", 2, 192),
+    ("mxfp4", (129, 400, 416), "lockstep", "packed", "float32", "direct", 2, 192),
+    ("nvfp4", (70, 296, 352), "lockstep", "workspace", "bfloat16", "staged", 1, 256),
+    ("mxfp4", (64, 256, 32), "split", "packed", "bfloat16", "direct", 1, 256),  # one step
+], ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}-{c[2]}-{c[3]}-{c[5]}-p{c[6]}-{c[7]}")
+def test_interp_depth2(case):
+    """Prefetch distance 2 (step t + 2's loads after step t's fence; zeros past the steps):
+    the two-phase pair's bytes."""
+    fmt, (m, n, k), loop, a_source, out_dtype, store, producers, bn = case
+    _check(m, n, k, fmt, out_dtype, None, True, loop, a_source=a_source, store=store,
+           producers=producers, bn=bn, depth=2)
+
+
+@pytest.mark.interp
 def test_interp_staged_fused_epilogue():
     """bias + relu fused into the staged store (the epilogue's loads only inside C)."""
     from blockscale.ops import matmul_epilogue as ep
@@ -217,6 +232,11 @@ def test_spec_validation_and_bundle():
     assert p2.dynamic_shared_bytes == TP.TwophaseMatmulSpec(
         "nvfp4", kstep=64, stages=5, bn=192).dynamic_shared_bytes
     assert P.grid(8192, 5760, 192) == (64 * 30, 1, 1)
+    with pytest.raises(ValueError, match="depth"):
+        P.PdqMatmulSpec("nvfp4", prefetch=False, depth=2)
+    with pytest.raises(ValueError, match="depth"):
+        P.PdqMatmulSpec("nvfp4", depth=3)
+    assert P.PdqMatmulSpec("nvfp4", depth=2).kernel_name.endswith("_bf16_d2")
     assert [a.name for a in P.PdqMatmulSpec("nvfp4", a_source="packed").args()][:4] == [
         "a", "b", "sfa", "sfb"]
     with pytest.raises(ValueError, match="fmt"):
@@ -224,9 +244,10 @@ def test_spec_validation_and_bundle():
     with pytest.raises(ValueError, match="target"):
         P.PdqMatmulSpec("nvfp4", target="sm_100a")
     specs = P.bundle_specs("sm_90a")
-    assert len(specs) == len({s.kernel_name for s in specs}) == 44
-    assert sum(s.store == "staged" for s in specs) == 8 + 8 + 4
-    assert sum(s.producers == 2 for s in specs) == 16
+    assert len(specs) == len({s.kernel_name for s in specs}) == 52
+    assert sum(s.store == "staged" for s in specs) == 8 + 8 + 4 + 8
+    assert sum(s.depth == 2 for s in specs) == 8
+    assert sum(s.producers == 2 for s in specs) == 16 + 4
     assert all(s.loop == "split" for s in specs)
     assert P.bundle_specs("sm_100a") == []
     assert P.PdqMatmulSpec("nvfp4").dynamic_shared_bytes == TP.TwophaseMatmulSpec(
@@ -370,3 +391,19 @@ def test_interp_proxy_fence_needed(monkeypatch):
             continue
         with pytest.raises(WgmmaOrderError, match="fence.proxy.async"):
             run()
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", P.FORMATS)
+@pytest.mark.parametrize("cta", [(1, 256), (2, 192)], ids=["p1-256", "p2-192"])
+@pytest.mark.parametrize("a_source", P.A_SOURCES)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gpu_depth2(shape, a_source, cta, fmt):
+    """Prefetch distance 2, staged, bf16: the two-phase pair's bytes."""
+    m, n, k = shape
+    rng = np.random.default_rng(m + n + 3)
+    rows = np.unique(np.concatenate([np.arange(min(m, 64)), np.arange(max(0, m - 64), m),
+                                     rng.integers(0, m, 64)]))
+    _check(m, n, k, fmt, "bfloat16", prefetch=True, loop="split", device="cuda", rows=rows,
+           a_source=a_source, store="staged", producers=cta[0], bn=cta[1], depth=2)

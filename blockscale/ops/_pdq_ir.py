@@ -396,7 +396,8 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                   k: Value, fmt: str, stages: int,
                   epilogue: Callable[[Value, Value, Value | None], None],
                   bm: int = T.BM, prefetch: bool = True, loop: str = "split",
-                  all_threads: bool = False, producers: int = 1, bn: int = BN) -> None:
+                  all_threads: bool = False, producers: int = 1, bn: int = BN,
+                  depth: int = 1) -> None:
     """The producer / consumer K loop (module docstring) of the ``bm x bn`` tile of A rows
     ``a`` and B rows ``b`` (``b.tile == bn``), then ``epilogue(acc, wg, writers)``: the
     warpgroup's final accumulator struct and index. Without ``all_threads`` it runs in the
@@ -408,7 +409,10 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     ``tile == bm``) the producer dequantizes too (``m0`` unused). Every thread of the CTA
     runs it. ``loop``: :data:`LOOPS`. ``producers``: :data:`PRODUCERS` warpgroups; other
     than one producer warpgroup at bn 256 the row halves are dealt as units
-    (:func:`_units`)."""
+    (:func:`_units`). ``depth`` (with ``prefetch``): 1, step t + 1's loads issued before
+    step t's stores; 2, step t + 2's loads issued after step t's fence and arrival (the
+    fence, MEMBAR.ALL.CTA, then orders only the stores, not global loads in flight; two
+    steps of registers)."""
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {list(LOOPS)}, got {loop!r}")
     if producers not in PRODUCERS:
@@ -433,10 +437,14 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     ring.descriptors()
     units = None if (producers, bn) == (1, BN) else _units(ops, ring.pt,
                                                           PRODUCER_THREADS * producers)
+    if depth not in (1, 2) or (depth == 2 and not prefetch):
+        raise ValueError(f"depth must be 1 or 2 (2 with the prefetch), got {depth!r}")
     if units is None:
         types = _types(ops, fmt) if prefetch else []
     else:
         types = _unit_types(units, fmt) if prefetch else []
+    one = len(types)
+    types = types * depth
     is_cons, is_prod = _role(bm)
 
     def load(t: Value) -> list[Value]:
@@ -445,6 +453,8 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         return _load_units(units, t, fmt)
 
     def first(t: Value) -> list[Value]:
+        if depth == 2:
+            return load(t) + load(bir.add(t, 1))
         return load(t) if prefetch else []
 
     def produce(t: Value, regs: list[Value], wait: Value | None,
@@ -452,7 +462,7 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         """Step t (if t < steps; where ``wait`` holds (None: always), wait on its empty
         barrier for ``wait_parity`` first, if given); returns the next step's prefetched
         registers."""
-        nxt = load(bir.add(t, 1)) if prefetch else []
+        nxt = load(bir.add(t, 1)) if prefetch and depth == 1 else []
         with bir.when(bir.ult(t, steps)):
             if wait_parity is not None:
                 empty = ring.empty(bir.urem(t, stages))
@@ -461,7 +471,9 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                 else:
                     with bir.when(wait):
                         cpasync.mbarrier_wait(empty, wait_parity)
-            _fill(ring, src_a, t, ops, regs if prefetch else load(t), fmt, units)
+            _fill(ring, src_a, t, ops, regs[:one] if prefetch else load(t), fmt, units)
+        if depth == 2:  # after the fence: step t + 2's loads (zeros past the steps)
+            return regs[one:] + load(bir.add(t, 2))
         return nxt
 
     acc_t = W.accumulator_type(bn)

@@ -62,6 +62,7 @@ class GroupedPdqSpec(FormatSpec):
             copy per row of the group (rows past the group end are not copied; N % 8 == 0).
         producers, bn: as :class:`blockscale.ops.matmul_pdq.PdqMatmulSpec` (two producer
             warpgroups need the 128 x 192 tile).
+        depth: the prefetch distance (:class:`blockscale.ops.matmul_pdq.PdqMatmulSpec`).
     """
 
     fmt: str
@@ -73,6 +74,7 @@ class GroupedPdqSpec(FormatSpec):
     store: str = "direct"
     producers: int = 1
     bn: int = BN
+    depth: int = 1
 
     op: ClassVar[str] = "grouped_matmul_block_scaled_pdq"
     out_dtype: ClassVar[str] = "bfloat16"
@@ -102,6 +104,7 @@ class GroupedPdqSpec(FormatSpec):
         if self.store == "staged":
             _pdq.check_staged_fits(self.out_dtype, self.stages, self.bn)
         _pdq.check_producers(self.producers, self.bn)
+        _pdq.check_depth(self.depth, self.prefetch)
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -120,6 +123,7 @@ class GroupedPdqSpec(FormatSpec):
         lp = "" if self.loop == "split" else f"_{self.loop}"
         st = "_st" if self.store == "staged" else ""
         pr = f"_p{self.producers}" if self.producers > 1 else ""
+        pr += "_d2" if self.depth == 2 else ""
         return (f"bs_grouped_pdq_{self.fmt}_{BM}x{self.bn}_k64_s{self.stages}{pf}{lp}{st}{pr}"
                 f"{rs}")
 
@@ -197,7 +201,7 @@ def build(spec: GroupedPdqSpec) -> Any:
 
                 P.emit_mainloop(kb, a, m0, b, k, spec.fmt, spec.stages, store, BM,
                                 spec.prefetch, spec.loop, all_threads=spec.store == "staged",
-                                producers=spec.producers, bn=bn)
+                                producers=spec.producers, bn=bn, depth=spec.depth)
                 br.yield_()
             with br.else_():  # expert id -1: zeros (D8), by the consumer warpgroups' rows
                 tid = bir.thread_idx("x")
@@ -219,11 +223,12 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
                                     k: int | None = None, a_row_scales: Any = None,
                                     stages: int | None = None, prefetch: bool = False,
                                     loop: str = "split", store: str = "direct",
-                                    producers: int = 1, bn: int = BN,
+                                    producers: int = 1, bn: int = BN, depth: int = 1,
                                     device: Any = None) -> Any:
     """The kernel called directly (no dispatch), e.g. by tests and benchmarks. Arguments as
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
-    ``prefetch``, ``loop``, ``store``, ``producers`` and ``bn`` (:class:`GroupedPdqSpec`). Raises ValueError for
+    ``prefetch``, ``loop``, ``store``, ``producers``, ``bn`` and ``depth``
+    (:class:`GroupedPdqSpec`). Raises ValueError for
     K % 32 != 0, a format other than NVFP4 / MXFP4, or a staged store with N % 8 != 0."""
     fmt = Format.from_name(fmt)
     H.check_choice(fmt.name, FORMATS, "fmt")
@@ -242,7 +247,7 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
         buffers["a_row_scales"] = a_row_scales
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
-                          store, producers, bn)
+                          store, producers, bn, depth)
     _pdq.check_store(spec.store, spec.out_dtype, n)
     return H.launch(spec, grid(t, n, g_count, spec.bn), (t, n), "bfloat16", buffers,
                     {"t": t, "n": n, "k": k, "num_groups": g_count}, dev,
@@ -256,7 +261,8 @@ def kernel(spec: GroupedPdqSpec) -> Any:
 
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
     """NVFP4 (row scales on / off) and MXFP4, 4 stages, with and without the prefetch (and
-    staged stores with the prefetch; two producer warpgroups at 128 x 192, both stores), and
+    staged stores with the prefetch; two producer warpgroups at 128 x 192, both stores, and
+    staged with prefetch distance 2), and
     the grouped wgmma kernels its GPU tests compare with byte for byte (128 x 256, lut /
     k64 / fold); none off sm_90a."""
     from blockscale.ops.matmul_grouped_wgmma import GroupedWgmmaSpec
@@ -270,6 +276,8 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
               for f, rs in variants]
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", st, 2, 192)
               for f, rs in variants for st in STORES]
+    specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged", 2, 192, 2)
+              for f, rs in variants]
     specs += [GroupedWgmmaSpec(f, rs, 128, 256, target, dequant="lut", kstep=64,
                                scaling="fold") for f, rs in variants]
     return sorted(specs, key=lambda s: s.kernel_name)

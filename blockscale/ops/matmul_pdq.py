@@ -96,6 +96,9 @@ class PdqMatmulSpec(FormatSpec):
         producers: :data:`PRODUCERS`: 2, two producer warpgroups (512 threads; the row
             halves of a step dealt over 256 threads: ``_pdq_ir._units``); needs bn 192.
         bn: :data:`BNS`, the C tile's columns (the consumers' m64nBN wgmmas).
+        depth: prefetch distance: 1, step t + 1's packed rows loaded before step t's
+            conversion; 2, step t + 2's loaded after step t's proxy fence (MEMBAR.ALL.CTA
+            then waits for the stores only; needs the prefetch).
     """
 
     fmt: str
@@ -109,6 +112,7 @@ class PdqMatmulSpec(FormatSpec):
     store: str = "direct"
     producers: int = 1
     bn: int = BN
+    depth: int = 1
 
     op: ClassVar[str] = "block_scaled_matmul_pdq"
 
@@ -130,6 +134,7 @@ class PdqMatmulSpec(FormatSpec):
         if self.store == "staged":
             check_staged_fits(self.out_dtype, self.stages, self.bn)
         check_producers(self.producers, self.bn)
+        check_depth(self.depth, self.prefetch)
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -149,6 +154,7 @@ class PdqMatmulSpec(FormatSpec):
         pa = "_pa" if self.a_source == "packed" else ""
         st = "_st" if self.store == "staged" else ""
         pr = f"_p{self.producers}" if self.producers > 1 else ""
+        pr += "_d2" if self.depth == 2 else ""
         return (f"bs_pdq_{self.fmt}_{BM}x{self.bn}_k{KSTEP}_s{self.stages}_"
                 f"{H.out_tag(self.out_dtype)}{pa}{pf}{lp}{st}{pr}{ep}")
 
@@ -181,6 +187,13 @@ def check_producers(producers: Any, bn: int) -> None:
     if producers > 1 and bn != 192:
         raise ValueError(f"producers={producers} needs bn=192 (512 threads: 128 registers "
                          f"a thread), got bn={bn}")
+
+
+def check_depth(depth: Any, prefetch: bool) -> None:
+    """ValueError for a prefetch distance other than 1 or 2 (2 with the prefetch)."""
+    if type(depth) is not int or depth not in (1, 2) or (depth == 2 and not prefetch):
+        raise ValueError(f"depth must be 1 or 2 (2 needs prefetch=True), got {depth!r} "
+                         f"(prefetch={prefetch})")
 
 
 def check_store(store: str, out_dtype: str, n: int) -> None:
@@ -247,7 +260,7 @@ def build(spec: PdqMatmulSpec) -> Any:
 
         P.emit_mainloop(kb, a_op, m0, src, k, spec.fmt, spec.stages, store, BM,
                         spec.prefetch, spec.loop, all_threads=spec.store == "staged",
-                        producers=spec.producers, bn=bn)
+                        producers=spec.producers, bn=bn, depth=spec.depth)
     return kb.module
 
 
@@ -261,11 +274,11 @@ def block_scaled_matmul_pdq(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | st
                             stages: int | None = None, prefetch: bool = True,
                             loop: str = "split", a_source: str = "workspace",
                             store: str = "direct", producers: int = 1, bn: int = BN,
-                            device: Any = None) -> Any:
+                            depth: int = 1, device: Any = None) -> Any:
     """The producer-dequant kernel called directly (no dispatch), e.g. by tests and
     benchmarks. Arguments as :func:`blockscale.ops.matmul_twophase.
     block_scaled_matmul_twophase` (5-D scales) plus ``stages``, ``prefetch``, ``loop``,
-    ``a_source``, ``store``, ``producers`` and ``bn`` (:class:`PdqMatmulSpec`). Allocates A's bf16 workspace
+    ``a_source``, ``store``, ``producers``, ``bn`` and ``depth`` (:class:`PdqMatmulSpec`). Allocates A's bf16 workspace
     (``2 k_pad M_pad`` bytes) per call. Raises ValueError for a format other than NVFP4 /
     MXFP4, K % 32 != 0, or a staged store of rows not 16-byte aligned."""
     fmt = Format.from_name(fmt)
@@ -276,7 +289,7 @@ def block_scaled_matmul_pdq(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | st
         raise ValueError(f"the producer-dequant kernel takes k % 32 == 0, got k={d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = PdqMatmulSpec(fmt.name, out_dtype, epilogue, tgt, stages, prefetch, loop, a_source,
-                         store, producers, bn)
+                         store, producers, bn, depth)
     check_store(spec.store, spec.out_dtype, d.n)
     alpha = H.finite_f32(alpha, "alpha")
     extra = dict(epilogue_inputs or {})
@@ -307,7 +320,7 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     """NVFP4 / MXFP4 x bf16 / f32 out x A from the workspace / packed, 4 stages, with and
     without the prefetch, direct stores; the staged store with the prefetch; two producer
     warpgroups at 128 x 192 (5 stages, prefetch, both stores); one at 128 x 192 (staged,
-    bf16) (phase 1 of A: matmul_twophase's DequantSpec, tile 128, bundled by that module);
+    bf16); prefetch distance 2 (staged, bf16, both CTA shapes) (phase 1 of A: matmul_twophase's DequantSpec, tile 128, bundled by that module);
     none off sm_90a."""
     if target not in TARGETS:
         return []
@@ -322,6 +335,10 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
               for st in STORES]
     specs += [PdqMatmulSpec(f, "bfloat16", None, target, None, True, "split", src, "staged",
                             1, 192) for f in FORMATS for src in A_SOURCES]
+    # prefetch distance 2 (loads after the proxy fence), staged, bf16: both CTA shapes
+    specs += [PdqMatmulSpec(f, "bfloat16", None, target, None, True, "split", src, "staged",
+                            pr, bn, 2) for f in FORMATS for src in A_SOURCES
+              for pr, bn in ((1, 256), (2, 192))]
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
