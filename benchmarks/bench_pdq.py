@@ -64,7 +64,15 @@ DENSE_IMPLS = (("twophase k64", None),
                ("pdq ws pf staged p2 192", {"store": "staged", "producers": 2, "bn": 192}),
                ("pdq packed pf p2 192", {"a_source": "packed", "producers": 2, "bn": 192}),
                ("pdq packed pf staged p2 192", {"a_source": "packed", "store": "staged",
-                                                "producers": 2, "bn": 192}))
+                                                "producers": 2, "bn": 192}),
+               # prefetch distance 2 (loads after the proxy fence)
+               ("pdq ws pf staged d2", {"store": "staged", "depth": 2}),
+               ("pdq packed pf staged d2", {"a_source": "packed", "store": "staged",
+                                            "depth": 2}),
+               ("pdq ws pf staged p2 192 d2", {"store": "staged", "producers": 2, "bn": 192,
+                                               "depth": 2}),
+               ("pdq packed pf staged p2 192 d2", {"a_source": "packed", "store": "staged",
+                                                   "producers": 2, "bn": 192, "depth": 2}))
 #: grouped (label, kind, kwargs)
 GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequant": "lut",
                                                      "kstep": 64, "scaling": "fold"}),
@@ -75,7 +83,10 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                  ("grouped pdq pf p2 192", "pdq", {"prefetch": True, "producers": 2,
                                                    "bn": 192}),
                  ("grouped pdq pf staged p2 192", "pdq", {"prefetch": True, "store": "staged",
-                                                          "producers": 2, "bn": 192}))
+                                                          "producers": 2, "bn": 192}),
+                 ("grouped pdq pf staged p2 192 d2", "pdq", {"prefetch": True,
+                                                             "store": "staged", "producers": 2,
+                                                             "bn": 192, "depth": 2}))
 
 
 def _select(impls: tuple, only: Sequence[str] | None) -> tuple:
