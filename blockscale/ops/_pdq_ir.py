@@ -62,11 +62,25 @@ the consumers issue the same k16 wgmmas in the same order, so the output is bit-
 :func:`blockscale.ops.matmul_twophase.block_scaled_matmul_twophase` (kstep 64, bm 128) in the
 interpreter's model (and, on the GPU, the same HGMMA sequence on the same operands).
 
+Variants (issue #10). Two producer warpgroups (``producers=2``, 512 threads): ptxas gives
+each thread 65536 / 512 = 128 registers and does not let code after ``setmaxnreg.inc`` use
+more than the count at entry (C7602, "Insufficient registers (128)", for m64n256's 128
+accumulators; .maxntid + .minnctapersm 1 checked), so they come with the 128 x 192 tile
+(``bn=192``, 96 accumulators, 122-128 registers, 5 stages). The producers' work is then
+dealt as units, one 32-element half of one tile row each (:func:`_units`): B's 384 over 256
+threads (threads 0 .. 127 two, the others one), A's 256 one a thread. ``depth=2`` issues
+step t + 2's loads after step t's fence and arrival, so the fence (MEMBAR.ALL.CTA) does not
+follow global loads still in flight (with ``depth=1`` step t + 1's loads precede step t's
+stores and fence).
+
 SASS (ptxas 13.0, sm_90a, tools/sass_loop_counts.py; per thread and k64 step): consumers 63
 instructions + 4 HGMMA.64x256x16 (1024 tensor cycles per SM at peak); producer, A by bulk
 copy: 692 (NVFP4; ALU 376, FMA-pipe 220, 16 STS.128) / 648 (MXFP4); packed A: 965 / 866
 (ALU 551 / 482, 24 STS.128); grouped (both packed): 955 / 855. 154 registers (168 with the
-prefetch), no spills (packed A with the prefetch: 16 bytes).
+prefetch), no spills (packed A with the prefetch: 16 bytes). Two producers at 128 x 192, the
+thread with the most units: 419 / 389 (2 units; depth 2: 425), packed A 564 (3), grouped
+559 / 518 (3; depth 2: 567 / 531); 122 registers (128 packed / grouped), no spills. One
+producer at 128 x 192: 593 (3 units).
 """
 
 from __future__ import annotations
