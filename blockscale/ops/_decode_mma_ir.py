@@ -79,6 +79,27 @@ weight byte; 433 ALU) against the 1812 of "mma_p" (both n-tile paths), and no sp
 at 128 registers (4 bytes outside; "mma_p": 216 bytes, 9 reloads a step). With <= 4 rows,
 half the lanes skip their B fragment loads. Per warp and step ~80 load + ~56 store
 wavefronts; the ALU pipe (half rate: ~860 cycles a step) and L1 are now about balanced.
+
+Per-tile overhead ("mma_c8t", "mma_c8s2" / "mma_c8s4", "mma_c8d2")
+------------------------------------------------------------------
+Run P: DeepSeek-V3 (K = 7168: 14 steps a tile) reaches 79 % of copy at T = 16 with the same
+step loop as gpt-oss (K = 2880: 5.625 steps, 66 %). Fitting ``eff = b * S / (S + O)`` to
+both gives a per-tile overhead O of ~1.4 steps (the first step's load latency with nothing
+to overlap, the stores, the CTA start) and b ~0.87; gpt-oss also computes 6 full steps
+for 5.625 (the last step's chunks past the row end are clamped re-reads with zero
+activations) and its loop's last prefetch re-reads the last step. ``tail`` ("mma_c8t")
+peels the last step: the loop prefetches only real steps, the peeled step skips its unit
+pairs past the row end (uniform branches), and the loop's steps (never the last one) stage
+their weight scale words without the K-padding mask; MXFP4 stages raw chunks (no byte
+interleave: its block is the whole chunk). sm_90a SASS of the step loop, grouped, per warp
+and 4 KB step: NVFP4 848 -> 809 (ALU 433 -> 403, FMA pipe 260 -> 251), MXFP4 982 -> 921
+(ALU 445 -> 391); 127 registers, no spill. ``slices`` ("mma_c8s2" / "mma_c8s4") runs 2 / 4
+column slices per CTA in turn, fetching the next slice's first step during the current
+slice's peeled step: one exposed load prologue per 2 / 4 slices (loop 811 / 812 SASS;
+ptxas spills ~120-180 bytes around the slice loop, none in the step loop); fewer CTAs, so
+only for grids of several waves (matmul_decode.slices_variant). "mma_c8d2" is "mma_c8" at
+``depth=2`` (168 registers, 3 CTAs per SM: 32 KB in flight a CTA, for grids under one wave
+such as gpt-oss T = 1; its loop is 927 SASS: register copies rotate the two steps).
 """
 
 from __future__ import annotations

@@ -22,7 +22,9 @@ through registers into shared memory; cost per weight byte independent of the ro
 bit-identical to the portable kernel; :mod:`blockscale.ops._decode_mma_ir`), its variants
 "mma2", "mma_p" (cheaper E2M1 -> f16 decode, ~19 % fewer instructions per step, the same
 values), "mma_p5" ("mma_p" at 5 CTAs per SM; grouped) and "mma_psk" ("mma_p" with K split
-over grid.z), see :data:`VARIANTS`. The dispatch runs ``BLOCKSCALE_DECODE_VARIANT``
+over grid.z), the conflict-free "mma_c*" family and its per-tile-overhead variants
+"mma_c8t" / "mma_c8s2" / "mma_c8s4" / "mma_c8d2", see :data:`VARIANTS`; the dispatch-only
+:data:`AUTO_VARIANT` picks among "mma_c8t" / "mma_c8s2" / "mma_c8s4" by the grid. The dispatch runs ``BLOCKSCALE_DECODE_VARIANT``
 (default :data:`DEFAULT_VARIANT`) for FP4; with "mma_p", grids of at most
 :func:`split_k_max_ctas` CTAs run "mma_psk" (default 0: off).
 
