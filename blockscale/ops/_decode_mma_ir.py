@@ -99,7 +99,7 @@ slice's peeled step: one exposed load prologue per 2 / 4 slices (loop 811 / 812 
 ptxas spills ~120-180 bytes around the slice loop, none in the step loop); fewer CTAs, so
 only for grids of several waves (matmul_decode.slices_variant). "mma_c8d2" is "mma_c8" at
 ``depth=2`` (168 registers, 3 CTAs per SM: 32 KB in flight a CTA, for grids under one wave
-such as gpt-oss T = 1; its loop is 927 SASS: register copies rotate the two steps).
+such as gpt-oss T = 1; with ``tail``; register copies rotate the two steps).
 """
 
 from __future__ import annotations
@@ -306,14 +306,16 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     peeled off the step loop: the loop's last prefetch (past the end: clamped re-reads) is
     gone and the peeled step skips its unit pairs past the row end (K = 2880: 10 of 16;
     the same values: those terms are fma(0, 0, acc) = acc);
-    ``slices`` (variants "mma_c8s*", with ``tail`` and "cf8"): the CTA computes ``slices``
+    with ``depth=2`` ("mma_c8d2") the loop's last prefetch re-reads the last step;
+    ``slices`` (variants "mma_c8s*", with ``tail``, depth 1 and "cf8"): the CTA computes ``slices``
     column slices of :data:`COLS` rows in turn (columns ``[COLS * slices * block_idx.x,
     +COLS * slices)``), the next slice's first step fetched during the current slice's peeled
     last step: one prologue (first load latency) per ``slices`` slices."""
-    if tail and (depth != 1 or step_range is not None):
-        raise ValueError("tail needs depth 1 and no step_range")
-    if slices < 1 or (slices > 1 and not (tail and staging == "cf8")):
-        raise ValueError(f"slices > 1 needs tail and staging 'cf8', got slices={slices}")
+    if tail and step_range is not None:
+        raise ValueError("tail needs no step_range")
+    if slices < 1 or (slices > 1 and not (tail and depth == 1 and staging == "cf8")):
+        raise ValueError(f"slices > 1 needs tail, depth 1 and staging 'cf8', got "
+                         f"slices={slices}")
     if depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {depth}")
     if decode not in ("lop3", "prmt"):
@@ -746,8 +748,8 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
 
             def fetch_next(step: Value = step, later: list[Value] = later) -> list[Value]:
                 ahead = bir.add(step, depth)
-                if step_range is not None:  # a split's prefetch past its end re-reads its
-                    # last step (L1 / L2 hits), not the next split's
+                if step_range is not None or (tail and depth > 1):  # a prefetch past the
+                    # end re-reads the last step (L1 / L2 hits), not the next split's
                     ahead = bir.umin(ahead, bir.sub(s_hi, 1))
                 return later + fetch(ahead, r0, rows)
 

@@ -94,7 +94,7 @@ COLS = 32
 #: unit pairs past the row end skipped; K = 2880: 5.625 steps computed, not 6)
 #: "mma_c8s2" / "mma_c8s4" ("mma_c8t" over 2 / 4 column slices per CTA in turn, the next
 #: slice's first step fetched during the current slice's last step: 128 / 256 columns a CTA),
-#: "mma_c8d2" ("mma_c8" with two steps in flight, 168 registers: 3 CTAs per SM; for grids
+#: "mma_c8d2" ("mma_c8t" with two steps in flight, 168 registers: 3 CTAs per SM; for grids
 #: under one wave)
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
             "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2")
@@ -102,7 +102,7 @@ VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c
 STAGING = {"mma_c": "cf", "mma_c8": "cf8", "mma_c85": "cf8", "mma_c86": "cf8", "mma_c8t": "cf8",
            "mma_c8s2": "cf8", "mma_c8s4": "cf8", "mma_c8d2": "cf8"}
 #: the variants with the last K step peeled (_decode_mma_ir.emit_decode_mma's ``tail``)
-TAIL_VARIANTS = ("mma_c8t", "mma_c8s2", "mma_c8s4")
+TAIL_VARIANTS = ("mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2")
 #: column slices of 64 per CTA (_decode_mma_ir.emit_decode_mma's ``slices``)
 SLICES = {"mma_c8s2": 2, "mma_c8s4": 4}
 #: grouped-only variants (more CTAs per SM) -> the variant the dense dispatch runs instead
