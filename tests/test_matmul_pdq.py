@@ -285,7 +285,10 @@ def test_kernel_sass(spec):
     kernel = P.kernel(spec)
     sass, meta = kernel.asm["sass"], kernel.meta
     # packed A with the prefetch: 30 prefetched registers a producer thread, a few spills
-    spills = 16 if spec.a_source == "packed" and spec.prefetch and spec.bn == 256 else 0
+    # (prefetch distance 2 there: 60 prefetched registers, up to 36 bytes)
+    spills = 0
+    if spec.a_source == "packed" and spec.prefetch and spec.bn == 256:
+        spills = 16 if spec.depth == 1 else 40
     assert meta["spill_stores"] <= spills and meta["spill_loads"] <= spills
     assert meta["registers"] <= 65536 // spec.block[0]  # 168 at 384 threads, 128 at 512
     assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32\.BF16", sass)) == 4
