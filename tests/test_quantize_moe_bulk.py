@@ -132,3 +132,36 @@ def test_bulk_schedule_choice_and_plan():
     assert {"grouped_quantize_dynamic_scaled_nvfp4_rn_5d_v_wide2_bulk2",
             "grouped_quantize_dynamic_scaled_mxfp8_up_5d_v_gather_wide2_bulk4",
             "fused_silu_quantize_mxfp4_up_5d_v_silu_wide2_bulk2_lut"} <= names
+
+
+def _e2m1_unsat_model(a: np.ndarray) -> np.ndarray:
+    """The code of ``_quantize_wide_ir._e2m1x8_unsat`` for f32 ``a >= 0`` in numpy: ``t =
+    fma(a, a, 12)`` (a*a + 12 is exact in f64 for a < 8, so one rounding to f32 is the fma),
+    ``s = fma(T, 2^19, a)`` and ``r = s - T 2^19`` (T 2^19 a power of two: one rounding each),
+    then ``bits(r * 2^-126) >> 22``."""
+    a = a.astype(np.float32)
+    t = (a.astype(np.float64) ** 2 + 12.0).astype(np.float32)
+    tb = (t.view(np.uint32) & np.uint32(0x7F800000)).view(np.float32)
+    m = (tb.astype(np.float64) * 2.0 ** 19).astype(np.float32)  # exact
+    s = (m.astype(np.float64) + a.astype(np.float64)).astype(np.float32)  # one rounding
+    r = s - m  # exact (Sterbenz)
+    return ((r.astype(np.float64) * 2.0 ** -126).astype(np.float32).view(np.uint32) >> 22)
+
+
+def test_e2m1_unsat_exhaustive():
+    """The unsaturated E2M1 rounding of the NVFP4 fast path equals the reference (encode_e2m1:
+    RNE, saturating to 6) on every f32 in [0, 7) that matters: all 2^21 values of (6, 7)
+    (where saturation would act), every f32 within 4096 ulps of each tie (0.25 .. 5) and of
+    the grid switches (2, sqrt(20)); at 7 itself it would not (hence the < 7 bound)."""
+    from blockscale.formats import encode_e2m1
+    from blockscale.ops import _quantize_wide_ir as WI
+
+    lo, hi = np.float32(6.0).view(np.uint32), np.float32(WI.E2M1_UNSAT_BOUND).view(np.uint32)
+    parts = [np.arange(lo, hi, dtype=np.uint32).view(np.float32)]
+    for c in (0.25, 0.75, 1.25, 1.75, 2.0, 2.5, 3.5, np.sqrt(20.0), 4.0, 5.0, 6.0):
+        b = np.float32(c).view(np.uint32).astype(np.int64)
+        parts.append(np.arange(b - 4096, b + 4097).astype(np.uint32).view(np.float32))
+    parts.append(np.array([0.0, 1e-45, 1e-38, 0.5, 1.0, 1.5, 3.0], np.float32))
+    a = np.concatenate(parts)
+    np.testing.assert_array_equal(_e2m1_unsat_model(a), encode_e2m1(a) & 7)
+    assert int(_e2m1_unsat_model(np.array([7.0], np.float32))[0]) == 8  # not a code: bound

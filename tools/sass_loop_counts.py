@@ -92,8 +92,9 @@ def hot_path(text: str) -> tuple[int, int]:
     """(instructions, local loads/stores) of the hot path of the longest loop: minus forward
     branches over store-free code holding a loop (the grouped kernels' group search), the cold
     branches
-    after an ``FSETP ... +INF`` (the NVFP4 NaN-sign fix) or an ``LDS`` (the wide kernels'
-    table miss) and the div.rn slow-path calls."""
+    after an ``FSETP ... +INF`` (the NVFP4 NaN-sign fix), an ``LDS`` (the wide kernels'
+    table miss) or an ``FSETP.GEU ... 7`` (the fused bulk kernels' saturating NVFP4 packing)
+    and the div.rn slow-path calls."""
     ins = parse(text)
     prev = {a: ins[i - 1][1] for i, (a, _) in enumerate(ins) if i}
     # not a loop: an out-of-line block's jump back (an unconditional BRA right after a
@@ -115,8 +116,18 @@ def hot_path(text: str) -> tuple[int, int]:
                 if quiet and addr < a and b < tgt and (
                         a not in around or tgt - addr > around[a][1] - around[a][0]):
                     around[a] = (addr, tgt)
-            if any(("FSETP" in t and "+INF" in t) or "LDS" in t
-                   for _, t in ins[max(0, i - 6):i]):
+            pm = re.match(r"@(P\d) BRA", text_i)
+            sat = pm is not None and any(
+                re.search(rf"FSETP\.GEU\.AND {pm.group(1)}, PT, R\d+, 7, PT", t)
+                for _, t in ins[max(0, i - 48):i])
+            if sat:  # the branch jumps to the saturating copy; the fast one falls through
+                # to a BRA over it: skip [target, that BRA's target)
+                jm = re.match(r"BRA (?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)",
+                              dict(ins).get(tgt - 0x10, ""))
+                if jm:
+                    skip.append((tgt - 0x10, int(jm.group(1), 16)))
+            elif any(("FSETP" in t and "+INF" in t) or "LDS" in t
+                     for _, t in ins[max(0, i - 6):i]):
                 skip.append((addr, tgt))
         if lo <= addr <= hi and "CALL.REL" in text_i:
             skip.append((addr - 0x30, addr + 0x10))

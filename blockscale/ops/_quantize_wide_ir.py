@@ -66,8 +66,9 @@ registers. Per visit: one mbarrier wait, two (fused four) ``LDS.128`` per chunk,
 block barrier, and in the row-lead warps the refill (~50 SASS). The fused table comes in
 one bulk copy on its own mbarrier. Hot path per element (registers, spills), S = 2 / 3 / 4:
 grouped NVFP4 15.8 (64, 0) / 16.0 (64, 0) / 17.7 (71, 0), MXFP4 11.8 (62) / 12.0 (62) /
-12.4 (68), MXFP8 8.8 (64) / 9.0 (64) / 9.2 (72); fused ``wide_bulk2_lut`` 28.7 (112-119,
-0) / 26.1 (104-114) / 18.7 (107-112).
+12.4 (68), MXFP8 8.8 (64) / 9.0 (64) / 9.2 (72); fused ``wide_bulk2_lut`` 25.4 (109-119,
+0) / 25.5 (99-114) / 18.8 (106-112): its FP4 packing skips ``min(|y|, 6)`` when the chunk's
+``fl(amax * recip) < 7`` (:func:`_pack_fp4_unsat`; NVFP4 28.7 without).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ from mlir import ir
 from mlir.dialects import arith, gpu, vector
 
 from blockscale.compiler import ir as B
+from blockscale.compiler.arch import nvvm as NV
 from blockscale.ops import _quantize_stream_ir as QS
 from blockscale.ops import quantize_ir as QI
 from blockscale.ops import quantize_moe_ir as QM
@@ -613,6 +615,11 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
 
         rbits = arith.bitcast(i32, recip)
         packed = [[e2m1x8_mx_bf16x2(wv, rbits, spec.rounding != "up")] for _, wv in halves]
+    elif k.fmt.is_fp4 and QI._fast_e2m1(k) and spec.bulk and spec.mode == "silu":
+        # fused bulk (128 registers: room for the saturating copy of the packing; in the
+        # 64 / 80-register kernels it raised the spills from 0-4 to 16-40 bytes)
+        packed = [[wd] for wd in _pack_fp4_unsat(k, xs_h, recip, sd, safe_amax,
+                                             [wv for _, wv in halves])]
     elif k.fmt.is_fp4:
         packed = [[wd] for wd in QI._pack_fp4_all(k, xs_h, recip, sd, [wv for _, wv in halves])]
     else:
@@ -642,3 +649,66 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
     sval = arith.trunci(B.i8(), arith.select(has_data, byte, _c32(0)))
     with B.when(arith.andi(arith.andi(row.lane0, ch.chunk_ok), row.row_ok)):
         B.store(sval, a("scales"), arith.addi(row.srow_base, _wide(ch.s_jpart)))
+
+
+#: the chunk's |y| bound below which :func:`_e2m1x8_unsat` needs no saturation
+E2M1_UNSAT_BOUND = 7.0
+
+
+def _pack_fp4_unsat(k: QI._Ctx, xs_h: list[list[ir.Value]], recip: ir.Value, sd: ir.Value,
+                amax_bits: ir.Value, pairs_h: list[ir.Value | None]) -> list[ir.Value]:
+    """:func:`quantize_ir._pack_fp4_all` (sm_90a, NVFP4 / MXFP4 without bf16x2: the fused
+    bulk kernels) with the saturation ``min(|y|, 6)``
+    (one FMNMX an element) left out for the chunks whose ``fl(amax * recip) < 7``
+    (chunk-uniform, nearly all): every ``|y| = fl(|x| * recip) <= fl(amax * recip)`` (RN is
+    monotonic), and below 7 the unsaturated rounding gives the saturated codes
+    (:func:`_e2m1x8_unsat`; exhaustively checked in tests/test_quantize_moe_bulk.py). The
+    others (a saturating scale, an E4M3-subnormal scale, ``recip = +inf``: NaN / Inf products
+    compare false) take the saturating path, its NaN-sign fix included."""
+    f32, i32 = B.f32(), B.i32()
+    bound = arith.mulf(arith.bitcast(f32, amax_bits), recip)
+    fast = arith.cmpf(arith.CmpFPredicate.OLT, bound, QI._cf(E2M1_UNSAT_BOUND))
+    br = B.if_(fast, [i32] * len(xs_h))
+    with br.then():
+        out = []
+        for xs, p in zip(xs_h, pairs_h):
+            if p is not None:  # sign words: the loaded bf16 pairs, else the f32 upper halves
+                words = [B.extract(p, i) for i in range(CHUNK // 2)]
+            else:
+                xb = [arith.bitcast(i32, x) for x in xs]
+                words = [NV.byte_perm(xb[2 * i], xb[2 * i + 1], 0x7632)
+                         for i in range(CHUNK // 2)]
+            out.append(_e2m1x8_unsat([arith.mulf(x, recip) for x in xs], words))
+        br.yield_(*out)
+    with br.else_():
+        br.yield_(*QI._pack_fp4_all(k, xs_h, recip, sd, pairs_h))
+    return list(br.results)
+
+
+def _e2m1x8_unsat(ys: list[ir.Value], sign_words: list[ir.Value]) -> ir.Value:
+    """:func:`blockscale.compiler.arch.convert.e2m1x8_pack_fast` for ``|y| < 7`` without its
+    ``min(|y|, 6)``: ``a = |y|`` (a free operand modifier), ``t = fma(a, a, 12)`` < 61 so
+    ``T = bits(t) & 0x7F800000`` is still 2^3 / 2^4 / 2^5 and in (6, 7) the step-2 grid
+    rounds to 6 (code 7), as the saturated value does; the same signs."""
+    from mlir.dialects import math as mmath
+
+    from blockscale.compiler.arch.convert import _E2M1_MAGIC, _E2M1_TO_BITS
+
+    f32, i32 = B.f32(), B.i32()
+    word = None
+    for e, y in enumerate(ys):
+        a = mmath.absf(y)
+        t = mmath.fma(a, a, QI._cf(12.0))
+        tb = arith.bitcast(f32, arith.andi(arith.bitcast(i32, t), _c32(0x7F800000)))
+        sm = mmath.fma(tb, QI._cf(_E2M1_MAGIC), a)
+        r = mmath.fma(tb, QI._cf(-_E2M1_MAGIC), sm)
+        cb = arith.bitcast(i32, arith.mulf(r, QI._cf(_E2M1_TO_BITS)))  # code << 22
+        sh = 22 - 4 * e
+        part = arith.shrui(cb, _c32(sh)) if sh > 0 else arith.shli(cb, _c32(-sh))
+        word = part if word is None else arith.addi(word, part)  # disjoint nibbles
+    q0 = NV.byte_perm(sign_words[0], sign_words[1], 0xFDB9)
+    q1 = NV.byte_perm(sign_words[2], sign_words[3], 0xFDB9)
+    even = NV.byte_perm(q0, q1, 0x6420)
+    odd = NV.byte_perm(q0, q1, 0x7531)
+    word = arith.ori(word, arith.andi(even, _c32(0x08080808)))
+    return arith.ori(word, arith.andi(odd, _c32(-0x7F7F7F80)))
