@@ -76,19 +76,22 @@ def test_decode_mma_sass(spec):
     step loop no spill store and only a few reloads of spilled loop-invariant addresses
     (ptxas; a handful of L1 hits per 16 KB step). The 8-row variants ("mma_c8*": one n-tile
     path, 32 HMMAs): no spill in the step loop at 128 registers, <= 8 / 24 reloads a step at
-    96 / 80."""
+    96 / 80; the tail variants ("mma_c8t", "mma_c8s*", "mma_c8d2") hold a second copy of the
+    HMMAs (the peeled last step), "mma_c8d2" <= 12 reloads a step at 168 registers."""
     kernel = matmul_decode.kernel(spec)
     meta, ops = kernel.meta, _ops(kernel.asm["sass"])
     assert 0 < meta["registers"] <= matmul_decode.VARIANT_REGISTERS[spec.variant], meta
     paths = 1 if matmul_decode.STAGING.get(spec.variant) == "cf8" else 3
-    assert ops.count("HMMA.16816.F32") == 32 * paths, ops.count("HMMA.16816.F32")
+    peeled = 2 if spec.variant in matmul_decode.TAIL_VARIANTS else 1  # (+ the last step)
+    assert ops.count("HMMA.16816.F32") == 32 * paths * peeled, ops.count("HMMA.16816.F32")
     loop = _step_loop(kernel.asm["sass"])
     assert loop.count("HMMA.16816.F32") == 32 * paths
     assert loop.count("LDG.E.128") >= 8  # the next step's weights
     assert not [o for o in loop if o.startswith("STL")], "spill store in the step loop"
     # <= 32 of the ~2300 instructions of a step (mma2: <= 26, mma: <= 8); mma_p5 (96
     # registers for 5 CTAs per SM): <= 48
-    cap = {"mma_p5": 48, "mma_c8": 0, "mma_c85": 8, "mma_c86": 24}.get(spec.variant, 32)
+    cap = {"mma_p5": 48, "mma_c8": 0, "mma_c85": 8, "mma_c86": 24, "mma_c8t": 0,
+           "mma_c8s2": 0, "mma_c8s4": 0, "mma_c8d2": 12}.get(spec.variant, 32)
     assert sum(o.startswith("LDL") for o in loop) <= cap, "spill reloads in the step loop"
     if spec.variant == "mma_c8":  # (a word or two spilled outside the passes)
         assert meta["spill_stores"] <= 8 and meta["spill_loads"] <= 8, meta
