@@ -65,10 +65,11 @@ registers: per SM 64-128 KB (S = 2, 4 blocks), 128-192 KB (S = 3, 4 blocks), 144
 registers. Per visit: one mbarrier wait, two (fused four) ``LDS.128`` per chunk, one
 block barrier, and in the row-lead warps the refill (~50 SASS). The fused table comes in
 one bulk copy on its own mbarrier. Hot path per element (registers, spills), S = 2 / 3 / 4:
-grouped NVFP4 15.8 (64, 0) / 16.0 (64, 0) / 17.7 (71, 0), MXFP4 11.8 (62) / 12.0 (62) /
+grouped NVFP4 15.8 (64, 0) / 16.0 (64, 0) / 15.0 (72, 0), MXFP4 11.8 (62) / 12.0 (62) /
 12.4 (68), MXFP8 8.8 (64) / 9.0 (64) / 9.2 (72); fused ``wide_bulk2_lut`` 25.4 (109-119,
 0) / 25.5 (99-114) / 18.8 (106-112): its FP4 packing skips ``min(|y|, 6)`` when the chunk's
-``fl(amax * recip) < 7`` (:func:`_pack_fp4_unsat`; NVFP4 28.7 without).
+``fl(amax * recip) < 7`` (:func:`_pack_fp4_unsat`, kernels with >= 80 registers: fused
+NVFP4 28.7 and grouped NVFP4 S = 4 17.7 without).
 """
 
 from __future__ import annotations
@@ -615,9 +616,9 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
 
         rbits = arith.bitcast(i32, recip)
         packed = [[e2m1x8_mx_bf16x2(wv, rbits, spec.rounding != "up")] for _, wv in halves]
-    elif k.fmt.is_fp4 and QI._fast_e2m1(k) and spec.bulk and spec.mode == "silu":
-        # fused bulk (128 registers: room for the saturating copy of the packing; in the
-        # 64 / 80-register kernels it raised the spills from 0-4 to 16-40 bytes)
+    elif k.fmt.is_fp4 and QI._fast_e2m1(k) and spec.bulk and _unsat_room(spec):
+        # bulk kernels with >= 80 registers (room for the saturating copy of the packing;
+        # in the 64-register kernels it raised the spills from 0-4 to 16-40 bytes)
         packed = [[wd] for wd in _pack_fp4_unsat(k, xs_h, recip, sd, safe_amax,
                                              [wv for _, wv in halves])]
     elif k.fmt.is_fp4:
@@ -649,6 +650,14 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
     sval = arith.trunci(B.i8(), arith.select(has_data, byte, _c32(0)))
     with B.when(arith.andi(arith.andi(row.lane0, ch.chunk_ok), row.row_ok)):
         B.store(sval, a("scales"), arith.addi(row.srow_base, _wide(ch.s_jpart)))
+
+
+def _unsat_room(spec: MoeQuantizeSpec) -> bool:
+    """Whether the bulk kernel's register cap leaves room for :func:`_pack_fp4_unsat`'s
+    second packing (>= 80)."""
+    from blockscale.ops.quantize_grouped import wide_register_cap
+
+    return wide_register_cap(spec) >= 80
 
 
 #: the chunk's |y| bound below which :func:`_e2m1x8_unsat` needs no saturation
