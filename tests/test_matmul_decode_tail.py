@@ -69,12 +69,15 @@ def test_grouped_bit_identical_to_portable(case_id, fmt, variant, monkeypatch):
     _grouped(case_id, fmt, variant, monkeypatch)
 
 
-def test_tail_needs_depth_one():
+@pytest.mark.parametrize("kw", [{"step_range": (0, 1), "tail": True}, {"slices": 2},
+                                {"slices": 2, "tail": True, "staging": "cf8", "depth": 2},
+                                {"slices": 0, "tail": True, "staging": "cf8"}])
+def test_bad_options(kw):
     from blockscale.ops import _decode_mma_ir as DM
-    with pytest.raises(ValueError, match="tail"):
+    with pytest.raises(ValueError, match="tail|slices"):
         DM.emit_decode_mma(None, matmul_decode.DecodeSpec("nvfp4").format, start=None,
                            end=None, expert=None, n_count=None, k=None, a_srow=None,
-                           store=None, depth=2, tail=True)
+                           store=None, **kw)
 
 
 def test_bundle_specs_hold_the_variant():
