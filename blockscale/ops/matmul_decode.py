@@ -24,8 +24,9 @@ bit-identical to the portable kernel; :mod:`blockscale.ops._decode_mma_ir`), its
 values), "mma_p5" ("mma_p" at 5 CTAs per SM; grouped) and "mma_psk" ("mma_p" with K split
 over grid.z), the conflict-free "mma_c*" family and its per-tile-overhead variants
 "mma_c8t" / "mma_c8s2" / "mma_c8s4" / "mma_c8d2", see :data:`VARIANTS`; the dispatch-only
-:data:`AUTO_VARIANT` picks among "mma_c8t" / "mma_c8s2" / "mma_c8s4" by the grid. The dispatch runs ``BLOCKSCALE_DECODE_VARIANT``
-(default :data:`DEFAULT_VARIANT`) for FP4; with "mma_p", grids of at most
+:data:`AUTO_VARIANT` picks among "mma_c8t" / "mma_c8s2" / "mma_c8s4" by the grid. The
+dispatch runs ``BLOCKSCALE_DECODE_VARIANT`` (default :data:`DEFAULT_VARIANT`, grouped
+:data:`GROUPED_DEFAULT_VARIANT`) for FP4; with "mma_p", grids of at most
 :func:`split_k_max_ctas` CTAs run "mma_psk" (default 0: off).
 
 Split K ("mma_psk"): split z of S sums its K steps from zero, writes fp32 partials to a
@@ -149,6 +150,11 @@ WAVE_CTAS = 4 * 132
 #: T=128 0.558 -> 0.440; dense M=1 0.0156 -> 0.0116, M=16 0.0240 -> 0.0182 ms (mma_c 0.0180;
 #: mma_c85 / mma_c86, capped at 96 / 80 registers, slower than mma_c8)
 DEFAULT_VARIANT = "mma_c8"
+#: the grouped (MoE) decode's default: run Q (2026-11-30, H200), mma_c8 -> mma_c8t (the last K
+#: step peeled): gpt-oss NVFP4 T=1 0.0222 -> 0.0215, T=16 0.164 -> 0.157, T=128 0.417 -> 0.398
+#: ms (70 % of copy); MXFP4 T=128 0.437 -> 0.404. Dense keeps mma_c8 (M=1 0.0117 vs 0.0123,
+#: M=16 0.0183 vs 0.0194); the sliced s2 / s4 and the two-step d2 were slower everywhere
+GROUPED_DEFAULT_VARIANT = "mma_c8t"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -462,11 +468,12 @@ def slices_variant(tiles: int) -> str:
     return "mma_c8s2" if tiles < 16 * WAVE_CTAS else "mma_c8s4"
 
 
-def dispatch_variant(fmt: Format) -> str:
+def dispatch_variant(fmt: Format, grouped: bool = False) -> str:
     """The variant the dispatch runs for ``fmt``: ``BLOCKSCALE_DECODE_VARIANT`` (else
-    :data:`DEFAULT_VARIANT`) for FP4, "simt" for MXFP8 (ValueError for an unknown name;
-    :data:`AUTO_VARIANT` is resolved per launch)."""
-    v = os.environ.get(VARIANT_ENV, DEFAULT_VARIANT)
+    :data:`DEFAULT_VARIANT`, :data:`GROUPED_DEFAULT_VARIANT` for the grouped op) for FP4,
+    "simt" for MXFP8 (ValueError for an unknown name; :data:`AUTO_VARIANT` is resolved per
+    launch)."""
+    v = os.environ.get(VARIANT_ENV, GROUPED_DEFAULT_VARIANT if grouped else DEFAULT_VARIANT)
     H.check_choice(v, (*VARIANTS, AUTO_VARIANT), VARIANT_ENV)
     return v if fmt.is_fp4 else "simt"
 
@@ -476,7 +483,7 @@ def grouped_fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_grou
     """The :data:`blockscale.ops.matmul_grouped.FAST_PATHS` hook (registered first)."""
     if target not in TARGETS or not enabled() or t == 0 or n == 0 or not k_supported(fmt, k):
         return None
-    variant = dispatch_variant(fmt)
+    variant = dispatch_variant(fmt, grouped=True)
     auto = variant == AUTO_VARIANT
     spec = DecodeSpec(fmt.name, "grouped", "bfloat16", row_scales, target,
                       "mma_c8t" if auto else variant)

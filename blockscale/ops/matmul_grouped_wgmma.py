@@ -73,7 +73,10 @@ MIN_ROWS = 1024
 #: kernel's lut / k64 / fold output byte for byte, on the H200 too, so the fused SwiGLU op,
 #: which runs this kernel with the σ store, still equals the chained path). Measured on the
 #: H200 (run P, 2026-11-30, gpt-oss-120b gate_up, prefetch on): MXFP4 T=1024 1.376 vs 1.866
-#: ms, T=4096 2.129 vs 2.809 ms; NVFP4 a tie (1.649 vs 1.632, 2.523 vs 2.566): not switched
+#: ms, T=4096 2.129 vs 2.809 ms; run Q, with the staged epilogue (N % 8 == 0): 1.335 / 1.915
+#: ms. NVFP4: staged pdq 1.655 / 2.370 vs this kernel's "shift" default 1.632 / 2.566, but pdq
+#: equals the "lut" variant, which the fused SwiGLU op would then have to run (18 % slower than
+#: "shift" here): not switched
 PDQ_FORMATS = ("mxfp4",)
 #: the dispatch uses 128 x 256 tiles when at least this many CTAs result (else 128 x 128)
 WIDE_TILE_MIN_CTAS = 4 * 132
@@ -226,7 +229,8 @@ def fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_groups: int,
             # the GPU runs the per-role K loops; the lock-step interpreter, which runs them
             # only while the K steps fit in the ring, the one-loop form (the same bytes)
             loop = "lockstep" if get_device(device).name == "interp" else "split"
-            pdq = GP.GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop)
+            pdq = GP.GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
+                                    store="staged" if n % 8 == 0 else "direct")
             return H.launch(pdq, GP.grid(t, n, num_groups), (t, n), "bfloat16", buffers,
                             scalars, device, empty=t == 0 or n == 0)
         return run_pdq

@@ -98,8 +98,9 @@ def _lut_buffer(dev: Any, key: tuple, host: bool) -> Any:
 #: 0.0361 / 0.0348 / 0.0350 ms vs rows2_lut 0.0413 / 0.0352 / 0.0352 ms and tiles 0.0547 /
 #: 0.0539 / 0.0489 ms; run P: wide_lut 0.0355 / 0.0325 / 0.0311 ms vs stream_lut 0.0355 / 0.0343 /
 #: 0.0338 (wide, without the table, 0.059 / 0.058 / 0.052). Other targets: DEFAULT_SCHEDULE
-#: (not measured).
-DEFAULT_SILU_SCHEDULE = "wide_lut"
+#: (not measured). Run Q: wide_bulk2_lut (a cp.async.bulk ring of rows) 0.0344 / 0.0322 / 0.0320
+#: ms vs wide_lut 0.0357 / 0.0329 / 0.0317.
+DEFAULT_SILU_SCHEDULE = "wide_bulk2_lut"
 SILU_SCHEDULE_TARGETS = ("sm_90a",)
 
 
