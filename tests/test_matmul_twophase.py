@@ -243,9 +243,21 @@ def test_interp_staged_store_needs_proxy_fence(monkeypatch):
             run()
 
 
+def test_staged_store_dispatch_choice(monkeypatch):
+    """The dispatch stages the epilogue where rows of C are 16-byte aligned, unless
+    BLOCKSCALE_SM90_STAGED_STORE=0 (tools/sanitize.sh's initcheck pass)."""
+    from blockscale.ops import _staged_store_ir as S
+
+    assert [S.dispatch_store("bfloat16", n) for n in (5760, 12)] == ["staged", "direct"]
+    assert [S.dispatch_store("float32", n) for n in (12, 6)] == ["staged", "direct"]
+    monkeypatch.setenv(S.ENV_SWITCH, "0")
+    assert S.dispatch_store("bfloat16", 5760) == "direct"
+    assert TP.fast_path("sm_90a", NVFP4, 8192, 5760, 2944, "bfloat16", None) is not None
+
+
 def test_staged_store_arguments():
-    """Clear errors: an unknown store, staged with the persistent schedule, a ring too small
-    for the staged f32 tile, rows that are not 16-byte aligned."""
+    """Clear errors: an unknown store, a ring too small for the staged f32 tile, rows that
+    are not 16-byte aligned."""
     with pytest.raises(ValueError, match="store"):
         TP.TwophaseMatmulSpec("nvfp4", store="tma")
     with pytest.raises(ValueError, match="stages=2"):

@@ -46,9 +46,25 @@ def stage_bytes(out_dtype: str, bm: int, bn: int) -> int:
     return bm * pitch(out_dtype, bn)
 
 
+#: BLOCKSCALE_SM90_STAGED_STORE=0 makes the dispatch choose direct stores. compute-sanitizer's
+#: initcheck does not see the bulk copies' global writes (it reports every staged output byte
+#: as uninitialized; the bytes equal the direct stores', tests/test_matmul_twophase.py on the
+#: H200), so tools/sanitize.sh runs initcheck with it
+ENV_SWITCH = "BLOCKSCALE_SM90_STAGED_STORE"
+
+
 def supported(out_dtype: str, n: int) -> bool:
     """Whether rows of an ``n``-column output start on 16-byte boundaries (the bulk copies)."""
     return (n * elem_bytes(out_dtype)) % 16 == 0
+
+
+def dispatch_store(out_dtype: str, n: int) -> str:
+    """The dispatch's epilogue store: "staged" where :func:`supported` and not switched off
+    (:data:`ENV_SWITCH`), else "direct"."""
+    import os
+
+    off = os.environ.get(ENV_SWITCH, "1") in ("0", "false", "off")
+    return "staged" if supported(out_dtype, n) and not off else "direct"
 
 
 def store_tile_staged(spec: Any, kb: Any, acc: list, wc: Any, smem: Any, m0: Any, n0: Any,

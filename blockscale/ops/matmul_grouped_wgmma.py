@@ -223,6 +223,7 @@ def fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_groups: int,
         return None
     if fmt.name in PDQ_FORMATS:  # the same bytes, sooner: the producer-dequant kernel
         from blockscale.ops import matmul_grouped_pdq as GP
+        from blockscale.ops._staged_store_ir import dispatch_store
         from blockscale.runtime import get_device
 
         def run_pdq(buffers: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
@@ -230,7 +231,7 @@ def fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_groups: int,
             # only while the K steps fit in the ring, the one-loop form (the same bytes)
             loop = "lockstep" if get_device(device).name == "interp" else "split"
             pdq = GP.GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
-                                    store="staged" if n % 8 == 0 else "direct")
+                                    store=dispatch_store("bfloat16", n))
             return H.launch(pdq, GP.grid(t, n, num_groups), (t, n), "bfloat16", buffers,
                             scalars, device, empty=t == 0 or n == 0)
         return run_pdq

@@ -528,8 +528,8 @@ def fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
         return None
     from blockscale.ops import _staged_store_ir as S
 
-    store = "staged" if S.supported(out_dtype, n) else "direct"
-    spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, target, store=store)
+    spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, target,
+                              store=S.dispatch_store(out_dtype, n))
     dims = _matmul._Dense(fmt, m, n, k)
 
     def run(a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, extra: dict[str, Any],
