@@ -274,6 +274,27 @@ def check_row_scales(a_row_scales: Any, fmt: Format, t: int) -> None:
     H.check_dtype(a_row_scales, ml_dtypes.bfloat16, "a_row_scales")
 
 
+def tiled_grouped_operands(hidden: Any, weight: Any, a_scales: Any, b_scales: Any,
+                           expert_start: Any, a_scale_offsets: Any, expert_ids: Any,
+                           expert_scales: Any, fmt: Format, k: int | None, a_row_scales: Any,
+                           kernel: str) -> tuple[int, int, int, int, dict[str, Any]]:
+    """The checks of a direct call of an sm_90a tiled grouped kernel (5-D / 6-D scales, K %
+    32 == 0; ``kernel`` names it in the error) and its buffers: ``(t, n, k, num_groups,
+    buffers)`` with the portable kernel's argument names."""
+    t, e_count, n, k = _grouped_dims(hidden, weight, fmt, k)
+    if k % 32:
+        raise ValueError(f"the {kernel} takes k % 32 == 0, got k={k}")
+    check_tcgen_scales(a_scales, b_scales, fmt, e_count, n, k)
+    es, offs, ids = group_vectors(expert_start, a_scale_offsets, expert_ids, t, e_count)
+    buffers = {"a": hidden, "w": weight, "sfa": a_scales, "sfb": b_scales,
+               "expert_start": es, "a_scale_offsets": offs, "expert_ids": ids,
+               "expert_scales": expert_scales_arg(expert_scales, fmt, e_count)}
+    if a_row_scales is not None:
+        check_row_scales(a_row_scales, fmt, t)
+        buffers["a_row_scales"] = a_row_scales
+    return t, n, k, es.shape[0] - 1, buffers
+
+
 #: Fast-path hook of :func:`grouped_matmul_block_scaled`: callables ``(target_name, fmt, t, n,
 #: k, num_groups, row_scales) -> runner`` returning a runner ``(buffers, scalars, device) -> C``
 #: (the portable kernel's argument names) or None when they do not apply. Tried in order.

@@ -232,19 +232,9 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
     K % 32 != 0, a format other than NVFP4 / MXFP4, or a staged store with N % 8 != 0."""
     fmt = Format.from_name(fmt)
     H.check_choice(fmt.name, FORMATS, "fmt")
-    t, e_count, n, k = _grouped._grouped_dims(hidden, weight, fmt, k)
-    if k % 32:
-        raise ValueError(f"the grouped producer-dequant kernel takes k % 32 == 0, got k={k}")
-    _grouped.check_tcgen_scales(a_scales, b_scales, fmt, e_count, n, k)
-    es, offs, ids = _grouped.group_vectors(expert_start, a_scale_offsets, expert_ids, t,
-                                           e_count)
-    g_count = es.shape[0] - 1
-    buffers = {"a": hidden, "w": weight, "sfa": a_scales, "sfb": b_scales,
-               "expert_start": es, "a_scale_offsets": offs, "expert_ids": ids,
-               "expert_scales": _grouped.expert_scales_arg(expert_scales, fmt, e_count)}
-    if a_row_scales is not None:
-        _grouped.check_row_scales(a_row_scales, fmt, t)
-        buffers["a_row_scales"] = a_row_scales
+    t, n, k, g_count, buffers = _grouped.tiled_grouped_operands(
+        hidden, weight, a_scales, b_scales, expert_start, a_scale_offsets, expert_ids,
+        expert_scales, fmt, k, a_row_scales, "grouped producer-dequant kernel")
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
                           store, producers, bn, depth)

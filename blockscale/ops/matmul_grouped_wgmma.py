@@ -257,21 +257,11 @@ def grouped_matmul_block_scaled_wgmma(hidden: Any, weight: Any, a_scales: Any, b
     K % 32 != 0, a format other than NVFP4 / MXFP4, or an odd N with ``sigma_out``."""
     fmt = Format.from_name(fmt)
     H.check_choice(fmt.name, FORMATS, "fmt")
-    t, e_count, n, k = _grouped._grouped_dims(hidden, weight, fmt, k)
-    if k % 32:
-        raise ValueError(f"the sm_90a grouped wgmma kernel takes k % 32 == 0, got k={k}")
+    t, n, k, g_count, buffers = _grouped.tiled_grouped_operands(
+        hidden, weight, a_scales, b_scales, expert_start, a_scale_offsets, expert_ids,
+        expert_scales, fmt, k, a_row_scales, "sm_90a grouped wgmma kernel")
     if sigma_out and n % 2:
         raise ValueError(f"sigma_out takes an even weight.shape[1] (gate/up rows), got {n}")
-    _grouped.check_tcgen_scales(a_scales, b_scales, fmt, e_count, n, k)
-    es, offs, ids = _grouped.group_vectors(expert_start, a_scale_offsets, expert_ids, t,
-                                           e_count)
-    g_count = es.shape[0] - 1
-    buffers = {"a": hidden, "w": weight, "sfa": a_scales, "sfb": b_scales,
-               "expert_start": es, "a_scale_offsets": offs, "expert_ids": ids,
-               "expert_scales": _grouped.expert_scales_arg(expert_scales, fmt, e_count)}
-    if a_row_scales is not None:
-        _grouped.check_row_scales(a_row_scales, fmt, t)
-        buffers["a_row_scales"] = a_row_scales
     dev, tgt = H.device_and_target(device, "sm_90a")
     bm, bn = tiles if tiles is not None else choose_tiles(t, n, g_count)
     spec = GroupedWgmmaSpec(fmt.name, a_row_scales is not None, bm, bn, tgt, dequant, kstep,
