@@ -57,7 +57,7 @@ elements per thread); unaligned specs keep the tile schedule (``with_schedule``)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mlir import ir
 from mlir.dialects import arith, vector
@@ -81,13 +81,20 @@ def build(spec: MoeQuantizeSpec) -> ir.Module:
     if k.chunk <= CHUNK:
         raise ValueError(f"the stream schedule needs an aligned spec (K % 8 == 0), got "
                          f"aligned={spec.aligned}")
+    return capped_module(k, spec, stream_register_cap(spec), _body)
+
+
+def capped_module(k: QI._Ctx, spec: MoeQuantizeSpec, register_cap: int,
+                  body: Any) -> ir.Module:
+    """The verified kernel module of ``spec`` with :data:`BLOCK_THREADS` threads, whose
+    function ``body(k, kb)`` emits, capped at ``register_cap`` registers on CUDA targets (the
+    stream and wide schedules)."""
     with ir.Context(), ir.Location.unknown():
         with B.kernel_module(spec.kernel_name, spec.target, spec.args(),
                              (BLOCK_THREADS, 1, 1)) as kb:
             if k.target.is_cuda:
-                kb.func.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(
-                    B.i32(), stream_register_cap(spec))
-            _body(k, kb)
+                kb.func.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(B.i32(), register_cap)
+            body(k, kb)
         kb.module.operation.verify()
         return kb.module
 

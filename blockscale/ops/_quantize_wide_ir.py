@@ -89,7 +89,7 @@ from blockscale.ops.quantize_ir import CHUNK, _c32, _c64
 if TYPE_CHECKING:
     from blockscale.ops.quantize_grouped import MoeQuantizeSpec
 
-BLOCK_THREADS = 256
+BLOCK_THREADS = QS.BLOCK_THREADS  # the launch block of QS.capped_module
 #: expert_start entries a lane tests per step of the first-group count
 SCAN_UNROLL = 4
 
@@ -104,15 +104,7 @@ def build(spec: MoeQuantizeSpec) -> ir.Module:
                          f"aligned={spec.aligned}")
     if spec.wide not in (2, 4):
         raise ValueError(f"spec.wide must be 2 or 4 chunks per visit, got {spec.wide!r}")
-    with ir.Context(), ir.Location.unknown():
-        with B.kernel_module(spec.kernel_name, spec.target, spec.args(),
-                             (BLOCK_THREADS, 1, 1)) as kb:
-            if k.target.is_cuda:
-                kb.func.attributes["nvvm.maxnreg"] = ir.IntegerAttr.get(
-                    B.i32(), wide_register_cap(spec))
-            _body(k, kb)
-        kb.module.operation.verify()
-        return kb.module
+    return QS.capped_module(k, spec, wide_register_cap(spec), _body)
 
 
 class _Chunk:
