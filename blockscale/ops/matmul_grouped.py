@@ -286,13 +286,24 @@ def tiled_grouped_operands(hidden: Any, weight: Any, a_scales: Any, b_scales: An
         raise ValueError(f"the {kernel} takes k % 32 == 0, got k={k}")
     check_tcgen_scales(a_scales, b_scales, fmt, e_count, n, k)
     es, offs, ids = group_vectors(expert_start, a_scale_offsets, expert_ids, t, e_count)
+    buffers = _buffers(hidden, weight, a_scales, b_scales, (es, offs, ids), expert_scales,
+                       a_row_scales, fmt, e_count, t)
+    return t, n, k, es.shape[0] - 1, buffers
+
+
+def _buffers(hidden: Any, weight: Any, a_scales: Any, b_scales: Any, groups: tuple[Any, ...],
+             expert_scales: Any, a_row_scales: Any, fmt: Format, e_count: int,
+             t: int) -> dict[str, Any]:
+    """The grouped kernels' buffers by the portable kernel's argument names (``groups``:
+    :func:`group_vectors`' result; the expert and row scales checked here)."""
+    es, offs, ids = groups
     buffers = {"a": hidden, "w": weight, "sfa": a_scales, "sfb": b_scales,
                "expert_start": es, "a_scale_offsets": offs, "expert_ids": ids,
                "expert_scales": expert_scales_arg(expert_scales, fmt, e_count)}
     if a_row_scales is not None:
         check_row_scales(a_row_scales, fmt, t)
         buffers["a_row_scales"] = a_row_scales
-    return t, n, k, es.shape[0] - 1, buffers
+    return buffers
 
 
 #: Fast-path hook of :func:`grouped_matmul_block_scaled`: callables ``(target_name, fmt, t, n,
@@ -337,12 +348,8 @@ def grouped_matmul_block_scaled(hidden: Any, weight: Any, a_scales: Any, b_scale
                 raise ValueError(f"a_scale_offsets[{g}] = {offs[g]} puts group {g}'s scale rows "
                                  f"at [{r0}, {r0 + e_ - s}), outside a_scales' "
                                  f"{sfa_shape[0] * SF_ATOM_ROWS} rows")
-    buffers = {"a": hidden, "w": weight, "sfa": a_scales, "sfb": b_scales,
-               "expert_start": es, "a_scale_offsets": offs, "expert_ids": ids,
-               "expert_scales": expert_scales_arg(expert_scales, fmt, e_count)}
-    if a_row_scales is not None:
-        check_row_scales(a_row_scales, fmt, t)
-        buffers["a_row_scales"] = a_row_scales
+    buffers = _buffers(hidden, weight, a_scales, b_scales, (es, offs, ids), expert_scales,
+                       a_row_scales, fmt, e_count, t)
     dev, tgt = H.device_and_target(device, target)
     # the tiled kernels load 16-byte pieces: operands at other addresses run the portable one
     for fast in FAST_PATHS if H.vector_aligned(hidden, weight, a_scales, b_scales) else ():
