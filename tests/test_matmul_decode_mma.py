@@ -172,15 +172,16 @@ def test_dispatch_env_runs_mma(monkeypatch):
 
 
 
-def test_dispatch_env_mma_p5_dense_runs_mma_p(monkeypatch):
-    """BLOCKSCALE_DECODE_VARIANT=mma_p5 (bundled for the grouped kernels only): the dense
-    dispatch runs mma_p (the same IR at 128 registers)."""
+@pytest.mark.parametrize("grouped_only,dense", [("mma_p5", "mma_p"), ("mma_c86", "mma_c8")])
+def test_dispatch_env_grouped_only_variant_dense(grouped_only, dense, monkeypatch):
+    """BLOCKSCALE_DECODE_VARIANT=mma_p5 / mma_c86 (register-capped, bundled for the grouped
+    kernels only): the dense dispatch runs mma_p / mma_c8 (the same IR at 128 registers)."""
     launched = record_variants(monkeypatch)
-    monkeypatch.setenv(matmul_decode.VARIANT_ENV, "mma_p5")
+    monkeypatch.setenv(matmul_decode.VARIANT_ENV, grouped_only)
     rng = np.random.default_rng(6)
     a, b, _sfa, _sfb, sfa5, sfb5 = random_dense_case(rng, NVFP4, 3, 70, 544)
     got = matmul.block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, k=544, device="interp",
                                      target="sm_90a")
     want = matmul.naive_block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, k=544, device="interp")
-    assert launched[0] == "mma_p"
+    assert launched[0] == dense
     assert np.array_equal(got.view(np.uint16), want.view(np.uint16))

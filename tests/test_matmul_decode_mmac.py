@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from test_matmul_common import random_dense_case
 from test_matmul_decode import GROUPED
-from test_matmul_decode_mma import DENSE, FP4, _dense, record_variants
+from test_matmul_decode_mma import DENSE, FP4, _dense
 from test_matmul_decode_mma import test_every_code_and_scale_edges as _codes_and_edges
 from test_matmul_decode_mma import test_grouped_mma_bit_identical_to_portable as _grouped
 from test_matmul_decode_mma import test_nan_scale_gives_nan_column as _nan_scales
@@ -83,20 +83,6 @@ def test_grouped_register_cap_variants(v, monkeypatch):
     spec = matmul_decode.DecodeSpec("nvfp4", variant=v)
     assert spec.block == (128, 1, 1) and spec.cols == 64
     assert matmul_decode.VARIANT_REGISTERS[v] < 128
-
-
-def test_dense_dispatch_runs_mma_c8_for_grouped_only_variants(monkeypatch):
-    """BLOCKSCALE_DECODE_VARIANT=mma_c86 (bundled for the grouped kernels only): the dense
-    dispatch launches mma_c8 (the same IR at 128 registers)."""
-    launched = record_variants(monkeypatch)
-    monkeypatch.setenv(matmul_decode.VARIANT_ENV, "mma_c86")
-    rng = np.random.default_rng(6)
-    a, b, _sfa, _sfb, sfa5, sfb5 = random_dense_case(rng, NVFP4, 3, 70, 544)
-    got = matmul.block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, k=544, device="interp",
-                                     target="sm_90a")
-    want = matmul.naive_block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, k=544, device="interp")
-    assert launched[0] == "mma_c8"
-    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
 
 
 def test_bundle_specs_hold_the_variants():
