@@ -157,23 +157,6 @@ def test_interp_depth2(case):
 
 
 @pytest.mark.interp
-def test_interp_staged_fused_epilogue():
-    """bias + relu fused into the staged store (the epilogue's loads only inside C)."""
-    from blockscale.ops import matmul_epilogue as ep
-
-    m, n, k = 130, 264, 96
-    rng = np.random.default_rng(8)
-    a, b, _, _, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
-    bias = rng.standard_normal(n).astype(np.float32)
-    kw = {"alpha": 0.5, "epilogue": ep.chain(ep.bias(), ep.relu()),
-          "epilogue_inputs": {"bias": bias}, "device": "interp", "loop": "split"}
-    got = P.block_scaled_matmul_pdq(a, b, sfa5, sfb5, NVFP4, store="staged", **kw)
-    want = P.block_scaled_matmul_pdq(a, b, sfa5, sfb5, NVFP4, **kw)
-    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
-    assert (got.astype(np.float32) >= 0).all() and got.astype(np.float32).max() > 0
-
-
-@pytest.mark.interp
 def test_interp_split_deadlocks_past_the_ring():
     """In lock-step order the split producer runs first and waits for a release the
     consumers make later: at ceil(K / 64) >= stages the interpreter reports the deadlock
@@ -187,17 +170,19 @@ def test_interp_split_deadlocks_past_the_ring():
 
 
 @pytest.mark.interp
-def test_interp_fused_epilogue():
-    """bias + relu fused: the two-phase pair's bytes."""
+@pytest.mark.parametrize("store,n,seed", [("direct", 300, 6), ("staged", 264, 8)])
+def test_interp_fused_epilogue(store, n, seed):
+    """bias + relu fused (into the staged store too: the epilogue's loads only inside C):
+    the two-phase pair's bytes."""
     from blockscale.ops import matmul_epilogue as ep
 
-    m, n, k = 130, 300, 96
-    rng = np.random.default_rng(6)
+    m, k = 130, 96
+    rng = np.random.default_rng(seed)
     a, b, _, _, sfa5, sfb5 = random_dense_case(rng, NVFP4, m, n, k)
     bias = rng.standard_normal(n).astype(np.float32)
     kw = {"alpha": 0.5, "epilogue": ep.chain(ep.bias(), ep.relu()),
-              "epilogue_inputs": {"bias": bias}, "device": "interp"}
-    got = P.block_scaled_matmul_pdq(a, b, sfa5, sfb5, NVFP4, loop="split", **kw)
+          "epilogue_inputs": {"bias": bias}, "device": "interp"}
+    got = P.block_scaled_matmul_pdq(a, b, sfa5, sfb5, NVFP4, loop="split", store=store, **kw)
     want = TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, NVFP4, kstep=64, **kw)
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
     assert (got.astype(np.float32) >= 0).all() and got.astype(np.float32).max() > 0
