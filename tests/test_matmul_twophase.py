@@ -221,7 +221,6 @@ def test_interp_staged_store_needs_proxy_fence(monkeypatch):
     """Without the proxy fence the bulk copies would read generic-proxy stores the async
     proxy need not see: the interpreter's model refuses it."""
     from blockscale.compiler.arch import wgmma as W
-    from blockscale.runtime.interpreter import run_kernel
     from blockscale.runtime.interpreter.ops_wgmma import WgmmaOrderError
 
     m, n, k = 64, 64, 64
@@ -232,9 +231,7 @@ def test_interp_staged_store_needs_proxy_fence(monkeypatch):
         if not fenced:
             monkeypatch.setattr(W, "fence_proxy_async_shared", lambda **kw: None)
         c = np.zeros(m * n, np.float32)
-        run = lambda c=c: run_kernel(str(TP.build(spec)), spec.kernel_name, (1, 1, 1),
-                                     spec.block, [wa, wb, c, m, n, k, 1.0], "sm_90a",
-                                     dynamic_shared_bytes=spec.dynamic_shared_bytes)
+        run = lambda c=c: _run_phase2(spec, (1, 1, 1), wa, wb, c, m, n, k)
         if fenced:
             run()
             assert np.abs(c).max() > 0
@@ -277,7 +274,6 @@ def test_interp_persistent_phases_continue(broken, monkeypatch):
     (and so the mbarrier parities) at each tile deadlocks or reads a stale stage in the
     interpreter's mbarrier model."""
     from blockscale.ops import _twophase_ir as T
-    from blockscale.runtime.interpreter import run_kernel
     from blockscale.runtime.interpreter.ops_tma import MBarrierDeadlockError
 
     if broken:  # consume / refill see the tile-local k-step instead of the CTA step
@@ -293,9 +289,7 @@ def test_interp_persistent_phases_continue(broken, monkeypatch):
     wa, wb = TP.dequantize_operands(a, b, sfa5, sfb5, NVFP4, device="interp")
     spec = TP.TwophaseMatmulSpec("nvfp4", "float32", stages=2, schedule="persistent")
     c = np.zeros(m * n, np.float32)
-    run = lambda: run_kernel(str(TP.build(spec)), spec.kernel_name, (1, 1, 1), spec.block,
-                             [wa, wb, c, m, n, k, 1.0], "sm_90a",
-                             dynamic_shared_bytes=spec.dynamic_shared_bytes)
+    run = lambda: _run_phase2(spec, (1, 1, 1), wa, wb, c, m, n, k)
     if broken:
         with pytest.raises(MBarrierDeadlockError):
             run()
@@ -597,6 +591,16 @@ def test_gpu_staged_store_persistent(shape, fmt):
     assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))
 
 
+def _run_phase2(spec, grid, wa, wb, c, m, n, k):
+    """Phase 2 of ``spec`` built here (past the kernel cache: the tests patch IR helpers)
+    and run in the interpreter on workspaces ``wa`` / ``wb`` into ``c`` (alpha 1)."""
+    from blockscale.runtime.interpreter import run_kernel
+
+    run_kernel(str(TP.build(spec)), spec.kernel_name, grid, spec.block,
+               [wa, wb, c, m, n, k, 1.0], "sm_90a",
+               dynamic_shared_bytes=spec.dynamic_shared_bytes)
+
+
 def _bulk_kernel(mode: str) -> str:
     """One block of 32 threads: thread 0 inits an mbarrier, expects 256 bytes and bulk-copies
     this block's 256 bytes of ``x`` into shared memory (``mode``: "ok"; "short": copies only
@@ -678,7 +682,6 @@ def test_interp_ring_release_after_retire(broken, monkeypatch):
     waits one group less (``wait_group 2``, so the stage of step s - 1 is refilled while its
     wgmmas may still read it) fails in the interpreter's wgmma model."""
     from blockscale.ops import _twophase_ir as T
-    from blockscale.runtime.interpreter import run_kernel
     from blockscale.runtime.interpreter.ops_wgmma import WgmmaOrderError
 
     if broken:
@@ -690,9 +693,7 @@ def test_interp_ring_release_after_retire(broken, monkeypatch):
     wa, wb = TP.dequantize_operands(a, b, sfa5, sfb5, NVFP4, device="interp")
     spec = TP.TwophaseMatmulSpec("nvfp4", "float32", stages=3)
     c = np.zeros(m * n, np.float32)
-    run = lambda: run_kernel(str(TP.build(spec)), spec.kernel_name, TP.grid(m, n),
-                             spec.block, [wa, wb, c, m, n, k, 1.0], "sm_90a",
-                             dynamic_shared_bytes=spec.dynamic_shared_bytes)
+    run = lambda: _run_phase2(spec, TP.grid(m, n), wa, wb, c, m, n, k)
     if broken:
         with pytest.raises(WgmmaOrderError, match="overwritten before the wait_group"):
             run()
