@@ -261,8 +261,6 @@ class _Ring:
     values are counted over the CTA's whole life, so the mbarrier phases run on across tiles
     (:func:`emit_persistent`)."""
 
-    bn = BN  # the tile width (subclasses that do not set it: 256)
-
     def __init__(self, kb: bir.KernelBuilder, k: Value, kstep: int, stages: int, bm: int,
                  swizzle: str, bn: int = BN) -> None:
         _check_ring(kstep, stages, bm, swizzle, bn)
