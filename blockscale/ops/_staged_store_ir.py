@@ -2,7 +2,8 @@
 
 Imports MLIR only in :func:`store_tile_staged`. Used by the two-phase matmul's phase 2
 (:mod:`blockscale.ops.matmul_twophase`, ``store="staged"``) in place of
-:func:`blockscale.ops.matmul_sm90.store_tile`, whose per-element 2-byte global stores (128 ``STG.E.U16`` per thread and tile, 8 of every 32 bytes
+:func:`blockscale.ops.matmul_sm90.store_tile`, whose per-element 2-byte global stores (128
+``STG.E.U16`` per thread and tile, 8 of every 32 bytes
 of a sector used) took ~23 % of phase 2's warp stall samples on the H200 (Nsight Compute,
 2026-11-30: ``lg`` throttle on the epilogue stores while the tensor cores idle).
 
@@ -56,6 +57,14 @@ ENV_SWITCH = "BLOCKSCALE_SM90_STAGED_STORE"
 def supported(out_dtype: str, n: int) -> bool:
     """Whether rows of an ``n``-column output start on 16-byte boundaries (the bulk copies)."""
     return (n * elem_bytes(out_dtype)) % 16 == 0
+
+
+def check_store(store: str, out_dtype: str, n: int) -> None:
+    """ValueError when a ``store`` epilogue ("direct" / "staged") cannot write rows of ``n``
+    columns."""
+    if store == "staged" and not supported(out_dtype, n):
+        raise ValueError(f"store 'staged' needs n * {elem_bytes(out_dtype)} bytes to be a "
+                         f"multiple of 16 (16-byte aligned output rows), got n={n}")
 
 
 def dispatch_store(out_dtype: str, n: int) -> str:

@@ -32,6 +32,7 @@ from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
 from blockscale.ops import matmul_grouped as _grouped
 from blockscale.ops import matmul_pdq as _pdq
+from blockscale.ops._staged_store_ir import check_store
 
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
 KERNEL_SOURCES = ("blockscale.ops._pdq_ir", "blockscale.ops._twophase_ir",
@@ -238,7 +239,7 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
                           store, producers, bn, depth)
-    _pdq.check_store(spec.store, spec.out_dtype, n)
+    check_store(spec.store, spec.out_dtype, n)
     return H.launch(spec, grid(t, n, g_count, spec.bn), (t, n), "bfloat16", buffers,
                     {"t": t, "n": n, "k": k, "num_groups": g_count}, dev,
                     empty=t == 0 or n == 0)

@@ -32,6 +32,7 @@ from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
 from blockscale.ops import matmul as _matmul
 from blockscale.ops import matmul_twophase as TP
+from blockscale.ops._staged_store_ir import check_store
 from blockscale.ops.matmul_epilogue import Epilogue
 
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
@@ -194,15 +195,6 @@ def check_depth(depth: Any, prefetch: bool) -> None:
     if type(depth) is not int or depth not in (1, 2) or (depth == 2 and not prefetch):
         raise ValueError(f"depth must be 1 or 2 (2 needs prefetch=True), got {depth!r} "
                          f"(prefetch={prefetch})")
-
-
-def check_store(store: str, out_dtype: str, n: int) -> None:
-    """ValueError when a ``store`` epilogue cannot write rows of ``n`` columns."""
-    from blockscale.ops import _staged_store_ir as S
-
-    if store == "staged" and not S.supported(out_dtype, n):
-        raise ValueError(f"store 'staged' needs n * {S.elem_bytes(out_dtype)} bytes to be a "
-                         f"multiple of 16 (16-byte aligned output rows), got n={n}")
 
 
 def grid(m: int, n: int, bn: int = BN) -> tuple[int, int, int]:

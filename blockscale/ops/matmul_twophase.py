@@ -60,6 +60,7 @@ import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ sc
 import blockscale.ops._matmul_host as H
 from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
+from blockscale.ops import _staged_store_ir as S
 from blockscale.ops import matmul as _matmul
 from blockscale.ops.matmul_epilogue import Epilogue
 
@@ -237,8 +238,6 @@ class TwophaseMatmulSpec(FormatSpec):
             raise ValueError(f"stages must be an int in [2, {most}] for bm={self.bm}, "
                              f"bn={self.bn}, kstep={self.kstep}, got {self.stages!r}")
         if self.store == "staged" and self.schedule == "tiles":  # the tile in the free ring
-            from blockscale.ops import _staged_store_ir as S
-
             need, ring = S.stage_bytes(self.out_dtype, self.bm, self.bn), self.stages * (
                 self.bm + self.bn) * 2 * self.kstep
             if need > ring:
@@ -251,8 +250,6 @@ class TwophaseMatmulSpec(FormatSpec):
         loading the next tile during the epilogue (schedule "tiles": 0, the ring is reused)."""
         if self.store != "staged" or self.schedule == "tiles":
             return 0
-        from blockscale.ops import _staged_store_ir as S
-
         return S.stage_bytes(self.out_dtype, self.bm, self.bn)
 
     @property
@@ -322,7 +319,6 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
     """The ``mlir.ir.Module`` of either phase's kernel (IR only)."""
     from mlir.dialects import arith
 
-    import blockscale.ops._staged_store_ir as S
     import blockscale.ops._twophase_ir as T
     import blockscale.ops._wgmma_ir as X
     from blockscale.compiler import ir as bir
@@ -443,7 +439,7 @@ def matmul_workspaces(wa: Any, wb: Any, fmt: Format | str, m: int, n: int, k: in
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = TwophaseMatmulSpec(fmt.name, out_dtype, None, tgt, kstep, stages, bm, swizzle,
                               schedule, store, bn)
-    _check_store(spec, n)
+    S.check_store(spec.store, spec.out_dtype, n)
     return H.launch(spec, grid(m, n, bm, schedule, _ctas(ctas, dev), bn), (m, n), out_dtype,
                     {"wa": wa, "wb": wb},
                     {"m": m, "n": n, "k": k, "alpha": H.finite_f32(alpha, "alpha")}, dev)
@@ -476,17 +472,8 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, tgt, kstep, stages, bm, swizzle,
                               schedule, store, bn)
-    _check_store(spec, d.n)
+    S.check_store(spec.store, spec.out_dtype, d.n)
     return _run(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}), dev, ctas)
-
-
-def _check_store(spec: TwophaseMatmulSpec, n: int) -> None:
-    """ValueError when ``spec``'s staged store cannot write rows of ``n`` columns."""
-    from blockscale.ops import _staged_store_ir as S
-
-    if spec.store == "staged" and not S.supported(spec.out_dtype, n):
-        raise ValueError(f"store 'staged' needs n * {S.elem_bytes(spec.out_dtype)} bytes to be a "
-                         f"multiple of 16 (16-byte aligned output rows), got n={n}")
 
 
 def _run(spec: TwophaseMatmulSpec, d: Any, a: Any, b: Any, sfa: Any, sfb: Any, alpha: float,
@@ -526,8 +513,6 @@ def fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
     if (target not in TARGETS or fmt.name not in FORMATS or k % 32 or m < MIN_M or n == 0
             or not enabled() or workspace_bytes(m, n, k) > MAX_WORKSPACE_BYTES):
         return None
-    from blockscale.ops import _staged_store_ir as S
-
     spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, target,
                               store=S.dispatch_store(out_dtype, n))
     dims = _matmul._Dense(fmt, m, n, k)
