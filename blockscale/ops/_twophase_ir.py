@@ -34,16 +34,17 @@ warp writes 512 contiguous bytes. Rows past the operand and elements past K are 
 phase 2 needs no guards.
 
 Phase 2, :func:`emit_mainloop`: a pure bf16 GEMM over the workspaces. A CTA (``bm / 64``
-consumer warpgroups: bm = 128, 256 threads, or 192, 384 threads) computes a ``bm x 256``
-tile from a ring of ``stages`` shared stages (A: ``bm x kstep``, then B: ``256 x kstep``
-bf16) and ``2 stages`` mbarriers (full[], empty[]), all in the one dynamic shared buffer
+consumer warpgroups: bm = 128, 256 threads, or 192, 384 threads) computes a ``bm x bn``
+tile (``bn`` 256, or any multiple of 16 in [64, 256]: ``wgmma m64n<bn>k16``; B's
+workspace is made with tile ``bn``) from a ring of ``stages`` shared stages (A: ``bm x
+kstep``, then B: ``bn x kstep`` bf16) and ``2 stages`` mbarriers (full[], empty[]), all in the one dynamic shared buffer
 (``tma.extern_shared_buffer``: issue #9). Thread 0 is also the producer: per step it does
 ``mbarrier.arrive.expect_tx`` on full[slot] and two
 ``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes`` (UBLKCP: the step's A
 span and B span, 16 + 32 KiB at bm 128, kstep 64). Step s (every thread):
 
 1. wait on full[s % stages] (parity ``(s / stages) & 1``);
-2. ``wgmma.fence``, ``kstep / 16`` ``m64n256k16`` wgmmas per warpgroup, ``commit_group``,
+2. ``wgmma.fence``, ``kstep / 16`` ``m64n<bn>k16`` wgmmas per warpgroup, ``commit_group``,
    ``wait_group 1`` (retires step s - 1);
 3. one thread per warpgroup arrives on empty[(s - 1) % stages] (count ``bm / 64``): step
    s - 1's stage is free;
@@ -251,8 +252,8 @@ def _check_ring(kstep: int, stages: int, bm: int, swizzle: str, bn: int = BN) ->
         raise ValueError(f"kstep must be a multiple of 16, got {kstep}")
     if bm % 64:
         raise ValueError(f"bm must be a multiple of 64, got {bm}")
-    if bn % 64 or not 64 <= bn <= 256:
-        raise ValueError(f"bn must be a multiple of 64 in [64, 256], got {bn}")
+    if bn % 16 or not 64 <= bn <= 256:  # wgmma n; 16-byte rows of C; 8-row swizzle atoms
+        raise ValueError(f"bn must be a multiple of 16 in [64, 256], got {bn}")
 
 
 class _Ring:

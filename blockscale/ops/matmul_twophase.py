@@ -83,10 +83,23 @@ FORMATS = ("nvfp4", "mxfp4")
 #: the phase-2 tile (= _twophase_ir.BM, BN), the workspaces' K padding (= _twophase_ir.KPAD)
 BM, BN, KPAD = 128, 256, 64
 #: phase-2 tile widths (wgmma n; B's workspace is made for it: a tile of that many rows). Not
-#: 128: ptxas serializes its wgmmas (C7515: non-wgmma instructions define the accumulator)
-BNS = (256, 192)
+#: 128: ptxas serializes its wgmmas (C7515: non-wgmma instructions define the accumulator).
+#: 240 / 224 (issue #9): N=5760 = 24 x 240 fills 12 waves of 132 SMs with 1536 tiles where
+#: 256 pads to 23 column tiles (1472 tiles, also 12 waves): 6.25 % fewer columns per wave
+BNS = (256, 240, 224, 192)
 #: phase-1 workspace tiles: A's (BMS), B's (BNS)
-TILES = (128, 192, 256)
+TILES = (128, 192, 224, 240, 256)
+#: the widths the dispatch's wave model (:func:`wave_bn`) chooses from. Not 192: measured
+#: slower at 8192 x 5760 (run O, 0.511 vs 0.430 ms) although the model ties it with 240 -- its
+#: 25 % more tiles per SM (15 waves vs 12) pay 25 % more prologues / epilogues, which the
+#: model does not count; 240 and 224 keep 12 / 13 waves
+WAVE_BNS = (256, 240, 224)
+#: the dispatch's tile width: an int of :data:`WAVE_BNS`, or "auto" (:func:`wave_bn`);
+#: BLOCKSCALE_SM90_TWOPHASE_BN overrides it. 256 until the H200 confirms the model
+DISPATCH_BN: int | str = 256
+ENV_BN = "BLOCKSCALE_SM90_TWOPHASE_BN"
+#: SMs per target where the device does not say (the interpreter): the H200's / H100 SXM's
+SM_COUNTS = {"sm_90a": 132}
 #: phase-2 tile heights (bm / 64 consumer warpgroups; 192: 22% fewer L2 bytes per flop)
 BMS = (128, 192)
 #: phase-2 K elements per step and shared stages built (kstep 64: 48 KiB a stage)
@@ -295,6 +308,48 @@ def dequant_grid(rows_pad: int, k: int) -> tuple[int, int, int]:
     return (max(1, -(-rows_pad * (k_padded(k) // 64) // DEQUANT_THREADS)), 1, 1)
 
 
+def waves(m: int, n: int, sms: int, bm: int = BM, bn: int = BN) -> int:
+    """Phase 2's waves of one-CTA-per-SM tiles (``bm x bn``) at ``sms`` SMs."""
+    return -(-max(1, -(-m // bm)) * max(1, -(-n // bn)) // sms)
+
+
+def wave_bn(m: int, n: int, sms: int, bm: int = BM,
+            candidates: tuple[int, ...] = WAVE_BNS) -> int:
+    """The tile width of ``candidates`` with the fewest columns computed per SM,
+    ``waves * bn`` (the time of one CTA per SM in lock-step waves, a tile's time ~ its
+    width); ties go to the wider tile (fewer tiles, fewer prologues / epilogues). E.g.
+    8192 x 5760 on 132 SMs: 256 -> 12 waves x 256 = 3072, 240 -> 12 x 240 = 2880 (chosen),
+    224 -> 13 x 224 = 2912."""
+    if type(sms) is not int or sms < 1:
+        raise ValueError(f"sms must be a positive int, got {sms!r}")
+    if not candidates or any(c not in BNS for c in candidates):
+        raise ValueError(f"candidates must be a non-empty subset of {list(BNS)}, got "
+                         f"{candidates!r}")
+    return min(candidates, key=lambda bn: (waves(m, n, sms, bm, bn) * bn, -bn))
+
+
+def sm_count(dev: Any, target: str = "sm_90a") -> int:
+    """The device's SM count (``dev.sm_count``), else :data:`SM_COUNTS` of ``target`` (the
+    interpreter), else :data:`SM_COUNT`."""
+    return int(getattr(dev, "sm_count", None) or SM_COUNTS.get(target, SM_COUNT))
+
+
+def dispatch_bn(m: int, n: int, dev: Any, target: str = "sm_90a") -> int:
+    """The dispatch's tile width: :data:`ENV_BN` if set, else :data:`DISPATCH_BN`; "auto":
+    :func:`wave_bn` at the device's :func:`sm_count`."""
+    choice = os.environ.get(ENV_BN) or DISPATCH_BN
+    if str(choice) == "auto":
+        return wave_bn(m, n, sm_count(dev, target))
+    try:
+        bn = int(choice)
+    except ValueError:
+        bn = None
+    if bn not in WAVE_BNS:
+        raise ValueError(f"{ENV_BN} / DISPATCH_BN must be 'auto' or one of {list(WAVE_BNS)}, "
+                         f"got {choice!r}")
+    return bn
+
+
 def grid(m: int, n: int, bm: int = BM, schedule: str = "tiles",
          ctas: int | None = None, bn: int = BN) -> tuple[int, int, int]:
     """Phase 2: one CTA per bm x 256 tile of C (1-D, rasterized in the kernel); schedule
@@ -311,8 +366,8 @@ def grid(m: int, n: int, bm: int = BM, schedule: str = "tiles",
 
 
 def _ctas(ctas: int | None, dev: Any) -> int:
-    """Persistent CTAs: ``ctas``, else the device's SM count (``sm_count``) or SM_COUNT."""
-    return ctas if ctas is not None else int(getattr(dev, "sm_count", None) or SM_COUNT)
+    """Persistent CTAs: ``ctas``, else the device's SM count (:func:`sm_count`)."""
+    return ctas if ctas is not None else sm_count(dev)
 
 
 def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
@@ -513,12 +568,13 @@ def fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
     if (target not in TARGETS or fmt.name not in FORMATS or k % 32 or m < MIN_M or n == 0
             or not enabled() or workspace_bytes(m, n, k) > MAX_WORKSPACE_BYTES):
         return None
-    spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, target,
-                              store=S.dispatch_store(out_dtype, n))
     dims = _matmul._Dense(fmt, m, n, k)
 
     def run(a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, extra: dict[str, Any],
             device: Any) -> Any:
+        spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, target,
+                                  store=S.dispatch_store(out_dtype, n),
+                                  bn=dispatch_bn(m, n, device, target))
         return _run(spec, dims, a, b, sfa, sfb, alpha, extra, device)
     return run
 

@@ -203,6 +203,8 @@ class CudaDevice(GpuDevice):
         self.capability = (get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
                            get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
         self.max_dynamic_smem = get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        #: streaming multiprocessors (e.g. the persistent grids' and wave models' SM count)
+        self.sm_count = get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         raw = check(drv.cuDeviceGetName(256, self._dev), "cuDeviceGetName")
         self.device_name = bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
         self._modules: list[Any] = []
