@@ -86,7 +86,7 @@ producer at 128 x 192: 593 (3 units).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from mlir import ir
 from mlir.dialects import arith, vector
@@ -554,3 +554,59 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
             epilogue(lp.results[0], ring.wg, None)
     if all_threads:
         epilogue(lp.results[0], ring.wg, is_cons)
+
+
+def store_tile_staged_sigma(kb: bir.KernelBuilder, acc: list, wc: Any, smem: Value, m0: Value,
+                            n0: Value, m_count: Value, n_count: Value,
+                            scale: Callable[[Value, Value, Value], Value], bm: int, bn: int,
+                            writers: Value | None) -> None:
+    """The staged store (:func:`blockscale.ops._staged_store_ir.store_tile_staged`: CTA
+    barrier, shared stores, proxy fence, barrier, bulk copies) with the σ output placement of
+    :func:`blockscale.ops._grouped_wgmma_ir._store`: tile column ``n0 + c`` (σ-permuted
+    weight row: even = gate, odd = up) goes to output column ``(c % 2) N/2 + (n0 + c) // 2``.
+    A thread's accumulator pair (columns 2t, 2t + 1 of an m16n8 tile) is one gate / up pair:
+    the gate bf16 at byte ``2 (c // 2)`` of the staged row, the up one ``bn`` bytes further
+    (two 2-byte ``st.shared``; rows at the padded pitch, conflict-free). Then thread ``r <
+    rows`` copies row r's gate half to ``C[m0 + r, n0 / 2:]`` and thread ``bm + r`` its up
+    half to ``C[m0 + r, N / 2 + n0 / 2:]`` (``min(bn, N - n0)`` bytes each). Needs N % 16
+    == 0 (16-byte aligned halves) and ``2 bm`` threads. Same bytes as the direct σ store."""
+    from blockscale.ops import _staged_store_ir as S
+
+    row_pitch = S.pitch("bfloat16", bn)
+    bf16, pair_i8 = bir.bf16(), bir.vec(2, bir.i8())
+    bir.barrier()  # every warpgroup's wgmmas retired: the ring is free
+
+    def stage() -> None:
+        for mt, row in enumerate(acc):
+            for nt, vals in enumerate(row):
+                for p in (0, 2):  # (gate, up) of local output column c_col(nt, p) // 2
+                    r, col = wc.c_row(mt, p), wc.c_col(nt, p)
+                    m, n = bir.add(m0, r), bir.add(n0, col)
+                    off = bir.add(bir.mul(r, row_pitch), col)  # 2 (col // 2), col even
+                    for j in range(2):
+                        v = arith.truncf(bf16, scale(vals[p + j], m, bir.add(n, j)))
+                        word = vector.bitcast(pair_i8, vector.from_elements(bir.vec(1, bf16),
+                                                                            [v]))
+                        bir.vector_store(word, smem, bir.add(off, j * bn), alignment=2)
+
+    if writers is None:
+        stage()
+    else:
+        with bir.when(writers):
+            stage()
+    W.fence_proxy_async_shared()
+    bir.barrier()
+    tid = bir.thread_idx("x")
+    rows = bir.sub(bir.umin(bir.add(m0, bm), m_count), m0)
+    up = bir.ule(bm, tid)
+    r = bir.select(up, bir.sub(tid, bm), tid)
+    with bir.when(bir.logical_and(bir.ult(tid, 2 * bm), bir.ult(r, rows))):
+        nbytes = bir.sub(bir.umin(bir.add(n0, bn), n_count), n0)  # (columns / 2) * 2 bytes
+        col = bir.add(bir.udiv(n0, 2), bir.select(up, bir.udiv(n_count, 2), bir.const(0)))
+        dst = bir.add(cpasync.global_address(kb.arg("c")),
+                      bir.as_i64(bir.mul(bir.add(bir.mul(bir.add(m0, r), n_count), col), 2)))
+        src = bir.add(W.shared_address(smem),
+                      bir.as_i64(bir.add(bir.mul(r, row_pitch), bir.select(up, bir.const(bn), 0))))
+        cpasync.bulk_store(dst, src, bir.as_i32(nbytes))
+        cpasync.bulk_commit()
+        cpasync.bulk_wait_read(0)

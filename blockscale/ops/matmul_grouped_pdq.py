@@ -64,6 +64,11 @@ class GroupedPdqSpec(FormatSpec):
         producers, bn: as :class:`blockscale.ops.matmul_pdq.PdqMatmulSpec` (two producer
             warpgroups need the 128 x 192 tile).
         depth: the prefetch distance (:class:`blockscale.ops.matmul_pdq.PdqMatmulSpec`).
+        sigma_out: store output column n (a σ-permuted gate/up weight row: 2i gate i,
+            2i + 1 up i) at column ``(n % 2) N/2 + n // 2`` (the un-permuted gate | up
+            layout), as :attr:`blockscale.ops.matmul_grouped_wgmma.GroupedWgmmaSpec.sigma_out`:
+            the fused SwiGLU op's chained path. Staged: two bulk copies per row (gate half,
+            up half; N % 16 == 0).
     """
 
     fmt: str
@@ -76,10 +81,10 @@ class GroupedPdqSpec(FormatSpec):
     producers: int = 1
     bn: int = BN
     depth: int = 1
+    sigma_out: bool = False
 
     op: ClassVar[str] = "grouped_matmul_block_scaled_pdq"
     out_dtype: ClassVar[str] = "bfloat16"
-    sigma_out: ClassVar[bool] = False
     epilogue: ClassVar[None] = None
 
     def __post_init__(self) -> None:
@@ -87,7 +92,7 @@ class GroupedPdqSpec(FormatSpec):
         H.check_choice(self.fmt, FORMATS, "fmt")
         H.check_choice(H.target_name(self.target), TARGETS, "target")
         object.__setattr__(self, "target", H.target_name(self.target))
-        for name in ("row_scales", "prefetch"):
+        for name in ("row_scales", "prefetch", "sigma_out"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got "
                                 f"{type(getattr(self, name)).__name__}")
@@ -125,8 +130,9 @@ class GroupedPdqSpec(FormatSpec):
         st = "_st" if self.store == "staged" else ""
         pr = f"_p{self.producers}" if self.producers > 1 else ""
         pr += "_d2" if self.depth == 2 else ""
+        sg = "_sigma" if self.sigma_out else ""
         return (f"bs_grouped_pdq_{self.fmt}_{BM}x{self.bn}_k64_s{self.stages}{pf}{lp}{st}{pr}"
-                f"{rs}")
+                f"{rs}{sg}")
 
     def args(self) -> tuple[KernelArg, ...]:
         """The portable grouped kernel's parameters (5-D scales, bf16 output)."""
@@ -193,6 +199,11 @@ def build(spec: GroupedPdqSpec) -> Any:
                     if spec.store == "staged":  # every thread; the consumers write the stage
                         smem = tma.extern_shared_buffer(
                             kb, T.shared_bytes(64, spec.stages, BM, bn))
+                        if spec.sigma_out:
+                            P.store_tile_staged_sigma(kb, T.accumulator_tiles(acc, bn),
+                                                      X.warp_coords(wg), smem, m0, n0, end,
+                                                      n_count, expert_scaled, BM, bn, writers)
+                            return
                         S.store_tile_staged(spec, kb, T.accumulator_tiles(acc, bn),
                                             X.warp_coords(wg), smem, m0, n0, end, n_count,
                                             expert_scaled, BM, bn, writers)
@@ -225,12 +236,13 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
                                     stages: int | None = None, prefetch: bool = False,
                                     loop: str = "split", store: str = "direct",
                                     producers: int = 1, bn: int = BN, depth: int = 1,
-                                    device: Any = None) -> Any:
+                                    sigma_out: bool = False, device: Any = None) -> Any:
     """The kernel called directly (no dispatch), e.g. by tests and benchmarks. Arguments as
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
-    ``prefetch``, ``loop``, ``store``, ``producers``, ``bn`` and ``depth``
-    (:class:`GroupedPdqSpec`). Raises ValueError for
-    K % 32 != 0, a format other than NVFP4 / MXFP4, or a staged store with N % 8 != 0."""
+    ``prefetch``, ``loop``, ``store``, ``producers``, ``bn``, ``depth`` and ``sigma_out``
+    (:class:`GroupedPdqSpec`). Raises ValueError for K % 32 != 0, a format other than
+    NVFP4 / MXFP4, a staged store with N % 8 != 0, or ``sigma_out`` with an odd N (staged:
+    N % 16 != 0)."""
     fmt = Format.from_name(fmt)
     H.check_choice(fmt.name, FORMATS, "fmt")
     t, n, k, g_count, buffers = _grouped.tiled_grouped_operands(
@@ -238,11 +250,47 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
         expert_scales, fmt, k, a_row_scales, "grouped producer-dequant kernel")
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
-                          store, producers, bn, depth)
+                          store, producers, bn, depth, sigma_out)
+    check_sigma_store(spec, n)
+    return launch(spec, t, n, g_count, buffers, {"t": t, "n": n, "k": k, "num_groups": g_count},
+                  dev)
+
+
+def check_sigma_store(spec: GroupedPdqSpec, n: int) -> None:
+    """ValueError when ``spec``'s store cannot write ``n`` output columns: staged needs 16-byte
+    rows (N % 8 == 0), with ``sigma_out`` 16-byte halves (N % 16 == 0); σ needs an even N."""
+    if spec.sigma_out and n % (16 if spec.store == "staged" else 2):
+        raise ValueError(f"sigma_out with store {spec.store!r} needs n % "
+                         f"{16 if spec.store == 'staged' else 2} == 0 (gate / up halves), "
+                         f"got n={n}")
     check_store(spec.store, spec.out_dtype, n)
-    return H.launch(spec, grid(t, n, g_count, spec.bn), (t, n), "bfloat16", buffers,
-                    {"t": t, "n": n, "k": k, "num_groups": g_count}, dev,
-                    empty=t == 0 or n == 0)
+
+
+def launch(spec: GroupedPdqSpec, t: int, n: int, num_groups: int, buffers: dict[str, Any],
+           scalars: dict[str, Any], device: Any) -> Any:
+    """Run ``spec`` on the grouped op's (checked) buffers; bf16 ``[T, N]``."""
+    return H.launch(spec, grid(t, n, num_groups, spec.bn), (t, n), "bfloat16", buffers, scalars,
+                    device, empty=t == 0 or n == 0)
+
+
+def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: Any,
+                  sigma_out: bool = False) -> GroupedPdqSpec:
+    """The spec the grouped dispatch (:func:`blockscale.ops.matmul_grouped_wgmma.fast_path`)
+    and the fused SwiGLU op's chained path (``sigma_out``) run for ``n`` output columns: the
+    prefetch, the "split" loop on the GPU and "lockstep" in the lock-step interpreter (which
+    runs "split" only while the K steps fit in the ring; the same bytes), the staged store
+    where the rows (σ: the halves) are 16-byte aligned and it is not switched off
+    (:data:`blockscale.ops._staged_store_ir.ENV_SWITCH`), else direct stores (the same
+    bytes)."""
+    from blockscale.ops._staged_store_ir import dispatch_store
+    from blockscale.runtime import get_device
+
+    loop = "lockstep" if get_device(device).name == "interp" else "split"
+    store = dispatch_store("bfloat16", n // 2 if sigma_out else n)
+    if sigma_out and n % 2:
+        store = "direct"
+    return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop, store=store,
+                          sigma_out=sigma_out)
 
 
 def kernel(spec: GroupedPdqSpec) -> Any:
@@ -282,6 +330,9 @@ __all__ = [
     "build",
     "bundle_specs",
     "grid",
+    "check_sigma_store",
+    "dispatch_spec",
     "grouped_matmul_block_scaled_pdq",
     "kernel",
+    "launch",
 ]
