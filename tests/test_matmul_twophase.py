@@ -414,7 +414,7 @@ def test_spec_validation_and_bundle():
                for ks in TP.KSTEPS for bm in TP.BMS) <= 227 * 1024
     assert TP.workspace_bytes(8192, 5760, 2944) == 2 * 2944 * (8192 + 5888)
     specs = TP.bundle_specs("sm_90a")
-    assert len(specs) == 2 * 3 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2
+    assert len(specs) == 2 * 5 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 4 + 2 + 2 * 2
     with pytest.raises(ValueError, match="schedule must be one of"):
         TP.TwophaseMatmulSpec("nvfp4", schedule="stream-k")
     with pytest.raises(ValueError, match="ctas must be a positive int"):
@@ -559,7 +559,7 @@ def test_gpu(shape, out_dtype, kstep, bm, swizzle, schedule, fmt):
 @pytest.mark.parametrize("shape", [*GPU_SHAPES, (300, 264, 512)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("bn", TP.BNS)
+@pytest.mark.parametrize("bn", TP.BNS, ids=lambda b: f"bn{b}")
 def test_gpu_staged_store(shape, out_dtype, fmt, bn):
     """store "staged" (shared memory + one bulk copy per row) writes the direct stores' bytes
     on the H200, M / N tails included (300 x 264: a 8-column last tile); 128 x 192 tiles

@@ -94,6 +94,9 @@ TILES = (128, 192, 224, 240, 256)
 #: 25 % more tiles per SM (15 waves vs 12) pay 25 % more prologues / epilogues, which the
 #: model does not count; 240 and 224 keep 12 / 13 waves
 WAVE_BNS = (256, 240, 224)
+#: :func:`wave_bn` keeps the wider tile unless a narrower one saves more than this fraction
+#: of the columns per SM (per-tile prologue / epilogue costs the model does not count)
+WAVE_TOLERANCE = 0.02
 #: the dispatch's tile width: an int of :data:`WAVE_BNS`, or "auto" (:func:`wave_bn`);
 #: BLOCKSCALE_SM90_TWOPHASE_BN overrides it. 256 until the H200 confirms the model
 DISPATCH_BN: int | str = 256
@@ -314,18 +317,22 @@ def waves(m: int, n: int, sms: int, bm: int = BM, bn: int = BN) -> int:
 
 
 def wave_bn(m: int, n: int, sms: int, bm: int = BM,
-            candidates: tuple[int, ...] = WAVE_BNS) -> int:
+            candidates: tuple[int, ...] = WAVE_BNS, tolerance: float = WAVE_TOLERANCE) -> int:
     """The tile width of ``candidates`` with the fewest columns computed per SM,
     ``waves * bn`` (the time of one CTA per SM in lock-step waves, a tile's time ~ its
-    width); ties go to the wider tile (fewer tiles, fewer prologues / epilogues). E.g.
-    8192 x 5760 on 132 SMs: 256 -> 12 waves x 256 = 3072, 240 -> 12 x 240 = 2880 (chosen),
-    224 -> 13 x 224 = 2912."""
+    width); the widest of those within ``tolerance`` of the fewest (ties and near-ties go to
+    the wider tile: fewer tiles, fewer prologues / epilogues, which the model does not
+    count). E.g. 8192 x 5760 on 132 SMs: 256 -> 12 waves x 256 = 3072, 240 -> 12 x 240 =
+    2880 (chosen), 224 -> 13 x 224 = 2912; 8192 x 7680: 224 -> 17 x 224 = 3808, but 256 ->
+    15 x 256 = 3840 is within 2 % (chosen)."""
     if type(sms) is not int or sms < 1:
         raise ValueError(f"sms must be a positive int, got {sms!r}")
     if not candidates or any(c not in BNS for c in candidates):
         raise ValueError(f"candidates must be a non-empty subset of {list(BNS)}, got "
                          f"{candidates!r}")
-    return min(candidates, key=lambda bn: (waves(m, n, sms, bm, bn) * bn, -bn))
+    cols = {bn: waves(m, n, sms, bm, bn) * bn for bn in candidates}
+    best = min(cols.values())
+    return max(bn for bn, c in cols.items() if c <= best * (1 + tolerance))
 
 
 def sm_count(dev: Any, target: str = "sm_90a") -> int:
@@ -591,8 +598,9 @@ GPU_SHAPES = ((8192, 5760, 2944), (777, 2560, 8192), (1000, 1024, 1056), (1024, 
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
     """Both phases for NVFP4 / MXFP4, bf16 / f32 out: 128 x 256 tiles with kstep 64 / 4
     stages and 32 / 9, 192 x 256 tiles with kstep 64 / 4; the 128B-swizzled pair (kstep 64,
-    4 stages) for both tile heights; the persistent and the staged-store 128 x 256 kernels
-    (kstep 64, 4 stages; none off sm_90a)."""
+    4 stages) for both tile heights; the persistent 128 x 256 kernels; the staged-store
+    kernels (kstep 64) at every width of :data:`BNS` and 128B-swizzled at 240 (none off
+    sm_90a). Phase 1 for every tile of :data:`TILES` and both layouts."""
     if target not in TARGETS:
         return []
     specs: list[Any] = [DequantSpec(f, target, t, sw) for f in FORMATS for t in TILES
@@ -609,6 +617,8 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
               for f in FORMATS for o in _matmul.OUT_DTYPES for bn in BNS]
     specs += [TwophaseMatmulSpec(f, "bfloat16", None, target, 64, None, BM, "none",
                                  "persistent", "staged") for f in FORMATS]
+    specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, BM, "128b", store="staged",
+                                 bn=240) for f in FORMATS for o in _matmul.OUT_DTYPES]
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
