@@ -32,6 +32,10 @@ Implementations:
   over the tiles, its bulk-copy ring kept full across tile boundaries); ``-128x256-staged``,
   ``-phase2-staged``: phase 2's epilogue staged in shared memory and written by one bulk
   copy per row (``store="staged"``); ``-128x192-staged``: 128 x 192 tiles (``bn=192``);
+  ``-128x240-staged``, ``-128x224-staged``, ``-128x240-sw128-staged``, ``-phase1-bn240``,
+  ``-phase2-staged-bn240``: 128 x 240 / 224 tiles (issue #9: tiles that fill the waves);
+* ``blockscale-dispatch-bnauto-{bn}``: the dispatch with ``BLOCKSCALE_SM90_TWOPHASE_BN=auto``
+  (the wave model's tile width ``bn``, :func:`matmul_twophase.wave_bn`);
 * ``blockscale-portable``: the same call with both fast paths off (``BLOCKSCALE_SM90_FAST=0``,
   ``BLOCKSCALE_SM90_WGMMA=0``);
 * ``torch-bf16``: ``torch.matmul`` on bf16 dequantized A and B (the W4A16 upper bound a
@@ -250,9 +254,39 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
         record("blockscale-twophase-phase2-sw128", _timer(phase2_sw, iters, dev.synchronize),
                check)
         del wsa, wsb
+        if n % 8 == 0:  # 128 x 240 tiles (issue #9: N=5760 = 24 x 240 fills 12 waves)
+            record("blockscale-twophase-phase1-bn240",
+                   _timer(lambda: matmul_twophase.dequantize_operands(*args, fmt, k=k, bn=240,
+                                                                      device=dev),
+                          iters, dev.synchronize), "n/a (workspaces only)")
+            wa, wb = matmul_twophase.dequantize_operands(*args, fmt, k=k, bn=240, device=dev)
+
+            def phase2_bn240() -> Any:  # phase 2 alone, 128 x 240 tiles, staged
+                return matmul_twophase.matmul_workspaces(wa, wb, fmt, m, n, k, bn=240,
+                                                         store="staged", device=dev)
+            check = _check_rows(dev.to_host(phase2_bn240()), a_deq, b_deq, rows, fmt, k,
+                                strict=True, n_mul=1 + (fmt.kblocks(k) if fmt.is_mx else 0))
+            record("blockscale-twophase-phase2-staged-bn240",
+                   _timer(phase2_bn240, iters, dev.synchronize), check)
+            del wa, wb
+        os.environ[matmul_twophase.ENV_BN] = "auto"  # the dispatch with the wave model's bn
+        try:
+            if matmul_twophase.fast_path("sm_90a", fmt, m, n, k, "bfloat16", None):
+                run = lambda: matmul.block_scaled_matmul(*args, fmt, k=k, device=dev,
+                                                         target="sm_90a")
+                check = _check_rows(dev.to_host(run()), a_deq, b_deq, rows, fmt, k,
+                                    strict=True, n_mul=1 + (fmt.kblocks(k) if fmt.is_mx else 0))
+                bn = matmul_twophase.dispatch_bn(m, n, dev)
+                record(f"blockscale-dispatch-bnauto-{bn}", _timer(run, iters, dev.synchronize),
+                       check)
+        finally:
+            del os.environ[matmul_twophase.ENV_BN]
         for ks, bm, bn, swz, sch, st in ((64, 128, 256, "none", "tiles", "direct"),
                                          (64, 128, 256, "none", "tiles", "staged"),
                                          (64, 128, 192, "none", "tiles", "staged"),
+                                         (64, 128, 240, "none", "tiles", "staged"),
+                                         (64, 128, 224, "none", "tiles", "staged"),
+                                         (64, 128, 240, sw, "tiles", "staged"),
                                          (32, 128, 256, "none", "tiles", "direct"),
                                          (64, 192, 256, "none", "tiles", "direct"),
                                          (64, 128, 256, sw, "tiles", "direct"),
