@@ -608,9 +608,10 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
 
         rbits = arith.bitcast(i32, recip)
         packed = [[e2m1x8_mx_bf16x2(wv, rbits, spec.rounding != "up")] for _, wv in halves]
-    elif k.fmt.is_fp4 and QI._fast_e2m1(k) and spec.bulk and _unsat_room(spec):
-        # bulk kernels with >= 80 registers (room for the saturating copy of the packing;
-        # in the 64-register kernels it raised the spills from 0-4 to 16-40 bytes)
+    elif k.fmt.is_fp4 and QI._fast_e2m1(k) and _unsat_room(spec):
+        # bulk kernels with >= 80 registers and wide4 (128; room for the saturating copy of
+        # the packing: in the 64-register kernels it raised the spills from 0-4 to 16-40
+        # bytes, in wide_deep's 80 to 76)
         packed = [[wd] for wd in _pack_fp4_unsat(k, xs_h, recip, sd, safe_amax,
                                              [wv for _, wv in halves])]
     elif k.fmt.is_fp4:
@@ -645,11 +646,11 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
 
 
 def _unsat_room(spec: MoeQuantizeSpec) -> bool:
-    """Whether the bulk kernel's register cap leaves room for :func:`_pack_fp4_unsat`'s
-    second packing (>= 80)."""
+    """Whether the kernel's register cap leaves room for :func:`_pack_fp4_unsat`'s second
+    packing: bulk kernels with >= 80 registers, register-fed ones with >= 128 (wide4)."""
     from blockscale.ops.quantize_grouped import wide_register_cap
 
-    return wide_register_cap(spec) >= 80
+    return wide_register_cap(spec) >= (80 if spec.bulk else 128)
 
 
 #: the chunk's |y| bound below which :func:`_e2m1x8_unsat` needs no saturation
