@@ -105,7 +105,7 @@ such as gpt-oss T = 1; with ``tail``; register copies rotate the two steps).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from mlir import ir
 from mlir.dialects import arith, memref, nvvm, vector
@@ -292,7 +292,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                     store: Callable[[Value, Value, Value], None], depth: int = 1,
                     step_range: tuple[Value, Value] | None = None,
                     decode: str = "lop3", staging: str = "v1", tail: bool = False,
-                    slices: int = 1) -> None:
+                    slices: int = 1, units: Any = None) -> None:
     """The body for one (group, column slice) (the interface of
     :func:`blockscale.ops._decode_ir.emit_decode`; CTA of :data:`THREADS` threads, columns
     ``[COLS * block_idx.x, +COLS)``); ``depth``: steps whose loads are in flight while one
@@ -310,12 +310,22 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     ``slices`` (variants "mma_c8s*", with ``tail``, depth 1 and "cf8"): the CTA computes ``slices``
     column slices of :data:`COLS` rows in turn (columns ``[COLS * slices * block_idx.x,
     +COLS * slices)``), the next slice's first step fetched during the current slice's peeled
-    last step: one prologue (first load latency) per ``slices`` slices."""
+    last step: one prologue (first load latency) per ``slices`` slices; ``units``
+    (variant "mma_c8w", with ``tail``, depth 1, "cf8", one slice): a persistent CTA walking
+    work units ``block_idx.x, + grid_dim.x, ..`` (a
+    :class:`blockscale.ops._decode_stream_ir.Units`: expert, 64-column tile and 8-row pass
+    of each), the next unit's first step fetched during the current unit's peeled last
+    step (``expert``, ``start``, ``end``, ``a_srow`` and ``store`` are then unused: the
+    units give them)."""
     if tail and step_range is not None:
         raise ValueError("tail needs no step_range")
     if slices < 1 or (slices > 1 and not (tail and depth == 1 and staging == "cf8")):
         raise ValueError(f"slices > 1 needs tail, depth 1 and staging 'cf8', got "
                          f"slices={slices}")
+    if units is not None and not (tail and depth == 1 and staging == "cf8" and slices == 1
+                                  and step_range is None):
+        raise ValueError("units need tail, depth 1, staging 'cf8', one slice and no "
+                         "step_range")
     if depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {depth}")
     if decode not in ("lop3", "prmt"):
@@ -344,41 +354,49 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     kblocks = bir.ceil_div(k, fmt.block_size)
     d1 = bir.ceil_div(kblocks, 4)
     steps = bir.ceil_div(row_bytes, STEP_BYTES)
-    n0 = bir.mul(bir.block_idx("x"), COLS * slices)
-    e = bir.as_index(expert)
     n_last = bir.sub(n_count, 1)
-    b_srow0 = bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS)
     last_chunk = bir.sub(bir.udiv(row_bytes, 16), 1)
     zero = bir.const(0.0, f32)
 
     # this thread's weight chunks (8) and scale words: fixed rows, per-step columns
     w_iters = COLS * STEP_CHUNKS // THREADS
-    # rows tid // 16 + 8 it: row offsets from one base (clamped to the last row: a clamped
-    # row is never stored), fewer live registers than one 64-bit address per load
-    w_base = bir.mul(bir.add(bir.mul(e, n_count), bir.add(n0, bir.udiv(tid, STEP_CHUNKS))),
-                     row_bytes)
-    w_last = bir.mul(bir.add(bir.mul(e, n_count), n_last), row_bytes)
     w_stride = bir.mul(row_bytes, THREADS // STEP_CHUNKS)
     w_cs = [bir.urem(tid, STEP_CHUNKS)] * w_iters
     s_iters = st.s_iters
-    s_rows, s_qs = [], []
+    s_rs, s_qs = [], []
     for it in range(s_iters):
         sid = bir.add(tid, it * THREADS)
-        if st.cf:  # rows n0 + i, n0 + 32 + i of word q (a warp: one q, i = lane)
-            r = bir.urem(sid, 32)
-            n_c = bir.add(n0, r)
-        else:
-            r = bir.udiv(sid, lay.words)
-            n_c = bir.umin(bir.add(n0, r), n_last)
-        s_rows.append((r, mir.tcgen_row_offset(bir.add(b_srow0, n_c), d1)))
+        # cf: rows n0 + i, n0 + 32 + i of word q (a warp: one q, i = lane)
+        s_rs.append(bir.urem(sid, 32) if st.cf else bir.udiv(sid, lay.words))
         s_qs.append(bir.udiv(sid, 32) if st.cf else bir.urem(sid, lay.words))
+
+    def geometry(e: Value, n0: Value) -> _Geo:
+        """This thread's load bases for the weight rows ``[n0, n0 + COLS)`` of expert e."""
+        b_srow0 = bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS)
+        # rows tid // 16 + 8 it: row offsets from one base (clamped to the last row: a
+        # clamped row is never stored), fewer live registers than one 64-bit address a load
+        w_base = bir.mul(bir.add(bir.mul(e, n_count),
+                                 bir.add(n0, bir.udiv(tid, STEP_CHUNKS))), row_bytes)
+        w_last = bir.mul(bir.add(bir.mul(e, n_count), n_last), row_bytes)
+        s_offs = []
+        for r in s_rs:
+            n_c = bir.add(n0, r) if st.cf else bir.umin(bir.add(n0, r), n_last)
+            s_offs.append(mir.tcgen_row_offset(bir.add(b_srow0, n_c), d1))
+        return _Geo(n0, b_srow0, w_base, w_last, s_offs)
+
+    geo0 = None if units is not None else geometry(bir.as_index(expert),
+                                                   bir.mul(bir.block_idx("x"), COLS * slices))
     a_iters = tokens * STEP_CHUNKS // THREADS
 
-    def fetch(step: Value, r0: Value, rows: Value, j: Value | None = None) -> list[Value]:
+    def fetch(step: Value, r0: Value, rows: Value, j: Value | None = None,
+              geo: _Geo | None = None,
+              a_srow: Callable[[Value], Value] = a_srow) -> list[Value]:
         """Step ``step``'s weight chunks, weight scale words, activation chunks and
         activation scale bytes of this thread (registers); ``j``: of column slice j of the
-        CTA (``slices``)."""
+        CTA (``slices``); ``geo`` / ``a_srow``: of a work unit (``units``)."""
         out = []
+        geo = geo or geo0
+        n0, b_srow0, w_base, w_last = geo.n0, geo.b_srow0, geo.w_base, geo.w_last
         wb = w_base if j is None else bir.add(w_base, bir.mul(j, bir.mul(row_bytes, COLS)))
         for it in range(w_iters):
             c = bir.umin(bir.add(bir.mul(step, STEP_CHUNKS), w_cs[it]), last_chunk)
@@ -387,8 +405,8 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         for it in range(s_iters):
             q = bir.add(bir.mul(step, lay.words), s_qs[it])
             nw = st.s_rows
-            s_off = s_rows[it][1] if j is None else mir.tcgen_row_offset(
-                bir.add(b_srow0, bir.add(bir.add(n0, bir.mul(j, COLS)), s_rows[it][0])), d1)
+            s_off = geo.s_offs[it] if j is None else mir.tcgen_row_offset(
+                bir.add(b_srow0, bir.add(bir.add(n0, bir.mul(j, COLS)), s_rs[it])), d1)
             br = bir.if_(bir.ult(q, d1), [i32] * nw)
             with br.then():
                 off = bir.add(s_off, bir.mul(q, SF_ATOM_BYTES))
@@ -495,7 +513,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 word = regs[w_iters + 2 * it + hw]
                 if mask is not None:
                     word = bir.bit_and(word, mask)
-                r = bir.add(s_rows[it][0], 32 * hw)
+                r = bir.add(s_rs[it], 32 * hw)
                 svs = decode_e4m3_word(word) if fast and lay.nv else [
                     _decode_scale_fast(fmt, bir.bit_and(bir.shru(word, _i32c(8 * i)), 0xFF))
                     for i in range(4)]
@@ -514,7 +532,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                         bir.store(svs[i], sbsm, bir.add(bir.mul(jl, COLS), slot))
         for it in range(0 if st.cf else s_iters):
             word = regs[w_iters + it]
-            r = s_rows[it][0]
+            r = s_rs[it]
             wp, rr = bir.udiv(r, 16), bir.urem(r, 16)
             gg, hh = bir.urem(rr, 8), bir.udiv(rr, 8)
             slot = bir.add(bir.mul(wp, 16), bir.add(bir.mul(gg, 2), hh))  # MXFP4
@@ -661,6 +679,11 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             idx = bir.add(tid, it * THREADS)
             with bir.when(bir.ult(idx, lay.blocks * st.sa_stride)):
                 bir.store(zero, sasm, idx)
+    if units is not None:
+        _walk_units(units, geometry, fetch, stage, compute, lay, warp, g, t, steps, row_bytes,
+                    zero, [v16] * w_iters + [i32] * (s_iters * st.s_rows) + [v16, i32] * a_iters)
+        return
+    n0 = geo0.n0
     if slices > 1:  # (tail, one n-tile: passes of <= 8 rows)
         j_count = bir.umin(bir.ceil_div(bir.sub(n_count, n0), COLS), slices)
         with bir.for_range(start, end, tokens) as pl:
@@ -770,6 +793,81 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 with bir.when(bir.logical_and(bir.ult(tok, rows), bir.ult(col, n_count))):
                     store(totals[nt * 4 + i], bir.add(r0, tok), col)
         bir.barrier()  # the next pass restages the shared buffers
+
+
+def _walk_units(units: Any, geometry: Callable[[Value, Value], _Geo],
+                fetch: Callable[..., list[Value]], stage: Callable[..., None],
+                compute: Callable[..., list[Value]], lay: _Fmt, warp: Value, g: Value,
+                t: Value, steps: Value, row_bytes: Value, zero: Value,
+                types: list[Any]) -> None:
+    """The persistent main loop of :func:`emit_decode_mma` (``units``): CTA c computes units
+    c, c + P, .. (P = grid_dim.x) of ``units.count``; a live unit (rows > 0, expert >= 0)
+    runs the "mma_c8t" step loop, whose peeled last step fetches the first step of the
+    CTA's next live unit (else nothing: zeros) before its MMAs: the next unit's loads are
+    in flight during the current unit's last MMAs and stores. A unit of expert id -1 writes
+    its zeros (``units.idle``) and fetches the next unit's first step itself."""
+    c, p = bir.block_idx("x"), bir.grid_dim("x")
+
+    def first_step(u: Value) -> list[Value]:
+        """Unit u's first step (zeros when u is past the end or not live)."""
+        un = units.info(bir.umin(u, bir.sub(units.count, 1)))
+        br = bir.if_(bir.logical_and(bir.ult(u, units.count), un.live), types)
+        with br.then():
+            br.yield_(*fetch(bir.const(0), un.r0, un.rows, geo=geometry(un.e, un.n0),
+                             a_srow=un.a_srow))
+        with br.else_():
+            br.yield_(*[bir.const(0, ty) for ty in types])
+        return list(br.results)
+
+    with bir.for_range(c, units.count, p, carry=first_step(c)) as ul:
+        u = ul.iv
+        un = units.info(u)
+        br = bir.if_(un.live, types)
+        with br.then():
+            geo = geometry(un.e, un.n0)
+
+            def body(step: Value, accs: list[Value], cur: list[Value],
+                     nxt: Callable[[], list[Value]], live: Value | None = None) -> list[Value]:
+                bir.barrier()  # the previous step's shared reads are done
+                stage(step, cur, un.rows, full=live is None)  # (the loop: not the last)
+                bir.barrier()
+                regs = nxt()
+                return compute(accs, False, un.rows, live) + regs
+
+            with bir.for_range(0, bir.sub(steps, 1),
+                               carry=[zero] * 4 + list(ul.carried)) as sl:
+                sl.yield_(*body(sl.iv, list(sl.carried[:4]), list(sl.carried[4:]),
+                                lambda sl=sl: fetch(bir.add(sl.iv, 1), un.r0, un.rows,
+                                                    geo=geo, a_srow=un.a_srow)))
+            last = bir.sub(steps, 1)
+            live = bir.umin(bir.udiv(bir.sub(row_bytes, bir.mul(last, STEP_BYTES)), 16),
+                            UNITS // 2)
+            res = body(last, list(sl.results[:4]), list(sl.results[4:]),
+                       lambda: first_step(bir.add(u, p)), live)
+            totals = [arith.mulf(v, bir.const(UNSCALE, bir.f32())) if lay.nv else v
+                      for v in res[:4]]
+            store = units.store(un)
+            for i in range(4):
+                col = bir.add(un.n0, bir.add(bir.mul(warp, 16), bir.add(g, 8 * (i >> 1))))
+                tok = bir.add(bir.mul(t, 2), i & 1)
+                with bir.when(bir.logical_and(bir.ult(tok, un.rows),
+                                              bir.ult(col, units.n_count))):
+                    store(totals[i], bir.add(un.r0, tok), col)
+            br.yield_(*res[4:])
+        with br.else_():
+            units.idle(un)
+            br.yield_(*first_step(bir.add(u, p)))
+        ul.yield_(*br.results)
+
+
+class _Geo(NamedTuple):
+    """Load bases of one (expert, 64-column tile): see :func:`emit_decode_mma`."""
+
+    n0: Value
+    b_srow0: Value
+    w_base: Value
+    w_last: Value
+    s_offs: list[Value]
 
 
 class _Results:

@@ -97,17 +97,26 @@ COLS = 32
 #: slice's first step fetched during the current slice's last step: 128 / 256 columns a CTA),
 #: "mma_c8d2" ("mma_c8t" with two steps in flight, 168 registers: 3 CTAs per SM; for grids
 #: under one wave)
+#: "mma_c8w" (grouped: "mma_c8t" in persistent CTAs walking (group, 64-column tile, 8-row
+#: pass) work units, the next unit's first step fetched during the current unit's last
+#: step; one wave of CTAs; _decode_stream_ir)
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
-            "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2")
+            "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w")
 #: the shared-memory staging of each "mma_c*" variant (_decode_mma_ir._Staging)
 STAGING = {"mma_c": "cf", "mma_c8": "cf8", "mma_c85": "cf8", "mma_c86": "cf8", "mma_c8t": "cf8",
-           "mma_c8s2": "cf8", "mma_c8s4": "cf8", "mma_c8d2": "cf8"}
+           "mma_c8s2": "cf8", "mma_c8s4": "cf8", "mma_c8d2": "cf8", "mma_c8w": "cf8"}
 #: the variants with the last K step peeled (_decode_mma_ir.emit_decode_mma's ``tail``)
-TAIL_VARIANTS = ("mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2")
+TAIL_VARIANTS = ("mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w")
 #: column slices of 64 per CTA (_decode_mma_ir.emit_decode_mma's ``slices``)
 SLICES = {"mma_c8s2": 2, "mma_c8s4": 4}
 #: grouped-only variants (more CTAs per SM) -> the variant the dense dispatch runs instead
-DENSE_EQUIVALENT = {"mma_p5": "mma_p", "mma_c85": "mma_c8", "mma_c86": "mma_c8"}
+DENSE_EQUIVALENT = {"mma_p5": "mma_p", "mma_c85": "mma_c8", "mma_c86": "mma_c8",
+                    "mma_c8w": "mma_c8t"}
+#: the persistent (work-unit walking) variants: grouped only, grid (P, 1, 1), scalars
+#: ``list_len`` / ``passes`` (_decode_stream_ir)
+STREAM_VARIANTS = ("mma_c8w",)
+#: "mma_c8w": CTAs launched at most (4 per SM of 132: one wave at 128 registers)
+STREAM_CTAS = 4 * 132
 #: the split-K variants (grid.z = splits; workspace and counters arguments)
 SPLIT_VARIANTS = ("mma_psk",)
 #: threads and output columns per CTA of each variant
@@ -120,7 +129,7 @@ VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_p": 64, "mma_p5": 64, 
 VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_p": 128, "mma_p5": 96,
                      "mma_psk": 128, "mma_c": 128, "mma_c8": 128, "mma_c85": 96,
                      "mma_c86": 80, "mma_c8t": 128, "mma_c8s2": 128, "mma_c8s4": 128,
-                     "mma_c8d2": 168}
+                     "mma_c8d2": 168, "mma_c8w": 128}
 #: mma_psk: split K until the grid has about two waves of CTAs (4 per SM of 132 SMs, twice)
 SPLIT_K_P_CTAS = 2 * 4 * 132
 #: mma_psk: at least this many K steps (512 FP4 elements) per split (one step is loaded
@@ -201,6 +210,9 @@ class DecodeSpec(FormatSpec):
         if self.variant != "simt" and not self.format.is_fp4:
             raise ValueError(f"variant {self.variant!r} needs an FP4 format (nvfp4, mxfp4), "
                              f"got {self.fmt}")
+        if self.variant in STREAM_VARIANTS and self.mode != "grouped":
+            raise ValueError(f"variant {self.variant!r} is for the grouped mode only, got "
+                             f"mode {self.mode!r}")
 
     @property
     def kernel_name(self) -> str:
@@ -220,6 +232,8 @@ class DecodeSpec(FormatSpec):
         else:
             args = list(_matmul.MatmulSpec(self.fmt, self.out_dtype, "tcgen5d", None,
                                            self.target).args())
+        if self.variant in STREAM_VARIANTS:  # group_list's length, 8-row passes per group
+            args += [KernelArg("list_len", "scalar", "i32"), KernelArg("passes", "scalar", "i32")]
         if self.variant in SPLIT_VARIANTS:  # fp32 partials [rows][splits][n], int32 [tiles]
             args += [KernelArg("workspace", "buffer", "float32", "inout"),
                      KernelArg("counters", "buffer", "int32", "inout")]
@@ -274,6 +288,11 @@ def build(spec: DecodeSpec) -> Any:
             emit(kb, fmt, start=bir.const(0), end=m_count,
                           expert=bir.const(0, bir.i32()), n_count=n_count, k=k,
                           a_srow=lambda m: m, store=store)
+            return kb.module
+        if spec.variant in STREAM_VARIANTS:
+            import blockscale.ops._decode_stream_ir as DS
+            emit(kb, fmt, start=None, end=None, expert=None, n_count=n_count, k=k,
+                 a_srow=None, store=None, units=DS.Units(kb, n_count, spec.row_scales))
             return kb.module
         g = bir.as_index(bir.load(kb.arg("group_list"), bir.block_idx("y")))
         es = kb.arg("expert_start")
@@ -453,6 +472,12 @@ def _launch_grouped(spec: DecodeSpec, t: int, n: int, num_groups: int,
             spec = _grouped_spec(spec, v)
     host = all(isinstance(v, np.ndarray) for v in buffers.values())
     buffers = {**buffers, "group_list": groups if host else device.to_device(groups)}
+    if spec.variant in STREAM_VARIANTS:
+        passes = max(1, -(-max_group_rows(buffers["expert_start"], t) // 8))
+        units = int(groups.size) * grid(n, 1, 64)[0] * passes
+        return H.launch(spec, (max(1, min(units, STREAM_CTAS)), 1, 1), (t, n), "bfloat16",
+                        buffers, {**scalars, "list_len": int(groups.size), "passes": passes},
+                        device, empty=t == 0 or n == 0)
     g3, buffers = _with_split_k(spec, grid(n, int(groups.size), spec.cols), t, n,
                                 scalars["k"], buffers, host, device)
     return H.launch(spec, g3, (t, n), "bfloat16", buffers, scalars, device,

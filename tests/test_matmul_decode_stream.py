@@ -1,0 +1,154 @@
+"""The persistent grouped decode variant "mma_c8w" (CTAs walking (group, 64-column tile, 8-row
+pass) work units, the next unit's first step fetched during the current unit's last step;
+blockscale/ops/_decode_stream_ir.py) run by the numpy interpreter: bit for bit the portable
+grouped kernel's results with 1, 3 and the default number of CTAs (units per CTA: many, a
+few, one), on the grouped decode cases of tests/test_matmul_decode.py and T=1 / 16 / 128-like
+small shapes (K whose last step is 1, 2 or 10 unit pairs long: K = 32 has no step loop, the
+peeled step alone; groups of 9-16 rows: two passes; expert id -1 with rows: zeros; empty
+groups and passes past a group's end: units that do nothing); the grouped dispatch with
+``BLOCKSCALE_DECODE_VARIANT=mma_c8w`` (the dense one runs "mma_c8t"); its sm_90a SASS."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from test_matmul_decode import GROUPED
+from test_matmul_decode_lower import _ops, _step_loop
+from test_matmul_decode_mma import FP4, record_variants
+from test_matmul_decode_mma import test_grouped_mma_bit_identical_to_portable as _grouped
+from test_matmul_grouped import make_grouped_case
+
+from blockscale.formats import MXFP4, NVFP4
+from blockscale.ops import matmul_decode, matmul_grouped
+
+V = "mma_c8w"
+# (counts, expert ids, num experts, N, K): T=1-like (4 experts of 1 row, K = 2880: last
+# step 10 unit pairs), T=16-like (1-3 rows, K = 1088: last step 2), T=128-like (9-16 rows:
+# two passes, id -1 with 10 rows, an empty group; K = 544), one step (K = 32)
+SHAPES = [
+    ([1, 1, 1, 1], [5, 0, 3, 1], 6, 130, 2880),
+    ([2, 1, 3, 0, 2, 1], [0, 3, 1, 2, 4, 5], 6, 100, 1088),
+    ([9, 10, 0, 16, 3], [2, -1, 1, 0, 2], 3, 70, 544),
+    ([3, 2], [1, 0], 2, 200, 32),
+]
+
+
+def _case(fmt, shape, seed):
+    counts, ids, e_count, n, k = shape
+    rng = np.random.default_rng(seed)
+    case, _rs, _ws = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
+    esc = (1 + (np.arange(e_count) + 1) / e_count).astype(np.float32)
+    t = case["hidden"].shape[0]
+    rows = rng.uniform(0.5, 2, t).astype(ml_dtypes.bfloat16) if fmt is NVFP4 else None
+    return case, esc, rows, k
+
+
+def _check(fmt, shape, seed, monkeypatch):
+    case, esc, rows, k = _case(fmt, shape, seed)
+    got = matmul_decode.grouped_matmul_decode(**case, expert_scales=esc, fmt=fmt, k=k,
+                                              a_row_scales=rows, device="interp", variant=V)
+    with monkeypatch.context() as mp:
+        mp.setattr(matmul_grouped, "FAST_PATHS", [])  # the portable grouped kernel
+        want = matmul_grouped.grouped_matmul_block_scaled(**case, expert_scales=esc, fmt=fmt,
+                                                          k=k, a_row_scales=rows,
+                                                          device="interp")
+    assert got.shape == want.shape
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    es = case["expert_start"].astype(np.int64)
+    for g, e in enumerate(shape[1]):
+        if e < 0:
+            assert not got[es[g]:es[g + 1]].view(np.uint16).any()  # D8
+    return got
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("ctas", [1, 3, matmul_decode.STREAM_CTAS])
+@pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
+@pytest.mark.parametrize("shape", range(len(SHAPES)))
+def test_bit_identical_to_portable(shape, fmt, ctas, monkeypatch):
+    monkeypatch.setattr(matmul_decode, "STREAM_CTAS", ctas)
+    _check(fmt, SHAPES[shape], 70 + shape, monkeypatch)
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
+@pytest.mark.parametrize("case_id", range(len(GROUPED)))
+def test_grouped_cases(case_id, fmt, monkeypatch):
+    monkeypatch.setattr(matmul_decode, "STREAM_CTAS", 2)
+    _grouped(case_id, fmt, V, monkeypatch)
+
+
+@pytest.mark.interp
+def test_all_groups_and_idle_passes(monkeypatch):
+    """A device-side ``expert_start`` (the grid covers every group, passes from T): units of
+    empty groups and passes past a group's end do nothing, the results are unchanged."""
+    got = _check(NVFP4, SHAPES[2], 5, monkeypatch)
+    monkeypatch.setattr(matmul_decode, "group_list",
+                        lambda es, g: np.arange(g, dtype=np.int32))
+    monkeypatch.setattr(matmul_decode, "max_group_rows", lambda es, t: t)  # 38 rows: 5 passes
+    monkeypatch.setattr(matmul_decode, "STREAM_CTAS", 4)
+    again = _check(NVFP4, SHAPES[2], 5, monkeypatch)
+    assert np.array_equal(got.view(np.uint16), again.view(np.uint16))
+
+
+@pytest.mark.interp
+def test_dispatch(monkeypatch):
+    """BLOCKSCALE_DECODE_VARIANT=mma_c8w: the grouped dispatch launches it (one wave of
+    CTAs); the dense dispatch runs "mma_c8t"; a dense spec of it is refused."""
+    from test_matmul_common import random_dense_case
+
+    from blockscale.ops import matmul
+    launched = record_variants(monkeypatch)
+    monkeypatch.setenv(matmul_decode.VARIANT_ENV, V)
+    case, esc, rows, k = _case(MXFP4, SHAPES[1], 3)
+    got = matmul_grouped.grouped_matmul_block_scaled(**case, expert_scales=esc, fmt=MXFP4, k=k,
+                                                     device="interp", target="sm_90a")
+    assert launched == [V]
+    monkeypatch.setattr(matmul_grouped, "FAST_PATHS", [])
+    want = matmul_grouped.grouped_matmul_block_scaled(**case, expert_scales=esc, fmt=MXFP4,
+                                                      k=k, device="interp")
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    launched.clear()
+    a, b, _sfa, _sfb, sfa5, sfb5 = random_dense_case(np.random.default_rng(4), NVFP4, 2, 70, 96)
+    matmul.block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, k=96, device="interp", target="sm_90a")
+    assert launched == ["mma_c8t"]
+    with pytest.raises(ValueError, match="grouped"):
+        matmul_decode.DecodeSpec("nvfp4", "dense", variant=V)
+
+
+def test_bundle_specs():
+    names = {s.kernel_name for s in matmul_decode.bundle_specs("sm_90a")}
+    for name in ("grouped_nvfp4_bf16", "grouped_mxfp4_bf16", "grouped_nvfp4_bf16_rowsc"):
+        assert f"bs_decode_{name}_{V}" in names
+    assert not [x for x in names if x.startswith("bs_decode_dense") and x.endswith(V)]
+
+
+def test_units_need_the_tail_loop():
+    from blockscale.ops import _decode_mma_ir as DM
+    with pytest.raises(ValueError, match="units"):
+        DM.emit_decode_mma(None, NVFP4, start=None, end=None, expert=None, n_count=None,
+                           k=None, a_srow=None, store=None, staging="cf8", units=object())
+
+
+@pytest.mark.lower
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_sass(fmt):
+    """The "mma_c8t" step loop (32 HMMAs, the next step's weight loads, no spill; <= 3 %
+    longer: the unit's bases are not kernel constants), the peeled step's 32 HMMAs after it,
+    <= 128 registers (4 CTAs per SM), no spill anywhere; the first-step loads four times
+    (before the walk, the step loop, the peeled step's next unit, an idle unit's next)."""
+    spec = matmul_decode.DecodeSpec(fmt, "grouped", "bfloat16", fmt == "nvfp4", "sm_90a", V)
+    kernel = matmul_decode.kernel(spec)
+    sass = kernel.asm["sass"]
+    loop, ops = _step_loop(sass), _ops(sass)
+    assert loop.count("HMMA.16816.F32") == 32 and loop.count("LDG.E.128") >= 8
+    assert ops.count("HMMA.16816.F32") == 64
+    assert ops.count("LDG.E.128") >= 4 * 8
+    assert not [o for o in loop if o.startswith(("STL", "LDL"))]
+    ref = _step_loop(matmul_decode.kernel(
+        matmul_decode.DecodeSpec(fmt, "grouped", "bfloat16", False, "sm_90a", "mma_c8t")
+    ).asm["sass"])
+    assert len(loop) <= 1.03 * len(ref), (len(loop), len(ref))
+    meta = kernel.meta
+    assert meta["registers"] <= 128 and meta["spill_stores"] == 0 == meta["spill_loads"], meta
