@@ -62,3 +62,22 @@ def set_max_registers(count: int, increase: bool, *, loc: ir.Location | None = N
     action = nvvm.SetMaxRegisterAction.increase if increase else nvvm.SetMaxRegisterAction.decrease
     with _loc(loc):
         nvvm.setmaxregister(count, action)
+
+
+def grid_dependency_wait(*, loc: ir.Location | None = None) -> None:
+    """Wait until the grids this one depends on (the previous kernel of the stream, when this
+    grid was launched with programmatic stream serialization) have completed and their memory
+    operations are visible: ``griddepcontrol.wait`` (sm_90+). A no-op for a grid launched
+    the ordinary way. Per thread: every thread that reads what those grids wrote executes
+    it first."""
+    with _loc(loc):
+        nvvm.griddepcontrol(nvvm.GridDepActionKind.wait)
+
+
+def launch_dependents(*, loc: ir.Location | None = None) -> None:
+    """Allow the next grid of the stream (launched with programmatic stream serialization) to
+    be scheduled before this one completes, once every CTA of this grid has executed this
+    or exited: ``griddepcontrol.launch_dependents`` (sm_90+). It does not make this grid's
+    writes visible: the dependent still waits (:func:`grid_dependency_wait`)."""
+    with _loc(loc):
+        nvvm.griddepcontrol(nvvm.GridDepActionKind.launch_dependents)

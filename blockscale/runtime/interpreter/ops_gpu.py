@@ -131,6 +131,17 @@ def _setmaxregister(op: Any, c: Compiler):
     return run
 
 
+@handles("nvvm.griddepcontrol")
+def _griddepcontrol(op: Any, c: Compiler):
+    """``griddepcontrol.wait`` / ``.launch_dependents`` (programmatic dependent launch): the
+    interpreter runs launches one after another, so a grid's predecessor has completed and
+    its writes are visible before the grid starts: both are no-ops."""
+    kind = str(op.attributes["kind"])
+    if "wait" not in kind and "launch_dependents" not in kind:
+        raise NotImplementedError(f"interpreter: griddepcontrol kind {kind}")
+    return lambda f: None
+
+
 def ir_int(attr: Any) -> int:
     """The value of an integer attribute (``232 : i32``)."""
     return int(str(attr).split(":")[0])
