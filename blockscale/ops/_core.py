@@ -231,6 +231,7 @@ def compile_kernel(spec: Any, build: Callable[[Any], Any] | None = None) -> Any:
         module, target, kernel_name=spec.kernel_name, args=spec.args(), block=spec.block,
         dynamic_shared_bytes=getattr(spec, "dynamic_shared_bytes", 0))
     kernel.meta["op_key"] = kernel_key(spec)
+    kernel.meta.update(getattr(spec, "launch_meta", {}))  # e.g. programmatic_launch (cuda.py)
     if not knobs.disable_cache:
         store.put(key, kernel)
     return kernel
