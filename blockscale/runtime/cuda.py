@@ -14,7 +14,7 @@ import collections
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -124,6 +124,35 @@ def encode_tensormap(arg: KernelArg, ptr: int, dims: tuple[int, ...]) -> bytes:
         drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
         f"cuTensorMapEncodeTiled({arg.name}: dims {dims}, box {arg.box}, swizzle {arg.swizzle})")
     return struct.pack("<16Q", *(int(q) for q in tmap.opaque))
+
+
+#: kernel ``meta`` key: launch with programmatic stream serialization (programmatic dependent
+#: launch: the kernel may start before the previous kernel of the stream completes and must
+#: execute ``griddepcontrol.wait`` before reading what that kernel wrote)
+PROGRAMMATIC_LAUNCH = "programmatic_launch"
+
+
+def launch_config(grid: Sequence[int], block: Sequence[int], shared_bytes: int, stream: int,
+                  *, programmatic: bool = False) -> Any:
+    """The ``CUlaunchConfig`` of a ``cuLaunchKernelEx`` launch (grid, block, dynamic shared
+    bytes, stream); ``programmatic``: with the attribute
+    ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` = 1 (also captured into CUDA
+    graphs, as a programmatic dependency edge). Needs cuda-python, not a GPU."""
+    drv = _driver()
+    config = drv.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = (int(v) for v in grid)
+    config.blockDimX, config.blockDimY, config.blockDimZ = (int(v) for v in block)
+    config.sharedMemBytes = int(shared_bytes)
+    config.hStream = stream
+    attrs = []
+    if programmatic:
+        attr = drv.CUlaunchAttribute()
+        attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(attr)
+    config.attrs = attrs
+    config.numAttrs = len(attrs)
+    return config
 
 
 class Stream:
@@ -280,6 +309,12 @@ class CudaDevice(GpuDevice):
     def _launch_raw(self, function: Any, grid: tuple[int, int, int], kernel: KernelBinary,
                     stream: int, params_address: int) -> None:
         self.activate()
+        if kernel.meta.get(PROGRAMMATIC_LAUNCH):
+            config = launch_config(grid, kernel.block, kernel.dynamic_shared_bytes, stream,
+                                   programmatic=True)
+            check(_driver().cuLaunchKernelEx(config, function, params_address, 0),
+                  "cuLaunchKernelEx(PROGRAMMATIC_STREAM_SERIALIZATION)", kernel.name)
+            return
         bx, by, bz = kernel.block
         check(_driver().cuLaunchKernel(function, grid[0], grid[1], grid[2], bx, by, bz,
                                        kernel.dynamic_shared_bytes, stream, params_address, 0),
