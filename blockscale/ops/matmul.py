@@ -355,6 +355,7 @@ import blockscale.ops.matmul_sm90  # noqa: F401 (registers its FAST_PATHS entry)
 import blockscale.ops.matmul_decode  # noqa: E402, F401 (decode kernel: first in FAST_PATHS)
 import blockscale.ops.matmul_wgmma  # noqa: F401 (sm_90a default; BLOCKSCALE_SM90_WGMMA=0: off)
 import blockscale.ops.matmul_twophase  # (registers its FAST_PATHS entry: sm_90a, M >= 1024, before wgmma)
+import blockscale.ops.matmul_twophase_mx8  # noqa: E402, F401 (MXFP8 pair, default off)
 import blockscale.ops.matmul_tcgen05  # noqa: E402, F401 (sm_100a: tcgen05 kernel)
 import blockscale.ops.matmul_mfma  # noqa: E402, F401 (gfx942 / gfx950: MFMA kernels)
 

@@ -1,0 +1,226 @@
+"""IR of the two-phase sm_90a MXFP8 matmul (:mod:`blockscale.ops.matmul_twophase_mx8`).
+
+Imports MLIR: only :func:`blockscale.ops.matmul_twophase_mx8.build` imports it.
+
+Three kernels of their own, around phase 2 of :mod:`blockscale.ops.matmul_twophase` (the bf16
+wgmma GEMM, run as its "nvfp4" spec, whose epilogue adds no scale fix):
+
+* :func:`emit_fold` (one thread per row of A, then of B): the row's fold exponent
+  ``F = bmax - 127 - HEADROOM`` from its largest finite scale byte ``bmax`` (0xFF, NaN, and the
+  zero padding bytes of the 5-D layout do not raise it), written as an f32 integer (plus
+  ``shift`` for B: alpha's exponent), and the row's flag: 1 when a K-block with a nonzero
+  element (any code with a nonzero magnitude, NaN codes included) lies more than
+  :data:`WINDOW` binades below ``bmax``. The flag pass loads the data of such blocks only.
+* :func:`emit_dequant` (phase 1, the FP4 phase 1's thread layout and workspace layout,
+  :func:`blockscale.ops._twophase_ir.ws_offset`): ``w = bf16(e4m3(x) * 2^(b - 127 - F))`` with
+  the block's scale byte ``b`` (NaN for 0xFF; the power of two clamped to
+  ``2^FACTOR_FLOOR`` below the window, where an unflagged row's elements are zeros).
+* :func:`emit_fixup`: recomputes the outputs of flagged rows of A (whole rows of C) and of B
+  (whole columns) with the portable kernel's K loop, alpha, epilogue and cast
+  (:func:`blockscale.ops._matmul_ir.emit_block_scaled_dot`): bit-identical to
+  :func:`blockscale.ops.matmul.naive_block_scaled_matmul` there. CTA ``b`` owns flags
+  ``256 b .. 256 b + 255`` (rows of A, then of B) and exits after one load and two barriers
+  when none is set.
+
+:func:`fold_undo` is the epilogue that multiplies phase 2's ``RN(acc * m_alpha)`` by
+``2^(Fa[m] + Fb[n] + e_alpha)`` in three exact power-of-two steps (module docstring of
+:mod:`blockscale.ops.matmul_twophase_mx8` for the proof of exactness).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mlir import ir
+from mlir.dialects import arith, vector
+
+from blockscale.compiler import ir as bir
+from blockscale.compiler.arch import convert, tma
+from blockscale.formats import MXFP8
+from blockscale.ops import _matmul_ir as mir
+from blockscale.ops._twophase_ir import KPAD, ws_offset
+
+Value = ir.Value
+
+#: a row's largest scale lands at 2^HEADROOM (its elements at most 448 * 2^42 < 2^51)
+HEADROOM = 42
+#: K-blocks more than WINDOW binades below the row's largest scale (with nonzero data) flag it
+WINDOW = 80
+#: the block factor's exponent floor (below the window: zero blocks of unflagged rows)
+FACTOR_FLOOR = -100
+#: fold_undo clamps the summed exponent here (below: the output is 0 for any phase-2 value)
+UNDO_FLOOR = -378
+#: threads per block of every kernel here
+THREADS = 256
+#: the epilogue inputs fold_undo reads (per row of A, per column = row of B)
+FOLD_A, FOLD_B = "mx8_fold_a", "mx8_fold_b"
+
+
+def _sgt(a: Value, b: Value | int) -> Value:
+    return arith.cmpi(arith.CmpIPredicate.sgt, a, bir.to_value(b, a.type))
+
+
+def _i32(v: int) -> Value:
+    return bir.const(v, bir.i32())
+
+
+def pow2(e: Value) -> Value:
+    """``2^e`` as f32 for an i32 ``e`` in [-126, 127]: the exponent field ``e + 127``."""
+    return arith.bitcast(bir.f32(), arith.shli(arith.addi(e, _i32(127)), _i32(23)))
+
+
+def _scale_byte(sfx: Value, row0: Value, j: Value) -> Value:
+    return mir.load_byte_i32(sfx, bir.add(row0, mir.tcgen_kblock_offset(j)))
+
+
+def emit_fold(x: Value, sfx: Value, fold: Value, flags: Value, row: Value, k: Value,
+              flag_at: Value, shift: Value) -> None:
+    """The fold exponent and flag of ``row`` (index) of an operand ``x`` ``[rows, k]`` E4M3
+    (i8 memref) with 5-D scales ``sfx``: ``fold[row] = f32(F + shift)``, ``flags[flag_at] =
+    0 | 1`` (module docstring). ``k % 32 == 0``."""
+    kblocks = bir.udiv(k, 32)
+    d1 = bir.ceil_div(kblocks, 4)
+    row0 = mir.tcgen_row_offset(row, d1)
+    v4 = bir.vec(4, bir.i8())
+    with bir.for_range(0, d1, carry=[_i32(0)]) as scan:  # 4 K-blocks' bytes a load
+        word = arith.extui(bir.vec(4, bir.i32()), bir.vector_load(
+            v4, sfx, bir.add(row0, bir.mul(scan.iv, 512)), alignment=4))
+        best = scan.carried[0]
+        for i in range(4):
+            b = vector.extract(word, [], [i])
+            best = arith.maxui(best, bir.select(bir.eq(b, _i32(0xFF)), _i32(0), b))
+        scan.yield_(best)
+    bmax = scan.results[0]
+    v16, v2 = bir.vec(16, bir.i8()), bir.vec(2, bir.i64())
+    mag = bir.const(0x7F7F7F7F7F7F7F7F, bir.i64())
+    with bir.for_range(0, kblocks, carry=[_i32(0)]) as blocks:
+        far = _sgt(arith.subi(bmax, _scale_byte(sfx, row0, blocks.iv)), WINDOW)  # 0xFF: < 0
+        br = bir.if_(far, [bir.i32()])
+        with br.then():
+            base = bir.add(bir.mul(row, k), bir.mul(blocks.iv, 32))
+            any_bits = bir.const(0, bir.i64())
+            for h in range(2):
+                words = vector.bitcast(v2, bir.vector_load(v16, x, bir.add(base, 16 * h),
+                                                           alignment=16))
+                for i in range(2):
+                    any_bits = arith.ori(any_bits, vector.extract(words, [], [i]))
+            nz = bir.ne(arith.andi(any_bits, mag), bir.const(0, bir.i64()))
+            br.yield_(arith.extui(bir.i32(), nz))
+        with br.else_():
+            br.yield_(_i32(0))
+        blocks.yield_(arith.ori(blocks.carried[0], br.results[0]))
+    f = arith.subi(bmax, _i32(127 + HEADROOM))
+    bir.store(arith.sitofp(bir.f32(), arith.addi(f, shift)), fold, row)
+    bir.store(blocks.results[0], flags, flag_at)
+
+
+def emit_dequant(x: Value, sfx: Value, fold: Value, ws: Value, rows: Value, rows_pad: Value,
+                 k: Value, shift: Value, tile: int) -> None:
+    """Phase 1 for one operand: ``x`` ``[rows, k]`` E4M3 (i8 memref), ``sfx`` its 5-D scales,
+    ``fold`` its :func:`emit_fold` exponents (``F + shift``), ``ws`` the stage-ordered bf16
+    workspace of ``rows_pad`` rows for tile ``tile`` (the FP4 phase 1's layout and thread
+    mapping: thread ``t`` converts the 64-element piece ``(t // tile) % pieces`` of row
+    ``(t // tile // pieces) * tile + t % tile``); zeros past the operand and past K."""
+    kp = bir.mul(bir.ceil_div(k, KPAD), KPAD)
+    pieces = bir.udiv(kp, 64)
+    t = bir.add(bir.mul(bir.block_idx("x"), THREADS), bir.thread_idx("x"))
+    rest = bir.udiv(t, tile)
+    piece = bir.urem(rest, pieces)
+    row = bir.add(bir.mul(bir.udiv(rest, pieces), tile), bir.urem(t, tile))
+    v16 = bir.vec(16, bir.i8())
+    d1 = bir.ceil_div(bir.udiv(k, 32), 4)
+    with bir.when(bir.ult(row, rows_pad)):
+        live = bir.ult(row, rows)
+        fb = bir.if_(live, [bir.i32()])
+        with fb.then():
+            fb.yield_(arith.subi(arith.fptosi(bir.i32(), bir.load(fold, row)), shift))
+        with fb.else_():
+            fb.yield_(_i32(0))
+        f = fb.results[0]
+        for half in range(2):  # two 32-element K-blocks
+            p = bir.add(bir.mul(piece, 2), half)
+            ok = bir.logical_and(live, bir.ult(bir.mul(p, 32), k))
+            br = bir.if_(ok, [v16, v16, bir.i32()])
+            with br.then():
+                base = bir.add(bir.mul(row, k), bir.mul(p, 32))
+                br.yield_(bir.vector_load(v16, x, base, alignment=16),
+                          bir.vector_load(v16, x, bir.add(base, 16), alignment=16),
+                          _scale_byte(sfx, mir.tcgen_row_offset(row, d1), p))
+            with br.else_():
+                br.yield_(bir.const(0, v16), bir.const(0, v16), _i32(0))
+            d_lo, d_hi, b = br.results
+            e = arith.maxsi(arith.subi(arith.subi(b, _i32(127)), f), _i32(FACTOR_FLOOR))
+            e = arith.minsi(e, _i32(127))
+            factor = bir.select(bir.eq(b, _i32(0xFF)), float("nan"), pow2(e))
+            splat = vector.broadcast(bir.vec(8, bir.f32()), factor)
+            kbase = ws_offset(row, bir.mul(p, 4), tile, kp)
+            for c in range(4):
+                src = d_lo if c < 2 else d_hi
+                lo = 8 * (c % 2)
+                bytes8 = vector.shuffle(src, src, list(range(lo, lo + 8)))
+                vals = convert.e4m3_to_f32(arith.extui(bir.vec(8, bir.i32()), bytes8))
+                w = arith.truncf(bir.vec(8, bir.bf16()), arith.mulf(vals, splat))  # exact
+                bir.vector_store(vector.bitcast(v16, w), ws,
+                                 bir.add(kbase, 16 * tile * c), alignment=16)
+
+
+def fold_undo(value: Value, ctx: Any) -> Value:
+    """Epilogue: ``value * 2^G``, ``G = max(fa[m] + fb[n], UNDO_FLOOR)`` as three exact
+    multiplies by ``2^floor(G/3)``, ``2^floor((G - g1)/2)``, the rest (each in [-126, 127],
+    all of the sign of G, so the partial products are monotone between value and result)."""
+    g = arith.fptosi(bir.i32(), arith.addf(ctx.load(FOLD_A), ctx.load(FOLD_B)))
+    g = arith.maxsi(g, _i32(UNDO_FLOOR))
+    g1 = arith.floordivsi(g, _i32(3))
+    rest = arith.subi(g, g1)
+    g2 = arith.floordivsi(rest, _i32(2))
+    g3 = arith.subi(rest, g2)
+    for part in (g1, g2, g3):
+        value = arith.mulf(value, pow2(part))
+    return value
+
+
+def emit_fixup(kb: Any, flags: Value, m_count: Value, n_count: Value, k: Value,
+               finish: Callable[[Value, Value, Value], None]) -> None:
+    """Recompute the outputs of flagged rows: CTA ``b`` reads flags ``256 b + tid`` (rows of A
+    below ``m_count``, then rows of B), keeps them in shared memory, and only if one is set
+    walks them: a flagged A row ``m`` -> ``finish(acc, m, n)`` for every ``n`` (thread-strided),
+    a flagged B row ``n`` -> every ``m``; ``acc`` is the portable kernel's fp32 dot product."""
+    a, b, sfa, sfb = (kb.arg(x) for x in ("a", "b", "sfa", "sfb"))
+    s_flags = tma.shared_buffer(kb, f"{THREADS}xi32", align=16)
+    s_any = tma.shared_buffer(kb, "1xi32", align=16)
+    tid = bir.thread_idx("x")
+    first = bir.mul(bir.block_idx("x"), THREADS)
+    total = bir.add(m_count, n_count)
+    with bir.when(bir.eq(tid, 0)):
+        bir.store(_i32(0), s_any, 0)
+    bir.barrier()
+    r = bir.add(first, tid)
+    fl = bir.if_(bir.ult(r, total), [bir.i32()])
+    with fl.then():
+        fl.yield_(bir.load(flags, r))
+    with fl.else_():
+        fl.yield_(_i32(0))
+    mine = fl.results[0]
+    bir.store(mine, s_flags, tid)
+    with bir.when(bir.ne(mine, _i32(0))):
+        bir.store(_i32(1), s_any, 0)
+    bir.barrier()
+    kblocks = bir.udiv(k, 32)
+
+    def dot(m: Value, n: Value) -> Value:
+        sfa_off, sfb_off = mir.scale_offsets("tcgen5d", m, n, kblocks)
+        return mir.emit_block_scaled_dot(MXFP8, a=a, a_row=bir.mul(m, k), b=b,
+                                         b_row=bir.mul(n, k), sfa=sfa, sfa_offset=sfa_off,
+                                         sfb=sfb, sfb_offset=sfb_off, k=k)
+
+    with bir.when(bir.ne(bir.load(s_any, 0), _i32(0))), bir.for_range(0, THREADS) as rows:
+        rr = bir.add(first, rows.iv)
+        with bir.when(bir.ne(bir.load(s_flags, rows.iv), _i32(0))):
+            with (bir.when(bir.ult(rr, m_count)),  # a row of A: a row of C
+                  bir.for_range(tid, n_count, THREADS) as cols):
+                finish(dot(rr, cols.iv), rr, cols.iv)
+            with bir.when(bir.ule(m_count, rr)):  # a row of B: a column of C
+                n = bir.sub(rr, m_count)
+                with bir.for_range(tid, m_count, THREADS) as ms:
+                    finish(dot(ms.iv, n), ms.iv, n)

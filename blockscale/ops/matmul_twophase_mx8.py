@@ -1,0 +1,448 @@
+"""Two-phase sm_90a MXFP8 matmul: exact per-row folds to bf16, the bf16 wgmma GEMM of
+:mod:`blockscale.ops.matmul_twophase`, the folds undone in the epilogue (issue #9).
+
+Same contract as :func:`blockscale.ops.matmul.block_scaled_matmul` (SEMANTICS §4.1) for
+MXFP8: ``a [M, K]``, ``b [N, K]`` float8_e4m3fn, 5-D E8M0 scales, fp32 accumulation, ``alpha``
+once on the fp32 value, an optional fused :class:`~blockscale.ops.matmul_epilogue.Epilogue`
+(it sees ``RN(alpha * acc)`` as in every kernel), bf16 (RNE) or f32 output; K % 32 == 0 and
+K <= :data:`MAX_K`.
+
+Why: E4M3 x 2^(e - 127) spans 2^-136 .. 1.75 x 2^135, beyond bf16 (2^-133 .. 2^128), and
+Hopper's FP8 tensor-core accumulation is inexact. An E4M3 value has 4 significant bits, so
+``e4m3 * 2^s`` is exact in bf16 wherever it lands in range; the kernels choose ``s`` per row.
+
+Kernels (:mod:`blockscale.ops._twophase_mx8_ir`), five launches, no host synchronization:
+
+1. fold (one thread per row of A and of B): ``F[r] = bmax - 127 - HEADROOM`` from the row's
+   largest finite scale byte ``bmax``; flag[r] = 1 when a K-block holding a nonzero element
+   (NaN codes count) has a scale more than :data:`WINDOW` binades below ``bmax``.
+2. phase 1 for A, then B: ``w = bf16(e4m3 * 2^(b - 127 - F[r]))`` into the FP4 two-phase
+   workspace layout (its thread mapping; zeros past the operand and K); scale 0xFF -> NaN.
+3. phase 2: :class:`~blockscale.ops.matmul_twophase.TwophaseMatmulSpec` with fmt "nvfp4"
+   (no scale fix), ``alpha`` = ``m_alpha`` where ``alpha = m_alpha 2^e_alpha``, ``|m_alpha|``
+   in [1, 2), and the epilogue ``chain(fold_undo, user epilogue)``: ``fold_undo`` multiplies
+   by ``2^(Fa[m] + Fb[n] + e_alpha)`` in three exact power-of-two steps.
+4. fixup: the outputs of flagged rows (rows of C for A, columns for B) recomputed by the
+   portable kernel's K loop, alpha, epilogue and cast; a CTA with no flagged row exits after
+   one load and two barriers.
+
+Exactness (unflagged rows; HEADROOM = 42, WINDOW = 80, K <= 2^24): every nonzero ``|w|`` lies
+in [2^(-9 + 42 - 80), 448 * 2^42] = [2^-47, 2^50.8] (exact bf16), so every nonzero product
+``wa wb`` is an fp32 normal >= 2^-94 with <= 8 significant bits (exact, a multiple of 2^-101),
+and ``sum |wa wb| <= K 448^2 2^84 < 2^126``: no overflow, and a nonzero accumulator is
+>= 2^-101, so ``y = RN(acc * m_alpha)`` is a normal f32 below 2^127. The three steps of
+``fold_undo`` have one sign, so the partial products lie between ``y`` and the result: all
+exact when the result is normal, so ``out = RN(acc * alpha * 2^(Fa + Fb))`` with the single
+rounding of alpha: the value of every other kernel's ``RN(acc * alpha)`` for the same fp32
+accumulator (the accumulation order is the bf16 wgmma's: the two-phase FP4 kernels' error
+bound). Results below the normal range may round twice (subnormal outputs are outside the
+bound of tests/test_matmul_common.py for every kernel). Rows whose scales span more than the
+window (only with nonzero data there; all-zero blocks, e.g. a quantizer's 0x00 blocks, do not
+count) are never answered by the bf16 GEMM: the fixup overwrites their outputs with the
+portable kernel's bytes. A NaN scale byte (0xFF) or a NaN element makes the dot product NaN
+(both paths).
+
+Dispatch (:func:`fast_path`, in ``matmul.FAST_PATHS`` before the wgmma / mma.sync kernels):
+sm_90a, MXFP8, K % 32 == 0, K <= :data:`MAX_K`, M >= :data:`MIN_M`, workspaces within
+:data:`MAX_WORKSPACE_BYTES`, and only when ``BLOCKSCALE_SM90_TWOPHASE_MX8=1`` (default off
+until measured on the H200). Importing this module does not import MLIR.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
+import blockscale.ops._matmul_host as H
+from blockscale.formats import MXFP8, Format, FormatSpec
+from blockscale.launch import KernelArg
+from blockscale.ops import _staged_store_ir as S
+from blockscale.ops import matmul as _matmul
+from blockscale.ops import matmul_twophase as TP
+from blockscale.ops.matmul_epilogue import Epilogue, EpilogueInput, chain
+
+#: modules whose source shapes the kernels (part of the kernel key, see ops/_core.py)
+KERNEL_SOURCES = ("blockscale.ops._twophase_mx8_ir", "blockscale.ops._twophase_ir",
+                  "blockscale.ops._matmul_ir", "blockscale.ops.matmul_epilogue")
+TARGETS = ("sm_90a",)
+#: = _twophase_mx8_ir.HEADROOM, WINDOW, THREADS, FOLD_A, FOLD_B
+HEADROOM, WINDOW, THREADS = 42, 80, 256
+FOLD_A, FOLD_B = "mx8_fold_a", "mx8_fold_b"
+#: the largest K (the overflow bound of the module docstring)
+MAX_K = 1 << 24
+#: the dispatch runs the kernels from this M on (as the FP4 pair)
+MIN_M = TP.MIN_M
+MAX_WORKSPACE_BYTES = TP.MAX_WORKSPACE_BYTES
+#: BLOCKSCALE_SM90_TWOPHASE_MX8=1 turns the dispatch to these kernels on (default off)
+ENV_SWITCH = "BLOCKSCALE_SM90_TWOPHASE_MX8"
+#: A's workspace tile heights (phase-2 bm) and B's (phase-2 bn)
+BMS, BNS = TP.BMS, TP.BNS
+
+_IR_FILE = Path(__file__).with_name("_twophase_mx8_ir.py")
+_IR_DIGEST = hashlib.sha256(_IR_FILE.read_bytes()).hexdigest()[:16] if _IR_FILE.exists() \
+    else "missing"
+
+
+def _fold_epilogue() -> Epilogue:
+    """The epilogue undoing the folds (:func:`blockscale.ops._twophase_mx8_ir.fold_undo`);
+    its key carries the IR file's digest, so phase 2's kernel key follows that file."""
+    digest = _IR_DIGEST
+
+    def fold_undo(value: Any, ctx: Any) -> Any:
+        from blockscale.ops import _twophase_mx8_ir as MX
+
+        assert digest  # in the closure: part of the epilogue key
+        return MX.fold_undo(value, ctx)
+
+    return Epilogue(fold_undo, (EpilogueInput(FOLD_A, "float32", "row"),
+                                EpilogueInput(FOLD_B, "float32", "col")), name="mx8_fold")
+
+
+FOLD_EPILOGUE = _fold_epilogue()
+
+
+def _target(target: str) -> str:
+    t = H.target_name(target)
+    H.check_choice(t, TARGETS, "target")
+    return t
+
+
+@dataclasses.dataclass(frozen=True)
+class FoldSpec(FormatSpec):
+    """The fold exponents and flags of every row of A and B (one thread per row)."""
+
+    fmt: str = "mxfp8"
+    target: str = "sm_90a"
+
+    op: ClassVar[str] = "block_scaled_matmul_twophase_mx8_fold"
+    block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
+
+    def __post_init__(self) -> None:
+        H.check_choice(self.fmt, ("mxfp8",), "fmt")
+        object.__setattr__(self, "target", _target(self.target))
+
+    @property
+    def kernel_name(self) -> str:
+        return "bs_twophase_mx8_fold"
+
+    def args(self) -> tuple[KernelArg, ...]:
+        """a, b, sfa, sfb, fold_a / fold_b (f32 out), flags (i32 out: A rows, B rows), m, n,
+        k, shift (B's folds carry alpha's exponent)."""
+        return (KernelArg("a", "buffer", "float8_e4m3fn"),
+                KernelArg("b", "buffer", "float8_e4m3fn"),
+                KernelArg("sfa", "buffer", "float8_e8m0fnu"),
+                KernelArg("sfb", "buffer", "float8_e8m0fnu"),
+                KernelArg("fold_a", "buffer", "float32", "out"),
+                KernelArg("fold_b", "buffer", "float32", "out"),
+                KernelArg("flags", "buffer", "int32", "out"),
+                *(KernelArg(s, "scalar", "i32") for s in ("m", "n", "k", "shift")))
+
+
+@dataclasses.dataclass(frozen=True)
+class DequantSpec(FormatSpec):
+    """Phase 1 for one operand: E4M3 rows + 5-D scales + fold exponents -> the bf16
+    workspace for phase-2 tiles of ``tile`` rows (``matmul_twophase.TILES``)."""
+
+    fmt: str = "mxfp8"
+    target: str = "sm_90a"
+    tile: int = TP.BM
+
+    op: ClassVar[str] = "block_scaled_matmul_twophase_mx8_dequant"
+    block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
+
+    def __post_init__(self) -> None:
+        H.check_choice(self.fmt, ("mxfp8",), "fmt")
+        object.__setattr__(self, "target", _target(self.target))
+        H.check_choice(self.tile, TP.TILES, "tile")
+
+    @property
+    def kernel_name(self) -> str:
+        return f"bs_twophase_mx8_dequant_t{self.tile}"
+
+    def args(self) -> tuple[KernelArg, ...]:
+        """x, sfx, fold (f32), ws (bytes out), rows, rows_pad, k, shift."""
+        return (KernelArg("x", "buffer", "float8_e4m3fn"),
+                KernelArg("sfx", "buffer", "float8_e8m0fnu"),
+                KernelArg("fold", "buffer", "float32"),
+                KernelArg("ws", "buffer", "uint8", "out"),
+                *(KernelArg(s, "scalar", "i32") for s in ("rows", "rows_pad", "k", "shift")))
+
+
+@dataclasses.dataclass(frozen=True)
+class FixupSpec(FormatSpec):
+    """The exact recomputation of flagged rows' outputs (portable K loop, alpha, epilogue,
+    cast), in place in ``c``."""
+
+    fmt: str = "mxfp8"
+    out_dtype: str = "bfloat16"
+    epilogue: Epilogue | None = None
+    target: str = "sm_90a"
+
+    op: ClassVar[str] = "block_scaled_matmul_twophase_mx8_fixup"
+    block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
+
+    def __post_init__(self) -> None:
+        H.check_choice(self.fmt, ("mxfp8",), "fmt")
+        _matmul.check_spec_fields(self)
+        object.__setattr__(self, "target", _target(self.target))
+
+    @property
+    def kernel_name(self) -> str:
+        ep = f"_ep{self.epilogue.key[:10]}" if self.epilogue else ""
+        return f"bs_twophase_mx8_fixup_{H.out_tag(self.out_dtype)}{ep}"
+
+    def args(self) -> tuple[KernelArg, ...]:
+        """a, b, sfa, sfb, flags, c (in/out), epilogue inputs, m, n, k, alpha."""
+        base = _matmul.MatmulSpec("mxfp8", self.out_dtype, "tcgen5d", self.epilogue,
+                                  self.target).args()
+        out = []
+        for a in base:
+            if a.name == "c":
+                out += [KernelArg("flags", "buffer", "int32"),
+                        KernelArg("c", "buffer", self.out_dtype, "inout")]
+            else:
+                out.append(a)
+        return tuple(out)
+
+
+def rows_grid(m: int, n: int) -> tuple[int, int, int]:
+    """The fold and fixup kernels: one thread per row of A and of B."""
+    return (max(1, -(-(m + n) // THREADS)), 1, 1)
+
+
+def phase2_spec(out_dtype: str = "bfloat16", epilogue: Epilogue | None = None,
+                target: str = "sm_90a", **fields: Any) -> Any:
+    """Phase 2: the FP4 pair's bf16 GEMM spec with fmt "nvfp4" (no scale fix) and the fold
+    epilogue chained before ``epilogue``; ``fields``: more TwophaseMatmulSpec fields
+    (kstep, stages, bm, store, bn, ...)."""
+    ep = FOLD_EPILOGUE if epilogue is None else chain(FOLD_EPILOGUE, epilogue)
+    return TP.TwophaseMatmulSpec("nvfp4", out_dtype, ep, target, **fields)
+
+
+def build(spec: FoldSpec | DequantSpec | FixupSpec) -> Any:
+    """The ``mlir.ir.Module`` of a fold, phase-1 or fixup kernel (IR only; phase 2 is built
+    by :func:`blockscale.ops.matmul_twophase.build`)."""
+    from mlir.dialects import arith
+
+    import blockscale.ops._matmul_ir as mir
+    import blockscale.ops._twophase_mx8_ir as MX
+    from blockscale.compiler import ir as bir
+    from blockscale.ops.matmul_epilogue import EpilogueContext
+
+    if (MX.HEADROOM, MX.WINDOW, MX.THREADS, MX.FOLD_A, MX.FOLD_B) != (
+            HEADROOM, WINDOW, THREADS, FOLD_A, FOLD_B):
+        raise AssertionError("matmul_twophase_mx8's constants disagree with its IR module's")
+    with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
+        if isinstance(spec, FoldSpec):
+            m, n, k = (bir.as_index(kb.arg(x)) for x in ("m", "n", "k"))
+            r = bir.add(bir.mul(bir.block_idx("x"), THREADS), bir.thread_idx("x"))
+            with bir.when(bir.ult(r, m)):
+                MX.emit_fold(kb.arg("a"), kb.arg("sfa"), kb.arg("fold_a"), kb.arg("flags"), r,
+                             k, r, bir.const(0, bir.i32()))
+            with bir.when(bir.logical_and(bir.ule(m, r), bir.ult(r, bir.add(m, n)))):
+                MX.emit_fold(kb.arg("b"), kb.arg("sfb"), kb.arg("fold_b"), kb.arg("flags"),
+                             bir.sub(r, m), k, r, kb.arg("shift"))
+        elif isinstance(spec, DequantSpec):
+            rows, rows_pad, k = (bir.as_index(kb.arg(x)) for x in ("rows", "rows_pad", "k"))
+            MX.emit_dequant(kb.arg("x"), kb.arg("sfx"), kb.arg("fold"), kb.arg("ws"), rows,
+                            rows_pad, k, kb.arg("shift"), spec.tile)
+        else:
+            m, n, k = (bir.as_index(kb.arg(x)) for x in ("m", "n", "k"))
+            out_type = bir.bf16() if spec.out_dtype == "bfloat16" else bir.f32()
+            ep = spec.epilogue
+            buffers = {i.name: (i, kb.arg(i.name)) for i in ep.inputs} if ep else {}
+
+            def finish(acc: Any, row: Any, col: Any) -> None:  # the portable kernel's tail
+                value = arith.mulf(acc, kb.arg("alpha"))
+                if ep is not None:
+                    value = ep.fn(value, EpilogueContext(row, col, n, out_type, buffers))
+                mir.store_output(value, kb.arg("c"), bir.add(bir.mul(row, n), col),
+                                 spec.out_dtype)
+
+            MX.emit_fixup(kb, kb.arg("flags"), m, n, k, finish)
+    return kb.module
+
+
+# ---- host side -------------------------------------------------------------------------------
+
+
+def split_alpha(alpha: float) -> tuple[float, int]:
+    """``(m, e)`` with ``alpha = m * 2^e`` exactly, ``|m|`` in [1, 2) (0 -> (alpha, 0))."""
+    if alpha == 0.0:
+        return alpha, 0
+    frac, exp = math.frexp(alpha)
+    return 2.0 * frac, exp - 1
+
+
+def _check_k(k: int) -> None:
+    if k % 32 or not 0 < k <= MAX_K:
+        raise ValueError(f"the two-phase MXFP8 kernels take k % 32 == 0 and 0 < k <= {MAX_K}, "
+                         f"got k={k}")
+
+
+def _check_epilogue(epilogue: Epilogue | None) -> None:
+    names = {i.name for i in epilogue.inputs} if epilogue else set()
+    if names & {FOLD_A, FOLD_B}:
+        raise ValueError(f"epilogue input names {sorted(names & {FOLD_A, FOLD_B})} are "
+                         f"reserved by the two-phase MXFP8 kernels")
+
+
+def _launch_inplace(spec: Any, grid: tuple[int, int, int], buffers: dict[str, Any],
+                    scalars: dict[str, Any], dev: Any) -> None:
+    """Launch ``spec`` with device ``buffers`` as they are (``c`` is read and written)."""
+    kernel = _core.get_kernel(spec)
+    args = [buffers[a.name] if a.kind == "buffer" else scalars[a.name] for a in kernel.args]
+    pick = getattr(dev, "launch_stream", None)
+    if pick is None:
+        dev.launch(kernel, grid, args)
+    else:
+        dev.launch(kernel, grid, args, pick(buffers.values()))
+
+
+def _run(d: Any, a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, out_dtype: str,
+         epilogue: Epilogue | None, extra: dict[str, Any], dev: Any, tgt: str,
+         fields: dict[str, Any]) -> Any:
+    """The five launches on validated operands ``d``; ``fields``: phase-2 spec fields."""
+    alpha = H.finite_f32(alpha, "alpha")
+    H.check_epilogue_inputs(epilogue.inputs if epilogue else (), extra, d.m, d.n)
+    spec = phase2_spec(out_dtype, epilogue, tgt, **fields)
+    S.check_store(spec.store, spec.out_dtype, d.n)
+    ops = {"a": a, "b": b, "sfa": sfa, "sfb": sfb}
+    if d.m == 0 or d.n == 0:
+        return H.launch(spec, (1, 1, 1), (d.m, d.n), out_dtype, {**ops, **extra}, {}, dev,
+                        empty=True)
+    host = all(isinstance(v, np.ndarray) for v in (*ops.values(), *extra.values()))
+    if host:  # keep every intermediate on the device
+        ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
+        extra = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in extra.items()}
+    m_alpha, e_alpha = split_alpha(alpha)
+    m, n, k = d.m, d.n, d.k
+    _, f = _core.launch_op(FoldSpec("mxfp8", tgt), rows_grid(m, n),
+                           (("fold_a", (m,), np.dtype(np.float32)),
+                            ("fold_b", (n,), np.dtype(np.float32)),
+                            ("flags", (m + n,), np.dtype(np.int32))),
+                           ops, {"m": m, "n": n, "k": k, "shift": e_alpha}, dev)
+    ws = {}
+    for name, x, sfx, fold, rows, tile, shift in (
+            ("wa", ops["a"], ops["sfa"], f["fold_a"], m, spec.bm, 0),
+            ("wb", ops["b"], ops["sfb"], f["fold_b"], n, spec.bn, e_alpha)):
+        rows_pad = TP.padded(rows, tile)
+        _, out = _core.launch_op(
+            DequantSpec("mxfp8", tgt, tile), TP.dequant_grid(rows_pad, k),
+            (("ws", (2 * rows_pad * TP.k_padded(k),), np.dtype(np.uint8)),),
+            {"x": x, "sfx": sfx, "fold": fold},
+            {"rows": rows, "rows_pad": rows_pad, "k": k, "shift": shift}, dev)
+        ws[name] = out["ws"]
+    c = H.launch(spec, TP.grid(m, n, spec.bm, bn=spec.bn), (m, n), out_dtype,
+                 {**ws, FOLD_A: f["fold_a"], FOLD_B: f["fold_b"], **extra},
+                 {"m": m, "n": n, "k": k, "alpha": m_alpha}, dev)
+    _launch_inplace(FixupSpec("mxfp8", out_dtype, epilogue, tgt), rows_grid(m, n),
+                    {**ops, "flags": f["flags"], "c": c, **extra},
+                    {"m": m, "n": n, "k": k, "alpha": alpha}, dev)
+    return dev.to_host(c) if host else c
+
+
+def block_scaled_matmul_twophase_mx8(a: Any, b: Any, sfa: Any, sfb: Any, *,
+                                     k: int | None = None, alpha: float = 1.0,
+                                     out_dtype: str = "bfloat16",
+                                     epilogue: Epilogue | None = None,
+                                     epilogue_inputs: dict[str, Any] | None = None,
+                                     bm: int = TP.BM, bn: int = TP.BN, store: str = "direct",
+                                     kstep: int | None = None, stages: int | None = None,
+                                     device: Any = None) -> Any:
+    """The MXFP8 two-phase kernels called directly (no dispatch), e.g. by tests and
+    benchmarks: ``a [M, K]``, ``b [N, K]`` float8_e4m3fn, 5-D E8M0 ``sfa`` / ``sfb``, the
+    contract of :func:`blockscale.ops.matmul.block_scaled_matmul_with_epilogue`; phase 2's
+    tile ``bm`` x ``bn``, ``store``, ``kstep`` and ``stages`` as in
+    :class:`~blockscale.ops.matmul_twophase.TwophaseMatmulSpec`. ValueError for K % 32 != 0
+    or K > :data:`MAX_K`, or an epilogue input named ``mx8_fold_a`` / ``mx8_fold_b``."""
+    d = _matmul._validate(a, b, sfa, sfb, MXFP8, k, "tcgen5d")
+    H.require_aligned(a=a, b=b, sfa=sfa, sfb=sfb)  # no portable fallback here
+    _check_k(d.k)
+    _check_epilogue(epilogue)
+    dev, tgt = H.device_and_target(device, "sm_90a")
+    return _run(d, a, b, sfa, sfb, alpha, out_dtype, epilogue, dict(epilogue_inputs or {}),
+                dev, tgt, {"bm": bm, "bn": bn, "store": store, "kstep": kstep,
+                           "stages": stages})
+
+
+def _dispatch_bn(m: int, n: int, device: Any) -> int:
+    """Phase 2's tile width as the FP4 pair's dispatch chooses it (256 where it has no
+    choice)."""
+    pick = getattr(TP, "dispatch_bn", None)
+    return TP.BN if pick is None else pick(m, n, device, "sm_90a")
+
+
+def enabled() -> bool:
+    """True only when BLOCKSCALE_SM90_TWOPHASE_MX8=1 (default off until measured)."""
+    return os.environ.get(ENV_SWITCH, "0") in ("1", "true", "on")
+
+
+def fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
+              epilogue: Epilogue | None) -> Any:
+    """The :data:`blockscale.ops.matmul.FAST_PATHS` hook: a runner of the five launches for
+    sm_90a MXFP8 with K % 32 == 0, K <= :data:`MAX_K`, M >= :data:`MIN_M`, workspaces within
+    :data:`MAX_WORKSPACE_BYTES`, when :func:`enabled`; else None. Phase 2 as the FP4 pair's
+    dispatch: staged stores where rows of C are 16-byte aligned, its tile width choice."""
+    if (target not in TARGETS or fmt.name != "mxfp8" or k % 32 or k > MAX_K or m < MIN_M
+            or n == 0 or not enabled() or TP.workspace_bytes(m, n, k) > MAX_WORKSPACE_BYTES):
+        return None
+    names = {i.name for i in epilogue.inputs} if epilogue else set()
+    if names & {FOLD_A, FOLD_B}:
+        return None
+    dims = _matmul._Dense(fmt, m, n, k)
+
+    def run(a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, extra: dict[str, Any],
+            device: Any) -> Any:
+        fields = {"store": S.dispatch_store(out_dtype, n), "bn": _dispatch_bn(m, n, device)}
+        return _run(dims, a, b, sfa, sfb, alpha, out_dtype, epilogue, extra, device, target,
+                    fields)
+    return run
+
+
+def kernel(spec: FoldSpec | DequantSpec | FixupSpec) -> Any:
+    """The compiled Kernel (every asm stage) of ``spec``; needs the compiler."""
+    return H.compile_spec(spec)
+
+
+#: (M, N, K) of the GPU tests and the benchmark
+GPU_SHAPES = ((8192, 5760, 2944), (256, 5760, 2944), (1024, 5760, 2944))
+
+
+def bundle_specs(target: str = "sm_90a") -> list[Any]:
+    """The fold and fixup kernels (bf16 / f32 out), phase 1 for every workspace tile, and
+    phase 2 (fold epilogue) for the dispatch's choices: 128 x {256, 240, 224}, direct and
+    staged stores, bf16 / f32 out; none off sm_90a."""
+    if target not in TARGETS:
+        return []
+    specs: list[Any] = [FoldSpec("mxfp8", target)]
+    specs += [DequantSpec("mxfp8", target, t) for t in TP.TILES]
+    specs += [FixupSpec("mxfp8", o, None, target) for o in _matmul.OUT_DTYPES]
+    specs += [phase2_spec(o, None, target, store=st, bn=bn) for o in _matmul.OUT_DTYPES
+              for st in TP.STORES for bn in getattr(TP, "WAVE_BNS", (TP.BN,))]
+    return sorted(specs, key=lambda s: s.kernel_name)
+
+
+H.register_before(_matmul.FAST_PATHS, fast_path, "blockscale.ops.matmul_wgmma")
+_core.attach_kernel_api((block_scaled_matmul_twophase_mx8,), kernel, build)
+_core.register_op_module(__name__)
+
+__all__ = [
+    "DequantSpec",
+    "FixupSpec",
+    "FoldSpec",
+    "block_scaled_matmul_twophase_mx8",
+    "build",
+    "bundle_specs",
+    "fast_path",
+    "kernel",
+    "phase2_spec",
+    "split_alpha",
+]
