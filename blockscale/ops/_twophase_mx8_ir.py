@@ -12,7 +12,8 @@ wgmma GEMM, run as its "nvfp4" spec, whose epilogue adds no scale fix):
   element (any code with a nonzero magnitude, NaN codes included) lies more than
   :data:`WINDOW` binades below ``bmax``. The flag pass loads the data of such blocks only.
 * :func:`emit_dequant` (phase 1, the FP4 phase 1's thread layout and workspace layout,
-  :func:`blockscale.ops._twophase_ir.ws_offset`): ``w = bf16(e4m3(x) * 2^(b - 127 - F))`` with
+  :func:`blockscale.ops._twophase_ir.ws_offset`): ``w = bf16(f32(e4m3(x)) * 2^(b - 127 - F))``
+  (``cvt.rn.f16x2.e4m3x2`` decodes, exact) with
   the block's scale byte ``b`` (NaN for 0xFF; the power of two clamped to
   ``2^FACTOR_FLOOR`` below the window, where an unflagged row's elements are zeros).
 * :func:`emit_fixup`: recomputes the outputs of flagged rows of A (whole rows of C) and of B
@@ -36,7 +37,7 @@ from mlir import ir
 from mlir.dialects import arith, vector
 
 from blockscale.compiler import ir as bir
-from blockscale.compiler.arch import convert, tma
+from blockscale.compiler.arch import mma, tma
 from blockscale.formats import MXFP8
 from blockscale.ops import _matmul_ir as mir
 from blockscale.ops._twophase_ir import KPAD, ws_offset
@@ -153,15 +154,18 @@ def emit_dequant(x: Value, sfx: Value, fold: Value, ws: Value, rows: Value, rows
             e = arith.maxsi(arith.subi(arith.subi(b, _i32(127)), f), _i32(FACTOR_FLOOR))
             e = arith.minsi(e, _i32(127))
             factor = bir.select(bir.eq(b, _i32(0xFF)), float("nan"), pow2(e))
-            splat = vector.broadcast(bir.vec(8, bir.f32()), factor)
+            splat = vector.broadcast(bir.vec(2, bir.f32()), factor)
             kbase = ws_offset(row, bir.mul(p, 4), tile, kp)
-            for c in range(4):
-                src = d_lo if c < 2 else d_hi
-                lo = 8 * (c % 2)
-                bytes8 = vector.shuffle(src, src, list(range(lo, lo + 8)))
-                vals = convert.e4m3_to_f32(arith.extui(bir.vec(8, bir.i32()), bytes8))
-                w = arith.truncf(bir.vec(8, bir.bf16()), arith.mulf(vals, splat))  # exact
-                bir.vector_store(vector.bitcast(v16, w), ws,
+            pairs = [vector.bitcast(bir.vec(8, bir.i16()), d) for d in (d_lo, d_hi)]
+            for c in range(4):  # 8 elements: 16 bytes of the workspace
+                elems = []
+                for q in range(4):
+                    pr = vector.extract(pairs[c // 2], [], [4 * (c % 2) + q])
+                    vals = arith.extf(bir.vec(2, bir.f32()), mma.cvt_e4m3x2_to_f16x2(pr))
+                    w = arith.truncf(bir.vec(2, bir.bf16()), arith.mulf(vals, splat))  # exact
+                    elems += [vector.extract(w, [], [0]), vector.extract(w, [], [1])]
+                w8 = bir.from_elements(bir.vec(8, bir.bf16()), elems)
+                bir.vector_store(vector.bitcast(v16, w8), ws,
                                  bir.add(kbase, 16 * tile * c), alignment=16)
 
 
