@@ -2,7 +2,8 @@
 mma_p, mma_p5, mma_psk (split-K rows name their split count: ``S=3``), mma_c, mma_c8, mma_c85,
 mma_c86 (conflict-free staging; 8-row passes; 5 / 6 CTAs per SM), mma_c8t (mma_c8, last K step
 peeled), mma_c8s2 / mma_c8s4 (mma_c8t over 2 / 4 column slices per CTA), mma_c8d2 (two steps
-in flight).
+in flight), mma_c8w (grouped: persistent CTAs walking work units; rows name the CTA cap
+``P=528``, one row per ``--stream-ctas`` entry).
 
 1. MoE gate_up of gpt-oss-120b (E=128, top-4, K=2880, N=5760) and DeepSeek-V3 (E=256, top-8,
    K=7168, N=4096) at T in {1, 16, 128} tokens (uniform random routing, every group <= 16
@@ -21,7 +22,8 @@ Order: the dense rows, then gpt-oss-120b, then DeepSeek-V3 (the slow simt T=128 
 printing what ran and what was skipped; ``--variants`` picks the decode variants.
 
 Usage: ``python benchmarks/bench_decode.py [--quick] [--budget-s 90] [--variants mma,mma_p]
-[--split-ctas 1056,2112,1056:1]`` (one mma_psk row per split setting)
+[--split-ctas 1056,2112,1056:1] [--stream-ctas 528,396]`` (one mma_psk row per split setting,
+one mma_c8w row per CTA cap)
 (needs the bundle: ``make gpu-bundle``).
 """
 
@@ -58,11 +60,13 @@ from benchmarks.common import (
 
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
             "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4",
-            "mma_c8d2")
+            "mma_c8d2", "mma_c8w")
 T_VALUES = (1, 16, 128)
 DENSE = ((5760, 2880), (4096, 7168))
 #: variants bundled for the grouped (MoE) kernels only
-GROUPED_ONLY = ("mma_p5", "mma_c85", "mma_c86")
+GROUPED_ONLY = ("mma_p5", "mma_c85", "mma_c86", "mma_c8w")
+#: mma_c8w's CTA caps (matmul_decode.STREAM_CTAS) run by default: one row each
+STREAM_CTAS = (528,)
 
 
 class Budget:
@@ -94,16 +98,22 @@ def _row(case: str, impl: str, ms: float | None, nbytes: float, copy: float | No
 Split = tuple[int, int]  # (SPLIT_K_P_CTAS, SPLIT_K_MIN_STEPS) of one mma_psk row
 
 
-def _runs(variants: Sequence[str], splits: Sequence[Split]) -> list[tuple[str, Split | None]]:
-    """(variant, split setting to run it with): mma_psk once per ``splits`` entry."""
-    return [(v, c) for v in variants for c in (splits if v == "mma_psk" else (None,))]
+def _runs(variants: Sequence[str], splits: Sequence[Split],
+          stream: Sequence[int] = STREAM_CTAS) -> list[tuple[str, Split | int | None]]:
+    """(variant, setting to run it with): mma_psk once per ``splits`` entry, mma_c8w once
+    per ``stream`` CTA cap."""
+    return [(v, c) for v in variants
+            for c in (splits if v == "mma_psk" else stream if v == "mma_c8w" else (None,))]
 
 
-def _set_split(split: Split | None) -> None:
-    """Set matmul_decode.SPLIT_K_P_CTAS / SPLIT_K_MIN_STEPS (mma_psk's split choice)."""
+def _set_split(split: Split | int | None) -> None:
+    """Set matmul_decode.SPLIT_K_P_CTAS / SPLIT_K_MIN_STEPS (mma_psk's split choice), or
+    STREAM_CTAS (an int: mma_c8w's CTA cap)."""
     from blockscale.ops import matmul_decode
 
-    if split is not None:
+    if isinstance(split, int):
+        matmul_decode.STREAM_CTAS = split
+    elif split is not None:
         matmul_decode.SPLIT_K_P_CTAS, matmul_decode.SPLIT_K_MIN_STEPS = split
 
 
@@ -113,13 +123,16 @@ def _label(v: str, ctas: int, k: int) -> str:
 
     if v == "mma_psk":
         return f"decode-{v} S={matmul_decode.split_k_p(ctas, k)}"
+    if v == "mma_c8w":
+        return f"decode-{v} P={matmul_decode.STREAM_CTAS}"
     return f"decode-{v}"
 
 
 def bench_moe_decode(dev: Any, copy: float | None, *, t_values: Sequence[int] = T_VALUES,
                      fmts: Sequence[str] = ("nvfp4", "mxfp4"), shapes=GATE_UP,
                      variants: Sequence[str] = VARIANTS, budget: Budget | None = None,
-                     split_ctas: Sequence[Split] = ((1056, 2),)) -> None:
+                     split_ctas: Sequence[Split] = ((1056, 2),),
+                     stream_ctas: Sequence[int] = STREAM_CTAS) -> None:
     from blockscale.formats import Format
     from blockscale.ops import matmul_decode
 
@@ -137,7 +150,7 @@ def bench_moe_decode(dev: Any, copy: float | None, *, t_values: Sequence[int] = 
                     a = random_data(rng, fmt, (r.rows, fmt.data_cols(shape.k)))
                     a_sc2d, a_sc5 = grouped_activation_scales(rng, fmt, r, shape.k)
                     sets.append((r, a, a_sc2d, dev.to_device(a), dev.to_device(a_sc5)))
-                for v, sc in _runs(variants, split_ctas):
+                for v, sc in _runs(variants, split_ctas, stream_ctas):
                     _set_split(sc)
                     if budget is not None and budget.over(f"{case} decode-{v}"):
                         continue
@@ -248,7 +261,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "and K steps per split: matmul_decode.SPLIT_K_P_CTAS, "
                         "SPLIT_K_MIN_STEPS), one mma_psk row each (default 1056, i.e. "
                         "1056:2: two waves, >= 2 steps a split)")
+    p.add_argument("--stream-ctas", default=",".join(map(str, STREAM_CTAS)),
+                   help="comma-separated mma_c8w CTA caps (matmul_decode.STREAM_CTAS), one "
+                        "mma_c8w row each (default 528: 4 CTAs per SM, one wave)")
     ns = p.parse_args(argv)
+    try:
+        stream = tuple(int(x) for x in ns.stream_ctas.split(",") if x)
+    except ValueError:
+        stream = ()
+    if not stream or min(stream) < 1:
+        p.error(f"--stream-ctas: expected ints >= 1, got {ns.stream_ctas!r}")
     try:
         split_ctas = tuple((int(x.split(":")[0]), int(x.split(":")[1]) if ":" in x else 2)
                            for x in ns.split_ctas.split(",") if x)
@@ -266,14 +288,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     copy = ceilings.copy_tbps([ceilings.copy_bandwidth(dev)])
     print(f"D2D copy: {copy} TB/s", flush=True)
     kw = {"variants": variants, "budget": budget, "split_ctas": split_ctas}
+    kw_moe = {**kw, "stream_ctas": stream}
     if ns.quick:
         bench_dense_decode(dev, copy, ms_values=(1,), fmts=("nvfp4",), dense=DENSE[:1], **kw)
-        bench_moe_decode(dev, copy, fmts=("nvfp4",), shapes=GATE_UP[:1], **kw)
+        bench_moe_decode(dev, copy, fmts=("nvfp4",), shapes=GATE_UP[:1], **kw_moe)
     else:  # the dense and gpt-oss rows first: the DeepSeek T=128 simt rows take seconds
         bench_dense_decode(dev, copy, dense=DENSE[:1], **kw)
-        bench_moe_decode(dev, copy, shapes=GATE_UP[:1], **kw)
+        bench_moe_decode(dev, copy, shapes=GATE_UP[:1], **kw_moe)
         bench_dense_decode(dev, copy, dense=DENSE[1:], **kw)
-        bench_moe_decode(dev, copy, shapes=GATE_UP[1:], **kw)
+        bench_moe_decode(dev, copy, shapes=GATE_UP[1:], **kw_moe)
     print(f"done in {time.monotonic() - budget.t0:.0f} s"
           + (f", {budget.skipped} rows skipped (budget)" if budget.skipped else ""), flush=True)
     return 0

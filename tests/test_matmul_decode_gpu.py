@@ -128,7 +128,7 @@ def test_dense_decode_gpu(fmt, nk, m):
 
 @pytest.mark.parametrize("variant", ["mma", "mma2", "mma_p", "mma_p5", "mma_c", "mma_c8",
                                      "mma_c85", "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4",
-                                     "mma_c8d2"])
+                                     "mma_c8d2", "mma_c8w"])
 @pytest.mark.parametrize("tokens", [1, 16, 128])
 @pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
 def test_moe_decode_mma_gpu(fmt, tokens, variant):
@@ -179,3 +179,37 @@ def test_dense_decode_tail_bit_identical_gpu(fmt, k, variant):
     rng = np.random.default_rng(k)
     a, b, _sfa, _sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)
     _assert_equals_portable(a, b, sfa5, sfb5, fmt, k, variant)
+
+
+@pytest.mark.parametrize("ctas", [matmul_decode.STREAM_CTAS, 7])
+@pytest.mark.parametrize("tokens", [1, 16, 128])
+@pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
+def test_moe_decode_stream_equals_tail_gpu(fmt, tokens, ctas, monkeypatch):
+    """The persistent "mma_c8w" (one wave of CTAs, or 7 CTAs walking every unit) equals
+    "mma_c8t" byte for byte at gpt-oss-120b gate_up (the same sums in the same order), with
+    a host and a device ``expert_start`` (every group, passes from T: idle units), and a
+    group of expert id -1 written as zeros."""
+    experts, top_k, k, n = MODELS["gpt-oss-120b"]
+    rng = np.random.default_rng(tokens * 13 + 5)
+    case, a2d, w2d, esc = _moe_case(rng, fmt, experts, top_k, k, n, tokens)
+    if matmul_decode.max_group_rows(case["expert_start"], 0) > matmul_decode.MAX_ROWS:
+        pytest.skip("a group of > 16 rows in this routing")
+    live = np.nonzero(np.diff(case["expert_start"].astype(np.int64)) > 0)[0]
+    case["expert_ids"] = case["expert_ids"].copy()
+    case["expert_ids"][live[-1]] = -1  # D8: zeros
+    monkeypatch.setattr(matmul_decode, "STREAM_CTAS", ctas)
+    want = matmul_decode.grouped_matmul_decode(**case, expert_scales=esc, fmt=fmt, k=k,
+                                               device="cuda", variant="mma_c8t")
+    got = matmul_decode.grouped_matmul_decode(**case, expert_scales=esc, fmt=fmt, k=k,
+                                              device="cuda", variant="mma_c8w")
+    assert np.array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16))
+    from blockscale import runtime
+    dev = runtime.get_device("cuda")
+    on_dev = {name: dev.to_device(v.astype(np.int32) if name in ("expert_start",
+                                                                 "a_scale_offsets") else v)
+              for name, v in case.items()}
+    again = matmul_decode.grouped_matmul_decode(**on_dev, expert_scales=esc, fmt=fmt, k=k,
+                                                device="cuda", variant="mma_c8w")
+    assert np.array_equal(dev.to_host(again).view(np.uint16),
+                          np.asarray(want).view(np.uint16))
+    check_moe_output(np.asarray(got), case, a2d, w2d, esc, fmt, k, _columns(rng, n))

@@ -101,7 +101,7 @@ def test_dispatch(monkeypatch):
     from blockscale.ops import matmul
     launched = record_variants(monkeypatch)
     monkeypatch.setenv(matmul_decode.VARIANT_ENV, V)
-    case, esc, rows, k = _case(MXFP4, SHAPES[1], 3)
+    case, esc, _rows, k = _case(MXFP4, SHAPES[1], 3)
     got = matmul_grouped.grouped_matmul_block_scaled(**case, expert_scales=esc, fmt=MXFP4, k=k,
                                                      device="interp", target="sm_90a")
     assert launched == [V]
