@@ -106,6 +106,7 @@ from mlir.dialects import arith, vector
 
 from blockscale.compiler import ir as bir
 from blockscale.compiler.arch import cpasync, tma
+from blockscale.compiler.arch import nvvm as N
 from blockscale.compiler.arch import wgmma as W
 from blockscale.layouts import SF_ATOM_BYTES
 from blockscale.ops import _wgmma_ir as X
@@ -142,7 +143,8 @@ def ws_offset(row: Value, chunk: Value | int, tile: int, kp: Value) -> Value:
 
 
 def emit_dequant(x: Value, sfx: Value, ws: Value, rows: Value, rows_pad: Value, k: Value,
-                 fmt: str, tile: int, swizzle: str = "none", kb: Any = None) -> None:
+                 fmt: str, tile: int, swizzle: str = "none", kb: Any = None,
+                 trigger: bool = False) -> None:
     """Phase 1 for one operand: ``x`` ``[rows, K/2]`` packed FP4 (i8 memref), ``sfx`` its
     5-D scales, ``ws`` the stage-ordered bf16 workspace of ``rows_pad`` rows (a multiple of
     ``tile``) x ``k_pad`` (i8 memref); index values. ``swizzle`` "none": :func:`ws_offset`;
@@ -151,9 +153,14 @@ def emit_dequant(x: Value, sfx: Value, ws: Value, rows: Value, rows_pad: Value, 
     output is one contiguous span of ``DEQUANT_THREADS`` lines; the threads store their
     swizzled lines to shared memory (conflict-free: the 8 threads of a quarter warp hit 8
     different 16-byte chunks), then copy the span out 16 bytes a thread (each warp store
-    writes 512 contiguous bytes; direct stores would write 16 bytes to each of 32 lines)."""
+    writes 512 contiguous bytes; direct stores would write 16 bytes to each of 32 lines).
+    ``trigger``: every thread first executes ``griddepcontrol.launch_dependents``, so a phase
+    2 launched with programmatic stream serialization is scheduled once the last block of
+    this grid has started (it waits for this grid's writes: :func:`emit_mainloop` ``pdl``)."""
     if swizzle not in SWIZZLES:
         raise ValueError(f"swizzle must be one of {list(SWIZZLES)}, got {swizzle!r}")
+    if trigger:
+        N.launch_dependents()
     stage = None
     if swizzle == "128b":
         stage = tma.shared_buffer(kb, f"{DEQUANT_THREADS * 128}xi8", align=128)
@@ -365,18 +372,23 @@ class _Ring:
 
 def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Value,
                   k: Value, kstep: int, stages: int, bm: int = BM,
-                  swizzle: str = "none", bn: int = BN) -> tuple[Value, Value]:
+                  swizzle: str = "none", bn: int = BN,
+                  pdl: bool = False) -> tuple[Value, Value]:
     """Phase 2's K loop over the stage-ordered workspaces ``wa`` / ``wb`` (i8 memrefs) for
     the ``bm`` x ``bn`` tile (``bm / 64`` warpgroups) at rows ``m0`` of A, ``n0`` of B; returns
     (the warpgroup's accumulator struct, warpgroup index). Every thread of the CTA must
     execute it. ``swizzle`` "128b" (kstep 64): the workspaces are 128B-swizzled,
     the ring is 1024-byte aligned and the descriptors are SWIZZLE_128B (SBO 1024, the k16
-    steps 32 bytes apart inside the 128-byte row)."""
+    steps 32 bytes apart inside the 128-byte row). ``pdl``: after the mbarriers' init every
+    thread waits for the previous grid (``griddepcontrol.wait``: the kernel may be launched
+    with programmatic stream serialization while phase 1 still runs)."""
     ring = _Ring(kb, k, kstep, stages, bm, swizzle, bn)
     steps = ring.steps
     src_a, src_b = ring.sources(wa, wb, m0, n0)
     fill = lambda t: ring.produce(t, src_a, src_b, t)
     ring.init_barriers()
+    if pdl:
+        N.grid_dependency_wait()
     with bir.when(ring.is_prod):
         for p in range(stages - 1):
             with bir.when(bir.ult(bir.const(p), steps)):
@@ -393,14 +405,14 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Va
 
 def emit_persistent(kb: bir.KernelBuilder, wa: Value, wb: Value, m_count: Value,
                     n_count: Value, k: Value, kstep: int, stages: int, bm: int,
-                    swizzle: str, epilogue: Any, bn: int = BN) -> None:
+                    swizzle: str, epilogue: Any, bn: int = BN, pdl: bool = False) -> None:
     """Phase 2, persistent: CTA ``b`` of a grid of ``G`` CTAs (any G >= 1) computes the tiles
     ``t = b, b + G, ...`` (rasterized as :func:`raster_tile`), each with
     :func:`emit_mainloop`'s k-steps and wgmma order, then ``epilogue(acc, wg, m0, n0)``.
     The ring's step counter runs over the CTA's ``tiles * steps`` steps (mbarrier phases
     continue across tiles), and thread 0 refills step ``s + stages - 1`` whichever tile it
     belongs to: the next tile's first ``stages - 1`` stages are in flight during this
-    tile's last wgmmas and its epilogue."""
+    tile's last wgmmas and its epilogue. ``pdl``: as :func:`emit_mainloop`'s."""
     ring = _Ring(kb, k, kstep, stages, bm, swizzle, bn)
     steps = ring.steps
     tiles_m, tiles_n = bir.ceil_div(m_count, bm), bir.ceil_div(n_count, bn)
@@ -420,6 +432,8 @@ def emit_persistent(kb: bir.KernelBuilder, wa: Value, wb: Value, m_count: Value,
         ring.produce(s, src_a, src_b, bir.urem(s, steps))
 
     ring.init_barriers()
+    if pdl:
+        N.grid_dependency_wait()
     with bir.when(ring.is_prod):
         for p in range(stages - 1):
             with bir.when(bir.ult(bir.const(p), total)):

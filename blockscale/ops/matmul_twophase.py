@@ -101,6 +101,10 @@ WAVE_TOLERANCE = 0.02
 #: BLOCKSCALE_SM90_TWOPHASE_BN overrides it. 256 until the H200 confirms the model
 DISPATCH_BN: int | str = 256
 ENV_BN = "BLOCKSCALE_SM90_TWOPHASE_BN"
+#: whether the dispatch launches phase 2 with programmatic dependent launch (the ``pdl``
+#: specs); BLOCKSCALE_SM90_TWOPHASE_PDL=1 / 0 overrides it. Off until measured on the H200
+DISPATCH_PDL = False
+ENV_PDL = "BLOCKSCALE_SM90_TWOPHASE_PDL"
 #: SMs per target where the device does not say (the interpreter): the H200's / H100 SXM's
 SM_COUNTS = {"sm_90a": 132}
 #: phase-2 tile heights (bm / 64 consumer warpgroups; 192: 22% fewer L2 bytes per flop)
@@ -143,6 +147,11 @@ def _scale_dtype(fmt: str) -> str:
     return Format.from_name(fmt).scale_dtype.name
 
 
+def _check_pdl(pdl: Any) -> None:
+    if type(pdl) is not bool:
+        raise TypeError(f"pdl must be a bool, got {pdl!r}")
+
+
 def _check_format(fmt: str, target: str) -> str:
     H.check_choice(fmt, FORMATS, "fmt")
     t = H.target_name(target)
@@ -159,12 +168,15 @@ class DequantSpec(FormatSpec):
         target: "sm_90a".
         tile: the phase-2 tile height the workspace is for (:data:`BMS` for A, 256 for B).
         swizzle: the workspace layout (:data:`SWIZZLES`); phase 2 must read it with the same.
+        pdl: every thread first executes ``griddepcontrol.launch_dependents``: a phase 2
+            launched next with ``pdl`` may be scheduled while this grid's last blocks run.
     """
 
     fmt: str
     target: str = "sm_90a"
     tile: int = BM
     swizzle: str = "none"
+    pdl: bool = False
 
     op: ClassVar[str] = "block_scaled_matmul_twophase_dequant"
     block: ClassVar[tuple[int, int, int]] = (DEQUANT_THREADS, 1, 1)
@@ -174,10 +186,12 @@ class DequantSpec(FormatSpec):
         object.__setattr__(self, "target", _check_format(self.fmt, self.target))
         H.check_choice(self.tile, TILES, "tile")
         H.check_choice(self.swizzle, SWIZZLES, "swizzle")
+        _check_pdl(self.pdl)
 
     @property
     def kernel_name(self) -> str:
-        return f"bs_twophase_dequant_{self.fmt}_t{self.tile}{_sw_tag(self.swizzle)}"
+        return (f"bs_twophase_dequant_{self.fmt}_t{self.tile}{_sw_tag(self.swizzle)}"
+                f"{'_pdl' if self.pdl else ''}")
 
     def args(self) -> tuple[KernelArg, ...]:
         """x (packed rows), sfx (5-D scales), ws (the workspace bytes), rows, rows_pad, k."""
@@ -213,6 +227,11 @@ class TwophaseMatmulSpec(FormatSpec):
         bn: the tile width (:data:`BNS`: ``wgmma m64n<bn>k16``); the B workspace must be
             made for it (:func:`dequantize_operands` ``bn``). Same k16 order per element,
             so the same bytes as any other width.
+        pdl: programmatic dependent launch: the runtime launches the kernel with
+            programmatic stream serialization (:attr:`launch_meta`), so its CTAs may start
+            (mbarrier init) while the previous grid (phase 1 of B, built with ``pdl``: it
+            triggers at its start) still runs; every thread executes ``griddepcontrol.wait``
+            before the first workspace read. The same bytes.
     """
 
     fmt: str
@@ -226,6 +245,7 @@ class TwophaseMatmulSpec(FormatSpec):
     schedule: str = "tiles"
     store: str = "direct"
     bn: int = BN
+    pdl: bool = False
 
     op: ClassVar[str] = "block_scaled_matmul_twophase"
 
@@ -247,6 +267,7 @@ class TwophaseMatmulSpec(FormatSpec):
                              f"kstep={self.kstep}")
         H.check_choice(self.bn, BNS, "bn")
         H.check_choice(self.store, STORES, "store")
+        _check_pdl(self.pdl)
         most = max_stages(self.bm, self.kstep, self.bn, self.staging_bytes)
         if self.stages is None:
             object.__setattr__(self, "stages", most)
@@ -281,7 +302,13 @@ class TwophaseMatmulSpec(FormatSpec):
         return (f"bs_twophase_{self.fmt}_{self.bm}x{self.bn}_k{self.kstep}_s{self.stages}_"
                 f"{H.out_tag(self.out_dtype)}{_sw_tag(self.swizzle)}"
                 f"{'_persistent' if self.schedule == 'persistent' else ''}"
-                f"{'_st' if self.store == 'staged' else ''}{ep}")
+                f"{'_st' if self.store == 'staged' else ''}{'_pdl' if self.pdl else ''}{ep}")
+
+    @property
+    def launch_meta(self) -> dict[str, Any]:
+        """Kernel metadata the runtime launches by (ops/_core.py copies it into the kernel's
+        ``meta``): ``programmatic_launch`` with :attr:`pdl` (runtime/cuda.py)."""
+        return {"programmatic_launch": True} if self.pdl else {}
 
     def args(self) -> tuple[KernelArg, ...]:
         """wa, wb (the workspaces' bytes), c, epilogue inputs, m, n, k, alpha."""
@@ -341,6 +368,17 @@ def sm_count(dev: Any, target: str = "sm_90a") -> int:
     return int(getattr(dev, "sm_count", None) or SM_COUNTS.get(target, SM_COUNT))
 
 
+def dispatch_pdl() -> bool:
+    """Whether the dispatch launches phase 2 with programmatic dependent launch:
+    :data:`ENV_PDL` ("1" / "0") if set, else :data:`DISPATCH_PDL`."""
+    v = os.environ.get(ENV_PDL)
+    if v is None or v == "":
+        return DISPATCH_PDL
+    if v not in ("0", "1"):
+        raise ValueError(f"{ENV_PDL} must be '0' or '1', got {v!r}")
+    return v == "1"
+
+
 def dispatch_bn(m: int, n: int, dev: Any, target: str = "sm_90a") -> int:
     """The dispatch's tile width: :data:`ENV_BN` if set, else :data:`DISPATCH_BN`; "auto":
     :func:`wave_bn` at the device's :func:`sm_count`."""
@@ -394,7 +432,7 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
         if isinstance(spec, DequantSpec):
             rows, rows_pad, k = (bir.as_index(kb.arg(x)) for x in ("rows", "rows_pad", "k"))
             T.emit_dequant(kb.arg("x"), kb.arg("sfx"), kb.arg("ws"), rows, rows_pad, k,
-                           spec.fmt, spec.tile, spec.swizzle, kb)
+                           spec.fmt, spec.tile, spec.swizzle, kb, spec.pdl)
             return kb.module
         if (T.shared_bytes(spec.kstep, spec.stages, spec.bm, spec.bn) + spec.staging_bytes
                 != spec.dynamic_shared_bytes):
@@ -420,12 +458,13 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
 
         if spec.schedule == "persistent":
             T.emit_persistent(kb, kb.arg("wa"), kb.arg("wb"), m_count, n_count, k,
-                              spec.kstep, spec.stages, spec.bm, spec.swizzle, store, spec.bn)
+                              spec.kstep, spec.stages, spec.bm, spec.swizzle, store, spec.bn,
+                              spec.pdl)
             return kb.module
         mt, nt = T.raster_tile(bir.ceil_div(m_count, spec.bm), bir.ceil_div(n_count, spec.bn))
         m0, n0 = bir.mul(mt, spec.bm), bir.mul(nt, spec.bn)
         acc, wg = T.emit_mainloop(kb, kb.arg("wa"), kb.arg("wb"), m0, n0, k, spec.kstep,
-                                  spec.stages, spec.bm, spec.swizzle, spec.bn)
+                                  spec.stages, spec.bm, spec.swizzle, spec.bn, spec.pdl)
         store(acc, wg, m0, n0)
     return kb.module
 
@@ -434,10 +473,11 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
 
 
 def _dequantize(fmt: str, target: str, x: Any, sfx: Any, rows: int, tile: int, k: int,
-                dev: Any, swizzle: str = "none") -> Any:
+                dev: Any, swizzle: str = "none", pdl: bool = False) -> Any:
     """Phase 1 for one operand: its workspace (a device uint8 array)."""
     rows_pad = padded(rows, tile)
-    _, out = _core.launch_op(DequantSpec(fmt, target, tile, swizzle), dequant_grid(rows_pad, k),
+    _, out = _core.launch_op(DequantSpec(fmt, target, tile, swizzle, pdl),
+                             dequant_grid(rows_pad, k),
                              (("ws", (2 * rows_pad * k_padded(k),), np.dtype(np.uint8)),),
                              {"x": x, "sfx": sfx}, {"rows": rows, "rows_pad": rows_pad, "k": k},
                              dev)
@@ -446,10 +486,11 @@ def _dequantize(fmt: str, target: str, x: Any, sfx: Any, rows: int, tile: int, k
 
 def _workspaces(fmt: str, target: str, ops: dict[str, Any], m: int, n: int, k: int,
                 dev: Any, bm: int = BM, swizzle: str = "none",
-                bn: int = BN) -> tuple[Any, Any]:
-    """Phase 1 for A and B: their workspaces (device uint8 arrays)."""
+                bn: int = BN, pdl: bool = False) -> tuple[Any, Any]:
+    """Phase 1 for A and B: their workspaces (device uint8 arrays); ``pdl``: B's launch (the
+    one before phase 2) triggers its dependents."""
     return (_dequantize(fmt, target, ops["a"], ops["sfa"], m, bm, k, dev, swizzle),
-            _dequantize(fmt, target, ops["b"], ops["sfb"], n, bn, k, dev, swizzle))
+            _dequantize(fmt, target, ops["b"], ops["sfb"], n, bn, k, dev, swizzle, pdl))
 
 
 def dequantize_operands(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *,
@@ -514,14 +555,14 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
                                  kstep: int | None = None, stages: int | None = None,
                                  bm: int = BM, swizzle: str = "none",
                                  schedule: str = "tiles", ctas: int | None = None,
-                                 store: str = "direct", bn: int = BN,
+                                 store: str = "direct", bn: int = BN, pdl: bool = False,
                                  device: Any = None) -> Any:
     """The two-phase kernel pair called directly (no dispatch), e.g. by tests and benchmarks.
     Same arguments as :func:`blockscale.ops.matmul_wgmma.block_scaled_matmul_wgmma` (no tile
     or variant choice), plus phase 2's ``kstep``, ``stages``, tile height ``bm``, the
-    workspaces' layout ``swizzle``, CTA ``schedule``, epilogue ``store`` and tile width ``bn``
-    (:class:`TwophaseMatmulSpec`; ``ctas``: the persistent grid's CTA count, default the
-    device's SM count).
+    workspaces' layout ``swizzle``, CTA ``schedule``, epilogue ``store``, tile width ``bn``
+    and programmatic dependent launch ``pdl`` (:class:`TwophaseMatmulSpec`; ``ctas``: the
+    persistent grid's CTA count, default the device's SM count).
     Allocates :func:`workspace_bytes` of device memory per call. Raises ValueError for a
     format other than NVFP4 / MXFP4 or K % 32 != 0."""
     fmt = Format.from_name(fmt)
@@ -533,7 +574,7 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
         raise ValueError(f"the two-phase kernel takes k % 32 == 0, got k={d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, tgt, kstep, stages, bm, swizzle,
-                              schedule, store, bn)
+                              schedule, store, bn, pdl)
     S.check_store(spec.store, spec.out_dtype, d.n)
     return _run(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}), dev, ctas)
 
@@ -552,7 +593,8 @@ def _run(spec: TwophaseMatmulSpec, d: Any, a: Any, b: Any, sfa: Any, sfb: Any, a
     host = all(isinstance(v, np.ndarray) for v in (*ops.values(), *extra.values()))
     if host:  # keep the workspaces on the device between the phases
         ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
-    wa, wb = _workspaces(spec.fmt, spec.target, ops, d.m, d.n, d.k, dev, bm, spec.swizzle, bn)
+    wa, wb = _workspaces(spec.fmt, spec.target, ops, d.m, d.n, d.k, dev, bm, spec.swizzle, bn,
+                         spec.pdl)
     out = H.launch(spec, grid(d.m, d.n, bm, spec.schedule, _ctas(ctas, dev), bn), (d.m, d.n),
                    spec.out_dtype, {"wa": wa, "wb": wb, **extra},
                    {"m": d.m, "n": d.n, "k": d.k, "alpha": alpha}, dev)
@@ -581,7 +623,7 @@ def fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
             device: Any) -> Any:
         spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, target,
                                   store=S.dispatch_store(out_dtype, n),
-                                  bn=dispatch_bn(m, n, device, target))
+                                  bn=dispatch_bn(m, n, device, target), pdl=dispatch_pdl())
         return _run(spec, dims, a, b, sfa, sfb, alpha, extra, device)
     return run
 
@@ -599,8 +641,9 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     """Both phases for NVFP4 / MXFP4, bf16 / f32 out: 128 x 256 tiles with kstep 64 / 4
     stages and 32 / 9, 192 x 256 tiles with kstep 64 / 4; the 128B-swizzled pair (kstep 64,
     4 stages) for both tile heights; the persistent 128 x 256 kernels; the staged-store
-    kernels (kstep 64) at every width of :data:`BNS` and 128B-swizzled at 240 (none off
-    sm_90a). Phase 1 for every tile of :data:`TILES` and both layouts."""
+    kernels (kstep 64) at every width of :data:`BNS` and 128B-swizzled at 240, and with
+    ``pdl`` at 256 and 240 (none off sm_90a). Phase 1 for every tile of :data:`TILES` and
+    both layouts, and with ``pdl`` for B at 256 and 240."""
     if target not in TARGETS:
         return []
     specs: list[Any] = [DequantSpec(f, target, t, sw) for f in FORMATS for t in TILES
@@ -619,6 +662,11 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
                                  "persistent", "staged") for f in FORMATS]
     specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, BM, "128b", store="staged",
                                  bn=240) for f in FORMATS for o in _matmul.OUT_DTYPES]
+    # programmatic dependent launch: B's phase 1 (triggers) and the staged phase 2 (waits)
+    specs += [DequantSpec(f, target, bn, "none", True) for f in FORMATS for bn in WAVE_BNS[:2]]
+    specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, BM, store="staged", bn=bn,
+                                 pdl=True)
+              for f in FORMATS for o in _matmul.OUT_DTYPES for bn in WAVE_BNS[:2]]
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
