@@ -45,6 +45,16 @@ WIDE_SCHEDULES = ("wide", "wide_lut", "wide4", "wide4_lut", "wide_deep", "wide_d
 #: "*_lut" as for the others. Also accepted by the ops, not in SCHEDULES
 BULK_SCHEDULES = ("wide_bulk2", "wide_bulk2_lut", "wide_bulk3", "wide_bulk3_lut",
                   "wide_bulk4", "wide_bulk4_lut")
+#: the "<wide schedule>_x<W>" schedules: the same kernel as the wide / bulk schedule before the
+#: suffix, launched with W times its resident wave of blocks (``MoeQuantizeSpec.waves``: each
+#: block walks a W times shorter contiguous share of the row groups; blocks that finish
+#: early are replaced by waiting ones, so SMs that the memory system serves faster take
+#: more of the work, at the cost of W times the blocks' prologues). Also accepted by the
+#: ops, not in SCHEDULES; "wide_bulk2_lut_*" are the fused op's (grouped: "wide_bulk2_*")
+WAVE_SCHEDULES = ("wide_x2", "wide_x4", "wide4_x2", "wide4_x4", "wide_bulk2_x2",
+                  "wide_bulk2_lut_x2", "wide_bulk2_lut_x4")
+#: launch waves a "_x<W>" schedule may ask for
+WAVES = (1, 2, 4)
 #: shared memory an SM gives its blocks (H200: 228 KB, 1 KB of it reserved per block)
 SM_SHARED_BYTES, BLOCK_RESERVED_SHARED = 228 * 1024, 1024
 #: most blocks per SM of a bulk kernel (its register cap is 65536 / (256 x blocks))
@@ -136,7 +146,8 @@ class MoeQuantizeSpec(QuantizeSpec):
     bf16 gate (:func:`blockscale.ops.quantize_silu.sigmoid_lut`) instead of exp_f32 + div.rn.
     ``stream``: the stream schedule; ``wide``: chunks per thread visit of the wide schedule
     (0: not wide); ``bulk``: row groups in the wide schedule's shared ring (0: no ring, the
-    loads go to registers).
+    loads go to registers); ``waves``: wide schedules' grid in resident waves of blocks
+    (:func:`wide_plan`; the kernel does not depend on it).
     """
 
     unroll: int = 1
@@ -144,6 +155,7 @@ class MoeQuantizeSpec(QuantizeSpec):
     stream: bool = False
     wide: int = 0
     bulk: int = 0
+    waves: int = 1
 
     @property
     def stage_bytes(self) -> int:
@@ -179,6 +191,9 @@ class MoeQuantizeSpec(QuantizeSpec):
             raise ValueError(f"bulk must be 0 or 2-4 ring stages of a wide (2 chunks, unroll 1) "
                              f"sm_90a kernel, got bulk={self.bulk!r} wide={self.wide!r} "
                              f"unroll={self.unroll!r} target={self.target!r}")
+        if self.waves not in WAVES or (self.waves != 1 and not self.wide):
+            raise ValueError(f"waves must be one of {WAVES} (more than 1: wide schedules "
+                             f"only), got waves={self.waves!r} wide={self.wide!r}")
 
     @property
     def kernel_name(self) -> str:
@@ -189,7 +204,8 @@ class MoeQuantizeSpec(QuantizeSpec):
                 kind, n = f"wide{n}_bulk", self.bulk
         else:
             n = self.unroll
-        return f"{super().kernel_name}_{kind}{n}" + ("_lut" if self.lut else "")
+        return (f"{super().kernel_name}_{kind}{n}" + ("_lut" if self.lut else "")
+                + (f"_x{self.waves}" if self.waves != 1 else ""))
 
 
 def build(spec: MoeQuantizeSpec) -> Any:
@@ -215,8 +231,12 @@ def with_schedule(spec: QuantizeSpec, schedule: str | None, num_groups: int | No
     from blockscale.ops._matmul_host import check_choice
 
     schedule = DEFAULT_SCHEDULE if schedule is None else schedule
-    check_choice(schedule, SCHEDULES + STREAM_SCHEDULES + WIDE_SCHEDULES + BULK_SCHEDULES,
-                 "schedule")
+    check_choice(schedule, SCHEDULES + STREAM_SCHEDULES + WIDE_SCHEDULES + BULK_SCHEDULES
+                 + WAVE_SCHEDULES, "schedule")
+    waves = 1
+    if schedule in WAVE_SCHEDULES:
+        schedule, w = schedule.rsplit("_x", 1)
+        waves = int(w)
     wide = schedule.startswith("wide")
     stream = schedule.startswith("stream")
     if schedule == "tiles" or ((stream or wide) and not spec.aligned) or (
@@ -230,7 +250,7 @@ def with_schedule(spec: QuantizeSpec, schedule: str | None, num_groups: int | No
             return spec  # the ring is sm_90a's cp.async.bulk: the tile kernel elsewhere
         return MoeQuantizeSpec(**fields, lut=schedule.endswith("_lut") and spec.mode == "silu",
                                wide=4 if base == "wide4" else 2,
-                               unroll=2 if base == "wide_deep" else 1, bulk=bulk)
+                               unroll=2 if base == "wide_deep" else 1, bulk=bulk, waves=waves)
     return MoeQuantizeSpec(**fields, unroll=2 if schedule.removesuffix("_lut")[-1] == "2"
                            else 1, lut=schedule.endswith("_lut") and spec.mode == "silu",
                            stream=stream)
@@ -253,8 +273,8 @@ def stream_plan(spec: MoeQuantizeSpec, m: int, k: int, n_tiles: int
 def wide_plan(spec: MoeQuantizeSpec, m: int, k: int, n_tiles: int
               ) -> tuple[tuple[int, int, int], dict[str, int]]:
     """Grid and scalars of the wide schedule: the tile plan's x split (``cb_log2``: chunks
-    a block covers per row, log2; ``spec.wide`` per thread), ``gy`` = one resident wave, no
-    more than there are row groups of ``256 * wide >> cb_log2`` rows."""
+    a block covers per row, log2; ``spec.wide`` per thread), ``gy`` = ``spec.waves``
+    resident waves, no more than there are row groups of ``256 * wide >> cb_log2`` rows."""
     grid, sc = launch_plan(spec, m, k, n_tiles)
     gx = grid[0]
     lanes = spec.format.block_size // 16
@@ -264,7 +284,7 @@ def wide_plan(spec: MoeQuantizeSpec, m: int, k: int, n_tiles: int
     rpb = (256 * spec.wide) >> sc["cb_log2"]
     per_sm = (bulk_blocks_per_sm(spec) if spec.bulk
               else 65536 // (256 * wide_register_cap(spec)))
-    resident = NUM_SMS * per_sm
+    resident = NUM_SMS * per_sm * spec.waves
     sc.update(split_log2=0, tiles_per_step=1, tile_iters=1)
     return (gx, max(1, min(-(-m // rpb), resident // gx)), 1), sc
 
@@ -517,7 +537,10 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
         with_schedule(QuantizeSpec(f, target, None, "tcgen5d", True, "grouped", gather=g,
                                    name="grouped_quantize_dynamic_scaled"), sch)
         for sch in STREAM_SCHEDULES[:2] + WIDE_SCHEDULES[::2] + BULK_SCHEDULES[::2]
-        for f in ("nvfp4", "mxfp4", "mxfp8") for g in (False, True)]
+        for f in ("nvfp4", "mxfp4", "mxfp8") for g in (False, True)] + [
+        with_schedule(QuantizeSpec(f, target, None, "tcgen5d", True, "grouped",
+                                   name="grouped_quantize_dynamic_scaled"), sch)
+        for sch in WAVE_SCHEDULES[:5] for f in ("nvfp4", "mxfp4", "mxfp8")]
 
 
 __all__ = [
@@ -525,6 +548,7 @@ __all__ = [
     "DEFAULT_SCHEDULE",
     "SCHEDULES",
     "STREAM_SCHEDULES",
+    "WAVE_SCHEDULES",
     "WIDE_SCHEDULES",
     "MoeQuantizeSpec",
     "bundle_specs",

@@ -22,6 +22,7 @@ from blockscale.ops.quantize_grouped import (
     BULK_SCHEDULES,
     SCHEDULES,
     STREAM_SCHEDULES,
+    WAVE_SCHEDULES,
     WIDE_SCHEDULES,
     _i32,
     check_groups,
@@ -173,7 +174,8 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
     """Fused SiLU / SwiGLU-OAI quantize specs for the GPU tests and benchmarks (every format
     and schedule)."""
     return [_spec(Format.from_name(f), target, a, True, sch)
-            for sch in SCHEDULES + STREAM_SCHEDULES + WIDE_SCHEDULES[:2] + BULK_SCHEDULES[1:2]
+            for sch in (SCHEDULES + STREAM_SCHEDULES + WIDE_SCHEDULES[:2] + BULK_SCHEDULES[1:2]
+                        + WAVE_SCHEDULES[5:])
             for f in ("nvfp4", "mxfp4", "mxfp8")
             for a in (GatedActivation.SILU, GatedActivation.SWIGLU_OAI)]
 

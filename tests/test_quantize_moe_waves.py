@@ -1,0 +1,115 @@
+"""The "_x2" / "_x4" schedules of grouped and fused-SiLU quantize (``schedule="wide_x2"``,
+``"wide4_x4"``, ``"wide_bulk2_lut_x2"``, ...: the wide / bulk kernels launched with 2 or 4
+resident waves of blocks, each block walking a shorter contiguous share of the row groups)
+in the interpreter, byte for byte against blockscale.reference: edge values, MAX's grouped
+cases, gathers and empty groups, NVFP4 rows over many groups, with one resident wave and
+with one SM (NUM_SMS = 1: the waves decide how many blocks share the rows), and the plan /
+spec facts (grid, kernel names, bundle entries, bad waves)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _quantize_helpers import assert_same_bytes, group_offsets
+from test_quantize_moe_rows import COUNTS, IDS, _edges, _grouped, check_gather_and_empty_groups
+from test_quantize_moe_stream import MAX_CASES
+
+from blockscale.reference import grouped as RG
+
+pytest.importorskip("mlir")
+
+from blockscale.ops import quantize_grouped as QG
+from blockscale.ops import quantize_silu as QS
+from blockscale.ops.quantize import QuantizeSpec
+
+pytestmark = pytest.mark.interp
+GROUPED = ["wide_x2", "wide_x4", "wide4_x2", "wide4_x4", "wide_bulk2_x2"]
+
+
+@pytest.fixture(params=[132, 1], ids=["wave", "few_blocks"])
+def sms(request, monkeypatch):
+    monkeypatch.setattr(QG, "NUM_SMS", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("schedule", GROUPED)
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+def test_grouped_waves_edges(fmt, schedule, sms):
+    """Ties, NaN / Inf / -0, near-zero rows, an unused expert, K = 72 (a half-valid chunk)."""
+    _grouped(fmt, "sm_90a", schedule, COUNTS, IDS, 72, 11)
+
+
+@pytest.mark.parametrize("schedule", ["wide_x4", "wide4_x2", "wide_bulk2_x2"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+def test_grouped_waves_max_cases(fmt, schedule, monkeypatch):
+    """MAX's grouped cases (empty groups, expert id -1, K = 32 .. 72) on one SM."""
+    monkeypatch.setattr(QG, "NUM_SMS", 1)
+    for counts, ids, k in MAX_CASES:
+        _grouped(fmt, "sm_90a", schedule, counts, ids, k, k)
+
+
+@pytest.mark.parametrize("schedule", ["wide_x4", "wide4_x2"])
+def test_grouped_waves_gather_and_empty_groups(schedule, sms):
+    check_gather_and_empty_groups(schedule, "sm_90a")
+
+
+@pytest.mark.parametrize("schedule", ["wide_x2", "wide4_x4"])
+def test_grouped_waves_nvfp4_many_groups(schedule, monkeypatch):
+    """NVFP4 blocks starting inside many small groups, each with its own tensor scale."""
+    monkeypatch.setattr(QG, "NUM_SMS", 1)
+    counts = [5, 11, 0, 3, 30, 1, 17, 9, 0, 24]
+    ids = list(range(len(counts)))
+    ids[3] = -1
+    tsf = np.geomspace(0.05, 40.0, len(counts)).astype(np.float32)
+    _grouped("nvfp4", "sm_90a", schedule, counts, ids, 64, 3, tsf)
+
+
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+@pytest.mark.parametrize("schedule", ["wide_bulk2_lut_x2", "wide_bulk2_lut_x4"])
+def test_fused_waves(schedule, activation, sms):
+    """The fused op's edge rows and MAX's cases, three formats."""
+    cases = [(COUNTS, IDS, 72)] + MAX_CASES[2:]
+    for counts, ids, d in cases:
+        es, offs = group_offsets(counts)
+        gu = _edges(int(es[-1]), 2 * d, 12)
+        gu[min(9, int(es[-1]) - 1), :d] = -100.0
+        ids32 = np.asarray(ids, np.int32)
+        for fmt in ("nvfp4", "mxfp4", "mxfp8"):
+            isc = (np.resize(np.asarray([2.0, 0.5, 1e-38], np.float32), len(ids))
+                   if fmt == "nvfp4" else None)
+            dd, ss = QS.fused_silu_quantize(gu, fmt, es, offs, ids32, isc, activation=activation,
+                                            device="interp", target="sm_90a", schedule=schedule)
+            rd, rs = RG.fused_silu_quantize(gu, fmt, es, offs, ids32, isc, activation=activation)
+            assert_same_bytes(dd, rd, f"{schedule} {fmt} {activation} {counts} data")
+            assert_same_bytes(ss, rs, f"{schedule} {fmt} {activation} {counts} scales")
+
+
+def test_waves_plan_and_names():
+    base = QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "grouped",
+                        name="grouped_quantize_dynamic_scaled")
+    one = QG.with_schedule(base, "wide")
+    for sch, waves, gy in (("wide_x2", 2, 1056), ("wide_x4", 4, 2112), ("wide4_x2", 2, 528),
+                           ("wide_bulk2_x2", 2, 1056)):
+        s = QG.with_schedule(base, sch)
+        assert s.waves == waves and s.kernel_name.endswith(f"_x{waves}")
+        assert QG.wide_plan(s, 8192, 4096, 128)[0] == (1, gy, 1)  # K = 4096: 2 rows a step
+    assert one.waves == 1 and not one.kernel_name.endswith("_x1")
+    assert QG.wide_plan(QG.with_schedule(base, "wide_x4"), 10, 4096, 65)[0] == (1, 5, 1)
+    silu = QuantizeSpec("mxfp4", "sm_90a", "up", "tcgen5d", True, "silu")
+    lut = QG.with_schedule(silu, "wide_bulk2_lut_x4")
+    assert lut.lut and lut.bulk == 2 and lut.waves == 4
+    assert lut.kernel_name.endswith("_wide2_bulk2_lut_x4")
+    assert not QG.with_schedule(base, "wide_bulk2_lut_x2").lut  # grouped: no table
+    unaligned = QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", False, "grouped")
+    assert QG.with_schedule(unaligned, "wide_x2") is unaligned  # the tile kernel
+    names = {s.kernel_name for s in QG.bundle_specs("sm_90a") + QS.bundle_specs("sm_90a")}
+    assert {"grouped_quantize_dynamic_scaled_nvfp4_rn_5d_v_wide4_x4",
+            "grouped_quantize_dynamic_scaled_mxfp8_up_5d_v_wide2_bulk2_x2",
+            "fused_silu_quantize_nvfp4_rn_5d_v_silu_wide2_bulk2_lut_x2"} <= names
+    with pytest.raises(ValueError, match="waves must be one of"):
+        QG.MoeQuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "grouped", wide=2, waves=3)
+    with pytest.raises(ValueError, match="wide schedules only"):
+        QG.MoeQuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "grouped", stream=True,
+                           waves=2)
+    with pytest.raises(ValueError, match="schedule"):
+        QG.with_schedule(base, "wide_x3")
