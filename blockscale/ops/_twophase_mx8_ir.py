@@ -56,6 +56,9 @@ UNDO_FLOOR = -378
 THREADS = 256
 #: the epilogue inputs fold_undo reads (per row of A, per column = row of B)
 FOLD_A, FOLD_B = "mx8_fold_a", "mx8_fold_b"
+#: a fold exponent F is stored as the f32 ``F + 1.5 * 2^23``, whose bits are ``F + FOLD_BIAS``
+#: (|F| < 2^22): one integer subtraction reads it back
+FOLD_BIAS = 0x4B400000
 
 
 def _sgt(a: Value, b: Value | int) -> Value:
@@ -78,7 +81,8 @@ def _scale_byte(sfx: Value, row0: Value, j: Value) -> Value:
 def emit_fold(x: Value, sfx: Value, fold: Value, flags: Value, row: Value, k: Value,
               flag_at: Value, shift: Value) -> None:
     """The fold exponent and flag of ``row`` (index) of an operand ``x`` ``[rows, k]`` E4M3
-    (i8 memref) with 5-D scales ``sfx``: ``fold[row] = f32(F + shift)``, ``flags[flag_at] =
+    (i8 memref) with 5-D scales ``sfx``: ``fold[row]`` holds ``F + shift`` (as the f32 of
+    bits ``F + shift + FOLD_BIAS``), ``flags[flag_at] =
     0 | 1`` (module docstring). ``k % 32 == 0``."""
     kblocks = bir.udiv(k, 32)
     d1 = bir.ceil_div(kblocks, 4)
@@ -112,7 +116,8 @@ def emit_fold(x: Value, sfx: Value, fold: Value, flags: Value, row: Value, k: Va
             br.yield_(_i32(0))
         blocks.yield_(arith.ori(blocks.carried[0], br.results[0]))
     f = arith.subi(bmax, _i32(127 + HEADROOM))
-    bir.store(arith.sitofp(bir.f32(), arith.addi(f, shift)), fold, row)
+    bir.store(arith.bitcast(bir.f32(), arith.addi(arith.addi(f, shift), _i32(FOLD_BIAS))),
+              fold, row)
     bir.store(blocks.results[0], flags, flag_at)
 
 
@@ -135,7 +140,7 @@ def emit_dequant(x: Value, sfx: Value, fold: Value, ws: Value, rows: Value, rows
         live = bir.ult(row, rows)
         fb = bir.if_(live, [bir.i32()])
         with fb.then():
-            fb.yield_(arith.subi(arith.fptosi(bir.i32(), bir.load(fold, row)), shift))
+            fb.yield_(arith.subi(read_fold(bir.load(fold, row)), shift))
         with fb.else_():
             fb.yield_(_i32(0))
         f = fb.results[0]
@@ -169,19 +174,31 @@ def emit_dequant(x: Value, sfx: Value, fold: Value, ws: Value, rows: Value, rows
                                  bir.add(kbase, 16 * tile * c), alignment=16)
 
 
+def read_fold(v: Value) -> Value:
+    """The i32 fold exponent stored as the f32 ``v`` (:data:`FOLD_BIAS`)."""
+    return arith.subi(arith.bitcast(bir.i32(), v), _i32(FOLD_BIAS))
+
+
 def fold_undo(value: Value, ctx: Any) -> Value:
-    """Epilogue: ``value * 2^G``, ``G = max(fa[m] + fb[n], UNDO_FLOOR)`` as three exact
-    multiplies by ``2^floor(G/3)``, ``2^floor((G - g1)/2)``, the rest (each in [-126, 127],
-    all of the sign of G, so the partial products are monotone between value and result)."""
-    g = arith.fptosi(bir.i32(), arith.addf(ctx.load(FOLD_A), ctx.load(FOLD_B)))
-    g = arith.maxsi(g, _i32(UNDO_FLOOR))
-    g1 = arith.floordivsi(g, _i32(3))
-    rest = arith.subi(g, g1)
-    g2 = arith.floordivsi(rest, _i32(2))
-    g3 = arith.subi(rest, g2)
-    for part in (g1, g2, g3):
-        value = arith.mulf(value, pow2(part))
-    return value
+    """Epilogue: ``value * 2^G``, ``G = fa[m] + fb[n]``: one multiply by ``2^G`` where G is in
+    [-126, 127] (a single IEEE multiply: always the correctly rounded product); else (a
+    branch) ``G`` clamped to >= UNDO_FLOOR in three exact steps ``2^g1 2^g2 2^g3`` (g1 = G
+    clamped to [-126, 127], g2 = the rest clamped, g3 = the rest: each of the sign of G, so
+    the partial products lie between value and result)."""
+    g = arith.addi(read_fold(ctx.load(FOLD_A)), read_fold(ctx.load(FOLD_B)))
+    near = bir.ult(arith.addi(g, _i32(126)), _i32(254))
+    br = bir.if_(near, [bir.f32()])
+    with br.then():
+        br.yield_(arith.mulf(value, pow2(g)))
+    with br.else_():
+        g = arith.maxsi(g, _i32(UNDO_FLOOR))
+        v = value
+        for last in (False, False, True):
+            part = g if last else arith.minsi(arith.maxsi(g, _i32(-126)), _i32(127))
+            v = arith.mulf(v, pow2(part))
+            g = arith.subi(g, part)
+        br.yield_(v)
+    return br.results[0]
 
 
 def emit_fixup(kb: Any, flags: Value, m_count: Value, n_count: Value, k: Value,

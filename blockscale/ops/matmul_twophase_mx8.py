@@ -77,13 +77,12 @@ HEADROOM, WINDOW, THREADS = 42, 80, 256
 FOLD_A, FOLD_B = "mx8_fold_a", "mx8_fold_b"
 #: the largest K (the overflow bound of the module docstring)
 MAX_K = 1 << 24
-#: the dispatch runs the kernels from this M on (as the FP4 pair)
-MIN_M = TP.MIN_M
-MAX_WORKSPACE_BYTES = TP.MAX_WORKSPACE_BYTES
+#: the dispatch runs the kernels from this M on, while their workspaces take at most
+#: MAX_WORKSPACE_BYTES (= the FP4 pair's; literals here: matmul_twophase may be mid-import)
+MIN_M = 256
+MAX_WORKSPACE_BYTES = 1 << 30
 #: BLOCKSCALE_SM90_TWOPHASE_MX8=1 turns the dispatch to these kernels on (default off)
 ENV_SWITCH = "BLOCKSCALE_SM90_TWOPHASE_MX8"
-#: A's workspace tile heights (phase-2 bm) and B's (phase-2 bn)
-BMS, BNS = TP.BMS, TP.BNS
 
 _IR_FILE = Path(__file__).with_name("_twophase_mx8_ir.py")
 _IR_DIGEST = hashlib.sha256(_IR_FILE.read_bytes()).hexdigest()[:16] if _IR_FILE.exists() \
@@ -152,7 +151,7 @@ class DequantSpec(FormatSpec):
 
     fmt: str = "mxfp8"
     target: str = "sm_90a"
-    tile: int = TP.BM
+    tile: int = 128
 
     op: ClassVar[str] = "block_scaled_matmul_twophase_mx8_dequant"
     block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
@@ -354,7 +353,7 @@ def block_scaled_matmul_twophase_mx8(a: Any, b: Any, sfa: Any, sfb: Any, *,
                                      out_dtype: str = "bfloat16",
                                      epilogue: Epilogue | None = None,
                                      epilogue_inputs: dict[str, Any] | None = None,
-                                     bm: int = TP.BM, bn: int = TP.BN, store: str = "direct",
+                                     bm: int = 128, bn: int = 256, store: str = "direct",
                                      kstep: int | None = None, stages: int | None = None,
                                      device: Any = None) -> Any:
     """The MXFP8 two-phase kernels called directly (no dispatch), e.g. by tests and
