@@ -138,9 +138,13 @@ def _spy_launches(monkeypatch) -> list:
 @pytest.mark.interp
 @pytest.mark.parametrize("fmt,rows", [(NVFP4, False), (NVFP4, True), (MXFP4, False)],
                          ids=["nvfp4", "nvfp4-rows-oai", "mxfp4"])
-def test_fused_swiglu_equals_chained(monkeypatch, fmt, rows):
+@pytest.mark.parametrize("pdq", [True, False], ids=["pdq", "wgmma"])
+def test_fused_swiglu_equals_chained(monkeypatch, fmt, rows, pdq):
     """Where the chained matmul runs this kernel, the fused op runs it too (σ output store,
-    then fused_silu_quantize): byte-identical (with a_row_scales and SwiGLU-OAI too)."""
+    then fused_silu_quantize): byte-identical (with a_row_scales and SwiGLU-OAI too); with
+    the producer-dequant kernel on (PDQ_FORMATS) both run that instead."""
+    if not pdq:
+        monkeypatch.setenv(gw.PDQ_ENV_SWITCH, "0")
     monkeypatch.setattr(gw, "MIN_ROWS", 1)
     specs = _spy_launches(monkeypatch)
     counts, ids, e_count, d, k = [65, 0, 3, 70], [1, 0, -1, 2], 3, 40, 128
@@ -162,9 +166,9 @@ def test_fused_swiglu_equals_chained(monkeypatch, fmt, rows):
     gate_up = grouped_matmul_block_scaled(case["hidden"], case["weight"], case["a_scales"],
                                           case["b_scales"], *grp, esc, fmt, k=k,
                                           a_row_scales=rs, device="interp", target="sm_90a")
-    # fused (σ store), then chained (MXFP4: the producer-dequant kernel, the same bytes)
-    chained = [] if fmt.name in gw.PDQ_FORMATS else [(False, rows)]
-    assert [(s.sigma_out, s.row_scales) for s in specs] == [(True, rows), *chained]
+    # fused (σ store), then chained; none with the producer-dequant kernel
+    assert [(s.sigma_out, s.row_scales) for s in specs] == \
+        ([] if gw.uses_pdq(fmt) else [(True, rows), (False, rows)])
     c_data, c_scales = fused_silu_quantize(gate_up, fmt, *grp, isc, activation=act,
                                            num_scale_tiles=tiles, device="interp",
                                            target="sm_90a")

@@ -34,10 +34,11 @@ grouped kernel, for NVFP4 / MXFP4, K % 32 == 0 and at least :data:`MIN_ROWS` rou
 turns it off. :func:`blockscale.ops.matmul_swiglu.chained_mainloop` reports it as "wgmma"
 and the fused SwiGLU op then runs this kernel with its σ output store
 (:attr:`GroupedWgmmaSpec.sigma_out`) followed by ``fused_silu_quantize``, so fused ==
-chained still holds byte for byte. For :data:`PDQ_FORMATS` (MXFP4) the dispatch runs the
-grouped producer-dequant kernel (:mod:`blockscale.ops.matmul_grouped_pdq`) instead: the same
-bf16 operands and HGMMA k16 order as this kernel's lut / k64 / fold variant (MXFP4's default),
-byte-equal to it on the H200, 24-26 % faster. Importing this module does not import MLIR.
+chained still holds byte for byte. For :data:`PDQ_FORMATS` (NVFP4, MXFP4) the dispatch runs
+the grouped producer-dequant kernel (:mod:`blockscale.ops.matmul_grouped_pdq`) instead (and
+the fused op its σ store): the same bf16 operands and HGMMA k16 order as this kernel's lut /
+k64 / fold variant, byte-equal to it on the H200; ``BLOCKSCALE_SM90_GROUPED_PDQ=0`` brings
+this kernel back. Importing this module does not import MLIR.
 """
 
 from __future__ import annotations
@@ -75,9 +76,12 @@ MIN_ROWS = 1024
 #: H200 (run P, 2026-11-30, gpt-oss-120b gate_up, prefetch on): MXFP4 T=1024 1.376 vs 1.866
 #: ms, T=4096 2.129 vs 2.809 ms; run Q, with the staged epilogue (N % 8 == 0): 1.335 / 1.915
 #: ms. NVFP4: staged pdq 1.655 / 2.370 vs this kernel's "shift" default 1.632 / 2.566, but pdq
-#: equals the "lut" variant, which the fused SwiGLU op would then have to run (18 % slower than
-#: "shift" here): not switched
-PDQ_FORMATS = ("mxfp4",)
+#: equals the "lut" variant, so the fused SwiGLU op runs the grouped pdq kernel too, with its σ
+#: store (matmul_grouped_pdq.dispatch_spec): switched (issue #10)
+PDQ_FORMATS = ("mxfp4", "nvfp4")
+#: BLOCKSCALE_SM90_GROUPED_PDQ=0: the dispatch (and the fused SwiGLU op) run this kernel's
+#: default variant for every format instead of the producer-dequant kernel
+PDQ_ENV_SWITCH = "BLOCKSCALE_SM90_GROUPED_PDQ"
 #: the dispatch uses 128 x 256 tiles when at least this many CTAs result (else 128 x 128)
 WIDE_TILE_MIN_CTAS = 4 * 132
 #: BLOCKSCALE_SM90_GROUPED_WGMMA=0 turns the fast path off (on by default)
@@ -188,6 +192,13 @@ def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "1") not in ("0", "false", "off")
 
 
+def uses_pdq(fmt: Format) -> bool:
+    """Whether the fast path runs the grouped producer-dequant kernel for ``fmt``
+    (:data:`PDQ_FORMATS`, unless :data:`PDQ_ENV_SWITCH` is 0)."""
+    off = os.environ.get(PDQ_ENV_SWITCH, "1") in ("0", "false", "off")
+    return fmt.name in PDQ_FORMATS and not off
+
+
 def choose_tiles(t: int, n: int, num_groups: int) -> tuple[int, int]:
     """128 x 256 when the upper bound of the CTA count is large, else 128 x 128."""
     ctas = (-(-t // 128) + num_groups) * -(-n // 256)
@@ -221,19 +232,12 @@ def fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_groups: int,
     ``(buffers, scalars, device) -> C`` when :func:`applies`, else None."""
     if not applies(target, fmt, t, n, k):
         return None
-    if fmt.name in PDQ_FORMATS:  # the same bytes, sooner: the producer-dequant kernel
+    if uses_pdq(fmt):  # the lut variant's bytes, sooner: the producer-dequant kernel
         from blockscale.ops import matmul_grouped_pdq as GP
-        from blockscale.ops._staged_store_ir import dispatch_store
-        from blockscale.runtime import get_device
 
         def run_pdq(buffers: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
-            # the GPU runs the per-role K loops; the lock-step interpreter, which runs them
-            # only while the K steps fit in the ring, the one-loop form (the same bytes)
-            loop = "lockstep" if get_device(device).name == "interp" else "split"
-            pdq = GP.GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
-                                    store=dispatch_store("bfloat16", n))
-            return H.launch(pdq, GP.grid(t, n, num_groups), (t, n), "bfloat16", buffers,
-                            scalars, device, empty=t == 0 or n == 0)
+            pdq = GP.dispatch_spec(fmt, n, row_scales, target, device)
+            return GP.launch(pdq, t, n, num_groups, buffers, scalars, device)
         return run_pdq
     spec = spec_for(fmt, t, n, num_groups, row_scales, target)
 
