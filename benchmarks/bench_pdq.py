@@ -10,8 +10,13 @@ kernel, checked against the float64 product on sampled rows (bench_moe's check) 
 equality with the lut / k64 / fold kernel. Times replay the recorded launches (both phases
 where there are two).
 
+Fused (``--suite fused``, issue #10): the fused SwiGLU op (σ-permuted weights) against the
+chained dispatch (grouped matmul on the un-permuted weights + ``fused_silu_quantize``), with
+the grouped pdq kernel and with ``BLOCKSCALE_SM90_GROUPED_PDQ=0`` (grouped wgmma); the fused
+rows must equal their chained row byte for byte.
+
 Usage: ``python benchmarks/bench_pdq.py [--m 8192,1024] [--t 1024,4096] [--fmt nvfp4,mxfp4]
-[--suite dense,grouped] [--impls SUBSTR,...]`` (only the rows whose label contains one
+[--suite dense,grouped,fused] [--impls SUBSTR,...]`` (only the rows whose label contains one
 of the substrings, plus the references); kernels from the bundle (``make gpu-bundle``).
 """
 
@@ -86,7 +91,17 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                                                           "producers": 2, "bn": 192}),
                  ("grouped pdq pf staged p2 192 d2", "pdq", {"prefetch": True,
                                                              "store": "staged", "producers": 2,
-                                                             "bn": 192, "depth": 2}))
+                                                             "bn": 192, "depth": 2}),
+                 # the fused SwiGLU op's σ store (columns un-permuted before the checks)
+                 ("grouped pdq pf staged sigma", "pdq", {"prefetch": True, "store": "staged",
+                                                         "sigma_out": True}),
+                 ("grouped pdq pf sigma", "pdq", {"prefetch": True, "sigma_out": True}))
+#: fused SwiGLU suite (label, fused op?, BLOCKSCALE_SM90_GROUPED_PDQ): the dispatch's chained
+#: path (grouped matmul + fused_silu_quantize) is the reference the fused rows must equal
+FUSED_IMPLS = (("chained pdq + silu-quantize", False, "1"),
+               ("fused (pdq sigma + silu-quantize)", True, "1"),
+               ("chained wgmma + silu-quantize", False, "0"),
+               ("fused (wgmma sigma + silu-quantize)", True, "0"))
 
 
 def _select(impls: tuple, only: Sequence[str] | None) -> tuple:
@@ -175,6 +190,8 @@ def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
                     got, ms = _timed(dev, lambda fn=fn, kw=kw, args=args: fn(
                         *args, k=shape.k, device=dev, **kw))
                     host = np.asarray(dev.to_host(got))
+                    if kw.get("sigma_out"):  # gate | up columns back to the weight rows' order
+                        host = _unsigma_cols(host)
                     rows = sample_rows(rng, r.rows, 6)
                     ok, text = check_grouped_matmul(host[rows], a, a_sc2d, rows, r, w)
                     if ref is None:
@@ -189,6 +206,90 @@ def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
                     if ms else ""
                 log(f"  {case:42} {label:28} {f'{ms:8.3f} ms' if ms else '       -   '} "
                     f"{rate} {text[:70]}")
+                out.append((case, label, ms, text))
+    return out
+
+
+def _unsigma_cols(x: np.ndarray) -> np.ndarray:
+    """Columns ``gate | up`` (σ store) back to the σ order (2i gate i, 2i + 1 up i)."""
+    out = np.empty_like(x)
+    half = x.shape[1] // 2
+    out[:, 0::2], out[:, 1::2] = x[:, :half], x[:, half:]
+    return out
+
+
+def bench_fused(dev: Any, t_values: Sequence[int], fmts: Sequence[str], log: Any = print,
+                only: Sequence[str] | None = None) -> list[tuple[str, str, float | None, str]]:
+    """gpt-oss-120b gate_up + SiLU quantize: ``grouped_matmul_swiglu`` on σ-permuted weights
+    against the chained dispatch (``grouped_matmul_block_scaled`` on the un-permuted weights,
+    then ``fused_silu_quantize``), with the grouped pdq kernel and with
+    BLOCKSCALE_SM90_GROUPED_PDQ=0 (the grouped wgmma kernel); fused rows byte-checked
+    against the chained row of the same kernel family."""
+    import os
+
+    from benchmarks.bench_moe import ExpertWeights
+    from benchmarks.common import interleave_stack
+    from blockscale.formats import Format
+    from blockscale.ops import fused_silu_quantize, grouped_matmul_block_scaled
+    from blockscale.ops import matmul_grouped_wgmma as gw
+    from blockscale.ops.matmul_swiglu import grouped_matmul_swiglu
+
+    out = []
+    shape = next(s for s in GATE_UP if s.name == "gpt-oss-120b")
+    rng = np.random.default_rng(2)
+    for f in fmts:
+        fmt = Format.from_name(f)
+        ws = make_weights(dev, rng, fmt, shape.experts, shape.n, shape.k)  # σ-permuted rows
+        d = shape.n // 2
+        un = np.concatenate([ws.data[:, 0::2], ws.data[:, 1::2]], axis=1)
+        un_s2 = np.concatenate([ws.scales2d[:, 0::2], ws.scales2d[:, 1::2]], axis=1)
+        wu = ExpertWeights(fmt, un, un_s2, dev.to_device(un),
+                           dev.to_device(interleave_stack(un_s2)), ws.expert_scales, shape.k)
+        isc = None if fmt.is_mx else rng.uniform(0.5, 2.0, shape.experts).astype(np.float32)
+        for t in t_values:
+            r = route(rng, t, shape.experts, shape.top_k)
+            a = random_data(rng, fmt, (r.rows, fmt.data_cols(shape.k)))
+            _a2d, a_sc5 = grouped_activation_scales(rng, fmt, r, shape.k)
+            a_dev, sc_dev = dev.to_device(a), dev.to_device(a_sc5)
+            grp = (r.expert_start, r.scales_offset, r.expert_ids)
+            case, refs = f"{shape.name} {f} T={t} ({r.rows} rows, D={d})", {}
+
+            def chained(wu: Any = wu, a_dev: Any = a_dev, sc_dev: Any = sc_dev,
+                        grp: tuple = grp, tiles: int = a_sc5.shape[0], isc: Any = isc,
+                        fmt: Any = fmt) -> Any:
+                gu = grouped_matmul_block_scaled(a_dev, wu.data_dev, sc_dev, wu.scales_dev,
+                                                 *grp, wu.expert_scales, fmt, k=shape.k,
+                                                 device=dev)
+                return fused_silu_quantize(gu, fmt, *grp, isc, num_scale_tiles=tiles,
+                                           device=dev)
+
+            def fused(ws: Any = ws, a_dev: Any = a_dev, sc_dev: Any = sc_dev, grp: tuple = grp,
+                      isc: Any = isc, fmt: Any = fmt) -> Any:
+                return grouped_matmul_swiglu(a_dev, ws.data_dev, sc_dev, ws.scales_dev, *grp,
+                                             ws.expert_scales, isc, fmt, k=shape.k, device=dev)
+
+            for label, is_fused, pdq in _select(FUSED_IMPLS, only):
+                old = os.environ.get(gw.PDQ_ENV_SWITCH)
+                os.environ[gw.PDQ_ENV_SWITCH] = pdq
+                try:
+                    (data, scales), ms = _timed(dev, fused if is_fused else chained)
+                    got = b"".join(np.ascontiguousarray(np.asarray(dev.to_host(x)))
+                                   .view(np.uint8).tobytes() for x in (data, scales))
+                    if is_fused:
+                        want = refs.get(pdq)
+                        text = "no chained row" if want is None else \
+                            ("== chained" if got == want else "DIFFERS from chained")
+                    else:
+                        refs[pdq], text = got, "reference"
+                except Exception as e:  # noqa: BLE001 - missing kernel, launch failure
+                    ms, text = None, f"error: {type(e).__name__}: {str(e)[:80]}"
+                finally:
+                    if old is None:
+                        os.environ.pop(gw.PDQ_ENV_SWITCH, None)
+                    else:
+                        os.environ[gw.PDQ_ENV_SWITCH] = old
+                log(f"  {case:46} {label:36} {f'{ms:8.3f} ms' if ms else '       -   '} "
+                    f"{text}")
                 out.append((case, label, ms, text))
     return out
 
@@ -214,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows += bench_dense(dev, [int(x) for x in ns.m.split(",")], fmts, only=only)
     if "grouped" in suites:
         rows += bench_grouped(dev, [int(x) for x in ns.t.split(",")], fmts, only=only)
+    if "fused" in suites:
+        rows += bench_fused(dev, [int(x) for x in ns.t.split(",")], fmts, only=only)
     return 0 if all(ms is not None for _, _, ms, _ in rows) else 1
 
 

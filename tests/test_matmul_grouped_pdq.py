@@ -148,9 +148,14 @@ def test_spec_checks():
     assert p2.block == (512, 1, 1) and p2.kernel_name.endswith("_128x192_k64_s5_pf_p2_rowsc")
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     specs = GP.bundle_specs("sm_90a")
-    assert len(specs) == len({s.kernel_name for s in specs}) == 18 + 3  # + wgmma references
-    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 18
-    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 9
+    assert len(specs) == len({s.kernel_name for s in specs}) == 24 + 3  # + wgmma references
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 24
+    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 12
+    assert sum(getattr(s, "sigma_out", False) for s in specs) == 6
+    for f in (NVFP4, MXFP4):  # the dispatch's specs on the GPU (plain and σ) are bundled
+        for sg in (False, True):
+            assert GP.dispatch_spec(f, 5760, f is NVFP4, "sm_90a", "interp", sg).kernel_name \
+                .replace("_lockstep", "") in {s.kernel_name for s in specs}
     assert sum(getattr(s, "producers", 1) == 2 for s in specs) == 9
     assert sum(getattr(s, "depth", 1) == 2 for s in specs) == 3
     assert GP.bundle_specs("gfx942") == []
@@ -174,7 +179,8 @@ def test_host_checks():
                                   if isinstance(s, GP.GroupedPdqSpec)],
                          ids=lambda s: s.kernel_name)
 def test_kernel_sass(spec):
-    """The staged store: 64 STS a consumer thread, its bulk copy, two more CTA barriers."""
+    """The staged store: 64 STS a consumer thread (σ: 128 STS.U16), its bulk copy (σ: the
+    same instruction for the gate and the up half), two more CTA barriers."""
     kernel = GP.kernel(spec)
     sass, meta = kernel.asm["sass"], kernel.meta
     staged = spec.store == "staged"
@@ -182,7 +188,11 @@ def test_kernel_sass(spec):
     # 3 rows x 8 chunks a producer thread; two producers at 128 x 192: 3 row halves x 4
     assert len(re.findall(r"STS\.128", sass)) == (24 if spec.producers == 1 else 12)
     assert len(re.findall(r"\bUBLKCP\b", sass)) == staged
-    assert len(re.findall(r"\bSTS ", sass)) == (spec.bn // 4 if staged else 0)
+    # σ staged: a gate and an up 2-byte store per accumulator pair
+    assert len(re.findall(r"\bSTS ", sass)) == (spec.bn // 4 if staged and not spec.sigma_out
+                                                else 0)
+    assert len(re.findall(r"STS\.U16", sass)) == (spec.bn // 2 if staged and spec.sigma_out
+                                                  else 0)
     assert len(re.findall(r"BAR\.SYNC", sass)) == 1 + 2 * staged
     log = meta.get("ptxas_log", "")
     assert "C7518" not in log and "C7517" not in log and "C7515" not in log

@@ -18,7 +18,12 @@ registers and 33 % issue slots) and no bf16 weights in global memory.
 Numerics: the same bf16 operands (dequant "lut", block scales folded in) and k16 wgmma order
 as the grouped wgmma kernel at 128 x 256, kstep 64, so its bytes in the interpreter.
 
-Not in any dispatch (the lead measures it first). Importing this module does not import MLIR.
+Dispatch: :func:`blockscale.ops.matmul_grouped_wgmma.fast_path` runs :func:`dispatch_spec`
+for NVFP4 and MXFP4 prefill (``matmul_grouped_wgmma.PDQ_FORMATS``; off with
+``BLOCKSCALE_SM90_GROUPED_PDQ=0``), and the fused SwiGLU op's chained path
+(:mod:`blockscale.ops.matmul_swiglu`) the same spec with ``sigma_out``: the σ store changes
+where a value goes, not its bits, so fused == chained byte for byte by construction.
+Importing this module does not import MLIR.
 """
 
 from __future__ import annotations
@@ -301,7 +306,8 @@ def kernel(spec: GroupedPdqSpec) -> Any:
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
     """NVFP4 (row scales on / off) and MXFP4, 4 stages, with and without the prefetch (and
     staged stores with the prefetch; two producer warpgroups at 128 x 192, both stores, and
-    staged with prefetch distance 2), and
+    staged with prefetch distance 2; the σ store of the fused SwiGLU op, both stores: the
+    dispatch's :func:`dispatch_spec` on the GPU for every shape), and
     the grouped wgmma kernels its GPU tests compare with byte for byte (128 x 256, lut /
     k64 / fold); none off sm_90a."""
     from blockscale.ops.matmul_grouped_wgmma import GroupedWgmmaSpec
@@ -317,6 +323,9 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
               for f, rs in variants for st in STORES]
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged", 2, 192, 2)
               for f, rs in variants]
+    # the fused SwiGLU op's σ store (dispatch_spec; direct: BLOCKSCALE_SM90_STAGED_STORE=0)
+    specs += [GroupedPdqSpec(f, rs, target, None, True, "split", st, sigma_out=True)
+              for f, rs in variants for st in STORES]
     specs += [GroupedWgmmaSpec(f, rs, 128, 256, target, dequant="lut", kstep=64,
                                scaling="fold") for f, rs in variants]
     return sorted(specs, key=lambda s: s.kernel_name)
@@ -329,9 +338,9 @@ __all__ = [
     "GroupedPdqSpec",
     "build",
     "bundle_specs",
-    "grid",
     "check_sigma_store",
     "dispatch_spec",
+    "grid",
     "grouped_matmul_block_scaled_pdq",
     "kernel",
     "launch",

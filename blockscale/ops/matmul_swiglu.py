@@ -25,10 +25,13 @@ rounds inside the tensor core, so the fused kernel must issue the very same MMAs
 runs :class:`SwigluMmaSpec`, whose IR (:mod:`blockscale.ops._matmul_swiglu_mma_ir`, the
 argument in its docstring) calls the chained kernel's mainloop and adds this op's epilogue.
 FP4 block sums are exact, so FP4 keeps the portable K loop on every target, except where the
-chained matmul runs the sm_90a grouped wgmma kernel (prefill, "wgmma": HGMMA's fp32
-accumulation is not the portable kernel's): there the op runs that kernel on the σ-permuted
-weights with its σ output store (un-permuted gate | up columns), then
-:func:`blockscale.ops.fused_silu_quantize`, i.e. the chained computation itself.
+chained matmul runs the sm_90a grouped wgmma fast path (prefill, "wgmma": HGMMA's fp32
+accumulation is not the portable kernel's): there the op runs that fast path's kernel (the
+grouped producer-dequant kernel for ``matmul_grouped_wgmma.PDQ_FORMATS``, NVFP4 and MXFP4,
+``matmul_grouped_pdq.dispatch_spec``; the grouped wgmma kernel with
+``BLOCKSCALE_SM90_GROUPED_PDQ=0``) on the σ-permuted weights with its σ output store
+(un-permuted gate | up columns), then :func:`blockscale.ops.fused_silu_quantize`, i.e. the
+chained computation itself.
 """
 
 from __future__ import annotations
@@ -339,17 +342,24 @@ def _run_wgmma_chain(buffers: dict[str, Any], fmt: Format, act: GatedActivation,
                      n: int, k: int, num_groups: int, es: Any, offs: Any, ids: Any,
                      num_tiles: int, row_scales: bool, target: str, device: Any
                      ) -> tuple[Any, Any]:
-    """The chained path where it runs the grouped wgmma kernel: that kernel on the σ-permuted
-    weights, stored un-permuted (``sigma_out``), then ``fused_silu_quantize``."""
+    """The chained path where it runs the grouped wgmma fast path: its kernel (the grouped
+    producer-dequant kernel where :func:`~blockscale.ops.matmul_grouped_wgmma.uses_pdq`, else
+    the grouped wgmma kernel) on the σ-permuted weights, stored un-permuted (``sigma_out``),
+    then ``fused_silu_quantize``."""
+    from blockscale.ops import matmul_grouped_pdq as GP
     from blockscale.ops import matmul_grouped_wgmma as GW
     from blockscale.ops.quantize_silu import fused_silu_quantize
 
-    spec = GW.spec_for(fmt, t, n, num_groups, row_scales, target, sigma_out=True)
     bufs = {name: v for name, v in buffers.items()
             if name not in ("scales_offsets", "input_scales")}
     bufs["a_scale_offsets"] = offs
-    gate_up = GW.launch(spec, t, n, num_groups, bufs,
-                        {"t": t, "n": n, "k": k, "num_groups": num_groups}, device)
+    scalars = {"t": t, "n": n, "k": k, "num_groups": num_groups}
+    if GW.uses_pdq(fmt):
+        pdq = GP.dispatch_spec(fmt, n, row_scales, target, device, sigma_out=True)
+        gate_up = GP.launch(pdq, t, n, num_groups, bufs, scalars, device)
+    else:
+        spec = GW.spec_for(fmt, t, n, num_groups, row_scales, target, sigma_out=True)
+        gate_up = GW.launch(spec, t, n, num_groups, bufs, scalars, device)
     return fused_silu_quantize(gate_up, fmt, es, offs, ids, buffers["input_scales"],
                                activation=act, num_scale_tiles=num_tiles, device=device,
                                target=target)
