@@ -269,6 +269,7 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
             record("blockscale-twophase-phase2-staged-bn240",
                    _timer(phase2_bn240, iters, dev.synchronize), check)
             del wa, wb
+        before = os.environ.get(matmul_twophase.ENV_BN)
         os.environ[matmul_twophase.ENV_BN] = "auto"  # the dispatch with the wave model's bn
         try:
             if matmul_twophase.fast_path("sm_90a", fmt, m, n, k, "bfloat16", None):
@@ -280,7 +281,10 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
                 record(f"blockscale-dispatch-bnauto-{bn}", _timer(run, iters, dev.synchronize),
                        check)
         finally:
-            del os.environ[matmul_twophase.ENV_BN]
+            if before is None:
+                del os.environ[matmul_twophase.ENV_BN]
+            else:
+                os.environ[matmul_twophase.ENV_BN] = before
         for ks, bm, bn, swz, sch, st in ((64, 128, 256, "none", "tiles", "direct"),
                                          (64, 128, 256, "none", "tiles", "staged"),
                                          (64, 128, 192, "none", "tiles", "staged"),
