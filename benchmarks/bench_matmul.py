@@ -34,6 +34,8 @@ Implementations:
   copy per row (``store="staged"``); ``-128x192-staged``: 128 x 192 tiles (``bn=192``);
   ``-128x240-staged``, ``-128x224-staged``, ``-128x240-sw128-staged``, ``-phase1-bn240``,
   ``-phase2-staged-bn240``: 128 x 240 / 224 tiles (issue #9: tiles that fill the waves);
+* ``blockscale-twophase-128x{256,240}-staged-pdl``: the staged pair with programmatic
+  dependent launch (``pdl=True``: phase 2 starts while B's phase 1 finishes);
 * ``blockscale-dispatch-bnauto-{bn}``: the dispatch with ``BLOCKSCALE_SM90_TWOPHASE_BN=auto``
   (the wave model's tile width ``bn``, :func:`matmul_twophase.wave_bn`);
 * ``blockscale-portable``: the same call with both fast paths off (``BLOCKSCALE_SM90_FAST=0``,
@@ -269,6 +271,14 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
             record("blockscale-twophase-phase2-staged-bn240",
                    _timer(phase2_bn240, iters, dev.synchronize), check)
             del wa, wb
+        for bn in (256, 240) if n % 8 == 0 else ():  # programmatic dependent launch
+            def pdl_pair(bn: int = bn) -> Any:
+                return matmul_twophase.block_scaled_matmul_twophase(
+                    *args, fmt, k=k, device=dev, store="staged", bn=bn, pdl=True)
+            check = _check_rows(dev.to_host(pdl_pair()), a_deq, b_deq, rows, fmt, k,
+                                strict=True, n_mul=1 + (fmt.kblocks(k) if fmt.is_mx else 0))
+            record(f"blockscale-twophase-128x{bn}-staged-pdl",
+                   _timer(pdl_pair, iters, dev.synchronize), check)
         before = os.environ.get(matmul_twophase.ENV_BN)
         os.environ[matmul_twophase.ENV_BN] = "auto"  # the dispatch with the wave model's bn
         try:
