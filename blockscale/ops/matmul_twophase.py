@@ -90,9 +90,10 @@ BNS = (256, 240, 224, 192)
 #: phase-1 workspace tiles: A's (BMS), B's (BNS)
 TILES = (128, 192, 224, 240, 256)
 #: the widths the dispatch's wave model (:func:`wave_bn`) chooses from. Not 192: measured
-#: slower at 8192 x 5760 (run O, 0.511 vs 0.430 ms) although the model ties it with 240 -- its
-#: 25 % more tiles per SM (15 waves vs 12) pay 25 % more prologues / epilogues, which the
-#: model does not count; 240 and 224 keep 12 / 13 waves
+#: slower at 8192 x 5760 (run O, 0.511 vs 0.430 ms): 15 waves of 320 operand rows (4800 vs
+#: 256's 4608), 25 % more tiles per SM (prologues / epilogues) and a 5-stage ring (slot and
+#: parity by divisions by 5: its K loop 147 SASS vs 122). 240: 12 waves of 368 rows (4416),
+#: 4 stages (127 SASS), 146 registers
 WAVE_BNS = (256, 240, 224)
 #: :func:`wave_bn` keeps the wider tile unless a narrower one saves more than this fraction
 #: of the columns per SM (per-tile prologue / epilogue costs the model does not count)
@@ -343,23 +344,34 @@ def waves(m: int, n: int, sms: int, bm: int = BM, bn: int = BN) -> int:
     return -(-max(1, -(-m // bm)) * max(1, -(-n // bn)) // sms)
 
 
+#: :func:`wave_bn`'s cost models: "rows", the operand rows (bm + bn) an SM streams per K
+#: element, waves * (bm + bn); "columns", the output columns, waves * bn
+WAVE_MODELS = ("rows", "columns")
+
+
 def wave_bn(m: int, n: int, sms: int, bm: int = BM,
-            candidates: tuple[int, ...] = WAVE_BNS, tolerance: float = WAVE_TOLERANCE) -> int:
-    """The tile width of ``candidates`` with the fewest columns computed per SM,
-    ``waves * bn`` (the time of one CTA per SM in lock-step waves, a tile's time ~ its
-    width); the widest of those within ``tolerance`` of the fewest (ties and near-ties go to
-    the wider tile: fewer tiles, fewer prologues / epilogues, which the model does not
-    count). E.g. 8192 x 5760 on 132 SMs: 256 -> 12 waves x 256 = 3072, 240 -> 12 x 240 =
-    2880 (chosen), 224 -> 13 x 224 = 2912; 8192 x 7680: 224 -> 17 x 224 = 3808, but 256 ->
-    15 x 256 = 3840 is within 2 % (chosen)."""
+            candidates: tuple[int, ...] = WAVE_BNS, tolerance: float = WAVE_TOLERANCE,
+            model: str = "rows") -> int:
+    """The tile width of ``candidates`` of the least cost per SM in lock-step waves of one
+    CTA per SM: ``waves * (bm + bn)`` (``model="rows"``: the A and B rows an SM streams from
+    L2 through shared memory per K element; phase 2 is bandwidth- rather than tensor-bound,
+    tensor pipe 79 % in Nsight Compute, run N) or ``waves * bn`` ("columns": tensor time).
+    The widest width within ``tolerance`` of the least cost wins (ties and near-ties go to
+    the wider tile: fewer tiles, fewer prologues / epilogues, which neither model counts).
+    8192 x 5760 on 132 SMs, "rows": 256 -> 12 waves x 384 = 4608, 240 -> 12 x 368 = 4416
+    (chosen), 224 -> 13 x 352 = 4576, 192 -> 15 x 320 = 4800 (slower than 256, as measured
+    in run O: 0.511 vs 0.430 ms); "columns" ranks 192 (15 x 192 = 2880) level with 240 and
+    ahead of 256 (3072), against that measurement."""
     if type(sms) is not int or sms < 1:
         raise ValueError(f"sms must be a positive int, got {sms!r}")
     if not candidates or any(c not in BNS for c in candidates):
         raise ValueError(f"candidates must be a non-empty subset of {list(BNS)}, got "
                          f"{candidates!r}")
-    cols = {bn: waves(m, n, sms, bm, bn) * bn for bn in candidates}
-    best = min(cols.values())
-    return max(bn for bn, c in cols.items() if c <= best * (1 + tolerance))
+    H.check_choice(model, WAVE_MODELS, "model")
+    cost = {bn: waves(m, n, sms, bm, bn) * (bn + (bm if model == "rows" else 0))
+            for bn in candidates}
+    best = min(cost.values())
+    return max(bn for bn, c in cost.items() if c <= best * (1 + tolerance))
 
 
 def sm_count(dev: Any, target: str = "sm_90a") -> int:
