@@ -34,6 +34,8 @@ Implementations:
   copy per row (``store="staged"``); ``-128x192-staged``: 128 x 192 tiles (``bn=192``);
   ``-128x240-staged``, ``-128x224-staged``, ``-128x240-sw128-staged``, ``-phase1-bn240``,
   ``-phase2-staged-bn240``: 128 x 240 / 224 tiles (issue #9: tiles that fill the waves);
+  ``-phase2-staged-bn{192,224}-s{4,5}``: phase 2 alone at 4 and 5 stages (a 5-stage ring
+  divides by 5 for its slots and parities);
 * ``blockscale-twophase-128x{256,240}-staged-pdl``: the staged pair with programmatic
   dependent launch (``pdl=True``: phase 2 starts while B's phase 1 finishes);
 * ``blockscale-dispatch-bnauto-{bn}``: the dispatch with ``BLOCKSCALE_SM90_TWOPHASE_BN=auto``
@@ -270,6 +272,18 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
                                 strict=True, n_mul=1 + (fmt.kblocks(k) if fmt.is_mx else 0))
             record("blockscale-twophase-phase2-staged-bn240",
                    _timer(phase2_bn240, iters, dev.synchronize), check)
+            for w, st in ((192, 4), (192, 5), (224, 4), (224, 5)):  # does a 5-stage ring cost?
+                wa, wb = matmul_twophase.dequantize_operands(*args, fmt, k=k, bn=w, device=dev)
+
+                def phase2_w(w: int = w, st: int = st, wa: Any = wa, wb: Any = wb) -> Any:
+                    return matmul_twophase.matmul_workspaces(wa, wb, fmt, m, n, k, bn=w,
+                                                             stages=st, store="staged",
+                                                             device=dev)
+                check = _check_rows(dev.to_host(phase2_w()), a_deq, b_deq, rows, fmt, k,
+                                    strict=True,
+                                    n_mul=1 + (fmt.kblocks(k) if fmt.is_mx else 0))
+                record(f"blockscale-twophase-phase2-staged-bn{w}-s{st}",
+                       _timer(phase2_w, iters, dev.synchronize), check)
             del wa, wb
         for bn in (256, 240) if n % 8 == 0 else ():  # programmatic dependent launch
             def pdl_pair(bn: int = bn) -> Any:

@@ -414,7 +414,7 @@ def test_spec_validation_and_bundle():
                for ks in TP.KSTEPS for bm in TP.BMS) <= 227 * 1024
     assert TP.workspace_bytes(8192, 5760, 2944) == 2 * 2944 * (8192 + 5888)
     specs = TP.bundle_specs("sm_90a")
-    assert len(specs) == 2 * 5 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 4 + 2 + 2 * 2 + 2 * 2 + 2 * 2 * 2
+    assert len(specs) == 2 * 5 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 4 + 2 + 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2
     with pytest.raises(ValueError, match="schedule must be one of"):
         TP.TwophaseMatmulSpec("nvfp4", schedule="stream-k")
     with pytest.raises(ValueError, match="ctas must be a positive int"):
