@@ -37,7 +37,7 @@ from mlir import ir
 from mlir.dialects import arith, vector
 
 from blockscale.compiler import ir as bir
-from blockscale.compiler.arch import mma, tma
+from blockscale.compiler.arch import mma, nvvm, tma
 from blockscale.formats import MXFP8
 from blockscale.ops import _matmul_ir as mir
 from blockscale.ops._twophase_ir import KPAD, ws_offset
@@ -209,13 +209,10 @@ def emit_fixup(kb: Any, flags: Value, m_count: Value, n_count: Value, k: Value,
     a flagged B row ``n`` -> every ``m``; ``acc`` is the portable kernel's fp32 dot product."""
     a, b, sfa, sfb = (kb.arg(x) for x in ("a", "b", "sfa", "sfb"))
     s_flags = tma.shared_buffer(kb, f"{THREADS}xi32", align=16)
-    s_any = tma.shared_buffer(kb, "1xi32", align=16)
+    s_warps = tma.shared_buffer(kb, f"{THREADS // 32}xi32", align=16)
     tid = bir.thread_idx("x")
     first = bir.mul(bir.block_idx("x"), THREADS)
     total = bir.add(m_count, n_count)
-    with bir.when(bir.eq(tid, 0)):
-        bir.store(_i32(0), s_any, 0)
-    bir.barrier()
     r = bir.add(first, tid)
     fl = bir.if_(bir.ult(r, total), [bir.i32()])
     with fl.then():
@@ -224,9 +221,15 @@ def emit_fixup(kb: Any, flags: Value, m_count: Value, n_count: Value, k: Value,
         fl.yield_(_i32(0))
     mine = fl.results[0]
     bir.store(mine, s_flags, tid)
-    with bir.when(bir.ne(mine, _i32(0))):
-        bir.store(_i32(1), s_any, 0)
+    any_warp = mine
+    for lanes in (16, 8, 4, 2, 1):  # the warp's OR
+        any_warp = arith.ori(any_warp, nvvm.shfl_xor(any_warp, lanes))
+    with bir.when(bir.eq(bir.urem(tid, 32), 0)):
+        bir.store(any_warp, s_warps, bir.udiv(tid, 32))
     bir.barrier()
+    any_set = _i32(0)
+    for w in range(THREADS // 32):
+        any_set = arith.ori(any_set, bir.load(s_warps, w))
     kblocks = bir.udiv(k, 32)
 
     def dot(m: Value, n: Value) -> Value:
@@ -235,7 +238,7 @@ def emit_fixup(kb: Any, flags: Value, m_count: Value, n_count: Value, k: Value,
                                          b_row=bir.mul(n, k), sfa=sfa, sfa_offset=sfa_off,
                                          sfb=sfb, sfb_offset=sfb_off, k=k)
 
-    with bir.when(bir.ne(bir.load(s_any, 0), _i32(0))), bir.for_range(0, THREADS) as rows:
+    with bir.when(bir.ne(any_set, _i32(0))), bir.for_range(0, THREADS) as rows:
         rr = bir.add(first, rows.iv)
         with bir.when(bir.ne(bir.load(s_flags, rows.iv), _i32(0))):
             with (bir.when(bir.ult(rr, m_count)),  # a row of A: a row of C

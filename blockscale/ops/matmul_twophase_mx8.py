@@ -384,6 +384,18 @@ def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "0") in ("1", "true", "on")
 
 
+def dispatch_specs(m: int, n: int, out_dtype: str = "bfloat16", epilogue: Epilogue | None = None,
+                   device: Any = None, target: str = "sm_90a") -> list[Any]:
+    """The five kernels' specs the dispatch launches for an M x N output (fold, phase 1 of
+    A and of B, phase 2, fixup); ``device``: the device whose SM count picks phase 2's tile
+    width (see :func:`_dispatch_bn`)."""
+    p2 = phase2_spec(out_dtype, epilogue, target, store=S.dispatch_store(out_dtype, n),
+                     bn=_dispatch_bn(m, n, device))
+    return [FoldSpec("mxfp8", target), DequantSpec("mxfp8", target, p2.bm),
+            DequantSpec("mxfp8", target, p2.bn), p2,
+            FixupSpec("mxfp8", out_dtype, epilogue, target)]
+
+
 def fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
               epilogue: Epilogue | None) -> Any:
     """The :data:`blockscale.ops.matmul.FAST_PATHS` hook: a runner of the five launches for
@@ -440,6 +452,7 @@ __all__ = [
     "block_scaled_matmul_twophase_mx8",
     "build",
     "bundle_specs",
+    "dispatch_specs",
     "fast_path",
     "kernel",
     "phase2_spec",
