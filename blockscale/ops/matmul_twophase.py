@@ -8,13 +8,13 @@ optional fused :class:`~blockscale.ops.matmul_epilogue.Epilogue`. K % 32 == 0.
 Kernels (:mod:`blockscale.ops._twophase_ir`):
 
 * phase 1 (:class:`DequantSpec`, one launch per operand): packed FP4 + 5-D scales -> a bf16
-  workspace ``[rows_pad, k_pad]`` (``rows_pad`` = M rounded up to 128 for A, N to 256 for B;
-  ``k_pad`` = K rounded up to 64; zeros outside the operand; stored stage-ordered: per
-  128 / 256-row tile-row, 16-byte K chunks chunk-major, see _twophase_ir) with the block scale
+  workspace ``[rows_pad, k_pad]`` (``rows_pad`` = M rounded up to ``bm`` for A, N to ``bn``
+  for B; ``k_pad`` = K rounded up to 64; zeros outside the operand; stored stage-ordered: per
+  tile-row, 16-byte K chunks chunk-major, see _twophase_ir) with the block scale
   folded in exactly as the wgmma "fold" kernel does (NVFP4: E2M1 x |E4M3|, exact in bf16;
   MXFP4: times ``2^(e - 127 + MX_FOLD_EXP)``, undone in the epilogue). Bandwidth-bound.
-* phase 2 (:class:`TwophaseMatmulSpec`): 128 x 256 (or 192 x 256) CTA tiles, two (three)
-  warpgroups of ``wgmma m64n256k16`` fed by a ring of ``stages`` shared stages, each filled
+* phase 2 (:class:`TwophaseMatmulSpec`): ``bm x bn`` CTA tiles (bm 128 / 192; bn 256, 240,
+  224, 192), two (three) warpgroups of ``wgmma m64n<bn>k16`` fed by a ring of ``stages`` shared stages, each filled
   by two 1-D bulk copies (``cp.async.bulk`` + mbarrier ``complete_tx``; a stage is one
   contiguous span of each workspace); full / empty mbarriers, no proxy fence; the epilogue
   of the wgmma kernel (scale fix, alpha, fused epilogue, cast), stored ``store="direct"``
@@ -34,6 +34,17 @@ Kernels (:mod:`blockscale.ops._twophase_ir`):
   ring kept full across tile boundaries (no ring refill at a tile's start, no CTA launch
   between tiles; only the epilogue stays exposed; the wave quantization stays). Same operands and wgmma order per tile:
   bit-identical to the default. Not the dispatch default until measured (issue #9).
+
+* ``pdl=True`` (both specs): programmatic dependent launch. B's phase 1 executes
+  ``griddepcontrol.launch_dependents`` at its start; phase 2 is launched with
+  programmatic stream serialization (kernel meta ``programmatic_launch``, runtime/cuda.py
+  ``cuLaunchKernelEx``) and waits (``griddepcontrol.wait``) after its mbarrier init, so its
+  CTA launch and prologue overlap phase 1's tail. Same bytes. Not the dispatch default
+  until measured (:data:`DISPATCH_PDL`).
+
+Tile width (issue #9): the dispatch's ``bn`` is :data:`DISPATCH_BN` (256) unless
+``BLOCKSCALE_SM90_TWOPHASE_BN`` says "auto" (:func:`wave_bn`: e.g. 240 at 8192 x 5760 on
+132 SMs, where 256 pads N to 23 column tiles) or a width. Any width gives the same bytes.
 
 Workspace: ``2 k_pad (M_pad + N_pad)`` bytes of device memory (``dev.alloc`` per call,
 stream-ordered), e.g. 82.9 MB at 8192 x 5760 x 2944.
