@@ -107,14 +107,14 @@ def bench(dev: Any, m_values: Sequence[int], n: int = 5760, k: int = 2944,
             ("twophase-mx8 (dispatch)", lambda: dispatch(True), True)]
         for store, bn in (("staged", 256), ("staged", 240), ("direct", 256)):
             if bn in TP.BNS:
-                impls.append((f"twophase-mx8 {store} bn{bn}", lambda s=store, w=bn:
+                impls.append((f"twophase-mx8 {store} bn{bn}", lambda s=store, w=bn, o=ops:
                               MX.block_scaled_matmul_twophase_mx8(
-                                  *ops, alpha=ALPHA, store=s, bn=w, device=dev), True))
-        impls.append(("twophase-mx8 1 flagged row", lambda: MX.block_scaled_matmul_twophase_mx8(
-            *operands(flag_a, sfb2), alpha=ALPHA, store="staged", device=dev), False))
-        impls.append(("twophase-mx8 1 flagged column", lambda:
-                      MX.block_scaled_matmul_twophase_mx8(*operands(sfa2, flag_b), alpha=ALPHA,
-                                                          store="staged", device=dev), False))
+                                  *o, alpha=ALPHA, store=s, bn=w, device=dev), True))
+        for label, sa2, sb2 in (("row", flag_a, sfb2), ("column", sfa2, flag_b)):
+            impls.append((f"twophase-mx8 1 flagged {label}", lambda sa2=sa2, sb2=sb2:
+                          MX.block_scaled_matmul_twophase_mx8(*operands(sa2, sb2), alpha=ALPHA,
+                                                              store="staged", device=dev),
+                          False))
         for label, call, check in impls:
             phases = []
             try:
