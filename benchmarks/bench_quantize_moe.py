@@ -11,7 +11,7 @@ excluded. Every kernel schedule of the ops (``quantize_grouped.SCHEDULES``: "til
 "rows2", "stream", "stream2", "wide", and for the fused op "rows_lut", "rows2_lut",
 "stream_lut", "stream2_lut", "wide_lut", "wide_bulk2_lut"; grouped only: "wide4", "wide_deep",
 "wide_bulk2" / "wide_bulk3" / "wide_bulk4"; the "_x2" / "_x4" grids of "wide", "wide4",
-"wide_bulk2" and "wide_bulk2_lut") gets its own row (``--schedules`` picks some). Bytes moved = bf16 input read + packed data + scales written; the ceilings are a
+"wide_bulk2" and "wide_bulk2_lut"; fused only: "wide_plut", "wide_bulk2_plut") gets its own row (``--schedules`` picks some). Bytes moved = bf16 input read + packed data + scales written; the ceilings are a
 device-to-device copy of the bf16 input (read + write) in the same process and a copy of the
 kernel's byte count (read + write = bytes moved: the fair one for a ~25-40 us kernel, whose
 fixed launch / ramp / tail cost the 1.5x larger input copy spreads over more bytes).
@@ -41,7 +41,8 @@ OPS = ("grouped_quantize", "fused_silu_quantize")
 SCHEDULES = ("tiles", "rows", "rows2", "rows_lut", "rows2_lut", "stream", "stream2",
              "stream_lut", "stream2_lut", "wide", "wide4", "wide_deep", "wide_lut",
              "wide_bulk2", "wide_bulk3", "wide_bulk4", "wide_bulk2_lut", "wide_x2", "wide_x4",
-             "wide4_x2", "wide4_x4", "wide_bulk2_x2", "wide_bulk2_lut_x2", "wide_bulk2_lut_x4")
+             "wide4_x2", "wide4_x4", "wide_bulk2_x2", "wide_bulk2_lut_x2", "wide_bulk2_lut_x4",
+             "wide_plut", "wide_bulk2_plut")
 #: schedules benchmarked for the grouped op only
 GROUPED_ONLY = ("wide4", "wide_deep", "wide_bulk2", "wide_bulk3", "wide_bulk4", "wide_x2",
                 "wide_x4", "wide4_x2", "wide4_x4", "wide_bulk2_x2")
@@ -162,7 +163,7 @@ def bench(dev: Any, *, rows: int = 8192, k: int = 4096, experts: int = 64,
     out = []
     for op in OPS:
         # the *_lut schedules only change the fused op (grouped: the rows kernels again)
-        scheds = [s for s in schedules if op != "grouped_quantize" or "_lut" not in s]
+        scheds = [s for s in schedules if op != "grouped_quantize" or "lut" not in s]
         if op != "grouped_quantize":  # not bundled for the fused op (registers: see
             scheds = [s for s in scheds if s not in GROUPED_ONLY]  # quantize_grouped)
         for f in fmts:

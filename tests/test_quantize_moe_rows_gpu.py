@@ -22,7 +22,7 @@ ROWS = ("rows", "rows2", "stream", "stream2", "wide", "wide4", "wide_deep", "wid
         "wide_bulk2_x2")
 FUSED = ("rows", "rows2", "rows_lut", "rows2_lut", "stream", "stream2", "stream_lut",
          "stream2_lut", "wide", "wide_lut", "wide_bulk2_lut", "wide_bulk2_lut_x2",
-         "wide_bulk2_lut_x4")
+         "wide_bulk2_lut_x4", "wide_plut", "wide_bulk2_plut")
 
 
 def _routing(rows: int, experts: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -86,7 +86,8 @@ def test_fused_rows(fmt, activation, schedule):
     assert_same_bytes(s, rs)
 
 
-@pytest.mark.parametrize("schedule", ["rows_lut", "rows2_lut", "wide_lut", "wide_bulk2_lut"])
+@pytest.mark.parametrize("schedule", ["rows_lut", "rows2_lut", "wide_lut", "wide_bulk2_lut",
+                                      "wide_plut", "wide_bulk2_plut"])
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
 def test_fused_lut_every_gate(activation, schedule):
     """All 65536 bf16 gates (NaN, Inf, subnormals, +-0) through the sigmoid-table kernels."""

@@ -70,6 +70,13 @@ grouped NVFP4 15.8 (64, 0) / 16.0 (64, 0) / 15.0 (72, 0), MXFP4 11.8 (62) / 12.0
 0) / 25.5 (99-114) / 18.8 (106-112): its FP4 packing skips ``min(|y|, 6)`` when the chunk's
 ``fl(amax * recip) < 7`` (:func:`_pack_fp4_unsat`, kernels with >= 80 registers: fused
 NVFP4 28.7 and grouped NVFP4 S = 4 17.7 without).
+
+Session 5: ``wide4`` (128 registers) packs FP4 unsaturated too: grouped NVFP4 15.6 -> 14.1
+(128, 0). ``*_plut`` (fused SILU, ``spec.product``, :func:`_silu_product`): the table holds
+``fl(g * sig)``; a chunk whose gates all lie in its window skips the gates' widening and a
+multiply: ``wide_bulk2_plut`` 24.4 (110, 0) / 24.7 (102) / 17.9 (105), ``wide_plut`` 28.4
+(80, 24) / 25.8 (80, 16) / 18.3 (80, 0). ``*_x2`` / ``*_x4`` (``spec.waves``): the same
+kernels on 2 / 4 resident waves of blocks (the plan only).
 """
 
 from __future__ import annotations
@@ -80,6 +87,7 @@ from mlir import ir
 from mlir.dialects import arith, gpu, vector
 
 from blockscale.compiler import ir as B
+from blockscale.compiler.arch import convert as C
 from blockscale.compiler.arch import nvvm as NV
 from blockscale.ops import _quantize_stream_ir as QS
 from blockscale.ops import quantize_ir as QI
@@ -580,7 +588,10 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
     spec = k.spec
     i32 = B.i32()
     nh = k.chunk // CHUNK
-    if spec.mode == "silu":
+    if spec.mode == "silu" and spec.product:
+        halves = [(bits, None) for bits in _silu_product(k, words, nh)]
+        amax = QI._block_amax_bits(k, [b for hb, _ in halves for b in hb])
+    elif spec.mode == "silu":
         act = QM._activation_lut if k.lut is not None else (
             lambda _k, g, u, _s: QI._activation(spec, g, u))
         halves = []
@@ -643,6 +654,62 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
     sval = arith.trunci(B.i8(), arith.select(has_data, byte, _c32(0)))
     with B.when(arith.andi(arith.andi(row.lane0, ch.chunk_ok), row.row_ok)):
         B.store(sval, a("scales"), arith.addi(row.srow_base, _wide(ch.s_jpart)))
+
+
+def _product_index(k: QI._Ctx, gw: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """The product table's indices of the 8 gates in ``gw`` (vector<4xi32> of bf16 pairs;
+    two 16-bit indices a word, as :func:`quantize_moe_ir._lut_sigs`) and a vector<4xi32>
+    that is 0 iff every gate's magnitude lies in the table's window (clamp changed nothing)."""
+    _, lo, width = k.lut
+    wt = gw.type
+    mags = vector.bitcast(B.vec(2 * wt.shape[0], B.i16()),
+                          arith.andi(gw, C.const_like(wt, 0x7FFF7FFF)))
+    clamped = arith.minui(arith.maxui(mags, C.const_like(mags.type, lo)),
+                          C.const_like(mags.type, lo + width - 1))
+    cw = vector.bitcast(wt, clamped)
+    miss = arith.xori(cw, vector.bitcast(wt, mags))
+    signs = arith.andi(arith.shrui(gw, C.const_like(wt, 15)), C.const_like(wt, 0x10001))
+    idx = arith.addi(arith.addi(cw, arith.muli(signs, C.const_like(wt, width))),
+                     C.const_like(wt, -(lo | lo << 16)))
+    return idx, miss
+
+
+def _silu_product(k: QI._Ctx, words: list[ir.Value], nh: int) -> list[list[ir.Value]]:
+    """SILU's ``z = (g * sig) * u`` (D10) of a chunk, f32 bits per half, with the product
+    table (``spec.product``, :func:`blockscale.ops.quantize_silu.silu_lut`: entry = the
+    float32 ``g * sig`` of its gate): when all 16 gates lie in the table's window (chunk-
+    uniform branch; not for NaN / Inf / |g| >= 89 / |g| < 9e-8 gates) ``z = entry * u``, the
+    same bits without widening the gates or the first multiply; else exp_f32 and div.rn as
+    the table-free kernel (:func:`quantize_ir._activation`)."""
+    f32, i32 = B.f32(), B.i32()
+    lut = k.lut[0]
+    idxs, miss = [], None
+    for h in range(nh):
+        idx, m = _product_index(k, words[h])
+        idxs.append(idx)
+        miss = m if miss is None else arith.ori(miss, m)
+    any_miss = B.extract(miss, 0)
+    for i in range(1, miss.type.shape[0]):
+        any_miss = arith.ori(any_miss, B.extract(miss, i))
+    ups = [[arith.bitcast(f32, v) for v in QS._widen(words[nh + h])] for h in range(nh)]
+    br = B.if_(arith.cmpi(arith.CmpIPredicate.eq, any_miss, _c32(0)), [i32] * (CHUNK * nh))
+    with br.then():
+        out = []
+        for h in range(nh):
+            for i in range(CHUNK // 2):
+                w = B.extract(idxs[h], i)
+                for j, half in enumerate((arith.andi(w, _c32(0xFFFF)), arith.shrui(w, _c32(16)))):
+                    prod = B.load(lut, arith.extui(B.i64(), half))
+                    out.append(arith.bitcast(i32, arith.mulf(prod, ups[h][2 * i + j])))
+        br.yield_(*out)
+    with br.else_():
+        out = []
+        for h in range(nh):
+            for gv, u in zip(QS._widen(words[h]), ups[h]):
+                out.append(arith.bitcast(i32, QI._activation(k.spec, arith.bitcast(f32, gv), u)))
+        br.yield_(*out)
+    res = list(br.results)
+    return [res[h * CHUNK:(h + 1) * CHUNK] for h in range(nh)]
 
 
 def _unsat_room(spec: MoeQuantizeSpec) -> bool:

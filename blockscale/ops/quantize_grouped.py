@@ -55,6 +55,13 @@ WAVE_SCHEDULES = ("wide_x2", "wide_x4", "wide4_x2", "wide4_x4", "wide_bulk2_x2",
                   "wide_bulk2_lut_x2", "wide_bulk2_lut_x4")
 #: launch waves a "_x<W>" schedule may ask for
 WAVES = (1, 2, 4)
+#: the fused op's "*_plut" schedules: the "*_lut" kernel whose table holds SILU's first
+#: product ``fl(g * sigmoid(g))`` (:func:`blockscale.ops.quantize_silu.silu_lut`), so a
+#: chunk whose 16 gates all lie in the table's window skips the gates' widening and one
+#: multiply per element (others: exp_f32 + div.rn, D10); ``MoeQuantizeSpec.product``.
+#: SWIGLU_OAI (whose first product is not the gate's alone) runs the "*_lut" kernel; the
+#: grouped op runs the kernel without "_plut". Also accepted by the ops, not in SCHEDULES
+PLUT_SCHEDULES = ("wide_plut", "wide_bulk2_plut")
 #: shared memory an SM gives its blocks (H200: 228 KB, 1 KB of it reserved per block)
 SM_SHARED_BYTES, BLOCK_RESERVED_SHARED = 228 * 1024, 1024
 #: most blocks per SM of a bulk kernel (its register cap is 65536 / (256 x blocks))
@@ -147,7 +154,8 @@ class MoeQuantizeSpec(QuantizeSpec):
     ``stream``: the stream schedule; ``wide``: chunks per thread visit of the wide schedule
     (0: not wide); ``bulk``: row groups in the wide schedule's shared ring (0: no ring, the
     loads go to registers); ``waves``: wide schedules' grid in resident waves of blocks
-    (:func:`wide_plan`; the kernel does not depend on it).
+    (:func:`wide_plan`; the kernel does not depend on it); ``product``: the wide SILU
+    table holds ``fl(g * sigmoid(g))`` (PLUT_SCHEDULES).
     """
 
     unroll: int = 1
@@ -156,6 +164,7 @@ class MoeQuantizeSpec(QuantizeSpec):
     wide: int = 0
     bulk: int = 0
     waves: int = 1
+    product: bool = False
 
     @property
     def stage_bytes(self) -> int:
@@ -191,6 +200,9 @@ class MoeQuantizeSpec(QuantizeSpec):
             raise ValueError(f"bulk must be 0 or 2-4 ring stages of a wide (2 chunks, unroll 1) "
                              f"sm_90a kernel, got bulk={self.bulk!r} wide={self.wide!r} "
                              f"unroll={self.unroll!r} target={self.target!r}")
+        if self.product and not (self.lut and self.wide and self.activation == "silu"):
+            raise ValueError(f"product needs a wide SILU table kernel, got lut={self.lut!r} "
+                             f"wide={self.wide!r} activation={self.activation!r}")
         if self.waves not in WAVES or (self.waves != 1 and not self.wide):
             raise ValueError(f"waves must be one of {WAVES} (more than 1: wide schedules "
                              f"only), got waves={self.waves!r} wide={self.wide!r}")
@@ -204,7 +216,8 @@ class MoeQuantizeSpec(QuantizeSpec):
                 kind, n = f"wide{n}_bulk", self.bulk
         else:
             n = self.unroll
-        return (f"{super().kernel_name}_{kind}{n}" + ("_lut" if self.lut else "")
+        return (f"{super().kernel_name}_{kind}{n}"
+                + (("_plut" if self.product else "_lut") if self.lut else "")
                 + (f"_x{self.waves}" if self.waves != 1 else ""))
 
 
@@ -232,7 +245,10 @@ def with_schedule(spec: QuantizeSpec, schedule: str | None, num_groups: int | No
 
     schedule = DEFAULT_SCHEDULE if schedule is None else schedule
     check_choice(schedule, SCHEDULES + STREAM_SCHEDULES + WIDE_SCHEDULES + BULK_SCHEDULES
-                 + WAVE_SCHEDULES, "schedule")
+                 + WAVE_SCHEDULES + PLUT_SCHEDULES, "schedule")
+    product = schedule.endswith("_plut") and spec.mode == "silu" and spec.activation == "silu"
+    if schedule.endswith("_plut"):
+        schedule = schedule.removesuffix("_plut") + "_lut"
     waves = 1
     if schedule in WAVE_SCHEDULES:
         schedule, w = schedule.rsplit("_x", 1)
@@ -250,7 +266,8 @@ def with_schedule(spec: QuantizeSpec, schedule: str | None, num_groups: int | No
             return spec  # the ring is sm_90a's cp.async.bulk: the tile kernel elsewhere
         return MoeQuantizeSpec(**fields, lut=schedule.endswith("_lut") and spec.mode == "silu",
                                wide=4 if base == "wide4" else 2,
-                               unroll=2 if base == "wide_deep" else 1, bulk=bulk, waves=waves)
+                               unroll=2 if base == "wide_deep" else 1, bulk=bulk, waves=waves,
+                               product=product)
     return MoeQuantizeSpec(**fields, unroll=2 if schedule.removesuffix("_lut")[-1] == "2"
                            else 1, lut=schedule.endswith("_lut") and spec.mode == "silu",
                            stream=stream)
@@ -547,6 +564,7 @@ __all__ = [
     "BULK_SCHEDULES",
     "DEFAULT_SCHEDULE",
     "SCHEDULES",
+    "PLUT_SCHEDULES",
     "STREAM_SCHEDULES",
     "WAVE_SCHEDULES",
     "WIDE_SCHEDULES",
