@@ -240,7 +240,7 @@ def test_interp_fold_kernel():
     sfb[3] = [10, 250, 91]
     m, n = a.shape[0], b.shape[0]
     dev = _dev()
-    _, out = _core.launch_op(MX.FoldSpec(), MX.rows_grid(m, n),
+    _, out = _core.launch_op(MX.FoldSpec(), MX.rows_grid(m, n, MX.FOLD_LANES),
                              (("fold_a", (m,), np.float32), ("fold_b", (n,), np.float32),
                               ("flags", (m + n,), np.int32)),
                              {"a": a, "b": b, "sfa": layouts.interleave(_e8m0(sfa)),
@@ -252,6 +252,37 @@ def test_interp_fold_kernel():
     assert np.array_equal(out["fold_b"].view(np.int32) - IR.FOLD_BIAS, fb)
     assert np.array_equal(out["flags"], np.concatenate([flag_a, flag_b]))
     assert list(flag_a[:8]) == [1, 0, 0, 0, 0, 0, 1, 0] and flag_b[1] == 1
+
+
+@pytest.mark.interp
+def test_interp_fold_kernel_lanes():
+    """K = 1312 (41 K-blocks, 11 scale words over the 8 lanes of a row, the last word
+    partly padding): the row maximum and a far block found by any lane (word 9: lane 1;
+    word 10: lane 2, its padding bytes ignored)."""
+    from blockscale.ops import _twophase_mx8_ir as IR
+
+    m, n, k = 6, 3, 1312
+    rng = np.random.default_rng(4)
+    a, b, sfa, sfb, _, _ = random_dense_case(rng, MXFP8, m, n, k)
+    sfa, sfb = sfa.view(np.uint8).copy(), sfb.view(np.uint8).copy()
+    sfa[0, 37] = 220  # the maximum in lane 1's word; the others (124..130) far below
+    sfa[1, 40] = 20  # a far block in the last word (lane 2)
+    sfa[2, 40], sfa[2, 3] = 255, 230  # NaN byte; maximum in lane 0
+    sfb[1, 36] = 0
+    b[1, 36 * 32:37 * 32] = _e4m3(np.zeros(32))  # far but all zero: no flag
+    dev = _dev()
+    _, out = _core.launch_op(MX.FoldSpec(), MX.rows_grid(m, n, MX.FOLD_LANES),
+                             (("fold_a", (m,), np.float32), ("fold_b", (n,), np.float32),
+                              ("flags", (m + n,), np.int32)),
+                             {"a": a, "b": b, "sfa": layouts.interleave(_e8m0(sfa)),
+                              "sfb": layouts.interleave(_e8m0(sfb))},
+                             {"m": m, "n": n, "k": k, "shift": 5}, dev)
+    fa, flag_a = _fold_model(a, sfa)
+    fb, flag_b = _fold_model(b, sfb, 5)
+    assert np.array_equal(out["fold_a"].view(np.int32) - IR.FOLD_BIAS, fa)
+    assert np.array_equal(out["fold_b"].view(np.int32) - IR.FOLD_BIAS, fb)
+    assert np.array_equal(out["flags"], np.concatenate([flag_a, flag_b]))
+    assert list(flag_a[:3]) == [1, 1, 1] and list(flag_b) == [0, 0, 0]
 
 
 def test_split_alpha():

@@ -5,7 +5,7 @@ Imports MLIR: only :func:`blockscale.ops.matmul_twophase_mx8.build` imports it.
 Three kernels of their own, around phase 2 of :mod:`blockscale.ops.matmul_twophase` (the bf16
 wgmma GEMM, run as its "nvfp4" spec, whose epilogue adds no scale fix):
 
-* :func:`emit_fold` (one thread per row of A, then of B): the row's fold exponent
+* :func:`emit_fold` (:data:`FOLD_LANES` lanes per row of A, then of B): the row's fold exponent
   ``F = bmax - 127 - HEADROOM`` from its largest finite scale byte ``bmax`` (0xFF, NaN, and the
   zero padding bytes of the 5-D layout do not raise it), written as an f32 integer (plus
   ``shift`` for B: alpha's exponent), and the row's flag: 1 when a K-block with a nonzero
@@ -54,6 +54,8 @@ FACTOR_FLOOR = -100
 UNDO_FLOOR = -378
 #: threads per block of every kernel here
 THREADS = 256
+#: lanes of the fold kernel per row (a power of two <= 32: shuffles inside a warp)
+FOLD_LANES = 8
 #: the epilogue inputs fold_undo reads (per row of A, per column = row of B)
 FOLD_A, FOLD_B = "mx8_fold_a", "mx8_fold_b"
 #: a fold exponent F is stored as the f32 ``F + 1.5 * 2^23``, whose bits are ``F + FOLD_BIAS``
@@ -78,47 +80,94 @@ def _scale_byte(sfx: Value, row0: Value, j: Value) -> Value:
     return mir.load_byte_i32(sfx, bir.add(row0, mir.tcgen_kblock_offset(j)))
 
 
-def emit_fold(x: Value, sfx: Value, fold: Value, flags: Value, row: Value, k: Value,
-              flag_at: Value, shift: Value) -> None:
-    """The fold exponent and flag of ``row`` (index) of an operand ``x`` ``[rows, k]`` E4M3
-    (i8 memref) with 5-D scales ``sfx``: ``fold[row]`` holds ``F + shift`` (as the f32 of
-    bits ``F + shift + FOLD_BIAS``), ``flags[flag_at] =
-    0 | 1`` (module docstring). ``k % 32 == 0``."""
+def _pick(is_a: Value, is_b: Value, types: list, from_a: Any, from_b: Any, zero: Any
+          ) -> tuple[Value, ...]:
+    """``from_a()`` where ``is_a``, ``from_b()`` where ``is_b``, else ``zero()`` (loads of the
+    operand a lane's row belongs to, under scf.if)."""
+    outer = bir.if_(is_a, types)
+    with outer.then():
+        outer.yield_(*from_a())
+    with outer.else_():
+        inner = bir.if_(is_b, types)
+        with inner.then():
+            inner.yield_(*from_b())
+        with inner.else_():
+            inner.yield_(*zero())
+        outer.yield_(*inner.results)
+    return outer.results
+
+
+def emit_fold(kb: Any, m: Value, n: Value, k: Value, shift: Value) -> None:
+    """The fold exponents and flags of every row of A (``fold_a``) and B (``fold_b``):
+    :data:`FOLD_LANES` lanes per row (rows of A, then of B), lane ``sub`` taking the row's
+    scale words ``sub, sub + FOLD_LANES, ...`` (4 K-blocks a word); the row's largest finite
+    byte and its flag by shuffles; lane 0 stores ``F + shift`` (B; 0 for A, as the f32 of
+    bits ``F + shift + FOLD_BIAS``) and the flag ``flags[row]`` (B: ``flags[m + row]``).
+    Every lane reaches the shuffles (loads and stores are guarded). ``k % 32 == 0``."""
+    a, b, sfa, sfb = (kb.arg(x) for x in ("a", "b", "sfa", "sfb"))
+    g = bir.add(bir.mul(bir.block_idx("x"), THREADS), bir.thread_idx("x"))
+    r, sub = bir.udiv(g, FOLD_LANES), bir.urem(g, FOLD_LANES)
+    is_a = bir.ult(r, m)
+    is_b = bir.logical_and(bir.ule(m, r), bir.ult(r, bir.add(m, n)))
+    row = bir.select(is_a, r, bir.sub(r, bir.umin(r, m)))
     kblocks = bir.udiv(k, 32)
     d1 = bir.ceil_div(kblocks, 4)
     row0 = mir.tcgen_row_offset(row, d1)
-    v4 = bir.vec(4, bir.i8())
-    with bir.for_range(0, d1, carry=[_i32(0)]) as scan:  # 4 K-blocks' bytes a load
-        word = arith.extui(bir.vec(4, bir.i32()), bir.vector_load(
-            v4, sfx, bir.add(row0, bir.mul(scan.iv, 512)), alignment=4))
-        best = scan.carried[0]
-        for i in range(4):
-            b = vector.extract(word, [], [i])
-            best = arith.maxui(best, bir.select(bir.eq(b, _i32(0xFF)), _i32(0), b))
+    v4, i32v4 = bir.vec(4, bir.i8()), bir.vec(4, bir.i32())
+
+    def word(i: Value) -> Value:  # scale bytes of K-blocks 4i .. 4i + 3 (zero padding)
+        at = bir.add(row0, bir.mul(i, 512))
+        return arith.extui(i32v4, _pick(
+            is_a, is_b, [v4], lambda: [bir.vector_load(v4, sfa, at, alignment=4)],
+            lambda: [bir.vector_load(v4, sfb, at, alignment=4)],
+            lambda: [bir.const(0, v4)])[0])
+
+    with bir.for_range(sub, d1, FOLD_LANES, carry=[_i32(0)]) as scan:
+        best, w = scan.carried[0], word(scan.iv)
+        for q in range(4):
+            byte = vector.extract(w, [], [q])
+            best = arith.maxui(best, bir.select(bir.eq(byte, _i32(0xFF)), _i32(0), byte))
         scan.yield_(best)
     bmax = scan.results[0]
+    for lanes in (1, 2, 4):  # the row's lanes: FOLD_LANES consecutive lanes of a warp
+        bmax = arith.maxui(bmax, nvvm.shfl_xor(bmax, lanes))
     v16, v2 = bir.vec(16, bir.i8()), bir.vec(2, bir.i64())
     mag = bir.const(0x7F7F7F7F7F7F7F7F, bir.i64())
-    with bir.for_range(0, kblocks, carry=[_i32(0)]) as blocks:
-        far = _sgt(arith.subi(bmax, _scale_byte(sfx, row0, blocks.iv)), WINDOW)  # 0xFF: < 0
-        br = bir.if_(far, [bir.i32()])
-        with br.then():
-            base = bir.add(bir.mul(row, k), bir.mul(blocks.iv, 32))
-            any_bits = bir.const(0, bir.i64())
-            for h in range(2):
-                words = vector.bitcast(v2, bir.vector_load(v16, x, bir.add(base, 16 * h),
-                                                           alignment=16))
-                for i in range(2):
-                    any_bits = arith.ori(any_bits, vector.extract(words, [], [i]))
-            nz = bir.ne(arith.andi(any_bits, mag), bir.const(0, bir.i64()))
-            br.yield_(arith.extui(bir.i32(), nz))
-        with br.else_():
-            br.yield_(_i32(0))
-        blocks.yield_(arith.ori(blocks.carried[0], br.results[0]))
+
+    def nonzero(x: Value, base: Value) -> list[Value]:  # any nonzero magnitude in 32 bytes
+        bits = bir.const(0, bir.i64())
+        for h in range(2):
+            words = vector.bitcast(v2, bir.vector_load(v16, x, bir.add(base, 16 * h),
+                                                       alignment=16))
+            for i in range(2):
+                bits = arith.ori(bits, vector.extract(words, [], [i]))
+        return [arith.extui(bir.i32(), bir.ne(arith.andi(bits, mag), bir.const(0, bir.i64())))]
+
+    with bir.for_range(sub, d1, FOLD_LANES, carry=[_i32(0)]) as blocks:
+        flag, w = blocks.carried[0], word(blocks.iv)
+        for q in range(4):
+            j = bir.add(bir.mul(blocks.iv, 4), q)
+            far = bir.logical_and(bir.ult(j, kblocks),  # 0xFF: bmax - b < 0
+                                  _sgt(arith.subi(bmax, vector.extract(w, [], [q])), WINDOW))
+            base = bir.add(bir.mul(row, k), bir.mul(j, 32))
+            flag = arith.ori(flag, _pick(bir.logical_and(far, is_a), bir.logical_and(far, is_b),
+                                         [bir.i32()], lambda base=base: nonzero(a, base),
+                                         lambda base=base: nonzero(b, base),
+                                         lambda: [_i32(0)])[0])
+        blocks.yield_(flag)
+    flag = blocks.results[0]
+    for lanes in (1, 2, 4):
+        flag = arith.ori(flag, nvvm.shfl_xor(flag, lanes))
     f = arith.subi(bmax, _i32(127 + HEADROOM))
-    bir.store(arith.bitcast(bir.f32(), arith.addi(arith.addi(f, shift), _i32(FOLD_BIAS))),
-              fold, row)
-    bir.store(blocks.results[0], flags, flag_at)
+    lead = bir.eq(sub, 0)
+    with bir.when(bir.logical_and(lead, is_a)):
+        bir.store(arith.bitcast(bir.f32(), arith.addi(f, _i32(FOLD_BIAS))), kb.arg("fold_a"),
+                  row)
+        bir.store(flag, kb.arg("flags"), r)
+    with bir.when(bir.logical_and(lead, is_b)):
+        bir.store(arith.bitcast(bir.f32(), arith.addi(arith.addi(f, shift), _i32(FOLD_BIAS))),
+                  kb.arg("fold_b"), row)
+        bir.store(flag, kb.arg("flags"), r)
 
 
 def emit_dequant(x: Value, sfx: Value, fold: Value, ws: Value, rows: Value, rows_pad: Value,

@@ -13,7 +13,7 @@ Hopper's FP8 tensor-core accumulation is inexact. An E4M3 value has 4 significan
 
 Kernels (:mod:`blockscale.ops._twophase_mx8_ir`), five launches, no host synchronization:
 
-1. fold (one thread per row of A and of B): ``F[r] = bmax - 127 - HEADROOM`` from the row's
+1. fold (8 lanes per row of A and of B): ``F[r] = bmax - 127 - HEADROOM`` from the row's
    largest finite scale byte ``bmax``; flag[r] = 1 when a K-block holding a nonzero element
    (NaN codes count) has a scale more than :data:`WINDOW` binades below ``bmax``.
 2. phase 1 for A, then B: ``w = bf16(e4m3 * 2^(b - 127 - F[r]))`` into the FP4 two-phase
@@ -72,8 +72,8 @@ from blockscale.ops.matmul_epilogue import Epilogue, EpilogueInput, chain
 KERNEL_SOURCES = ("blockscale.ops._twophase_mx8_ir", "blockscale.ops._twophase_ir",
                   "blockscale.ops._matmul_ir", "blockscale.ops.matmul_epilogue")
 TARGETS = ("sm_90a",)
-#: = _twophase_mx8_ir.HEADROOM, WINDOW, THREADS, FOLD_A, FOLD_B
-HEADROOM, WINDOW, THREADS = 42, 80, 256
+#: = _twophase_mx8_ir.HEADROOM, WINDOW, THREADS, FOLD_LANES, FOLD_A, FOLD_B
+HEADROOM, WINDOW, THREADS, FOLD_LANES = 42, 80, 256, 8
 FOLD_A, FOLD_B = "mx8_fold_a", "mx8_fold_b"
 #: the largest K (the overflow bound of the module docstring)
 MAX_K = 1 << 24
@@ -115,7 +115,8 @@ def _target(target: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class FoldSpec(FormatSpec):
-    """The fold exponents and flags of every row of A and B (one thread per row)."""
+    """The fold exponents and flags of every row of A and B (:data:`FOLD_LANES` threads a
+    row)."""
 
     fmt: str = "mxfp8"
     target: str = "sm_90a"
@@ -211,9 +212,10 @@ class FixupSpec(FormatSpec):
         return tuple(out)
 
 
-def rows_grid(m: int, n: int) -> tuple[int, int, int]:
-    """The fold and fixup kernels: one thread per row of A and of B."""
-    return (max(1, -(-(m + n) // THREADS)), 1, 1)
+def rows_grid(m: int, n: int, lanes: int = 1) -> tuple[int, int, int]:
+    """The fold (``lanes`` = :data:`FOLD_LANES`) and fixup kernels: ``lanes`` threads per row
+    of A and of B."""
+    return (max(1, -(-(m + n) * lanes // THREADS)), 1, 1)
 
 
 def phase2_spec(out_dtype: str = "bfloat16", epilogue: Epilogue | None = None,
@@ -235,19 +237,13 @@ def build(spec: FoldSpec | DequantSpec | FixupSpec) -> Any:
     from blockscale.compiler import ir as bir
     from blockscale.ops.matmul_epilogue import EpilogueContext
 
-    if (MX.HEADROOM, MX.WINDOW, MX.THREADS, MX.FOLD_A, MX.FOLD_B) != (
-            HEADROOM, WINDOW, THREADS, FOLD_A, FOLD_B):
+    if (MX.HEADROOM, MX.WINDOW, MX.THREADS, MX.FOLD_LANES, MX.FOLD_A, MX.FOLD_B) != (
+            HEADROOM, WINDOW, THREADS, FOLD_LANES, FOLD_A, FOLD_B):
         raise AssertionError("matmul_twophase_mx8's constants disagree with its IR module's")
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         if isinstance(spec, FoldSpec):
             m, n, k = (bir.as_index(kb.arg(x)) for x in ("m", "n", "k"))
-            r = bir.add(bir.mul(bir.block_idx("x"), THREADS), bir.thread_idx("x"))
-            with bir.when(bir.ult(r, m)):
-                MX.emit_fold(kb.arg("a"), kb.arg("sfa"), kb.arg("fold_a"), kb.arg("flags"), r,
-                             k, r, bir.const(0, bir.i32()))
-            with bir.when(bir.logical_and(bir.ule(m, r), bir.ult(r, bir.add(m, n)))):
-                MX.emit_fold(kb.arg("b"), kb.arg("sfb"), kb.arg("fold_b"), kb.arg("flags"),
-                             bir.sub(r, m), k, r, kb.arg("shift"))
+            MX.emit_fold(kb, m, n, k, kb.arg("shift"))
         elif isinstance(spec, DequantSpec):
             rows, rows_pad, k = (bir.as_index(kb.arg(x)) for x in ("rows", "rows_pad", "k"))
             MX.emit_dequant(kb.arg("x"), kb.arg("sfx"), kb.arg("fold"), kb.arg("ws"), rows,
@@ -323,7 +319,7 @@ def _run(d: Any, a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, out_dtype: st
         extra = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in extra.items()}
     m_alpha, e_alpha = split_alpha(alpha)
     m, n, k = d.m, d.n, d.k
-    _, f = _core.launch_op(FoldSpec("mxfp8", tgt), rows_grid(m, n),
+    _, f = _core.launch_op(FoldSpec("mxfp8", tgt), rows_grid(m, n, FOLD_LANES),
                            (("fold_a", (m,), np.dtype(np.float32)),
                             ("fold_b", (n,), np.dtype(np.float32)),
                             ("flags", (m + n,), np.dtype(np.int32))),
