@@ -84,13 +84,15 @@ def test_plut_max_cases(fmt, schedule):
 def test_silu_lut_is_the_first_product():
     table, lo, width = QS.silu_lut()
     sig, slo, swidth = QS.sigmoid_lut("silu", 1.0, float("inf"))
-    assert (lo, width) == (slo, swidth) and table.shape == (2 * width,)
+    neg = QS.SILU_LUT_NEG
+    assert (lo, width) == (slo, swidth) and table.shape == (neg + width,)
+    assert width <= neg and not table[width:neg].any()
     mags = np.arange(lo, lo + width, dtype=np.uint32)
     for sign in (0, 1):
         g = ((mags | (sign << 15)) << 16).view(np.float32)
-        part = slice(sign * width, (sign + 1) * width)
-        want = (g.astype(np.float64) * sig[part]).astype(np.float32)
-        assert np.array_equal(table[part].view(np.uint32), want.view(np.uint32))
+        want = (g.astype(np.float64) * sig[sign * width:(sign + 1) * width]).astype(np.float32)
+        got = table[sign * neg:sign * neg + width]
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 def test_plut_spec_and_names():

@@ -218,11 +218,16 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
         from blockscale.ops.quantize_silu import MAX_LUT, sigmoid_lut
 
         _, lut_lo, lut_w = sigmoid_lut(spec.activation, spec.act_alpha, spec.act_limit)
+        n_lut = 2 * lut_w
+        if spec.product:  # quantize_silu.silu_lut: the negative gates' entries at 4096
+            from blockscale.ops.quantize_silu import SILU_LUT_NEG
+
+            n_lut = SILU_LUT_NEG + lut_w
         lut = tma.shared_buffer(kb, f"{MAX_LUT}xf32", align=16)
         if ring is not None:  # one bulk copy, waited for after the prologue
-            ring.copy_table(a("sig_table"), lut, 2 * lut_w)
+            ring.copy_table(a("sig_table"), lut, n_lut)
         else:
-            _fill_lut(a("sig_table"), lut, tid, 2 * lut_w)
+            _fill_lut(a("sig_table"), lut, tid, n_lut)
             B.barrier()
         k.lut = (lut, lut_lo, lut_w)
 
@@ -656,22 +661,32 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
         B.store(sval, a("scales"), arith.addi(row.srow_base, _wide(ch.s_jpart)))
 
 
-def _product_index(k: QI._Ctx, gw: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """The product table's indices of the 8 gates in ``gw`` (vector<4xi32> of bf16 pairs;
-    two 16-bit indices a word, as :func:`quantize_moe_ir._lut_sigs`) and a vector<4xi32>
-    that is 0 iff every gate's magnitude lies in the table's window (clamp changed nothing)."""
-    _, lo, width = k.lut
+def _product_index(gw: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(table indices plus ``lo``, magnitudes) of the 8 gates in ``gw`` (vector<4xi32> of
+    bf16 pairs), both as two 16-bit halves a word: index = magnitude + 4096 * sign
+    (:func:`blockscale.ops.quantize_silu.silu_lut`'s layout; the caller subtracts ``lo``,
+    which folds into the table's base address). Unclamped: read only for gates in the
+    window. Per word one mask, one shift and mask, one add."""
     wt = gw.type
-    mags = vector.bitcast(B.vec(2 * wt.shape[0], B.i16()),
-                          arith.andi(gw, C.const_like(wt, 0x7FFF7FFF)))
-    clamped = arith.minui(arith.maxui(mags, C.const_like(mags.type, lo)),
-                          C.const_like(mags.type, lo + width - 1))
-    cw = vector.bitcast(wt, clamped)
-    miss = arith.xori(cw, vector.bitcast(wt, mags))
-    signs = arith.andi(arith.shrui(gw, C.const_like(wt, 15)), C.const_like(wt, 0x10001))
-    idx = arith.addi(arith.addi(cw, arith.muli(signs, C.const_like(wt, width))),
-                     C.const_like(wt, -(lo | lo << 16)))
-    return idx, miss
+    mags = arith.andi(gw, C.const_like(wt, 0x7FFF7FFF))
+    signs = arith.andi(arith.shrui(gw, C.const_like(wt, 3)), C.const_like(wt, 0x10001000))
+    return arith.addi(mags, signs), mags  # no carry out of a half: mag + 4096 < 2^16
+
+
+def _window_miss(mags: list[ir.Value], lo: int, hi: int) -> ir.Value:
+    """i32, 0 iff every 16-bit magnitude in ``mags`` (vector<4xi32> words) lies in [lo, hi]:
+    the u16x2 max and min over the words (three-input trees), each checked once."""
+    v2 = B.vec(2, B.i16())
+    halves = [vector.bitcast(v2, vector.from_elements(B.vec(1, B.i32()), [B.extract(m, i)]))
+              for m in mags for i in range(m.type.shape[0])]
+    hi_v, lo_v = C.const_like(v2, hi), C.const_like(v2, lo)
+    top = bottom = halves[0]
+    for h in halves[1:]:
+        top, bottom = arith.maxui(top, h), arith.minui(bottom, h)
+    out_hi = arith.xori(arith.minui(top, hi_v), top)
+    out_lo = arith.xori(arith.maxui(bottom, lo_v), bottom)
+    i32v = B.vec(1, B.i32())
+    return B.extract(vector.bitcast(i32v, arith.ori(out_hi, out_lo)), 0)
 
 
 def _silu_product(k: QI._Ctx, words: list[ir.Value], nh: int) -> list[list[ir.Value]]:
@@ -682,15 +697,9 @@ def _silu_product(k: QI._Ctx, words: list[ir.Value], nh: int) -> list[list[ir.Va
     same bits without widening the gates or the first multiply; else exp_f32 and div.rn as
     the table-free kernel (:func:`quantize_ir._activation`)."""
     f32, i32 = B.f32(), B.i32()
-    lut = k.lut[0]
-    idxs, miss = [], None
-    for h in range(nh):
-        idx, m = _product_index(k, words[h])
-        idxs.append(idx)
-        miss = m if miss is None else arith.ori(miss, m)
-    any_miss = B.extract(miss, 0)
-    for i in range(1, miss.type.shape[0]):
-        any_miss = arith.ori(any_miss, B.extract(miss, i))
+    lut, lo, width = k.lut
+    idxs, mags = zip(*(_product_index(words[h]) for h in range(nh)))
+    any_miss = _window_miss(list(mags), lo, lo + width - 1)
     ups = [[arith.bitcast(f32, v) for v in QS._widen(words[nh + h])] for h in range(nh)]
     br = B.if_(arith.cmpi(arith.CmpIPredicate.eq, any_miss, _c32(0)), [i32] * (CHUNK * nh))
     with br.then():
@@ -699,7 +708,7 @@ def _silu_product(k: QI._Ctx, words: list[ir.Value], nh: int) -> list[list[ir.Va
             for i in range(CHUNK // 2):
                 w = B.extract(idxs[h], i)
                 for j, half in enumerate((arith.andi(w, _c32(0xFFFF)), arith.shrui(w, _c32(16)))):
-                    prod = B.load(lut, arith.extui(B.i64(), half))
+                    prod = B.load(lut, arith.subi(arith.extui(B.i64(), half), _c64(lo)))
                     out.append(arith.bitcast(i32, arith.mulf(prod, ups[h][2 * i + j])))
         br.yield_(*out)
     with br.else_():

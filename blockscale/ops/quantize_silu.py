@@ -78,21 +78,32 @@ def sigmoid_lut(kind: str, alpha: float, limit: float) -> tuple[np.ndarray, int,
     return table.astype(np.float32), lo, width
 
 
+#: entry offset of the negative gates in :func:`silu_lut` (a power of two: the kernels
+#: index with ``magnitude | sign << 12``)
+SILU_LUT_NEG = 4096
+
+
 @functools.cache
 def silu_lut() -> tuple[np.ndarray, int, int]:
-    """SILU's ``fl(g * sigmoid(g))`` over the bf16 gates of :func:`sigmoid_lut`'s window:
-    ``(table, lo, width)`` with the sigmoid table's layout (entry ``sign * width + mag - lo``
-    for ``lo <= mag < lo + width``), each entry the float32 product of the gate and its
-    sigmoid table entry, i.e. the first product of D10's SILU ``(g * sig) * u`` (the "plut"
-    schedules read it instead of the sigmoid for gates inside the window; the clamped
-    entries at the window's ends are exact gates too). Checked against the products here."""
+    """SILU's ``fl(g * sigmoid(g))`` over the bf16 gates of :func:`sigmoid_lut`'s window
+    ``[lo, lo + width)`` of magnitudes: ``(table, lo, width)``, float32 ``[SILU_LUT_NEG +
+    width]``, entry ``sign * SILU_LUT_NEG + mag - lo`` the float32 product of the gate and
+    its sigmoid table entry, i.e. the first product of D10's SILU ``(g * sig) * u`` (the
+    "*_plut" schedules read it instead of the sigmoid for chunks whose gates all lie in the
+    window; the entries between the two halves are unused zeros). Checked here."""
     sig, lo, width = sigmoid_lut("silu", 1.702, 7.0)  # SILU's table ignores alpha / limit
+    if width > SILU_LUT_NEG or SILU_LUT_NEG + width > MAX_LUT:
+        raise ValueError(f"SILU's window of {width} magnitudes does not fit the product table")
     mags = lo + np.arange(width, dtype=np.uint32)
-    gates = (np.concatenate([mags, mags | 0x8000]) << 16).view(np.float32)
-    table = (gates * sig).astype(np.float32)
-    if not np.array_equal(table.view(np.uint32),
-                          (gates.astype(np.float64) * sig).astype(np.float32).view(np.uint32)):
-        raise AssertionError("SILU product table differs from the float32 products")
+    table = np.zeros(SILU_LUT_NEG + width, np.float32)
+    for sign in (0, 1):
+        gates = ((mags | sign << 15) << 16).view(np.float32)
+        prod = gates * sig[sign * width:(sign + 1) * width]
+        exact = (gates.astype(np.float64) * sig[sign * width:(sign + 1) * width]).astype(
+            np.float32)
+        if not np.array_equal(prod.view(np.uint32), exact.view(np.uint32)):
+            raise AssertionError("SILU product table differs from the float32 products")
+        table[sign * SILU_LUT_NEG:sign * SILU_LUT_NEG + width] = prod
     return table, lo, width
 
 
