@@ -213,6 +213,27 @@ def test_interp_fixup_applies_the_epilogue():
     np.testing.assert_allclose(got[ok], ref[ok], rtol=1e-5, atol=1e-3)
 
 
+@pytest.mark.interp
+def test_interp_fixup_split():
+    """A flagged row of A across 600 columns (outputs shared by the fixup's grid.y CTAs:
+    columns 0..255 by y = 0, 256..511 by y = 1, 512.. by y = 2) and a flagged row of B at
+    column 550 (a column of C: the flag's CTA is the third of B's flags chunk): the portable
+    kernel's bytes there, the bound elsewhere."""
+    m, n, k = 20, 600, 64
+    rng = np.random.default_rng(9)
+    a, b, sfa, sfb, _, _ = random_dense_case(rng, MXFP8, m, n, k)
+    sfa, sfb = sfa.view(np.uint8).copy(), sfb.view(np.uint8).copy()
+    sfa[3] = [230, 120]
+    sfb[550] = [10, 127]
+    sfa, sfb = _e8m0(sfa), _e8m0(sfb)
+    sfa5, sfb5 = layouts.interleave(sfa), layouts.interleave(sfb)
+    got = MX.block_scaled_matmul_twophase_mx8(a, b, sfa5, sfb5, alpha=ALPHA,
+                                              out_dtype="float32", device="interp")
+    want = _portable(a, b, sfa5, sfb5, ALPHA, "float32")
+    exact, abs_sum = exact_dense(a, b, sfa, sfb, MXFP8, k, ALPHA)
+    _check_against_portable(got, want, exact, _bound(abs_sum, k), [3], [550], "float32")
+
+
 def _fold_model(data, scales, shift=0):
     """numpy model of the fold kernel: (F + shift, flag) per row."""
     s = scales.view(np.uint8).astype(np.int64)

@@ -56,6 +56,8 @@ UNDO_FLOOR = -378
 THREADS = 256
 #: lanes of the fold kernel per row (a power of two <= 32: shuffles inside a warp)
 FOLD_LANES = 8
+#: CTAs (grid.y) of the fixup kernel sharing each flag chunk's outputs
+FIXUP_SPLIT = 8
 #: the epilogue inputs fold_undo reads (per row of A, per column = row of B)
 FOLD_A, FOLD_B = "mx8_fold_a", "mx8_fold_b"
 #: a fold exponent F is stored as the f32 ``F + 1.5 * 2^23``, whose bits are ``F + FOLD_BIAS``
@@ -254,8 +256,9 @@ def emit_fixup(kb: Any, flags: Value, m_count: Value, n_count: Value, k: Value,
                finish: Callable[[Value, Value, Value], None]) -> None:
     """Recompute the outputs of flagged rows: CTA ``b`` reads flags ``256 b + tid`` (rows of A
     below ``m_count``, then rows of B), keeps them in shared memory, and only if one is set
-    walks them: a flagged A row ``m`` -> ``finish(acc, m, n)`` for every ``n`` (thread-strided),
-    a flagged B row ``n`` -> every ``m``; ``acc`` is the portable kernel's fp32 dot product."""
+    walks them: a flagged A row ``m`` -> ``finish(acc, m, n)`` for CTA ``y``'s share of the ``n``
+    (``tid + 256 y``, strided by ``256 FIXUP_SPLIT``), a flagged B row ``n`` -> its share of
+    the ``m``; ``acc`` is the portable kernel's fp32 dot product."""
     a, b, sfa, sfb = (kb.arg(x) for x in ("a", "b", "sfa", "sfb"))
     s_flags = tma.shared_buffer(kb, f"{THREADS}xi32", align=16)
     s_warps = tma.shared_buffer(kb, f"{THREADS // 32}xi32", align=16)
@@ -280,6 +283,10 @@ def emit_fixup(kb: Any, flags: Value, m_count: Value, n_count: Value, k: Value,
     for w in range(THREADS // 32):
         any_set = arith.ori(any_set, bir.load(s_warps, w))
     kblocks = bir.udiv(k, 32)
+    # the FIXUP_SPLIT CTAs of grid.y share a flagged row's outputs: thread tid of CTA y
+    # takes outputs tid + THREADS y, then every THREADS FIXUP_SPLIT
+    lane0 = bir.add(tid, bir.mul(bir.block_idx("y"), THREADS))
+    stride = THREADS * FIXUP_SPLIT
 
     def dot(m: Value, n: Value) -> Value:
         sfa_off, sfb_off = mir.scale_offsets("tcgen5d", m, n, kblocks)
@@ -291,9 +298,9 @@ def emit_fixup(kb: Any, flags: Value, m_count: Value, n_count: Value, k: Value,
         rr = bir.add(first, rows.iv)
         with bir.when(bir.ne(bir.load(s_flags, rows.iv), _i32(0))):
             with (bir.when(bir.ult(rr, m_count)),  # a row of A: a row of C
-                  bir.for_range(tid, n_count, THREADS) as cols):
+                  bir.for_range(lane0, n_count, stride) as cols):
                 finish(dot(rr, cols.iv), rr, cols.iv)
             with bir.when(bir.ule(m_count, rr)):  # a row of B: a column of C
                 n = bir.sub(rr, m_count)
-                with bir.for_range(tid, m_count, THREADS) as ms:
+                with bir.for_range(lane0, m_count, stride) as ms:
                     finish(dot(ms.iv, n), ms.iv, n)

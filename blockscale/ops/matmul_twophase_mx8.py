@@ -72,8 +72,8 @@ from blockscale.ops.matmul_epilogue import Epilogue, EpilogueInput, chain
 KERNEL_SOURCES = ("blockscale.ops._twophase_mx8_ir", "blockscale.ops._twophase_ir",
                   "blockscale.ops._matmul_ir", "blockscale.ops.matmul_epilogue")
 TARGETS = ("sm_90a",)
-#: = _twophase_mx8_ir.HEADROOM, WINDOW, THREADS, FOLD_LANES, FOLD_A, FOLD_B
-HEADROOM, WINDOW, THREADS, FOLD_LANES = 42, 80, 256, 8
+#: = _twophase_mx8_ir.HEADROOM, WINDOW, THREADS, FOLD_LANES, FIXUP_SPLIT, FOLD_A, FOLD_B
+HEADROOM, WINDOW, THREADS, FOLD_LANES, FIXUP_SPLIT = 42, 80, 256, 8, 8
 FOLD_A, FOLD_B = "mx8_fold_a", "mx8_fold_b"
 #: the largest K (the overflow bound of the module docstring)
 MAX_K = 1 << 24
@@ -212,10 +212,10 @@ class FixupSpec(FormatSpec):
         return tuple(out)
 
 
-def rows_grid(m: int, n: int, lanes: int = 1) -> tuple[int, int, int]:
-    """The fold (``lanes`` = :data:`FOLD_LANES`) and fixup kernels: ``lanes`` threads per row
-    of A and of B."""
-    return (max(1, -(-(m + n) * lanes // THREADS)), 1, 1)
+def rows_grid(m: int, n: int, lanes: int = 1, split: int = 1) -> tuple[int, int, int]:
+    """The fold (``lanes`` = :data:`FOLD_LANES`) and fixup (grid.y: ``split`` =
+    :data:`FIXUP_SPLIT`) kernels: ``lanes`` threads per row of A and of B."""
+    return (max(1, -(-(m + n) * lanes // THREADS)), split, 1)
 
 
 def phase2_spec(out_dtype: str = "bfloat16", epilogue: Epilogue | None = None,
@@ -237,8 +237,8 @@ def build(spec: FoldSpec | DequantSpec | FixupSpec) -> Any:
     from blockscale.compiler import ir as bir
     from blockscale.ops.matmul_epilogue import EpilogueContext
 
-    if (MX.HEADROOM, MX.WINDOW, MX.THREADS, MX.FOLD_LANES, MX.FOLD_A, MX.FOLD_B) != (
-            HEADROOM, WINDOW, THREADS, FOLD_LANES, FOLD_A, FOLD_B):
+    if (MX.HEADROOM, MX.WINDOW, MX.THREADS, MX.FOLD_LANES, MX.FIXUP_SPLIT, MX.FOLD_A,
+            MX.FOLD_B) != (HEADROOM, WINDOW, THREADS, FOLD_LANES, FIXUP_SPLIT, FOLD_A, FOLD_B):
         raise AssertionError("matmul_twophase_mx8's constants disagree with its IR module's")
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         if isinstance(spec, FoldSpec):
@@ -338,7 +338,8 @@ def _run(d: Any, a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, out_dtype: st
     c = H.launch(spec, TP.grid(m, n, spec.bm, bn=spec.bn), (m, n), out_dtype,
                  {**ws, FOLD_A: f["fold_a"], FOLD_B: f["fold_b"], **extra},
                  {"m": m, "n": n, "k": k, "alpha": m_alpha}, dev)
-    _launch_inplace(FixupSpec("mxfp8", out_dtype, epilogue, tgt), rows_grid(m, n),
+    _launch_inplace(FixupSpec("mxfp8", out_dtype, epilogue, tgt),
+                    rows_grid(m, n, split=FIXUP_SPLIT),
                     {**ops, "flags": f["flags"], "c": c, **extra},
                     {"m": m, "n": n, "k": k, "alpha": alpha}, dev)
     return dev.to_host(c) if host else c
