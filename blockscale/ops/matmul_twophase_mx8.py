@@ -21,26 +21,29 @@ Kernels (:mod:`blockscale.ops._twophase_mx8_ir`), five launches, no host synchro
 3. phase 2: :class:`~blockscale.ops.matmul_twophase.TwophaseMatmulSpec` with fmt "nvfp4"
    (no scale fix), ``alpha`` = ``m_alpha`` where ``alpha = m_alpha 2^e_alpha``, ``|m_alpha|``
    in [1, 2), and the epilogue ``chain(fold_undo, user epilogue)``: ``fold_undo`` multiplies
-   by ``2^(Fa[m] + Fb[n] + e_alpha)`` in three exact power-of-two steps.
+   by ``2^(Fa[m] + Fb[n] + e_alpha)`` (exact power-of-two steps, below).
 4. fixup: the outputs of flagged rows (rows of C for A, columns for B) recomputed by the
-   portable kernel's K loop, alpha, epilogue and cast; a CTA with no flagged row exits after
-   one load and two barriers.
+   portable kernel's K loop, alpha, epilogue and cast (grid.y of 8 CTAs share a flagged
+   row's outputs); a CTA with no flagged row exits after one load, a warp OR and a barrier.
 
-Exactness (unflagged rows; HEADROOM = 42, WINDOW = 80, K <= 2^24): every nonzero ``|w|`` lies
-in [2^(-9 + 42 - 80), 448 * 2^42] = [2^-47, 2^50.8] (exact bf16), so every nonzero product
-``wa wb`` is an fp32 normal >= 2^-94 with <= 8 significant bits (exact, a multiple of 2^-101),
-and ``sum |wa wb| <= K 448^2 2^84 < 2^126``: no overflow, and a nonzero accumulator is
->= 2^-101, so ``y = RN(acc * m_alpha)`` is a normal f32 below 2^127. The three steps of
-``fold_undo`` have one sign, so the partial products lie between ``y`` and the result: all
-exact when the result is normal, so ``out = RN(acc * alpha * 2^(Fa + Fb))`` with the single
-rounding of alpha: the value of every other kernel's ``RN(acc * alpha)`` for the same fp32
-accumulator (the accumulation order is the bf16 wgmma's: the two-phase FP4 kernels' error
-bound). Results below the normal range may round twice (subnormal outputs are outside the
-bound of tests/test_matmul_common.py for every kernel). Rows whose scales span more than the
-window (only with nonzero data there; all-zero blocks, e.g. a quantizer's 0x00 blocks, do not
-count) are never answered by the bf16 GEMM: the fixup overwrites their outputs with the
-portable kernel's bytes. A NaN scale byte (0xFF) or a NaN element makes the dot product NaN
-(both paths).
+Exactness (unflagged rows; HEADROOM = 42, WINDOW = 80, K <= 2^24): every nonzero ``|w|`` is a
+multiple of 2^(-9 + 42 - 80) = 2^-47 in [2^-47, 448 * 2^42 < 2^51] (4 significant bits: exact
+bf16), so every nonzero product ``wa wb`` is an exact fp32 normal, a multiple of 2^-94, and
+``sum |wa wb| <= K 448^2 2^84 < 2^126``: no overflow, and a nonzero accumulator (any fp32
+rounding of sums of multiples of 2^-94 stays one) is >= 2^-94, so ``y = RN(acc * m_alpha)``
+is a normal f32 below 2^127. ``fold_undo`` multiplies ``y`` by ``2^G``, ``G = Fa + Fb +
+e_alpha``: once where G is in [-126, 127] (one IEEE multiply: correctly rounded), else in
+three steps of one sign (the partial products lie between ``y`` and the result: exact while
+the result is normal). So ``out = RN(acc * m_alpha * 2^G)``, the single rounding of alpha:
+the value every other kernel's ``RN(acc * alpha)`` gives for the same fp32 accumulator (the
+accumulation order is the bf16 wgmma's: the two-phase FP4 kernels' error bound). Only
+results below the normal range on the three-step path may round twice (subnormal outputs
+are outside the bound of tests/test_matmul_common.py for every kernel). Rows whose scales
+span more than the window (only with nonzero data there; all-zero blocks, e.g. a
+quantizer's 0x00 blocks, do not count) are never answered by the bf16 GEMM: the fixup
+overwrites their outputs with the portable kernel's bytes. A NaN scale byte (0xFF) or a NaN
+element makes the dot product NaN (both paths); where the exact value overflows f32 the
+result is +-inf (the portable kernel's block sum may meet +inf and -inf there: NaN).
 
 Dispatch (:func:`fast_path`, in ``matmul.FAST_PATHS`` before the wgmma / mma.sync kernels):
 sm_90a, MXFP8, K % 32 == 0, K <= :data:`MAX_K`, M >= :data:`MIN_M`, workspaces within
