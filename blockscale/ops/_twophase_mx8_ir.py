@@ -19,12 +19,12 @@ wgmma GEMM, run as its "nvfp4" spec, whose epilogue adds no scale fix):
 * :func:`emit_fixup`: recomputes the outputs of flagged rows of A (whole rows of C) and of B
   (whole columns) with the portable kernel's K loop, alpha, epilogue and cast
   (:func:`blockscale.ops._matmul_ir.emit_block_scaled_dot`): bit-identical to
-  :func:`blockscale.ops.matmul.naive_block_scaled_matmul` there. CTA ``b`` owns flags
-  ``256 b .. 256 b + 255`` (rows of A, then of B) and exits after one load and two barriers
-  when none is set.
+  :func:`blockscale.ops.matmul.naive_block_scaled_matmul` there. CTAs ``(b, 0..7)`` own
+  flags ``256 b .. 256 b + 255`` (rows of A, then of B) and exit after one load, a warp OR
+  and one barrier when none is set.
 
 :func:`fold_undo` is the epilogue that multiplies phase 2's ``RN(acc * m_alpha)`` by
-``2^(Fa[m] + Fb[n] + e_alpha)`` in three exact power-of-two steps (module docstring of
+``2^(Fa[m] + Fb[n] + e_alpha)``: one multiply, or three exact steps (module docstring of
 :mod:`blockscale.ops.matmul_twophase_mx8` for the proof of exactness).
 """
 
