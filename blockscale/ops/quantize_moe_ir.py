@@ -417,8 +417,9 @@ def _quantize(k: QI._Ctx, a, co: QI._Coords, halves: list[tuple], drow: ir.Value
 
 def _lut_sigs(k: QI._Ctx, words: ir.Value) -> list[ir.Value]:
     """The table sigmoids of the 8 gates in ``words`` (vector<4xi32> of bf16 pairs), element
-    order: the table index of both halves of a word at once (u16x2 clamp of the magnitudes,
-    the sign offsets ``sign * width`` added as one 32-bit add: no carry crosses halves)."""
+    order: the table index plus ``lo`` of both halves of a word at once (u16x2 clamp of the
+    magnitudes, the sign offsets ``sign * width`` added as one 32-bit add: no carry crosses
+    halves); ``lo`` is subtracted from each index, which folds into the table's address."""
     lut, lo, width = k.lut
     i16 = B.i16()
     n = words.type.shape[0]
@@ -428,14 +429,13 @@ def _lut_sigs(k: QI._Ctx, words: ir.Value) -> list[ir.Value]:
                        C.const_like(mags.type, lo + width - 1))
     signs = arith.andi(arith.shrui(words, C.const_like(words.type, 15)),
                        C.const_like(words.type, 0x10001))
-    idx = arith.addi(arith.addi(vector.bitcast(words.type, mags),
-                                arith.muli(signs, C.const_like(words.type, width))),
-                     C.const_like(words.type, -(lo | lo << 16)))
+    idx = arith.addi(vector.bitcast(words.type, mags),
+                     arith.muli(signs, C.const_like(words.type, width)))
     out = []
     for i in range(n):
         w = B.extract(idx, i)
         for half in (arith.andi(w, _c32(0xFFFF)), arith.shrui(w, _c32(16))):
-            out.append(B.load(lut, arith.extui(B.i64(), half)))
+            out.append(B.load(lut, arith.subi(arith.extui(B.i64(), half), _c64(lo))))
     return out
 
 
