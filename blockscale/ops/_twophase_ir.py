@@ -129,6 +129,8 @@ LBO = X.LBO
 SWIZZLES = ("none", "128b")
 #: 128B swizzle: bytes of one 8-row atom (the SBO between row groups; stage alignment)
 SW128_ATOM = 1024
+#: phase-2 cluster sizes built (CTAs along M sharing B's stages by multicast)
+CLUSTERS = (1, 2)
 
 
 # ---- phase 1 ---------------------------------------------------------------------------------
@@ -233,15 +235,31 @@ def shared_bytes(kstep: int, stages: int, bm: int = BM, bn: int = BN) -> int:
     return barrier_offset(kstep, stages, bm, bn) + 16 * stages
 
 
-def raster_tile(tiles_m: Value, tiles_n: Value, t: Value | None = None) -> tuple[Value, Value]:
+def raster_tile(tiles_m: Value, tiles_n: Value, t: Value | None = None,
+                group: int = RASTER) -> tuple[Value, Value]:
     """(m tile, n tile) of the 1-D tile index ``t`` (default ``blockIdx.x``), in groups of
-    :data:`RASTER` M-tiles."""
+    ``group`` (:data:`RASTER`) M-tiles."""
     t = bir.block_idx("x") if t is None else t
-    per_group = bir.mul(tiles_n, RASTER)
-    first = bir.mul(bir.udiv(t, per_group), RASTER)
-    size = bir.umin(bir.sub(tiles_m, first), RASTER)
+    per_group = bir.mul(tiles_n, group)
+    first = bir.mul(bir.udiv(t, per_group), group)
+    size = bir.umin(bir.sub(tiles_m, first), group)
     r = bir.urem(t, per_group)
     return bir.add(first, bir.urem(r, size)), bir.udiv(r, size)
+
+
+def cluster_tile(tiles_m: Value, tiles_n: Value, rank: Value,
+                 cluster: int = 2) -> tuple[Value, Value]:
+    """Clusters of ``cluster`` CTAs along M (``cluster`` consecutive ``blockIdx.x``, CTA
+    ``rank`` of its cluster): (m tile, n tile) of this CTA. Cluster ``blockIdx.x /
+    cluster`` takes the M-tiles ``cluster * pm + rank`` of column tile ``nt``, (pm, nt)
+    rasterized as :func:`raster_tile` over ``ceil(tiles_m / cluster)`` cluster rows in
+    groups of ``RASTER / cluster`` (the same M span per group as without clusters), so the
+    CTAs of a cluster share B's tile-row. The m tile of the last cluster row may be
+    ``>= tiles_m`` (odd ``tiles_m``): that CTA loads A's last tile-row and stores nothing."""
+    rows = bir.ceil_div(tiles_m, cluster)
+    pm, nt = raster_tile(rows, tiles_n, bir.udiv(bir.block_idx("x"), cluster),
+                         max(1, RASTER // cluster))
+    return bir.add(bir.mul(pm, cluster), bir.as_index(rank)), nt
 
 
 def _parity(v: Value) -> Value:
@@ -270,9 +288,16 @@ class _Ring:
     (:func:`emit_persistent`)."""
 
     def __init__(self, kb: bir.KernelBuilder, k: Value, kstep: int, stages: int, bm: int,
-                 swizzle: str, bn: int = BN) -> None:
+                 swizzle: str, bn: int = BN, cluster: int = 1,
+                 rank: Value | None = None) -> None:
         _check_ring(kstep, stages, bm, swizzle, bn)
+        if cluster not in CLUSTERS:
+            raise ValueError(f"cluster must be one of {list(CLUSTERS)}, got {cluster!r}")
         self.kstep, self.stages, self.bm, self.bn = kstep, stages, bm, bn
+        self.cluster = cluster
+        if cluster > 1:  # this CTA's rank (i32) and its peer's
+            self.rank = N.cluster_ctarank() if rank is None else rank
+            self.peer = arith.xori(self.rank, bir.const(1, bir.i32()))
         self.a_bytes, self.b_bytes = bm * 2 * kstep, bn * 2 * kstep
         self.sbytes = self.a_bytes + self.b_bytes
         # the dynamic shared memory as a CUDA extern array (gpu.dynamic_shared_memory
@@ -312,17 +337,30 @@ class _Ring:
         cpasync.mbarrier_arrive_expect_tx(self.full(slot), self.sbytes)
         cpasync.bulk_copy(dst, bir.add(src_a, bir.as_i64(bir.mul(kk, self.a_bytes))),
                           self.a_bytes, self.full(slot))
-        cpasync.bulk_copy(bir.add(dst, bir.as_i64(bir.const(self.a_bytes))),
-                          bir.add(src_b, bir.as_i64(bir.mul(kk, self.b_bytes))),
-                          self.b_bytes, self.full(slot))
+        dst_b = bir.add(dst, bir.as_i64(bir.const(self.a_bytes)))
+        src_b = bir.add(src_b, bir.as_i64(bir.mul(kk, self.b_bytes)))
+        if self.cluster == 1:
+            cpasync.bulk_copy(dst_b, src_b, self.b_bytes, self.full(slot))
+            return
+        # the cluster's B stage: this CTA copies its 1 / cluster of the span to every CTA
+        # of the cluster (the same offsets; each full barrier expects the whole stage)
+        part = self.b_bytes // self.cluster
+        off = bir.as_i64(bir.mul(bir.as_index(self.rank), part))
+        cpasync.bulk_copy_multicast(bir.add(dst_b, off), bir.add(src_b, off), part,
+                                    self.full(slot), (1 << self.cluster) - 1)
 
     def init_barriers(self) -> None:
         with bir.when(self.is_prod):
             for i in range(self.stages):
                 cpasync.mbarrier_init(self.full(bir.const(i)), 1)
-                cpasync.mbarrier_init(self.empty(bir.const(i)), self.bm // 64)  # per wg
+                # one arrival per warpgroup of each CTA of the cluster
+                cpasync.mbarrier_init(self.empty(bir.const(i)), self.cluster * self.bm // 64)
             tma.fence_mbarrier_init()
-        bir.barrier()
+        if self.cluster > 1:  # the peers' barriers are initialised before any remote use
+            N.cluster_arrive()
+            N.cluster_wait()
+        else:
+            bir.barrier()
 
     def descriptors(self) -> None:
         """The stage-0 descriptors and the byte strides of warpgroups and k16 steps."""
@@ -359,6 +397,9 @@ class _Ring:
         self.prev = bir.urem(bir.add(step, stages - 1), stages)
         with bir.when(bir.eq(bir.urem(self.tid, 128), 0)):
             cpasync.mbarrier_arrive(self.empty(self.prev))
+            if self.cluster > 1:  # the peer's producer refills the stage here too (B)
+                cpasync.mbarrier_arrive_cluster(
+                    cpasync.map_shared_rank(self.empty(self.prev), self.peer))
         return acc
 
     def refill(self, step: Value, nxt: Value, total: Value,
@@ -373,7 +414,8 @@ class _Ring:
 def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Value,
                   k: Value, kstep: int, stages: int, bm: int = BM,
                   swizzle: str = "none", bn: int = BN,
-                  pdl: bool = False) -> tuple[Value, Value]:
+                  pdl: bool = False, cluster: int = 1,
+                  rank: Value | None = None) -> tuple[Value, Value]:
     """Phase 2's K loop over the stage-ordered workspaces ``wa`` / ``wb`` (i8 memrefs) for
     the ``bm`` x ``bn`` tile (``bm / 64`` warpgroups) at rows ``m0`` of A, ``n0`` of B; returns
     (the warpgroup's accumulator struct, warpgroup index). Every thread of the CTA must
@@ -381,8 +423,12 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Va
     the ring is 1024-byte aligned and the descriptors are SWIZZLE_128B (SBO 1024, the k16
     steps 32 bytes apart inside the 128-byte row). ``pdl``: after the mbarriers' init every
     thread waits for the previous grid (``griddepcontrol.wait``: the kernel may be launched
-    with programmatic stream serialization while phase 1 still runs)."""
-    ring = _Ring(kb, k, kstep, stages, bm, swizzle, bn)
+    with programmatic stream serialization while phase 1 still runs). ``cluster`` 2: the
+    kernel runs in clusters of 2 CTAs (``rank``: this CTA's, default ``%cluster_ctarank``)
+    sharing ``n0`` (:func:`cluster_tile`; module docstring "Clusters"); after the loop
+    every thread arrives on the cluster barrier, and the caller must end the kernel with
+    :func:`cluster_exit`."""
+    ring = _Ring(kb, k, kstep, stages, bm, swizzle, bn, cluster, rank)
     steps = ring.steps
     src_a, src_b = ring.sources(wa, wb, m0, n0)
     fill = lambda t: ring.produce(t, src_a, src_b, t)
@@ -400,7 +446,16 @@ def emit_mainloop(kb: bir.KernelBuilder, wa: Value, wb: Value, m0: Value, n0: Va
         ring.refill(step, bir.add(step, stages - 1), steps, fill)
         loop.yield_(acc)
     W.wait_group(0)
+    if cluster > 1:  # this CTA's last remote access (an arrival on the peer) is behind us
+        N.cluster_arrive()
     return loop.results[0], ring.wg
+
+
+def cluster_exit() -> None:
+    """End of a clustered phase 2 (every thread, after the epilogue): wait on the cluster
+    barrier :func:`emit_mainloop` arrived on, so no CTA exits while its peer may still
+    arrive on its mbarriers."""
+    N.cluster_wait()
 
 
 def emit_persistent(kb: bir.KernelBuilder, wa: Value, wb: Value, m_count: Value,

@@ -149,6 +149,9 @@ SCHEDULES = ("tiles", "persistent")
 STORES = ("direct", "staged")
 #: persistent CTAs launched when the device does not say its SM count (the H200's 132)
 SM_COUNT = 132
+#: phase-2 cluster sizes (= _twophase_ir.CLUSTERS): 1, or 2 CTAs along M sharing B by
+#: multicast bulk copies
+CLUSTERS = (1, 2)
 
 
 def _sw_tag(swizzle: str) -> str:
@@ -244,6 +247,11 @@ class TwophaseMatmulSpec(FormatSpec):
             (mbarrier init) while the previous grid (phase 1 of B, built with ``pdl``: it
             triggers at its start) still runs; every thread executes ``griddepcontrol.wait``
             before the first workspace read. The same bytes.
+        cluster: :data:`CLUSTERS`; 2 (schedule "tiles"): clusters of 2 CTAs along M (the
+            grid's consecutive CTA pairs, launched with a cluster dimension: :attr:`launch_meta`)
+            share each B stage, each CTA bulk-copying half of it to both by multicast, so a
+            pair reads B's tile-row from L2 once (L2 -> SM bytes per flop -25 % at 128 x 256).
+            The same operands and k16 order per tile: the same bytes.
     """
 
     fmt: str
@@ -258,6 +266,7 @@ class TwophaseMatmulSpec(FormatSpec):
     store: str = "direct"
     bn: int = BN
     pdl: bool = False
+    cluster: int = 1
 
     op: ClassVar[str] = "block_scaled_matmul_twophase"
 
@@ -280,6 +289,12 @@ class TwophaseMatmulSpec(FormatSpec):
         H.check_choice(self.bn, BNS, "bn")
         H.check_choice(self.store, STORES, "store")
         _check_pdl(self.pdl)
+        if type(self.cluster) is not int:
+            raise TypeError(f"cluster must be an int, got {self.cluster!r}")
+        H.check_choice(self.cluster, CLUSTERS, "cluster")
+        if self.cluster > 1 and self.schedule != "tiles":
+            raise ValueError(f"cluster={self.cluster} takes schedule 'tiles', got "
+                             f"{self.schedule!r}")
         most = max_stages(self.bm, self.kstep, self.bn, self.staging_bytes)
         if self.stages is None:
             object.__setattr__(self, "stages", most)
@@ -314,13 +329,18 @@ class TwophaseMatmulSpec(FormatSpec):
         return (f"bs_twophase_{self.fmt}_{self.bm}x{self.bn}_k{self.kstep}_s{self.stages}_"
                 f"{H.out_tag(self.out_dtype)}{_sw_tag(self.swizzle)}"
                 f"{'_persistent' if self.schedule == 'persistent' else ''}"
-                f"{'_st' if self.store == 'staged' else ''}{'_pdl' if self.pdl else ''}{ep}")
+                f"{'_st' if self.store == 'staged' else ''}{'_pdl' if self.pdl else ''}"
+                f"{f'_c{self.cluster}' if self.cluster > 1 else ''}{ep}")
 
     @property
     def launch_meta(self) -> dict[str, Any]:
         """Kernel metadata the runtime launches by (ops/_core.py copies it into the kernel's
-        ``meta``): ``programmatic_launch`` with :attr:`pdl` (runtime/cuda.py)."""
-        return {"programmatic_launch": True} if self.pdl else {}
+        ``meta``): ``programmatic_launch`` with :attr:`pdl`, ``cluster_dim`` (x, y, z) with
+        :attr:`cluster` > 1 (runtime/cuda.py, the interpreter)."""
+        meta: dict[str, Any] = {"programmatic_launch": True} if self.pdl else {}
+        if self.cluster > 1:
+            meta["cluster_dim"] = (self.cluster, 1, 1)
+        return meta
 
     def args(self) -> tuple[KernelArg, ...]:
         """wa, wb (the workspaces' bytes), c, epilogue inputs, m, n, k, alpha."""
@@ -419,14 +439,19 @@ def dispatch_bn(m: int, n: int, dev: Any, target: str = "sm_90a") -> int:
 
 
 def grid(m: int, n: int, bm: int = BM, schedule: str = "tiles",
-         ctas: int | None = None, bn: int = BN) -> tuple[int, int, int]:
-    """Phase 2: one CTA per bm x 256 tile of C (1-D, rasterized in the kernel); schedule
-    "persistent": ``min(tiles, ctas)`` CTAs (``ctas``: e.g. the SM count; None:
-    :data:`SM_COUNT`)."""
-    tiles = max(1, -(-m // bm)) * max(1, -(-n // bn))
+         ctas: int | None = None, bn: int = BN, cluster: int = 1) -> tuple[int, int, int]:
+    """Phase 2: one CTA per bm x bn tile of C (1-D, rasterized in the kernel); ``cluster``
+    2: M-tiles rounded up to a multiple of 2 (a whole number of clusters; the odd one out
+    stores nothing); schedule "persistent": ``min(tiles, ctas)`` CTAs (``ctas``: e.g. the
+    SM count; None: :data:`SM_COUNT`)."""
+    H.check_choice(cluster, CLUSTERS, "cluster")
+    tiles_m = -(-max(1, -(-m // bm)) // cluster) * cluster
+    tiles = tiles_m * max(1, -(-n // bn))
     H.check_choice(schedule, SCHEDULES, "schedule")
     if schedule == "tiles":
         return (tiles, 1, 1)
+    if cluster > 1:
+        raise ValueError(f"cluster={cluster} takes schedule 'tiles', got {schedule!r}")
     ctas = SM_COUNT if ctas is None else ctas
     if type(ctas) is not int or ctas < 1:
         raise ValueError(f"ctas must be a positive int, got {ctas!r}")
@@ -445,11 +470,12 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
     import blockscale.ops._twophase_ir as T
     import blockscale.ops._wgmma_ir as X
     from blockscale.compiler import ir as bir
+    from blockscale.compiler.arch import nvvm as N
     from blockscale.compiler.arch import tma
     from blockscale.ops import matmul_sm90 as _sm90
 
     if (T.BM, T.BN, T.KPAD, T.DEQUANT_THREADS, X.MX_FOLD_EXP, T.SWIZZLES) != (
-            BM, BN, KPAD, DEQUANT_THREADS, MX_FOLD_EXP, SWIZZLES):
+            BM, BN, KPAD, DEQUANT_THREADS, MX_FOLD_EXP, SWIZZLES) or T.CLUSTERS != CLUSTERS:
         raise AssertionError("matmul_twophase's constants disagree with _twophase_ir's")
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         if isinstance(spec, DequantSpec):
@@ -484,7 +510,22 @@ def build(spec: DequantSpec | TwophaseMatmulSpec) -> Any:
                               spec.kstep, spec.stages, spec.bm, spec.swizzle, store, spec.bn,
                               spec.pdl)
             return kb.module
-        mt, nt = T.raster_tile(bir.ceil_div(m_count, spec.bm), bir.ceil_div(n_count, spec.bn))
+        tiles_m, tiles_n = bir.ceil_div(m_count, spec.bm), bir.ceil_div(n_count, spec.bn)
+        if spec.cluster > 1:
+            rank = N.cluster_ctarank()
+            mt, nt = T.cluster_tile(tiles_m, tiles_n, rank, spec.cluster)
+            m0, n0 = bir.mul(mt, spec.bm), bir.mul(nt, spec.bn)
+            # the odd M-tile out of the last cluster row loads A's last tile-row (its B half
+            # feeds the peer) and stores nothing
+            m_load = bir.mul(bir.umin(mt, bir.sub(tiles_m, 1)), spec.bm)
+            acc, wg = T.emit_mainloop(kb, kb.arg("wa"), kb.arg("wb"), m_load, n0, k,
+                                      spec.kstep, spec.stages, spec.bm, spec.swizzle,
+                                      spec.bn, spec.pdl, spec.cluster, rank)
+            with bir.when(bir.ult(mt, tiles_m)):  # CTA-uniform
+                store(acc, wg, m0, n0)
+            T.cluster_exit()
+            return kb.module
+        mt, nt = T.raster_tile(tiles_m, tiles_n)
         m0, n0 = bir.mul(mt, spec.bm), bir.mul(nt, spec.bn)
         acc, wg = T.emit_mainloop(kb, kb.arg("wa"), kb.arg("wb"), m0, n0, k, spec.kstep,
                                   spec.stages, spec.bm, spec.swizzle, spec.bn, spec.pdl)
@@ -547,11 +588,12 @@ def matmul_workspaces(wa: Any, wb: Any, fmt: Format | str, m: int, n: int, k: in
                       kstep: int | None = None, stages: int | None = None, bm: int = BM,
                       swizzle: str = "none", schedule: str = "tiles",
                       ctas: int | None = None, store: str = "direct", bn: int = BN,
-                      device: Any = None) -> Any:
+                      cluster: int = 1, device: Any = None) -> Any:
     """Phase 2 alone (e.g. to time it): C = A B^T from the device workspaces of
     :func:`dequantize_operands` (``fmt``, ``bm``, ``bn`` and ``swizzle``: those they were made
     with; the layouts depend on ``bm`` / ``bn``), no epilogue; ``schedule`` / ``ctas`` /
-    ``store``: see :class:`TwophaseMatmulSpec` and :func:`grid`. Returns the device output."""
+    ``store`` / ``cluster``: see :class:`TwophaseMatmulSpec` and :func:`grid`. Returns the
+    device output."""
     fmt = Format.from_name(fmt)
     if fmt.name not in FORMATS:
         raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt.name!r}")
@@ -564,9 +606,10 @@ def matmul_workspaces(wa: Any, wb: Any, fmt: Format | str, m: int, n: int, k: in
                              f"k={k}), got shape {tuple(w.shape)}")
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = TwophaseMatmulSpec(fmt.name, out_dtype, None, tgt, kstep, stages, bm, swizzle,
-                              schedule, store, bn)
+                              schedule, store, bn, cluster=cluster)
     S.check_store(spec.store, spec.out_dtype, n)
-    return H.launch(spec, grid(m, n, bm, schedule, _ctas(ctas, dev), bn), (m, n), out_dtype,
+    return H.launch(spec, grid(m, n, bm, schedule, _ctas(ctas, dev), bn, cluster), (m, n),
+                    out_dtype,
                     {"wa": wa, "wb": wb},
                     {"m": m, "n": n, "k": k, "alpha": H.finite_f32(alpha, "alpha")}, dev)
 
@@ -579,12 +622,12 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
                                  bm: int = BM, swizzle: str = "none",
                                  schedule: str = "tiles", ctas: int | None = None,
                                  store: str = "direct", bn: int = BN, pdl: bool = False,
-                                 device: Any = None) -> Any:
+                                 cluster: int = 1, device: Any = None) -> Any:
     """The two-phase kernel pair called directly (no dispatch), e.g. by tests and benchmarks.
     Same arguments as :func:`blockscale.ops.matmul_wgmma.block_scaled_matmul_wgmma` (no tile
     or variant choice), plus phase 2's ``kstep``, ``stages``, tile height ``bm``, the
     workspaces' layout ``swizzle``, CTA ``schedule``, epilogue ``store``, tile width ``bn``
-    and programmatic dependent launch ``pdl`` (:class:`TwophaseMatmulSpec`; ``ctas``: the
+    programmatic dependent launch ``pdl`` and ``cluster`` (:class:`TwophaseMatmulSpec`; ``ctas``: the
     persistent grid's CTA count, default the device's SM count).
     Allocates :func:`workspace_bytes` of device memory per call. Raises ValueError for a
     format other than NVFP4 / MXFP4 or K % 32 != 0."""
@@ -597,7 +640,7 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
         raise ValueError(f"the two-phase kernel takes k % 32 == 0, got k={d.k}")
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, tgt, kstep, stages, bm, swizzle,
-                              schedule, store, bn, pdl)
+                              schedule, store, bn, pdl, cluster)
     S.check_store(spec.store, spec.out_dtype, d.n)
     return _run(spec, d, a, b, sfa, sfb, alpha, dict(epilogue_inputs or {}), dev, ctas)
 
@@ -618,7 +661,8 @@ def _run(spec: TwophaseMatmulSpec, d: Any, a: Any, b: Any, sfa: Any, sfb: Any, a
         ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
     wa, wb = _workspaces(spec.fmt, spec.target, ops, d.m, d.n, d.k, dev, bm, spec.swizzle, bn,
                          spec.pdl)
-    out = H.launch(spec, grid(d.m, d.n, bm, spec.schedule, _ctas(ctas, dev), bn), (d.m, d.n),
+    out = H.launch(spec, grid(d.m, d.n, bm, spec.schedule, _ctas(ctas, dev), bn, spec.cluster),
+                   (d.m, d.n),
                    spec.out_dtype, {"wa": wa, "wb": wb, **extra},
                    {"m": d.m, "n": d.n, "k": d.k, "alpha": alpha}, dev)
     return dev.to_host(out) if host else out

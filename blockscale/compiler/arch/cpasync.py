@@ -159,3 +159,63 @@ def bulk_wait_read(groups: int = 0, *, loc: ir.Location | None = None) -> None:
     with _loc(loc):
         nvvm.cp_async_bulk_wait_group(ir.IntegerAttr.get(ir.IntegerType.get_signless(32),
                                                          groups), read=True)
+
+
+# ---- clusters (sm_90): multicast bulk copies and remote mbarrier arrivals ---------------------
+#
+# A CTA of a thread-block cluster addresses its peers' shared memory through the
+# shared::cluster window: ``mapa`` maps a shared::cta address of this CTA to the same offset
+# in the CTA of rank ``r``. A multicast bulk copy writes the same bytes at the same offset of
+# every CTA in ``ctaMask`` and completes the transaction bytes on the mbarrier at the same
+# offset in each of them.
+
+
+def bulk_copy_multicast(dst_addr: ir.Value, src_addr: ir.Value, nbytes: int,
+                        mbar_addr: ir.Value, cta_mask: int | ir.Value, *,
+                        loc: ir.Location | None = None) -> None:
+    """:func:`bulk_copy` to the CTAs of the cluster whose ranks are the set bits of
+    ``cta_mask`` (an int or an i16 value): ``nbytes`` land at ``dst_addr`` (this CTA's
+    shared offset) of each, completing ``nbytes`` transaction bytes on the mbarrier at
+    ``mbar_addr`` of each: ``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes
+    .multicast::cluster`` (SASS UBLKCP with ``.MULTICAST``). One thread; needs a cluster
+    launch."""
+    from mlir.dialects import arith, nvvm
+
+    if nbytes <= 0 or nbytes % 16:
+        raise ValueError(f"nbytes must be a positive multiple of 16, got {nbytes}")
+    if isinstance(cta_mask, int):
+        if not 0 < cta_mask < 1 << 16:
+            raise ValueError(f"cta_mask must be a non-zero 16-bit mask, got {cta_mask}")
+        t16 = ir.IntegerType.get_signless(16)
+        with _loc(loc):
+            mask = arith.constant(t16, ir.IntegerAttr.get(t16, cta_mask))
+    else:
+        mask = cta_mask
+    with _loc(loc):
+        nvvm.cp_async_bulk_shared_cluster_global(_ptr(dst_addr, 7), _ptr(src_addr, 1),
+                                                 _ptr(mbar_addr, 3), _i32c(nbytes),
+                                                 multicast_mask=mask)
+
+
+def map_shared_rank(addr: ir.Value, rank: ir.Value, *,
+                    loc: ir.Location | None = None) -> ir.Value:
+    """The shared::cluster pointer (``!llvm.ptr<7>``) of the byte at this CTA's shared
+    address ``addr`` (i64) in the cluster's CTA of rank ``rank`` (i32):
+    ``mapa.shared::cluster.u64``."""
+    from mlir.dialects import nvvm
+
+    with _loc(loc):
+        return nvvm.mapa(ir.Type.parse("!llvm.ptr<7>"), _ptr(addr, 3), rank)
+
+
+def mbarrier_arrive_cluster(mbar: ir.Value, *, loc: ir.Location | None = None) -> None:
+    """One arrival on the mbarrier at the shared::cluster pointer ``mbar`` (a peer CTA's,
+    :func:`map_shared_rank`): ``mbarrier.arrive.shared::cluster.b64 _, [mbar]`` (the default
+    ``.release.cta``, SASS ``SYNCS.ARRIVE.TRANS64.RED``; ``.release.cluster`` would add
+    MEMBAR.ALL.GPU before it, which waits for the thread's outstanding memory operations).
+    Enough where the arrival only releases shared bytes that async-proxy reads (wgmma,
+    retired by ``wgmma.wait_group``) have finished with, as CUTLASS's cluster pipelines do."""
+    from mlir.dialects import nvvm
+
+    with _loc(loc):
+        nvvm.mbarrier_arrive(None, mbar)

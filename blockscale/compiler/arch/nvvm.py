@@ -81,3 +81,29 @@ def launch_dependents(*, loc: ir.Location | None = None) -> None:
     writes visible: the dependent still waits (:func:`grid_dependency_wait`)."""
     with _loc(loc):
         nvvm.griddepcontrol(nvvm.GridDepActionKind.launch_dependents)
+
+
+def cluster_ctarank(*, loc: ir.Location | None = None) -> ir.Value:
+    """This CTA's rank in its cluster (i32): ``mov.u32 %r, %cluster_ctarank``."""
+    with _loc(loc):
+        return nvvm.read_ptx_sreg_cluster_ctarank(i32())
+
+
+def cluster_arrive(*, relaxed: bool = False, loc: ir.Location | None = None) -> None:
+    """Arrive on the cluster barrier: ``barrier.cluster.arrive.aligned`` (release
+    semantics: this thread's prior memory operations, e.g. arrivals on a peer CTA's
+    mbarriers, are ordered before any thread's matching :func:`cluster_wait`) or with
+    ``relaxed``, ``barrier.cluster.arrive.relaxed.aligned`` (no ordering). Every thread of
+    every CTA of the cluster executes it once per phase (warp-uniform)."""
+    with _loc(loc):
+        if relaxed:
+            nvvm.cluster_arrive_relaxed(aligned=True)
+        else:
+            nvvm.cluster_arrive(aligned=True)
+
+
+def cluster_wait(*, loc: ir.Location | None = None) -> None:
+    """Wait until every thread of the cluster arrived (:func:`cluster_arrive`), with
+    acquire semantics: ``barrier.cluster.wait.aligned``."""
+    with _loc(loc):
+        nvvm.cluster_wait(aligned=True)
