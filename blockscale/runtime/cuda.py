@@ -130,14 +130,20 @@ def encode_tensormap(arg: KernelArg, ptr: int, dims: tuple[int, ...]) -> bytes:
 #: launch: the kernel may start before the previous kernel of the stream completes and must
 #: execute ``griddepcontrol.wait`` before reading what that kernel wrote)
 PROGRAMMATIC_LAUNCH = "programmatic_launch"
+#: kernel ``meta`` key: (x, y, z) CTAs per thread-block cluster (sm_90+), launched with
+#: ``CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION``; the grid must be a multiple of it
+CLUSTER_DIM = "cluster_dim"
 
 
 def launch_config(grid: Sequence[int], block: Sequence[int], shared_bytes: int, stream: int,
-                  *, programmatic: bool = False) -> Any:
+                  *, programmatic: bool = False,
+                  cluster: Sequence[int] | None = None) -> Any:
     """The ``CUlaunchConfig`` of a ``cuLaunchKernelEx`` launch (grid, block, dynamic shared
     bytes, stream); ``programmatic``: with the attribute
     ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` = 1 (also captured into CUDA
-    graphs, as a programmatic dependency edge). Needs cuda-python, not a GPU."""
+    graphs, as a programmatic dependency edge); ``cluster``: (x, y, z) CTAs per cluster, the
+    attribute ``CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`` (ValueError unless each grid
+    dimension is a multiple of it). Needs cuda-python, not a GPU."""
     drv = _driver()
     config = drv.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = (int(v) for v in grid)
@@ -149,6 +155,15 @@ def launch_config(grid: Sequence[int], block: Sequence[int], shared_bytes: int, 
         attr = drv.CUlaunchAttribute()
         attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
         attr.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(attr)
+    if cluster is not None:
+        dims = tuple(int(v) for v in cluster)
+        if len(dims) != 3 or min(dims) < 1 or any(g % c for g, c in zip(grid, dims)):
+            raise ValueError(f"cluster must be 3 positive ints dividing the grid {tuple(grid)}, "
+                             f"got {tuple(cluster)}")
+        attr = drv.CUlaunchAttribute()
+        attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = dims
         attrs.append(attr)
     config.attrs = attrs
     config.numAttrs = len(attrs)
@@ -309,11 +324,14 @@ class CudaDevice(GpuDevice):
     def _launch_raw(self, function: Any, grid: tuple[int, int, int], kernel: KernelBinary,
                     stream: int, params_address: int) -> None:
         self.activate()
-        if kernel.meta.get(PROGRAMMATIC_LAUNCH):
+        programmatic, cluster = bool(kernel.meta.get(PROGRAMMATIC_LAUNCH)), kernel.meta.get(
+            CLUSTER_DIM)
+        if programmatic or cluster:
             config = launch_config(grid, kernel.block, kernel.dynamic_shared_bytes, stream,
-                                   programmatic=True)
+                                   programmatic=programmatic, cluster=cluster)
             check(_driver().cuLaunchKernelEx(config, function, params_address, 0),
-                  "cuLaunchKernelEx(PROGRAMMATIC_STREAM_SERIALIZATION)", kernel.name)
+                  f"cuLaunchKernelEx(programmatic={programmatic}, cluster={cluster})",
+                  kernel.name)
             return
         bx, by, bz = kernel.block
         check(_driver().cuLaunchKernel(function, grid[0], grid[1], grid[2], bx, by, bz,
