@@ -8,7 +8,8 @@ Rows per M (bf16 output, alpha 0.375):
 * ``twophase-mx8 staged bn{256,240}`` / ``direct bn256``: the direct call per phase-2 store and
   tile width;
 * ``  fold`` / ``  phase1 A`` / ``  phase1 B`` / ``  phase2`` / ``  fixup (no flag)``: each
-  launch of the dispatch's call replayed alone;
+  launch of the dispatch's call replayed alone; ``  phase2 without fold epilogue``: the FP4
+  pair's phase 2 on the same workspaces (the fold epilogue's cost is the difference);
 * ``twophase-mx8 1 flagged row`` / ``1 flagged column``: a row of A / of B whose scales span
   254 binades with nonzero data (the fixup recomputes a row / column of C).
 
@@ -122,6 +123,12 @@ def bench(dev: Any, m_values: Sequence[int], n: int = 5760, k: int = 2944,
                 if label == "twophase-mx8 (dispatch)" and len(launches) == len(PHASES):
                     phases = [(p, time_ms(lambda i, ln=ln: replay(dev, [ln]), device=dev).ms)
                               for p, ln in zip(PHASES, launches, strict=True)]
+                    p2 = MX.dispatch_specs(m, n, device=dev)[3]
+                    wa, wb = launches[1].args[3], launches[2].args[3]  # the workspaces
+                    phases.append((f"  phase2 without fold epilogue (bn{p2.bn})", time_ms(
+                        lambda i, wa=wa, wb=wb, p2=p2, m=m: TP.matmul_workspaces(
+                            wa, wb, "nvfp4", m, n, k, alpha=ALPHA, store=p2.store, bn=p2.bn,
+                            device=dev), device=dev).ms))
                 host = np.asarray(dev.to_host(got)).astype(np.float64)
                 text = check_rows(host[rows], exact, abs_sum, rounds)[1] if check else \
                     "(fixup timing; row check skipped)"
