@@ -37,6 +37,7 @@ class CompiledKernel:
         from . import (  # noqa: F401
             ops_arith,
             ops_atomics,
+            ops_cluster,
             ops_control,
             ops_cpasync,
             ops_gpu,
@@ -119,7 +120,8 @@ def run_kernel(mlir_text: str, kernel_name: str, grid: Sequence[int], block: Seq
                args: list, target: str, *, warp_size: int | None = None,
                arg_names: Sequence[str] | None = None, check_uninit: bool = True,
                batch_threads: int = DEFAULT_BATCH_THREADS,
-               dynamic_shared_bytes: int = 0, check_races: bool = True) -> None:
+               dynamic_shared_bytes: int = 0, check_races: bool = True,
+               cluster: Sequence[int] | None = None) -> None:
     """Execute the gpu.func ``kernel_name`` of ``mlir_text`` on the CPU.
 
     Args:
@@ -136,6 +138,9 @@ def run_kernel(mlir_text: str, kernel_name: str, grid: Sequence[int], block: Seq
         dynamic_shared_bytes: size of ``gpu.dynamic_shared_memory`` per block.
         check_races: track shared-memory accesses between barriers and raise on races
             (False also turns off ``check_uninit``; faster for shared-heavy kernels).
+        cluster: (x, y, z) CTAs per thread-block cluster (a cluster launch; each grid
+            dimension a multiple of it): every cluster runs inside one batch, in lock-step
+            (:mod:`.ops_cluster`).
 
     Raises:
         IndexError: an out-of-bounds load or store (buffer, index, thread and block named).
@@ -161,6 +166,14 @@ def run_kernel(mlir_text: str, kernel_name: str, grid: Sequence[int], block: Seq
     if nthreads == 0 or nblocks == 0:
         return
     per_batch = max(1, min(nblocks, batch_threads // nthreads))
+    if cluster is not None:
+        cdims = _check_dims("cluster", cluster)
+        if min(cdims) < 1 or any(g % c for g, c in zip(grid, cdims)):
+            raise ValueError(f"cluster {cdims} must be positive and divide the grid {grid}")
+        # whole cluster boxes per batch: whole rows of clusters along y / z
+        unit = cdims[0] * cdims[1] * cdims[2] if cdims[1] == cdims[2] == 1 else (
+            grid[0] * grid[1] * cdims[2] if cdims[2] > 1 else grid[0] * cdims[1])
+        per_batch = max(unit, per_batch // unit * unit)
     slots = k.compiler.nslots
     from .ops_memory import alloc_buffer
 
@@ -168,6 +181,8 @@ def run_kernel(mlir_text: str, kernel_name: str, grid: Sequence[int], block: Seq
         f = Frame([None] * slots, block, grid, first, min(per_batch, nblocks - first), ws,
                   check_uninit=check_uninit, dynamic_shared_bytes=dynamic_shared_bytes,
                   check_races=check_races)
+        if cluster is not None:
+            f.__dict__["cluster"] = cdims
         attr_vals = []
         for i, (shape, strides, offset, dt, _), space in k.attributions:
             buf = alloc_buffer(f"attribution #{i - len(args)} ({space})", space, shape, dt, f,

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import memory
+from . import ops_cluster as _cl
 from . import ops_tcgen05 as _t5
 from . import ops_wgmma as _wg
 from .compiler import HANDLERS, Compiler, handles, type_str
@@ -32,6 +33,11 @@ from .memory import MemRef
 # pending == 0 and tx == 0. The copy engine is the async proxy: its bytes are added to the
 # wgmma model's async image (a wgmma may read them with no proxy fence) and are marked written
 # with the race tracker cleared, as ops_tma's copies.
+#
+# Clusters (ops_cluster): a copy with a multicast mask lands at the same offset of every CTA
+# of the cluster whose rank is in the mask and does tx -= b on the mbarrier at the same
+# offset of each; an arrive on a shared::cluster pointer (``mapa``) arrives on that CTA's
+# mbarrier.
 
 
 _GLOBAL_BASE, _GLOBAL_SPAN = 1 << 40, 1 << 36
@@ -104,12 +110,15 @@ def _arrivals(op: Any, c: Compiler, what: str, with_tx: bool):
     pred = slots[2:] if with_tx else []
     out = c.slot(op.results[0]) if op.results else None
 
+    mapped = type_str(op.operands[0]) == "!llvm.ptr<7>"
+
     def run(f: Frame) -> None:
         tm = _t5._tmem(f)
         for t in _t5._threads(f):
             if pred and not bool(np.asarray(f.full(f.vals[pred[0]]))[t]):
                 continue
-            key = (_t5._block(f, t), _t5._u(f, f.vals[addr_s], t))
+            key = (_cl.decode_mapped(f, t, _t5._u(f, f.vals[addr_s], t), what) if mapped
+                   else (_t5._block(f, t), _t5._u(f, f.vals[addr_s], t)))
             bar = _bar(f, tm, key, what, t)
             if tx_s is not None:
                 _tx(f)[key] = _tx(f).get(key, 0) + _t5._u(f, f.vals[tx_s], t, 32)
@@ -135,45 +144,63 @@ def _arrive(op: Any, c: Compiler):
     return _arrivals(op, c, "mbarrier.arrive", False)
 
 
+def _land(f: Frame, t: int, blk: int, dst: int, src: int, n: int, bar_addr: int) -> None:
+    """Thread ``t``'s bulk copy of ``n`` bytes from global ``src`` to shared ``dst`` of batch
+    block ``blk``, completing ``n`` transaction bytes on that block's mbarrier ``bar_addr``."""
+    key = (blk, bar_addr)
+    bar = _bar(f, _t5._tmem(f), key, "cp.async.bulk", t)
+    st = _wg._state(f)
+    gbuf, goff = _resolve_global(f, src, n)
+    sbuf, soffs = _wg.resolve_shared(f, np.array([dst, dst + n - 1], np.int64))
+    s0 = int(soffs[0])
+    row = sbuf.data[blk].view(np.uint8)
+    row[s0:s0 + n] = gbuf.data.view(np.uint8)[goff:goff + n]
+    img = st.async_image.get((id(sbuf), blk))
+    if img is None:  # nothing fenced yet: only the copied bytes are async-visible
+        img = st.async_image[(id(sbuf), blk)] = row ^ 0xFF
+    img[s0:s0 + n] = row[s0:s0 + n]
+    if sbuf.race is not None:
+        item = sbuf.data.dtype.itemsize
+        keys = blk * sbuf.size + np.arange(s0 // item, -(-(s0 + n) // item))
+        sbuf.race.written[keys] = True
+        sbuf.race.wmin[keys] = np.iinfo(np.int32).max
+        sbuf.race.wmax[keys] = -1
+        sbuf.race.rmin[keys] = np.iinfo(np.int32).max
+        sbuf.race.rmax[keys] = -1
+    _tx(f)[key] = _tx(f).get(key, 0) - n
+    _complete(f, bar, key)
+
+
 @handles("nvvm.cp.async.bulk.shared.cluster.global")
 def _bulk_copy(op: Any, c: Compiler):
-    if len(op.operands) != 4:
-        raise NotImplementedError("interpreter: cp.async.bulk with a multicast mask or an L2 "
-                                  "cache hint")
-    dst_s, src_s, bar_s, size_s = c.slots(op.operands)
+    names = [str(op.operands[i].type) for i in range(len(op.operands))]
+    multicast = len(op.operands) == 5 and names[4] == "i16"
+    if len(op.operands) != 4 and not multicast:
+        raise NotImplementedError("interpreter: cp.async.bulk with an L2 cache hint")
+    dst_s, src_s, bar_s, size_s = c.slots(op.operands)[:4]
+    mask_s = c.slot(op.operands[4]) if multicast else None
     c.uses_shared = True
 
     def run(f: Frame) -> None:
-        tm = _t5._tmem(f)
-        st = _wg._state(f)
         for t in _t5._threads(f):
-            blk = _t5._block(f, t)
             n = _t5._u(f, f.vals[size_s], t, 32)
             dst, src = _t5._u(f, f.vals[dst_s], t), _t5._u(f, f.vals[src_s], t)
             if n % 16 or dst % 16 or src % 16:
                 raise ValueError(f"cp.async.bulk: size {n}, dst {dst:#x}, src {src:#x} must be "
                                  f"multiples of 16 ({f.describe(t)})")
-            key = (blk, _t5._u(f, f.vals[bar_s], t))
-            bar = _bar(f, tm, key, "cp.async.bulk", t)
-            gbuf, goff = _resolve_global(f, src, n)
-            sbuf, soffs = _wg.resolve_shared(f, np.array([dst, dst + n - 1], np.int64))
-            s0 = int(soffs[0])
-            row = sbuf.data[blk].view(np.uint8)
-            row[s0:s0 + n] = gbuf.data.view(np.uint8)[goff:goff + n]
-            img = st.async_image.get((id(sbuf), blk))
-            if img is None:  # nothing fenced yet: only the copied bytes are async-visible
-                img = st.async_image[(id(sbuf), blk)] = row ^ 0xFF
-            img[s0:s0 + n] = row[s0:s0 + n]
-            if sbuf.race is not None:
-                item = sbuf.data.dtype.itemsize
-                keys = blk * sbuf.size + np.arange(s0 // item, -(-(s0 + n) // item))
-                sbuf.race.written[keys] = True
-                sbuf.race.wmin[keys] = np.iinfo(np.int32).max
-                sbuf.race.wmax[keys] = -1
-                sbuf.race.rmin[keys] = np.iinfo(np.int32).max
-                sbuf.race.rmax[keys] = -1
-            _tx(f)[key] = _tx(f).get(key, 0) - n
-            _complete(f, bar, key)
+            bar = _t5._u(f, f.vals[bar_s], t)
+            if mask_s is None:
+                _land(f, t, _t5._block(f, t), dst, src, n, bar)
+                continue
+            mask = _t5._u(f, f.vals[mask_s], t, 16)
+            size = int(np.prod(_cl.dims(f)))
+            if mask == 0 or mask >> size:
+                raise ValueError(f"cp.async.bulk multicast: ctaMask {mask:#x} must name CTAs "
+                                 f"of the cluster of {size} ({f.describe(t)})")
+            for r in range(size):
+                if mask >> r & 1:
+                    _land(f, t, _cl.peer_block(f, t, r, "cp.async.bulk multicast"), dst, src,
+                          n, bar)
     return run
 
 
