@@ -42,7 +42,7 @@ SCHEDULES = ("tiles", "rows", "rows2", "rows_lut", "rows2_lut", "stream", "strea
              "stream_lut", "stream2_lut", "wide", "wide4", "wide_deep", "wide_lut",
              "wide_bulk2", "wide_bulk3", "wide_bulk4", "wide_bulk2_lut", "wide_x2", "wide_x4",
              "wide4_x2", "wide4_x4", "wide_bulk2_x2", "wide_bulk2_lut_x2", "wide_bulk2_lut_x4",
-             "wide_plut", "wide_bulk2_plut")
+             "wide_plut", "wide_bulk2_plut", "wide_bulk2_plut_x2")
 #: schedules benchmarked for the grouped op only
 GROUPED_ONLY = ("wide4", "wide_deep", "wide_bulk2", "wide_bulk3", "wide_bulk4", "wide_x2",
                 "wide_x4", "wide4_x2", "wide4_x4", "wide_bulk2_x2")

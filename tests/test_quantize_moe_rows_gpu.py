@@ -22,7 +22,7 @@ ROWS = ("rows", "rows2", "stream", "stream2", "wide", "wide4", "wide_deep", "wid
         "wide_bulk2_x2")
 FUSED = ("rows", "rows2", "rows_lut", "rows2_lut", "stream", "stream2", "stream_lut",
          "stream2_lut", "wide", "wide_lut", "wide_bulk2_lut", "wide_bulk2_lut_x2",
-         "wide_bulk2_lut_x4", "wide_plut", "wide_bulk2_plut")
+         "wide_bulk2_lut_x4", "wide_plut", "wide_bulk2_plut", "wide_bulk2_plut_x2")
 
 
 def _routing(rows: int, experts: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -65,7 +65,8 @@ def test_grouped_waves_nvfp4_many_groups(schedule, monkeypatch):
 
 
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
-@pytest.mark.parametrize("schedule", ["wide_bulk2_lut_x2", "wide_bulk2_lut_x4"])
+@pytest.mark.parametrize("schedule", ["wide_bulk2_lut_x2", "wide_bulk2_lut_x4",
+                                      "wide_bulk2_plut_x2"])
 def test_fused_waves(schedule, activation, sms):
     """The fused op's edge rows and MAX's cases, three formats."""
     cases = [(COUNTS, IDS, 72)] + MAX_CASES[2:]
@@ -100,6 +101,9 @@ def test_waves_plan_and_names():
     assert lut.lut and lut.bulk == 2 and lut.waves == 4
     assert lut.kernel_name.endswith("_wide2_bulk2_lut_x4")
     assert not QG.with_schedule(base, "wide_bulk2_lut_x2").lut  # grouped: no table
+    plut = QG.with_schedule(QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "silu"),
+                            "wide_bulk2_plut_x2")
+    assert plut.product and plut.waves == 2 and plut.kernel_name.endswith("_bulk2_plut_x2")
     unaligned = QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", False, "grouped")
     assert QG.with_schedule(unaligned, "wide_x2") is unaligned  # the tile kernel
     names = {s.kernel_name for s in QG.bundle_specs("sm_90a") + QS.bundle_specs("sm_90a")}

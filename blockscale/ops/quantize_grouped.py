@@ -50,9 +50,9 @@ BULK_SCHEDULES = ("wide_bulk2", "wide_bulk2_lut", "wide_bulk3", "wide_bulk3_lut"
 #: block walks a W times shorter contiguous share of the row groups; blocks that finish
 #: early are replaced by waiting ones, so SMs that the memory system serves faster take
 #: more of the work, at the cost of W times the blocks' prologues). Also accepted by the
-#: ops, not in SCHEDULES; "wide_bulk2_lut_*" are the fused op's (grouped: "wide_bulk2_*")
+#: ops, not in SCHEDULES; "wide_bulk2_*lut_*" are the fused op's (grouped: "wide_bulk2_*")
 WAVE_SCHEDULES = ("wide_x2", "wide_x4", "wide4_x2", "wide4_x4", "wide_bulk2_x2",
-                  "wide_bulk2_lut_x2", "wide_bulk2_lut_x4")
+                  "wide_bulk2_lut_x2", "wide_bulk2_lut_x4", "wide_bulk2_plut_x2")
 #: launch waves a "_x<W>" schedule may ask for
 WAVES = (1, 2, 4)
 #: the fused op's "*_plut" schedules: the "*_lut" kernel whose table holds SILU's first
@@ -246,13 +246,13 @@ def with_schedule(spec: QuantizeSpec, schedule: str | None, num_groups: int | No
     schedule = DEFAULT_SCHEDULE if schedule is None else schedule
     check_choice(schedule, SCHEDULES + STREAM_SCHEDULES + WIDE_SCHEDULES + BULK_SCHEDULES
                  + WAVE_SCHEDULES + PLUT_SCHEDULES, "schedule")
-    product = schedule.endswith("_plut") and spec.mode == "silu" and spec.activation == "silu"
-    if schedule.endswith("_plut"):
-        schedule = schedule.removesuffix("_plut") + "_lut"
     waves = 1
     if schedule in WAVE_SCHEDULES:
         schedule, w = schedule.rsplit("_x", 1)
         waves = int(w)
+    product = schedule.endswith("_plut") and spec.mode == "silu" and spec.activation == "silu"
+    if schedule.endswith("_plut"):
+        schedule = schedule.removesuffix("_plut") + "_lut"
     wide = schedule.startswith("wide")
     stream = schedule.startswith("stream")
     if schedule == "tiles" or ((stream or wide) and not spec.aligned) or (
