@@ -3,8 +3,8 @@ FP4 pair, the folds undone in the epilogue, a fixup of flagged rows).
 
 * interp: the fp32 bound of test_matmul_common.py (MX: the bf16 wgmma's k16 roundings, one
   more per 32-block, as the FP4 pair's MXFP4 tests) and bf16 consistency; M / N / K tails,
-  both tile heights, alpha, an epilogue; bit-identical to the portable MXFP8 kernel where
-  every sum is exact; extreme scale bytes (0 and 254 in unflagged rows: the three-step undo;
+  both tile heights, alpha, an epilogue; bit-identical to the portable and the mma.sync
+  MXFP8 kernels where every sum is exact; extreme scale bytes (0 and 254 in unflagged rows: the three-step undo;
   a row spanning them: flagged, the fixup's bytes equal the portable kernel's), NaN scale
   bytes 0xFF and NaN elements; the fold kernel against a numpy model of F and the flags.
 * lower: sm_90a SASS of the five kernels (phase 1: four 128-bit loads, eight 128-bit stores,
@@ -100,10 +100,18 @@ def _exact_case(rng, m, n, k):
 @pytest.mark.interp
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
 def test_interp_exact_sums_equal_portable(out_dtype):
-    """Where every fp32 sum is exact, the two kernels' outputs are the same bytes (alpha's
-    single rounding included); with a fused epilogue too."""
+    """Where every fp32 sum is exact, the outputs are the bytes of the portable kernel and of
+    the mma.sync kernel (today's sm_90a MXFP8 dispatch), alpha's single rounding included;
+    with a fused epilogue too (portable)."""
+    from blockscale.ops import matmul_sm90
+
     m, n, k = 70, 40, 96
     a, b, _, _, sfa5, sfb5 = _exact_case(np.random.default_rng(5), m, n, k)
+    mma = matmul_sm90.block_scaled_matmul_sm90(a, b, sfa5, sfb5, MXFP8, alpha=ALPHA,
+                                               out_dtype=out_dtype, device="interp")
+    got = MX.block_scaled_matmul_twophase_mx8(a, b, sfa5, sfb5, alpha=ALPHA,
+                                              out_dtype=out_dtype, device="interp")
+    assert np.array_equal(got.view(np.uint8), mma.view(np.uint8))
     for epi, inputs in ((None, None),
                         (ep.chain(ep.bias(), ep.relu()),
                          {"bias": np.random.default_rng(6).standard_normal(n).astype(
