@@ -38,6 +38,9 @@ Implementations:
   divides by 5 for its slots and parities);
 * ``blockscale-twophase-128x{256,240}-staged-pdl``: the staged pair with programmatic
   dependent launch (``pdl=True``: phase 2 starts while B's phase 1 finishes);
+* ``blockscale-twophase-phase2-staged-bn{256,240}-c2``, ``-128x{256,240}-staged-c2[-pdl]``:
+  phase 2 alone / the pair in 2-CTA clusters along M sharing each B stage by multicast bulk
+  copies (``cluster=2``; issue #9: a pair reads B's tile-row from L2 once);
 * ``blockscale-dispatch-bnauto-{bn}``: the dispatch with ``BLOCKSCALE_SM90_TWOPHASE_BN=auto``
   (the wave model's tile width ``bn``, :func:`matmul_twophase.wave_bn`);
 * ``blockscale-portable``: the same call with both fast paths off (``BLOCKSCALE_SM90_FAST=0``,
@@ -293,6 +296,27 @@ def bench(fmt: Format, m: int, n: int, k: int, iters: int) -> list[dict[str, Any
                                 strict=True, n_mul=1 + (fmt.kblocks(k) if fmt.is_mx else 0))
             record(f"blockscale-twophase-128x{bn}-staged-pdl",
                    _timer(pdl_pair, iters, dev.synchronize), check)
+        for bn in (256, 240) if n % 8 == 0 else ():  # 2-CTA clusters sharing B (multicast)
+            wa, wb = matmul_twophase.dequantize_operands(*args, fmt, k=k, bn=bn, device=dev)
+
+            def phase2_c2(bn: int = bn, wa: Any = wa, wb: Any = wb) -> Any:
+                return matmul_twophase.matmul_workspaces(wa, wb, fmt, m, n, k, bn=bn,
+                                                         store="staged", cluster=2, device=dev)
+            check = _check_rows(dev.to_host(phase2_c2()), a_deq, b_deq, rows, fmt, k,
+                                strict=True, n_mul=1 + (fmt.kblocks(k) if fmt.is_mx else 0))
+            record(f"blockscale-twophase-phase2-staged-bn{bn}-c2",
+                   _timer(phase2_c2, iters, dev.synchronize), check)
+            del wa, wb
+            for pdl in (False, True):
+                def pair_c2(bn: int = bn, pdl: bool = pdl) -> Any:
+                    return matmul_twophase.block_scaled_matmul_twophase(
+                        *args, fmt, k=k, device=dev, store="staged", bn=bn, pdl=pdl,
+                        cluster=2)
+                check = _check_rows(dev.to_host(pair_c2()), a_deq, b_deq, rows, fmt, k,
+                                    strict=True,
+                                    n_mul=1 + (fmt.kblocks(k) if fmt.is_mx else 0))
+                record(f"blockscale-twophase-128x{bn}-staged-c2{'-pdl' if pdl else ''}",
+                       _timer(pair_c2, iters, dev.synchronize), check)
         before = os.environ.get(matmul_twophase.ENV_BN)
         os.environ[matmul_twophase.ENV_BN] = "auto"  # the dispatch with the wave model's bn
         try:

@@ -709,7 +709,8 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     stages and 32 / 9, 192 x 256 tiles with kstep 64 / 4; the 128B-swizzled pair (kstep 64,
     4 stages) for both tile heights; the persistent 128 x 256 kernels; the staged-store
     kernels (kstep 64) at every width of :data:`BNS` (224 / 192 also with 4 stages, bf16)
-    and 128B-swizzled at 240, and with ``pdl`` at 256 and 240 (none off sm_90a). Phase 1 for every tile of :data:`TILES` and
+    and 128B-swizzled at 240, with ``pdl`` at 256 and 240, and in 2-CTA clusters
+    (``cluster=2``, also with ``pdl`` for bf16) at 256 and 240 (none off sm_90a). Phase 1 for every tile of :data:`TILES` and
     both layouts, and with ``pdl`` for B at 256 and 240."""
     if target not in TARGETS:
         return []
@@ -737,6 +738,13 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, BM, store="staged", bn=bn,
                                  pdl=True)
               for f in FORMATS for o in _matmul.OUT_DTYPES for bn in WAVE_BNS[:2]]
+    # 2-CTA clusters sharing B (multicast), staged, at 256 / 240; with pdl for bf16
+    specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, BM, store="staged", bn=bn,
+                                 cluster=2)
+              for f in FORMATS for o in _matmul.OUT_DTYPES for bn in WAVE_BNS[:2]]
+    specs += [TwophaseMatmulSpec(f, "bfloat16", None, target, 64, None, BM, store="staged",
+                                 bn=bn, pdl=True, cluster=2)
+              for f in FORMATS for bn in WAVE_BNS[:2]]
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
