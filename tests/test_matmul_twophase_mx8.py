@@ -88,12 +88,14 @@ def test_interp_bound(case):
         assert_bf16_consistent(got, exact, _bound(abs_sum, k))
 
 
-def _exact_case(rng, m, n, k):
-    """Elements in {0, +-0.5, +-1, +-1.5, +-2}, scales 2^-2 .. 2^2: every product is a
-    multiple of 2^-6 below 2^6, every sum below 2^13: all fp32 sums are exact."""
+def _exact_case(rng, m, n, k, spread=2):
+    """Elements in {0, +-0.5, +-1, +-1.5, +-2}, scales 2^-spread .. 2^spread: every product
+    is a multiple of 2^-(2 + 2 spread) below 2^(2 + 2 spread); with K * 2^(4 + 4 spread) <
+    2^24 (e.g. K = 96, spread 2; K = 2944, spread 1) all fp32 sums are exact."""
     vals = np.array([0, 0.5, 1, 1.5, 2, -0.5, -1, -1.5, -2], np.float32)
     a, b = (_e4m3(rng.choice(vals, size=(r, k))) for r in (m, n))
-    sfa, sfb = (_e8m0(rng.integers(125, 130, size=(r, k // 32))) for r in (m, n))
+    sfa, sfb = (_e8m0(rng.integers(127 - spread, 128 + spread, size=(r, k // 32)))
+                for r in (m, n))
     return a, b, sfa, sfb, layouts.interleave(sfa), layouts.interleave(sfb)
 
 
@@ -456,6 +458,23 @@ def test_gpu_dispatch(shape, out_dtype, monkeypatch):
         assert_f32_within_bound(got[rows], exact, _bound(abs_sum, k))
     else:
         assert_bf16_consistent(got[rows], exact, _bound(abs_sum, k))
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+def test_gpu_exact_sums_equal_mma(out_dtype, monkeypatch):
+    """Where every fp32 sum is exact (K = 2944, scales 2^-1 .. 2^1: sums of multiples of
+    2^-4 below 2^16), the HGMMA path with its folds equals the mma.sync kernel's bytes."""
+    m, n, k = 1024, 5760, 2944
+    a, b, _, _, sfa5, sfb5 = _exact_case(np.random.default_rng(8), m, n, k, spread=1)
+    monkeypatch.setenv(MX.ENV_SWITCH, "1")
+    got = Mm.block_scaled_matmul(a, b, sfa5, sfb5, MXFP8, alpha=ALPHA, out_dtype=out_dtype,
+                                 device="cuda")
+    monkeypatch.setenv(MX.ENV_SWITCH, "0")
+    want = Mm.block_scaled_matmul(a, b, sfa5, sfb5, MXFP8, alpha=ALPHA, out_dtype=out_dtype,
+                                  device="cuda")
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
 
 
 @pytest.mark.gpu
