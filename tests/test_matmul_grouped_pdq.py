@@ -26,6 +26,7 @@ import pytest
 from test_matmul_common import assert_bf16_consistent, f32_error_bound
 from test_matmul_grouped import exact_grouped, make_grouped_case
 from test_matmul_grouped_wgmma import CASES
+from test_matmul_pdq import loop_local
 
 from blockscale.formats import MXFP4, NVFP4, Format
 from blockscale.ops import matmul_grouped_pdq as GP
@@ -34,9 +35,14 @@ from blockscale.ops import matmul_grouped_wgmma as gw
 
 def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=False,
          stages=None, seed=0, device="interp", check_exact=True, store="direct", producers=1,
-         bn=256, depth=1):
+         bn=256, depth=1, every_scale=False):
     rng = np.random.default_rng(300 + seed)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
+    if every_scale:  # every scale byte (E4M3 subnormals and NaN, E8M0 0x00 and 0xFF)
+        for key in ("a_scales", "b_scales"):
+            v = np.ascontiguousarray(case[key]).view(np.uint8)
+            v[...] = ((np.arange(v.size) * 37 + 11) % 256).reshape(v.shape)
+            case[key] = v.view(case[key].dtype)
     esc = (1 + (np.arange(e_count) + 1) / e_count).astype(np.float32)
     rs = rng.uniform(0.5, 2, sum(counts)).astype(ml_dtypes.bfloat16) if rows else None
     out = GP.grouped_matmul_block_scaled_pdq(**case, expert_scales=esc, fmt=fmt, k=k,
@@ -68,6 +74,16 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
 def test_interp_lockstep(fmt, case_id):
     counts, ids, e_count, n, k = CASES[case_id]
     _run(fmt, counts, ids, e_count, n, k, seed=case_id)
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("fmt", [NVFP4, MXFP4], ids=lambda f: f.name)
+def test_interp_every_scale_byte(fmt):
+    """Every scale byte, NaN and subnormal ones included (the producer's scale decode:
+    E4M3 fields in bf16 times the 2^120 LUT, E8M0 2^(e - 127) times the 2^-2 LUT, NaN 0x7FC0):
+    the grouped wgmma kernel's bytes, NaNs included."""
+    _run(fmt, [130, 7], [1, 0], 2, 264, 256, rows=fmt == NVFP4, prefetch=True, seed=11,
+         check_exact=False, every_scale=True)
 
 
 @pytest.mark.interp
@@ -197,9 +213,22 @@ def test_kernel_sass(spec):
     log = meta.get("ptxas_log", "")
     assert "C7518" not in log and "C7517" not in log and "C7515" not in log
     assert meta["registers"] <= 65536 // spec.block[0]
-    # 30 prefetched registers a producer thread (the staged and two-producer kernels: none)
-    spills = 32 if spec.prefetch and not staged and spec.producers == 1 else 0
-    assert meta["spill_stores"] <= spills and meta["spill_loads"] <= spills
+    # a few spills at most (values kept across the producer's loop); none in a K loop of
+    # the staged kernels (the dispatch's; the direct MXFP4 one with the prefetch: 2 LDL)
+    assert meta["spill_stores"] <= 48 and meta["spill_loads"] <= 48
+    assert loop_local(sass) <= (0 if staged else 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_gpu_every_scale_byte(fmt):
+    """Every scale byte (E4M3 subnormals: bf16 subnormal HMUL2 operands; NaN; E8M0 0x00 /
+    0xFF) on the GPU: the grouped wgmma kernel's bytes (the dispatch's spec)."""
+    counts = [300, 0, 77, 1024]
+    _run(Format.from_name(fmt), counts, [3, -1, 0, 1], 4, 5760, 2880, rows=fmt == "nvfp4",
+         loop="split", prefetch=True, device="cuda", check_exact=False, store="staged",
+         every_scale=True)
 
 
 @pytest.mark.gpu

@@ -97,6 +97,7 @@ from blockscale.compiler.arch import wgmma as W
 from blockscale.layouts import SF_ATOM_BYTES
 from blockscale.ops import _twophase_ir as T
 from blockscale.ops import _wgmma_ir as X
+from blockscale.ops._mma_ir import _LUT_HI, _LUT_LO
 
 Value = ir.Value
 
@@ -126,6 +127,8 @@ class _PdqRing(T._Ring):
 
     def __init__(self, kb: bir.KernelBuilder, k: Value, stages: int, bm: int,
                  packed_a: bool = False, producers: int = 1, bn: int = BN) -> None:
+        # the producers' table words (_lut_regs): a static shared buffer (8 bytes)
+        self.tables = tma.shared_buffer(kb, "8xi8", align=8)
         super().__init__(kb, k, KSTEP, stages, bm, "none", bn)
         # the ring's shared buffer: the memref under base = shared_address(smem)
         cast = self.base.owner
@@ -137,9 +140,15 @@ class _PdqRing(T._Ring):
         self.pt = bir.sub(self.tid, 2 * bm)  # producer thread (valid where not is_cons)
         self.is_prod = bir.eq(self.tid, 2 * bm)  # the producer's bulk-copy thread
         self.producers = producers
+        self.lut: tuple[Value, ...] | None = None  # _lut_regs (emit_mainloop)
+        self.lut_words = _LUT_WORDS  # the table init_barriers stores (emit_mainloop: per fmt)
 
     def init_barriers(self) -> None:
         with bir.when(self.is_prod):
+            words = vector.from_elements(bir.vec(2, bir.i32()),
+                                         [_i32(self.lut_words[0]), _i32(self.lut_words[2])])
+            bir.vector_store(vector.bitcast(bir.vec(8, bir.i8()), words), self.tables,
+                             bir.const(0), alignment=8)
             for i in range(self.stages):
                 # the producers' arrivals (+ the bulk copy's expect_tx one)
                 cpasync.mbarrier_init(self.full(bir.const(i)), PRODUCER_THREADS * self.producers
@@ -210,11 +219,70 @@ def _load_step(ops: list[PackedRows], pt: Value, t: Value, fmt: str) -> list[Val
     return out
 
 
+#: the E2M1 magnitude tables of :func:`_fp4x4_lut` (low bytes, then high bytes of the bf16s)
+_LUT_WORDS = (*_LUT_LO, *_LUT_HI)
+#: NVFP4's: the magnitudes times 2^120 (bf16 + 0x3C00: high bytes 0x7B / 0x7C), multiplied by
+#: :func:`_nvfp4_scale_pair`'s |scale| * 2^-120: the same exact products
+_LUT_WORDS_NV = (*_LUT_LO, 0x7B7B7B00, 0x7C7C7C7C)
+#: MXFP4's: the magnitudes times 2^MX_FOLD_EXP = 2^-2 (bf16 - 0x0100: high bytes 0x3E / 0x3F),
+#: multiplied by :func:`_mx_scale`'s 2^(e - 127)
+_LUT_WORDS_MX = (*_LUT_LO, 0x3E3E3E00, 0x3F3F3F3F)
+
+
+def lut_words(fmt: str) -> tuple[int, ...]:
+    """The :func:`_fp4x4_lut` table words of ``fmt``'s producer."""
+    if X.MX_FOLD_EXP != -2:
+        raise AssertionError("_LUT_WORDS_MX folds MX_FOLD_EXP = -2")
+    return _LUT_WORDS_NV if fmt == "nvfp4" else _LUT_WORDS_MX
+
+
+def _mx_scale(scale: Value) -> Value:
+    """An E8M0 scale byte (vector<1xi8>) -> bf16 2^(e - 127) (vector<2xbf16> splat): bits
+    ``e << 7``, or'ed with 0x40 for e = 0 (2^-127, a bf16 subnormal) and e = 255 (0x7FC0, the
+    NaN of :func:`blockscale.ops._wgmma_ir._scale_values`); times the 2^-2 of
+    ``_LUT_WORDS_MX``: the same exact products as phase 1's 2^(e - 129) times the magnitudes."""
+    e = arith.extui(bir.i32(), vector.extract(scale, [], [0]))
+    x = bir.mul(e, 128)
+    edge = bir.ult(_i32(253), bir.sub(e, 1))  # e - 1 wraps at e = 0; 254 at e = 255
+    x = bir.select(edge, bir.bit_or(x, 0x40), x)
+    half = vector.bitcast(bir.vec(2, bir.bf16()), vector.from_elements(bir.vec(1, bir.i32()),
+                                                                       [x]))
+    return vector.shuffle(half, half, [0, 0])
+
+
+def _nvfp4_scale_pair(scales: Value) -> Value:
+    """A unit's two E4M3 scale bytes (vector<2xi8>) -> vector<2xbf16> of |scale| * 2^-120: the
+    bf16 bits ``(b & 0x7F) << 4`` put the E4M3 exponent and mantissa fields in the bf16 ones
+    (E4M3 subnormals on bf16 subnormals: exact), NaN (0x7F) -> 0x7FC0 as
+    :func:`blockscale.ops._wgmma_ir._scale_values`. Both lanes at once: PRMT, LOP3, IADD,
+    SHF, LOP3, two IMAD (phase 1's per-byte decode: ~10 instructions a scale)."""
+    from blockscale.compiler.arch.nvvm import byte_perm
+
+    w = arith.extui(bir.i32(), vector.extract(vector.bitcast(bir.vec(1, bir.i16()), scales),
+                                              [], [0]))
+    x = bir.bit_and(byte_perm(w, _i32(0), 0x4140), 0x007F007F)  # b0 -> lane 0, b1 -> lane 1
+    nan = bir.bit_and(bir.shru(bir.add(x, 0x00010001), 7), 0x00010001)  # lane == 0x7F
+    x = bir.add(bir.mul(x, 16), bir.mul(nan, 0x7FC0 - 0x07F0))
+    return vector.bitcast(bir.vec(2, bir.bf16()), vector.from_elements(bir.vec(1, bir.i32()),
+                                                                       [x]))
+
+
+def _splats(scales: Value, fmt: str) -> tuple[Value, ...]:
+    """The bf16 splats (vector<2xbf16>) of a unit's scale bytes that multiply its
+    :func:`_fp4x4_lut` pairs (tables :func:`lut_words`): NVFP4 one
+    :func:`_nvfp4_scale_pair` and its two lanes (HMUL2 ``.H0_H0`` / ``.H1_H1``), MXFP4
+    :func:`_mx_scale`."""
+    if fmt == "nvfp4":
+        pair = _nvfp4_scale_pair(scales)
+        return tuple(vector.shuffle(pair, pair, [q, q]) for q in range(2))
+    return (_mx_scale(scales),)
+
+
 def _i32(v: int) -> Value:
     return bir.const(v - (1 << 32) if v >= 1 << 31 else v, bir.i32())
 
 
-def _fp4x4_lut(x: Value) -> tuple[Value, Value]:
+def _fp4x4_lut(x: Value, tabs: tuple[Value, ...] | None = None) -> tuple[Value, Value]:
     """The bf16 pairs (i32) of the four E2M1 codes in the low 16 bits of ``x``: the same
     bits as :func:`blockscale.ops._mma_ir.fp4x4_to_bf16x2x2` (its ``prmt`` magnitude
     tables), with the sign bits placed by one multiply per pair instead of two shifts:
@@ -222,13 +290,14 @@ def _fp4x4_lut(x: Value) -> tuple[Value, Value]:
     at 15 and bit 7 at 31 (the other terms land at 19, 23, 27 and above 31; the one overlap,
     at 27, carries no further than 28), ``m * (2^4 + 2^16)`` bit 11 at 15 and bit 15 at 31
     (overlap at 19: carries to 20 at most). 10 instructions per 4 codes (4 PRMT, 4 LOP3,
-    2 IMAD) instead of ~14."""
+    2 IMAD) instead of ~14. ``tabs``: the four table words in registers (:func:`_lut_regs`;
+    None: constants)."""
     from blockscale.compiler.arch.nvvm import byte_perm
-    from blockscale.ops._mma_ir import _LUT_HI, _LUT_LO
 
+    t = tabs if tabs is not None else tuple(_i32(c) for c in _LUT_WORDS)
     sel = bir.bit_and(x, 0x7777)
-    lo8 = byte_perm(_i32(_LUT_LO[0]), _i32(_LUT_LO[1]), sel)
-    hi8 = byte_perm(_i32(_LUT_HI[0]), _i32(_LUT_HI[1]), sel)
+    lo8 = byte_perm(t[0], t[1], sel)
+    hi8 = byte_perm(t[2], t[3], sel)
     signs = bir.bit_and(x, 0x8888)
     out = []
     for perm, mul in ((0x5140, (1 << 12) + (1 << 24)), (0x7362, (1 << 4) + (1 << 16))):
@@ -237,16 +306,30 @@ def _fp4x4_lut(x: Value) -> tuple[Value, Value]:
     return out[0], out[1]
 
 
-def _dequant_lut(codes: Value, splats: tuple[Value, ...], block: int) -> list[Value]:
+def _lut_regs(ring: _PdqRing) -> tuple[Value, ...]:
+    """The :func:`_fp4x4_lut` table words (:func:`lut_words`): the PRMTs' first operands
+    (words 0, 2) in registers ptxas cannot rematerialize, one ``ld.shared.v2`` of the copy
+    :meth:`_PdqRing.init_barriers` stored (as constants, or even as ``shfl`` of constants,
+    ptxas keeps them in uniform registers and copies one into a register before every lookup:
+    one ``IMAD.U32 R, RZ, RZ, UR`` each, ~84 a k64 step), words 1, 3 constants (the PRMT's
+    immediate operand). Read once per tile, after the CTA barrier."""
+    words = vector.bitcast(bir.vec(2, bir.i32()), bir.vector_load(
+        bir.vec(8, bir.i8()), ring.tables, bir.const(0), alignment=8))
+    lo, hi = (vector.extract(words, [], [i]) for i in range(2))
+    return lo, _i32(ring.lut_words[1]), hi, _i32(ring.lut_words[3])
+
+
+def _dequant_lut(codes: Value, splats: tuple[Value, ...], block: int,
+                 tabs: tuple[Value, ...] | None = None) -> list[Value]:
     """:func:`blockscale.ops._wgmma_ir._dequant_row` ("lut", scales folded in), the same
-    bits, through :func:`_fp4x4_lut`."""
+    bits, through :func:`_fp4x4_lut` (``tabs``: its table registers)."""
     from blockscale.ops._mma_ir import _scale_bf16x2
 
     words = vector.bitcast(bir.vec(4, bir.i32()), codes)
     rows = []
     for c in range(4):
         w = vector.extract(words, [], [c])
-        regs = [*_fp4x4_lut(w), *_fp4x4_lut(bir.shru(w, 16))]
+        regs = [*_fp4x4_lut(w, tabs), *_fp4x4_lut(bir.shru(w, 16), tabs)]
         regs = [_scale_bf16x2(x, splats[c * 8 // block]) for x in regs]
         rows.append(vector.from_elements(bir.vec(4, bir.i32()), regs))
     return rows
@@ -258,7 +341,6 @@ def _store_step(ring: _PdqRing, stage0: Value, ops: list[PackedRows], vals: list
     operands' spans of the stage at ``stage0`` (byte offset in the ring): chunk ``c`` of
     tile row ``r`` at ``span + c * tile * 16 + r * 16``."""
     block = 16 if fmt == "nvfp4" else 32
-    nscales = 32 // block
     vd = bir.vec(16, bir.i8())
     i = 0
     for src in ops:
@@ -267,13 +349,9 @@ def _store_step(ring: _PdqRing, stage0: Value, ops: list[PackedRows], vals: list
             for half in range(2):
                 data, scales = vals[i], vals[i + 1]
                 i += 2
-                sv = X._scale_values(arith.extui(bir.vec(nscales, bir.i32()), scales), "lut",
-                                     fmt)
-                splats = tuple(vector.broadcast(bir.vec(2, bir.bf16()),
-                                                vector.extract(sv, [], [q]))
-                               for q in range(nscales))
+                splats = _splats(scales, fmt)
                 base = bir.add(stage0, bir.add(src.span, bir.mul(r, 16)))
-                for c, v in enumerate(_dequant_lut(data, splats, block)):
+                for c, v in enumerate(_dequant_lut(data, splats, block, ring.lut)):
                     bir.vector_store(vector.bitcast(vd, v), ring.smem,
                                      bir.add(base, (4 * half + c) * src.tile * 16),
                                      alignment=16)
@@ -344,7 +422,6 @@ def _store_units(ring: _PdqRing, stage0: Value, units: list[_Unit], vals: list[V
     """:func:`_store_step` over :func:`_units`: chunk ``c`` of unit (row, half) at
     ``span + (4 half + c) tile 16 + row 16``; units past the operand store nothing."""
     block = 16 if fmt == "nvfp4" else 32
-    nscales = 32 // block
     vd = bir.vec(16, bir.i8())
     for i, un in enumerate(units):
         data, scales = vals[2 * i], vals[2 * i + 1]
@@ -352,12 +429,10 @@ def _store_units(ring: _PdqRing, stage0: Value, units: list[_Unit], vals: list[V
 
         def store(un: _Unit = un, data: Value = data, scales: Value = scales,
                   tile: int = tile) -> None:
-            sv = X._scale_values(arith.extui(bir.vec(nscales, bir.i32()), scales), "lut", fmt)
-            splats = tuple(vector.broadcast(bir.vec(2, bir.bf16()), vector.extract(sv, [], [q]))
-                           for q in range(nscales))
+            splats = _splats(scales, fmt)
             base = bir.add(bir.add(stage0, un.src.span),
                            bir.add(bir.mul(un.row, 16), bir.mul(un.half, 4 * tile * 16)))
-            for c, v in enumerate(_dequant_lut(data, splats, block)):
+            for c, v in enumerate(_dequant_lut(data, splats, block, ring.lut)):
                 bir.vector_store(vector.bitcast(vd, v), ring.smem,
                                  bir.add(base, c * tile * 16), alignment=16)
 
@@ -447,6 +522,7 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         src_a = bir.add(cpasync.global_address(a),
                         bir.as_i64(bir.mul(bir.udiv(m0, bm), bir.mul(ring.kp, 2 * bm))))
     src = ops
+    ring.lut_words = lut_words(fmt)
     ring.init_barriers()
     ring.descriptors()
     units = None if (producers, bn) == (1, BN) else _units(ops, ring.pt,
@@ -460,6 +536,7 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     one = len(types)
     types = types * depth
     is_cons, is_prod = _role(bm)
+    ring.lut = _lut_regs(ring)  # after init_barriers' CTA barrier
 
     def load(t: Value) -> list[Value]:
         if units is None:
