@@ -73,6 +73,16 @@ step t + 2's loads after step t's fence and arrival, so the fence (MEMBAR.ALL.CT
 follow global loads still in flight (with ``depth=1`` step t + 1's loads precede step t's
 stores and fence).
 
+Round 2 (issue #10): the PRMT tables' first words come from shared memory once per tile
+(:func:`_lut_regs`; as constants ptxas copied a uniform register into a register before each
+of the 84 lookups a step), NVFP4's two scale bytes of a unit are decoded at once as bf16
+fields (:func:`_nvfp4_scale_pair`, times a 2^120 table: ~7 instructions instead of ~20) and
+MXFP4's as ``e << 7`` (:func:`_mx_scale`, times a 2^-2 table); the products are exact, so the
+stage bytes are unchanged. Grouped staged kernels (the dispatch's), producer loop: 991 -> 790
+(NVFP4 row scales) / 905 -> 797 (MXFP4) instructions a k64 step, 168 registers; MXFP4 and
+NVFP4 without row scales spill 16 bytes outside the K loops (none inside). The counts below
+are the round-1 ones.
+
 SASS (ptxas 13.0, sm_90a, tools/sass_loop_counts.py; per thread and k64 step): consumers 63
 instructions + 4 HGMMA.64x256x16 (1024 tensor cycles per SM at peak); producer, A by bulk
 copy: 692 (NVFP4; ALU 376, FMA-pipe 220, 16 STS.128) / 648 (MXFP4); packed A: 965 / 866
