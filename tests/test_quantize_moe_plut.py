@@ -113,3 +113,17 @@ def test_plut_spec_and_names():
     with pytest.raises(ValueError, match="product needs"):
         QG.MoeQuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "silu", False,
                            "swiglu_oai", 1.702, 7.0, lut=True, wide=2, product=True)
+
+
+@pytest.mark.parametrize("schedule", ["wide_bulk2_plut", "wide_bulk2_lut"])
+def test_fused_amax_keeps_subnormals(schedule):
+    """The fused wide kernels' chunk max is ``max.NaN.f32`` without ``.ftz`` (a flushed
+    subnormal product would give a block of tiny values a zero scale; the interpreter runs
+    the MLIR, before this lowering)."""
+    from blockscale.ops import quantize as Q
+
+    ptx = Q.kernel(QG.with_schedule(QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True,
+                                                 "silu", False, "silu", 1.702, 7.0,
+                                                 name="fused_silu_quantize"),
+                                    schedule)).asm["ptx"]
+    assert "max.NaN.f32" in ptx and ".ftz" not in ptx

@@ -85,6 +85,7 @@ from typing import TYPE_CHECKING
 
 from mlir import ir
 from mlir.dialects import arith, gpu, vector
+from mlir.dialects import math as mmath
 
 from blockscale.compiler import ir as B
 from blockscale.compiler.arch import convert as C
@@ -595,7 +596,7 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
     nh = k.chunk // CHUNK
     if spec.mode == "silu" and spec.product:
         halves = [(bits, None) for bits in _silu_product(k, words, nh)]
-        amax = QI._block_amax_bits(k, [b for hb, _ in halves for b in hb])
+        amax = _amax_f32(k, [b for hb, _ in halves for b in hb])
     elif spec.mode == "silu":
         act = QM._activation_lut if k.lut is not None else (
             lambda _k, g, u, _s: QI._activation(spec, g, u))
@@ -607,7 +608,7 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
                                            arith.bitcast(B.f32(), uv), sg))
                     for gv, uv, sg in zip(QS._widen(gw), QS._widen(uw), sigs)]
             halves.append((bits, None))
-        amax = QI._block_amax_bits(k, [b for hb, _ in halves for b in hb])
+        amax = _amax_f32(k, [b for hb, _ in halves for b in hb])
     else:
         halves = [(QS._widen(wv), wv) for wv in words]
         amax = QI._block_amax_bits(k, [b for hb, _ in halves for b in hb], list(words))
@@ -659,6 +660,28 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
     sval = arith.trunci(B.i8(), arith.select(has_data, byte, _c32(0)))
     with B.when(arith.andi(arith.andi(row.lane0, ch.chunk_ok), row.row_ok)):
         B.store(sval, a("scales"), arith.addi(row.srow_base, _wide(ch.s_jpart)))
+
+
+def _amax_f32(k: QI._Ctx, bits: list[ir.Value]) -> ir.Value:
+    """:func:`quantize_ir._block_amax_bits` of f32 bit patterns as float ``maximum`` of
+    absolute values (``max.NaN``: a NaN wins, as the unsigned max of the magnitude bits
+    makes it; +-0 are both +0 after abs): one FMNMX an element (abs is an operand modifier)
+    instead of an and plus half a three-input integer max; then the scale block's lanes.
+    CUDA (``max.NaN.f32``, no flush of subnormals); other targets: the integer max."""
+    if not k.target.is_cuda:
+        return QI._block_amax_bits(k, bits)
+    f32 = B.f32()
+    m = None
+    for b in bits:
+        a = mmath.absf(arith.bitcast(f32, b))
+        m = a if m is None else arith.maximumf(m, a)
+    m = arith.bitcast(B.i32(), m)
+    width = _c32(k.target.warp_size)
+    off = 1
+    while off < k.lanes:
+        m = arith.maxui(m, gpu.shuffle(m, _c32(off), width, gpu.ShuffleMode.XOR)[0])
+        off *= 2
+    return m
 
 
 def _product_index(gw: ir.Value) -> tuple[ir.Value, ir.Value]:
