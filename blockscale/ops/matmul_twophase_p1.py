@@ -27,6 +27,7 @@ import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ sc
 import blockscale.ops._matmul_host as H
 from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
+from blockscale.ops import _staged_store_ir as S
 from blockscale.ops import matmul as _matmul
 from blockscale.ops import matmul_twophase as TP
 
@@ -173,6 +174,29 @@ def dequantize_both(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *, k:
     return launch(spec, {"a": a, "b": b, "sfa": sfa, "sfb": sfb}, d.m, d.n, d.k, dev)
 
 
+def pair(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *, k: int,
+         alpha: float = 1.0, out_dtype: str = "bfloat16", bm: int = TP.BM, bn: int = TP.BN,
+         store: str = "staged", pdl: bool = False, pieces: int = DEFAULT_PIECES,
+         order: str = DEFAULT_ORDER, device: Any = None) -> Any:
+    """The two-phase pair with this phase 1: :func:`dequantize_both` (triggering its
+    dependents when ``pdl``), then ``matmul_twophase``'s phase 2 (``TwophaseMatmulSpec``:
+    tile ``bm x bn``, kstep 64, the most stages, ``store``, ``pdl``; no epilogue) on the
+    workspaces. What the dispatch runs once wired (tests, benchmarks). Returns C
+    (numpy when every input is numpy)."""
+    host = all(isinstance(v, np.ndarray) for v in (a, b, sfa, sfb))
+    dev, tgt = H.device_and_target(device, "sm_90a")
+    wa, wb = dequantize_both(*(dev.to_device(np.ascontiguousarray(v)) if host else v
+                               for v in (a, b, sfa, sfb)), fmt, k=k, bm=bm, bn=bn,
+                             device=dev, pdl=pdl, pieces=pieces, order=order)
+    spec = TP.TwophaseMatmulSpec(Format.from_name(fmt).name, out_dtype, None, tgt, 64, None,
+                                 bm, "none", "tiles", store, bn, pdl)
+    m, n = int(a.shape[0]), int(b.shape[0])
+    S.check_store(store, out_dtype, n)
+    out = H.launch(spec, TP.grid(m, n, bm, bn=bn), (m, n), out_dtype, {"wa": wa, "wb": wb},
+                   {"m": m, "n": n, "k": k, "alpha": H.finite_f32(alpha, "alpha")}, dev)
+    return dev.to_host(out) if host else out
+
+
 #: (M, N, K) of the benchmark and the GPU tests
 GPU_SHAPES = ((8192, 5760, 2944), (777, 2560, 8192), (1000, 1024, 1056))
 
@@ -192,4 +216,4 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
 _core.attach_kernel_api((dequantize_both,), kernel, build)
 _core.register_op_module(__name__)
 
-__all__ = ["BothSpec", "build", "bundle_specs", "dequantize_both", "grid", "kernel"]
+__all__ = ["BothSpec", "build", "bundle_specs", "dequantize_both", "grid", "kernel", "pair"]
