@@ -2,8 +2,9 @@
 mma_p, mma_p5, mma_psk (split-K rows name their split count: ``S=3``), mma_c, mma_c8, mma_c85,
 mma_c86 (conflict-free staging; 8-row passes; 5 / 6 CTAs per SM), mma_c8t (mma_c8, last K step
 peeled), mma_c8s2 / mma_c8s4 (mma_c8t over 2 / 4 column slices per CTA), mma_c8d2 (two steps
-in flight), mma_c8w (grouped: persistent CTAs walking work units; rows name the CTA cap
-``P=528``, one row per ``--stream-ctas`` entry).
+in flight), mma_c8w (grouped: persistent CTAs walking work units), mma_c8r / mma_c8r4 (the
+same with the weights through a 3 / 4-stage TMA ring; rows of the persistent variants name
+their CTA cap, ``P=auto``: one wave, one row per ``--stream-ctas`` entry).
 
 1. MoE gate_up of gpt-oss-120b (E=128, top-4, K=2880, N=5760) and DeepSeek-V3 (E=256, top-8,
    K=7168, N=4096) at T in {1, 16, 128} tokens (uniform random routing, every group <= 16
@@ -60,13 +61,14 @@ from benchmarks.common import (
 
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
             "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4",
-            "mma_c8d2", "mma_c8w")
+            "mma_c8d2", "mma_c8w", "mma_c8r", "mma_c8r4")
 T_VALUES = (1, 16, 128)
 DENSE = ((5760, 2880), (4096, 7168))
 #: variants bundled for the grouped (MoE) kernels only
-GROUPED_ONLY = ("mma_p5", "mma_c85", "mma_c86", "mma_c8w")
-#: mma_c8w's CTA caps (matmul_decode.STREAM_CTAS) run by default: one row each
-STREAM_CTAS = (528,)
+GROUPED_ONLY = ("mma_p5", "mma_c85", "mma_c86", "mma_c8w", "mma_c8r", "mma_c8r4")
+#: the persistent variants' CTA caps (matmul_decode.STREAM_CTAS; 0: None, one wave) run by
+#: default: one row each
+STREAM_CTAS = (0,)
 
 
 class Budget:
@@ -102,17 +104,20 @@ def _runs(variants: Sequence[str], splits: Sequence[Split],
           stream: Sequence[int] = STREAM_CTAS) -> list[tuple[str, Split | int | None]]:
     """(variant, setting to run it with): mma_psk once per ``splits`` entry, mma_c8w once
     per ``stream`` CTA cap."""
+    from blockscale.ops import matmul_decode
+
     return [(v, c) for v in variants
-            for c in (splits if v == "mma_psk" else stream if v == "mma_c8w" else (None,))]
+            for c in (splits if v == "mma_psk" else stream
+                      if v in matmul_decode.STREAM_VARIANTS else (None,))]
 
 
 def _set_split(split: Split | int | None) -> None:
     """Set matmul_decode.SPLIT_K_P_CTAS / SPLIT_K_MIN_STEPS (mma_psk's split choice), or
-    STREAM_CTAS (an int: mma_c8w's CTA cap)."""
+    STREAM_CTAS (an int: the persistent variants' CTA cap, 0 for one wave)."""
     from blockscale.ops import matmul_decode
 
     if isinstance(split, int):
-        matmul_decode.STREAM_CTAS = split
+        matmul_decode.STREAM_CTAS = split or None
     elif split is not None:
         matmul_decode.SPLIT_K_P_CTAS, matmul_decode.SPLIT_K_MIN_STEPS = split
 
@@ -123,8 +128,8 @@ def _label(v: str, ctas: int, k: int) -> str:
 
     if v == "mma_psk":
         return f"decode-{v} S={matmul_decode.split_k_p(ctas, k)}"
-    if v == "mma_c8w":
-        return f"decode-{v} P={matmul_decode.STREAM_CTAS}"
+    if v in matmul_decode.STREAM_VARIANTS:
+        return f"decode-{v} P={matmul_decode.STREAM_CTAS or 'auto'}"
     return f"decode-{v}"
 
 
@@ -262,15 +267,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "SPLIT_K_MIN_STEPS), one mma_psk row each (default 1056, i.e. "
                         "1056:2: two waves, >= 2 steps a split)")
     p.add_argument("--stream-ctas", default=",".join(map(str, STREAM_CTAS)),
-                   help="comma-separated mma_c8w CTA caps (matmul_decode.STREAM_CTAS), one "
-                        "mma_c8w row each (default 528: 4 CTAs per SM, one wave)")
+                   help="comma-separated CTA caps of the persistent variants (mma_c8w, "
+                        "mma_c8r, mma_c8r4: matmul_decode.STREAM_CTAS), one row each "
+                        "(default 0: one wave, STREAM_PER_SM x 132)")
     ns = p.parse_args(argv)
     try:
         stream = tuple(int(x) for x in ns.stream_ctas.split(",") if x)
     except ValueError:
         stream = ()
-    if not stream or min(stream) < 1:
-        p.error(f"--stream-ctas: expected ints >= 1, got {ns.stream_ctas!r}")
+    if not stream or min(stream) < 0:
+        p.error(f"--stream-ctas: expected ints >= 0, got {ns.stream_ctas!r}")
     try:
         split_ctas = tuple((int(x.split(":")[0]), int(x.split(":")[1]) if ":" in x else 2)
                            for x in ns.split_ctas.split(",") if x)

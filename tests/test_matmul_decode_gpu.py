@@ -128,7 +128,7 @@ def test_dense_decode_gpu(fmt, nk, m):
 
 @pytest.mark.parametrize("variant", ["mma", "mma2", "mma_p", "mma_p5", "mma_c", "mma_c8",
                                      "mma_c85", "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4",
-                                     "mma_c8d2", "mma_c8w"])
+                                     "mma_c8d2", "mma_c8w", "mma_c8r", "mma_c8r4"])
 @pytest.mark.parametrize("tokens", [1, 16, 128])
 @pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
 def test_moe_decode_mma_gpu(fmt, tokens, variant):
@@ -181,14 +181,16 @@ def test_dense_decode_tail_bit_identical_gpu(fmt, k, variant):
     _assert_equals_portable(a, b, sfa5, sfb5, fmt, k, variant)
 
 
-@pytest.mark.parametrize("ctas", [matmul_decode.STREAM_CTAS, 7])
+@pytest.mark.parametrize("variant", matmul_decode.STREAM_VARIANTS)
+@pytest.mark.parametrize("ctas", [None, 7])
 @pytest.mark.parametrize("tokens", [1, 16, 128])
 @pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
-def test_moe_decode_stream_equals_tail_gpu(fmt, tokens, ctas, monkeypatch):
-    """The persistent "mma_c8w" (one wave of CTAs, or 7 CTAs walking every unit) equals
-    "mma_c8t" byte for byte at gpt-oss-120b gate_up (the same sums in the same order), with
-    a host and a device ``expert_start`` (every group, passes from T: idle units), and a
-    group of expert id -1 written as zeros."""
+def test_moe_decode_stream_equals_tail_gpu(fmt, tokens, ctas, variant, monkeypatch):
+    """The persistent variants ("mma_c8w", the TMA rings "mma_c8r" / "mma_c8r4"; one wave of
+    CTAs, or 7 CTAs walking every unit) equal "mma_c8t" byte for byte at gpt-oss-120b
+    gate_up (the same sums in the same order), with a host and a device ``expert_start``
+    (every group, passes from T: idle units), and a group of expert id -1 written as
+    zeros."""
     experts, top_k, k, n = MODELS["gpt-oss-120b"]
     rng = np.random.default_rng(tokens * 13 + 5)
     case, a2d, w2d, esc = _moe_case(rng, fmt, experts, top_k, k, n, tokens)
@@ -201,7 +203,7 @@ def test_moe_decode_stream_equals_tail_gpu(fmt, tokens, ctas, monkeypatch):
     want = matmul_decode.grouped_matmul_decode(**case, expert_scales=esc, fmt=fmt, k=k,
                                                device="cuda", variant="mma_c8t")
     got = matmul_decode.grouped_matmul_decode(**case, expert_scales=esc, fmt=fmt, k=k,
-                                              device="cuda", variant="mma_c8w")
+                                              device="cuda", variant=variant)
     assert np.array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16))
     from blockscale import runtime
     dev = runtime.get_device("cuda")
@@ -209,7 +211,7 @@ def test_moe_decode_stream_equals_tail_gpu(fmt, tokens, ctas, monkeypatch):
                                                                  "a_scale_offsets") else v)
               for name, v in case.items()}
     again = matmul_decode.grouped_matmul_decode(**on_dev, expert_scales=esc, fmt=fmt, k=k,
-                                                device="cuda", variant="mma_c8w")
+                                                device="cuda", variant=variant)
     assert np.array_equal(dev.to_host(again).view(np.uint16),
                           np.asarray(want).view(np.uint16))
     check_moe_output(np.asarray(got), case, a2d, w2d, esc, fmt, k, _columns(rng, n))

@@ -86,7 +86,11 @@ def test_decode_mma_sass(spec):
     assert ops.count("HMMA.16816.F32") == 32 * paths * peeled, ops.count("HMMA.16816.F32")
     loop = _step_loop(kernel.asm["sass"])
     assert loop.count("HMMA.16816.F32") == 32 * paths
-    assert loop.count("LDG.E.128") >= 8  # the next step's weights
+    if spec.variant in matmul_decode.RING:  # the weights by TMA into the shared ring
+        assert loop.count("LDG.E.128") <= 1 and ops.count("UTMALDG.2D") >= 2  # (1: the
+        # activation chunk)
+    else:
+        assert loop.count("LDG.E.128") >= 8  # the next step's weights
     assert not [o for o in loop if o.startswith("STL")], "spill store in the step loop"
     # <= 32 of the ~2300 instructions of a step (mma2: <= 26, mma: <= 8); mma_p5 (96
     # registers for 5 CTAs per SM): <= 48

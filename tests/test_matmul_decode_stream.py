@@ -1,8 +1,9 @@
-"""The persistent grouped decode variant "mma_c8w" (CTAs walking (group, 64-column tile, 8-row
+"""The persistent grouped decode variants "mma_c8w" (CTAs walking (group, 64-column tile, 8-row
 pass) work units, the next unit's first step fetched during the current unit's last step;
-blockscale/ops/_decode_stream_ir.py) run by the numpy interpreter: bit for bit the portable
-grouped kernel's results with 1, 3 and the default number of CTAs (units per CTA: many, a
-few, one), on the grouped decode cases of tests/test_matmul_decode.py and T=1 / 16 / 128-like
+blockscale/ops/_decode_stream_ir.py) and "mma_c8r" / "mma_c8r4" (the weights through a
+3 / 4-stage cp.async.bulk ring across units) run by the numpy interpreter: bit for bit the
+portable grouped kernel's results with 1, 3 and the default number of CTAs (units per CTA:
+many, a few, one), on the grouped decode cases of tests/test_matmul_decode.py and T=1 / 16 / 128-like
 small shapes (K whose last step is 1, 2 or 10 unit pairs long: K = 32 has no step loop, the
 peeled step alone; groups of 9-16 rows: two passes; expert id -1 with rows: zeros; empty
 groups and passes past a group's end: units that do nothing); the grouped dispatch with
@@ -23,6 +24,7 @@ from blockscale.formats import MXFP4, NVFP4
 from blockscale.ops import matmul_decode, matmul_grouped
 
 V = "mma_c8w"
+VARIANTS = matmul_decode.STREAM_VARIANTS
 # (counts, expert ids, num experts, N, K): T=1-like (4 experts of 1 row, K = 2880: last
 # step 10 unit pairs), T=16-like (1-3 rows, K = 1088: last step 2), T=128-like (9-16 rows:
 # two passes, id -1 with 10 rows, an empty group; K = 544), one step (K = 32)
@@ -44,10 +46,11 @@ def _case(fmt, shape, seed):
     return case, esc, rows, k
 
 
-def _check(fmt, shape, seed, monkeypatch):
+def _check(fmt, shape, seed, monkeypatch, variant=V):
     case, esc, rows, k = _case(fmt, shape, seed)
     got = matmul_decode.grouped_matmul_decode(**case, expert_scales=esc, fmt=fmt, k=k,
-                                              a_row_scales=rows, device="interp", variant=V)
+                                              a_row_scales=rows, device="interp",
+                                              variant=variant)
     with monkeypatch.context() as mp:
         mp.setattr(matmul_grouped, "FAST_PATHS", [])  # the portable grouped kernel
         want = matmul_grouped.grouped_matmul_block_scaled(**case, expert_scales=esc, fmt=fmt,
@@ -62,33 +65,39 @@ def _check(fmt, shape, seed, monkeypatch):
     return got
 
 
+@pytest.fixture(params=VARIANTS)
+def variant(request):
+    return request.param
+
+
 @pytest.mark.interp
-@pytest.mark.parametrize("ctas", [1, 3, matmul_decode.STREAM_CTAS])
+@pytest.mark.parametrize("ctas", [1, 3, None])
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
 @pytest.mark.parametrize("shape", range(len(SHAPES)))
-def test_bit_identical_to_portable(shape, fmt, ctas, monkeypatch):
+def test_bit_identical_to_portable(shape, fmt, ctas, variant, monkeypatch):
     monkeypatch.setattr(matmul_decode, "STREAM_CTAS", ctas)
-    _check(fmt, SHAPES[shape], 70 + shape, monkeypatch)
+    _check(fmt, SHAPES[shape], 70 + shape, monkeypatch, variant)
 
 
 @pytest.mark.interp
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
 @pytest.mark.parametrize("case_id", range(len(GROUPED)))
-def test_grouped_cases(case_id, fmt, monkeypatch):
+def test_grouped_cases(case_id, fmt, variant, monkeypatch):
     monkeypatch.setattr(matmul_decode, "STREAM_CTAS", 2)
-    _grouped(case_id, fmt, V, monkeypatch)
+    _grouped(case_id, fmt, variant, monkeypatch)
 
 
 @pytest.mark.interp
-def test_all_groups_and_idle_passes(monkeypatch):
+def test_all_groups_and_idle_passes(variant, monkeypatch):
     """A device-side ``expert_start`` (the grid covers every group, passes from T): units of
-    empty groups and passes past a group's end do nothing, the results are unchanged."""
-    got = _check(NVFP4, SHAPES[2], 5, monkeypatch)
+    empty groups and passes past a group's end do nothing (the ring variants: their fills
+    arrive with no bytes), the results are unchanged."""
+    got = _check(NVFP4, SHAPES[2], 5, monkeypatch, variant)
     monkeypatch.setattr(matmul_decode, "group_list",
                         lambda es, g: np.arange(g, dtype=np.int32))
     monkeypatch.setattr(matmul_decode, "max_group_rows", lambda es, t: t)  # 38 rows: 5 passes
     monkeypatch.setattr(matmul_decode, "STREAM_CTAS", 4)
-    again = _check(NVFP4, SHAPES[2], 5, monkeypatch)
+    again = _check(NVFP4, SHAPES[2], 5, monkeypatch, variant)
     assert np.array_equal(got.view(np.uint16), again.view(np.uint16))
 
 
@@ -119,9 +128,18 @@ def test_dispatch(monkeypatch):
 
 def test_bundle_specs():
     names = {s.kernel_name for s in matmul_decode.bundle_specs("sm_90a")}
-    for name in ("grouped_nvfp4_bf16", "grouped_mxfp4_bf16", "grouped_nvfp4_bf16_rowsc"):
-        assert f"bs_decode_{name}_{V}" in names
-    assert not [x for x in names if x.startswith("bs_decode_dense") and x.endswith(V)]
+    for v in VARIANTS:
+        for name in ("grouped_nvfp4_bf16", "grouped_mxfp4_bf16", "grouped_nvfp4_bf16_rowsc"):
+            assert f"bs_decode_{name}_{v}" in names
+        assert not [x for x in names if x.startswith("bs_decode_dense") and x.endswith(v)]
+    assert matmul_decode.stream_ctas("mma_c8r") == 3 * 132
+
+
+def test_ring_needs_units():
+    from blockscale.ops import _decode_mma_ir as DM
+    with pytest.raises(ValueError, match="ring"):
+        DM.emit_decode_mma(None, NVFP4, start=None, end=None, expert=None, n_count=None,
+                           k=None, a_srow=None, store=None, staging="cf8", tail=True, ring=3)
 
 
 def test_units_need_the_tail_loop():
@@ -134,10 +152,11 @@ def test_units_need_the_tail_loop():
 @pytest.mark.lower
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_sass(fmt):
-    """The "mma_c8t" step loop (32 HMMAs, the next step's weight loads, no spill; <= 3 %
-    longer: the unit's bases are not kernel constants), the peeled step's 32 HMMAs after it,
-    <= 128 registers (4 CTAs per SM), no spill anywhere; the first-step loads four times
-    (before the walk, the step loop, the peeled step's next unit, an idle unit's next)."""
+    """"mma_c8w": the "mma_c8t" step loop (32 HMMAs, the next step's weight loads, no spill;
+    <= 3 % longer: the unit's bases are not kernel constants), the peeled step's 32 HMMAs
+    after it, <= 128 registers (4 CTAs per SM), no spill anywhere; the first-step loads four
+    times (before the walk, the step loop, the peeled step's next unit, an idle unit's
+    next)."""
     spec = matmul_decode.DecodeSpec(fmt, "grouped", "bfloat16", fmt == "nvfp4", "sm_90a", V)
     kernel = matmul_decode.kernel(spec)
     sass = kernel.asm["sass"]
@@ -152,3 +171,24 @@ def test_sass(fmt):
     assert len(loop) <= 1.03 * len(ref), (len(loop), len(ref))
     meta = kernel.meta
     assert meta["registers"] <= 128 and meta["spill_stores"] == 0 == meta["spill_loads"], meta
+
+
+@pytest.mark.lower
+@pytest.mark.parametrize("variant", ["mma_c8r", "mma_c8r4"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_ring_sass(fmt, variant):
+    """The ring variants: no 16-byte weight loads at all (TMA boxes: UTMALDG.2D, issued by
+    one thread), 64 HMMAs, <= 128 registers and no spill; shared memory (static + the
+    stages, dynamic) for 3 / 2 CTAs per SM (STREAM_PER_SM) in the H200's 228 KB (1 KB
+    reserved per CTA)."""
+    spec = matmul_decode.DecodeSpec(fmt, "grouped", "bfloat16", fmt == "nvfp4", "sm_90a",
+                                    variant)
+    kernel = matmul_decode.kernel(spec)
+    ops = _ops(kernel.asm["sass"])
+    assert ops.count("LDG.E.128") <= 4  # (an activation chunk per fetch site only)
+    assert ops.count("UTMALDG.2D") >= 2 and ops.count("HMMA.16816.F32") == 64
+    meta = kernel.meta
+    assert meta["registers"] <= 128 and meta["spill_stores"] == 0 == meta["spill_loads"], meta
+    assert meta["static_shared_bytes"] <= 48 * 1024
+    per_cta = meta["static_shared_bytes"] + spec.dynamic_shared_bytes + 1024
+    assert matmul_decode.STREAM_PER_SM[variant] * per_cta <= 228 * 1024, per_cta

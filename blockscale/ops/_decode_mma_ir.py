@@ -135,6 +135,12 @@ STEP_CHUNKS = STEP_BYTES // 16
 UNITS = STEP_BYTES * 2 // 16
 #: padded shared row of staged weights (16 bytes of padding: conflict-free fragment reads)
 W_STRIDE = STEP_BYTES + 16
+#: ring variants: bytes of a TMA stage row half (the 128B swizzle span) and of a stage
+RING_ROW = 128
+RING_STAGE = COLS * STEP_BYTES
+#: the ring variants' TMA map over the weights (``w`` as [E * N rows, K / 2 bytes]): boxes
+#: of 128 bytes x 64 rows, 128-byte swizzle (conflict-free fragment reads)
+RING_BOX = (RING_ROW, COLS)
 #: 2^28: undoes the 2^-14 of both f16 operands
 UNSCALE = 2.0 ** 28
 
@@ -292,7 +298,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                     store: Callable[[Value, Value, Value], None], depth: int = 1,
                     step_range: tuple[Value, Value] | None = None,
                     decode: str = "lop3", staging: str = "v1", tail: bool = False,
-                    slices: int = 1, units: Any = None) -> None:
+                    slices: int = 1, units: Any = None, ring: int = 0) -> None:
     """The body for one (group, column slice) (the interface of
     :func:`blockscale.ops._decode_ir.emit_decode`; CTA of :data:`THREADS` threads, columns
     ``[COLS * block_idx.x, +COLS)``); ``depth``: steps whose loads are in flight while one
@@ -316,7 +322,10 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     :class:`blockscale.ops._decode_stream_ir.Units`: expert, 64-column tile and 8-row pass
     of each), the next unit's first step fetched during the current unit's peeled last
     step (``expert``, ``start``, ``end``, ``a_srow`` and ``store`` are then unused: the
-    units give them)."""
+    units give them); ``ring`` (variant "mma_c8r", with ``units``): the weights stream
+    through a shared ring of ``ring`` stages by ``cp.async.bulk`` (one 256-byte copy per
+    row and step, ``ring - 1`` steps ahead across units; :func:`_walk_ring`), the scale
+    words and activations through registers one step ahead."""
     if tail and step_range is not None:
         raise ValueError("tail needs no step_range")
     if slices < 1 or (slices > 1 and not (tail and depth == 1 and staging == "cf8")):
@@ -326,6 +335,8 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                                   and step_range is None):
         raise ValueError("units need tail, depth 1, staging 'cf8', one slice and no "
                          "step_range")
+    if ring and (units is None or ring < 2):
+        raise ValueError(f"ring needs units and >= 2 stages, got ring={ring}")
     if depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {depth}")
     if decode not in ("lop3", "prmt"):
@@ -339,7 +350,8 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     tokens = st.tokens
     f32, i32 = bir.f32(), bir.i32()
     v16 = bir.vec(16, bir.i8())
-    wsm = workgroup_buffer(kb, COLS * W_STRIDE, bir.i8())
+    # (ring: the TMA stages in dynamic shared memory, below; compute() reads ``wsm`` then)
+    wsm = None if ring else workgroup_buffer(kb, COLS * W_STRIDE, bir.i8())
     # B fragments: [unit][token][t][2] i32 (f16 pairs)
     bsm = workgroup_buffer(kb, st.b_words, i32)
     # weight scales [block][warp][g][2] (rows 16 warp + g + 8h), f32
@@ -360,6 +372,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
 
     # this thread's weight chunks (8) and scale words: fixed rows, per-step columns
     w_iters = COLS * STEP_CHUNKS // THREADS
+    wr = 0 if ring else w_iters  # weight chunks fetched through registers
     w_stride = bir.mul(row_bytes, THREADS // STEP_CHUNKS)
     w_cs = [bir.urem(tid, STEP_CHUNKS)] * w_iters
     s_iters = st.s_iters
@@ -398,7 +411,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         geo = geo or geo0
         n0, b_srow0, w_base, w_last = geo.n0, geo.b_srow0, geo.w_base, geo.w_last
         wb = w_base if j is None else bir.add(w_base, bir.mul(j, bir.mul(row_bytes, COLS)))
-        for it in range(w_iters):
+        for it in range(wr):
             c = bir.umin(bir.add(bir.mul(step, STEP_CHUNKS), w_cs[it]), last_chunk)
             row = bir.umin(bir.add(wb, bir.mul(w_stride, it)), w_last)
             out.append(bir.vector_load(v16, w, bir.add(row, bir.mul(c, 16)), alignment=16))
@@ -500,7 +513,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         """Store fetched registers to shared memory (weights raw, scales decoded,
         activations as B fragments); ``full``: a step before the last one (every block of
         it < kblocks: no scale byte to mask)."""
-        for it in range(w_iters):
+        for it in range(wr):
             cid = bir.add(tid, it * THREADS)
             r = bir.udiv(cid, STEP_CHUNKS)
             bir.vector_store(pair_pieces(regs[it]), wsm,
@@ -510,7 +523,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             q = bir.add(bir.mul(step, lay.words), s_qs[it])
             mask = None if full else word_mask(q)
             for hw in range(2):  # rows i, i + 32
-                word = regs[w_iters + 2 * it + hw]
+                word = regs[wr + 2 * it + hw]
                 if mask is not None:
                     word = bir.bit_and(word, mask)
                 r = bir.add(s_rs[it], 32 * hw)
@@ -531,7 +544,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                         jl = bir.add(bir.mul(s_qs[it], 4), i)  # block within the step
                         bir.store(svs[i], sbsm, bir.add(bir.mul(jl, COLS), slot))
         for it in range(0 if st.cf else s_iters):
-            word = regs[w_iters + it]
+            word = regs[wr + it]
             r = s_rs[it]
             wp, rr = bir.udiv(r, 16), bir.urem(r, 16)
             gg, hh = bir.urem(rr, 8), bir.udiv(rr, 8)
@@ -556,7 +569,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 else:
                     dst = bir.add(bir.mul(jl, COLS), slot)
                 bir.store(sv, sbsm, dst)
-        base = w_iters + s_iters * st.s_rows
+        base = wr + s_iters * st.s_rows
         for it in range(a_iters):
             cid = bir.add(tid, it * THREADS)
             n, c = bir.udiv(cid, STEP_CHUNKS), bir.urem(cid, STEP_CHUNKS)
@@ -585,7 +598,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                     accs[idx] = mmath.fma(d, s, accs[idx])
 
     def compute(accs: list[Value], two: bool, rows: Value | None = None,
-                live: Value | None = None) -> list[Value]:
+                live: Value | None = None, slot: Value | None = None) -> list[Value]:
         """One step's MMAs of this warp (n-tile 1 only when ``two``). Units 2q, 2q + 1 come
         from one 32-bit shared word per row (staged by :func:`pair_pieces`). With ``rows``
         ("cf8"), lanes of B columns past the pass's rows skip their B fragment loads (half
@@ -593,11 +606,34 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         registers: a B column only reaches its own (never stored) outputs. With ``live``
         (the peeled last step, "tail"): unit pairs q >= live (past the row end: zero
         activations and weight scales, terms fma(0, 0, acc) = acc) are skipped (uniform
-        branches)."""
+        branches). ``slot`` (``ring``): the weights are ring stage ``slot``'s raw rows (NVFP4:
+        lane t's word of a unit pair is one ``prmt`` of the raw words t // 2 and 2 + t // 2,
+        :func:`_pair_pieces`'s bytes; MXFP4: raw word t, as staged)."""
         accs = list(accs)
         b_live = None if rows is None else bir.ult(g, rows)
         rows_g = [bir.add(bir.mul(warp, 16), bir.add(g, 8 * h)) for h in range(2)]
-        wbase = [bir.add(bir.mul(r, W_STRIDE), bir.mul(t, 4)) for r in rows_g]
+        raw_nv = slot is not None and lay.nv
+        if slot is None:
+            wbase = [bir.add(bir.mul(r, W_STRIDE), bir.mul(t, 4)) for r in rows_g]
+        else:  # TMA stage: halves of [64 rows][128 bytes], 16-byte chunk c at c ^ (row % 8)
+            wbase = [bir.add(bir.mul(slot, RING_STAGE), bir.add(
+                bir.mul(r, RING_ROW), bir.mul(bir.udiv(t, 2) if raw_nv else t, 4)))
+                for r in rows_g]
+            g16 = bir.mul(g, 16)  # (rows g, g + 8 of the warp's 16: row % 8 = g)
+        # NVFP4 raw: bytes 2t, 2t + 1 of each block (t even: bytes 0, 1 of the words)
+        sel = bir.select(bir.eq(bir.urem(t, 2), 0), _i32c(0x5140), _i32c(0x7362)) \
+            if raw_nv else None
+
+        def wword(h: int, off: int) -> Value:
+            """The word at byte ``off`` of row h's step (``slot``: chunk off // 16 swizzled)."""
+            if slot is None:
+                a_ = bir.add(wbase[h], off)
+            else:
+                half, c16 = divmod(off // 16, RING_ROW // 16)
+                sw = arith.xori(g16, bir.const(c16 * 16))
+                a_ = bir.add(wbase[h], bir.add(sw, half * COLS * RING_ROW + off % 16))
+            v = bir.vector_load(bir.vec(4, bir.i8()), wsm, a_, alignment=4)
+            return vector.extract(vector.bitcast(bir.vec(1, i32), v), [], [0])
         nts = 2 if two else 1
         upb = UNITS // lay.blocks  # MMA units per block: NVFP4 1, MXFP4 2
 
@@ -629,9 +665,9 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 bq.append(b_prev)
             pairs = []
             for h in range(2):  # rows g, g + 8: f16 pairs (u.c0, u.c2), (u.c1, u.c3), v...
-                v = bir.vector_load(bir.vec(4, bir.i8()), wsm, bir.add(wbase[h], 16 * q),
-                                    alignment=4)
-                x = vector.extract(vector.bitcast(bir.vec(1, i32), v), [], [0])
+                x = wword(h, 16 * q)
+                if raw_nv:
+                    x = byte_perm(x, wword(h, 16 * q + 8), sel)
                 pairs.append(fp4_word_to_f16_pairs(x) if fast else _dequant_pairs_f16([x]))
             blk: list[list[Value]] = []
             for s_ in range(2):
@@ -680,8 +716,16 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             with bir.when(bir.ult(idx, lay.blocks * st.sa_stride)):
                 bir.store(zero, sasm, idx)
     if units is not None:
-        _walk_units(units, geometry, fetch, stage, compute, lay, warp, g, t, steps, row_bytes,
-                    zero, [v16] * w_iters + [i32] * (s_iters * st.s_rows) + [v16, i32] * a_iters)
+        types = [v16] * wr + [i32] * (s_iters * st.s_rows) + [v16, i32] * a_iters
+        if ring:
+            from blockscale.compiler.arch import tma  # dynamic shared memory (> 48 KB):
+            wsm = tma.extern_shared_buffer(kb, ring * RING_STAGE, align=1024)  # the stages
+            _walk_ring(units, geometry, fetch, stage, compute, lay, warp, g, t, steps,
+                       row_bytes, zero, types, kb=kb, ring=ring, wsm=wsm, n_count=n_count,
+                       tid=tid)
+        else:
+            _walk_units(units, geometry, fetch, stage, compute, lay, warp, g, t, steps,
+                        row_bytes, zero, types)
         return
     n0 = geo0.n0
     if slices > 1:  # (tail, one n-tile: passes of <= 8 rows)
@@ -844,20 +888,167 @@ def _walk_units(units: Any, geometry: Callable[[Value, Value], _Geo],
                             UNITS // 2)
             res = body(last, list(sl.results[:4]), list(sl.results[4:]),
                        lambda: first_step(bir.add(u, p)), live)
-            totals = [arith.mulf(v, bir.const(UNSCALE, bir.f32())) if lay.nv else v
-                      for v in res[:4]]
-            store = units.store(un)
-            for i in range(4):
-                col = bir.add(un.n0, bir.add(bir.mul(warp, 16), bir.add(g, 8 * (i >> 1))))
-                tok = bir.add(bir.mul(t, 2), i & 1)
-                with bir.when(bir.logical_and(bir.ult(tok, un.rows),
-                                              bir.ult(col, units.n_count))):
-                    store(totals[i], bir.add(un.r0, tok), col)
+            _store_unit(units, un, res[:4], lay, warp, g, t)
             br.yield_(*res[4:])
         with br.else_():
             units.idle(un)
             br.yield_(*first_step(bir.add(u, p)))
         ul.yield_(*br.results)
+
+
+def ring_map_arg() -> Any:
+    """The ring variants' tensormap kernel argument ``w_map`` over the packed weights ``w``
+    (:data:`RING_BOX`, 128-byte swizzle; launch value ``(K / 2, E * N)``)."""
+    from blockscale.launch import KernelArg
+
+    return KernelArg("w_map", "tensormap", "uint8", tensor="w", box=RING_BOX, swizzle="128b")
+
+
+def _walk_ring(units: Any, geometry: Callable[[Value, Value], _Geo],
+               fetch: Callable[..., list[Value]], stage: Callable[..., None],
+               compute: Callable[..., list[Value]], lay: _Fmt, warp: Value, g: Value,
+               t: Value, steps: Value, row_bytes: Value, zero: Value, types: list[Any], *,
+               kb: Any, ring: int, wsm: Value, n_count: Value, tid: Value) -> None:
+    """The main loop of :func:`emit_decode_mma` with ``units`` and ``ring``: CTA c walks units
+    c, c + P, .. (as :func:`_walk_units`); its K steps over all its units, i = 0, 1, .., fill
+    ring stage ``i % ring`` ``ring - 1`` steps ahead: thread 0 issues the step's two TMA
+    boxes (:data:`RING_BOX`: bytes ``[256 s, + 128)`` and ``[256 s + 128, + 128)`` of the
+    unit's 64 weight rows; zeros past the row end and past the last expert's rows; a box
+    wholly past the row end is not issued) on the stage's mbarrier after
+    ``arrive.expect_tx`` of their bytes (none for a unit that is not live: every fill
+    index completes one phase, so step i waits on parity ``(i // ring) % 2``). The fills
+    follow a cursor (step, unit, live, the unit's first weight row) carried through the
+    loops: the next unit's geometry is looked up once per unit. The scale words and
+    activations are fetched into registers one step ahead (the "mma_c8t" staging); the
+    MMAs read the weights from the stage (:func:`emit_decode_mma`'s ``compute``)."""
+    from blockscale.compiler.arch import tma
+
+    c, p = bir.block_idx("x"), bir.grid_dim("x")
+    bars = tma.mbarrier_group(ring)
+    desc = tma.descriptor(kb.arg("w_map"), ring_map_arg())
+    is0 = bir.eq(tid, 0)
+    tile_t = ir.Type.parse(f"memref<{COLS}x{RING_ROW}xi8, strided<[{RING_ROW}, 1], "
+                           f"offset: ?>, {ir.MemRefType(wsm.type).memory_space}>")
+
+    def tile(slot: int, half: int) -> Value:
+        """Stage ``slot``'s half as a [64 x 128] view (a constant offset per view)."""
+        off = bir.const(slot * RING_STAGE + half * COLS * RING_ROW)
+        return memref.reinterpret_cast(tile_t, wsm, [off], [], [],
+                                       [ir.ShapedType.get_dynamic_stride_or_offset()],
+                                       [COLS, RING_ROW], [RING_ROW, 1])
+
+    def load(slot: Value, half: int, coords: list[Value]) -> None:
+        """One box into stage ``slot`` (a branch per stage: constant tile views)."""
+        for k_ in range(ring):
+            with bir.when(bir.eq(slot, k_)):
+                tma.tma_load(tile(k_, half), desc, coords, bars, k_)
+
+    def cursor_at(u: Value) -> list[Value]:
+        """[live, first weight row] of unit u."""
+        un = units.info(bir.umin(u, bir.sub(units.count, 1)))
+        return [bir.logical_and(bir.ult(u, units.count), un.live),
+                bir.add(bir.mul(un.e, n_count), un.n0)]
+
+    def issue(i: Value, cur: list[Value]) -> list[Value]:
+        """Fill index i (the cursor's step ``cur[0]`` of unit ``cur[1]``) into stage
+        i % ring when the unit is in range (thread 0); the cursor advanced by one step."""
+        s, u, live, row0 = cur
+        with bir.when(bir.logical_and(is0, bir.ult(u, units.count))):
+            slot = bir.urem(i, ring)
+            x0 = bir.mul(s, STEP_BYTES)
+            two = bir.ult(bir.add(x0, RING_ROW), row_bytes)  # the second box holds bytes
+            tx = bir.select(two, bir.const(RING_STAGE), bir.const(RING_STAGE // 2))
+            tma.mbarrier_arrive_expect_tx(bars, bir.select(live, tx, bir.const(0)), slot)
+            with bir.when(live):
+                load(slot, 0, [x0, row0])
+                with bir.when(two):
+                    load(slot, 1, [bir.add(x0, RING_ROW), row0])
+        s1 = bir.add(s, 1)
+        br = bir.if_(bir.eq(s1, steps), [v.type for v in cur])
+        with br.then():  # the next unit of this CTA
+            u1 = bir.add(u, p)
+            br.yield_(bir.const(0), u1, *cursor_at(u1))
+        with br.else_():
+            br.yield_(s1, *cur[1:])
+        return list(br.results)
+
+    def first_step(u: Value) -> list[Value]:
+        """Unit u's first step's scale words and activations (zeros when u is past the end
+        or not live)."""
+        un = units.info(bir.umin(u, bir.sub(units.count, 1)))
+        br = bir.if_(bir.logical_and(bir.ult(u, units.count), un.live), types)
+        with br.then():
+            br.yield_(*fetch(bir.const(0), un.r0, un.rows, geo=geometry(un.e, un.n0),
+                             a_srow=un.a_srow))
+        with br.else_():
+            br.yield_(*[bir.const(0, ty) for ty in types])
+        return list(br.results)
+
+    with bir.when(is0):
+        for s_ in range(ring):
+            tma.mbarrier_init(bars, 1, s_)
+        tma.fence_mbarrier_init()
+    bir.barrier()
+    cur = [bir.const(0), c, *cursor_at(c)]
+    for i in range(ring - 1):
+        cur = issue(bir.const(i), cur)
+    with bir.for_range(c, units.count, p, carry=first_step(c) + cur) as ul:
+        u = ul.iv
+        i0 = bir.mul(bir.udiv(bir.sub(u, c), p), steps)
+        un = units.info(u)
+        nf = len(types)
+        br = bir.if_(un.live, types + [v.type for v in cur])
+        with br.then():
+            geo = geometry(un.e, un.n0)
+
+            def body(step: Value, accs: list[Value], cur_regs: list[Value], cur: list[Value],
+                     nxt: Callable[[], list[Value]], live: Value | None = None) -> list[Value]:
+                """accs, next registers, cursor."""
+                i = bir.add(i0, step)
+                bir.barrier()  # the previous step's shared reads are done (its stage too)
+                cur = issue(bir.add(i, ring - 1), cur)
+                stage(step, cur_regs, un.rows, full=live is None)
+                slot = bir.urem(i, ring)
+                tma.mbarrier_wait(bars, arith.trunci(bir.i1(), bir.as_i32(
+                    bir.urem(bir.udiv(i, ring), 2))), slot)
+                bir.barrier()
+                regs = nxt()
+                return compute(accs, False, un.rows, live, slot=slot) + regs + cur
+
+            with bir.for_range(0, bir.sub(steps, 1),
+                               carry=[zero] * 4 + list(ul.carried)) as sl:
+                cs = list(sl.carried)
+                sl.yield_(*body(sl.iv, cs[:4], cs[4:4 + nf], cs[4 + nf:],
+                                lambda sl=sl: fetch(bir.add(sl.iv, 1), un.r0, un.rows,
+                                                    geo=geo, a_srow=un.a_srow)))
+            last = bir.sub(steps, 1)
+            live = bir.umin(bir.udiv(bir.sub(row_bytes, bir.mul(last, STEP_BYTES)), 16),
+                            UNITS // 2)
+            rs = list(sl.results)
+            res = body(last, rs[:4], rs[4:4 + nf], rs[4 + nf:],
+                       lambda: first_step(bir.add(u, p)), live)
+            _store_unit(units, un, res[:4], lay, warp, g, t)
+            br.yield_(*res[4:])
+        with br.else_():
+            with bir.for_range(0, steps, carry=list(ul.carried[nf:])) as il:  # (the fills
+                bir.barrier()  # go on: the next units' steps)
+                il.yield_(*issue(bir.add(bir.add(i0, il.iv), ring - 1), list(il.carried)))
+            units.idle(un)
+            br.yield_(*first_step(bir.add(u, p)), *il.results)
+        ul.yield_(*br.results)
+
+
+def _store_unit(units: Any, un: Any, accs: list[Value], lay: _Fmt, warp: Value, g: Value,
+                t: Value) -> None:
+    """Store a unit's 4 accumulators of this lane (rows 2t, 2t + 1; columns g, g + 8 of
+    the warp's 16)."""
+    totals = [arith.mulf(v, bir.const(UNSCALE, bir.f32())) if lay.nv else v for v in accs]
+    store = units.store(un)
+    for i in range(4):
+        col = bir.add(un.n0, bir.add(bir.mul(warp, 16), bir.add(g, 8 * (i >> 1))))
+        tok = bir.add(bir.mul(t, 2), i & 1)
+        with bir.when(bir.logical_and(bir.ult(tok, un.rows), bir.ult(col, units.n_count))):
+            store(totals[i], bir.add(un.r0, tok), col)
 
 
 class _Geo(NamedTuple):

@@ -99,24 +99,33 @@ COLS = 32
 #: under one wave)
 #: "mma_c8w" (grouped: "mma_c8t" in persistent CTAs walking (group, 64-column tile, 8-row
 #: pass) work units, the next unit's first step fetched during the current unit's last
-#: step; one wave of CTAs; _decode_stream_ir)
+#: step; one wave of CTAs; _decode_stream_ir), "mma_c8r" / "mma_c8r4" ("mma_c8w" with the
+#: weights streamed through a shared ring of 3 / 4 stages by cp.async.bulk, 2 / 3 steps
+#: ahead across units; 3 / 2 CTAs per SM)
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
-            "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w")
+            "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w", "mma_c8r",
+            "mma_c8r4")
 #: the shared-memory staging of each "mma_c*" variant (_decode_mma_ir._Staging)
 STAGING = {"mma_c": "cf", "mma_c8": "cf8", "mma_c85": "cf8", "mma_c86": "cf8", "mma_c8t": "cf8",
-           "mma_c8s2": "cf8", "mma_c8s4": "cf8", "mma_c8d2": "cf8", "mma_c8w": "cf8"}
+           "mma_c8s2": "cf8", "mma_c8s4": "cf8", "mma_c8d2": "cf8", "mma_c8w": "cf8",
+           "mma_c8r": "cf8", "mma_c8r4": "cf8"}
 #: the variants with the last K step peeled (_decode_mma_ir.emit_decode_mma's ``tail``)
-TAIL_VARIANTS = ("mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w")
+TAIL_VARIANTS = ("mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w", "mma_c8r",
+                 "mma_c8r4")
 #: column slices of 64 per CTA (_decode_mma_ir.emit_decode_mma's ``slices``)
 SLICES = {"mma_c8s2": 2, "mma_c8s4": 4}
 #: grouped-only variants (more CTAs per SM) -> the variant the dense dispatch runs instead
 DENSE_EQUIVALENT = {"mma_p5": "mma_p", "mma_c85": "mma_c8", "mma_c86": "mma_c8",
-                    "mma_c8w": "mma_c8t"}
+                    "mma_c8w": "mma_c8t", "mma_c8r": "mma_c8t", "mma_c8r4": "mma_c8t"}
 #: the persistent (work-unit walking) variants: grouped only, grid (P, 1, 1), scalars
-#: ``list_len`` / ``passes`` (_decode_stream_ir)
-STREAM_VARIANTS = ("mma_c8w",)
-#: "mma_c8w": CTAs launched at most (4 per SM of 132: one wave at 128 registers)
-STREAM_CTAS = 4 * 132
+#: ``list_len`` / ``passes`` (_decode_stream_ir); their CTAs per SM (one wave of P =
+#: min(units, CTAs per SM x 132): 128 registers; the rings' shared memory)
+STREAM_VARIANTS = ("mma_c8w", "mma_c8r", "mma_c8r4")
+STREAM_PER_SM = {"mma_c8w": 4, "mma_c8r": 3, "mma_c8r4": 2}
+#: the ring variants' weight stages (_decode_mma_ir.emit_decode_mma's ``ring``)
+RING = {"mma_c8r": 3, "mma_c8r4": 4}
+#: the persistent variants' CTA cap: None (STREAM_PER_SM x 132) or an int (tests, benchmarks)
+STREAM_CTAS: int | None = None
 #: the split-K variants (grid.z = splits; workspace and counters arguments)
 SPLIT_VARIANTS = ("mma_psk",)
 #: threads and output columns per CTA of each variant
@@ -129,7 +138,7 @@ VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_p": 64, "mma_p5": 64, 
 VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_p": 128, "mma_p5": 96,
                      "mma_psk": 128, "mma_c": 128, "mma_c8": 128, "mma_c85": 96,
                      "mma_c86": 80, "mma_c8t": 128, "mma_c8s2": 128, "mma_c8s4": 128,
-                     "mma_c8d2": 168, "mma_c8w": 128}
+                     "mma_c8d2": 168, "mma_c8w": 128, "mma_c8r": 128, "mma_c8r4": 128}
 #: mma_psk: split K until the grid has about two waves of CTAs (4 per SM of 132 SMs, twice)
 SPLIT_K_P_CTAS = 2 * 4 * 132
 #: mma_psk: at least this many K steps (512 FP4 elements) per split (one step is loaded
@@ -193,6 +202,11 @@ class DecodeSpec(FormatSpec):
         return (VARIANT_THREADS[self.variant], 1, 1)
 
     @property
+    def dynamic_shared_bytes(self) -> int:
+        """The ring variants' TMA stages (16 KB each; the other buffers are static)."""
+        return RING.get(self.variant, 0) * 64 * 256
+
+    @property
     def cols(self) -> int:
         """Output columns per CTA."""
         return VARIANT_COLS[self.variant]
@@ -234,6 +248,9 @@ class DecodeSpec(FormatSpec):
                                            self.target).args())
         if self.variant in STREAM_VARIANTS:  # group_list's length, 8-row passes per group
             args += [KernelArg("list_len", "scalar", "i32"), KernelArg("passes", "scalar", "i32")]
+        if self.variant in RING:  # the TMA map over the weights (_decode_mma_ir.ring_map_arg)
+            args.append(KernelArg("w_map", "tensormap", self.format.elem_dtype.name,
+                                  tensor="w", box=(128, 64), swizzle="128b"))
         if self.variant in SPLIT_VARIANTS:  # fp32 partials [rows][splits][n], int32 [tiles]
             args += [KernelArg("workspace", "buffer", "float32", "inout"),
                      KernelArg("counters", "buffer", "int32", "inout")]
@@ -268,7 +285,8 @@ def build(spec: DecodeSpec) -> Any:
                                decode="lop3" if spec.variant in ("mma", "mma2") else "prmt",
                                staging=STAGING.get(spec.variant, "v1"),
                                tail=spec.variant in TAIL_VARIANTS,
-                               slices=SLICES.get(spec.variant, 1))
+                               slices=SLICES.get(spec.variant, 1),
+                               ring=RING.get(spec.variant, 0))
     cols = spec.cols
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         from mlir import ir as mlir_ir
@@ -475,13 +493,24 @@ def _launch_grouped(spec: DecodeSpec, t: int, n: int, num_groups: int,
     if spec.variant in STREAM_VARIANTS:
         passes = max(1, -(-max_group_rows(buffers["expert_start"], t) // 8))
         units = int(groups.size) * grid(n, 1, 64)[0] * passes
-        return H.launch(spec, (max(1, min(units, STREAM_CTAS)), 1, 1), (t, n), "bfloat16",
-                        buffers, {**scalars, "list_len": int(groups.size), "passes": passes},
+        return H.launch(spec, (max(1, min(units, stream_ctas(spec.variant))), 1, 1), (t, n),
+                        "bfloat16",
+                        buffers, {**scalars, "list_len": int(groups.size), "passes": passes,
+                                  **({"w_map": (scalars["k"] // 2,
+                                                int(np.prod(buffers["w"].shape))
+                                                // max(1, scalars["k"] // 2))}
+                                     if spec.variant in RING else {})},
                         device, empty=t == 0 or n == 0)
     g3, buffers = _with_split_k(spec, grid(n, int(groups.size), spec.cols), t, n,
                                 scalars["k"], buffers, host, device)
     return H.launch(spec, g3, (t, n), "bfloat16", buffers, scalars, device,
                     empty=t == 0 or n == 0)
+
+
+def stream_ctas(variant: str) -> int:
+    """The CTA cap of a persistent variant: :data:`STREAM_CTAS` when set, else one wave
+    (:data:`STREAM_PER_SM` x 132 SMs)."""
+    return STREAM_CTAS if STREAM_CTAS is not None else STREAM_PER_SM[variant] * 132
 
 
 def slices_variant(tiles: int) -> str:
