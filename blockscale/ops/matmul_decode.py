@@ -203,8 +203,11 @@ class DecodeSpec(FormatSpec):
 
     @property
     def dynamic_shared_bytes(self) -> int:
-        """The ring variants' TMA stages (16 KB each; the other buffers are static)."""
-        return RING.get(self.variant, 0) * 64 * 256
+        """The ring variants' TMA stages (16 KB each; the other buffers are static) and 1 KB
+        for the stages' 1024-byte alignment after the static bytes (so also > 48 KB: the
+        CUDA runtime opts in, static + dynamic being > 48 KB in any case)."""
+        ring = RING.get(self.variant, 0)
+        return ring * 64 * 256 + 1024 if ring else 0
 
     @property
     def cols(self) -> int:
