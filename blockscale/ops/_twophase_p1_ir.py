@@ -46,8 +46,10 @@ from mlir.dialects import arith, vector
 from blockscale.compiler import ir as bir
 from blockscale.compiler.arch import nvvm as N
 from blockscale.layouts import SF_ATOM_BYTES
+from blockscale.compiler.arch.nvvm import byte_perm
 from blockscale.ops import _wgmma_ir as X
 from blockscale.ops._matmul_ir import tcgen_row_offset
+from blockscale.ops._mma_ir import _LUT_HI, _LUT_LO, _i32c, _scale_bf16x2
 from blockscale.ops._twophase_ir import KPAD
 
 Value = ir.Value
@@ -58,6 +60,41 @@ THREADS = 256
 PIECES = (1, 2, 4)
 #: the order operands' tile-rows are written in
 ORDERS = ("rows", "reversed")
+
+
+def fp4x8_bf16x2(w: Value) -> list[Value]:
+    """Eight E2M1 codes (an i32, code j in nibble j) -> 4 bf16 pairs (i32), codes (0, 1),
+    (2, 3), (4, 5), (6, 7): the bits of ``_wgmma_ir._fp4x8_lut`` with fewer instructions.
+    Magnitudes by the same ``prmt`` byte tables (one mask of all eight codes, 2 lookups + 2
+    interleaves per 4 codes); signs by one ``prmt`` per pair in sign-replicate mode (selector
+    nibble bit 3: the selected byte's bit 7 fills the byte) from ``w << 4`` (code 2i's sign at
+    bit 7 of byte i) and ``w`` (code 2i + 1's), merged by one ``lop3`` (``r | s &
+    0x80008000``). Per 8 codes: 12 PRMT, 1 SHL, 1 SHR, 5 LOP3 (the LUT path: 8 PRMT and ~20
+    shifts / LOP3)."""
+    mag = bir.bit_and(w, _i32c(0x77777777))
+    xs = bir.shl(w, 4)
+    out = []
+    for sel in (mag, bir.shru(mag, 16)):
+        lo8 = byte_perm(_i32c(_LUT_LO[0]), _i32c(_LUT_LO[1]), sel)
+        hi8 = byte_perm(_i32c(_LUT_HI[0]), _i32c(_LUT_HI[1]), sel)
+        out += [byte_perm(lo8, hi8, 0x5140), byte_perm(lo8, hi8, 0x7362)]
+    for i in range(4):  # byte 1 <- sign of xs byte i, byte 3 <- sign of w byte i
+        sign = byte_perm(xs, w, ((8 | (4 + i)) << 12) | ((8 | i) << 4))
+        out[i] = bir.bit_or(out[i], bir.bit_and(sign, _i32c(0x80008000)))
+    return out
+
+
+def dequant_chunks(codes: Value, splats: tuple[Value, ...], block: int) -> list[Value]:
+    """32 E2M1 codes (vector<16xi8>) -> the 4 chunks (vector<4xi32>, 8 bf16 each) of
+    ``_wgmma_ir._dequant_row(codes, splats, "lut", block)``, bit for bit (the same
+    magnitudes, signs and ``mul.rn.bf16x2`` by the block's splat)."""
+    words = vector.bitcast(bir.vec(4, bir.i32()), codes)
+    rows = []
+    for c in range(4):
+        regs = fp4x8_bf16x2(vector.extract(words, [], [c]))
+        regs = [_scale_bf16x2(x, splats[c * 8 // block]) for x in regs]
+        rows.append(vector.from_elements(bir.vec(4, bir.i32()), regs))
+    return rows
 
 
 def blocks(rows_pad: Value | int, k: Value | int, p: int) -> Value:
@@ -128,7 +165,7 @@ def _operand(x: Value, sfx: Value, ws: Value, rows: Value, rows_pad: Value, k: V
                     base = bir.add(bir.add(bir.mul(trow, bir.mul(kp, 2 * tile)),
                                            bir.mul(bir.add(bir.mul(pc, 8), 4 * h), 16 * tile)),
                                    bir.mul(r, 16))
-                    rows_out = X._dequant_row(data, splats, "lut", sblock)
+                    rows_out = dequant_chunks(data, splats, sblock)
                     for c, v in enumerate(rows_out):
                         bir.vector_store(vector.bitcast(vd, v), ws,
                                          bir.add(base, 16 * tile * c), alignment=16)
