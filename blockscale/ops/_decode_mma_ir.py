@@ -100,6 +100,23 @@ ptxas spills ~120-180 bytes around the slice loop, none in the step loop); fewer
 only for grids of several waves (matmul_decode.slices_variant). "mma_c8d2" is "mma_c8" at
 ``depth=2`` (168 registers, 3 CTAs per SM: 32 KB in flight a CTA, for grids under one wave
 such as gpt-oss T = 1; with ``tail``; register copies rotate the two steps).
+
+Persistent CTAs ("mma_c8w", "mma_c8r" / "mma_c8r4"; ``units``, ``ring``)
+------------------------------------------------------------------------
+At ~4.25 TB/s and ~1 us of loaded DRAM latency an SM needs ~32 KB in flight. "mma_c8t" has
+16 KB per CTA in flight but only once its loop runs: each CTA's first step is exposed, and
+the grid ends in a partial wave (T = 16: 5760 tiles = 10.9 waves of 528). "mma_c8w" runs one
+wave of CTAs walking work units (:mod:`blockscale.ops._decode_stream_ir`: group, 64-column
+tile, 8-row pass) with the "mma_c8t" step loop; the peeled last step of a unit fetches the
+CTA's next unit's first step, so a CTA's loads never stop between units (sm_90a step loop
+809 -> 832 SASS NVFP4, 921 -> 929 MXFP4; 126 / 127 registers, no spill). "mma_c8r" /
+"mma_c8r4" move the weights out of registers into a 3 / 4-stage shared ring filled by TMA
+(128-byte boxes x 64 rows, 128B swizzle: conflict-free fragment reads; one thread issues a
+step's two boxes 2 / 3 steps ahead, across units): 32 / 48 KB per CTA in flight at 3 / 2 CTAs
+per SM (96 KB per SM; T = 1, 360 units: ~87 KB per SM against ~44 KB). Their step loop has
+~895 SASS a step for the warps that do not issue (NVFP4: 2 LDS + 1 PRMT per row and unit pair
+rebuild :func:`_pair_pieces`'s word from the raw row; no weight staging), 128 registers, no
+spill. Every output is still one unit's "mma_c8t" sum: bit for bit the portable kernel's.
 """
 
 from __future__ import annotations

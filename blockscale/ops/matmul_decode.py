@@ -23,7 +23,9 @@ bit-identical to the portable kernel; :mod:`blockscale.ops._decode_mma_ir`), its
 "mma2", "mma_p" (cheaper E2M1 -> f16 decode, ~19 % fewer instructions per step, the same
 values), "mma_p5" ("mma_p" at 5 CTAs per SM; grouped) and "mma_psk" ("mma_p" with K split
 over grid.z), the conflict-free "mma_c*" family and its per-tile-overhead variants
-"mma_c8t" / "mma_c8s2" / "mma_c8s4" / "mma_c8d2", see :data:`VARIANTS`; the dispatch-only
+"mma_c8t" / "mma_c8s2" / "mma_c8s4" / "mma_c8d2", the persistent grouped "mma_c8w" /
+"mma_c8r" / "mma_c8r4" (one wave of CTAs walking work units; the last two with a TMA ring of
+weights), see :data:`VARIANTS`; the dispatch-only
 :data:`AUTO_VARIANT` picks among "mma_c8t" / "mma_c8s2" / "mma_c8s4" by the grid. The
 dispatch runs ``BLOCKSCALE_DECODE_VARIANT`` (default :data:`DEFAULT_VARIANT`, grouped
 :data:`GROUPED_DEFAULT_VARIANT`) for FP4; with "mma_p", grids of at most
