@@ -101,6 +101,33 @@ def test_interp_grid_counts():
     assert P1.grid(1, 5, 32, 128, 256, 1) == (1 + 1, 1, 1)
 
 
+@pytest.mark.interp
+def test_interp_conversion_exhaustive():
+    """fp4x8_bf16x2 (sign-replicate prmt) gives _wgmma_ir._fp4x8_lut's bits for every byte
+    value (every pair of E2M1 codes, both signs) in each of the four byte positions."""
+    from blockscale.compiler import ir as bir
+    from blockscale.launch import KernelArg
+    from blockscale.ops import _twophase_p1_ir as P
+    from blockscale.ops import _wgmma_ir as X
+    from blockscale.runtime.interpreter import run_kernel
+
+    args = (KernelArg("w", "buffer", "int32"), KernelArg("o", "buffer", "int32", "out"))
+    with bir.kernel_module("conv", "sm_90a", args, 256) as kb:
+        t = bir.global_thread_idx()
+        w = bir.load(kb.arg("w"), t)
+        for j, (mine, lut) in enumerate(zip(P.fp4x8_bf16x2(w), X._fp4x8_lut(w), strict=True)):
+            bir.store(mine, kb.arg("o"), bir.add(bir.mul(t, 8), j))
+            bir.store(lut, kb.arg("o"), bir.add(bir.mul(t, 8), 4 + j))
+    b = np.arange(256, dtype=np.uint32)
+    words = np.concatenate([b << (8 * i) | ((255 - b) << (8 * ((i + 1) % 4))) for i in range(4)])
+    out = np.zeros(8 * words.size, np.int32)
+    run_kernel(str(kb.module), "conv", (words.size // 256, 1, 1), (256, 1, 1),
+               [words.view(np.int32), out], "sm_90a")
+    out = out.reshape(-1, 2, 4)
+    assert np.array_equal(out[:, 0], out[:, 1])
+    assert len(np.unique(out[:, 0] & 0xFFFF)) == 16  # every code, as the low bf16
+
+
 @pytest.mark.ir
 def test_args_checked():
     fmt, a, b, sfa, sfb = _case("nvfp4", 8, 8, 64)
