@@ -66,11 +66,10 @@ def fp4x8_bf16x2(w: Value) -> list[Value]:
     """Eight E2M1 codes (an i32, code j in nibble j) -> 4 bf16 pairs (i32), codes (0, 1),
     (2, 3), (4, 5), (6, 7): the bits of ``_wgmma_ir._fp4x8_lut`` with fewer instructions.
     Magnitudes by the same ``prmt`` byte tables (one mask of all eight codes, 2 lookups + 2
-    interleaves per 4 codes); signs by one ``prmt`` per pair in sign-replicate mode (selector
-    nibble bit 3: the selected byte's bit 7 fills the byte) from ``w << 4`` (code 2i's sign at
-    bit 7 of byte i) and ``w`` (code 2i + 1's), merged by one ``lop3`` (``r | s &
-    0x80008000``). Per 8 codes: 12 PRMT, 1 SHL, 1 SHR, 5 LOP3 (the LUT path: 8 PRMT and ~20
-    shifts / LOP3)."""
+    interleaves per 4 codes); signs by one ``prmt`` per pair, byte i of ``w << 4`` (code
+    2i's sign in its bit 7) to byte 1 and byte i of ``w`` (code 2i + 1's) to byte 3, merged
+    by one ``lop3`` (``r | s & 0x80008000``). Per 8 codes: 12 PRMT, 1 SHL, 1 SHR, 5 LOP3
+    (the lut path: 8 PRMT and ~20 shifts / LOP3)."""
     mag = bir.bit_and(w, _i32c(0x77777777))
     xs = bir.shl(w, 4)
     out = []
@@ -78,8 +77,8 @@ def fp4x8_bf16x2(w: Value) -> list[Value]:
         lo8 = byte_perm(_i32c(_LUT_LO[0]), _i32c(_LUT_LO[1]), sel)
         hi8 = byte_perm(_i32c(_LUT_HI[0]), _i32c(_LUT_HI[1]), sel)
         out += [byte_perm(lo8, hi8, 0x5140), byte_perm(lo8, hi8, 0x7362)]
-    for i in range(4):  # byte 1 <- sign of xs byte i, byte 3 <- sign of w byte i
-        sign = byte_perm(xs, w, ((8 | (4 + i)) << 12) | ((8 | i) << 4))
+    for i in range(4):  # byte 1 <- byte i of xs, byte 3 <- byte i of w (pool: xs, then w)
+        sign = byte_perm(xs, w, ((4 + i) << 12) | (i << 4))
         out[i] = bir.bit_or(out[i], bir.bit_and(sign, _i32c(0x80008000)))
     return out
 
