@@ -45,8 +45,8 @@ from mlir.dialects import arith, vector
 
 from blockscale.compiler import ir as bir
 from blockscale.compiler.arch import nvvm as N
-from blockscale.layouts import SF_ATOM_BYTES
 from blockscale.compiler.arch.nvvm import byte_perm
+from blockscale.layouts import SF_ATOM_BYTES
 from blockscale.ops import _wgmma_ir as X
 from blockscale.ops._matmul_ir import tcgen_row_offset
 from blockscale.ops._mma_ir import _LUT_HI, _LUT_LO, _i32c, _scale_bf16x2
