@@ -198,12 +198,13 @@ def test_sass(fmt, p):
 @pytest.mark.gpu
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", P1.FORMATS)
-@pytest.mark.parametrize("shape", P1.GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("case", [(P1.GPU_SHAPES[0], p) for p in P1.PIECES]
+                         + [(s, P1.DEFAULT_PIECES) for s in P1.GPU_SHAPES[1:]],
+                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-p{c[1]}")
 @pytest.mark.parametrize("bn", [256, 240], ids=lambda b: f"bn{b}")
-@pytest.mark.parametrize("p", P1.PIECES, ids=lambda p: f"p{p}")
-def test_gpu_same_bytes(fmt, shape, bn, p):
+def test_gpu_same_bytes(fmt, case, bn):
     """On the H200: the one-launch workspaces equal the two-launch phase 1's bytes."""
-    m, n, k = shape
+    (m, n, k), p = case
     _same(fmt, m, n, k, 128, bn, device="cuda", pieces=p)
 
 
