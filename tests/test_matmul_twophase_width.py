@@ -106,13 +106,15 @@ def test_wave_model():
 
 
 def test_dispatch_width_choice(monkeypatch):
-    """DISPATCH_BN (256 until the H200 confirms the model) or BLOCKSCALE_SM90_TWOPHASE_BN:
-    "auto" takes the wave model at the device's SM count (the interpreter: SM_COUNTS)."""
+    """DISPATCH_BN ("auto" since run T) or BLOCKSCALE_SM90_TWOPHASE_BN: "auto" takes the
+    wave model at the device's SM count (the interpreter: SM_COUNTS)."""
     from blockscale.runtime import get_device
 
     dev = get_device("interp")
     monkeypatch.delenv(TP.ENV_BN, raising=False)
-    assert TP.DISPATCH_BN == 256 and TP.dispatch_bn(8192, 5760, dev) == 256
+    assert TP.DISPATCH_BN == "auto" and TP.dispatch_bn(8192, 5760, dev) == 240
+    monkeypatch.setenv(TP.ENV_BN, "256")
+    assert TP.dispatch_bn(8192, 5760, dev) == 256
     assert TP.sm_count(dev) == TP.SM_COUNTS["sm_90a"] == 132
     monkeypatch.setenv(TP.ENV_BN, "auto")
     assert TP.dispatch_bn(8192, 5760, dev) == 240
