@@ -149,6 +149,8 @@ def test_cluster_ir_order():
     assert ir.count(arrive) == 2 and ir.count(wait) == 2 and "gpu.barrier" not in ir[
         :ir.index(wait)]
     first = ir.index(arrive)
+    # the first relaxed (the init fence releases), the last a release (the remote arrivals)
+    assert ir.index("nvvm.cluster.arrive.relaxed") == first and ir.count("relaxed") == 1
     assert ir.rindex("nvvm.mbarrier.init ", 0, first) < ir.rindex("nvvm.fence.mbarrier", 0,
                                                                  first) < first
     assert first < ir.index(wait) < ir.index("cp.async.bulk.shared.cluster.global")

@@ -357,7 +357,9 @@ class _Ring:
                 cpasync.mbarrier_init(self.empty(bir.const(i)), self.cluster * self.bm // 64)
             tma.fence_mbarrier_init()
         if self.cluster > 1:  # the peers' barriers are initialised before any remote use
-            N.cluster_arrive()
+            # (fence.mbarrier_init.release.cluster orders the inits: a relaxed arrive, as
+            # CUTLASS's cluster pipelines, skips the release's MEMBAR.ALL.GPU)
+            N.cluster_arrive(relaxed=True)
             N.cluster_wait()
         else:
             bir.barrier()
