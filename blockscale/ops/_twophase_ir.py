@@ -79,6 +79,33 @@ bytes), no spills, 4 HGMMA / 2 + 2 UBLKCP in the K loop (two refill paths), the 
 epilogue ~1,500 per thread and tile (930 one CTA per tile: ptxas packs the 128 store
 guards' predicates into registers, P2R / LOP3).
 
+Clusters, ``cluster=2`` (:func:`emit_mainloop`, issue #9): the grid runs as clusters of 2
+CTAs along M (launch attribute CLUSTER_DIMENSION (2, 1, 1)); cluster ``blockIdx.x / 2``
+takes M-tiles ``2 pm`` and ``2 pm + 1`` of one column tile (:func:`cluster_tile`), so both
+CTAs read the same B tile-row. Each CTA's producer copies its own A span and half of the B
+span (``%cluster_ctarank`` picks the half) with
+``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster``
+(ctaMask 0b11) to the same offset of both CTAs' stage; each CTA's full barrier expects the
+whole stage (A + B bytes), one half of B completing from the peer. A stage is refilled
+only once both CTAs are done with it, as the refill writes both: empty barriers count ``2 bm
+/ 64`` arrivals, each warpgroup's releasing thread arriving on its own and (``mapa`` +
+``mbarrier.arrive.shared::cluster``, release.cta: the wgmmas that read the stage retired)
+on the peer's. A peer's complete_tx may reach a full barrier before that CTA's own
+expect_tx (the tx-count goes negative; the pending arrival keeps the phase open), never
+before the barrier's previous phase completed (the peer refills a slot only after this
+CTA's consumers, past their full wait, released it). A cluster barrier after the mbarrier
+init (``fence.mbarrier_init.release.cluster``, then a relaxed arrive and a wait) precedes
+any remote access; every thread arrives (release) after the K loop and waits at the very
+end, so no CTA exits while its peer may still arrive on its mbarriers (the peer's multicast
+writes into this CTA all completed on full barriers this CTA waited on). Per pair a k64
+step reads 2 x 16 + 32 KiB from L2 instead of 2 x 48 KiB (-33 % at 128 x 256; bytes per
+flop (128 + 128) / (128 x 256) against (128 + 256)); the same operands and k16 order per
+tile, so the same bytes. With an odd number of M-tiles the last cluster's second CTA loads
+A's last tile-row again and stores nothing. SASS (ptxas 13.0, NVFP4 bf16 staged): 154
+registers at 128 x 256 (146 at 240), as without clusters; K loop 128 instructions (122
+without; 133 vs 127 at 240): one UBLKCP.S.G.MULTICAST + one UBLKCP, one local and one
+remote arrival (SYNCS.ARRIVE.TRANS64.RED, no MEMBAR); UCGABAR_ARV / _WAIT twice.
+
 CTA order: tile ``t`` of the 1-D grid is rasterized in groups of :data:`RASTER` M-tiles
 (M fastest inside a group), so the CTAs of a wave share B's and A's workspace rows in L2.
 

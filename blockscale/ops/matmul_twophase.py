@@ -42,6 +42,12 @@ Kernels (:mod:`blockscale.ops._twophase_ir`):
   CTA launch and prologue overlap phase 1's tail. Same bytes. Not the dispatch default
   until measured (:data:`DISPATCH_PDL`).
 
+* ``cluster=2`` (phase 2, schedule "tiles"): clusters of 2 CTAs along M sharing each B
+  stage: each CTA bulk-copies half of it to both CTAs' rings by multicast, so a pair
+  reads B's tile-row from L2 once (L2 -> SM bytes per flop -33 % at 128 x 256: 128 + 128
+  rows per CTA against 128 + 256); launched with a cluster dimension (kernel meta
+  ``cluster_dim``, runtime/cuda.py); the grid's M-tiles rounded up to an even count. Same bytes. Not the dispatch default until measured.
+
 Tile width (issue #9): the dispatch's ``bn`` is :data:`DISPATCH_BN` (256) unless
 ``BLOCKSCALE_SM90_TWOPHASE_BN`` says "auto" (:func:`wave_bn`: e.g. 240 at 8192 x 5760 on
 132 SMs, where 256 pads N to 23 column tiles) or a width. Any width gives the same bytes.
@@ -251,7 +257,8 @@ class TwophaseMatmulSpec(FormatSpec):
         cluster: :data:`CLUSTERS`; 2 (schedule "tiles"): clusters of 2 CTAs along M (the
             grid's consecutive CTA pairs, launched with a cluster dimension: :attr:`launch_meta`)
             share each B stage, each CTA bulk-copying half of it to both by multicast, so a
-            pair reads B's tile-row from L2 once (L2 -> SM bytes per flop -25 % at 128 x 256).
+            pair reads B's tile-row from L2 once (L2 -> SM bytes per flop -33 % at
+            128 x 256).
             The same operands and k16 order per tile: the same bytes.
     """
 
@@ -627,9 +634,9 @@ def block_scaled_matmul_twophase(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format
     """The two-phase kernel pair called directly (no dispatch), e.g. by tests and benchmarks.
     Same arguments as :func:`blockscale.ops.matmul_wgmma.block_scaled_matmul_wgmma` (no tile
     or variant choice), plus phase 2's ``kstep``, ``stages``, tile height ``bm``, the
-    workspaces' layout ``swizzle``, CTA ``schedule``, epilogue ``store``, tile width ``bn``
-    programmatic dependent launch ``pdl`` and ``cluster`` (:class:`TwophaseMatmulSpec`; ``ctas``: the
-    persistent grid's CTA count, default the device's SM count).
+    workspaces' layout ``swizzle``, CTA ``schedule``, epilogue ``store``, tile width ``bn``,
+    programmatic dependent launch ``pdl`` and ``cluster`` (:class:`TwophaseMatmulSpec`;
+    ``ctas``: the persistent grid's CTA count, default the device's SM count).
     Allocates :func:`workspace_bytes` of device memory per call. Raises ValueError for a
     format other than NVFP4 / MXFP4 or K % 32 != 0."""
     fmt = Format.from_name(fmt)
