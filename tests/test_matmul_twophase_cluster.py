@@ -68,18 +68,21 @@ def test_interp_workspaces_path():
 
 
 @pytest.mark.interp
-@pytest.mark.parametrize("broken", [None, "remote_arrive", "multicast_mask",
+@pytest.mark.parametrize("broken", [None, "small_batches", "remote_arrive", "multicast_mask",
                                     "no_cluster_launch"])
 def test_interp_cluster_protocol_checked(monkeypatch, broken):
     """The model is not vacuous: without the peer's arrival on the empty barrier the
     producer's wait never completes; a B half copied to this CTA only leaves the peer's full
-    barrier short; a cluster kernel launched without a cluster dimension has no peer. (The
-    kernel is built here and run by run_kernel: no kernel cache.)"""
+    barrier short; a cluster kernel launched without a cluster dimension has no peer. Batches
+    of one CTA's threads still hold whole clusters. (The kernel is built here and run by
+    run_kernel: no kernel cache.)"""
     from blockscale.compiler.arch import cpasync
     from blockscale.runtime.interpreter import run_kernel
     from blockscale.runtime.interpreter.ops_tma import MBarrierDeadlockError
 
-    err, cluster = None, (2, 1, 1)
+    err, cluster, batch = None, (2, 1, 1), 1 << 17
+    if broken == "small_batches":  # one CTA's threads a batch: rounded up to whole clusters
+        batch = 256
     if broken == "remote_arrive":
         monkeypatch.setattr(cpasync, "mbarrier_arrive_cluster", lambda mbar: None)
         err = MBarrierDeadlockError
@@ -99,7 +102,8 @@ def test_interp_cluster_protocol_checked(monkeypatch, broken):
     args = [vals[x.name] for x in spec.args()]
     run = lambda: run_kernel(str(TP.build(spec)), spec.kernel_name, TP.grid(m, n, cluster=2),
                              spec.block, args, "sm_90a",
-                             dynamic_shared_bytes=spec.dynamic_shared_bytes, cluster=cluster)
+                             dynamic_shared_bytes=spec.dynamic_shared_bytes, cluster=cluster,
+                             batch_threads=batch)
     if err is None:
         run()
         want = TP.matmul_workspaces(wa, wb, fmt, m, n, k, store="staged", device="interp")
@@ -205,6 +209,23 @@ def test_launch_config_cluster():
     with pytest.raises(ValueError, match="cluster"):
         C.launch_config((3, 1, 1), (128, 1, 1), 0, 0, cluster=(2, 1, 1))
     assert C.CLUSTER_DIM in TP.TwophaseMatmulSpec("nvfp4", cluster=2).launch_meta
+
+
+@pytest.mark.lower
+def test_cluster_meta_survives_bundle(tmp_path):
+    """The bundle entry (JSON) keeps ``cluster_dim``; the CUDA launch config takes it."""
+    from blockscale.launch import load_kernel, save_kernel
+
+    spec = TP.TwophaseMatmulSpec("nvfp4", store="staged", bn=240, cluster=2)
+    save_kernel(str(tmp_path), "k", TP.kernel(spec).binary)
+    meta = load_kernel(str(tmp_path), "k").meta
+    assert list(meta["cluster_dim"]) == [2, 1, 1]
+    pytest.importorskip("cuda.bindings.driver")
+    from blockscale.runtime import cuda as C
+
+    c = C.launch_config(TP.grid(8192, 5760, bn=240, cluster=2), spec.block,
+                        spec.dynamic_shared_bytes, 0, cluster=meta["cluster_dim"])
+    assert c.numAttrs == 1 and c.attrs[0].value.clusterDim.x == 2
 
 
 @pytest.mark.gpu
