@@ -46,7 +46,9 @@ Kernels (:mod:`blockscale.ops._twophase_ir`):
   stage: each CTA bulk-copies half of it to both CTAs' rings by multicast, so a pair
   reads B's tile-row from L2 once (L2 -> SM bytes per flop -33 % at 128 x 256: 128 + 128
   rows per CTA against 128 + 256); launched with a cluster dimension (kernel meta
-  ``cluster_dim``, runtime/cuda.py); the grid's M-tiles rounded up to an even count. Same bytes. Not the dispatch default until measured.
+  ``cluster_dim``, runtime/cuda.py); the grid's M-tiles rounded up to an even count. Same
+  bytes. Not the dispatch default until measured (:data:`DISPATCH_CLUSTER`;
+  ``BLOCKSCALE_SM90_TWOPHASE_CLUSTER=2`` turns it on).
 
 Tile width (issue #9): the dispatch's ``bn`` is :data:`DISPATCH_BN` (256) unless
 ``BLOCKSCALE_SM90_TWOPHASE_BN`` says "auto" (:func:`wave_bn`: e.g. 240 at 8192 x 5760 on
@@ -124,6 +126,10 @@ ENV_BN = "BLOCKSCALE_SM90_TWOPHASE_BN"
 #: specs); BLOCKSCALE_SM90_TWOPHASE_PDL=1 / 0 overrides it. Off until measured on the H200
 DISPATCH_PDL = False
 ENV_PDL = "BLOCKSCALE_SM90_TWOPHASE_PDL"
+#: the dispatch's phase-2 cluster size (:data:`CLUSTERS`: 2 shares B between CTA pairs);
+#: BLOCKSCALE_SM90_TWOPHASE_CLUSTER=1 / 2 overrides it. 1 until measured on the H200
+DISPATCH_CLUSTER = 1
+ENV_CLUSTER = "BLOCKSCALE_SM90_TWOPHASE_CLUSTER"
 #: SMs per target where the device does not say (the interpreter): the H200's / H100 SXM's
 SM_COUNTS = {"sm_90a": 132}
 #: phase-2 tile heights (bm / 64 consumer warpgroups; 192: 22% fewer L2 bytes per flop)
@@ -419,6 +425,17 @@ def sm_count(dev: Any, target: str = "sm_90a") -> int:
     return int(getattr(dev, "sm_count", None) or SM_COUNTS.get(target, SM_COUNT))
 
 
+def dispatch_cluster() -> int:
+    """The dispatch's phase-2 cluster size: :data:`ENV_CLUSTER` ("1" / "2") if set, else
+    :data:`DISPATCH_CLUSTER`."""
+    v = os.environ.get(ENV_CLUSTER)
+    if v is None or v == "":
+        return DISPATCH_CLUSTER
+    if v not in ("1", "2"):
+        raise ValueError(f"{ENV_CLUSTER} must be '1' or '2', got {v!r}")
+    return int(v)
+
+
 def dispatch_pdl() -> bool:
     """Whether the dispatch launches phase 2 with programmatic dependent launch:
     :data:`ENV_PDL` ("1" / "0") if set, else :data:`DISPATCH_PDL`."""
@@ -699,7 +716,8 @@ def fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
         store = S.dispatch_store(out_dtype, n)
         bn = dispatch_bn(m, n, device, target) if store == "staged" else BN
         spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, target,
-                                  store=store, bn=bn, pdl=dispatch_pdl())
+                                  store=store, bn=bn, pdl=dispatch_pdl(),
+                                  cluster=dispatch_cluster())
         return _run(spec, dims, a, b, sfa, sfb, alpha, extra, device)
     return run
 
