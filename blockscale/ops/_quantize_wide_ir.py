@@ -72,11 +72,15 @@ grouped NVFP4 15.8 (64, 0) / 16.0 (64, 0) / 15.0 (72, 0), MXFP4 11.8 (62) / 12.0
 NVFP4 28.7 and grouped NVFP4 S = 4 17.7 without).
 
 Session 5: ``wide4`` (128 registers) packs FP4 unsaturated too: grouped NVFP4 15.6 -> 14.1
-(128, 0). ``*_plut`` (fused SILU, ``spec.product``, :func:`_silu_product`): the table holds
-``fl(g * sig)``; a chunk whose gates all lie in its window skips the gates' widening and a
-multiply: ``wide_bulk2_plut`` 24.4 (110, 0) / 24.7 (102) / 17.9 (105), ``wide_plut`` 28.4
-(80, 24) / 25.8 (80, 16) / 18.3 (80, 0). ``*_x2`` / ``*_x4`` (``spec.waves``): the same
-kernels on 2 / 4 resident waves of blocks (the plan only).
+(128, 0). Fused kernels (CUDA): the chunk max is ``max.NaN.f32`` of ``|z|`` (:func:`_amax_f32`)
+and the sigmoid table's ``lo`` folds into its address: ``wide_bulk2_lut`` 24.3 (109, 0) /
+24.5 (99) / 17.7 (103), ``wide_lut`` 28.3 (80, 16) / 25.2 (80, 0) / 17.8 (80, 0).
+``*_plut`` (fused SILU, ``spec.product``, :func:`_silu_product`): the table holds
+``fl(g * sig)`` (negative gates at entry 4096 + ...), a chunk whose gates all lie in its
+window (one u16x2 min / max test) skips the gates' widening, the clamp and a multiply:
+``wide_bulk2_plut`` 22.4 (110, 0) / 22.6 (102) / 15.9 (105), ``wide_plut`` 26.3 (80, 24) /
+23.7 (80, 16) / 16.3 (80, 0). ``*_x2`` / ``*_x4`` (``spec.waves``): the same kernels on 2 /
+4 resident waves of blocks (the plan only).
 """
 
 from __future__ import annotations
