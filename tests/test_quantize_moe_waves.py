@@ -117,3 +117,22 @@ def test_waves_plan_and_names():
                            waves=2)
     with pytest.raises(ValueError, match="schedule"):
         QG.with_schedule(base, "wide_x3")
+
+
+def test_grouped_default_by_format(monkeypatch):
+    """Per-format default schedules: an entry of DEFAULT_GROUPED_SCHEDULE_BY_FORMAT wins for
+    its format only (the op's schedule=None on sm_90a)."""
+    import ml_dtypes
+
+    monkeypatch.setattr(QG, "DEFAULT_GROUPED_SCHEDULE_BY_FORMAT", {"mxfp8": "wide_bulk2_x2"})
+    assert QG.grouped_default("mxfp8") == "wide_bulk2_x2"
+    assert QG.grouped_default("nvfp4") == QG.DEFAULT_GROUPED_SCHEDULE
+    seen = []
+    monkeypatch.setattr(QG, "run_grouped", lambda spec, *a, **k: seen.append(spec))
+    es, offs = group_offsets([3, 2])
+    x = np.ones((5, 64), ml_dtypes.bfloat16)
+    for fmt in ("mxfp8", "mxfp4"):
+        QG.grouped_quantize_dynamic_scaled(x, fmt, es, offs, np.array([0, 1], np.int32), None,
+                                           device="interp", target="sm_90a")
+    assert seen[0].bulk == 2 and seen[0].waves == 2
+    assert seen[1].wide == 2 and seen[1].bulk == 0 and seen[1].waves == 1

@@ -38,7 +38,7 @@ GROUPS = (np.array([0, 3, 5], np.int32), np.array([0, 1], np.int32),
 
 
 @pytest.mark.parametrize("target,schedule,want", [
-    ("sm_90a", None, QG.DEFAULT_GROUPED_SCHEDULE), ("sm_100a", None, QG.DEFAULT_SCHEDULE),
+    ("sm_90a", None, QG.grouped_default("mxfp8")), ("sm_100a", None, QG.DEFAULT_SCHEDULE),
     ("gfx942", None, QG.DEFAULT_SCHEDULE), ("sm_90a", "rows", "rows"),
     ("gfx942", "stream", "stream")])
 def test_grouped_op_schedule(target, schedule, want, monkeypatch):

@@ -83,6 +83,16 @@ DEFAULT_SCHEDULE = "tiles"
 #: 0.0387 / 0.0319 / 0.0352); other targets: not measured
 DEFAULT_GROUPED_SCHEDULE = "wide"
 GROUPED_SCHEDULE_TARGETS = ("sm_90a",)
+#: per-format overrides of DEFAULT_GROUPED_SCHEDULE (format name -> schedule; empty: every
+#: format runs DEFAULT_GROUPED_SCHEDULE). Run T (H200, T=8192 K=4096 E=64, ms): NVFP4 wide4
+#: 0.0355 vs wide 0.0373, MXFP8 wide_bulk2_x2 0.0335 vs wide 0.0343, MXFP4 wide best (0.0316)
+DEFAULT_GROUPED_SCHEDULE_BY_FORMAT: dict[str, str] = {}
+
+
+def grouped_default(fmt: str) -> str:
+    """The grouped op's schedule for format ``fmt`` on GROUPED_SCHEDULE_TARGETS when none is
+    given: its DEFAULT_GROUPED_SCHEDULE_BY_FORMAT entry, else DEFAULT_GROUPED_SCHEDULE."""
+    return DEFAULT_GROUPED_SCHEDULE_BY_FORMAT.get(fmt, DEFAULT_GROUPED_SCHEDULE)
 
 
 def default_schedule(schedule: str | None, target: str, default: str,
@@ -474,7 +484,7 @@ def grouped_quantize_dynamic_scaled(x: Any, fmt: Format | str, expert_start: Any
         indices_divisor: positive int.
         device, target: as for :func:`blockscale.ops.quantize.quantize_dynamic_block_scaled`.
         schedule: kernel schedule, one of SCHEDULES + STREAM_SCHEDULES (None:
-            DEFAULT_GROUPED_SCHEDULE on GROUPED_SCHEDULE_TARGETS, else DEFAULT_SCHEDULE); same
+            grouped_default(fmt) on GROUPED_SCHEDULE_TARGETS, else DEFAULT_SCHEDULE); same
             bytes.
 
     Numpy group vectors are validated on the host; device arrays are trusted.
@@ -504,7 +514,7 @@ def grouped_quantize_dynamic_scaled(x: Any, fmt: Format | str, expert_start: Any
     dev, tgt = device_and_target(device, target)
     spec = QuantizeSpec(fmt.name, tgt, None, "tcgen5d", k % 8 == 0, "grouped",
                         gather=indices is not None, name="grouped_quantize_dynamic_scaled")
-    schedule = default_schedule(schedule, tgt, DEFAULT_GROUPED_SCHEDULE,
+    schedule = default_schedule(schedule, tgt, grouped_default(fmt.name),
                                 GROUPED_SCHEDULE_TARGETS)
     spec = with_schedule(spec, schedule, ng)
     buffers = {"x": x, "expert_start": _i32(expert_start),
@@ -563,14 +573,15 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
 __all__ = [
     "BULK_SCHEDULES",
     "DEFAULT_SCHEDULE",
-    "SCHEDULES",
     "PLUT_SCHEDULES",
+    "SCHEDULES",
     "STREAM_SCHEDULES",
     "WAVE_SCHEDULES",
     "WIDE_SCHEDULES",
     "MoeQuantizeSpec",
     "bundle_specs",
     "check_groups",
+    "grouped_default",
     "grouped_quantize_dynamic_scaled",
     "grouped_quantize_dynamic_scaled_fp4_async",
     "grouped_quantize_dynamic_scaled_fp4_async_kernel",
