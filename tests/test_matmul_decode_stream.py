@@ -5,8 +5,8 @@ blockscale/ops/_decode_stream_ir.py) and "mma_c8r" / "mma_c8r4" (the weights thr
 portable grouped kernel's results with 1, 3 and the default number of CTAs (units per CTA:
 many, a few, one), on the grouped decode cases of tests/test_matmul_decode.py and T=1 / 16 / 128-like
 small shapes (K whose last step is 1, 2 or 10 unit pairs long: K = 32 has no step loop, the
-peeled step alone; groups of 9-16 rows: two passes; expert id -1 with rows: zeros; empty
-groups and passes past a group's end: units that do nothing); the grouped dispatch with
+peeled step alone; groups of 9-16 rows: two 8-row blocks; expert id -1 with rows: zeros;
+empty groups and blocks past a group's end: units that do nothing); the grouped dispatch with
 ``BLOCKSCALE_DECODE_VARIANT=mma_c8w`` (the dense one runs "mma_c8t"); its sm_90a SASS."""
 
 from __future__ import annotations
@@ -93,9 +93,9 @@ def test_all_groups_and_idle_passes(variant, monkeypatch):
     empty groups and passes past a group's end do nothing (the ring variants: their fills
     arrive with no bytes), the results are unchanged."""
     got = _check(NVFP4, SHAPES[2], 5, monkeypatch, variant)
-    monkeypatch.setattr(matmul_decode, "group_list",
-                        lambda es, g: np.arange(g, dtype=np.int32))
-    monkeypatch.setattr(matmul_decode, "max_group_rows", lambda es, t: t)  # 38 rows: 5 passes
+    real = matmul_decode.row_blocks
+    # every group's 2 blocks (min(T, 16) rows): an empty group, short groups' second blocks
+    monkeypatch.setattr(matmul_decode, "row_blocks", lambda es, g, t: real(None, g, t))
     monkeypatch.setattr(matmul_decode, "STREAM_CTAS", 4)
     again = _check(NVFP4, SHAPES[2], 5, monkeypatch, variant)
     assert np.array_equal(got.view(np.uint16), again.view(np.uint16))
@@ -124,6 +124,20 @@ def test_dispatch(monkeypatch):
     assert launched == ["mma_c8t"]
     with pytest.raises(ValueError, match="grouped"):
         matmul_decode.DecodeSpec("nvfp4", "dense", variant=V)
+
+
+def test_row_blocks():
+    """The host list holds exactly the 8-row blocks with rows (p * num_groups + g), group by
+    group; a device-side ``expert_start``: every group's blocks for min(T, 16) rows, block 0
+    of every group first."""
+    es = np.array([0, 0, 3, 12, 28, 28])
+    got = matmul_decode.row_blocks(es, 5, 28)
+    assert got.dtype == np.int32
+    assert got.tolist() == [1, 2, 2 + 5, 3, 3 + 5]
+    assert matmul_decode.row_blocks(np.array([0, 0]), 1, 0).tolist() == [0]
+    assert matmul_decode.row_blocks(None, 3, 9).tolist() == list(range(6))
+    assert matmul_decode.row_blocks(None, 3, 100).tolist() == list(range(6))
+    assert matmul_decode.row_blocks(None, 3, 1).tolist() == [0, 1, 2]
 
 
 def test_bundle_specs():

@@ -17,11 +17,12 @@ the last a third full).
 
 Work units
 ----------
-Unit u = ((y * tiles) + x) * passes + p: group ``group_list[y]`` (``list_len`` of them),
-columns ``[64 x, 64 x + 64)`` (``tiles = ceil(N / 64)``), rows ``[start + 8 p, + 8)`` of
-the group (``passes`` = ceil(largest group / 8), from the host). A unit is live when it has
+Unit u = y * tiles + x: row block ``group_list[y] = p * num_groups + g`` (``list_len`` of
+them, :func:`blockscale.ops.matmul_decode.row_blocks`: rows ``[start + 8 p, + 8)`` of group
+g), columns ``[64 x, 64 x + 64)`` (``tiles = ceil(N / 64)``). A unit is live when it has
 rows and its expert id is >= 0; a unit of id -1 with rows writes its zeros (D8); a unit
-without rows (an empty group, or a pass past a short group's end) does nothing. Each output
+without rows (an empty group, or a block past a short group's end: device-side
+``expert_start`` only) does nothing. Each output
 is computed by one unit in the "mma_c8t" order: bit for bit the portable kernel's result.
 """
 
@@ -59,7 +60,7 @@ class Unit(NamedTuple):
 
 class Units:
     """The work units of a grouped decode launch (kernel arguments ``group_list``,
-    ``list_len``, ``passes``, ``expert_start``, ``expert_ids``, ``a_scale_offsets``) and
+    ``list_len``, ``num_groups``, ``expert_start``, ``expert_ids``, ``a_scale_offsets``) and
     their output (``expert_scales``, ``a_row_scales`` with ``row_scales``, ``c``)."""
 
     def __init__(self, kb: Any, n_count: Value, row_scales: bool):
@@ -67,17 +68,15 @@ class Units:
         self.n_count = n_count
         self.row_scales = row_scales
         self.tiles = bir.ceil_div(n_count, COLS)
-        self.passes = bir.as_index(kb.arg("passes"))
-        self.count = bir.mul(bir.mul(bir.as_index(kb.arg("list_len")), self.tiles),
-                             self.passes)
+        self.groups = bir.as_index(kb.arg("num_groups"))
+        self.count = bir.mul(bir.as_index(kb.arg("list_len")), self.tiles)
 
     def info(self, u: Value) -> Unit:
         """Unit u's geometry (a few L1-resident loads: group list, group bounds, id)."""
         kb = self.kb
-        p = bir.urem(u, self.passes)
-        rest = bir.udiv(u, self.passes)
-        x, y = bir.urem(rest, self.tiles), bir.udiv(rest, self.tiles)
-        g = bir.as_index(bir.load(kb.arg("group_list"), y))
+        x, y = bir.urem(u, self.tiles), bir.udiv(u, self.tiles)
+        blk = bir.as_index(bir.load(kb.arg("group_list"), y))
+        g, p = bir.urem(blk, self.groups), bir.udiv(blk, self.groups)
         es = kb.arg("expert_start")
         start = bir.as_index(bir.load(es, g))
         end = bir.as_index(bir.load(es, bir.add(g, 1)))

@@ -120,7 +120,8 @@ SLICES = {"mma_c8s2": 2, "mma_c8s4": 4}
 DENSE_EQUIVALENT = {"mma_p5": "mma_p", "mma_c85": "mma_c8", "mma_c86": "mma_c8",
                     "mma_c8w": "mma_c8t", "mma_c8r": "mma_c8t", "mma_c8r4": "mma_c8t"}
 #: the persistent (work-unit walking) variants: grouped only, grid (P, 1, 1), scalars
-#: ``list_len`` / ``passes`` (_decode_stream_ir); their CTAs per SM (one wave of P =
+#: ``list_len``, ``group_list`` = :func:`row_blocks` (_decode_stream_ir); their CTAs per SM
+#: (one wave of P =
 #: min(units, CTAs per SM x 132): 128 registers; the rings' shared memory)
 STREAM_VARIANTS = ("mma_c8w", "mma_c8r", "mma_c8r4")
 STREAM_PER_SM = {"mma_c8w": 4, "mma_c8r": 3, "mma_c8r4": 2}
@@ -251,8 +252,8 @@ class DecodeSpec(FormatSpec):
         else:
             args = list(_matmul.MatmulSpec(self.fmt, self.out_dtype, "tcgen5d", None,
                                            self.target).args())
-        if self.variant in STREAM_VARIANTS:  # group_list's length, 8-row passes per group
-            args += [KernelArg("list_len", "scalar", "i32"), KernelArg("passes", "scalar", "i32")]
+        if self.variant in STREAM_VARIANTS:  # group_list's length (row blocks)
+            args.append(KernelArg("list_len", "scalar", "i32"))
         if self.variant in RING:  # the TMA map over the weights (_decode_mma_ir.ring_map_arg)
             args.append(KernelArg("w_map", "tensormap", self.format.elem_dtype.name,
                                   tensor="w", box=(128, 64), swizzle="128b"))
@@ -494,18 +495,19 @@ def _launch_grouped(spec: DecodeSpec, t: int, n: int, num_groups: int,
         if v != spec.variant:
             spec = _grouped_spec(spec, v)
     host = all(isinstance(v, np.ndarray) for v in buffers.values())
-    buffers = {**buffers, "group_list": groups if host else device.to_device(groups)}
     if spec.variant in STREAM_VARIANTS:
-        passes = max(1, -(-max_group_rows(buffers["expert_start"], t) // 8))
-        units = int(groups.size) * grid(n, 1, 64)[0] * passes
+        rows = row_blocks(buffers["expert_start"], num_groups, t)
+        units = int(rows.size) * grid(n, 1, 64)[0]
+        buffers = {**buffers, "group_list": rows if host else device.to_device(rows)}
         return H.launch(spec, (max(1, min(units, stream_ctas(spec.variant))), 1, 1), (t, n),
                         "bfloat16",
-                        buffers, {**scalars, "list_len": int(groups.size), "passes": passes,
+                        buffers, {**scalars, "list_len": int(rows.size),
                                   **({"w_map": (scalars["k"] // 2,
                                                 int(np.prod(buffers["w"].shape))
                                                 // max(1, scalars["k"] // 2))}
                                      if spec.variant in RING else {})},
                         device, empty=t == 0 or n == 0)
+    buffers = {**buffers, "group_list": groups if host else device.to_device(groups)}
     g3, buffers = _with_split_k(spec, grid(n, int(groups.size), spec.cols), t, n,
                                 scalars["k"], buffers, host, device)
     return H.launch(spec, g3, (t, n), "bfloat16", buffers, scalars, device,
@@ -516,6 +518,24 @@ def stream_ctas(variant: str) -> int:
     """The CTA cap of a persistent variant: :data:`STREAM_CTAS` when set, else one wave
     (:data:`STREAM_PER_SM` x 132 SMs)."""
     return STREAM_CTAS if STREAM_CTAS is not None else STREAM_PER_SM[variant] * 132
+
+
+def row_blocks(expert_start: Any, num_groups: int, t: int) -> np.ndarray:
+    """The persistent variants' ``group_list``: one int32 entry ``p * num_groups + g`` per
+    8-row block p of group g (rows ``[start + 8 p, + 8)``). A numpy ``expert_start``: the
+    blocks that hold rows, group by group; else every group's ``ceil(min(T, 16) / 8)``
+    blocks (those past a group's end do nothing), block 0 of every group first. Every
+    entry is a live unit per 64-column tile on the host path, so CTAs striding over the
+    units share the work evenly (run T: units (group, tile, pass) with the pass fastest
+    gave CTA c only passes c % 2 at T = 128, half the CTAs idle)."""
+    if isinstance(expert_start, np.ndarray) and expert_start.size >= 2:
+        counts = np.diff(expert_start.astype(np.int64))
+        g = np.repeat(np.arange(counts.size), -(-counts // 8))
+        p = np.concatenate([np.arange(-(-c // 8)) for c in counts]) if counts.size else g
+        out = (p * num_groups + g).astype(np.int32)
+        return out if out.size else np.zeros(1, np.int32)  # (no rows: one empty block)
+    blocks = max(1, -(-min(t, MAX_ROWS) // 8))
+    return np.arange(blocks * num_groups, dtype=np.int32)
 
 
 def slices_variant(tiles: int) -> str:
