@@ -249,3 +249,28 @@ def test_gpu(fmt, variant):
     _run(Format.from_name(fmt), counts, ids, 128, 5760, 2880, rows=fmt == "nvfp4",
          loop="split", prefetch=prefetch, device="cuda", check_exact=False, store=store,
          producers=producers, bn=256 if producers == 1 else 192, depth=(depth or [1])[0])
+
+
+@pytest.mark.lower
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_producer_loop_sass(fmt):
+    """The dispatch's kernel (staged, prefetch): the producer's K loop (the innermost loop
+    holding the 24 STS.128) is at most 800 SASS instructions a k64 step (issue #10 round 2:
+    991 / 905 before; ~1024 tensor cycles a step), no register copies of the PRMT tables from
+    uniform registers and no local memory in it."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import sass_loop_counts as L
+
+    spec = GP.GroupedPdqSpec(fmt, fmt == "nvfp4", "sm_90a", None, True, "split", "staged")
+    ins = L.parse(GP.kernel(spec).asm["sass"])
+    lps = [(lo, hi) for lo, hi, _ in L.loops(ins)]
+    inner = [(lo, hi) for lo, hi in lps
+             if not any(lo < a and b <= hi or lo <= a and b < hi for a, b in lps)]
+    body = [[t for a, t in ins if lo <= a <= hi] for lo, hi in inner]
+    (prod,) = [b for b in body if sum("STS.128" in t for t in b) == 24]
+    assert len(prod) <= 800
+    assert not [t for t in prod if re.search(r"IMAD\.U32 R\d+, RZ, RZ, UR", t)][4:]
+    assert not [t for t in prod if re.match(r"(@!?P\w+\s+)?(LDL|STL)", t)]

@@ -289,11 +289,12 @@ def test_kernel_sass(spec):
     kernel = P.kernel(spec)
     sass, meta = kernel.asm["sass"], kernel.meta
     # a few spills at most (values kept across the producer's loop), none in a K loop but
-    # with packed A (30 prefetched registers; round 2: up to 6 LDL / STL in its loop)
+    # with packed A (30 prefetched registers at 168: up to 9 LDL / STL in the producer's
+    # loop since round 2's decode, against ~140 fewer instructions a step; not dispatched)
     packed_a = spec.a_source == "packed"
     assert meta["spill_stores"] <= (64 if packed_a else 48)
     assert meta["spill_loads"] <= (64 if packed_a else 48)
-    assert loop_local(sass) <= (8 if packed_a else 0)
+    assert loop_local(sass) <= (10 if packed_a else 0)
     assert meta["registers"] <= 65536 // spec.block[0]  # 168 at 384 threads, 128 at 512
     assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32\.BF16", sass)) == 4
     packed, staged = spec.a_source == "packed", spec.store == "staged"

@@ -75,13 +75,15 @@ stores and fence).
 
 Round 2 (issue #10): the PRMT tables' first words come from shared memory once per tile
 (:func:`_lut_regs`; as constants ptxas copied a uniform register into a register before each
-of the 84 lookups a step), NVFP4's two scale bytes of a unit are decoded at once as bf16
-fields (:func:`_nvfp4_scale_pair`, times a 2^120 table: ~7 instructions instead of ~20) and
-MXFP4's as ``e << 7`` (:func:`_mx_scale`, times a 2^-2 table); the products are exact, so the
-stage bytes are unchanged. Grouped staged kernels (the dispatch's), producer loop: 991 -> 790
-(NVFP4 row scales) / 905 -> 797 (MXFP4) instructions a k64 step, 168 registers; MXFP4 and
-NVFP4 without row scales spill 16 bytes outside the K loops (none inside). The counts below
-are the round-1 ones.
+of the 84 lookups a step), the scale bytes are loaded zero-extended (:func:`_scale_word`),
+NVFP4's two of a unit decoded at once as bf16 fields (:func:`_nvfp4_scale_pair`, times a
+2^120 table: 7 instructions instead of ~20) and MXFP4's as ``e << 7`` (:func:`_mx_scale`,
+times a 2^-2 table); the products are exact, so the stage bytes are unchanged. The grouped
+staged kernels (the dispatch's), producer loop: 991 -> 788 (NVFP4 row scales) / 905 -> 783
+(MXFP4) instructions a k64 step (two producers at 128 x 192, 3 units: ~560 -> ~505), 168
+registers, 8-20 bytes of spills outside the K loops (none inside; tests
+``test_producer_loop_sass``). An unrolled-by-2 loop (:data:`SPLIT_UNROLL`) spills inside
+it. The counts below are the round-1 ones.
 
 SASS (ptxas 13.0, sm_90a, tools/sass_loop_counts.py; per thread and k64 step): consumers 63
 instructions + 4 HGMMA.64x256x16 (1024 tensor cycles per SM at peak); producer, A by bulk
@@ -192,8 +194,7 @@ BSource = PackedRows
 
 
 def _types(ops: list[PackedRows], fmt: str) -> list[ir.Type]:
-    nscales = 2 if fmt == "nvfp4" else 1
-    per = [bir.vec(16, bir.i8()), bir.vec(nscales, bir.i8())] * 2
+    per = [bir.vec(16, bir.i8()), bir.i32()] * 2  # data, scale bytes (_scale_word)
     return per * sum(op.per_thread for op in ops)
 
 
@@ -204,7 +205,7 @@ def _load_step(ops: list[PackedRows], pt: Value, t: Value, fmt: str) -> list[Val
     access)."""
     block = 16 if fmt == "nvfp4" else 32
     nscales = 32 // block
-    vd, vs = bir.vec(16, bir.i8()), bir.vec(nscales, bir.i8())
+    vd, vs = bir.vec(16, bir.i8()), bir.i32()
     out = []
     for src in ops:
         half_k = bir.udiv(src.k, 2)
@@ -222,7 +223,7 @@ def _load_step(ops: list[PackedRows], pt: Value, t: Value, fmt: str) -> list[Val
                     jb = bir.mul(p, nscales)
                     off = bir.add(srow, bir.add(bir.mul(bir.udiv(jb, 4), SF_ATOM_BYTES),
                                                 bir.urem(jb, 4)))
-                    br.yield_(data, bir.vector_load(vs, src.sfx, off, alignment=nscales))
+                    br.yield_(data, _scale_word(src.sfx, off, nscales))
                 with br.else_():
                     br.yield_(bir.const(0, vd), bir.const(0, vs))
                 out += list(br.results)
@@ -246,12 +247,11 @@ def lut_words(fmt: str) -> tuple[int, ...]:
     return _LUT_WORDS_NV if fmt == "nvfp4" else _LUT_WORDS_MX
 
 
-def _mx_scale(scale: Value) -> Value:
-    """An E8M0 scale byte (vector<1xi8>) -> bf16 2^(e - 127) (vector<2xbf16> splat): bits
+def _mx_scale(e: Value) -> Value:
+    """An E8M0 scale byte (i32 0 .. 255) -> bf16 2^(e - 127) (vector<2xbf16> splat): bits
     ``e << 7``, or'ed with 0x40 for e = 0 (2^-127, a bf16 subnormal) and e = 255 (0x7FC0, the
     NaN of :func:`blockscale.ops._wgmma_ir._scale_values`); times the 2^-2 of
     ``_LUT_WORDS_MX``: the same exact products as phase 1's 2^(e - 129) times the magnitudes."""
-    e = arith.extui(bir.i32(), vector.extract(scale, [], [0]))
     x = bir.mul(e, 128)
     edge = bir.ult(_i32(253), bir.sub(e, 1))  # e - 1 wraps at e = 0; 254 at e = 255
     x = bir.select(edge, bir.bit_or(x, 0x40), x)
@@ -260,16 +260,14 @@ def _mx_scale(scale: Value) -> Value:
     return vector.shuffle(half, half, [0, 0])
 
 
-def _nvfp4_scale_pair(scales: Value) -> Value:
-    """A unit's two E4M3 scale bytes (vector<2xi8>) -> vector<2xbf16> of |scale| * 2^-120: the
+def _nvfp4_scale_pair(w: Value) -> Value:
+    """A unit's two E4M3 scale bytes (i32 ``b1 << 8 | b0``) -> vector<2xbf16> of |scale| * 2^-120: the
     bf16 bits ``(b & 0x7F) << 4`` put the E4M3 exponent and mantissa fields in the bf16 ones
     (E4M3 subnormals on bf16 subnormals: exact), NaN (0x7F) -> 0x7FC0 as
     :func:`blockscale.ops._wgmma_ir._scale_values`. Both lanes at once: PRMT, LOP3, IADD,
     SHF, LOP3, two IMAD (phase 1's per-byte decode: ~10 instructions a scale)."""
     from blockscale.compiler.arch.nvvm import byte_perm
 
-    w = arith.extui(bir.i32(), vector.extract(vector.bitcast(bir.vec(1, bir.i16()), scales),
-                                              [], [0]))
     x = bir.bit_and(byte_perm(w, _i32(0), 0x4140), 0x007F007F)  # b0 -> lane 0, b1 -> lane 1
     nan = bir.bit_and(bir.shru(bir.add(x, 0x00010001), 7), 0x00010001)  # lane == 0x7F
     x = bir.add(bir.mul(x, 16), bir.mul(nan, 0x7FC0 - 0x07F0))
@@ -278,14 +276,23 @@ def _nvfp4_scale_pair(scales: Value) -> Value:
 
 
 def _splats(scales: Value, fmt: str) -> tuple[Value, ...]:
-    """The bf16 splats (vector<2xbf16>) of a unit's scale bytes that multiply its
-    :func:`_fp4x4_lut` pairs (tables :func:`lut_words`): NVFP4 one
+    """The bf16 splats (vector<2xbf16>) of a unit's scale bytes (:func:`_scale_word`) that
+    multiply its :func:`_fp4x4_lut` pairs (tables :func:`lut_words`): NVFP4 one
     :func:`_nvfp4_scale_pair` and its two lanes (HMUL2 ``.H0_H0`` / ``.H1_H1``), MXFP4
     :func:`_mx_scale`."""
     if fmt == "nvfp4":
         pair = _nvfp4_scale_pair(scales)
         return tuple(vector.shuffle(pair, pair, [q, q]) for q in range(2))
     return (_mx_scale(scales),)
+
+
+def _scale_word(sfx: Value, off: Value, nscales: int) -> Value:
+    """The ``nscales`` (1, 2) scale bytes at ``sfx[off]``, zero-extended to an i32
+    (``ld.global.u8`` / ``u16``: the decode needs no mask)."""
+    v = bir.vector_load(bir.vec(nscales, bir.i8()), sfx, off, alignment=nscales)
+    w = vector.extract(vector.bitcast(bir.vec(1, bir.i8() if nscales == 1 else bir.i16()), v),
+                       [], [0])
+    return arith.extui(bir.i32(), w)
 
 
 def _i32(v: int) -> Value:
@@ -395,8 +402,7 @@ def _units(ops: list[PackedRows], pt: Value, nthreads: int) -> list[_Unit]:
 
 
 def _unit_types(units: list[_Unit], fmt: str) -> list[ir.Type]:
-    nscales = 2 if fmt == "nvfp4" else 1
-    return [bir.vec(16, bir.i8()), bir.vec(nscales, bir.i8())] * len(units)
+    return [bir.vec(16, bir.i8()), bir.i32()] * len(units)
 
 
 def _load_units(units: list[_Unit], t: Value, fmt: str) -> list[Value]:
@@ -404,7 +410,7 @@ def _load_units(units: list[_Unit], t: Value, fmt: str) -> list[Value]:
     k-step ``t``, zeros past the rows, K or the units."""
     block = 16 if fmt == "nvfp4" else 32
     nscales = 32 // block
-    vd, vs = bir.vec(16, bir.i8()), bir.vec(nscales, bir.i8())
+    vd, vs = bir.vec(16, bir.i8()), bir.i32()
     out = []
     for un in units:
         src = un.src
@@ -420,7 +426,7 @@ def _load_units(units: list[_Unit], t: Value, fmt: str) -> list[Value]:
             jb = bir.mul(p, nscales)
             off = bir.add(src.scale_row(un.row),
                           bir.add(bir.mul(bir.udiv(jb, 4), SF_ATOM_BYTES), bir.urem(jb, 4)))
-            br.yield_(data, bir.vector_load(vs, src.sfx, off, alignment=nscales))
+            br.yield_(data, _scale_word(src.sfx, off, nscales))
         with br.else_():
             br.yield_(bir.const(0, vd), bir.const(0, vs))
         out += list(br.results)
@@ -474,6 +480,12 @@ def _fill(ring: _PdqRing, src_a: Value | None, t: Value, ops: list[PackedRows],
     W.fence_proxy_async_shared()
     cpasync.mbarrier_arrive(full)
 
+
+#: producer steps per iteration of the "split" loop. 2 alternates the prefetched registers
+#: between two sets instead of copying them back each step (~20 IMAD.MOV a step: 1508 SASS
+#: per 2 steps against 2 x 790, NVFP4 grouped staged), but at 168 registers ptxas then spills
+#: inside the loop (36 / 48 bytes), so 1.
+SPLIT_UNROLL = 1
 
 #: loop structures: "split" (each role its own loop: the GPU design, the accumulators live
 #: only in the consumers' code) and "lockstep" (one loop, both roles per iteration: the
@@ -581,14 +593,17 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     if loop == "split":
         # the producer first in the IR (lock-step order runs it first); its prefetch of
         # step 0 inside the branch (the with items are entered in order)
-        with bir.when(is_prod), bir.for_range(0, steps, carry=first(bir.const(0))) as pl:
-            t = pl.iv
-            # t >= stages - 1: wait for the consumers' release at their step
-            # t - stages + 1 (step t - stages's stage; the first, at t = stages - 1, is
-            # the consumers' step-0 release of the unused stage stages - 1)
-            ahead = bir.sub(bir.add(t, 1), stages)  # wraps for t < stages - 1: unused
-            nxt = produce(t, list(pl.carried), bir.ule(stages - 1, t),
-                          T._parity(bir.udiv(ahead, stages)))
+        with bir.when(is_prod), bir.for_range(0, steps, SPLIT_UNROLL,
+                                              carry=first(bir.const(0))) as pl:
+            nxt = list(pl.carried)
+            for j in range(SPLIT_UNROLL):  # the step after the last one: fills nothing
+                t = bir.add(pl.iv, j)
+                # t >= stages - 1: wait for the consumers' release at their step
+                # t - stages + 1 (step t - stages's stage; the first, at t = stages - 1, is
+                # the consumers' step-0 release of the unused stage stages - 1)
+                ahead = bir.sub(bir.add(t, 1), stages)  # wraps for t < stages - 1: unused
+                nxt = produce(t, nxt, bir.ule(stages - 1, t),
+                              T._parity(bir.udiv(ahead, stages)))
             if prefetch:
                 pl.yield_(*nxt)
 
