@@ -85,8 +85,9 @@ DEFAULT_GROUPED_SCHEDULE = "wide"
 GROUPED_SCHEDULE_TARGETS = ("sm_90a",)
 #: per-format overrides of DEFAULT_GROUPED_SCHEDULE (format name -> schedule; empty: every
 #: format runs DEFAULT_GROUPED_SCHEDULE). Run T (H200, T=8192 K=4096 E=64, ms): NVFP4 wide4
-#: 0.0355 vs wide 0.0373, MXFP8 wide_bulk2_x2 0.0335 vs wide 0.0343, MXFP4 wide best (0.0316)
-DEFAULT_GROUPED_SCHEDULE_BY_FORMAT: dict[str, str] = {}
+#: 0.0355 vs wide 0.0373, MXFP8 wide_bulk2_x2 0.0335 vs wide 0.0343, MXFP4 wide best (0.0316);
+#: run U the same (0.0357 / 0.0375, 0.0336 / 0.0343)
+DEFAULT_GROUPED_SCHEDULE_BY_FORMAT: dict[str, str] = {"nvfp4": "wide4", "mxfp8": "wide_bulk2_x2"}
 
 
 def grouped_default(fmt: str) -> str:
