@@ -167,8 +167,9 @@ def test_units_need_the_tail_loop():
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_sass(fmt):
     """"mma_c8w": the "mma_c8t" step loop (32 HMMAs, the next step's weight loads, no spill;
-    <= 3 % longer: the unit's bases are not kernel constants), the peeled step's 32 HMMAs
-    after it, <= 128 registers (4 CTAs per SM), no spill anywhere; the first-step loads four
+    <= 72 instructions longer: the unit's bases are not kernel constants (~25), the next
+    unit's info word loads of step 0 (~40, skipped by the other steps)), the peeled step's
+    32 HMMAs after it, <= 128 registers (4 CTAs per SM), no spill anywhere; the first-step loads four
     times (before the walk, the step loop, the peeled step's next unit, an idle unit's
     next)."""
     spec = matmul_decode.DecodeSpec(fmt, "grouped", "bfloat16", fmt == "nvfp4", "sm_90a", V)
@@ -182,7 +183,7 @@ def test_sass(fmt):
     ref = _step_loop(matmul_decode.kernel(
         matmul_decode.DecodeSpec(fmt, "grouped", "bfloat16", False, "sm_90a", "mma_c8t")
     ).asm["sass"])
-    assert len(loop) <= 1.03 * len(ref), (len(loop), len(ref))
+    assert len(loop) <= len(ref) + 72, (len(loop), len(ref))
     meta = kernel.meta
     assert meta["registers"] <= 128 and meta["spill_stores"] == 0 == meta["spill_loads"], meta
 

@@ -43,6 +43,8 @@ Value = ir.Value
 #: output columns and group rows of a unit (the "mma_c8" CTA tile and pass)
 COLS = 64
 ROWS = 8
+#: raw info words of a unit (row block, group start and end, expert id, A scale offset)
+WORDS = 5
 
 
 class Unit(NamedTuple):
@@ -73,21 +75,68 @@ class Units:
 
     def info(self, u: Value) -> Unit:
         """Unit u's geometry (a few L1-resident loads: group list, group bounds, id)."""
+        return self.decode(u, [self.word(u, k) for k in range(WORDS)])
+
+    def word(self, u: Value, k: int) -> Value:
+        """Word k (i32) of unit u's raw info: row block, group start, end, expert id, A
+        scale tile offset (the last four after a dependent load of the first)."""
         kb = self.kb
-        x, y = bir.urem(u, self.tiles), bir.udiv(u, self.tiles)
-        blk = bir.as_index(bir.load(kb.arg("group_list"), y))
+        blk = bir.load(kb.arg("group_list"), bir.udiv(u, self.tiles))
+        if k == 0:
+            return blk
+        g = bir.urem(bir.as_index(blk), self.groups)
+        name, off = (("expert_start", 0), ("expert_start", 1), ("expert_ids", 0),
+                     ("a_scale_offsets", 0))[k - 1]
+        return bir.load(kb.arg(name), bir.add(g, off) if off else g)
+
+    def prefetch(self, u: Value, tid: Value) -> Value:
+        """Threads 0..4: unit u's row block word (u < count; the load stays in flight); the
+        first half of :meth:`prefetch_word`."""
+        br = bir.if_(bir.ult(tid, WORDS), [bir.i32()])
+        with br.then():
+            br.yield_(self.word(u, 0))
+        with br.else_():
+            br.yield_(bir.const(0, bir.i32()))
+        return br.results[0]
+
+    def prefetch_word(self, blk: Value, tid: Value) -> Value:
+        """Thread k in 1..4: word k of the unit whose row block word is ``blk`` (one load at
+        an address from ``blk``: issue it once ``blk`` has arrived); other threads: ``blk``."""
+        g = bir.urem(bir.as_index(blk), self.groups)
+        out = blk
+        for k, (name, off) in enumerate((("expert_start", 0), ("expert_start", 1),
+                                         ("expert_ids", 0), ("a_scale_offsets", 0)), 1):
+            br = bir.if_(bir.eq(tid, k), [bir.i32()])
+            with br.then():
+                br.yield_(bir.load(self.kb.arg(name), bir.add(g, off) if off else g))
+            with br.else_():
+                br.yield_(out)
+            out = br.results[0]
+        return out
+
+    def publish(self, word: Value, tid: Value, smem: Value) -> None:
+        """Threads 0..4 store their :meth:`prefetch` word to ``smem`` (read after a CTA
+        barrier with :meth:`shared_info`)."""
+        with bir.when(bir.ult(tid, WORDS)):
+            bir.store(word, smem, tid)
+
+    def shared_info(self, u: Value, smem: Value) -> Unit:
+        """Unit u's geometry from the words :meth:`publish` stored (no global loads)."""
+        return self.decode(u, [bir.load(smem, k) for k in range(WORDS)])
+
+    def decode(self, u: Value, raw: list[Value]) -> Unit:
+        """Unit u's geometry from its raw info words."""
+        x = bir.urem(u, self.tiles)
+        blk = bir.as_index(raw[0])
         g, p = bir.urem(blk, self.groups), bir.udiv(blk, self.groups)
-        es = kb.arg("expert_start")
-        start = bir.as_index(bir.load(es, g))
-        end = bir.as_index(bir.load(es, bir.add(g, 1)))
+        start, end = bir.as_index(raw[1]), bir.as_index(raw[2])
         r0 = bir.add(start, bir.mul(p, ROWS))
         rows = bir.select(bir.ult(r0, end), bir.umin(bir.sub(end, r0), ROWS), bir.const(0))
-        expert = bir.load(kb.arg("expert_ids"), g)
+        expert = raw[3]
         active = arith.cmpi(arith.CmpIPredicate.sge, expert, bir.const(0, bir.i32()))
         some = bir.ult(bir.const(0), rows)
         e = bir.as_index(bir.select(active, expert, bir.const(0, bir.i32())))
-        tile0 = bir.add(bir.udiv(start, SF_ATOM_ROWS),
-                        bir.as_index(bir.load(kb.arg("a_scale_offsets"), g)))
+        tile0 = bir.add(bir.udiv(start, SF_ATOM_ROWS), bir.as_index(raw[4]))
         srow0 = bir.sub(bir.mul(tile0, SF_ATOM_ROWS), start)
         not_active = arith.cmpi(arith.CmpIPredicate.slt, expert, bir.const(0, bir.i32()))
         return Unit(g, e, bir.mul(x, COLS), r0, rows, bir.logical_and(some, active),
