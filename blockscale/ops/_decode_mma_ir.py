@@ -1019,10 +1019,13 @@ def _walk_ring(units: Any, geometry: Callable[[Value, Value], _Geo],
             br.yield_(s1, *cur[1:])
         return list(br.results)
 
-    def first_step(u: Value) -> list[Value]:
+    info_sm = workgroup_buffer(kb, 8, bir.i32())
+    last_u = bir.sub(units.count, 1)
+
+    def first_step(u: Value, un: Any = None) -> list[Value]:
         """Unit u's first step's scale words and activations (zeros when u is past the end
-        or not live)."""
-        un = units.info(bir.umin(u, bir.sub(units.count, 1)))
+        or not live); ``un``: its geometry, if known."""
+        un = un or units.info(bir.umin(u, last_u))
         br = bir.if_(bir.logical_and(bir.ult(u, units.count), un.live), types)
         with br.then():
             br.yield_(*fetch(bir.const(0), un.r0, un.rows, geo=geometry(un.e, un.n0),
@@ -1047,12 +1050,17 @@ def _walk_ring(units: Any, geometry: Callable[[Value, Value], _Geo],
         br = bir.if_(un.live, types + [v.type for v in cur])
         with br.then():
             geo = geometry(un.e, un.n0)
+            u_next = bir.add(u, p)
+            blk = units.prefetch(bir.umin(u_next, last_u), tid)  # (as _walk_units)
 
             def body(step: Value, accs: list[Value], cur_regs: list[Value], cur: list[Value],
-                     nxt: Callable[[], list[Value]], live: Value | None = None) -> list[Value]:
+                     nxt: Callable[[], list[Value]], live: Value | None = None,
+                     word: Value | None = None) -> list[Value]:
                 """accs, next registers, cursor."""
                 i = bir.add(i0, step)
                 bir.barrier()  # the previous step's shared reads are done (its stage too)
+                if word is not None:  # (the last step: read after the next barrier)
+                    units.publish(word, tid, info_sm)
                 cur = issue(bir.add(i, ring - 1), cur)
                 stage(step, cur_regs, un.rows, full=live is None)
                 slot = bir.urem(i, ring)
@@ -1063,17 +1071,29 @@ def _walk_ring(units: Any, geometry: Callable[[Value, Value], _Geo],
                 return compute(accs, False, un.rows, live, slot=slot) + regs + cur
 
             with bir.for_range(0, bir.sub(steps, 1),
-                               carry=[zero] * 4 + list(ul.carried)) as sl:
+                               carry=[zero] * 4 + list(ul.carried) + [blk]) as sl:
                 cs = list(sl.carried)
-                sl.yield_(*body(sl.iv, cs[:4], cs[4:4 + nf], cs[4 + nf:],
+                wb = bir.if_(bir.eq(sl.iv, 0), [bir.i32()])
+                with wb.then():
+                    wb.yield_(units.prefetch_word(cs[-1], tid))
+                with wb.else_():
+                    wb.yield_(cs[-1])
+                sl.yield_(*body(sl.iv, cs[:4], cs[4:4 + nf], cs[4 + nf:-1],
                                 lambda sl=sl: fetch(bir.add(sl.iv, 1), un.r0, un.rows,
-                                                    geo=geo, a_srow=un.a_srow)))
+                                                    geo=geo, a_srow=un.a_srow)),
+                          wb.results[0])
             last = bir.sub(steps, 1)
             live = bir.umin(bir.udiv(bir.sub(row_bytes, bir.mul(last, STEP_BYTES)), 16),
                             UNITS // 2)
             rs = list(sl.results)
-            res = body(last, rs[:4], rs[4:4 + nf], rs[4 + nf:],
-                       lambda: first_step(bir.add(u, p)), live)
+            wl = bir.if_(bir.eq(last, 0), [bir.i32()])  # (no loop step: the word now)
+            with wl.then():
+                wl.yield_(units.prefetch_word(blk, tid))
+            with wl.else_():
+                wl.yield_(rs[-1])
+            res = body(last, rs[:4], rs[4:4 + nf], rs[4 + nf:-1],
+                       lambda: first_step(u_next, units.shared_info(u_next, info_sm)), live,
+                       wl.results[0])
             _store_unit(units, un, res[:4], lay, warp, g, t)
             br.yield_(*res[4:])
         with br.else_():
