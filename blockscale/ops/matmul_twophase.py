@@ -684,8 +684,14 @@ def _run(spec: TwophaseMatmulSpec, d: Any, a: Any, b: Any, sfa: Any, sfb: Any, a
     host = all(isinstance(v, np.ndarray) for v in (*ops.values(), *extra.values()))
     if host:  # keep the workspaces on the device between the phases
         ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
-    wa, wb = _workspaces(spec.fmt, spec.target, ops, d.m, d.n, d.k, dev, bm, spec.swizzle, bn,
-                         spec.pdl)
+    if spec.swizzle == "none" and bm == BM:  # phase 1 for A and B in one launch (run U)
+        from blockscale.ops import matmul_twophase_p1 as P1  # (it imports this module)
+
+        wa, wb = P1.launch(P1.BothSpec(spec.fmt, bm, bn, pdl=spec.pdl, target=spec.target),
+                           ops, d.m, d.n, d.k, dev)
+    else:
+        wa, wb = _workspaces(spec.fmt, spec.target, ops, d.m, d.n, d.k, dev, bm, spec.swizzle,
+                             bn, spec.pdl)
     out = H.launch(spec, grid(d.m, d.n, bm, spec.schedule, _ctas(ctas, dev), bn, spec.cluster),
                    (d.m, d.n),
                    spec.out_dtype, {"wa": wa, "wb": wb, **extra},
