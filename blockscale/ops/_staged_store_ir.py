@@ -76,6 +76,58 @@ def dispatch_store(out_dtype: str, n: int) -> str:
     return "staged" if supported(out_dtype, n) and not off else "direct"
 
 
+def hoisted(epilogue: Any) -> Any:
+    """The per-thread form of ``epilogue`` (``epilogue.fn.hoist``), or None (every existing
+    epilogue: the per-element path, unchanged). An epilogue whose inputs are per row / column
+    can give one, so the store loops load them once per row / column of a thread's fragment
+    instead of once per element inside each store guard (issue #9). Its protocol:
+
+    * ``row(buffers, m, m_count)`` / ``col(buffers, n, n_count)``: a state for output row
+      ``m`` / column ``n``, emitted outside the store guards (``m`` / ``n`` may lie past the
+      output: clamp before loading);
+    * ``apply(value, row_state, col_state, ctx)``: the whole epilogue's value at (m, n);
+    * ``loads_in_apply``: whether ``apply`` still loads inputs at (m, n) (then only inside C);
+    * optional ``fast(buffers, rows, m_count, n0, n_count, bn) -> (cond, variant)``: an i1
+      uniform over the warp (all 32 lanes call it: it may shuffle) and a variant (the same
+      protocol) that computes the same values wherever ``cond`` holds for the warp's rows
+      and columns ``n0 .. n0 + bn``; the loops then branch once per m-tile (:func:`tiles`).
+    """
+    return getattr(epilogue.fn, "hoist", None) if epilogue is not None else None
+
+
+def tiles(hoist: Any, acc: list, wc: Any, m0: Any, n0: Any, m_count: Any, n_count: Any,
+          buffers: dict, body: Callable[..., None]) -> None:
+    """The n-tiles of ``acc`` with a :func:`hoisted` epilogue: ``body(h, mt, nt, vals, rows,
+    row_states, cols, col_states)`` per n-tile (rows ``g``, ``g + 8``, columns ``2t``, ``2t +
+    1``; the row states once per m-tile, the column states once per n-tile, outside any
+    guard); ``h`` is ``hoist``, or under its ``fast`` condition its variant (one branch per
+    m-tile and thread, the two loops in its arms)."""
+    from blockscale.compiler import ir as bir
+
+    for mt, row in enumerate(acc):
+        rows = [bir.add(m0, wc.c_row(mt, p)) for p in (0, 2)]
+
+        def loop(h: Any, mt: int = mt, row: list = row, rows: list = rows) -> None:
+            row_states = [h.row(buffers, m, m_count) for m in rows]
+            for nt, vals in enumerate(row):
+                cols = [bir.add(n0, wc.c_col(nt, j)) for j in (0, 1)]
+                col_states = [h.col(buffers, n, n_count) for n in cols]
+                body(h, mt, nt, vals, rows, row_states, cols, col_states)
+
+        split = getattr(hoist, "fast", None)
+        if split is None:
+            loop(hoist)
+            continue
+        cond, fast = split(buffers, rows, m_count, n0, n_count, 8 * len(row))
+        br = bir.if_(cond, [])
+        with br.then():
+            loop(fast)
+            br.yield_()
+        with br.else_():
+            loop(hoist)
+            br.yield_()
+
+
 def store_tile_staged(spec: Any, kb: Any, acc: list, wc: Any, smem: Any, m0: Any, n0: Any,
                       m_count: Any, n_count: Any, scale: Callable[[Any, Any, Any], Any],
                       bm: int, bn: int, writers: Any = None, base: int = 0) -> None:
@@ -117,7 +169,17 @@ def store_tile_staged(spec: Any, kb: Any, acc: list, wc: Any, smem: Any, m0: Any
 
     bir.barrier()  # 1. every warpgroup's wgmmas retired: the ring is free (or: the last
     # tile's bulk copies, waited for by their threads, finished reading the staged bytes)
-    if writers is None:
+    hoist = hoisted(epilogue)
+    if hoist is not None:
+        def stage() -> None:
+            _stage_hoisted(hoist, acc, wc, smem, m0, n0, m_count, n_count, scale, out_t,
+                           pair_i8, esize, row_pitch, buffers, base)
+        if writers is None:
+            stage()
+        else:
+            with bir.when(writers):
+                stage()
+    elif writers is None:
         _stage(acc, wc, smem, m0, n0, m_count, n_count, value, out_t, pair_i8, esize,
                row_pitch, epilogue is None, base)
     else:
@@ -165,3 +227,45 @@ def _stage(acc: list, wc: Any, smem: Any, m0: Any, n0: Any, m_count: Any, n_coun
                 off = bir.add(bir.mul(r, row_pitch), bir.mul(col, esize))
                 bir.vector_store(word, smem, bir.add(off, base) if base else off,
                                  alignment=2 * esize)
+
+
+def _stage_hoisted(hoist: Any, acc: list, wc: Any, smem: Any, m0: Any, n0: Any, m_count: Any,
+                   n_count: Any, scale: Callable[[Any, Any, Any], Any], out_t: Any,
+                   pair_i8: Any, esize: int, row_pitch: int, buffers: dict, base: int) -> None:
+    """Step 2 with a :func:`hoisted` epilogue (:func:`tiles`); no guard at all when its
+    ``apply`` loads nothing (the padding is computed, never copied)."""
+    from mlir.dialects import arith, vector
+
+    from blockscale.compiler import ir as bir
+    from blockscale.ops.matmul_epilogue import EpilogueContext
+
+    def value(h: Any, v: Any, m: Any, n: Any, rs: Any, cs: Any) -> Any:
+        v = h.apply(scale(v, m, n), rs, cs, EpilogueContext(m, n, n_count, out_t, buffers))
+        if v.type != out_t:
+            if v.type != bir.f32():
+                raise TypeError(f"epilogue must return an f32 or {out_t} value, got {v.type}")
+            v = arith.truncf(out_t, v)
+        return v
+
+    def body(h: Any, mt: int, nt: int, vals: list, rows: list, row_states: list, cols: list,
+             col_states: list) -> None:
+        for half, p in enumerate((0, 2)):  # elements (p, p + 1): columns 2t, 2t + 1 of one row
+            m = rows[half]
+            args = [(h, vals[p + j], m, cols[j], row_states[half], col_states[j])
+                    for j in (0, 1)]
+            if not h.loads_in_apply:
+                pair = [value(*a) for a in args]
+            else:
+                br = bir.if_(bir.logical_and(bir.ult(m, m_count), bir.ult(cols[0], n_count)),
+                             [out_t, out_t])
+                with br.then():
+                    br.yield_(*(value(*a) for a in args))
+                with br.else_():
+                    br.yield_(bir.const(0.0, out_t), bir.const(0.0, out_t))
+                pair = list(br.results)
+            word = vector.bitcast(pair_i8, vector.from_elements(bir.vec(2, out_t), pair))
+            off = bir.add(bir.mul(wc.c_row(mt, p), row_pitch), bir.mul(wc.c_col(nt, 0), esize))
+            bir.vector_store(word, smem, bir.add(off, base) if base else off,
+                             alignment=2 * esize)
+
+    tiles(hoist, acc, wc, m0, n0, m_count, n_count, buffers, body)

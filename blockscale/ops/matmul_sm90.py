@@ -142,11 +142,26 @@ def store_tile(spec: Any, kb: Any, acc: list, wc: Any, m0: Any, n0: Any, m_count
     the cast) to ``c[m, n]`` where ``m < m_count`` and ``n < n_count``."""
     import blockscale.ops._matmul_ir as mir
     from blockscale.compiler import ir as bir
+    from blockscale.ops._staged_store_ir import hoisted, tiles
     from blockscale.ops.matmul_epilogue import EpilogueContext
 
     epilogue = getattr(spec, "epilogue", None)
     out_type = bir.bf16() if spec.out_dtype == "bfloat16" else bir.f32()
     buffers = {i.name: (i, kb.arg(i.name)) for i in epilogue.inputs} if epilogue else {}
+    hoist = hoisted(epilogue)
+    if hoist is not None:  # its per-row / per-column states outside the guards
+        def body(h: Any, mt: int, nt: int, vals: list, rows: list, row_states: list,
+                 cols: list, col_states: list) -> None:
+            for i, v in enumerate(vals):
+                m, n = rows[i >> 1], cols[i & 1]
+                with bir.when(bir.logical_and(bir.ult(m, m_count), bir.ult(n, n_count))):
+                    ctx = EpilogueContext(m, n, n_count, out_type, buffers)
+                    value = h.apply(scale(v, m, n), row_states[i >> 1], col_states[i & 1], ctx)
+                    mir.store_output(value, kb.arg("c"), bir.add(bir.mul(m, n_count), n),
+                                     spec.out_dtype)
+
+        tiles(hoist, acc, wc, m0, n0, m_count, n_count, buffers, body)
+        return
     for mt, row in enumerate(acc):
         for nt, vals in enumerate(row):
             for i, v in enumerate(vals):
