@@ -17,7 +17,7 @@ Every row is checked on 64 sampled rows against the float64 product (the fp32 bo
 bf16 wgmma's roundings, bf16 output rounding allowed; ``benchmarks.common.check_rows``); times
 replay the recorded launches (``benchmarks.common.time_ms``).
 
-Usage: ``BLOCKSCALE_BUNDLE_DIR=build/gpu python benchmarks/bench_mx8.py [--m 8192,1024,256]``
+Usage: ``BLOCKSCALE_BUNDLE_DIR=build/gpu python benchmarks/bench_mx8.py [--m 8192,1024,512]``
 (kernels from ``make gpu-bundle``).
 """
 
@@ -146,7 +146,7 @@ def bench(dev: Any, m_values: Sequence[int], n: int = 5760, k: int = 2944,
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--m", default="8192,1024,256")
+    parser.add_argument("--m", default="8192,1024,512")
     parser.add_argument("--n", type=int, default=5760)
     parser.add_argument("--k", type=int, default=2944)
     args = parser.parse_args(argv)

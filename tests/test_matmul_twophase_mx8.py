@@ -17,6 +17,7 @@ FP4 pair, the folds undone in the epilogue, a fixup of flagged rows).
 
 from __future__ import annotations
 
+import functools
 import re
 
 import ml_dtypes
@@ -244,6 +245,58 @@ def test_interp_fixup_split():
     _check_against_portable(got, want, exact, _bound(abs_sum, k), [3], [550], "float32")
 
 
+def _hoisted_vs_per_element(monkeypatch, a, b, sfa5, sfb5, **kw):
+    """Phase 2 with the hoisted fold epilogue (the default) and with round 1's per-element
+    one (two loads and the branch per element): the same output bytes."""
+    got = MX.block_scaled_matmul_twophase_mx8(a, b, sfa5, sfb5, device="interp", **kw)
+    with monkeypatch.context() as mp:
+        mp.setattr(MX, "phase2_spec", functools.partial(MX.phase2_spec, hoist=False))
+        want = MX.block_scaled_matmul_twophase_mx8(a, b, sfa5, sfb5, device="interp", **kw)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+    return got
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("store", ["staged", "direct"])
+@pytest.mark.parametrize("epi", [None, "relu", "bias_relu"])
+def test_interp_hoisted_fold_epilogue_bytes(monkeypatch, store, epi):
+    """The hoisted fold epilogue (fold exponents loaded once per row / column of a thread,
+    the warp-uniform fast path of one add and one multiply where every G of a warp's rows and
+    a full n-tile's columns is near, else the per-element branch) gives round 1's bytes:
+    136 x 264 (a full 256-wide tile, then a 8-column tail: both paths), the extreme rows
+    tiled (A row 1: Fa = -169, the three-step undo inside a full tile; 0 / 254 scales, NaN
+    rows), with no epilogue, one that loads nothing (relu: the staged store's unguarded
+    loop) and one that loads (bias + relu: guarded)."""
+    a, b, sfa, sfb, _, _, k = _extreme_case()
+    reps_m, reps_n = 136 // a.shape[0] + 1, 264 // b.shape[0] + 1
+    a, sfa = np.tile(a, (reps_m, 1))[:136], np.tile(sfa, (reps_m, 1))[:136]
+    b, sfb = np.tile(b, (reps_n, 1))[:264], np.tile(sfb, (reps_n, 1))[:264]
+    rng = np.random.default_rng(17)
+    a[40:], b[24:] = (random_dense_case(rng, MXFP8, 96, 240, k)[i] for i in (0, 1))
+    sfa[40:], sfb[24:] = (random_dense_case(rng, MXFP8, 96, 240, k)[i] for i in (2, 3))
+    epilogue = {None: None, "relu": ep.relu(), "bias_relu": ep.chain(ep.bias(), ep.relu())}[epi]
+    inputs = {"bias": rng.standard_normal(264).astype(np.float32)} if epi == "bias_relu" \
+        else None
+    out = "float32" if epi != "relu" else "bfloat16"
+    got = _hoisted_vs_per_element(monkeypatch, a, b, layouts.interleave(sfa),
+                                  layouts.interleave(sfb), alpha=ALPHA, out_dtype=out,
+                                  epilogue=epilogue, epilogue_inputs=inputs, store=store)
+    assert np.isfinite(got[40:, 24:].astype(np.float32)).all()
+
+
+@pytest.mark.interp
+def test_interp_hoisted_fold_alpha_exponents(monkeypatch):
+    """Alpha's exponent moves every G (B's folds carry it): alpha = 2^-60 and 2^70 push
+    whole tiles off the fast path (G < -126 / > 127: the branch's three steps), 2^-20 keeps
+    them on it; the bytes of the per-element epilogue each time."""
+    m, n, k = 64, 256, 64
+    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(23), MXFP8, m, n, k)
+    for alpha in (2.0 ** -60, 2.0 ** 70 * 1.5, -(2.0 ** -20)):
+        _hoisted_vs_per_element(monkeypatch, a, b, sfa5, sfb5, alpha=alpha,
+                                out_dtype="float32", store="staged")
+
+
 def _fold_model(data, scales, shift=0):
     """numpy model of the fold kernel: (F + shift, flag) per row."""
     s = scales.view(np.uint8).astype(np.int64)
@@ -354,13 +407,17 @@ def test_host_validation():
 
 
 def test_dispatch_hook(monkeypatch):
-    """Off by default; with BLOCKSCALE_SM90_TWOPHASE_MX8=1: sm_90a MXFP8, K % 32 == 0,
-    M >= MIN_M; registered before the wgmma and mma.sync kernels."""
+    """On by default (BLOCKSCALE_SM90_TWOPHASE_MX8=0: off): sm_90a MXFP8, K % 32 == 0,
+    M >= MIN_M = 512; registered before the wgmma and mma.sync kernels."""
     from blockscale.ops import matmul_sm90, matmul_wgmma
 
     m = MX.MIN_M
+    assert m == 512  # run U: slower than mma.sync at M = 256
     monkeypatch.delenv(MX.ENV_SWITCH, raising=False)
-    assert MX.fast_path("sm_90a", MXFP8, m, 5760, 2944, "bfloat16", None) is None
+    assert MX.fast_path("sm_90a", MXFP8, m, 5760, 2944, "bfloat16", None) is not None
+    for off in ("0", "false", "off"):
+        monkeypatch.setenv(MX.ENV_SWITCH, off)
+        assert MX.fast_path("sm_90a", MXFP8, m, 5760, 2944, "bfloat16", None) is None
     monkeypatch.setenv(MX.ENV_SWITCH, "1")
     assert MX.fast_path("sm_90a", MXFP8, m, 5760, 2944, "bfloat16", None) is not None
     for args in (("sm_90a", MXFP8, m - 1, 5760, 2944), ("sm_90a", NVFP4, m, 5760, 2944),
@@ -370,7 +427,7 @@ def test_dispatch_hook(monkeypatch):
     paths = Mm.FAST_PATHS
     assert paths.index(MX.fast_path) < paths.index(matmul_wgmma.fast_path)
     assert paths.index(MX.fast_path) < paths.index(matmul_sm90.fast_path)
-    assert (MX.MIN_M, MX.MAX_WORKSPACE_BYTES) == (TP.MIN_M, TP.MAX_WORKSPACE_BYTES)
+    assert MX.MAX_WORKSPACE_BYTES == TP.MAX_WORKSPACE_BYTES
 
 
 @pytest.mark.interp
@@ -390,7 +447,7 @@ def test_dispatch_runs_the_kernels(monkeypatch):
 
 def test_bundle_specs_cover_the_dispatch(monkeypatch):
     """Every kernel the dispatch launches at the GPU shapes (the benchmark's 8192 x 5760 x
-    2944 and M = 256, 1024) is in bundle_specs, for each tile-width choice of the FP4 pair."""
+    2944 and M = 512, 1024) is in bundle_specs, for each tile-width choice of the FP4 pair."""
     specs = set(MX.bundle_specs("sm_90a"))
     assert MX.bundle_specs("sm_100a") == []
     choices = [None] + (["auto", "240", "224"] if hasattr(TP, "dispatch_bn") else [])
@@ -481,11 +538,11 @@ def test_gpu_exact_sums_equal_mma(out_dtype, monkeypatch):
 @pytest.mark.cuda
 def test_gpu_fixup_equals_portable(monkeypatch):
     """A flagged row and column (and NaN rows / columns) on the H200: the portable kernel's
-    bytes; the rest within the bound (the crafted rows of the interp test, tiled to
-    1024 x 5760 x 2944 ... here 256 x 264 x 128 copies of the small case's rows)."""
+    bytes; the rest within the bound (the crafted rows of the interp test tiled to
+    512 x 264 x 128, M = MIN_M)."""
     a, b, sfa, sfb, sfa5, sfb5, k = _extreme_case()
-    reps_m, reps_n = 256 // a.shape[0] + 1, 264 // b.shape[0] + 1
-    a, sfa = np.tile(a, (reps_m, 1))[:256], np.tile(sfa, (reps_m, 1))[:256]
+    reps_m, reps_n = 512 // a.shape[0] + 1, 264 // b.shape[0] + 1
+    a, sfa = np.tile(a, (reps_m, 1))[:512], np.tile(sfa, (reps_m, 1))[:512]
     b, sfb = np.tile(b, (reps_n, 1))[:264], np.tile(sfb, (reps_n, 1))[:264]
     sfa5, sfb5 = layouts.interleave(sfa), layouts.interleave(sfb)
     monkeypatch.setenv(MX.ENV_SWITCH, "1")
@@ -495,6 +552,6 @@ def test_gpu_fixup_equals_portable(monkeypatch):
                                         out_dtype="float32", device="cuda")
     with np.errstate(all="ignore"):
         exact, abs_sum = exact_dense(a, b, sfa, sfb, MXFP8, k, ALPHA)
-    rows = [r for r in range(256) if r % 40 == 0]
+    rows = [r for r in range(512) if r % 40 == 0]
     cols = [c for c in range(264) if c % 24 == 1]
     _check_against_portable(got, want, exact, _bound(abs_sum, k), rows, cols, "float32")

@@ -252,6 +252,87 @@ def fold_undo(value: Value, ctx: Any) -> Value:
     return br.results[0]
 
 
+def fold_row(buffers: dict, m: Value, m_count: Value) -> Value:
+    """The hoisted row state of :func:`fold_undo_hoisted`: ``fa[min(m, M - 1)] + 126`` (i32;
+    rows past M load row M - 1, their outputs are never written)."""
+    buf = buffers[FOLD_A][1]
+    return arith.addi(read_fold(bir.load(buf, bir.umin(m, bir.sub(m_count, 1)))), _i32(126))
+
+
+def fold_col(buffers: dict, n: Value, n_count: Value) -> Value:
+    """The hoisted column state of :func:`fold_undo_hoisted`: ``fb[min(n, N - 1)]`` (i32)."""
+    buf = buffers[FOLD_B][1]
+    return read_fold(bir.load(buf, bir.umin(n, bir.sub(n_count, 1))))
+
+
+def fold_undo_hoisted(value: Value, row: Value, col: Value) -> Value:
+    """:func:`fold_undo` from the hoisted states (:func:`fold_row`, :func:`fold_col`): ``t =
+    G + 126``, so the near test is ``t <u 254`` and ``2^G`` has the exponent field ``t + 1``;
+    the same multiplies, so the same bits, with one add per element in place of two loads."""
+    t = arith.addi(row, col)
+    near = bir.ult(t, _i32(254))
+    br = bir.if_(near, [bir.f32()])
+    with br.then():
+        br.yield_(arith.mulf(value, arith.bitcast(
+            bir.f32(), arith.shli(arith.addi(t, _i32(1)), _i32(23)))))
+    with br.else_():
+        g = arith.maxsi(arith.subi(t, _i32(126)), _i32(UNDO_FLOOR))
+        v = value
+        for last in (False, False, True):
+            part = g if last else arith.minsi(arith.maxsi(g, _i32(-126)), _i32(127))
+            v = arith.mulf(v, pow2(part))
+            g = arith.subi(g, part)
+        br.yield_(v)
+    return br.results[0]
+
+
+def fold_fast_cond(buffers: dict, rows: list[Value], m_count: Value, n0: Value,
+                   n_count: Value, bn: int) -> Value:
+    """i1, uniform over the warp (all 32 lanes run it: shuffles): whether the n-tile ``n0 ..
+    n0 + bn`` lies inside the output (so the fast path loads columns unclamped) and ``G =
+    fa[m] + fb[n]`` is in [-126, 127] (the near case of :func:`fold_undo_hoisted`) for every
+    row of the warp (``rows``: this lane's) and every column of the tile: the row states'
+    min / max over the lanes, the columns' (lane ``l`` loads ``n0 + l + 32 i``) over the
+    lanes, then one test of the extremes."""
+    ra = [fold_row(buffers, m, m_count) for m in rows]
+    r_lo, r_hi = arith.minsi(ra[0], ra[1]), arith.maxsi(ra[0], ra[1])
+    lane = bir.urem(bir.thread_idx("x"), 32)
+    c_lo = c_hi = None
+    for i in range(-(-bn // 32)):
+        c = bir.add(lane, 32 * i)
+        if 32 * (i + 1) > bn:
+            c = bir.umin(c, bn - 1)
+        g = fold_col(buffers, bir.add(n0, c), n_count)
+        c_lo, c_hi = (g, g) if c_lo is None else (arith.minsi(c_lo, g), arith.maxsi(c_hi, g))
+    for lanes in (1, 2, 4, 8, 16):  # rows differ in lane bits 2..4 (g), columns in all
+        if lanes >= 4:
+            r_lo = arith.minsi(r_lo, nvvm.shfl_xor(r_lo, lanes))
+            r_hi = arith.maxsi(r_hi, nvvm.shfl_xor(r_hi, lanes))
+        c_lo = arith.minsi(c_lo, nvvm.shfl_xor(c_lo, lanes))
+        c_hi = arith.maxsi(c_hi, nvvm.shfl_xor(c_hi, lanes))
+    near = bir.logical_and(_sgt(arith.addi(r_lo, c_lo), -1),
+                           _sgt(_i32(254), arith.addi(r_hi, c_hi)))
+    return bir.logical_and(near, bir.ult(bir.add(n0, bn - 1), n_count))  # a full n-tile
+
+
+def fold_row_fast(buffers: dict, m: Value, m_count: Value) -> Value:
+    """The fast path's row state: ``(fa + 127) << 23`` (wrapping i32)."""
+    return arith.shli(arith.addi(fold_row(buffers, m, m_count), _i32(1)), _i32(23))
+
+
+def fold_col_fast(buffers: dict, n: Value, n_count: Value) -> Value:
+    """The fast path's column state: ``fb[n] << 23`` (wrapping i32; ``n < N``: a full tile,
+    no clamp)."""
+    return arith.shli(read_fold(bir.load(buffers[FOLD_B][1], n)), _i32(23))
+
+
+def fold_undo_fast(value: Value, row: Value, col: Value) -> Value:
+    """:func:`fold_undo_hoisted` where the near case holds (:func:`fold_fast_cond`): ``2^G``'s
+    bits are ``(G + 127) << 23 = row + col`` (mod 2^32): one add and the multiply per
+    element."""
+    return arith.mulf(value, arith.bitcast(bir.f32(), arith.addi(row, col)))
+
+
 def emit_fixup(kb: Any, flags: Value, m_count: Value, n_count: Value, k: Value,
                finish: Callable[[Value, Value, Value], None]) -> None:
     """Recompute the outputs of flagged rows: CTA ``b`` reads flags ``256 b + tid`` (rows of A

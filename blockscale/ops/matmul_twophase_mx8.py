@@ -47,8 +47,9 @@ result is +-inf (the portable kernel's block sum may meet +inf and -inf there: N
 
 Dispatch (:func:`fast_path`, in ``matmul.FAST_PATHS`` before the wgmma / mma.sync kernels):
 sm_90a, MXFP8, K % 32 == 0, K <= :data:`MAX_K`, M >= :data:`MIN_M`, workspaces within
-:data:`MAX_WORKSPACE_BYTES`, and only when ``BLOCKSCALE_SM90_TWOPHASE_MX8=1`` (default off
-until measured on the H200). Importing this module does not import MLIR.
+:data:`MAX_WORKSPACE_BYTES`, unless ``BLOCKSCALE_SM90_TWOPHASE_MX8=0`` (default on: run U on
+the H200, 8192x5760x2944 0.552 ms vs mma.sync 1.623, M=1024 0.124 vs 0.224; at M=256 it was
+slower, 0.076 vs 0.073, hence :data:`MIN_M` = 512). Importing this module does not import MLIR.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ from blockscale.launch import KernelArg
 from blockscale.ops import _staged_store_ir as S
 from blockscale.ops import matmul as _matmul
 from blockscale.ops import matmul_twophase as TP
-from blockscale.ops.matmul_epilogue import Epilogue, EpilogueInput, chain
+from blockscale.ops.matmul_epilogue import Epilogue, EpilogueInput
 
 #: modules whose source shapes the kernels (part of the kernel key, see ops/_core.py)
 KERNEL_SOURCES = ("blockscale.ops._twophase_mx8_ir", "blockscale.ops._twophase_ir",
@@ -81,30 +82,90 @@ FOLD_A, FOLD_B = "mx8_fold_a", "mx8_fold_b"
 #: the largest K (the overflow bound of the module docstring)
 MAX_K = 1 << 24
 #: the dispatch runs the kernels from this M on, while their workspaces take at most
-#: MAX_WORKSPACE_BYTES (= the FP4 pair's; literals here: matmul_twophase may be mid-import)
-MIN_M = 256
+#: MAX_WORKSPACE_BYTES (= the FP4 pair's; literals here: matmul_twophase may be mid-import).
+#: Run U (H200, N=5760, K=2944): M=256 0.076 ms vs mma.sync 0.073 (slower), M=1024 0.124 vs
+#: 0.224, M=8192 0.552 vs 1.623
+MIN_M = 512
 MAX_WORKSPACE_BYTES = 1 << 30
-#: BLOCKSCALE_SM90_TWOPHASE_MX8=1 turns the dispatch to these kernels on (default off)
+#: BLOCKSCALE_SM90_TWOPHASE_MX8=0 turns the dispatch to these kernels off (default on)
 ENV_SWITCH = "BLOCKSCALE_SM90_TWOPHASE_MX8"
 
-_IR_FILE = Path(__file__).with_name("_twophase_mx8_ir.py")
-_IR_DIGEST = hashlib.sha256(_IR_FILE.read_bytes()).hexdigest()[:16] if _IR_FILE.exists() \
-    else "missing"
+_SOURCES = ("_twophase_mx8_ir.py", "_staged_store_ir.py", "matmul_sm90.py")
+_IR_DIGEST = hashlib.sha256(b"".join(
+    p.read_bytes() if p.exists() else b"missing"
+    for p in (Path(__file__).with_name(f) for f in _SOURCES))).hexdigest()[:16]
 
 
-def _fold_epilogue() -> Epilogue:
-    """The epilogue undoing the folds (:func:`blockscale.ops._twophase_mx8_ir.fold_undo`);
-    its key carries the IR file's digest, so phase 2's kernel key follows that file."""
-    digest = _IR_DIGEST
+class _FoldHoist:
+    """The fold epilogue's per-thread form (``_staged_store_ir.hoisted``): the fold exponents
+    loaded once per row / column of a thread's fragment, then ``then`` (the user epilogue)."""
+
+    def __init__(self, then: Epilogue | None) -> None:
+        self.then = then
+        self.loads_in_apply = bool(then is not None and then.inputs)
+
+    def row(self, buffers: dict, m: Any, m_count: Any) -> Any:
+        from blockscale.ops import _twophase_mx8_ir as MX
+        return MX.fold_row(buffers, m, m_count)
+
+    def col(self, buffers: dict, n: Any, n_count: Any) -> Any:
+        from blockscale.ops import _twophase_mx8_ir as MX
+        return MX.fold_col(buffers, n, n_count)
+
+    def apply(self, value: Any, row: Any, col: Any, ctx: Any) -> Any:
+        from blockscale.ops import _twophase_mx8_ir as MX
+        value = MX.fold_undo_hoisted(value, row, col)
+        return value if self.then is None else self.then.fn(value, ctx)
+
+    def fast(self, buffers: dict, rows: list, m_count: Any, n0: Any, n_count: Any,
+             bn: int) -> tuple[Any, Any]:
+        """Where every ``G`` of the warp's rows and the tile's columns is in [-126, 127]:
+        :class:`_FoldHoistFast` (one add and one multiply per element, no branch)."""
+        from blockscale.ops import _twophase_mx8_ir as MX
+        return (MX.fold_fast_cond(buffers, rows, m_count, n0, n_count, bn),
+                _FoldHoistFast(self.then))
+
+
+class _FoldHoistFast(_FoldHoist):
+    """:class:`_FoldHoist` under its ``fast`` condition: the states are the exponent fields
+    (``(fa + 127) << 23``, ``fb << 23``), their sum is ``2^G``'s bits."""
+
+    def row(self, buffers: dict, m: Any, m_count: Any) -> Any:
+        from blockscale.ops import _twophase_mx8_ir as MX
+        return MX.fold_row_fast(buffers, m, m_count)
+
+    def col(self, buffers: dict, n: Any, n_count: Any) -> Any:
+        from blockscale.ops import _twophase_mx8_ir as MX
+        return MX.fold_col_fast(buffers, n, n_count)
+
+    def apply(self, value: Any, row: Any, col: Any, ctx: Any) -> Any:
+        from blockscale.ops import _twophase_mx8_ir as MX
+        value = MX.fold_undo_fast(value, row, col)
+        return value if self.then is None else self.then.fn(value, ctx)
+
+    fast = None  # type: ignore[assignment]
+
+
+def _fold_epilogue(then: Epilogue | None = None, hoist: bool = True) -> Epilogue:
+    """The epilogue undoing the folds (:func:`blockscale.ops._twophase_mx8_ir.fold_undo`),
+    then ``then``; with ``hoist`` the store loops use its hoisted form (:class:`_FoldHoist`;
+    without: two loads per element, round 1's epilogue, kept for the tests). Its key carries
+    the digest of the IR files, so phase 2's kernel key follows them."""
+    digest = _IR_DIGEST if hoist else _IR_DIGEST + "-per-element"
 
     def fold_undo(value: Any, ctx: Any) -> Any:
         from blockscale.ops import _twophase_mx8_ir as MX
 
         assert digest  # in the closure: part of the epilogue key
-        return MX.fold_undo(value, ctx)
+        value = MX.fold_undo(value, ctx)
+        return value if then is None else then.fn(value, ctx)
 
-    return Epilogue(fold_undo, (EpilogueInput(FOLD_A, "float32", "row"),
-                                EpilogueInput(FOLD_B, "float32", "col")), name="mx8_fold")
+    if hoist:
+        fold_undo.hoist = _FoldHoist(then)  # type: ignore[attr-defined]
+    inputs = (EpilogueInput(FOLD_A, "float32", "row"), EpilogueInput(FOLD_B, "float32", "col"))
+    if then is None:
+        return Epilogue(fold_undo, inputs, name="mx8_fold")
+    return Epilogue(fold_undo, inputs + tuple(then.inputs), name=f"mx8_fold+{then.key}")
 
 
 FOLD_EPILOGUE = _fold_epilogue()
@@ -222,11 +283,14 @@ def rows_grid(m: int, n: int, lanes: int = 1, split: int = 1) -> tuple[int, int,
 
 
 def phase2_spec(out_dtype: str = "bfloat16", epilogue: Epilogue | None = None,
-                target: str = "sm_90a", **fields: Any) -> Any:
+                target: str = "sm_90a", hoist: bool = True, **fields: Any) -> Any:
     """Phase 2: the FP4 pair's bf16 GEMM spec with fmt "nvfp4" (no scale fix) and the fold
-    epilogue chained before ``epilogue``; ``fields``: more TwophaseMatmulSpec fields
-    (kstep, stages, bm, store, bn, ...)."""
-    ep = FOLD_EPILOGUE if epilogue is None else chain(FOLD_EPILOGUE, epilogue)
+    epilogue before ``epilogue`` (``hoist``: its per-thread form, see :func:`_fold_epilogue`);
+    ``fields``: more TwophaseMatmulSpec fields (kstep, stages, bm, store, bn, ...)."""
+    if epilogue is None:
+        ep = FOLD_EPILOGUE if hoist else _fold_epilogue(None, hoist=False)
+    else:
+        ep = _fold_epilogue(epilogue, hoist)
     return TP.TwophaseMatmulSpec("nvfp4", out_dtype, ep, target, **fields)
 
 
@@ -380,8 +444,9 @@ def _dispatch_bn(m: int, n: int, device: Any) -> int:
 
 
 def enabled() -> bool:
-    """True only when BLOCKSCALE_SM90_TWOPHASE_MX8=1 (default off until measured)."""
-    return os.environ.get(ENV_SWITCH, "0") in ("1", "true", "on")
+    """False when BLOCKSCALE_SM90_TWOPHASE_MX8=0 (default on: faster from M = :data:`MIN_M`
+    on the H200, see there)."""
+    return os.environ.get(ENV_SWITCH, "1") not in ("0", "false", "off")
 
 
 def dispatch_specs(m: int, n: int, out_dtype: str = "bfloat16", epilogue: Epilogue | None = None,
@@ -424,7 +489,7 @@ def kernel(spec: FoldSpec | DequantSpec | FixupSpec) -> Any:
 
 
 #: (M, N, K) of the GPU tests and the benchmark
-GPU_SHAPES = ((8192, 5760, 2944), (256, 5760, 2944), (1024, 5760, 2944))
+GPU_SHAPES = ((8192, 5760, 2944), (512, 5760, 2944), (1024, 5760, 2944))
 
 
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
