@@ -34,7 +34,10 @@ DENSE = [  # (M, N, K, alpha): MAX's SM100 FP4 GEMM test shapes (SEMANTICS §8)
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
 @pytest.mark.parametrize("shape", DENSE, ids=lambda s: "x".join(map(str, s)))
-def test_dense_gpu(fmt, shape):
+def test_dense_gpu(fmt, shape, monkeypatch):
+    # MXFP8 at M >= 512: mma.sync, whose rounding count this bound states (the two-phase
+    # MXFP8 kernels' bound, J more: tests/test_matmul_twophase_mx8.py, 777 x 2560 x 8192 too)
+    monkeypatch.setenv("BLOCKSCALE_SM90_TWOPHASE_MX8", "0")
     m, n, k, alpha = shape
     rng = np.random.default_rng(m * 31 + n + k)
     a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, fmt, m, n, k)

@@ -489,7 +489,7 @@ def kernel(spec: FoldSpec | DequantSpec | FixupSpec) -> Any:
 
 
 #: (M, N, K) of the GPU tests and the benchmark
-GPU_SHAPES = ((8192, 5760, 2944), (512, 5760, 2944), (1024, 5760, 2944))
+GPU_SHAPES = ((8192, 5760, 2944), (512, 5760, 2944), (1024, 5760, 2944), (777, 2560, 8192))
 
 
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
