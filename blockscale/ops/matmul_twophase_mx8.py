@@ -20,8 +20,10 @@ Kernels (:mod:`blockscale.ops._twophase_mx8_ir`), five launches, no host synchro
    workspace layout (its thread mapping; zeros past the operand and K); scale 0xFF -> NaN.
 3. phase 2: :class:`~blockscale.ops.matmul_twophase.TwophaseMatmulSpec` with fmt "nvfp4"
    (no scale fix), ``alpha`` = ``m_alpha`` where ``alpha = m_alpha 2^e_alpha``, ``|m_alpha|``
-   in [1, 2), and the epilogue ``chain(fold_undo, user epilogue)``: ``fold_undo`` multiplies
-   by ``2^(Fa[m] + Fb[n] + e_alpha)`` (exact power-of-two steps, below).
+   in [1, 2), and the epilogue ``fold_undo`` then the user epilogue: ``fold_undo``
+   multiplies by ``2^(Fa[m] + Fb[n] + e_alpha)`` (exact power-of-two steps, below), its
+   fold exponents loaded once per row / column of a thread (:class:`_FoldHoist`; a
+   warp-uniform fast loop of one add and one multiply per element where every G is near).
 4. fixup: the outputs of flagged rows (rows of C for A, columns for B) recomputed by the
    portable kernel's K loop, alpha, epilogue and cast (grid.y of 8 CTAs share a flagged
    row's outputs); a CTA with no flagged row exits after one load, a warp OR and a barrier.
