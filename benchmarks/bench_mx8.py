@@ -4,12 +4,15 @@ MXFP8 kernels (``ops/matmul_twophase_mx8.py``, issue #9), at M x 5760 x 2944.
 Rows per M (bf16 output, alpha 0.375):
 
 * ``mma.sync (dispatch)``: ``block_scaled_matmul`` as dispatched today (switch off);
-* ``twophase-mx8 (dispatch)``: the same call with ``BLOCKSCALE_SM90_TWOPHASE_MX8=1``;
+* ``twophase-mx8 (dispatch)``: the same call with ``BLOCKSCALE_SM90_TWOPHASE_MX8=1`` (the
+  default from M = 512);
 * ``twophase-mx8 staged bn{256,240}`` / ``direct bn256``: the direct call per phase-2 store and
   tile width;
 * ``  fold`` / ``  phase1 A`` / ``  phase1 B`` / ``  phase2`` / ``  fixup (no flag)``: each
   launch of the dispatch's call replayed alone; ``  phase2 without fold epilogue``: the FP4
   pair's phase 2 on the same workspaces (the fold epilogue's cost is the difference);
+  ``  phase2 per-element fold (round 1)``: phase 2 with round 1's epilogue (two loads and
+  the branch per element) on the same buffers (staged stores only: the bundled ones);
 * ``twophase-mx8 1 flagged row`` / ``1 flagged column``: a row of A / of B whose scales span
   254 binades with nonzero data (the fixup recomputes a row / column of C).
 
@@ -69,6 +72,7 @@ def _timed(dev: Any, call: Callable[[], Any]) -> tuple[Any, float, list]:
 
 def bench(dev: Any, m_values: Sequence[int], n: int = 5760, k: int = 2944,
           log: Any = print) -> list[tuple[str, str, float | None, str]]:
+    import blockscale.ops._matmul_host as H
     from blockscale.formats import MXFP8
     from blockscale.layouts import interleave
     from blockscale.ops import matmul as M
@@ -129,6 +133,17 @@ def bench(dev: Any, m_values: Sequence[int], n: int = 5760, k: int = 2944,
                         lambda i, wa=wa, wb=wb, p2=p2, m=m: TP.matmul_workspaces(
                             wa, wb, "nvfp4", m, n, k, alpha=ALPHA, store=p2.store, bn=p2.bn,
                             device=dev), device=dev).ms))
+                    if p2.store == "staged":  # round 1's phase 2 on the same buffers
+                        r1 = MX.phase2_spec(p2.out_dtype, None, "sm_90a", hoist=False,
+                                            store=p2.store, bn=p2.bn)
+                        bufs = {"wa": wa, "wb": wb, MX.FOLD_A: launches[0].args[4],
+                                MX.FOLD_B: launches[0].args[5]}
+                        phases.append(("  phase2 per-element fold (round 1)", time_ms(
+                            lambda i, r1=r1, bufs=bufs, m=m: H.launch(
+                                r1, TP.grid(m, n, r1.bm, bn=r1.bn), (m, n), r1.out_dtype,
+                                bufs, {"m": m, "n": n, "k": k,
+                                       "alpha": MX.split_alpha(ALPHA)[0]}, dev),
+                            device=dev).ms))
                 host = np.asarray(dev.to_host(got)).astype(np.float64)
                 text = check_rows(host[rows], exact, abs_sum, rounds)[1] if check else \
                     "(fixup timing; row check skipped)"

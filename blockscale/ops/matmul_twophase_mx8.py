@@ -497,14 +497,19 @@ GPU_SHAPES = ((8192, 5760, 2944), (512, 5760, 2944), (1024, 5760, 2944), (777, 2
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
     """The fold and fixup kernels (bf16 / f32 out), phase 1 for every workspace tile, and
     phase 2 (fold epilogue) for the dispatch's choices: 128 x {256, 240, 224}, direct and
-    staged stores, bf16 / f32 out; none off sm_90a."""
+    staged stores, bf16 / f32 out, plus round 1's per-element epilogue (bf16, staged: the
+    benchmark's comparison); none off sm_90a."""
     if target not in TARGETS:
         return []
     specs: list[Any] = [FoldSpec("mxfp8", target)]
     specs += [DequantSpec("mxfp8", target, t) for t in TP.TILES]
     specs += [FixupSpec("mxfp8", o, None, target) for o in _matmul.OUT_DTYPES]
+    bns = getattr(TP, "WAVE_BNS", (TP.BN,))
     specs += [phase2_spec(o, None, target, store=st, bn=bn) for o in _matmul.OUT_DTYPES
-              for st in TP.STORES for bn in getattr(TP, "WAVE_BNS", (TP.BN,))]
+              for st in TP.STORES for bn in bns]
+    # round 1's per-element fold epilogue, for benchmarks/bench_mx8.py's comparison row
+    specs += [phase2_spec("bfloat16", None, target, hoist=False, store="staged", bn=bn)
+              for bn in bns]
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
