@@ -189,6 +189,22 @@ def test_sass(fmt):
 
 
 @pytest.mark.lower
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_shared_buffers_16_byte_aligned(variant):
+    """Every static shared buffer is declared ``.align 16`` (16-byte LDS / STS; the
+    interpreter does not model alignment: run U's CUDA_ERROR_MISALIGNED_ADDRESS of
+    "mma_c8r", its B fragments after the 24-byte mbarrier array at ``.align 4``); the ring
+    ``.align 1024`` (128-byte swizzle)."""
+    import re
+    spec = matmul_decode.DecodeSpec("nvfp4", "grouped", "bfloat16", False, "sm_90a", variant)
+    ptx = matmul_decode.kernel(spec).asm["ptx"]
+    decls = re.findall(r"\.shared \.align (\d+) \.b8 (__wg_\w+)\[", ptx)
+    assert decls and all(int(a) >= 16 for a, _ in decls), decls
+    if variant in matmul_decode.RING:
+        assert ".extern .shared .align 1024 .b8 __extern_shared[]" in ptx
+
+
+@pytest.mark.lower
 @pytest.mark.parametrize("variant", ["mma_c8r", "mma_c8r4"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_ring_sass(fmt, variant):

@@ -743,6 +743,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         else:
             _walk_units(units, geometry, fetch, stage, compute, lay, warp, g, t, steps,
                         row_bytes, zero, types)
+        _align_attributions(kb, 16)
         return
     n0 = geo0.n0
     if slices > 1:  # (tail, one n-tile: passes of <= 8 rows)
@@ -941,6 +942,17 @@ def _walk_units(units: Any, geometry: Callable[[Value, Value], _Geo],
             units.idle(un)
             br.yield_(*first_step(u_next))
         ul.yield_(*br.results)
+
+
+def _align_attributions(kb: Any, align: int) -> None:
+    """Every workgroup attribution of the kernel ``.align``-ed to ``align`` bytes (the
+    16-byte shared vector accesses; :func:`workgroup_buffer` leaves the element's alignment,
+    and ptxas may place a buffer after the ring's 24-byte mbarrier array: run U's
+    CUDA_ERROR_MISALIGNED_ADDRESS of "mma_c8r")."""
+    attrs = kb.func.attributes
+    n = int(ir.IntegerAttr(attrs["workgroup_attributions"]).value)
+    a = ir.DictAttr.get({"llvm.align": ir.IntegerAttr.get(bir.i64(), align)})
+    attrs["workgroup_attrib_attrs"] = ir.ArrayAttr.get([a] * n)
 
 
 def ring_map_arg() -> Any:
