@@ -108,15 +108,21 @@ At ~4.25 TB/s and ~1 us of loaded DRAM latency an SM needs ~32 KB in flight. "mm
 the grid ends in a partial wave (T = 16: 5760 tiles = 10.9 waves of 528). "mma_c8w" runs one
 wave of CTAs walking work units (:mod:`blockscale.ops._decode_stream_ir`: group, 64-column
 tile, 8-row pass) with the "mma_c8t" step loop; the peeled last step of a unit fetches the
-CTA's next unit's first step, so a CTA's loads never stop between units (sm_90a step loop
-809 -> 832 SASS NVFP4, 921 -> 929 MXFP4; 126 / 127 registers, no spill). "mma_c8r" /
+CTA's next unit's first step, so a CTA's loads never stop between units; the next unit's
+info words are loaded a step or more ahead by threads 0..4 and published in shared memory
+(no dependent global-load chain before that prefetch). sm_90a step loop 809 -> 872 SASS
+NVFP4, 921 -> 972 MXFP4 (static: ~40 of it the step-0 info loads, once a unit); 128
+registers, no spill. Units walk host row blocks (only 8-row blocks with rows): with the
+pass as the fastest unit index, 528 CTAs and two passes gave CTA c only passes c % 2 (run
+T: T = 128 twice as slow). "mma_c8r" /
 "mma_c8r4" move the weights out of registers into a 3 / 4-stage shared ring filled by TMA
 (128-byte boxes x 64 rows, 128B swizzle: conflict-free fragment reads; one thread issues a
 step's two boxes 2 / 3 steps ahead, across units): 32 / 48 KB per CTA in flight at 3 / 2 CTAs
-per SM (96 KB per SM; T = 1, 360 units: ~87 KB per SM against ~44 KB). Their step loop has
-~895 SASS a step for the warps that do not issue (NVFP4: 2 LDS + 1 PRMT per row and unit pair
-rebuild :func:`_pair_pieces`'s word from the raw row; no weight staging), 128 registers, no
-spill. Every output is still one unit's "mma_c8t" sum: bit for bit the portable kernel's.
+per SM (96 KB per SM; T = 1, 360 units: ~87 KB per SM against ~44 KB). Their step loop is
+1178 SASS static NVFP4 (1239 MXFP4), of it ~150 thread 0's TMA issue, ~80 the cursor's
+once-a-unit lookup and ~40 the step-0 info loads: ~900 a step for the other warps (NVFP4: 2
+LDS + 1 PRMT per row and unit pair rebuild :func:`_pair_pieces`'s word from the raw row; no
+weight staging); 128 registers, no spill; every static buffer ``.align 16``. Every output is still one unit's "mma_c8t" sum: bit for bit the portable kernel's.
 """
 
 from __future__ import annotations
