@@ -90,7 +90,8 @@ def hoisted(epilogue: Any) -> Any:
     * optional ``fast(buffers, rows, m_count, n0, n_count, bn) -> (cond, variant)``: an i1
       uniform over the warp (all 32 lanes call it: it may shuffle) and a variant (the same
       protocol) that computes the same values wherever ``cond`` holds for the warp's rows
-      and columns ``n0 .. n0 + bn``; the loops then branch once per m-tile (:func:`tiles`).
+      (``rows``: this lane's) and its columns ``n0 .. n0 + bn`` (``n0`` here: the warp's
+      first column); the loops then branch once per m-tile (:func:`tiles`).
     """
     return getattr(epilogue.fn, "hoist", None) if epilogue is not None else None
 
@@ -118,7 +119,8 @@ def tiles(hoist: Any, acc: list, wc: Any, m0: Any, n0: Any, m_count: Any, n_coun
         if split is None:
             loop(hoist)
             continue
-        cond, fast = split(buffers, rows, m_count, n0, n_count, 8 * len(row))
+        # the warp's columns: n0 + col0 .. + 8 per n-tile
+        cond, fast = split(buffers, rows, m_count, bir.add(n0, wc.col0), n_count, 8 * len(row))
         br = bir.if_(cond, [])
         with br.then():
             loop(fast)
