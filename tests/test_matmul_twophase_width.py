@@ -101,7 +101,7 @@ def test_wave_model():
         TP.DequantSpec("nvfp4", tile=208)
     s = TP.TwophaseMatmulSpec("nvfp4", bn=240, store="staged")
     assert (s.stages, s.kernel_name) == (4, "bs_twophase_nvfp4_128x240_k64_s4_bf16_st")
-    assert TP.TwophaseMatmulSpec("nvfp4", bn=224).stages == 5
+    assert TP.TwophaseMatmulSpec("nvfp4", bn=224).stages == 4  # a power of two (run V)
     assert TP.grid(8192, 5760, bn=240) == (1536, 1, 1)
 
 
