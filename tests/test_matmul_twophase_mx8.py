@@ -488,6 +488,16 @@ def test_kernel_sass(spec):
     elif isinstance(spec, TP.TwophaseMatmulSpec):
         assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32\.BF16", sass)) == spec.kstep // 16
         assert re.search(r"UBLKCP", sass)
+        if getattr(spec.epilogue.fn, "hoist", None) is not None and spec.store == "staged":
+            # the warp's fast test (4 + 4 + 4 x 2 shuffles), then the fast loop: round 1's
+            # per-element epilogue took ~28 instructions an element (4392 vs 800 without it,
+            # bf16 bn256), the fast loop 586 for 128 elements (alpha, fold, pack, STS)
+            assert len(re.findall(r"SHFL\.BFLY", sass)) == 16
+            lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+\S", ln)]
+            last = max(i for i, ln in enumerate(lines) if "SHFL.BFLY" in ln)
+            start = next(i for i in range(last, len(lines)) if " BRA " in lines[i])
+            end = next(i for i in range(start + 1, len(lines)) if re.search(r"\bBRA\b", lines[i]))
+            assert end - start <= 5 * spec.bn // 2, end - start  # elements: 64 bn / 128
     else:
         assert not re.search(r"STG\.E\.128|HGMMA", sass)
 
