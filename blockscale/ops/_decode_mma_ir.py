@@ -882,18 +882,7 @@ def _walk_units(units: Any, geometry: Callable[[Value, Value], _Geo],
     tid = bir.thread_idx("x")
     info_sm = workgroup_buffer(units.kb, 8, bir.i32())
     last_u = bir.sub(units.count, 1)
-
-    def first_step(u: Value, un: Any = None) -> list[Value]:
-        """Unit u's first step (zeros when u is past the end or not live); ``un``: its
-        geometry, if known."""
-        un = un or units.info(bir.umin(u, last_u))
-        br = bir.if_(bir.logical_and(bir.ult(u, units.count), un.live), types)
-        with br.then():
-            br.yield_(*fetch(bir.const(0), un.r0, un.rows, geo=geometry(un.e, un.n0),
-                             a_srow=un.a_srow))
-        with br.else_():
-            br.yield_(*[bir.const(0, ty) for ty in types])
-        return list(br.results)
+    first_step = _first_step_fn(units, geometry, fetch, types, last_u)
 
     with bir.for_range(c, units.count, p, carry=first_step(c)) as ul:
         u = ul.iv
@@ -918,30 +907,8 @@ def _walk_units(units: Any, geometry: Callable[[Value, Value], _Geo],
                 regs = nxt()
                 return compute(accs, False, un.rows, live) + regs
 
-            with bir.for_range(0, bir.sub(steps, 1),
-                               carry=[zero] * 4 + list(ul.carried) + [blk]) as sl:
-                cs = list(sl.carried)
-                wb = bir.if_(bir.eq(sl.iv, 0), [bir.i32()])
-                with wb.then():
-                    wb.yield_(units.prefetch_word(cs[-1], tid))
-                with wb.else_():
-                    wb.yield_(cs[-1])
-                sl.yield_(*body(sl.iv, cs[:4], cs[4:-1],
-                                lambda sl=sl: fetch(bir.add(sl.iv, 1), un.r0, un.rows,
-                                                    geo=geo, a_srow=un.a_srow)),
-                          wb.results[0])
-            last = bir.sub(steps, 1)
-            live = bir.umin(bir.udiv(bir.sub(row_bytes, bir.mul(last, STEP_BYTES)), 16),
-                            UNITS // 2)
-            rs = list(sl.results)
-            wl = bir.if_(bir.eq(last, 0), [bir.i32()])  # (no loop step: the word now)
-            with wl.then():
-                wl.yield_(units.prefetch_word(blk, tid))
-            with wl.else_():
-                wl.yield_(rs[-1])
-            res = body(last, rs[:4], rs[4:-1],
-                       lambda: first_step(u_next, units.shared_info(u_next, info_sm)), live,
-                       wl.results[0])
+            res = _unit_steps(units, un, geo, body, fetch, first_step, u_next,
+                              list(ul.carried), blk, steps, row_bytes, zero, tid, info_sm)
             _store_unit(units, un, res[:4], lay, warp, g, t)
             br.yield_(*res[4:])
         with br.else_():
@@ -1039,18 +1006,7 @@ def _walk_ring(units: Any, geometry: Callable[[Value, Value], _Geo],
 
     info_sm = workgroup_buffer(kb, 8, bir.i32())
     last_u = bir.sub(units.count, 1)
-
-    def first_step(u: Value, un: Any = None) -> list[Value]:
-        """Unit u's first step's scale words and activations (zeros when u is past the end
-        or not live); ``un``: its geometry, if known."""
-        un = un or units.info(bir.umin(u, last_u))
-        br = bir.if_(bir.logical_and(bir.ult(u, units.count), un.live), types)
-        with br.then():
-            br.yield_(*fetch(bir.const(0), un.r0, un.rows, geo=geometry(un.e, un.n0),
-                             a_srow=un.a_srow))
-        with br.else_():
-            br.yield_(*[bir.const(0, ty) for ty in types])
-        return list(br.results)
+    first_step = _first_step_fn(units, geometry, fetch, types, last_u)
 
     with bir.when(is0):
         for s_ in range(ring):
@@ -1071,10 +1027,11 @@ def _walk_ring(units: Any, geometry: Callable[[Value, Value], _Geo],
             u_next = bir.add(u, p)
             blk = units.prefetch(bir.umin(u_next, last_u), tid)  # (as _walk_units)
 
-            def body(step: Value, accs: list[Value], cur_regs: list[Value], cur: list[Value],
+            def body(step: Value, accs: list[Value], rest: list[Value],
                      nxt: Callable[[], list[Value]], live: Value | None = None,
                      word: Value | None = None) -> list[Value]:
-                """accs, next registers, cursor."""
+                """accs, next registers, cursor (``rest``: this step's registers, cursor)."""
+                cur_regs, cur = rest[:nf], rest[nf:]
                 i = bir.add(i0, step)
                 bir.barrier()  # the previous step's shared reads are done (its stage too)
                 if word is not None:  # (the last step: read after the next barrier)
@@ -1088,30 +1045,8 @@ def _walk_ring(units: Any, geometry: Callable[[Value, Value], _Geo],
                 regs = nxt()
                 return compute(accs, False, un.rows, live, slot=slot) + regs + cur
 
-            with bir.for_range(0, bir.sub(steps, 1),
-                               carry=[zero] * 4 + list(ul.carried) + [blk]) as sl:
-                cs = list(sl.carried)
-                wb = bir.if_(bir.eq(sl.iv, 0), [bir.i32()])
-                with wb.then():
-                    wb.yield_(units.prefetch_word(cs[-1], tid))
-                with wb.else_():
-                    wb.yield_(cs[-1])
-                sl.yield_(*body(sl.iv, cs[:4], cs[4:4 + nf], cs[4 + nf:-1],
-                                lambda sl=sl: fetch(bir.add(sl.iv, 1), un.r0, un.rows,
-                                                    geo=geo, a_srow=un.a_srow)),
-                          wb.results[0])
-            last = bir.sub(steps, 1)
-            live = bir.umin(bir.udiv(bir.sub(row_bytes, bir.mul(last, STEP_BYTES)), 16),
-                            UNITS // 2)
-            rs = list(sl.results)
-            wl = bir.if_(bir.eq(last, 0), [bir.i32()])  # (no loop step: the word now)
-            with wl.then():
-                wl.yield_(units.prefetch_word(blk, tid))
-            with wl.else_():
-                wl.yield_(rs[-1])
-            res = body(last, rs[:4], rs[4:4 + nf], rs[4 + nf:-1],
-                       lambda: first_step(u_next, units.shared_info(u_next, info_sm)), live,
-                       wl.results[0])
+            res = _unit_steps(units, un, geo, body, fetch, first_step, u_next,
+                              list(ul.carried), blk, steps, row_bytes, zero, tid, info_sm)
             _store_unit(units, un, res[:4], lay, warp, g, t)
             br.yield_(*res[4:])
         with br.else_():
@@ -1121,6 +1056,60 @@ def _walk_ring(units: Any, geometry: Callable[[Value, Value], _Geo],
             units.idle(un)
             br.yield_(*first_step(bir.add(u, p)), *il.results)
         ul.yield_(*br.results)
+
+
+def _first_step_fn(units: Any, geometry: Callable[[Value, Value], _Geo],
+                   fetch: Callable[..., list[Value]], types: list[Any],
+                   last_u: Value) -> Callable[..., list[Value]]:
+    """``first_step(u, un=None)`` of the persistent walks: unit u's first step's scale words
+    and activations (zeros when u is past the end or not live); ``un``: its geometry, if
+    known."""
+    def first_step(u: Value, un: Any = None) -> list[Value]:
+        un = un or units.info(bir.umin(u, last_u))
+        br = bir.if_(bir.logical_and(bir.ult(u, units.count), un.live), types)
+        with br.then():
+            br.yield_(*fetch(bir.const(0), un.r0, un.rows, geo=geometry(un.e, un.n0),
+                             a_srow=un.a_srow))
+        with br.else_():
+            br.yield_(*[bir.const(0, ty) for ty in types])
+        return list(br.results)
+    return first_step
+
+
+def _unit_steps(units: Any, un: Any, geo: _Geo, body: Callable[..., list[Value]],
+                fetch: Callable[..., list[Value]], first_step: Callable[..., list[Value]],
+                u_next: Value, carried: list[Value], blk: Value, steps: Value,
+                row_bytes: Value, zero: Value, tid: Value, info_sm: Value) -> list[Value]:
+    """A live unit's K steps in the persistent walks: ``steps - 1`` loop steps, then the
+    peeled last one, which fetches the next unit's first step (``first_step(u_next, ..)``
+    from its info words published in ``info_sm``). ``body(step, accs, rest, nxt, live=None,
+    word=None)`` runs a step (``rest``: the carried values after the 4 accumulators;
+    ``nxt()``: the next step's registers) and returns accs + next registers + the rest of
+    the carry. The next unit's dependent info word (from its row block ``blk``) is loaded at
+    step 0 (at the last step when it is the only one) and passed to the last step as
+    ``word``. Returns the last step's results."""
+    with bir.for_range(0, bir.sub(steps, 1), carry=[zero] * 4 + carried + [blk]) as sl:
+        cs = list(sl.carried)
+        wb = bir.if_(bir.eq(sl.iv, 0), [bir.i32()])
+        with wb.then():
+            wb.yield_(units.prefetch_word(cs[-1], tid))
+        with wb.else_():
+            wb.yield_(cs[-1])
+        sl.yield_(*body(sl.iv, cs[:4], cs[4:-1],
+                        lambda sl=sl: fetch(bir.add(sl.iv, 1), un.r0, un.rows, geo=geo,
+                                            a_srow=un.a_srow)),
+                  wb.results[0])
+    last = bir.sub(steps, 1)
+    live = bir.umin(bir.udiv(bir.sub(row_bytes, bir.mul(last, STEP_BYTES)), 16), UNITS // 2)
+    rs = list(sl.results)
+    wl = bir.if_(bir.eq(last, 0), [bir.i32()])  # (no loop step: the word now)
+    with wl.then():
+        wl.yield_(units.prefetch_word(blk, tid))
+    with wl.else_():
+        wl.yield_(rs[-1])
+    return body(last, rs[:4], rs[4:-1],
+                lambda: first_step(u_next, units.shared_info(u_next, info_sm)), live,
+                wl.results[0])
 
 
 def _store_unit(units: Any, un: Any, accs: list[Value], lay: _Fmt, warp: Value, g: Value,
