@@ -19,25 +19,18 @@ import re
 
 import numpy as np
 import pytest
-from test_matmul_common import random_dense_case
+from _twophase_helpers import dense_operands, gpu_pair_grid, knob_pair
 
-from blockscale.formats import Format
 from blockscale.ops import matmul_twophase as TP
 
 
 def _operands(fmt, m, n, k):
-    fmt = Format.from_name(fmt)
-    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(m + 3 * n + k), fmt, m, n,
-                                               k)
-    return (a, b, sfa5, sfb5, fmt)
+    return dense_operands(fmt, m, n, k, m + 3 * n + k)
 
 
 def _pair(fmt, m, n, k, device="interp", **kw):
     """(the pair with ``cluster=2`` and ``kw``, the same with ``cluster=1``)."""
-    ops = _operands(fmt, m, n, k)
-    run = lambda c: TP.block_scaled_matmul_twophase(*ops, alpha=0.375, cluster=c,
-                                                    device=device, **kw)
-    return run(2), run(1)
+    return knob_pair(fmt, m, n, k, "cluster", 2, 1, seed=m + 3 * n + k, device=device, **kw)
 
 
 @pytest.mark.interp
@@ -253,13 +246,7 @@ def test_cluster_meta_survives_bundle(tmp_path):
     assert c.numAttrs == 1 and c.attrs[0].value.clusterDim.x == 2
 
 
-@pytest.mark.gpu
-@pytest.mark.cuda
-@pytest.mark.parametrize("fmt", TP.FORMATS)
-@pytest.mark.parametrize("shape", [(8192, 5760, 2944), (300, 264, 512)],
-                         ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("bn", [256, 240], ids=lambda b: f"bn{b}")
-@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+@gpu_pair_grid
 def test_gpu_cluster(shape, fmt, bn, out_dtype):
     """On the H200: 2-CTA clusters sharing B write the bytes of the cluster=1 pair (same
     operands, same k16 order; a stage refilled before both CTAs released it, a missing

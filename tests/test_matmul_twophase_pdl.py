@@ -17,19 +17,16 @@ import re
 
 import numpy as np
 import pytest
+from _twophase_helpers import gpu_pair_grid, knob_pair
 from test_matmul_common import random_dense_case
 
-from blockscale.formats import NVFP4, Format
+from blockscale.formats import NVFP4
 from blockscale.ops import matmul_twophase as TP
 
 
 def _pair(fmt, m, n, k, device="interp", **kw):
     """(the pair with ``pdl=True`` and ``kw``, the same without PDL)."""
-    fmt = Format.from_name(fmt)
-    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(m + n + k), fmt, m, n, k)
-    run = lambda pdl: TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, fmt, alpha=0.375,
-                                                      pdl=pdl, device=device, **kw)
-    return run(True), run(False)
+    return knob_pair(fmt, m, n, k, "pdl", True, False, seed=m + n + k, device=device, **kw)
 
 
 @pytest.mark.interp
@@ -148,13 +145,7 @@ def test_launch_config():
     assert C.PROGRAMMATIC_LAUNCH in TP.TwophaseMatmulSpec("nvfp4", pdl=True).launch_meta
 
 
-@pytest.mark.gpu
-@pytest.mark.cuda
-@pytest.mark.parametrize("fmt", TP.FORMATS)
-@pytest.mark.parametrize("shape", [(8192, 5760, 2944), (300, 264, 512)],
-                         ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("bn", [256, 240], ids=lambda b: f"bn{b}")
-@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+@gpu_pair_grid
 def test_gpu_pdl(shape, fmt, bn, out_dtype):
     """On the H200: phase 2 launched with programmatic stream serialization after B's
     triggering phase 1 writes the bytes of the pair without PDL (a missing or misplaced
