@@ -49,8 +49,8 @@ from benchmarks.bench_moe import (
     sample_rows,
 )
 from benchmarks.common import (
+    bundle_device,
     check_rows,
-    kernel_keys_without_mlir,
     random_data,
     random_scales,
     record_launches,
@@ -253,7 +253,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     from benchmarks import ceilings
-    from blockscale import runtime
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="gpt-oss NVFP4 and dense M=1 only")
@@ -289,8 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bad:
         p.error(f"--variants: unknown {bad}, expected some of {VARIANTS}")
     budget = Budget(ns.budget_s if ns.budget_s > 0 else None)
-    kernel_keys_without_mlir()
-    dev = runtime.get_device("cuda")
+    dev = bundle_device()
     copy = ceilings.copy_tbps([ceilings.copy_bandwidth(dev)])
     print(f"D2D copy: {copy} TB/s", flush=True)
     kw = {"variants": variants, "budget": budget, "split_ctas": split_ctas}

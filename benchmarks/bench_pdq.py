@@ -23,7 +23,7 @@ of the substrings, plus the references); kernels from the bundle (``make gpu-bun
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -40,12 +40,10 @@ from benchmarks.bench_moe import (
     sample_rows,
 )
 from benchmarks.common import (
-    kernel_keys_without_mlir,
+    bundle_device,
     random_data,
     random_scales,
-    record_launches,
-    replay,
-    time_ms,
+    timed_launches,
 )
 
 #: dense (label, kwargs of block_scaled_matmul_pdq); None: the two-phase reference, a dict
@@ -111,12 +109,6 @@ def _select(impls: tuple, only: Sequence[str] | None) -> tuple:
     return impls[:1] + tuple(i for i in impls[1:] if any(x in i[0] for x in only))
 
 
-def _timed(dev: Any, call: Callable[[], Any]) -> tuple[Any, float]:
-    with record_launches(dev) as launches:
-        got = call()
-    return got, time_ms(lambda i, ln=launches: replay(dev, ln), device=dev).ms
-
-
 def bench_dense(dev: Any, m_values: Sequence[int], fmts: Sequence[str], n: int = 5760,
                 k: int = 2944, log: Any = print, only: Sequence[str] | None = None
                 ) -> list[tuple[str, str, float | None, str]]:
@@ -140,12 +132,13 @@ def bench_dense(dev: Any, m_values: Sequence[int], fmts: Sequence[str], n: int =
                 try:
                     if kw is None or "twophase" in kw:
                         tw = (kw or {}).get("twophase", {})
-                        got, ms = _timed(dev, lambda ops=ops, tw=tw:
-                                         TP.block_scaled_matmul_twophase(*ops, kstep=64,
-                                                                         device=dev, **tw))
+                        got, ms, _ = timed_launches(dev, lambda ops=ops, tw=tw:
+                                                    TP.block_scaled_matmul_twophase(
+                                                        *ops, kstep=64, device=dev, **tw))
                     else:
-                        got, ms = _timed(dev, lambda ops=ops, kw=kw: P.block_scaled_matmul_pdq(
-                            *ops, device=dev, **kw))
+                        got, ms, _ = timed_launches(dev, lambda ops=ops, kw=kw:
+                                                    P.block_scaled_matmul_pdq(
+                                                        *ops, device=dev, **kw))
                     host = np.asarray(dev.to_host(got)).view(np.uint16)
                     if ref is None:
                         ref, text = host, "reference"
@@ -187,7 +180,7 @@ def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
                 try:
                     fn = gw.grouped_matmul_block_scaled_wgmma if kind == "wgmma" else \
                         GP.grouped_matmul_block_scaled_pdq
-                    got, ms = _timed(dev, lambda fn=fn, kw=kw, args=args: fn(
+                    got, ms, _ = timed_launches(dev, lambda fn=fn, kw=kw, args=args: fn(
                         *args, k=shape.k, device=dev, **kw))
                     host = np.asarray(dev.to_host(got))
                     if kw.get("sigma_out"):  # gate | up columns back to the weight rows' order
@@ -272,7 +265,7 @@ def bench_fused(dev: Any, t_values: Sequence[int], fmts: Sequence[str], log: Any
                 old = os.environ.get(gw.PDQ_ENV_SWITCH)
                 os.environ[gw.PDQ_ENV_SWITCH] = pdq
                 try:
-                    (data, scales), ms = _timed(dev, fused if is_fused else chained)
+                    (data, scales), ms, _ = timed_launches(dev, fused if is_fused else chained)
                     got = b"".join(np.ascontiguousarray(np.asarray(dev.to_host(x)))
                                    .view(np.uint8).tobytes() for x in (data, scales))
                     if is_fused:
@@ -297,8 +290,6 @@ def bench_fused(dev: Any, t_values: Sequence[int], fmts: Sequence[str], log: Any
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
-    from blockscale import runtime
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--m", default="8192,1024")
     p.add_argument("--t", default="1024,4096")
@@ -306,8 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--suite", default="dense,grouped")
     p.add_argument("--impls", default="", help="label substrings (comma-separated)")
     ns = p.parse_args(argv)
-    kernel_keys_without_mlir()
-    dev = runtime.get_device("cuda")
+    dev = bundle_device()
     fmts, suites = ns.fmt.split(","), ns.suite.split(",")
     only = [x for x in ns.impls.split(",") if x]
     rows = []

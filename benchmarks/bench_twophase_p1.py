@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -30,22 +30,14 @@ if __package__ in (None, ""):
     sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
 
 from benchmarks.common import (
-    kernel_keys_without_mlir,
+    bundle_device,
     random_data,
     random_scales,
-    record_launches,
-    replay,
     time_ms,
+    timed_launches,
 )
 
 ALPHA, BN = 0.375, 240
-
-
-def _timed(dev: Any, call: Callable[[], Any]) -> tuple[Any, float]:
-    """(the call's result, median ms of its launches replayed)."""
-    with record_launches(dev) as launches:
-        got = call()
-    return got, time_ms(lambda i: replay(dev, launches), device=dev).ms
 
 
 def _same(x: Any, y: Any, dev: Any) -> str:
@@ -87,12 +79,13 @@ def bench(dev: Any, fmt_name: str, m: int, n: int, k: int,
             f"{f'{ms:8.4f} ms' if ms else '      -    '} {extra:12} {text}")
         out.append((label, ms, text))
 
-    old_ws, ms = _timed(dev, lambda: TP.dequantize_operands(*ops, fmt, k=k, bn=BN, device=dev))
+    old_ws, ms, _ = timed_launches(
+        dev, lambda: TP.dequantize_operands(*ops, fmt, k=k, bn=BN, device=dev))
     row("phase1 2 launches", ms, "", True)
     for p in P1.PIECES:
         for order in ("reversed", "rows") if p == P1.DEFAULT_PIECES else ("reversed",):
             try:
-                ws, ms = _timed(dev, lambda p=p, o=order: P1.dequantize_both(
+                ws, ms, _ = timed_launches(dev, lambda p=p, o=order: P1.dequantize_both(
                     *ops, fmt, k=k, bn=BN, device=dev, pieces=p, order=o))
                 text = " / ".join(_same(x, y, dev) for x, y in zip(ws, old_ws, strict=True))
             except Exception as e:  # noqa: BLE001 - a missing kernel, a launch failure
@@ -101,12 +94,12 @@ def bench(dev: Any, fmt_name: str, m: int, n: int, k: int,
     del old_ws
     for pdl in (False, True):
         tag = " pdl" if pdl else ""
-        want, ms = _timed(dev, lambda pdl=pdl: TP.block_scaled_matmul_twophase(
+        want, ms, _ = timed_launches(dev, lambda pdl=pdl: TP.block_scaled_matmul_twophase(
             *ops, fmt, alpha=ALPHA, store="staged", bn=BN, pdl=pdl, device=dev))
         row(f"pair 2-launch p1{tag}", ms)
         for p in P1.PIECES:
             try:
-                got, ms = _timed(dev, lambda p=p, pdl=pdl: P1.pair(
+                got, ms, _ = timed_launches(dev, lambda p=p, pdl=pdl: P1.pair(
                     *ops, fmt, k=k, alpha=ALPHA, bn=BN, pdl=pdl, pieces=p, device=dev))
                 text = _same(got, want, dev)
             except Exception as e:  # noqa: BLE001
@@ -123,10 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shape", default="8192,5760,2944")
     args = parser.parse_args(argv)
     m, n, k = (int(x) for x in args.shape.split(","))
-    kernel_keys_without_mlir()
-    from blockscale import runtime
-
-    dev = runtime.get_device("cuda")
+    dev = bundle_device()
     bench(dev, args.fmt, m, n, k)
     return 0
 

@@ -250,6 +250,23 @@ def replay(dev: Any, launches: Sequence[Launch]) -> None:
         dev.launch(ln.kernel, ln.grid, ln.args)
 
 
+def timed_launches(dev: Any, call: Callable[[], Any]) -> tuple[Any, float, list[Launch]]:
+    """(``call()``'s result, the median ms of its launches replayed on the same buffers
+    (:func:`time_ms`), the launches)."""
+    with record_launches(dev) as launches:
+        got = call()
+    return got, time_ms(lambda i, ln=launches: replay(dev, ln), device=dev).ms, launches
+
+
+def bundle_device() -> Any:
+    """The CUDA device of a benchmark whose kernels come from the bundle
+    (:func:`kernel_keys_without_mlir` first: the GPU machine has no MLIR)."""
+    kernel_keys_without_mlir()
+    from blockscale import runtime
+
+    return runtime.get_device("cuda")
+
+
 def kernel_keys_without_mlir() -> bool:
     """Workaround, active only where MLIR is not importable (the GPU machine): today
     ``blockscale.ops._core.generator_sources`` *imports* each ``KERNEL_SOURCES`` module to
