@@ -38,13 +38,13 @@ if __package__ in (None, ""):
     sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
 
 from benchmarks.common import (
+    bundle_device,
     check_rows,
-    kernel_keys_without_mlir,
     random_data,
     random_scales,
-    record_launches,
     replay,
     time_ms,
+    timed_launches,
 )
 
 ALPHA = 0.375
@@ -62,12 +62,6 @@ def _exact_rows(a: np.ndarray, b: np.ndarray, sfa: np.ndarray, sfb: np.ndarray, 
 
     ad, bd = deq(a[rows], sfa[rows]), deq(b, sfb)
     return ALPHA * (ad @ bd.T), ALPHA * (np.abs(ad) @ np.abs(bd).T)
-
-
-def _timed(dev: Any, call: Callable[[], Any]) -> tuple[Any, float, list]:
-    with record_launches(dev) as launches:
-        got = call()
-    return got, time_ms(lambda i, ln=launches: replay(dev, ln), device=dev).ms, launches
 
 
 def bench(dev: Any, m_values: Sequence[int], n: int = 5760, k: int = 2944,
@@ -123,7 +117,7 @@ def bench(dev: Any, m_values: Sequence[int], n: int = 5760, k: int = 2944,
         for label, call, check in impls:
             phases = []
             try:
-                got, ms, launches = _timed(dev, call)
+                got, ms, launches = timed_launches(dev, call)
                 if label == "twophase-mx8 (dispatch)" and len(launches) == len(PHASES):
                     phases = [(p, time_ms(lambda i, ln=ln: replay(dev, [ln]), device=dev).ms)
                               for p, ln in zip(PHASES, launches, strict=True)]
@@ -165,10 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=5760)
     parser.add_argument("--k", type=int, default=2944)
     args = parser.parse_args(argv)
-    kernel_keys_without_mlir()
-    from blockscale import runtime
-
-    dev = runtime.get_device("cuda")
+    dev = bundle_device()
     bench(dev, [int(x) for x in args.m.split(",")], args.n, args.k)
     return 0
 
