@@ -47,6 +47,7 @@ def run(device: str, check: Callable[[str, Any, Any], None], bad: list[str]) -> 
         matmul_sm90,
         matmul_swiglu,
         matmul_twophase,
+        matmul_twophase_mx8,
         matmul_wgmma,
     )
     from blockscale.ops import quantize as Q
@@ -87,6 +88,13 @@ def run(device: str, check: Callable[[str, Any, Any], None], bad: list[str]) -> 
                        matmul_twophase.block_scaled_matmul_twophase(  # every tile on 1 CTA
                            *ops_args, out_dtype="float32", schedule="persistent", ctas=1,
                            **kw), exact, bound)
+            if k % 32 == 0 and fmt.name == "mxfp8":  # its bound: one rounding more a block
+                mx8_bound = f32_error_bound(abs_sum, fmt, k, n_mul=1 + fmt.kblocks(k))
+                for store in ("direct", "staged"):
+                    expect(f"twophase-mx8 {store} {m}x{n}x{k}", assert_f32_within_bound,
+                           matmul_twophase_mx8.block_scaled_matmul_twophase_mx8(
+                               a, b, sfa5, sfb5, out_dtype="float32", store=store, **kw),
+                           exact, mx8_bound)
             if matmul_wgmma.supported(fmt, k) and fmt.name in matmul_wgmma.DISPATCH_FORMATS:
                 expect(f"wgmma-tma {fmt.name} {m}x{n}x{k}", assert_f32_within_bound,
                        matmul_wgmma.block_scaled_matmul_wgmma(
