@@ -33,6 +33,22 @@ def knob_pair(fmt: str, m: int, n: int, k: int, knob: str, on: Any, off: Any, *,
     return run(on), run(off)
 
 
+def dispatch_runs(monkeypatch: Any, env: str, value: str,
+                  ops: tuple) -> tuple[np.ndarray, list[Any]]:
+    """``block_scaled_matmul``'s dispatch of ``ops`` (a, b, sfa, sfb, format) in the
+    interpreter with the environment switch ``env=value`` (two-phase from M = 100): (C, the
+    two-phase phase-2 specs it ran)."""
+    from blockscale.ops import matmul
+
+    monkeypatch.setattr(TP, "MIN_M", 100)
+    monkeypatch.setenv(env, value)
+    launched: list[Any] = []
+    real = TP._run
+    monkeypatch.setattr(TP, "_run", lambda spec, *x: launched.append(spec) or real(spec, *x))
+    got = matmul.block_scaled_matmul(*ops, device="interp", target="sm_90a")
+    return got, launched
+
+
 def gpu_pair_grid(test: Callable[..., Any]) -> Callable[..., Any]:
     """Mark ``test(shape, fmt, bn, out_dtype)`` gpu / cuda and parametrize it over the
     H200 pair grid: both formats, a large and a ragged shape, bn 256 / 240, f32 / bf16."""

@@ -19,7 +19,7 @@ import re
 
 import numpy as np
 import pytest
-from _twophase_helpers import dense_operands, gpu_pair_grid, knob_pair
+from _twophase_helpers import dense_operands, dispatch_runs, gpu_pair_grid, knob_pair
 
 from blockscale.ops import matmul_twophase as TP
 
@@ -208,23 +208,15 @@ def test_launch_config_cluster():
 def test_dispatch_with_cluster(monkeypatch):
     """BLOCKSCALE_SM90_TWOPHASE_CLUSTER=2: the dispatch runs phase 2 in clusters, same
     bytes; default 1; other values raise."""
-    from blockscale.ops import matmul
-
     monkeypatch.delenv(TP.ENV_CLUSTER, raising=False)
     assert TP.DISPATCH_CLUSTER == 1 and TP.dispatch_cluster() == 1
     monkeypatch.setenv(TP.ENV_CLUSTER, "3")
     with pytest.raises(ValueError, match="BLOCKSCALE_SM90_TWOPHASE_CLUSTER"):
         TP.dispatch_cluster()
     m, n, k = 300, 264, 96
-    a, b, sfa, sfb, fmt = _operands("nvfp4", m, n, k)
-    want = TP.block_scaled_matmul_twophase(a, b, sfa, sfb, fmt, store="staged",
-                                           device="interp")
-    monkeypatch.setattr(TP, "MIN_M", 100)
-    monkeypatch.setenv(TP.ENV_CLUSTER, "2")
-    launched = []
-    real = TP._run
-    monkeypatch.setattr(TP, "_run", lambda spec, *x: launched.append(spec) or real(spec, *x))
-    got = matmul.block_scaled_matmul(a, b, sfa, sfb, fmt, device="interp", target="sm_90a")
+    ops = _operands("nvfp4", m, n, k)
+    want = TP.block_scaled_matmul_twophase(*ops, store="staged", device="interp")
+    got, launched = dispatch_runs(monkeypatch, TP.ENV_CLUSTER, "2", ops)
     assert [s.cluster for s in launched] == [2]
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
 

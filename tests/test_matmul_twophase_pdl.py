@@ -17,10 +17,8 @@ import re
 
 import numpy as np
 import pytest
-from _twophase_helpers import gpu_pair_grid, knob_pair
-from test_matmul_common import random_dense_case
+from _twophase_helpers import dense_operands, dispatch_runs, gpu_pair_grid, knob_pair
 
-from blockscale.formats import NVFP4
 from blockscale.ops import matmul_twophase as TP
 
 
@@ -89,17 +87,9 @@ def test_pdl_spec_and_dispatch(monkeypatch):
 @pytest.mark.interp
 def test_dispatch_with_pdl(monkeypatch):
     """BLOCKSCALE_SM90_TWOPHASE_PDL=1: the dispatch runs the pdl pair, same bytes."""
-    from blockscale.ops import matmul
-
-    m, n, k = 130, 264, 96
-    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(8), NVFP4, m, n, k)
-    want = TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, NVFP4, device="interp")
-    monkeypatch.setattr(TP, "MIN_M", 100)
-    monkeypatch.setenv(TP.ENV_PDL, "1")
-    launched = []
-    real = TP._run
-    monkeypatch.setattr(TP, "_run", lambda spec, *x: launched.append(spec) or real(spec, *x))
-    got = matmul.block_scaled_matmul(a, b, sfa5, sfb5, NVFP4, device="interp", target="sm_90a")
+    ops = dense_operands("nvfp4", 130, 264, 96, 8)
+    want = TP.block_scaled_matmul_twophase(*ops, device="interp")
+    got, launched = dispatch_runs(monkeypatch, TP.ENV_PDL, "1", ops)
     assert [s.pdl for s in launched] == [True]
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
 
