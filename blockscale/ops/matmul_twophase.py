@@ -584,6 +584,21 @@ def _workspaces(fmt: str, target: str, ops: dict[str, Any], m: int, n: int, k: i
             _dequantize(fmt, target, ops["b"], ops["sfb"], n, bn, k, dev, swizzle, pdl))
 
 
+def phase1_operands(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, k: int | None,
+                    caller: str) -> tuple[Format, Any]:
+    """Phase 1's operand check: the format (one of :data:`FORMATS`) and the operands' dims
+    (``_matmul._validate``: m, n, k) with k % 32 == 0 and m, n > 0; ValueError naming
+    ``caller`` otherwise."""
+    fmt = Format.from_name(fmt)
+    if fmt.name not in FORMATS:
+        raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt.name!r}")
+    d = _matmul._validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
+    if d.k % 32 or not d.m or not d.n:
+        raise ValueError(f"{caller} takes k % 32 == 0 and m, n > 0, got m={d.m}, n={d.n}, "
+                         f"k={d.k}")
+    return fmt, d
+
+
 def dequantize_operands(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *,
                         k: int | None = None, bm: int = BM, swizzle: str = "none",
                         bn: int = BN, device: Any = None) -> tuple[Any, Any]:
@@ -594,13 +609,7 @@ def dequantize_operands(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *
     H.check_choice(bm, BMS, "bm")
     H.check_choice(bn, BNS, "bn")
     H.check_choice(swizzle, SWIZZLES, "swizzle")
-    fmt = Format.from_name(fmt)
-    if fmt.name not in FORMATS:
-        raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt.name!r}")
-    d = _matmul._validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
-    if d.k % 32 or not d.m or not d.n:
-        raise ValueError(f"dequantize_operands takes k % 32 == 0 and m, n > 0, got "
-                         f"m={d.m}, n={d.n}, k={d.k}")
+    fmt, d = phase1_operands(a, b, sfa, sfb, fmt, k, "dequantize_operands")
     dev, tgt = H.device_and_target(device, "sm_90a")
     ops = {"a": a, "b": b, "sfa": sfa, "sfb": sfb}
     host = all(isinstance(v, np.ndarray) for v in ops.values())
@@ -798,5 +807,6 @@ __all__ = [
     "grid",
     "kernel",
     "matmul_workspaces",
+    "phase1_operands",
     "workspace_bytes",
 ]

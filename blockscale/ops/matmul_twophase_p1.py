@@ -28,7 +28,6 @@ import blockscale.ops._matmul_host as H
 from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
 from blockscale.ops import _staged_store_ir as S
-from blockscale.ops import matmul as _matmul
 from blockscale.ops import matmul_twophase as TP
 
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
@@ -162,13 +161,7 @@ def dequantize_both(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *, k:
     if swizzle != "none":
         raise ValueError(f"swizzle must be 'none' (the one-launch phase 1 writes the "
                          f"stage-ordered layout), got {swizzle!r}")
-    fmt = Format.from_name(fmt)
-    if fmt.name not in FORMATS:
-        raise ValueError(f"fmt must be one of {list(FORMATS)}, got {fmt.name!r}")
-    d = _matmul._validate(a, b, sfa, sfb, fmt, k, "tcgen5d")
-    if d.k % 32 or not d.m or not d.n:
-        raise ValueError(f"dequantize_both takes k % 32 == 0 and m, n > 0, got m={d.m}, "
-                         f"n={d.n}, k={d.k}")
+    fmt, d = TP.phase1_operands(a, b, sfa, sfb, fmt, k, "dequantize_both")
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = BothSpec(fmt.name, bm, bn, pieces, order, pdl, tgt)
     return launch(spec, {"a": a, "b": b, "sfa": sfa, "sfb": sfb}, d.m, d.n, d.k, dev)
