@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _quantize_helpers import assert_same_bytes, group_offsets
+from _quantize_helpers import group_offsets
 from test_quantize_moe_rows import (
     COUNTS,
     IDS,
@@ -19,9 +19,7 @@ from test_quantize_moe_rows import (
     _grouped,
     check_gather_and_empty_groups,
 )
-from test_quantize_moe_stream import MAX_CASES
-
-from blockscale.reference import grouped as RG
+from test_quantize_moe_stream import MAX_CASES, check_fused_formats
 
 pytest.importorskip("mlir")
 
@@ -82,15 +80,7 @@ def test_grouped_bulk_nvfp4_blocks_over_many_groups(monkeypatch):
 def _fused(schedule: str, activation: str, counts, ids, d: int, seed: int) -> None:
     es, offs = group_offsets(counts)
     gu = _edges(int(es[-1]), 2 * d, seed)
-    ids32 = np.asarray(ids, np.int32)
-    for fmt in ("nvfp4", "mxfp4", "mxfp8"):
-        isc = (np.resize(np.asarray([2.0, 0.5, 1e-38], np.float32), max(3, len(ids)))
-               if fmt == "nvfp4" else None)
-        dd, ss = QS.fused_silu_quantize(gu, fmt, es, offs, ids32, isc, activation=activation,
-                                        device="interp", target="sm_90a", schedule=schedule)
-        rd, rs = RG.fused_silu_quantize(gu, fmt, es, offs, ids32, isc, activation=activation)
-        assert_same_bytes(dd, rd, f"{schedule} {fmt} {activation} {counts} data")
-        assert_same_bytes(ss, rs, f"{schedule} {fmt} {activation} {counts} scales")
+    check_fused_formats(gu, es, offs, ids, schedule, activation, max(3, len(ids)), str(counts))
 
 
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])

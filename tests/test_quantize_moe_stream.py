@@ -63,22 +63,32 @@ def test_grouped_stream_gather_and_empty_groups(schedule, sms):
     check_gather_and_empty_groups(schedule, "sm_90a")
 
 
+def check_fused_formats(gu, es, offs, ids, schedule: str, activation: str, isc_len: int,
+                        what: str, target: str = "sm_90a") -> None:
+    """``fused_silu_quantize`` of ``gu`` (groups ``es`` / ``offs`` / ``ids``) with
+    ``schedule`` in the interpreter == blockscale.reference's, byte for byte, for NVFP4
+    (input scales 2, 0.5, 1e-38 repeated to ``isc_len``), MXFP4 and MXFP8; ``what`` names
+    the case in a failure."""
+    ids32 = np.asarray(ids, np.int32)
+    for fmt in ("nvfp4", "mxfp4", "mxfp8"):
+        isc = (np.resize(np.asarray([2.0, 0.5, 1e-38], np.float32), isc_len)
+               if fmt == "nvfp4" else None)
+        dd, ss = QS.fused_silu_quantize(gu, fmt, es, offs, ids32, isc, activation=activation,
+                                        device="interp", target=target, schedule=schedule)
+        rd, rs = RG.fused_silu_quantize(gu, fmt, es, offs, ids32, isc, activation=activation)
+        assert_same_bytes(dd, rd, f"{schedule} {fmt} {activation} {what} data")
+        assert_same_bytes(ss, rs, f"{schedule} {fmt} {activation} {what} scales")
+
+
 @pytest.mark.parametrize("target", ["sm_90a", "gfx950"])
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
 @pytest.mark.parametrize("schedule", ["stream", "stream2", "stream_lut", "stream2_lut", "wide",
                                       "wide_lut"])
 def test_fused_stream_edges(schedule, activation, target, sms):
     es, offs = group_offsets(COUNTS)
-    ids = np.asarray(IDS, np.int32)
     gu = _edges(int(es[-1]), 144, 12)  # D = 72
     gu[9, :72] = -100.0
-    for fmt in ("nvfp4", "mxfp4", "mxfp8"):
-        isc = np.asarray([2.0, 0.5, 1e-38], np.float32) if fmt == "nvfp4" else None
-        d, s = QS.fused_silu_quantize(gu, fmt, es, offs, ids, isc, activation=activation,
-                                      device="interp", target=target, schedule=schedule)
-        rd, rs = RG.fused_silu_quantize(gu, fmt, es, offs, ids, isc, activation=activation)
-        assert_same_bytes(d, rd, f"silu {fmt} {activation} {target} data")
-        assert_same_bytes(s, rs, f"silu {fmt} {activation} {target} scales")
+    check_fused_formats(gu, es, offs, IDS, schedule, activation, 3, target, target)
 
 
 def test_fused_stream_spare_tiles():
@@ -154,16 +164,7 @@ def test_fused_wide_max_cases(schedule, activation):
     for counts, ids, d in MAX_CASES:
         es, offs = group_offsets(counts)
         gu = _edges(int(es[-1]), 2 * d, d)
-        for fmt in ("nvfp4", "mxfp4", "mxfp8"):
-            isc = (np.resize(np.asarray([2.0, 0.5, 1e-38], np.float32), 3) if fmt == "nvfp4"
-                   else None)
-            ids32 = np.asarray(ids, np.int32)
-            dd, ss = QS.fused_silu_quantize(gu, fmt, es, offs, ids32, isc, activation=activation,
-                                            device="interp", target="sm_90a",
-                                            schedule=schedule)
-            rd, rs = RG.fused_silu_quantize(gu, fmt, es, offs, ids32, isc, activation=activation)
-            assert_same_bytes(dd, rd, f"{schedule} {fmt} {activation} {counts} data")
-            assert_same_bytes(ss, rs, f"{schedule} {fmt} {activation} {counts} scales")
+        check_fused_formats(gu, es, offs, ids, schedule, activation, 3, str(counts))
 
 
 def test_wide_schedule_choice_and_plan():
