@@ -19,7 +19,7 @@ from test_quantize_moe_rows import (
     _grouped,
     check_gather_and_empty_groups,
 )
-from test_quantize_moe_stream import MAX_CASES, check_fused_formats
+from test_quantize_moe_stream import MAX_CASES, check_fused_formats, check_nvfp4_many_groups
 
 pytest.importorskip("mlir")
 
@@ -70,11 +70,7 @@ def test_grouped_bulk_nvfp4_blocks_over_many_groups(monkeypatch):
     """NVFP4 rows of many groups (each its own tensor scale) past the reciprocal table."""
     monkeypatch.setattr(QG, "NUM_SMS", 1)
     monkeypatch.setattr(QG, "BULK_MAX_BLOCKS", 1)
-    counts = [5, 11, 0, 3, 30, 1, 17, 9, 0, 24]
-    ids = list(range(len(counts)))
-    ids[3] = -1
-    tsf = np.geomspace(0.05, 40.0, len(counts)).astype(np.float32)
-    _grouped("nvfp4", "sm_90a", "wide_bulk3", counts, ids, 64, 3, tsf)
+    check_nvfp4_many_groups("wide_bulk3")
 
 
 def _fused(schedule: str, activation: str, counts, ids, d: int, seed: int) -> None:

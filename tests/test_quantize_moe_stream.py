@@ -130,6 +130,16 @@ def test_stream_schedule_choice_and_plan():
             "fused_silu_quantize_mxfp4_up_5d_v_silu_stream2_lut"} <= names
 
 
+def check_nvfp4_many_groups(schedule: str, k: int = 64) -> None:
+    """Grouped NVFP4 quantize with ``schedule`` == the reference (``_grouped``) on 10 small
+    groups (two empty, expert id -1 at 3), each with its own tensor scale."""
+    counts = [5, 11, 0, 3, 30, 1, 17, 9, 0, 24]
+    ids = list(range(len(counts)))
+    ids[3] = -1
+    tsf = np.geomspace(0.05, 40.0, len(counts)).astype(np.float32)
+    _grouped("nvfp4", "sm_90a", schedule, counts, ids, k, 3, tsf)
+
+
 @pytest.mark.parametrize("k", [64, 4096])
 @pytest.mark.parametrize("schedule", ["stream", "stream2", "wide", "wide4", "wide_deep"])
 def test_grouped_stream_nvfp4_blocks_over_many_groups(schedule, k, monkeypatch):
@@ -137,11 +147,7 @@ def test_grouped_stream_nvfp4_blocks_over_many_groups(schedule, k, monkeypatch):
     with its own tensor scale): the carried group state is re-found at every change; a
     64-row row group (K = 64) spans several groups within one block iteration."""
     monkeypatch.setattr(QG, "NUM_SMS", 1)
-    counts = [5, 11, 0, 3, 30, 1, 17, 9, 0, 24]
-    ids = list(range(len(counts)))
-    ids[3] = -1
-    tsf = np.geomspace(0.05, 40.0, len(counts)).astype(np.float32)
-    _grouped("nvfp4", "sm_90a", schedule, counts, ids, k, 3, tsf)
+    check_nvfp4_many_groups(schedule, k)
 
 
 #: MAX's grouped cases (counts, expert ids, K)

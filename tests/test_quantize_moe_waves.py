@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from _quantize_helpers import group_offsets
 from test_quantize_moe_rows import COUNTS, IDS, _edges, _grouped, check_gather_and_empty_groups
-from test_quantize_moe_stream import MAX_CASES, check_fused_formats
+from test_quantize_moe_stream import MAX_CASES, check_fused_formats, check_nvfp4_many_groups
 
 pytest.importorskip("mlir")
 
@@ -55,11 +55,7 @@ def test_grouped_waves_gather_and_empty_groups(schedule, sms):
 def test_grouped_waves_nvfp4_many_groups(schedule, monkeypatch):
     """NVFP4 blocks starting inside many small groups, each with its own tensor scale."""
     monkeypatch.setattr(QG, "NUM_SMS", 1)
-    counts = [5, 11, 0, 3, 30, 1, 17, 9, 0, 24]
-    ids = list(range(len(counts)))
-    ids[3] = -1
-    tsf = np.geomspace(0.05, 40.0, len(counts)).astype(np.float32)
-    _grouped("nvfp4", "sm_90a", schedule, counts, ids, 64, 3, tsf)
+    check_nvfp4_many_groups(schedule)
 
 
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
