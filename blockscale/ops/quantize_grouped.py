@@ -568,7 +568,12 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
         for f in ("nvfp4", "mxfp4", "mxfp8") for g in (False, True)] + [
         with_schedule(QuantizeSpec(f, target, None, "tcgen5d", True, "grouped",
                                    name="grouped_quantize_dynamic_scaled"), sch)
-        for sch in WAVE_SCHEDULES[:5] for f in ("nvfp4", "mxfp4", "mxfp8")]
+        for sch in WAVE_SCHEDULES[:5] for f in ("nvfp4", "mxfp4", "mxfp8")] + [
+        # the per-format defaults in every form the op launches (aligned or not, gathered or not)
+        with_schedule(QuantizeSpec(f, target, None, "tcgen5d", a, "grouped", gather=g,
+                                   name="grouped_quantize_dynamic_scaled"), sch)
+        for f, sch in DEFAULT_GROUPED_SCHEDULE_BY_FORMAT.items() for a in (True, False)
+        for g in (False, True)]
 
 
 __all__ = [
