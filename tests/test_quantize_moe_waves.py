@@ -122,3 +122,20 @@ def test_grouped_default_by_format(monkeypatch):
                                            device="interp", target="sm_90a")
     assert seen[0].bulk == 2 and seen[0].waves == 2
     assert seen[1].wide == 2 and seen[1].bulk == 0 and seen[1].waves == 1
+
+
+def test_bundle_holds_every_default_form():
+    """The GPU machine has no compiler: each per-format default schedule must be bundled in
+    every form the op launches (aligned or not, with or without a gather) — run W found the
+    gathered MXFP8 default missing."""
+    from blockscale.ops.quantize import QuantizeSpec
+
+    bundled = set(QG.bundle_specs("sm_90a"))
+    for fmt in ("nvfp4", "mxfp4", "mxfp8"):
+        for aligned in (True, False):
+            for gather in (False, True):
+                spec = QG.with_schedule(QuantizeSpec(fmt, "sm_90a", None, "tcgen5d", aligned,
+                                                     "grouped", gather=gather,
+                                                     name="grouped_quantize_dynamic_scaled"),
+                                        QG.grouped_default(fmt))
+                assert spec in bundled, spec
