@@ -90,7 +90,10 @@ def run(device: str, check: Callable[[str, Any, Any], None], bad: list[str]) -> 
                            **kw), exact, bound)
             if k % 32 == 0 and fmt.name == "mxfp8":  # its bound: one rounding more a block
                 mx8_bound = f32_error_bound(abs_sum, fmt, k, n_mul=1 + fmt.kblocks(k))
-                for store in ("direct", "staged"):
+                # initcheck runs with BLOCKSCALE_SM90_STAGED_STORE=0: it does not see the
+                # staged store's cp.async.bulk writes (tools/sanitize.sh)
+                staged = os.environ.get("BLOCKSCALE_SM90_STAGED_STORE", "1") != "0"
+                for store in ("direct", "staged") if staged else ("direct",):
                     expect(f"twophase-mx8 {store} {m}x{n}x{k}", assert_f32_within_bound,
                            matmul_twophase_mx8.block_scaled_matmul_twophase_mx8(
                                a, b, sfa5, sfb5, out_dtype="float32", store=store, **kw),
