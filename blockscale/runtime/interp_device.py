@@ -85,9 +85,9 @@ class InterpDevice(Device):
         from blockscale.runtime.interpreter import run_kernel
 
         cluster = kernel.meta.get("cluster_dim")  # a cluster launch (runtime/cuda.py)
+        extra = {"cluster": tuple(cluster)} if cluster else {}
         run_kernel(kernel.mlir, kernel.name, grid3, tuple(kernel.block), flat, kernel.target,
-                   dynamic_shared_bytes=kernel.dynamic_shared_bytes,
-                   cluster=tuple(cluster) if cluster else None)
+                   dynamic_shared_bytes=kernel.dynamic_shared_bytes, **extra)
 
     def alloc(self, shape: Sequence[int], dtype: Any, stream: Any = None) -> np.ndarray:
         return np.empty(tuple(int(n) for n in shape), dtype=np.dtype(dtype))
