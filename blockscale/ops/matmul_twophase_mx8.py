@@ -439,10 +439,8 @@ def block_scaled_matmul_twophase_mx8(a: Any, b: Any, sfa: Any, sfb: Any, *,
 
 
 def _dispatch_bn(m: int, n: int, device: Any) -> int:
-    """Phase 2's tile width as the FP4 pair's dispatch chooses it (256 where it has no
-    choice)."""
-    pick = getattr(TP, "dispatch_bn", None)
-    return TP.BN if pick is None else pick(m, n, device, "sm_90a")
+    """Phase 2's tile width as the FP4 pair's dispatch chooses it."""
+    return TP.dispatch_bn(m, n, device, "sm_90a")
 
 
 def enabled() -> bool:
@@ -504,7 +502,7 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     specs: list[Any] = [FoldSpec("mxfp8", target)]
     specs += [DequantSpec("mxfp8", target, t) for t in TP.TILES]
     specs += [FixupSpec("mxfp8", o, None, target) for o in _matmul.OUT_DTYPES]
-    bns = getattr(TP, "WAVE_BNS", (TP.BN,))
+    bns = TP.WAVE_BNS
     specs += [phase2_spec(o, None, target, store=st, bn=bn) for o in _matmul.OUT_DTYPES
               for st in TP.STORES for bn in bns]
     # round 1's per-element fold epilogue, for benchmarks/bench_mx8.py's comparison row
