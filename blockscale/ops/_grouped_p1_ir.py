@@ -1,0 +1,122 @@
+"""IR of the grouped (MoE prefill) phase 1: the routed rows' packed FP4 A -> one bf16 workspace
+of per-(group, 128-row tile) tiles (:mod:`blockscale.ops.matmul_grouped_p1`, issue #10).
+
+Imports MLIR: only :func:`blockscale.ops.matmul_grouped_p1.build` imports it.
+
+Workspace: tile ``w`` (``ws_tiles`` of them) is the two-phase kernel's stage-ordered span of
+128 rows x ``k_pad`` bf16 (:func:`blockscale.ops._twophase_ir.ws_offset` with tile 128: the
+16-byte chunk ``c`` of local row ``r`` at ``w * 128 * k_pad * 2 + c * 2048 + r * 16``), so
+k-step ``s`` of a tile is the one contiguous 16 KiB span the producer-dequant kernel's
+``cp.async.bulk`` copies into a stage (:func:`blockscale.ops._pdq_ir.emit_mainloop` with a
+workspace A). Group ``g``'s row tile ``i`` (rows ``start + 128 i ..``) is workspace tile
+``w = start // 128 + a_scale_offsets[g] + i``: its 5-D scale tile (SEMANTICS §5), which D8's
+placement (``tile0(g)`` = the earlier groups' ``ceil(n_h / 128)`` summed) makes distinct for
+distinct (group, tile) pairs; the host checks that where the group vectors are numpy
+(:func:`blockscale.ops.matmul_grouped_p1.check_tile_placement`). Rows past the group's end
+(to the tile's 128) and elements past K are zeros: the bytes the producer warpgroup of the
+grouped pdq kernel stores for them. Tiles of unused groups (expert id -1) are not written
+(the matmul does not read them).
+
+Grid: ``(ceil(128 * ceil(pieces / P) / 256), ceil(T / 128) + G)``; block ``y`` finds its
+(group, tile) by the grouped wgmma kernel's warp-parallel scan
+(:func:`blockscale.ops._grouped_wgmma_ir.find_tile`, as the matmul's CTA ``y`` does); thread
+item ``t = 256 x + tid`` is local row ``t % 128`` and ``P`` consecutive 64-element pieces
+``P (t // 128) ..`` of it (consecutive threads, consecutive rows: every 16-byte store of a
+warp writes 512 contiguous bytes). Per thread first every load (per piece and 32-element half
+one 16-byte load of packed FP4 and its scale bytes, zero-extended), then per half the
+conversion (:func:`blockscale.ops._twophase_p1_ir.dequant_chunks`: the bits of
+``_wgmma_ir._dequant_row`` "lut" with ``_wgmma_ir._scale_values`` folded in, the same as
+phase 1 and the producer) and four 16-byte stores.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlir import ir
+from mlir.dialects import arith, vector
+
+from blockscale.compiler import ir as bir
+from blockscale.layouts import SF_ATOM_BYTES, SF_ATOM_ROWS
+from blockscale.ops import _wgmma_ir as X
+from blockscale.ops._grouped_wgmma_ir import find_tile
+from blockscale.ops._matmul_ir import tcgen_row_offset
+from blockscale.ops._twophase_ir import KPAD
+from blockscale.ops._twophase_p1_ir import dequant_chunks
+
+Value = ir.Value
+
+#: threads per block; rows per workspace tile
+THREADS, TILE = 256, 128
+#: 64-element pieces per thread built
+PIECES = (1, 2)
+
+
+def tile_bytes(k: Value | int) -> Value | int:
+    """Bytes of one workspace tile: 128 rows x k_pad bf16."""
+    if isinstance(k, int):
+        return TILE * 2 * (-(-k // KPAD) * KPAD)
+    return bir.mul(bir.mul(bir.ceil_div(k, KPAD), KPAD), 2 * TILE)
+
+
+def emit(kb: Any, fmt: str, p: int) -> None:
+    """The phase-1 kernel body (module docstring); kernel args a, sfa, expert_start,
+    a_scale_offsets, expert_ids, ws, t, k, num_groups, ws_tiles."""
+    if p not in PIECES:
+        raise ValueError(f"p must be one of {list(PIECES)}, got {p!r}")
+    block = 16 if fmt == "nvfp4" else 32
+    nscales = 32 // block  # scale bytes of a 32-element half
+    k, groups, ws_tiles = (bir.as_index(kb.arg(x)) for x in ("k", "num_groups", "ws_tiles"))
+    g, tile, has_work = find_tile(TILE, kb, groups)
+    with bir.when(has_work):  # block-uniform
+        es = kb.arg("expert_start")
+        start = bir.as_index(bir.load(es, g))
+        end = bir.as_index(bir.load(es, bir.add(g, 1)))
+        active = arith.cmpi(arith.CmpIPredicate.sge, bir.load(kb.arg("expert_ids"), g),
+                            bir.const(0, bir.i32()))
+        w = bir.add(bir.add(bir.udiv(start, SF_ATOM_ROWS),
+                            bir.as_index(bir.load(kb.arg("a_scale_offsets"), g))), tile)
+        kp = bir.mul(bir.ceil_div(k, KPAD), KPAD)
+        pieces = bir.udiv(kp, 64)
+        item = bir.add(bir.mul(bir.block_idx("x"), THREADS), bir.thread_idx("x"))
+        r, grp = bir.urem(item, TILE), bir.udiv(item, TILE)
+        live = bir.logical_and(bir.logical_and(active, bir.ult(w, ws_tiles)),
+                               bir.ult(grp, bir.ceil_div(pieces, p)))
+        with bir.when(live):
+            m = bir.add(bir.add(start, bir.mul(tile, TILE)), r)
+            row_ok = bir.ult(m, end)
+            rbase = bir.mul(m, bir.udiv(k, 2))
+            sbase = tcgen_row_offset(bir.add(bir.mul(w, TILE), r), bir.ceil_div(
+                bir.ceil_div(k, block), 4))
+            vd, vs = bir.vec(16, bir.i8()), bir.vec(nscales, bir.i8())
+            loaded = []
+            for i in range(p):  # every load first
+                pc = bir.add(bir.mul(grp, p), i)
+                for h in range(2):
+                    half = bir.add(bir.mul(pc, 2), h)
+                    ok = bir.logical_and(row_ok, bir.ult(bir.mul(half, 32), k))
+                    br = bir.if_(ok, [vd, vs])
+                    with br.then():
+                        data = bir.vector_load(vd, kb.arg("a"),
+                                               bir.add(rbase, bir.mul(half, 16)), alignment=16)
+                        j = bir.mul(half, nscales)
+                        off = bir.add(sbase, bir.add(bir.mul(bir.udiv(j, 4), SF_ATOM_BYTES),
+                                                     bir.urem(j, 4)))
+                        br.yield_(data, bir.vector_load(vs, kb.arg("sfa"), off,
+                                                        alignment=nscales))
+                    with br.else_():
+                        br.yield_(bir.const(0, vd), bir.const(0, vs))
+                    loaded.append((pc, h, *br.results))
+            tbase = bir.mul(w, tile_bytes(k))
+            for pc, h, data, scales in loaded:
+                with bir.when(bir.ult(pc, pieces)):
+                    sv = X._scale_values(arith.extui(bir.vec(nscales, bir.i32()), scales),
+                                         "lut", fmt)
+                    splats = tuple(vector.broadcast(bir.vec(2, bir.bf16()),
+                                                    vector.extract(sv, [], [s]))
+                                   for s in range(nscales))
+                    base = bir.add(tbase, bir.add(bir.mul(bir.add(bir.mul(pc, 8), 4 * h),
+                                                          16 * TILE), bir.mul(r, 16)))
+                    for c, v in enumerate(dequant_chunks(data, splats, block)):
+                        bir.vector_store(vector.bitcast(vd, v), kb.arg("ws"),
+                                         bir.add(base, 16 * TILE * c), alignment=16)
