@@ -239,19 +239,19 @@ def read_fold(v: Value) -> Value:
     return arith.subi(arith.bitcast(bir.i32(), v), _i32(FOLD_BIAS))
 
 
-def fold_undo(value: Value, ctx: Any) -> Value:
-    """Epilogue: ``value * 2^G``, ``G = fa[m] + fb[n]``: one multiply by ``2^G`` where G is in
-    [-126, 127] (a single IEEE multiply: always the correctly rounded product); else (a
-    branch) ``G`` clamped to >= UNDO_FLOOR in three exact steps ``2^g1 2^g2 2^g3`` (g1 = G
+def _times_pow2(value: Value, near: Value, scale: Callable[[], Value],
+                far: Callable[[], Value]) -> Value:
+    """``value * 2^G`` (the shared body of :func:`fold_undo` and :func:`fold_undo_hoisted`):
+    where ``near`` (G in [-126, 127]) one multiply by ``scale()`` (``2^G``); else (a branch)
+    ``far()`` (G) clamped to >= UNDO_FLOOR in three exact steps ``2^g1 2^g2 2^g3`` (g1 = G
     clamped to [-126, 127], g2 = the rest clamped, g3 = the rest: each of the sign of G, so
-    the partial products lie between value and result)."""
-    g = arith.addi(read_fold(ctx.load(FOLD_A)), read_fold(ctx.load(FOLD_B)))
-    near = bir.ult(arith.addi(g, _i32(126)), _i32(254))
+    the partial products lie between value and result). ``scale`` and ``far`` emit their ops
+    inside their branch (callables, not values: the IR of both callers stays as it was)."""
     br = bir.if_(near, [bir.f32()])
     with br.then():
-        br.yield_(arith.mulf(value, pow2(g)))
+        br.yield_(arith.mulf(value, scale()))
     with br.else_():
-        g = arith.maxsi(g, _i32(UNDO_FLOOR))
+        g = arith.maxsi(far(), _i32(UNDO_FLOOR))
         v = value
         for last in (False, False, True):
             part = g if last else arith.minsi(arith.maxsi(g, _i32(-126)), _i32(127))
@@ -259,6 +259,15 @@ def fold_undo(value: Value, ctx: Any) -> Value:
             g = arith.subi(g, part)
         br.yield_(v)
     return br.results[0]
+
+
+def fold_undo(value: Value, ctx: Any) -> Value:
+    """Epilogue: ``value * 2^G``, ``G = fa[m] + fb[n]``: one multiply by ``2^G`` where G is in
+    [-126, 127] (a single IEEE multiply: always the correctly rounded product); else the
+    three exact steps of :func:`_times_pow2`."""
+    g = arith.addi(read_fold(ctx.load(FOLD_A)), read_fold(ctx.load(FOLD_B)))
+    near = bir.ult(arith.addi(g, _i32(126)), _i32(254))
+    return _times_pow2(value, near, lambda: pow2(g), lambda: g)
 
 
 def fold_row(buffers: dict, m: Value, m_count: Value) -> Value:
@@ -280,19 +289,10 @@ def fold_undo_hoisted(value: Value, row: Value, col: Value) -> Value:
     the same multiplies, so the same bits, with one add per element in place of two loads."""
     t = arith.addi(row, col)
     near = bir.ult(t, _i32(254))
-    br = bir.if_(near, [bir.f32()])
-    with br.then():
-        br.yield_(arith.mulf(value, arith.bitcast(
-            bir.f32(), arith.shli(arith.addi(t, _i32(1)), _i32(23)))))
-    with br.else_():
-        g = arith.maxsi(arith.subi(t, _i32(126)), _i32(UNDO_FLOOR))
-        v = value
-        for last in (False, False, True):
-            part = g if last else arith.minsi(arith.maxsi(g, _i32(-126)), _i32(127))
-            v = arith.mulf(v, pow2(part))
-            g = arith.subi(g, part)
-        br.yield_(v)
-    return br.results[0]
+    return _times_pow2(
+        value, near,
+        lambda: arith.bitcast(bir.f32(), arith.shli(arith.addi(t, _i32(1)), _i32(23))),
+        lambda: arith.subi(t, _i32(126)))
 
 
 def fold_fast_cond(buffers: dict, rows: list[Value], m_count: Value, n0: Value,

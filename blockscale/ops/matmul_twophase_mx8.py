@@ -92,6 +92,8 @@ MAX_WORKSPACE_BYTES = 1 << 30
 #: BLOCKSCALE_SM90_TWOPHASE_MX8=0 turns the dispatch to these kernels off (default on)
 ENV_SWITCH = "BLOCKSCALE_SM90_TWOPHASE_MX8"
 
+#: their digest is in the fold epilogue's key, so any edit of them renames the phase-2 kernels
+#: (``_ep<key>``) even where the IR is unchanged: pin _IR_DIGEST to compare IR across edits
 _SOURCES = ("_twophase_mx8_ir.py", "_staged_store_ir.py", "matmul_sm90.py")
 _IR_DIGEST = hashlib.sha256(b"".join(
     p.read_bytes() if p.exists() else b"missing"
@@ -100,23 +102,29 @@ _IR_DIGEST = hashlib.sha256(b"".join(
 
 class _FoldHoist:
     """The fold epilogue's per-thread form (``_staged_store_ir.hoisted``): the fold exponents
-    loaded once per row / column of a thread's fragment, then ``then`` (the user epilogue)."""
+    loaded once per row / column of a thread's fragment, then ``then`` (the user epilogue).
+    ``_IR``: the :mod:`blockscale.ops._twophase_mx8_ir` functions of its row state, column
+    state and element step."""
+
+    _IR = ("fold_row", "fold_col", "fold_undo_hoisted")
 
     def __init__(self, then: Epilogue | None) -> None:
         self.then = then
         self.loads_in_apply = bool(then is not None and then.inputs)
 
-    def row(self, buffers: dict, m: Any, m_count: Any) -> Any:
+    @classmethod
+    def _ir(cls, i: int) -> Any:
         from blockscale.ops import _twophase_mx8_ir as MX
-        return MX.fold_row(buffers, m, m_count)
+        return getattr(MX, cls._IR[i])
+
+    def row(self, buffers: dict, m: Any, m_count: Any) -> Any:
+        return self._ir(0)(buffers, m, m_count)
 
     def col(self, buffers: dict, n: Any, n_count: Any) -> Any:
-        from blockscale.ops import _twophase_mx8_ir as MX
-        return MX.fold_col(buffers, n, n_count)
+        return self._ir(1)(buffers, n, n_count)
 
     def apply(self, value: Any, row: Any, col: Any, ctx: Any) -> Any:
-        from blockscale.ops import _twophase_mx8_ir as MX
-        value = MX.fold_undo_hoisted(value, row, col)
+        value = self._ir(2)(value, row, col)
         return value if self.then is None else self.then.fn(value, ctx)
 
     def fast(self, buffers: dict, rows: list, m_count: Any, n0: Any, n_count: Any,
@@ -132,19 +140,7 @@ class _FoldHoistFast(_FoldHoist):
     """:class:`_FoldHoist` under its ``fast`` condition: the states are the exponent fields
     (``(fa + 127) << 23``, ``fb << 23``), their sum is ``2^G``'s bits."""
 
-    def row(self, buffers: dict, m: Any, m_count: Any) -> Any:
-        from blockscale.ops import _twophase_mx8_ir as MX
-        return MX.fold_row_fast(buffers, m, m_count)
-
-    def col(self, buffers: dict, n: Any, n_count: Any) -> Any:
-        from blockscale.ops import _twophase_mx8_ir as MX
-        return MX.fold_col_fast(buffers, n, n_count)
-
-    def apply(self, value: Any, row: Any, col: Any, ctx: Any) -> Any:
-        from blockscale.ops import _twophase_mx8_ir as MX
-        value = MX.fold_undo_fast(value, row, col)
-        return value if self.then is None else self.then.fn(value, ctx)
-
+    _IR = ("fold_row_fast", "fold_col_fast", "fold_undo_fast")
     fast = None  # type: ignore[assignment]
 
 
