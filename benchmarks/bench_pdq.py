@@ -16,8 +16,10 @@ the grouped pdq kernel and with ``BLOCKSCALE_SM90_GROUPED_PDQ=0`` (grouped wgmma
 rows must equal their chained row byte for byte.
 
 Usage: ``python benchmarks/bench_pdq.py [--m 8192,1024] [--t 1024,4096] [--fmt nvfp4,mxfp4]
-[--suite dense,grouped,fused] [--impls SUBSTR,...]`` (only the rows whose label contains one
-of the substrings, plus the references); kernels from the bundle (``make gpu-bundle``).
+[--suite dense,grouped,fused] [--impls SUBSTR,...] [--shape gpt-oss-120b|deepseek-v3]`` (only
+the rows whose label contains one of the substrings, plus the references; ``--shape``: the
+grouped / fused suites' gate_up shape); kernels from the bundle (``make gpu-bundle``). The
+"ws" rows take A from the grouped phase-1 workspace (issue #10; both launches timed).
 """
 
 from __future__ import annotations
@@ -93,13 +95,23 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                  # the fused SwiGLU op's σ store (columns un-permuted before the checks)
                  ("grouped pdq pf staged sigma", "pdq", {"prefetch": True, "store": "staged",
                                                          "sigma_out": True}),
-                 ("grouped pdq pf sigma", "pdq", {"prefetch": True, "sigma_out": True}))
-#: fused SwiGLU suite (label, fused op?, BLOCKSCALE_SM90_GROUPED_PDQ): the dispatch's chained
-#: path (grouped matmul + fused_silu_quantize) is the reference the fused rows must equal
-FUSED_IMPLS = (("chained pdq + silu-quantize", False, "1"),
-               ("fused (pdq sigma + silu-quantize)", True, "1"),
-               ("chained wgmma + silu-quantize", False, "0"),
-               ("fused (wgmma sigma + silu-quantize)", True, "0"))
+                 ("grouped pdq pf sigma", "pdq", {"prefetch": True, "sigma_out": True}),
+                 # A from the grouped phase-1 workspace (timed with its phase-1 launch)
+                 ("grouped pdq pf staged ws", "pdq", {"prefetch": True, "store": "staged",
+                                                      "a_source": "workspace"}),
+                 ("grouped pdq pf staged sigma ws", "pdq", {"prefetch": True,
+                                                            "store": "staged",
+                                                            "sigma_out": True,
+                                                            "a_source": "workspace"}))
+#: fused SwiGLU suite (label, fused op?, BLOCKSCALE_SM90_GROUPED_PDQ, the pdq dispatch's A
+#: source: matmul_grouped_pdq.A_SOURCE_ENV): the dispatch's chained path (grouped matmul +
+#: fused_silu_quantize) is the reference the fused rows of its family must equal
+FUSED_IMPLS = (("chained pdq + silu-quantize", False, "1", "packed"),
+               ("fused (pdq sigma + silu-quantize)", True, "1", "packed"),
+               ("chained wgmma + silu-quantize", False, "0", "packed"),
+               ("fused (wgmma sigma + silu-quantize)", True, "0", "packed"),
+               ("chained pdq ws + silu-quantize", False, "1", "workspace"),
+               ("fused (pdq ws sigma + silu-quantize)", True, "1", "workspace"))
 
 
 def _select(impls: tuple, only: Sequence[str] | None) -> tuple:
@@ -156,14 +168,15 @@ def bench_dense(dev: Any, m_values: Sequence[int], fmts: Sequence[str], n: int =
 
 
 def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
-                  log: Any = print, only: Sequence[str] | None = None
+                  log: Any = print, only: Sequence[str] | None = None,
+                  shape_name: str = "gpt-oss-120b"
                   ) -> list[tuple[str, str, float | None, str]]:
     from blockscale.formats import Format
     from blockscale.ops import matmul_grouped_pdq as GP
     from blockscale.ops import matmul_grouped_wgmma as gw
 
     out = []
-    shape = next(s for s in GATE_UP if s.name == "gpt-oss-120b")
+    shape = next(s for s in GATE_UP if s.name == shape_name)
     rng = np.random.default_rng(1)
     for f in fmts:
         fmt = Format.from_name(f)
@@ -212,7 +225,8 @@ def _unsigma_cols(x: np.ndarray) -> np.ndarray:
 
 
 def bench_fused(dev: Any, t_values: Sequence[int], fmts: Sequence[str], log: Any = print,
-                only: Sequence[str] | None = None) -> list[tuple[str, str, float | None, str]]:
+                only: Sequence[str] | None = None, shape_name: str = "gpt-oss-120b"
+                ) -> list[tuple[str, str, float | None, str]]:
     """gpt-oss-120b gate_up + SiLU quantize: ``grouped_matmul_swiglu`` on σ-permuted weights
     against the chained dispatch (``grouped_matmul_block_scaled`` on the un-permuted weights,
     then ``fused_silu_quantize``), with the grouped pdq kernel and with
@@ -224,11 +238,12 @@ def bench_fused(dev: Any, t_values: Sequence[int], fmts: Sequence[str], log: Any
     from benchmarks.common import interleave_stack
     from blockscale.formats import Format
     from blockscale.ops import fused_silu_quantize, grouped_matmul_block_scaled
+    from blockscale.ops import matmul_grouped_pdq as GP
     from blockscale.ops import matmul_grouped_wgmma as gw
     from blockscale.ops.matmul_swiglu import grouped_matmul_swiglu
 
     out = []
-    shape = next(s for s in GATE_UP if s.name == "gpt-oss-120b")
+    shape = next(s for s in GATE_UP if s.name == shape_name)
     rng = np.random.default_rng(2)
     for f in fmts:
         fmt = Format.from_name(f)
@@ -261,26 +276,32 @@ def bench_fused(dev: Any, t_values: Sequence[int], fmts: Sequence[str], log: Any
                 return grouped_matmul_swiglu(a_dev, ws.data_dev, sc_dev, ws.scales_dev, *grp,
                                              ws.expert_scales, isc, fmt, k=shape.k, device=dev)
 
-            for label, is_fused, pdq in _select(FUSED_IMPLS, only):
-                old = os.environ.get(gw.PDQ_ENV_SWITCH)
+            for label, is_fused, pdq, a_src in _select(FUSED_IMPLS, only):
+                old = {v: os.environ.get(v) for v in (gw.PDQ_ENV_SWITCH, GP.A_SOURCE_ENV)}
                 os.environ[gw.PDQ_ENV_SWITCH] = pdq
+                os.environ[GP.A_SOURCE_ENV] = a_src
+                family = (pdq, a_src)
                 try:
                     (data, scales), ms, _ = timed_launches(dev, fused if is_fused else chained)
                     got = b"".join(np.ascontiguousarray(np.asarray(dev.to_host(x)))
                                    .view(np.uint8).tobytes() for x in (data, scales))
                     if is_fused:
-                        want = refs.get(pdq)
+                        want = refs.get(family)
                         text = "no chained row" if want is None else \
                             ("== chained" if got == want else "DIFFERS from chained")
                     else:
-                        refs[pdq], text = got, "reference"
+                        refs[family] = got
+                        first = refs.get(("1", "packed")) if pdq == "1" else None
+                        text = "reference" if first is None or first is got else \
+                            ("== chained pdq" if got == first else "DIFFERS from chained pdq")
                 except Exception as e:  # noqa: BLE001 - missing kernel, launch failure
                     ms, text = None, f"error: {type(e).__name__}: {str(e)[:80]}"
                 finally:
-                    if old is None:
-                        os.environ.pop(gw.PDQ_ENV_SWITCH, None)
-                    else:
-                        os.environ[gw.PDQ_ENV_SWITCH] = old
+                    for v, was in old.items():
+                        if was is None:
+                            os.environ.pop(v, None)
+                        else:
+                            os.environ[v] = was
                 log(f"  {case:46} {label:36} {f'{ms:8.3f} ms' if ms else '       -   '} "
                     f"{text}")
                 out.append((case, label, ms, text))
@@ -296,6 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--fmt", default="nvfp4,mxfp4")
     p.add_argument("--suite", default="dense,grouped")
     p.add_argument("--impls", default="", help="label substrings (comma-separated)")
+    p.add_argument("--shape", default="gpt-oss-120b",
+                   help="grouped / fused: " + " | ".join(s.name for s in GATE_UP))
     ns = p.parse_args(argv)
     dev = bundle_device()
     fmts, suites = ns.fmt.split(","), ns.suite.split(",")
@@ -304,9 +327,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "dense" in suites:
         rows += bench_dense(dev, [int(x) for x in ns.m.split(",")], fmts, only=only)
     if "grouped" in suites:
-        rows += bench_grouped(dev, [int(x) for x in ns.t.split(",")], fmts, only=only)
+        rows += bench_grouped(dev, [int(x) for x in ns.t.split(",")], fmts, only=only,
+                              shape_name=ns.shape)
     if "fused" in suites:
-        rows += bench_fused(dev, [int(x) for x in ns.t.split(",")], fmts, only=only)
+        rows += bench_fused(dev, [int(x) for x in ns.t.split(",")], fmts, only=only,
+                            shape_name=ns.shape)
     return 0 if all(ms is not None for _, _, ms, _ in rows) else 1
 
 

@@ -35,7 +35,7 @@ from blockscale.ops import matmul_grouped_wgmma as gw
 
 def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=False,
          stages=None, seed=0, device="interp", check_exact=True, store="direct", producers=1,
-         bn=256, depth=1, every_scale=False):
+         bn=256, depth=1, every_scale=False, a_source="packed", sigma_out=False):
     rng = np.random.default_rng(300 + seed)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
     if every_scale:  # every scale byte (E4M3 subnormals and NaN, E8M0 0x00 and 0xFF)
@@ -49,7 +49,10 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
                                              a_row_scales=rs, stages=stages,
                                              prefetch=prefetch, loop=loop, store=store,
                                              producers=producers, bn=bn, depth=depth,
+                                             a_source=a_source, sigma_out=sigma_out,
                                              device=device)
+    if sigma_out:  # gate | up columns back to the σ order (the plain store's)
+        out = _unsigma(out)
     assert out.dtype == ml_dtypes.bfloat16 and out.shape == (sum(counts), n)
     want = gw.grouped_matmul_block_scaled_wgmma(**case, expert_scales=esc, fmt=fmt, k=k,
                                                 a_row_scales=rs, tiles=(128, 256),
@@ -65,6 +68,14 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
         extra = fmt.kblocks(k) if fmt.is_mx else 0
         assert_bf16_consistent(out, exact, f32_error_bound(abs_sum, fmt, k,
                                                            n_mul=(2 if rows else 1) + extra))
+    return out
+
+
+def _unsigma(x):
+    """Columns ``gate | up`` (σ store) back to the σ order (2i gate i, 2i + 1 up i)."""
+    out = np.empty_like(x)
+    half = x.shape[1] // 2
+    out[:, 0::2], out[:, 1::2] = x[:, :half], x[:, half:]
     return out
 
 
@@ -164,10 +175,11 @@ def test_spec_checks():
     assert p2.block == (512, 1, 1) and p2.kernel_name.endswith("_128x192_k64_s5_pf_p2_rowsc")
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     specs = GP.bundle_specs("sm_90a")
-    assert len(specs) == len({s.kernel_name for s in specs}) == 24 + 3  # + wgmma references
-    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 24
-    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 12
-    assert sum(getattr(s, "sigma_out", False) for s in specs) == 6
+    assert len(specs) == len({s.kernel_name for s in specs}) == 36 + 3  # + wgmma references
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 36
+    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 12
+    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 18
+    assert sum(getattr(s, "sigma_out", False) for s in specs) == 12
     for f in (NVFP4, MXFP4):  # the dispatch's specs on the GPU (plain and σ) are bundled
         for sg in (False, True):
             assert GP.dispatch_spec(f, 5760, f is NVFP4, "sm_90a", "interp", sg).kernel_name \
@@ -201,9 +213,13 @@ def test_kernel_sass(spec):
     sass, meta = kernel.asm["sass"], kernel.meta
     staged = spec.store == "staged"
     assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32\.BF16", sass)) == 4
-    # 3 rows x 8 chunks a producer thread; two producers at 128 x 192: 3 row halves x 4
-    assert len(re.findall(r"STS\.128", sass)) == (24 if spec.producers == 1 else 12)
-    assert len(re.findall(r"\bUBLKCP\b", sass)) == staged
+    # 3 rows x 8 chunks a producer thread (A from the workspace: B's 2 rows, A by one
+    # UBLKCP.S.G); two producers at 128 x 192: 3 row halves x 4
+    ws = spec.a_source == "workspace"
+    assert len(re.findall(r"STS\.128", sass)) == (12 if spec.producers == 2 else 16 if ws
+                                                   else 24)
+    assert len(re.findall(r"\bUBLKCP\b", sass)) == staged + ws
+    assert len(re.findall(r"\bUBLKCP\.S\.G\b", sass)) == ws
     # σ staged: a gate and an up 2-byte store per accumulator pair
     assert len(re.findall(r"\bSTS ", sass)) == (spec.bn // 4 if staged and not spec.sigma_out
                                                 else 0)
@@ -221,14 +237,47 @@ def test_kernel_sass(spec):
 
 @pytest.mark.gpu
 @pytest.mark.cuda
+@pytest.mark.parametrize("a_source", ["packed", "workspace"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_gpu_every_scale_byte(fmt):
+def test_gpu_every_scale_byte(fmt, a_source):
     """Every scale byte (E4M3 subnormals: bf16 subnormal HMUL2 operands; NaN; E8M0 0x00 /
-    0xFF) on the GPU: the grouped wgmma kernel's bytes (the dispatch's spec)."""
+    0xFF) on the GPU: the grouped wgmma kernel's bytes (the dispatch's spec; A packed, or
+    from the grouped phase-1 workspace)."""
     counts = [300, 0, 77, 1024]
     _run(Format.from_name(fmt), counts, [3, -1, 0, 1], 4, 5760, 2880, rows=fmt == "nvfp4",
          loop="split", prefetch=True, device="cuda", check_exact=False, store="staged",
-         every_scale=True)
+         every_scale=True, a_source=a_source)
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", [("staged", False), ("staged", True), ("direct", False),
+                                     ("direct", True)],
+                         ids=["staged", "staged-sigma", "direct", "direct-sigma"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_gpu_workspace(fmt, variant):
+    """A from the grouped phase-1 workspace (bulk copies), gpt-oss-120b gate_up at T=1024
+    (top-4 of 128 experts, N=5760, K=2880; some experts unused): the grouped wgmma kernel's
+    bytes (128 x 256, lut / k64 / fold), σ store un-permuted."""
+    store, sigma = variant
+    rng = np.random.default_rng(5)
+    counts = list(rng.multinomial(4096, np.full(128, 1 / 128)))
+    ids = [e if c else -1 for e, c in enumerate(counts)]
+    _run(Format.from_name(fmt), counts, ids, 128, 5760, 2880, rows=fmt == "nvfp4",
+         loop="split", prefetch=True, device="cuda", check_exact=False, store=store,
+         sigma_out=sigma, a_source="workspace")
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_gpu_workspace_deepseek(fmt):
+    """DeepSeek-V3 gate_up's N=4096, K=7168 (112 k64 steps) on 8 experts (one unused, a
+    1-row group, groups over several row tiles): the grouped wgmma kernel's bytes."""
+    counts = [700, 0, 1, 129, 256, 40, 300, 622]
+    _run(Format.from_name(fmt), counts, [0, -1, 2, 3, 4, 5, 6, 7], 8, 4096, 7168,
+         rows=fmt == "nvfp4", loop="split", prefetch=True, device="cuda", check_exact=False,
+         store="staged", a_source="workspace")
 
 
 @pytest.mark.gpu
@@ -252,25 +301,83 @@ def test_gpu(fmt, variant):
 
 
 @pytest.mark.lower
+@pytest.mark.parametrize("a_source", GP.A_SOURCES)
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_producer_loop_sass(fmt):
+def test_producer_loop_sass(fmt, a_source):
     """The dispatch's kernel (staged, prefetch): the producer's K loop (the innermost loop
     holding the 24 STS.128) is at most 800 SASS instructions a k64 step (issue #10 round 2:
     991 / 905 before; ~1024 tensor cycles a step), no register copies of the PRMT tables from
-    uniform registers and no local memory in it."""
+    uniform registers and no local memory in it. A from the grouped phase-1 workspace (B's
+    16 STS.128 and one bulk copy): at most 560 (558 NVFP4 / 556 MXFP4, ptxas 13.0)."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
     import sass_loop_counts as L
 
-    spec = GP.GroupedPdqSpec(fmt, fmt == "nvfp4", "sm_90a", None, True, "split", "staged")
+    spec = GP.GroupedPdqSpec(fmt, fmt == "nvfp4", "sm_90a", None, True, "split", "staged",
+                             a_source=a_source)
+    ws = a_source == "workspace"
     ins = L.parse(GP.kernel(spec).asm["sass"])
     lps = [(lo, hi) for lo, hi, _ in L.loops(ins)]
     inner = [(lo, hi) for lo, hi in lps
              if not any(lo < a and b <= hi or lo <= a and b < hi for a, b in lps)]
     body = [[t for a, t in ins if lo <= a <= hi] for lo, hi in inner]
-    (prod,) = [b for b in body if sum("STS.128" in t for t in b) == 24]
-    assert len(prod) <= 800
+    (prod,) = [b for b in body if sum("STS.128" in t for t in b) == (16 if ws else 24)]
+    assert len(prod) <= (560 if ws else 800)
+    assert sum("UBLKCP.S.G" in t for t in prod) == ws
     assert not [t for t in prod if re.search(r"IMAD\.U32 R\d+, RZ, RZ, UR", t)][4:]
     assert not [t for t in prod if re.match(r"(@!?P\w+\s+)?(LDL|STL)", t)]
+
+
+# ---- A from the grouped phase-1 workspace (a_source="workspace", issue #10) -----------------
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    (NVFP4, 0, "split", True, "direct", False),  # unused groups, 1-row tiles
+    (MXFP4, 1, "lockstep", False, "staged", False),  # groups over several tiles, mid-tile end
+    (NVFP4, 3, "lockstep", True, "staged", False),  # a 256-row group, a 5-row last group
+    (MXFP4, 4, "split", False, "staged", False),  # 70 groups, N = 16
+    (NVFP4, 2, "lockstep", True, "staged", True),  # σ store (the fused SwiGLU op's kernel)
+    (MXFP4, 1, "split", False, "direct", True),  # σ, direct
+    (NVFP4, 3, "split", False, "direct", False),  # K = 160: 3 steps, the last half past K
+], ids=lambda c: f"{c[0].name}-case{c[1]}-{c[2]}-rs{int(c[3])}-{c[4]}-sg{int(c[5])}")
+def test_interp_workspace_a(case):
+    """A bulk-copied from the grouped phase-1 workspace, only B dequantized by the producer:
+    byte-equal to today's kernel (A packed, same spec otherwise) and to the grouped wgmma
+    lut / k64 / fold kernel; with the σ store too (fused == chained by construction)."""
+    fmt, case_id, loop, rows, store, sigma = case
+    counts, ids, e_count, n, k = CASES[case_id]
+    kw = dict(rows=rows and fmt == NVFP4, loop=loop, prefetch=True, seed=case_id, store=store,
+              check_exact=False, sigma_out=sigma)
+    packed = _run(fmt, counts, ids, e_count, n, k, **kw)
+    ws = _run(fmt, counts, ids, e_count, n, k, a_source="workspace", **kw)
+    assert np.array_equal(ws.view(np.uint16), packed.view(np.uint16))
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("fmt", [NVFP4, MXFP4], ids=lambda f: f.name)
+def test_interp_workspace_every_scale_byte(fmt):
+    """Every scale byte (NaN, subnormal, 0x00 / 0xFF) through phase 1's decode: the bytes of
+    today's kernel's producer decode (NaNs included)."""
+    kw = dict(rows=fmt == NVFP4, prefetch=True, seed=11, check_exact=False, every_scale=True,
+              store="staged")
+    packed = _run(fmt, [130, 7], [1, 0], 2, 264, 256, **kw)
+    ws = _run(fmt, [130, 7], [1, 0], 2, 264, 256, a_source="workspace", **kw)
+    assert np.array_equal(ws.view(np.uint16), packed.view(np.uint16))
+
+
+@pytest.mark.interp
+def test_workspace_checks():
+    case, _, _ = make_grouped_case(np.random.default_rng(0), NVFP4, [130, 4], [0, 1], 2, 16, 64)
+    case["a_scale_offsets"] = np.array([0, 0], np.uint32)  # group 1 on group 0's 2nd tile
+    with pytest.raises(ValueError, match="disjoint"):
+        GP.grouped_matmul_block_scaled_pdq(**case, expert_scales=np.ones(2, np.float32),
+                                           fmt=NVFP4, k=64, a_source="workspace",
+                                           device="interp")
+    with pytest.raises(ValueError, match="a_source"):
+        GP.GroupedPdqSpec("nvfp4", a_source="x")
+    spec = GP.GroupedPdqSpec("nvfp4", True, prefetch=True, store="staged", a_source="workspace")
+    assert spec.kernel_name == "bs_grouped_pdq_nvfp4_128x256_k64_s4_pf_st_rowsc_ws"
+    assert [a.name for a in spec.args()][:3] == ["wa", "w", "sfb"]

@@ -184,3 +184,55 @@ def test_gpu_gpt_oss(fmt, act, monkeypatch):
                                                         "split")]
     np.testing.assert_array_equal(_bytes(data), _bytes(c_data), err_msg="data")
     np.testing.assert_array_equal(_bytes(scales), _bytes(c_scales), err_msg="scales")
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [CASES[0], CASES[5]],
+                         ids=lambda c: f"{c[0].name}-{len(c[1])}g-d{c[4]}-k{c[5]}-{c[6]}"
+                         f"-{'st' if c[8] else 'direct'}")
+def test_fused_equals_chained_workspace(monkeypatch, case):
+    """The dispatch with A from the grouped phase-1 workspace
+    (``BLOCKSCALE_SM90_GROUPED_PDQ_A=workspace``): the fused op runs the σ workspace spec,
+    the chained matmul the plain one; data and scale bytes equal each other and the packed-A
+    dispatch's."""
+    fmt, counts, ids, e_count, d, k, act, with_rows, staged = case
+    monkeypatch.setattr(gw, "MIN_ROWS", 1)
+    if not staged:
+        monkeypatch.setenv(STAGED_SWITCH, "0")
+    sc = swiglu_case(fmt, counts, ids, e_count, d, k, seed=len(counts) + d + k)
+    t = sum(counts)
+    rows = np.random.default_rng(d).uniform(0.5, 2, t).astype(ml_dtypes.bfloat16) \
+        if with_rows else None
+    packed = fused_and_chained(sc, fmt, k, act, "interp", rows)
+    monkeypatch.setenv(GP.A_SOURCE_ENV, "workspace")
+    specs = _spy(monkeypatch)
+    ws = fused_and_chained(sc, fmt, k, act, "interp", rows)
+    assert [(s.a_source, s.sigma_out) for s in specs] == [("workspace", True),
+                                                          ("workspace", False)]
+    for got, want in zip(ws, packed, strict=True):
+        assert np.array_equal(_bytes(got), _bytes(want))
+    assert np.array_equal(_bytes(ws[0]), _bytes(ws[2]))
+    assert np.array_equal(_bytes(ws[1]), _bytes(ws[3]))
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_gpu_gpt_oss_workspace(fmt, monkeypatch):
+    """gpt-oss-120b gate_up at T=1024 with A from the grouped phase-1 workspace
+    (BLOCKSCALE_SM90_GROUPED_PDQ_A=workspace): fused == chained byte for byte on the H200,
+    and equal to the packed-A dispatch's bytes."""
+    f = Format.from_name(fmt)
+    rng = np.random.default_rng(9)
+    counts = list(rng.multinomial(4096, np.full(128, 1 / 128)))
+    ids = [e if c else -1 for e, c in enumerate(counts)]
+    sc = swiglu_case(f, counts, ids, 128, 2880, 2880, seed=4)
+    packed = fused_and_chained(sc, f, 2880, "silu", "cuda")
+    monkeypatch.setenv(GP.A_SOURCE_ENV, "workspace")
+    specs = _spy(monkeypatch)
+    ws = fused_and_chained(sc, f, 2880, "silu", "cuda")
+    assert [(s.a_source, s.sigma_out, s.store, s.loop) for s in specs] == \
+        [("workspace", True, "staged", "split"), ("workspace", False, "staged", "split")]
+    for name, got, want in zip(("data", "scales", "chained data", "chained scales"), ws, packed,
+                               strict=True):
+        np.testing.assert_array_equal(_bytes(got), _bytes(want), err_msg=name)

@@ -508,7 +508,7 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                   epilogue: Callable[[Value, Value, Value | None], None],
                   bm: int = T.BM, prefetch: bool = True, loop: str = "split",
                   all_threads: bool = False, producers: int = 1, bn: int = BN,
-                  depth: int = 1) -> None:
+                  depth: int = 1, a_tile: Value | None = None) -> None:
     """The producer / consumer K loop (module docstring) of the ``bm x bn`` tile of A rows
     ``a`` and B rows ``b`` (``b.tile == bn``), then ``epilogue(acc, wg, writers)``: the
     warpgroup's final accumulator struct and index. Without ``all_threads`` it runs in the
@@ -523,7 +523,9 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     (:func:`_units`). ``depth`` (with ``prefetch``): 1, step t + 1's loads issued before
     step t's stores; 2, step t + 2's loads issued after step t's fence and arrival (the
     fence, MEMBAR.ALL.CTA, then orders only the stores, not global loads in flight; two
-    steps of registers)."""
+    steps of registers). ``a_tile``: the workspace tile A's stages come from (index value;
+    default ``m0 // bm``: the grouped kernel's per-(group, row tile) workspace,
+    :mod:`blockscale.ops._grouped_p1_ir`, passes its tile)."""
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {list(LOOPS)}, got {loop!r}")
     if producers not in PRODUCERS:
@@ -541,8 +543,9 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         ops, src_a = [a, b], None
     else:
         ops = [b]
+        tile = bir.udiv(m0, bm) if a_tile is None else a_tile
         src_a = bir.add(cpasync.global_address(a),
-                        bir.as_i64(bir.mul(bir.udiv(m0, bm), bir.mul(ring.kp, 2 * bm))))
+                        bir.as_i64(bir.mul(tile, bir.mul(ring.kp, 2 * bm))))
     src = ops
     ring.lut_words = lut_words(fmt)
     ring.init_barriers()

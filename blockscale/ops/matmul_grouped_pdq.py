@@ -31,6 +31,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+import numpy as np
+
 import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 import blockscale.ops._matmul_host as H
 from blockscale.formats import Format, FormatSpec
@@ -51,6 +53,14 @@ FORMATS = ("nvfp4", "mxfp4")
 #: the work item's tile and the CTA (= matmul_pdq's)
 BM, BN, THREADS, MAX_STAGES = _pdq.BM, _pdq.BN, _pdq.THREADS, _pdq.MAX_STAGES
 LOOPS, STORES, PRODUCERS, BNS = _pdq.LOOPS, _pdq.STORES, _pdq.PRODUCERS, _pdq.BNS
+#: where the stages' A comes from: "packed" (the producer dequantizes the group's packed rows
+#: every step) or "workspace" (the grouped phase 1, :mod:`blockscale.ops.matmul_grouped_p1`,
+#: dequantizes A once; the producer's thread 0 bulk-copies each stage's A from it)
+A_SOURCES = ("packed", "workspace")
+#: the dispatch's A source (:func:`dispatch_spec`): "packed" until the workspace path is
+#: measured on the H200; BLOCKSCALE_SM90_GROUPED_PDQ_A=workspace|packed overrides it
+DISPATCH_A_SOURCE = "packed"
+A_SOURCE_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_A"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +84,10 @@ class GroupedPdqSpec(FormatSpec):
             layout), as :attr:`blockscale.ops.matmul_grouped_wgmma.GroupedWgmmaSpec.sigma_out`:
             the fused SwiGLU op's chained path. Staged: two bulk copies per row (gate half,
             up half; N % 16 == 0).
+        a_source: :data:`A_SOURCES`. "workspace": a grouped phase-1 launch first
+            (:func:`blockscale.ops.matmul_grouped_p1.launch`; tile placement per D8), then
+            this kernel with ``wa`` (the workspace) in place of ``a`` / ``sfa``; the producer
+            dequantizes only B (the same stage bytes, so the same output bytes).
     """
 
     fmt: str
@@ -87,6 +101,7 @@ class GroupedPdqSpec(FormatSpec):
     bn: int = BN
     depth: int = 1
     sigma_out: bool = False
+    a_source: str = "packed"
 
     op: ClassVar[str] = "grouped_matmul_block_scaled_pdq"
     out_dtype: ClassVar[str] = "bfloat16"
@@ -116,6 +131,7 @@ class GroupedPdqSpec(FormatSpec):
             _pdq.check_staged_fits(self.out_dtype, self.stages, self.bn)
         _pdq.check_producers(self.producers, self.bn)
         _pdq.check_depth(self.depth, self.prefetch)
+        H.check_choice(self.a_source, A_SOURCES, "a_source")
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -136,13 +152,19 @@ class GroupedPdqSpec(FormatSpec):
         pr = f"_p{self.producers}" if self.producers > 1 else ""
         pr += "_d2" if self.depth == 2 else ""
         sg = "_sigma" if self.sigma_out else ""
+        ws = "_ws" if self.a_source == "workspace" else ""
         return (f"bs_grouped_pdq_{self.fmt}_{BM}x{self.bn}_k64_s{self.stages}{pf}{lp}{st}{pr}"
-                f"{rs}{sg}")
+                f"{rs}{sg}{ws}")
 
     def args(self) -> tuple[KernelArg, ...]:
-        """The portable grouped kernel's parameters (5-D scales, bf16 output)."""
-        return _grouped.GroupedMatmulSpec(self.fmt, "tcgen5d", "bfloat16", self.row_scales,
+        """The portable grouped kernel's parameters (5-D scales, bf16 output); with the
+        workspace A, ``wa`` (its bytes) in place of ``a`` and ``sfa``."""
+        base = _grouped.GroupedMatmulSpec(self.fmt, "tcgen5d", "bfloat16", self.row_scales,
                                           self.target).args()
+        if self.a_source == "packed":
+            return base
+        return (KernelArg("wa", "buffer", "uint8"),
+                *(a for a in base if a.name not in ("a", "sfa")))
 
 
 def grid(t: int, n: int, num_groups: int, bn: int = BN) -> tuple[int, int, int]:
@@ -181,8 +203,12 @@ def build(spec: GroupedPdqSpec) -> Any:
                 srow0 = bir.add(bir.mul(tile0, SF_ATOM_ROWS), bir.mul(tile, BM))
                 b_srow0 = bir.add(bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)),
                                           SF_ATOM_ROWS), n0)
-                a = P.PackedRows(kb.arg("a"), kb.arg("sfa"), m0, bir.sub(end, m0), k,
-                                 lambda r: tcgen_row_offset(bir.add(srow0, r), d1), BM)
+                if spec.a_source == "workspace":  # tile tile0 + tile of the phase-1 workspace
+                    a, a_tile = kb.arg("wa"), bir.add(tile0, tile)
+                else:
+                    a = P.PackedRows(kb.arg("a"), kb.arg("sfa"), m0, bir.sub(end, m0), k,
+                                     lambda r: tcgen_row_offset(bir.add(srow0, r), d1), BM)
+                    a_tile = None
                 b = P.PackedRows(kb.arg("w"), kb.arg("sfb"),
                                  bir.add(bir.mul(e, n_count), n0), bir.sub(n_count, n0), k,
                                  lambda r: tcgen_row_offset(bir.add(b_srow0, r), d1), bn)
@@ -218,7 +244,8 @@ def build(spec: GroupedPdqSpec) -> Any:
 
                 P.emit_mainloop(kb, a, m0, b, k, spec.fmt, spec.stages, store, BM,
                                 spec.prefetch, spec.loop, all_threads=spec.store == "staged",
-                                producers=spec.producers, bn=bn, depth=spec.depth)
+                                producers=spec.producers, bn=bn, depth=spec.depth,
+                                a_tile=a_tile)
                 br.yield_()
             with br.else_():  # expert id -1: zeros (D8), by the consumer warpgroups' rows
                 tid = bir.thread_idx("x")
@@ -241,13 +268,14 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
                                     stages: int | None = None, prefetch: bool = False,
                                     loop: str = "split", store: str = "direct",
                                     producers: int = 1, bn: int = BN, depth: int = 1,
-                                    sigma_out: bool = False, device: Any = None) -> Any:
+                                    sigma_out: bool = False, a_source: str = "packed",
+                                    device: Any = None) -> Any:
     """The kernel called directly (no dispatch), e.g. by tests and benchmarks. Arguments as
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
-    ``prefetch``, ``loop``, ``store``, ``producers``, ``bn``, ``depth`` and ``sigma_out``
-    (:class:`GroupedPdqSpec`). Raises ValueError for K % 32 != 0, a format other than
-    NVFP4 / MXFP4, a staged store with N % 8 != 0, or ``sigma_out`` with an odd N (staged:
-    N % 16 != 0)."""
+    ``prefetch``, ``loop``, ``store``, ``producers``, ``bn``, ``depth``, ``sigma_out`` and
+    ``a_source`` (:class:`GroupedPdqSpec`). Raises ValueError for K % 32 != 0, a format other
+    than NVFP4 / MXFP4, a staged store with N % 8 != 0, ``sigma_out`` with an odd N (staged:
+    N % 16 != 0), or (workspace A) scale tiles not placed as D8 says."""
     fmt = Format.from_name(fmt)
     H.check_choice(fmt.name, FORMATS, "fmt")
     t, n, k, g_count, buffers = _grouped.tiled_grouped_operands(
@@ -255,7 +283,7 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
         expert_scales, fmt, k, a_row_scales, "grouped producer-dequant kernel")
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
-                          store, producers, bn, depth, sigma_out)
+                          store, producers, bn, depth, sigma_out, a_source)
     check_sigma_store(spec, n)
     return launch(spec, t, n, g_count, buffers, {"t": t, "n": n, "k": k, "num_groups": g_count},
                   dev)
@@ -273,9 +301,26 @@ def check_sigma_store(spec: GroupedPdqSpec, n: int) -> None:
 
 def launch(spec: GroupedPdqSpec, t: int, n: int, num_groups: int, buffers: dict[str, Any],
            scalars: dict[str, Any], device: Any) -> Any:
-    """Run ``spec`` on the grouped op's (checked) buffers; bf16 ``[T, N]``."""
-    return H.launch(spec, grid(t, n, num_groups, spec.bn), (t, n), "bfloat16", buffers, scalars,
-                    device, empty=t == 0 or n == 0)
+    """Run ``spec`` on the grouped op's (checked) buffers (the portable kernel's names); bf16
+    ``[T, N]``. A workspace spec launches the grouped phase 1 first (the workspace stays on
+    the device)."""
+    empty = t == 0 or n == 0
+    if spec.a_source == "packed" or empty:
+        return H.launch(spec, grid(t, n, num_groups, spec.bn), (t, n), "bfloat16", buffers,
+                        scalars, device, empty=empty)
+    from blockscale.ops import matmul_grouped_p1 as G1
+
+    G1.check_tile_placement(buffers["expert_start"], buffers["a_scale_offsets"],
+                            buffers["expert_ids"], int(buffers["sfa"].shape[0]))
+    host = all(isinstance(v, np.ndarray) for v in buffers.values())
+    if host:  # keep the workspace on the device between the launches
+        buffers = {x: device.to_device(np.ascontiguousarray(v)) for x, v in buffers.items()}
+    ws = G1.launch(G1.GroupedP1Spec(spec.fmt, spec.target), buffers, t, scalars["k"],
+                   num_groups, device)
+    bufs = {x: v for x, v in buffers.items() if x not in ("a", "sfa")}
+    out = H.launch(spec, grid(t, n, num_groups, spec.bn), (t, n), "bfloat16", {**bufs, "wa": ws},
+                   scalars, device)
+    return device.to_host(out) if host else out
 
 
 def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: Any,
@@ -286,7 +331,9 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     runs "split" only while the K steps fit in the ring; the same bytes), the staged store
     where the rows (σ: the halves) are 16-byte aligned and it is not switched off
     (:data:`blockscale.ops._staged_store_ir.ENV_SWITCH`), else direct stores (the same
-    bytes)."""
+    bytes); A from :data:`DISPATCH_A_SOURCE` (or :data:`A_SOURCE_ENV`)."""
+    import os
+
     from blockscale.ops._staged_store_ir import dispatch_store
     from blockscale.runtime import get_device
 
@@ -294,8 +341,10 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     store = dispatch_store("bfloat16", n // 2 if sigma_out else n)
     if sigma_out and n % 2:
         store = "direct"
+    a_source = os.environ.get(A_SOURCE_ENV, DISPATCH_A_SOURCE)
+    H.check_choice(a_source, A_SOURCES, A_SOURCE_ENV)
     return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop, store=store,
-                          sigma_out=sigma_out)
+                          sigma_out=sigma_out, a_source=a_source)
 
 
 def kernel(spec: GroupedPdqSpec) -> Any:
@@ -307,7 +356,8 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     """NVFP4 (row scales on / off) and MXFP4, 4 stages, with and without the prefetch (and
     staged stores with the prefetch; two producer warpgroups at 128 x 192, both stores, and
     staged with prefetch distance 2; the σ store of the fused SwiGLU op, both stores: the
-    dispatch's :func:`dispatch_spec` on the GPU for every shape), and
+    dispatch's :func:`dispatch_spec` on the GPU for every shape; the same four with A from
+    the grouped phase-1 workspace), and
     the grouped wgmma kernels its GPU tests compare with byte for byte (128 x 256, lut /
     k64 / fold); none off sm_90a."""
     from blockscale.ops.matmul_grouped_wgmma import GroupedWgmmaSpec
@@ -326,6 +376,11 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     # the fused SwiGLU op's σ store (dispatch_spec; direct: BLOCKSCALE_SM90_STAGED_STORE=0)
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", st, sigma_out=True)
               for f, rs in variants for st in STORES]
+    # A from the grouped phase-1 workspace (matmul_grouped_p1 bundles phase 1): the
+    # dispatch's spec (staged, plain and σ) and direct stores (BLOCKSCALE_SM90_STAGED_STORE=0)
+    specs += [GroupedPdqSpec(f, rs, target, None, True, "split", st, sigma_out=sg,
+                             a_source="workspace")
+              for f, rs in variants for st in STORES for sg in (False, True)]
     specs += [GroupedWgmmaSpec(f, rs, 128, 256, target, dequant="lut", kstep=64,
                                scaling="fold") for f, rs in variants]
     return sorted(specs, key=lambda s: s.kernel_name)
