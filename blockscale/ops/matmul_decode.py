@@ -66,7 +66,8 @@ from blockscale.ops import matmul as _matmul
 from blockscale.ops import matmul_grouped as _grouped
 
 KERNEL_SOURCES = ("blockscale.ops._decode_ir", "blockscale.ops._decode_mma_ir",
-                  "blockscale.ops._matmul_ir", "blockscale.ops._mma_ir")
+                  "blockscale.ops._matmul_ir", "blockscale.ops._mma_ir",
+                  "blockscale.ops._decode_shot_ir")
 #: targets the dispatch uses it on (the IR is portable to every 32-lane target)
 TARGETS = ("sm_90a",)
 IR_TARGETS = ("sm_90a", "sm_100a")
@@ -104,9 +105,16 @@ COLS = 32
 #: step; one wave of CTAs; _decode_stream_ir), "mma_c8r" / "mma_c8r4" ("mma_c8w" with the
 #: weights streamed through a shared ring of 3 / 4 stages by cp.async.bulk, 2 / 3 steps
 #: ahead across units; 3 / 2 CTAs per SM)
+#: "mma_shot" / "mma_shot7k" (16 columns a CTA, the CTA's whole weight slice and the pass's
+#: activation rows copied by cp.async.bulk at once into shared memory, the 4 warps on K
+#: quarters, their fp32 partials added in warp order: deterministic, not bit-identical to
+#: the portable kernel; K <= 3072 / 7168: :data:`SHOT_KCAP`; _decode_shot_ir)
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
             "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w", "mma_c8r",
-            "mma_c8r4")
+            "mma_c8r4", "mma_shot", "mma_shot7k")
+#: the one-shot variants' largest K (their shared weight rows hold K / 2 bytes): "mma_shot"
+#: 4 CTAs per SM (gpt-oss, dense N=5760 K=2944), "mma_shot7k" 2 (DeepSeek-V3 K = 7168)
+SHOT_KCAP = {"mma_shot": 3072, "mma_shot7k": 7168}
 #: the shared-memory staging of each "mma_c*" variant (_decode_mma_ir._Staging)
 STAGING = {"mma_c": "cf", "mma_c8": "cf8", "mma_c85": "cf8", "mma_c86": "cf8", "mma_c8t": "cf8",
            "mma_c8s2": "cf8", "mma_c8s4": "cf8", "mma_c8d2": "cf8", "mma_c8w": "cf8",
@@ -133,15 +141,17 @@ STREAM_CTAS: int | None = None
 SPLIT_VARIANTS = ("mma_psk",)
 #: threads and output columns per CTA of each variant
 VARIANT_THREADS = {"simt": THREADS, "mma": 128, "mma2": 128, "mma_p": 128, "mma_p5": 128,
-                   "mma_psk": 128, **dict.fromkeys(STAGING, 128)}
+                   "mma_psk": 128, **dict.fromkeys(STAGING, 128), **dict.fromkeys(SHOT_KCAP, 128)}
 VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_p": 64, "mma_p5": 64, "mma_psk": 64,
-                **dict.fromkeys(STAGING, 64), **{v: 64 * j for v, j in SLICES.items()}}
+                **dict.fromkeys(STAGING, 64), **{v: 64 * j for v, j in SLICES.items()},
+                **dict.fromkeys(SHOT_KCAP, 16)}
 #: register cap (nvvm.maxnreg) per variant: simt 2 x 256 threads, mma 4 x 128, mma2 3 x 128,
 #: mma_p5 5 x 128 (5 x 42 KB of shared memory: fits the H200's 228 KB)
 VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_p": 128, "mma_p5": 96,
                      "mma_psk": 128, "mma_c": 128, "mma_c8": 128, "mma_c85": 96,
                      "mma_c86": 80, "mma_c8t": 128, "mma_c8s2": 128, "mma_c8s4": 128,
-                     "mma_c8d2": 168, "mma_c8w": 128, "mma_c8r": 128, "mma_c8r4": 128}
+                     "mma_c8d2": 168, "mma_c8w": 128, "mma_c8r": 128, "mma_c8r4": 128,
+                     "mma_shot": 128, "mma_shot7k": 128}
 #: mma_psk: split K until the grid has about two waves of CTAs (4 per SM of 132 SMs, twice)
 SPLIT_K_P_CTAS = 2 * 4 * 132
 #: mma_psk: at least this many K steps (512 FP4 elements) per split (one step is loaded
@@ -209,6 +219,8 @@ class DecodeSpec(FormatSpec):
         """The ring variants' TMA stages (16 KB each; the other buffers are static) and 1 KB
         for the stages' 1024-byte alignment after the static bytes (so also > 48 KB: the
         CUDA runtime opts in, static + dynamic being > 48 KB in any case)."""
+        if self.variant in SHOT_KCAP:  # the one-shot variants' weight / activation rows
+            return shot_dynamic_bytes(SHOT_KCAP[self.variant])
         ring = RING.get(self.variant, 0)
         return ring * 64 * 256 + 1024 if ring else 0
 
@@ -263,6 +275,33 @@ class DecodeSpec(FormatSpec):
         return tuple(args)
 
 
+def shot_row_stride(kcap: int) -> int:
+    """The one-shot variants' shared row (bytes): ``kcap / 2``, plus 16 when that is an even
+    number of 16-byte chunks (an odd count: conflict-free fragment reads)."""
+    rb = kcap // 2
+    return rb + (16 if (rb // 16) % 2 == 0 else 0)
+
+
+def shot_dynamic_bytes(kcap: int) -> int:
+    """The one-shot variants' dynamic shared memory: 16 weight rows, 8 activation rows of
+    :func:`shot_row_stride` bytes, and 16 bytes for the mbarrier."""
+    return 24 * shot_row_stride(kcap) + 16
+
+
+def shot_variant(k: int) -> str | None:
+    """The one-shot variant with the smallest :data:`SHOT_KCAP` that holds K, or None."""
+    fits = [v for v, cap in sorted(SHOT_KCAP.items(), key=lambda x: x[1]) if k <= cap]
+    return fits[0] if fits else None
+
+
+def check_shot_k(variant: str, k: int) -> None:
+    """ValueError when a one-shot ``variant``'s shared rows cannot hold K."""
+    cap = SHOT_KCAP.get(variant)
+    if cap is not None and k > cap:
+        raise ValueError(f"k must be <= {cap} for variant {variant!r} (its shared weight rows "
+                         f"hold {cap // 2} bytes), got {k}")
+
+
 def grid(n: int, groups: int, cols: int = COLS) -> tuple[int, int, int]:
     """(column slices of ``cols``, groups, 1)."""
     return (max(1, -(-n // cols)), max(1, groups), 1)
@@ -281,6 +320,11 @@ def build(spec: DecodeSpec) -> Any:
     fmt = spec.format
     if spec.variant == "simt":
         emit = D.emit_decode
+    elif spec.variant in SHOT_KCAP:
+        import blockscale.ops._decode_shot_ir as DS1
+
+        def emit(*args: Any, **kw: Any) -> None:
+            DS1.emit_decode_shot(*args, **kw, kcap=SHOT_KCAP[spec.variant])
     elif spec.variant in SPLIT_VARIANTS:
         def emit(*args: Any, **kw: Any) -> None:
             DM.emit_decode_mma_split_k(*args, **kw, workspace=kb.arg("workspace"),
@@ -557,12 +601,20 @@ def dispatch_variant(fmt: Format, grouped: bool = False) -> str:
     return v if fmt.is_fp4 else "simt"
 
 
+def _shot_or_default(variant: str, k: int, default: str) -> str:
+    """A one-shot ``variant`` (BLOCKSCALE_DECODE_VARIANT) becomes :func:`shot_variant`'s
+    choice for K, or ``default`` when no one-shot kernel holds K; others pass through."""
+    if variant not in SHOT_KCAP:
+        return variant
+    return shot_variant(k) or default
+
+
 def grouped_fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_groups: int,
                       row_scales: bool) -> Callable[..., Any] | None:
     """The :data:`blockscale.ops.matmul_grouped.FAST_PATHS` hook (registered first)."""
     if target not in TARGETS or not enabled() or t == 0 or n == 0 or not k_supported(fmt, k):
         return None
-    variant = dispatch_variant(fmt, grouped=True)
+    variant = _shot_or_default(dispatch_variant(fmt, grouped=True), k, GROUPED_DEFAULT_VARIANT)
     auto = variant == AUTO_VARIANT
     spec = DecodeSpec(fmt.name, "grouped", "bfloat16", row_scales, target,
                       "mma_c8t" if auto else variant)
@@ -602,7 +654,7 @@ def dense_fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype:
     if target not in TARGETS or not enabled() or epilogue is not None or m == 0 or n == 0 \
             or m > MAX_ROWS or not k_supported(fmt, k):
         return None
-    variant = dispatch_variant(fmt)
+    variant = _shot_or_default(dispatch_variant(fmt), k, DEFAULT_VARIANT)
     if variant == AUTO_VARIANT:
         variant = slices_variant(grid(n, 1, 64)[0])
     # mma_p5 / mma_c85 / mma_c86 are bundled for the grouped kernels only: dense grids run
@@ -642,6 +694,7 @@ def grouped_matmul_decode(hidden: Any, weight: Any, a_scales: Any, b_scales: Any
             if not k_supported(f, kk):
                 raise ValueError(f"k must be a positive multiple of {32 if f.is_fp4 else 16} "
                                  f"for the decode kernel ({f.name}), got {kk}")
+            check_shot_k(variant, kk)
             spec = DecodeSpec(f.name, "grouped", "bfloat16", rs, tgt, variant)
             return _launch_grouped(spec, t, n, g, buffers, scalars, dev)
         return run
@@ -669,6 +722,7 @@ def block_scaled_matmul_decode(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format |
     if not k_supported(fmt, d.k):
         raise ValueError(f"k must be a positive multiple of {32 if fmt.is_fp4 else 16} for "
                          f"the decode kernel ({fmt.name}), got {d.k}")
+    check_shot_k(variant, d.k)
     dev, tgt = H.device_and_target(device, target)
     spec = DecodeSpec(fmt.name, "dense", out_dtype, False, tgt, variant)
     buffers = {"a": a, "b": b, "sfa": sfa, "sfb": sfb}
@@ -694,7 +748,7 @@ def bundle_specs(target: str = "sm_90a") -> list[DecodeSpec]:
     specs += [DecodeSpec(f, "dense", o, False, target)
               for f in ("nvfp4", "mxfp4", "mxfp8") for o in ("bfloat16", "float32")]
     # the tensor-core variant (FP4)
-    for v in ("mma", "mma2", "mma_p", "mma_p5", "mma_psk", *STAGING):  # tensor-core (FP4)
+    for v in ("mma", "mma2", "mma_p", "mma_p5", "mma_psk", *STAGING, *SHOT_KCAP):  # (FP4)
         specs += [DecodeSpec(f, "grouped", "bfloat16", False, target, v)
                   for f in ("nvfp4", "mxfp4")]
         specs.append(DecodeSpec("nvfp4", "grouped", "bfloat16", True, target, v))
@@ -727,5 +781,6 @@ __all__ = [
     "slices_variant",
     "split_k_counters",
     "split_k_p",
+    "shot_variant",
     "split_variant",
 ]
