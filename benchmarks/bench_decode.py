@@ -4,7 +4,9 @@ mma_c86 (conflict-free staging; 8-row passes; 5 / 6 CTAs per SM), mma_c8t (mma_c
 peeled), mma_c8s2 / mma_c8s4 (mma_c8t over 2 / 4 column slices per CTA), mma_c8d2 (two steps
 in flight), mma_c8w (grouped: persistent CTAs walking work units), mma_c8r / mma_c8r4 (the
 same with the weights through a 3 / 4-stage TMA ring; rows of the persistent variants name
-their CTA cap, ``P=auto``: one wave, one row per ``--stream-ctas`` entry).
+their CTA cap, ``P=auto``: one wave, one row per ``--stream-ctas`` entry), mma_shot /
+mma_shot7k (16 columns a CTA, its whole weight slice in flight at once by cp.async.bulk;
+K <= 3072 / 7168: rows past a variant's K limit are skipped, not failed).
 
 1. MoE gate_up of gpt-oss-120b (E=128, top-4, K=2880, N=5760) and DeepSeek-V3 (E=256, top-8,
    K=7168, N=4096) at T in {1, 16, 128} tokens (uniform random routing, every group <= 16
@@ -61,7 +63,7 @@ from benchmarks.common import (
 
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
             "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4",
-            "mma_c8d2", "mma_c8w", "mma_c8r", "mma_c8r4")
+            "mma_c8d2", "mma_c8w", "mma_c8r", "mma_c8r4", "mma_shot", "mma_shot7k")
 T_VALUES = (1, 16, 128)
 DENSE = ((5760, 2880), (4096, 7168))
 #: variants bundled for the grouped (MoE) kernels only
@@ -122,6 +124,13 @@ def _set_split(split: Split | int | None) -> None:
         matmul_decode.SPLIT_K_P_CTAS, matmul_decode.SPLIT_K_MIN_STEPS = split
 
 
+def _fits(v: str, k: int) -> bool:
+    """False for a one-shot variant whose shared rows cannot hold K (its row is skipped)."""
+    from blockscale.ops import matmul_decode
+
+    return k <= matmul_decode.SHOT_KCAP.get(v, k)
+
+
 def _label(v: str, ctas: int, k: int) -> str:
     """``decode-<variant>``, with the split count for the split-K variant."""
     from blockscale.ops import matmul_decode
@@ -155,7 +164,8 @@ def bench_moe_decode(dev: Any, copy: float | None, *, t_values: Sequence[int] = 
                     a = random_data(rng, fmt, (r.rows, fmt.data_cols(shape.k)))
                     a_sc2d, a_sc5 = grouped_activation_scales(rng, fmt, r, shape.k)
                     sets.append((r, a, a_sc2d, dev.to_device(a), dev.to_device(a_sc5)))
-                for v, sc in _runs(variants, split_ctas, stream_ctas):
+                for v, sc in _runs([v for v in variants if _fits(v, shape.k)], split_ctas,
+                                   stream_ctas):
                     _set_split(sc)
                     if budget is not None and budget.over(f"{case} decode-{v}"):
                         continue
@@ -226,7 +236,8 @@ def bench_dense_decode(dev: Any, copy: float | None, *, ms_values: Sequence[int]
                 exact = ad.astype(np.float64) @ bd.astype(np.float64).T
                 abs_sum = np.abs(ad).astype(np.float64) @ np.abs(bd).astype(np.float64).T
                 nbytes = b.nbytes + sb.nbytes
-                for v, sc in _runs([v for v in variants if v not in GROUPED_ONLY], split_ctas):
+                for v, sc in _runs([v for v in variants
+                                    if v not in GROUPED_ONLY and _fits(v, k)], split_ctas):
                     _set_split(sc)
                     case = f"dense M={m} N={n} K={k} {f}"
                     if budget is not None and budget.over(f"{case} decode-{v}"):

@@ -778,9 +778,9 @@ __all__ = [
     "grouped_fast_path",
     "grouped_matmul_decode",
     "kernel",
+    "shot_variant",
     "slices_variant",
     "split_k_counters",
     "split_k_p",
-    "shot_variant",
     "split_variant",
 ]
