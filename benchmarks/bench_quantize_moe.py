@@ -10,8 +10,10 @@ are recorded, and the replayed launches are timed with CUDA events (median), so 
 excluded. Every kernel schedule of the ops (``quantize_grouped.SCHEDULES``: "tiles", "rows",
 "rows2", "stream", "stream2", "wide", and for the fused op "rows_lut", "rows2_lut",
 "stream_lut", "stream2_lut", "wide_lut", "wide_bulk2_lut"; grouped only: "wide4", "wide_deep",
-"wide_bulk2" / "wide_bulk3" / "wide_bulk4"; the "_x2" / "_x4" grids of "wide", "wide4",
-"wide_bulk2" and "wide_bulk2_lut"; fused only: "wide_plut", "wide_bulk2_plut") gets its own row (``--schedules`` picks some). Bytes moved = bf16 input read + packed data + scales written; the ceilings are a
+"wide_bulk2" / "wide_bulk3" / "wide_bulk4" and the 2-wave "wide_bulk2_x2") gets its own row
+(``--schedules`` picks some; the other "_x2" / "_x4" grids and the fused "*_plut" tables were
+removed in session 6, measured slower: runs T / U). Bytes moved = bf16 input read + packed
+data + scales written; the ceilings are a
 device-to-device copy of the bf16 input (read + write) in the same process and a copy of the
 kernel's byte count (read + write = bytes moved: the fair one for a ~25-40 us kernel, whose
 fixed launch / ramp / tail cost the 1.5x larger input copy spreads over more bytes).
@@ -40,12 +42,9 @@ from benchmarks.common import (
 OPS = ("grouped_quantize", "fused_silu_quantize")
 SCHEDULES = ("tiles", "rows", "rows2", "rows_lut", "rows2_lut", "stream", "stream2",
              "stream_lut", "stream2_lut", "wide", "wide4", "wide_deep", "wide_lut",
-             "wide_bulk2", "wide_bulk3", "wide_bulk4", "wide_bulk2_lut", "wide_x2", "wide_x4",
-             "wide4_x2", "wide4_x4", "wide_bulk2_x2", "wide_bulk2_lut_x2", "wide_bulk2_lut_x4",
-             "wide_plut", "wide_bulk2_plut", "wide_bulk2_plut_x2")
+             "wide_bulk2", "wide_bulk3", "wide_bulk4", "wide_bulk2_lut", "wide_bulk2_x2")
 #: schedules benchmarked for the grouped op only
-GROUPED_ONLY = ("wide4", "wide_deep", "wide_bulk2", "wide_bulk3", "wide_bulk4", "wide_x2",
-                "wide_x4", "wide4_x2", "wide4_x4", "wide_bulk2_x2")
+GROUPED_ONLY = ("wide4", "wide_deep", "wide_bulk2", "wide_bulk3", "wide_bulk4", "wide_bulk2_x2")
 
 
 def _groups(rng: np.random.Generator, rows: int, experts: int) -> tuple[np.ndarray, ...]:

@@ -120,6 +120,20 @@ def test_bulk_schedule_choice_and_plan():
             "fused_silu_quantize_mxfp4_up_5d_v_silu_wide2_bulk2_lut"} <= names
 
 
+def test_fused_amax_keeps_subnormals():
+    """The fused wide kernels' chunk max is ``max.NaN.f32`` without ``.ftz`` (a flushed
+    subnormal product would give a block of tiny values a zero scale; the interpreter runs
+    the MLIR, before this lowering)."""
+    from blockscale.ops import quantize as Q
+    from blockscale.ops.quantize import QuantizeSpec
+
+    ptx = Q.kernel(QG.with_schedule(QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True,
+                                                 "silu", False, "silu", 1.702, 7.0,
+                                                 name="fused_silu_quantize"),
+                                    "wide_bulk2_lut")).asm["ptx"]
+    assert "max.NaN.f32" in ptx and ".ftz" not in ptx
+
+
 def _e2m1_unsat_model(a: np.ndarray) -> np.ndarray:
     """The code of ``_quantize_wide_ir._e2m1x8_unsat`` for f32 ``a >= 0`` in numpy: ``t =
     fma(a, a, 12)`` (a*a + 12 is exact in f64 for a < 8, so one rounding to f32 is the fma),

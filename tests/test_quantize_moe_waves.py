@@ -1,18 +1,20 @@
-"""The "_x2" / "_x4" schedules of grouped and fused-SiLU quantize (``schedule="wide_x2"``,
-``"wide4_x4"``, ``"wide_bulk2_lut_x2"``, ...: the wide / bulk kernels launched with 2 or 4
-resident waves of blocks, each block walking a shorter contiguous share of the row groups)
-in the interpreter, byte for byte against blockscale.reference: edge values, MAX's grouped
-cases, gathers and empty groups, NVFP4 rows over many groups, with one resident wave and
-with one SM (NUM_SMS = 1: the waves decide how many blocks share the rows), and the plan /
-spec facts (grid, kernel names, bundle entries, bad waves)."""
+"""The "_x2" schedule of grouped quantize (``schedule="wide_bulk2_x2"``, the MXFP8 default:
+the bulk kernel launched with 2 resident waves of blocks, each block walking a shorter
+contiguous share of the row groups) in the interpreter, byte for byte against
+blockscale.reference: edge values, MAX's grouped cases, gathers and empty groups, NVFP4 rows
+over many groups, with one resident wave and with one SM (NUM_SMS = 1: the waves decide how
+many blocks share the rows), and the plan / spec facts (grid, kernel names, bundle entries,
+bad and removed waves: the other "_x2" / "_x4" forms were removed in session 6)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 from _quantize_helpers import group_offsets
-from test_quantize_moe_rows import COUNTS, IDS, _edges, _grouped, check_gather_and_empty_groups
-from test_quantize_moe_stream import MAX_CASES, check_fused_formats, check_nvfp4_many_groups
+from test_quantize_moe_rows import COUNTS, IDS, _grouped, check_gather_and_empty_groups
+from test_quantize_moe_stream import MAX_CASES, check_nvfp4_many_groups
 
 pytest.importorskip("mlir")
 
@@ -21,7 +23,7 @@ from blockscale.ops import quantize_silu as QS
 from blockscale.ops.quantize import QuantizeSpec
 
 pytestmark = pytest.mark.interp
-GROUPED = ["wide_x2", "wide_x4", "wide4_x2", "wide4_x4", "wide_bulk2_x2"]
+SCHEDULE = "wide_bulk2_x2"
 
 
 @pytest.fixture(params=[132, 1], ids=["wave", "few_blocks"])
@@ -30,79 +32,60 @@ def sms(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("schedule", GROUPED)
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
-def test_grouped_waves_edges(fmt, schedule, sms):
+def test_grouped_waves_edges(fmt, sms):
     """Ties, NaN / Inf / -0, near-zero rows, an unused expert, K = 72 (a half-valid chunk)."""
-    _grouped(fmt, "sm_90a", schedule, COUNTS, IDS, 72, 11)
+    _grouped(fmt, "sm_90a", SCHEDULE, COUNTS, IDS, 72, 11)
 
 
-@pytest.mark.parametrize("schedule", ["wide_x4", "wide4_x2", "wide_bulk2_x2"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
-def test_grouped_waves_max_cases(fmt, schedule, monkeypatch):
+def test_grouped_waves_max_cases(fmt, monkeypatch):
     """MAX's grouped cases (empty groups, expert id -1, K = 32 .. 72) on one SM."""
     monkeypatch.setattr(QG, "NUM_SMS", 1)
     for counts, ids, k in MAX_CASES:
-        _grouped(fmt, "sm_90a", schedule, counts, ids, k, k)
+        _grouped(fmt, "sm_90a", SCHEDULE, counts, ids, k, k)
 
 
-@pytest.mark.parametrize("schedule", ["wide_x4", "wide4_x2"])
-def test_grouped_waves_gather_and_empty_groups(schedule, sms):
-    check_gather_and_empty_groups(schedule, "sm_90a")
+def test_grouped_waves_gather_and_empty_groups(sms):
+    check_gather_and_empty_groups(SCHEDULE, "sm_90a")
 
 
-@pytest.mark.parametrize("schedule", ["wide_x2", "wide4_x4"])
-def test_grouped_waves_nvfp4_many_groups(schedule, monkeypatch):
+def test_grouped_waves_nvfp4_many_groups(monkeypatch):
     """NVFP4 blocks starting inside many small groups, each with its own tensor scale."""
     monkeypatch.setattr(QG, "NUM_SMS", 1)
-    check_nvfp4_many_groups(schedule)
-
-
-@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
-@pytest.mark.parametrize("schedule", ["wide_bulk2_lut_x2", "wide_bulk2_lut_x4",
-                                      "wide_bulk2_plut_x2"])
-def test_fused_waves(schedule, activation, sms):
-    """The fused op's edge rows and MAX's cases, three formats."""
-    cases = [(COUNTS, IDS, 72)] + MAX_CASES[2:]
-    for counts, ids, d in cases:
-        es, offs = group_offsets(counts)
-        gu = _edges(int(es[-1]), 2 * d, 12)
-        gu[min(9, int(es[-1]) - 1), :d] = -100.0
-        check_fused_formats(gu, es, offs, ids, schedule, activation, len(ids), str(counts))
+    check_nvfp4_many_groups(SCHEDULE)
 
 
 def test_waves_plan_and_names():
     base = QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "grouped",
                         name="grouped_quantize_dynamic_scaled")
-    one = QG.with_schedule(base, "wide")
-    for sch, waves, gy in (("wide_x2", 2, 1056), ("wide_x4", 4, 2112), ("wide4_x2", 2, 528),
-                           ("wide_bulk2_x2", 2, 1056)):
-        s = QG.with_schedule(base, sch)
-        assert s.waves == waves and s.kernel_name.endswith(f"_x{waves}")
-        assert QG.wide_plan(s, 8192, 4096, 128)[0] == (1, gy, 1)  # K = 4096: 2 rows a step
+    one = QG.with_schedule(base, "wide_bulk2")
+    s = QG.with_schedule(base, SCHEDULE)
+    assert s.waves == 2 and s.bulk == 2 and s.kernel_name.endswith("_wide2_bulk2_x2")
+    assert s == dataclasses.replace(one, waves=2)  # the same kernel fields otherwise
     assert one.waves == 1 and not one.kernel_name.endswith("_x1")
-    assert QG.wide_plan(QG.with_schedule(base, "wide_x4"), 10, 4096, 65)[0] == (1, 5, 1)
+    # K = 4096: 2 rows a step, 4096 row groups; 2 waves of 132 SMs x bulk blocks per SM
+    per_sm = QG.bulk_blocks_per_sm(s)
+    assert QG.wide_plan(s, 8192, 4096, 128)[0] == (1, 2 * 132 * per_sm, 1)
+    assert QG.wide_plan(one, 8192, 4096, 128)[0] == (1, 132 * per_sm, 1)
+    assert QG.wide_plan(s, 10, 4096, 65)[0] == (1, 5, 1)  # no more blocks than row groups
     silu = QuantizeSpec("mxfp4", "sm_90a", "up", "tcgen5d", True, "silu")
-    lut = QG.with_schedule(silu, "wide_bulk2_lut_x4")
-    assert lut.lut and lut.bulk == 2 and lut.waves == 4
-    assert lut.kernel_name.endswith("_wide2_bulk2_lut_x4")
-    assert not QG.with_schedule(base, "wide_bulk2_lut_x2").lut  # grouped: no table
-    plut = QG.with_schedule(QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "silu"),
-                            "wide_bulk2_plut_x2")
-    assert plut.product and plut.waves == 2 and plut.kernel_name.endswith("_bulk2_plut_x2")
+    assert QG.with_schedule(silu, SCHEDULE).waves == 2  # the fused op: the same kernel, no table
     unaligned = QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", False, "grouped")
-    assert QG.with_schedule(unaligned, "wide_x2") is unaligned  # the tile kernel
+    assert QG.with_schedule(unaligned, SCHEDULE) is unaligned  # the tile kernel
     names = {s.kernel_name for s in QG.bundle_specs("sm_90a") + QS.bundle_specs("sm_90a")}
-    assert {"grouped_quantize_dynamic_scaled_nvfp4_rn_5d_v_wide4_x4",
-            "grouped_quantize_dynamic_scaled_mxfp8_up_5d_v_wide2_bulk2_x2",
-            "fused_silu_quantize_nvfp4_rn_5d_v_silu_wide2_bulk2_lut_x2"} <= names
+    assert {f"grouped_quantize_dynamic_scaled_{f}_5d_v_wide2_bulk2_x2"
+            for f in ("nvfp4_rn", "mxfp4_up", "mxfp8_up")} <= names
+    assert not any(n.endswith(("_x4", "_plut", "_plut_x2", "_lut_x2")) for n in names)
     with pytest.raises(ValueError, match="waves must be one of"):
-        QG.MoeQuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "grouped", wide=2, waves=3)
+        QG.MoeQuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "grouped", wide=2, waves=4)
     with pytest.raises(ValueError, match="wide schedules only"):
         QG.MoeQuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "grouped", stream=True,
                            waves=2)
-    with pytest.raises(ValueError, match="schedule"):
-        QG.with_schedule(base, "wide_x3")
+    for removed in ("wide_x2", "wide_x4", "wide4_x2", "wide4_x4", "wide_bulk2_lut_x2",
+                    "wide_bulk2_lut_x4", "wide_plut", "wide_bulk2_plut", "wide_bulk2_plut_x2"):
+        with pytest.raises(ValueError, match="schedule"):
+            QG.with_schedule(base, removed)
 
 
 def test_grouped_default_by_format(monkeypatch):

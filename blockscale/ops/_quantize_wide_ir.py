@@ -75,12 +75,9 @@ Session 5: ``wide4`` (128 registers) packs FP4 unsaturated too: grouped NVFP4 15
 (128, 0). Fused kernels (CUDA): the chunk max is ``max.NaN.f32`` of ``|z|`` (:func:`_amax_f32`)
 and the sigmoid table's ``lo`` folds into its address: ``wide_bulk2_lut`` 24.3 (109, 0) /
 24.5 (99) / 17.7 (103), ``wide_lut`` 28.3 (80, 16) / 25.2 (80, 0) / 17.8 (80, 0).
-``*_plut`` (fused SILU, ``spec.product``, :func:`_silu_product`): the table holds
-``fl(g * sig)`` (negative gates at entry 4096 + ...), a chunk whose gates all lie in its
-window (one u16x2 min / max test) skips the gates' widening, the clamp and a multiply:
-``wide_bulk2_plut`` 22.4 (110, 0) / 22.6 (102) / 15.9 (105), ``wide_plut`` 26.3 (80, 24) /
-23.7 (80, 16) / 16.3 (80, 0). ``*_x2`` / ``*_x4`` (``spec.waves``): the same kernels on 2 /
-4 resident waves of blocks (the plan only).
+``wide_bulk2_x2`` (``spec.waves``): the same kernel on 2 resident waves of blocks (the plan
+only). Removed in session 6, measured slower (runs T / U): the other ``_x2`` / ``_x4`` wave
+forms and the fused SILU ``*_plut`` product tables (15.9-26.3 SASS an element).
 """
 
 from __future__ import annotations
@@ -92,7 +89,6 @@ from mlir.dialects import arith, gpu, vector
 from mlir.dialects import math as mmath
 
 from blockscale.compiler import ir as B
-from blockscale.compiler.arch import convert as C
 from blockscale.compiler.arch import nvvm as NV
 from blockscale.ops import _quantize_stream_ir as QS
 from blockscale.ops import quantize_ir as QI
@@ -224,10 +220,6 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
 
         _, lut_lo, lut_w = sigmoid_lut(spec.activation, spec.act_alpha, spec.act_limit)
         n_lut = 2 * lut_w
-        if spec.product:  # quantize_silu.silu_lut: the negative gates' entries at 4096
-            from blockscale.ops.quantize_silu import SILU_LUT_NEG
-
-            n_lut = SILU_LUT_NEG + lut_w
         lut = tma.shared_buffer(kb, f"{MAX_LUT}xf32", align=16)
         if ring is not None:  # one bulk copy, waited for after the prologue
             ring.copy_table(a("sig_table"), lut, n_lut)
@@ -598,10 +590,7 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
     spec = k.spec
     i32 = B.i32()
     nh = k.chunk // CHUNK
-    if spec.mode == "silu" and spec.product:
-        halves = [(bits, None) for bits in _silu_product(k, words, nh)]
-        amax = _amax_f32(k, [b for hb, _ in halves for b in hb])
-    elif spec.mode == "silu":
+    if spec.mode == "silu":
         act = QM._activation_lut if k.lut is not None else (
             lambda _k, g, u, _s: QI._activation(spec, g, u))
         halves = []
@@ -686,66 +675,6 @@ def _amax_f32(k: QI._Ctx, bits: list[ir.Value]) -> ir.Value:
         m = arith.maxui(m, gpu.shuffle(m, _c32(off), width, gpu.ShuffleMode.XOR)[0])
         off *= 2
     return m
-
-
-def _product_index(gw: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """(table indices plus ``lo``, magnitudes) of the 8 gates in ``gw`` (vector<4xi32> of
-    bf16 pairs), both as two 16-bit halves a word: index = magnitude + 4096 * sign
-    (:func:`blockscale.ops.quantize_silu.silu_lut`'s layout; the caller subtracts ``lo``,
-    which folds into the table's base address). Unclamped: read only for gates in the
-    window. Per word one mask, one shift and mask, one add."""
-    wt = gw.type
-    mags = arith.andi(gw, C.const_like(wt, 0x7FFF7FFF))
-    signs = arith.andi(arith.shrui(gw, C.const_like(wt, 3)), C.const_like(wt, 0x10001000))
-    return arith.addi(mags, signs), mags  # no carry out of a half: mag + 4096 < 2^16
-
-
-def _window_miss(mags: list[ir.Value], lo: int, hi: int) -> ir.Value:
-    """i32, 0 iff every 16-bit magnitude in ``mags`` (vector<4xi32> words) lies in [lo, hi]:
-    the u16x2 max and min over the words (three-input trees), each checked once."""
-    v2 = B.vec(2, B.i16())
-    halves = [vector.bitcast(v2, vector.from_elements(B.vec(1, B.i32()), [B.extract(m, i)]))
-              for m in mags for i in range(m.type.shape[0])]
-    hi_v, lo_v = C.const_like(v2, hi), C.const_like(v2, lo)
-    top = bottom = halves[0]
-    for h in halves[1:]:
-        top, bottom = arith.maxui(top, h), arith.minui(bottom, h)
-    out_hi = arith.xori(arith.minui(top, hi_v), top)
-    out_lo = arith.xori(arith.maxui(bottom, lo_v), bottom)
-    i32v = B.vec(1, B.i32())
-    return B.extract(vector.bitcast(i32v, arith.ori(out_hi, out_lo)), 0)
-
-
-def _silu_product(k: QI._Ctx, words: list[ir.Value], nh: int) -> list[list[ir.Value]]:
-    """SILU's ``z = (g * sig) * u`` (D10) of a chunk, f32 bits per half, with the product
-    table (``spec.product``, :func:`blockscale.ops.quantize_silu.silu_lut`: entry = the
-    float32 ``g * sig`` of its gate): when all 16 gates lie in the table's window (chunk-
-    uniform branch; not for NaN / Inf / |g| >= 89 / |g| < 9e-8 gates) ``z = entry * u``, the
-    same bits without widening the gates or the first multiply; else exp_f32 and div.rn as
-    the table-free kernel (:func:`quantize_ir._activation`)."""
-    f32, i32 = B.f32(), B.i32()
-    lut, lo, width = k.lut
-    idxs, mags = zip(*(_product_index(words[h]) for h in range(nh)))
-    any_miss = _window_miss(list(mags), lo, lo + width - 1)
-    ups = [[arith.bitcast(f32, v) for v in QS._widen(words[nh + h])] for h in range(nh)]
-    br = B.if_(arith.cmpi(arith.CmpIPredicate.eq, any_miss, _c32(0)), [i32] * (CHUNK * nh))
-    with br.then():
-        out = []
-        for h in range(nh):
-            for i in range(CHUNK // 2):
-                w = B.extract(idxs[h], i)
-                for j, half in enumerate((arith.andi(w, _c32(0xFFFF)), arith.shrui(w, _c32(16)))):
-                    prod = B.load(lut, arith.subi(arith.extui(B.i64(), half), _c64(lo)))
-                    out.append(arith.bitcast(i32, arith.mulf(prod, ups[h][2 * i + j])))
-        br.yield_(*out)
-    with br.else_():
-        out = []
-        for h in range(nh):
-            for gv, u in zip(QS._widen(words[h]), ups[h]):
-                out.append(arith.bitcast(i32, QI._activation(k.spec, arith.bitcast(f32, gv), u)))
-        br.yield_(*out)
-    res = list(br.results)
-    return [res[h * CHUNK:(h + 1) * CHUNK] for h in range(nh)]
 
 
 def _unsat_room(spec: MoeQuantizeSpec) -> bool:

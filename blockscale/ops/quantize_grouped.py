@@ -50,18 +50,12 @@ BULK_SCHEDULES = ("wide_bulk2", "wide_bulk2_lut", "wide_bulk3", "wide_bulk3_lut"
 #: block walks a W times shorter contiguous share of the row groups; blocks that finish
 #: early are replaced by waiting ones, so SMs that the memory system serves faster take
 #: more of the work, at the cost of W times the blocks' prologues). Also accepted by the
-#: ops, not in SCHEDULES; "wide_bulk2_*lut_*" are the fused op's (grouped: "wide_bulk2_*")
-WAVE_SCHEDULES = ("wide_x2", "wide_x4", "wide4_x2", "wide4_x4", "wide_bulk2_x2",
-                  "wide_bulk2_lut_x2", "wide_bulk2_lut_x4", "wide_bulk2_plut_x2")
+#: ops, not in SCHEDULES. Only the MXFP8 grouped default is left: the other "_x2" / "_x4"
+#: forms and the fused op's "*_plut" product tables were removed in session 6 (measured
+#: slower: runs T / U)
+WAVE_SCHEDULES = ("wide_bulk2_x2",)
 #: launch waves a "_x<W>" schedule may ask for
-WAVES = (1, 2, 4)
-#: the fused op's "*_plut" schedules: the "*_lut" kernel whose table holds SILU's first
-#: product ``fl(g * sigmoid(g))`` (:func:`blockscale.ops.quantize_silu.silu_lut`), so a
-#: chunk whose 16 gates all lie in the table's window skips the gates' widening and one
-#: multiply per element (others: exp_f32 + div.rn, D10); ``MoeQuantizeSpec.product``.
-#: SWIGLU_OAI (whose first product is not the gate's alone) runs the "*_lut" kernel; the
-#: grouped op runs the kernel without "_plut". Also accepted by the ops, not in SCHEDULES
-PLUT_SCHEDULES = ("wide_plut", "wide_bulk2_plut")
+WAVES = (1, 2)
 #: shared memory an SM gives its blocks (H200: 228 KB, 1 KB of it reserved per block)
 SM_SHARED_BYTES, BLOCK_RESERVED_SHARED = 228 * 1024, 1024
 #: most blocks per SM of a bulk kernel (its register cap is 65536 / (256 x blocks))
@@ -165,8 +159,7 @@ class MoeQuantizeSpec(QuantizeSpec):
     ``stream``: the stream schedule; ``wide``: chunks per thread visit of the wide schedule
     (0: not wide); ``bulk``: row groups in the wide schedule's shared ring (0: no ring, the
     loads go to registers); ``waves``: wide schedules' grid in resident waves of blocks
-    (:func:`wide_plan`; the kernel does not depend on it); ``product``: the wide SILU
-    table holds ``fl(g * sigmoid(g))`` (PLUT_SCHEDULES).
+    (:func:`wide_plan`; the kernel does not depend on it).
     """
 
     unroll: int = 1
@@ -175,7 +168,6 @@ class MoeQuantizeSpec(QuantizeSpec):
     wide: int = 0
     bulk: int = 0
     waves: int = 1
-    product: bool = False
 
     @property
     def stage_bytes(self) -> int:
@@ -211,9 +203,6 @@ class MoeQuantizeSpec(QuantizeSpec):
             raise ValueError(f"bulk must be 0 or 2-4 ring stages of a wide (2 chunks, unroll 1) "
                              f"sm_90a kernel, got bulk={self.bulk!r} wide={self.wide!r} "
                              f"unroll={self.unroll!r} target={self.target!r}")
-        if self.product and not (self.lut and self.wide and self.activation == "silu"):
-            raise ValueError(f"product needs a wide SILU table kernel, got lut={self.lut!r} "
-                             f"wide={self.wide!r} activation={self.activation!r}")
         if self.waves not in WAVES or (self.waves != 1 and not self.wide):
             raise ValueError(f"waves must be one of {WAVES} (more than 1: wide schedules "
                              f"only), got waves={self.waves!r} wide={self.wide!r}")
@@ -228,7 +217,7 @@ class MoeQuantizeSpec(QuantizeSpec):
         else:
             n = self.unroll
         return (f"{super().kernel_name}_{kind}{n}"
-                + (("_plut" if self.product else "_lut") if self.lut else "")
+                + ("_lut" if self.lut else "")
                 + (f"_x{self.waves}" if self.waves != 1 else ""))
 
 
@@ -256,14 +245,11 @@ def with_schedule(spec: QuantizeSpec, schedule: str | None, num_groups: int | No
 
     schedule = DEFAULT_SCHEDULE if schedule is None else schedule
     check_choice(schedule, SCHEDULES + STREAM_SCHEDULES + WIDE_SCHEDULES + BULK_SCHEDULES
-                 + WAVE_SCHEDULES + PLUT_SCHEDULES, "schedule")
+                 + WAVE_SCHEDULES, "schedule")
     waves = 1
     if schedule in WAVE_SCHEDULES:
         schedule, w = schedule.rsplit("_x", 1)
         waves = int(w)
-    product = schedule.endswith("_plut") and spec.mode == "silu" and spec.activation == "silu"
-    if schedule.endswith("_plut"):
-        schedule = schedule.removesuffix("_plut") + "_lut"
     wide = schedule.startswith("wide")
     stream = schedule.startswith("stream")
     if schedule == "tiles" or ((stream or wide) and not spec.aligned) or (
@@ -277,8 +263,7 @@ def with_schedule(spec: QuantizeSpec, schedule: str | None, num_groups: int | No
             return spec  # the ring is sm_90a's cp.async.bulk: the tile kernel elsewhere
         return MoeQuantizeSpec(**fields, lut=schedule.endswith("_lut") and spec.mode == "silu",
                                wide=4 if base == "wide4" else 2,
-                               unroll=2 if base == "wide_deep" else 1, bulk=bulk, waves=waves,
-                               product=product)
+                               unroll=2 if base == "wide_deep" else 1, bulk=bulk, waves=waves)
     return MoeQuantizeSpec(**fields, unroll=2 if schedule.removesuffix("_lut")[-1] == "2"
                            else 1, lut=schedule.endswith("_lut") and spec.mode == "silu",
                            stream=stream)
@@ -568,7 +553,7 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
         for f in ("nvfp4", "mxfp4", "mxfp8") for g in (False, True)] + [
         with_schedule(QuantizeSpec(f, target, None, "tcgen5d", True, "grouped",
                                    name="grouped_quantize_dynamic_scaled"), sch)
-        for sch in WAVE_SCHEDULES[:5] for f in ("nvfp4", "mxfp4", "mxfp8")] + [
+        for sch in WAVE_SCHEDULES for f in ("nvfp4", "mxfp4", "mxfp8")] + [
         # the per-format defaults in every form the op launches (aligned or not, gathered or not)
         with_schedule(QuantizeSpec(f, target, None, "tcgen5d", a, "grouped", gather=g,
                                    name="grouped_quantize_dynamic_scaled"), sch)
@@ -579,7 +564,6 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
 __all__ = [
     "BULK_SCHEDULES",
     "DEFAULT_SCHEDULE",
-    "PLUT_SCHEDULES",
     "SCHEDULES",
     "STREAM_SCHEDULES",
     "WAVE_SCHEDULES",

@@ -20,10 +20,8 @@ from blockscale.formats import Format
 from blockscale.ops.quantize import QuantizeSpec, check_input
 from blockscale.ops.quantize_grouped import (
     BULK_SCHEDULES,
-    PLUT_SCHEDULES,
     SCHEDULES,
     STREAM_SCHEDULES,
-    WAVE_SCHEDULES,
     WIDE_SCHEDULES,
     _i32,
     check_groups,
@@ -78,44 +76,14 @@ def sigmoid_lut(kind: str, alpha: float, limit: float) -> tuple[np.ndarray, int,
     return table.astype(np.float32), lo, width
 
 
-#: entry offset of the negative gates in :func:`silu_lut` (a power of two: the kernels
-#: index with ``magnitude | sign << 12``)
-SILU_LUT_NEG = 4096
-
-
-@functools.cache
-def silu_lut() -> tuple[np.ndarray, int, int]:
-    """SILU's ``fl(g * sigmoid(g))`` over the bf16 gates of :func:`sigmoid_lut`'s window
-    ``[lo, lo + width)`` of magnitudes: ``(table, lo, width)``, float32 ``[SILU_LUT_NEG +
-    width]``, entry ``sign * SILU_LUT_NEG + mag - lo`` the float32 product of the gate and
-    its sigmoid table entry, i.e. the first product of D10's SILU ``(g * sig) * u`` (the
-    "*_plut" schedules read it instead of the sigmoid for chunks whose gates all lie in the
-    window; the entries between the two halves are unused zeros). Checked here."""
-    sig, lo, width = sigmoid_lut("silu", 1.702, 7.0)  # SILU's table ignores alpha / limit
-    if width > SILU_LUT_NEG or SILU_LUT_NEG + width > MAX_LUT:
-        raise ValueError(f"SILU's window of {width} magnitudes does not fit the product table")
-    mags = lo + np.arange(width, dtype=np.uint32)
-    table = np.zeros(SILU_LUT_NEG + width, np.float32)
-    for sign in (0, 1):
-        gates = ((mags | sign << 15) << 16).view(np.float32)
-        prod = gates * sig[sign * width:(sign + 1) * width]
-        exact = (gates.astype(np.float64) * sig[sign * width:(sign + 1) * width]).astype(
-            np.float32)
-        if not np.array_equal(prod.view(np.uint32), exact.view(np.uint32)):
-            raise AssertionError("SILU product table differs from the float32 products")
-        table[sign * SILU_LUT_NEG:sign * SILU_LUT_NEG + width] = prod
-    return table, lo, width
-
-
 #: device copies of the sigmoid tables: (id(device), activation key) -> (device, array)
 _DEVICE_LUTS: dict[tuple[int, tuple], tuple[Any, Any]] = {}
 
 
 def _lut_buffer(dev: Any, key: tuple, host: bool) -> Any:
-    """The sigmoid table for a launch (``key[0] == "silu_product"``: :func:`silu_lut`):
-    numpy for host-array calls (copied with the inputs), else one device copy per device and
-    table, made on first use."""
-    table = silu_lut()[0] if key[0] == "silu_product" else sigmoid_lut(*key)[0]
+    """The sigmoid table of activation ``key`` for a launch: numpy for host-array calls
+    (copied with the inputs), else one device copy per device and table, made on first use."""
+    table = sigmoid_lut(*key)[0]
     if host:
         return table
     hit = _DEVICE_LUTS.get((id(dev), key))
@@ -183,9 +151,8 @@ def fused_silu_quantize(gate_up: Any, fmt: Format | str, expert_start: Any, scal
                "tensor_sf": scales}
     if getattr(spec, "lut", False):
         host = all(isinstance(v, np.ndarray) for v in buffers.values())
-        key = (("silu_product", 0.0, 0.0) if getattr(spec, "product", False)
-               else (spec.activation, spec.act_alpha, spec.act_limit))
-        buffers["sig_table"] = _lut_buffer(dev, key, host)
+        buffers["sig_table"] = _lut_buffer(
+            dev, (spec.activation, spec.act_alpha, spec.act_limit), host)
     if t == 0 and isinstance(gate_up, np.ndarray):
         return (np.zeros((0, fmt.data_cols(d)), fmt.elem_dtype),
                 np.zeros((num_scale_tiles, -(-fmt.kblocks(d) // 4), 32, 4, 4), fmt.scale_dtype))
@@ -206,8 +173,7 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
     """Fused SiLU / SwiGLU-OAI quantize specs for the GPU tests and benchmarks (every format
     and schedule)."""
     return [_spec(Format.from_name(f), target, a, True, sch)
-            for sch in (SCHEDULES + STREAM_SCHEDULES + WIDE_SCHEDULES[:2] + BULK_SCHEDULES[1:2]
-                        + WAVE_SCHEDULES[5:] + PLUT_SCHEDULES)
+            for sch in (SCHEDULES + STREAM_SCHEDULES + WIDE_SCHEDULES[:2] + BULK_SCHEDULES[1:2])
             for f in ("nvfp4", "mxfp4", "mxfp8")
             for a in (GatedActivation.SILU, GatedActivation.SWIGLU_OAI)]
 
