@@ -8,11 +8,14 @@ Why
 dense M = 1 grid (N = 5760, K = 2944) has 90 CTAs and ~1.4 MB in flight, where the H200 needs
 ~4-5 MB in flight to stream at copy speed. Here a CTA owns only :data:`COLS` = 16 weight rows
 (one MMA M-tile: 360 CTAs for that grid, all resident) and issues *every* byte of its slice
-at once: thread r < 16 copies weight row r (``K / 2`` bytes) and thread 16 + j activation row
-j of the pass with one ``cp.async.bulk`` each, all completing on one mbarrier whose
-``expect_tx`` is the sum; meanwhile the threads load the slice's weight scale words and the
-pass's activation scales with ``ld.global`` (all issued before any is used), decode them into
-shared memory, and wait on the mbarrier. 16 x 1472 bytes of weights per CTA, 360 CTAs: all
+at once: thread ``24 s + r`` copies K slice s (a warp's quarter, below) of weight row r < 16
+and thread ``24 s + 16 + j`` that of activation row j of the pass, one ``cp.async.bulk`` each,
+slice-major, each slice completing on its own mbarrier (``expect_tx`` of its bytes). The
+threads first load the slice's weight scale words and the pass's activation scales with
+``ld.global`` (issued before the copies, so that they are not queued behind them), decode them
+into shared memory after the copies are issued, and each warp waits on the mbarrier of its own
+K slice: issued first, warp 0's slice is served first by DRAM and its MMAs overlap the rest of
+the stream. 16 x 1472 bytes of weights per CTA, 360 CTAs: all
 8.5 MB of the dense M = 1 problem are requested in the kernel's first microseconds.
 
 Compute
@@ -44,7 +47,7 @@ Shared memory (per CTA, ``kcap`` = the variant's largest K)
 ----------------------------------------------------------
 dynamic: 16 weight rows + 8 activation rows of ``kcap / 2 + 16`` bytes (the 16-byte pad makes
 the row stride an odd number of 16-byte chunks: the 8 rows x 4 lanes of a fragment read hit
-distinct banks) and the mbarrier; static: decoded weight scales (NVFP4 raw E4M3 bytes
+distinct banks) and the 4 mbarriers; static: decoded weight scales (NVFP4 raw E4M3 bytes
 ``[pair][g][h][block]``, MXFP4 f32 ``[block][g][h]``), activation scales (NVFP4 f16 pairs
 ``[pair][token]``, MXFP4 f32 ``[block][token]``) and the 3 warps' partials. "mma_shot"
 (kcap 3072): 37.3 KB + 10.8 KB (MXFP4; 7.7 KB NVFP4): 4 CTAs per SM; "mma_shot7k" (kcap 7168:
@@ -115,7 +118,12 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
     a_off = COLS * stride  # the activation rows' byte offset
     buf = tma.extern_shared_buffer(kb, shot_dynamic_bytes(kcap), align=128)
     base = W.shared_address(buf)
-    bar = arith.addi(base, bir.const((COLS + TOKENS) * stride, i64))
+    bars = arith.addi(base, bir.const((COLS + TOKENS) * stride, i64))
+
+    def bar(w: Value) -> Value:
+        """The shared address of warp ``w``'s mbarrier (its K slice's copies)."""
+        return arith.addi(bars, bir.as_i64(bir.mul(w, 8)))
+
     # weight scales: NVFP4 raw E4M3 [pair][g][h][block 2q + s] (i16 per (pair, g, h)); MXFP4
     # f32 [block][g][h]
     sb = workgroup_buffer(kb, pairs_cap * COLS, i16 if nv else f32)
@@ -138,11 +146,11 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
     zero = bir.const(0.0, f32)
     rb_i32 = bir.as_i32(row_bytes)
 
-    with bir.when(bir.eq(tid, 0)):
-        cpasync.mbarrier_init(bar, 1)
+    with bir.when(bir.ult(tid, WARPS)):
+        cpasync.mbarrier_init(bar(tid), 1)
         tma.fence_mbarrier_init()
 
-    # ---- weight scale words of the slice (issued after the copies, decoded after all) ----
+    # ---- the weight scale words of the slice (issued before the copies: they arrive first)
     s_iters = -(-COLS * d1_cap // THREADS)
     b_srow0 = bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS)
 
@@ -223,30 +231,46 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
                         bir.store(v, sa, bir.add(bir.mul(bir.add(bir.mul(q, 4), i), TOKENS),
                                                  n))
 
-    def issue(r0: Value, rows: Value, first: Value) -> None:
-        """The pass's bulk copies: activation rows ``r0 ..`` (threads 16 .. 16 + rows) and,
-        on the first pass, the 16 weight rows (threads 0 .. 15; rows past N copy row N - 1,
-        never stored); thread 0 arrives expecting all their bytes."""
-        i64v = bir.as_i64
-        with bir.when(bir.eq(tid, 0)):
-            nrows = bir.add(rows, bir.select(first, bir.const(COLS), bir.const(0)))
-            cpasync.mbarrier_arrive_expect_tx_n(bar, arith.muli(bir.as_i32(nrows), rb_i32))
-        with bir.when(bir.logical_and(first, bir.ult(tid, COLS))):
-            row = bir.add(bir.mul(e, n_count), bir.umin(bir.add(n0, tid), n_last))
-            src = arith.addi(cpasync.global_address(w), i64v(bir.mul(row, row_bytes)))
-            dst = arith.addi(base, i64v(bir.mul(tid, stride)))
-            cpasync.bulk_copy_n(dst, src, rb_i32, bar)
-        j = bir.sub(tid, COLS)
-        with bir.when(bir.logical_and(bir.ule(bir.const(COLS), tid), bir.ult(j, rows))):
-            src = arith.addi(cpasync.global_address(a),
-                             i64v(bir.mul(bir.add(r0, j), row_bytes)))
-            dst = arith.addi(base, i64v(bir.add(bir.mul(j, stride), a_off)))
-            cpasync.bulk_copy_n(dst, src, rb_i32, bar)
+    per = bir.ceil_div(chunks, WARPS)  # a warp's K slice: chunks [c_lo, c_hi)
 
-    # ---- a warp's K slice: chunks [c_lo, c_hi) ----
-    per = bir.ceil_div(chunks, WARPS)
-    c_lo = bir.umin(bir.mul(warp, per), chunks)
-    c_hi = bir.umin(bir.add(c_lo, per), chunks)
+    def k_slice(wi: Value) -> tuple[Value, Value]:
+        lo = bir.umin(bir.mul(wi, per), chunks)
+        return lo, bir.umin(bir.add(lo, per), chunks)
+
+    def issue(r0: Value, rows: Value, first: Value) -> None:
+        """The pass's bulk copies, slice-major (DRAM serves them about in issue order: warp
+        0's slice lands first and its MMAs start while the rest streams in): thread
+        ``24 s + j`` copies slice s of weight row j < 16 (first pass only; rows past N copy
+        row N - 1, never stored) or of activation row ``r0 + j - 16`` (j - 16 < rows); thread
+        s < 4 arrives on slice s's mbarrier expecting their bytes (none for an empty
+        slice)."""
+        i64v = bir.as_i64
+        lo, hi = k_slice(bir.udiv(tid, COLS + TOKENS))
+        nbytes = bir.mul(bir.sub(hi, lo), 16)
+        with bir.when(bir.ult(tid, WARPS)):
+            nrows = bir.add(rows, bir.select(first, bir.const(COLS), bir.const(0)))
+            slo, shi = k_slice(tid)
+            cpasync.mbarrier_arrive_expect_tx_n(
+                bar(tid), bir.as_i32(bir.mul(nrows, bir.mul(bir.sub(shi, slo), 16))))
+        j = bir.urem(tid, COLS + TOKENS)
+        live = bir.logical_and(bir.ult(tid, WARPS * (COLS + TOKENS)), bir.ult(lo, hi))
+        with bir.when(live):
+            sl = bir.udiv(tid, COLS + TOKENS)
+            col = bir.mul(lo, 16)
+            with bir.when(bir.logical_and(first, bir.ult(j, COLS))):
+                row = bir.add(bir.mul(e, n_count), bir.umin(bir.add(n0, j), n_last))
+                src = arith.addi(cpasync.global_address(w),
+                                 i64v(bir.add(bir.mul(row, row_bytes), col)))
+                dst = arith.addi(base, i64v(bir.add(bir.mul(j, stride), col)))
+                cpasync.bulk_copy_n(dst, src, bir.as_i32(nbytes), bar(sl))
+            ja = bir.sub(j, COLS)
+            with bir.when(bir.logical_and(bir.ule(bir.const(COLS), j), bir.ult(ja, rows))):
+                src = arith.addi(cpasync.global_address(a),
+                                 i64v(bir.add(bir.mul(bir.add(r0, ja), row_bytes), col)))
+                dst = arith.addi(base, i64v(bir.add(bir.add(bir.mul(ja, stride), a_off), col)))
+                cpasync.bulk_copy_n(dst, src, bir.as_i32(nbytes), bar(sl))
+
+    c_lo, c_hi = k_slice(warp)
     sel = bir.select(bir.eq(bir.urem(t, 2), 0), _i32c(0x5140), _i32c(0x7362)) if nv else None
     t_word = bir.mul(bir.udiv(t, 2) if nv else t, 4)  # this lane's raw word in a chunk
 
@@ -324,19 +348,19 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
         rows = bir.umin(bir.sub(end, r0), TOKENS)
         first = bir.eq(r0, start)
         parity = bir.as_i32(bir.urem(bir.udiv(bir.sub(r0, start), TOKENS), 2))
-        bir.barrier()  # the mbarrier's init; the previous pass's shared reads are done
-        issue(r0, rows, first)
+        bir.barrier()  # the mbarriers' init; the previous pass's shared reads are done
         br = bir.if_(first, [i32] * s_iters)  # (the weight scales: once)
         with br.then():
             br.yield_(*load_weight_scales())
         with br.else_():
             br.yield_(*[_i32c(0)] * s_iters)
         awords = load_act_scales(r0, rows)
+        issue(r0, rows, first)
         with bir.when(first):
             stage_weight_scales(list(br.results))
         stage_act_scales(awords)
-        cpasync.mbarrier_wait(bar, parity)
         bir.barrier()  # the scale stores
+        cpasync.mbarrier_wait(bar(warp), parity)  # this warp's K slice
         accs = slice_sum(rows)
         with bir.when(bir.ne(warp, 0)):
             bir.vector_store(bir.from_elements(bir.vec(4, f32), accs), red,

@@ -284,8 +284,8 @@ def shot_row_stride(kcap: int) -> int:
 
 def shot_dynamic_bytes(kcap: int) -> int:
     """The one-shot variants' dynamic shared memory: 16 weight rows, 8 activation rows of
-    :func:`shot_row_stride` bytes, and 16 bytes for the mbarrier."""
-    return 24 * shot_row_stride(kcap) + 16
+    :func:`shot_row_stride` bytes, and the 4 warps' mbarriers (8 bytes each)."""
+    return 24 * shot_row_stride(kcap) + 32
 
 
 def shot_variant(k: int) -> str | None:
