@@ -102,16 +102,31 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                  ("grouped pdq pf staged sigma ws", "pdq", {"prefetch": True,
                                                             "store": "staged",
                                                             "sigma_out": True,
-                                                            "a_source": "workspace"}))
+                                                            "a_source": "workspace"}),
+                 # 256 x 128 items (two workspace tiles, 128 weight rows a step)
+                 ("grouped pdq pf staged ws 256x128", "pdq", {"prefetch": True,
+                                                              "store": "staged",
+                                                              "a_source": "workspace",
+                                                              "bm": 256, "bn": 128}),
+                 ("grouped pdq pf staged sigma ws 256x128", "pdq",
+                  {"prefetch": True, "store": "staged", "sigma_out": True,
+                   "a_source": "workspace", "bm": 256, "bn": 128}),
+                 ("grouped pdq pf ws 256x128", "pdq", {"prefetch": True,
+                                                       "a_source": "workspace", "bm": 256,
+                                                       "bn": 128}))
 #: fused SwiGLU suite (label, fused op?, BLOCKSCALE_SM90_GROUPED_PDQ, the pdq dispatch's A
-#: source: matmul_grouped_pdq.A_SOURCE_ENV): the dispatch's chained path (grouped matmul +
-#: fused_silu_quantize) is the reference the fused rows of its family must equal
-FUSED_IMPLS = (("chained pdq + silu-quantize", False, "1", "packed"),
-               ("fused (pdq sigma + silu-quantize)", True, "1", "packed"),
-               ("chained wgmma + silu-quantize", False, "0", "packed"),
-               ("fused (wgmma sigma + silu-quantize)", True, "0", "packed"),
-               ("chained pdq ws + silu-quantize", False, "1", "workspace"),
-               ("fused (pdq ws sigma + silu-quantize)", True, "1", "workspace"))
+#: source and item height: matmul_grouped_pdq.A_SOURCE_ENV / BM_ENV): the dispatch's chained
+#: path (grouped matmul + fused_silu_quantize) is the reference the fused rows of its family
+#: must equal
+FUSED_IMPLS = (("chained pdq + silu-quantize", False, "1", "packed", "128"),
+               ("fused (pdq sigma + silu-quantize)", True, "1", "packed", "128"),
+               ("chained wgmma + silu-quantize", False, "0", "packed", "128"),
+               ("fused (wgmma sigma + silu-quantize)", True, "0", "packed", "128"),
+               ("chained pdq ws + silu-quantize", False, "1", "workspace", "128"),
+               ("fused (pdq ws sigma + silu-quantize)", True, "1", "workspace", "128"),
+               ("chained pdq ws 256x128 + silu-quantize", False, "1", "workspace", "256"),
+               ("fused (pdq ws 256x128 sigma + silu-quantize)", True, "1", "workspace",
+                "256"))
 
 
 def _select(impls: tuple, only: Sequence[str] | None) -> tuple:
@@ -210,7 +225,7 @@ def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
                     ms, text = None, f"error: {type(e).__name__}: {str(e)[:80]}"
                 rate = f"{2.0 * r.rows * shape.n * shape.k / ms / 1e9:7.1f} TFLOP/s" \
                     if ms else ""
-                log(f"  {case:42} {label:28} {f'{ms:8.3f} ms' if ms else '       -   '} "
+                log(f"  {case:42} {label:38} {f'{ms:8.3f} ms' if ms else '       -   '} "
                     f"{rate} {text[:70]}")
                 out.append((case, label, ms, text))
     return out
@@ -276,11 +291,13 @@ def bench_fused(dev: Any, t_values: Sequence[int], fmts: Sequence[str], log: Any
                 return grouped_matmul_swiglu(a_dev, ws.data_dev, sc_dev, ws.scales_dev, *grp,
                                              ws.expert_scales, isc, fmt, k=shape.k, device=dev)
 
-            for label, is_fused, pdq, a_src in _select(FUSED_IMPLS, only):
-                old = {v: os.environ.get(v) for v in (gw.PDQ_ENV_SWITCH, GP.A_SOURCE_ENV)}
+            for label, is_fused, pdq, a_src, bm in _select(FUSED_IMPLS, only):
+                old = {v: os.environ.get(v) for v in (gw.PDQ_ENV_SWITCH, GP.A_SOURCE_ENV,
+                                                      GP.BM_ENV)}
                 os.environ[gw.PDQ_ENV_SWITCH] = pdq
                 os.environ[GP.A_SOURCE_ENV] = a_src
-                family = (pdq, a_src)
+                os.environ[GP.BM_ENV] = bm
+                family = (pdq, a_src, bm)
                 try:
                     (data, scales), ms, _ = timed_launches(dev, fused if is_fused else chained)
                     got = b"".join(np.ascontiguousarray(np.asarray(dev.to_host(x)))
@@ -291,7 +308,7 @@ def bench_fused(dev: Any, t_values: Sequence[int], fmts: Sequence[str], log: Any
                             ("== chained" if got == want else "DIFFERS from chained")
                     else:
                         refs[family] = got
-                        first = refs.get(("1", "packed")) if pdq == "1" else None
+                        first = refs.get(("1", "packed", "128")) if pdq == "1" else None
                         text = "reference" if first is None or first is got else \
                             ("== chained pdq" if got == first else "DIFFERS from chained pdq")
                 except Exception as e:  # noqa: BLE001 - missing kernel, launch failure
@@ -302,7 +319,7 @@ def bench_fused(dev: Any, t_values: Sequence[int], fmts: Sequence[str], log: Any
                             os.environ.pop(v, None)
                         else:
                             os.environ[v] = was
-                log(f"  {case:46} {label:36} {f'{ms:8.3f} ms' if ms else '       -   '} "
+                log(f"  {case:46} {label:44} {f'{ms:8.3f} ms' if ms else '       -   '} "
                     f"{text}")
                 out.append((case, label, ms, text))
     return out

@@ -35,7 +35,7 @@ from blockscale.ops import matmul_grouped_wgmma as gw
 
 def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=False,
          stages=None, seed=0, device="interp", check_exact=True, store="direct", producers=1,
-         bn=256, depth=1, every_scale=False, a_source="packed", sigma_out=False):
+         bn=256, depth=1, every_scale=False, a_source="packed", sigma_out=False, bm=128):
     rng = np.random.default_rng(300 + seed)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
     if every_scale:  # every scale byte (E4M3 subnormals and NaN, E8M0 0x00 and 0xFF)
@@ -49,7 +49,7 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
                                              a_row_scales=rs, stages=stages,
                                              prefetch=prefetch, loop=loop, store=store,
                                              producers=producers, bn=bn, depth=depth,
-                                             a_source=a_source, sigma_out=sigma_out,
+                                             a_source=a_source, sigma_out=sigma_out, bm=bm,
                                              device=device)
     if sigma_out:  # gate | up columns back to the σ order (the plain store's)
         out = _unsigma(out)
@@ -175,11 +175,12 @@ def test_spec_checks():
     assert p2.block == (512, 1, 1) and p2.kernel_name.endswith("_128x192_k64_s5_pf_p2_rowsc")
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     specs = GP.bundle_specs("sm_90a")
-    assert len(specs) == len({s.kernel_name for s in specs}) == 36 + 3  # + wgmma references
-    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 36
-    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 12
-    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 18
-    assert sum(getattr(s, "sigma_out", False) for s in specs) == 12
+    assert len(specs) == len({s.kernel_name for s in specs}) == 45 + 3  # + wgmma references
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 45
+    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 21
+    assert sum(getattr(s, "bm", 128) == 256 for s in specs) == 9
+    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 24
+    assert sum(getattr(s, "sigma_out", False) for s in specs) == 15
     for f in (NVFP4, MXFP4):  # the dispatch's specs on the GPU (plain and σ) are bundled
         for sg in (False, True):
             assert GP.dispatch_spec(f, 5760, f is NVFP4, "sm_90a", "interp", sg).kernel_name \
@@ -212,19 +213,23 @@ def test_kernel_sass(spec):
     kernel = GP.kernel(spec)
     sass, meta = kernel.asm["sass"], kernel.meta
     staged = spec.store == "staged"
-    assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32\.BF16", sass)) == 4
+    tall = spec.bm == 256  # two slab loops: 8 + 4 HGMMA.64x128x16
+    assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32\.BF16", sass)) == (12 if tall else 4)
     # 3 rows x 8 chunks a producer thread (A from the workspace: B's 2 rows, A by one
     # UBLKCP.S.G); two producers at 128 x 192: 3 row halves x 4
     ws = spec.a_source == "workspace"
-    assert len(re.findall(r"STS\.128", sass)) == (12 if spec.producers == 2 else 16 if ws
-                                                   else 24)
-    assert len(re.findall(r"\bUBLKCP\b", sass)) == staged + ws
-    assert len(re.findall(r"\bUBLKCP\.S\.G\b", sass)) == ws
+    assert len(re.findall(r"STS\.128", sass)) == (12 if spec.producers == 2 else 8 if tall
+                                                   else 16 if ws else 24)
+    # the staged store's copy (256 x 128 σ: a thread copies both halves: two)
+    copies = staged * (2 if tall and spec.sigma_out else 1)
+    assert len(re.findall(r"\bUBLKCP\b", sass)) == copies + ws + tall
+    assert len(re.findall(r"\bUBLKCP\.S\.G\b", sass)) == ws + tall
     # σ staged: a gate and an up 2-byte store per accumulator pair
-    assert len(re.findall(r"\bSTS ", sass)) == (spec.bn // 4 if staged and not spec.sigma_out
-                                                else 0)
-    assert len(re.findall(r"STS\.U16", sass)) == (spec.bn // 2 if staged and spec.sigma_out
-                                                  else 0)
+    slabs = 2 if tall else 1
+    assert len(re.findall(r"\bSTS ", sass)) == (slabs * spec.bn // 4
+                                                if staged and not spec.sigma_out else 0)
+    assert len(re.findall(r"STS\.U16", sass)) == (slabs * spec.bn // 2
+                                                  if staged and spec.sigma_out else 0)
     assert len(re.findall(r"BAR\.SYNC", sass)) == 1 + 2 * staged
     log = meta.get("ptxas_log", "")
     assert "C7518" not in log and "C7517" not in log and "C7515" not in log
@@ -270,14 +275,46 @@ def test_gpu_workspace(fmt, variant):
 
 @pytest.mark.gpu
 @pytest.mark.cuda
+@pytest.mark.parametrize("bm", [128, 256])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_gpu_workspace_deepseek(fmt):
+def test_gpu_workspace_deepseek(fmt, bm):
     """DeepSeek-V3 gate_up's N=4096, K=7168 (112 k64 steps) on 8 experts (one unused, a
-    1-row group, groups over several row tiles): the grouped wgmma kernel's bytes."""
+    1-row group, groups over several row tiles), A from the workspace, 128 x 256 and 256 x
+    128 items: the grouped wgmma kernel's bytes."""
     counts = [700, 0, 1, 129, 256, 40, 300, 622]
     _run(Format.from_name(fmt), counts, [0, -1, 2, 3, 4, 5, 6, 7], 8, 4096, 7168,
          rows=fmt == "nvfp4", loop="split", prefetch=True, device="cuda", check_exact=False,
-         store="staged", a_source="workspace")
+         store="staged", a_source="workspace", bm=bm, bn=256 if bm == 128 else 128)
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", [("staged", False), ("staged", True), ("direct", False)],
+                         ids=["staged", "staged-sigma", "direct"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_gpu_tall(fmt, variant):
+    """256 x 128 items on gpt-oss-120b gate_up at T=1024 (some experts unused; ~32 rows an
+    expert: one live slab) and T=4096 (~128 +- 11 rows: 2-3 live slabs, some items without
+    a second A tile): the grouped wgmma kernel's bytes (128 x 256, lut / k64 / fold), σ
+    store un-permuted."""
+    store, sigma = variant
+    rng = np.random.default_rng(6)
+    for tokens in (1024, 4096):
+        counts = list(rng.multinomial(4 * tokens, np.full(128, 1 / 128)))
+        ids = [e if c else -1 for e, c in enumerate(counts)]
+        _run(Format.from_name(fmt), counts, ids, 128, 5760, 2880, rows=fmt == "nvfp4",
+             loop="split", prefetch=True, device="cuda", check_exact=False, store=store,
+             sigma_out=sigma, a_source="workspace", bm=256, bn=128)
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_gpu_tall_every_scale_byte(fmt):
+    """Every scale byte through phase 1 and the 256 x 128 producer on the GPU."""
+    _run(Format.from_name(fmt), [300, 0, 77, 1024], [3, -1, 0, 1], 4, 5760, 2880,
+         rows=fmt == "nvfp4", loop="split", prefetch=True, device="cuda", check_exact=False,
+         store="staged", every_scale=True, a_source="workspace", bm=256, bn=128)
 
 
 @pytest.mark.gpu
@@ -381,3 +418,103 @@ def test_workspace_checks():
     spec = GP.GroupedPdqSpec("nvfp4", True, prefetch=True, store="staged", a_source="workspace")
     assert spec.kernel_name == "bs_grouped_pdq_nvfp4_128x256_k64_s4_pf_st_rowsc_ws"
     assert [a.name for a in spec.args()][:3] == ["wa", "w", "sfb"]
+
+
+# ---- 256 x 128 work items (bm=256, issue #10 step 2) ----------------------------------------
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    (NVFP4, 0, "split", True, "staged", False),  # 1-3 row groups: one live slab, WG 1 idle
+    (MXFP4, 1, "split", False, "staged", False),  # 65 / 129 / 257 rows: 1, 3 live slabs;
+    # the 257-row group's second item has 1 row (no second A tile)
+    (NVFP4, 3, "lockstep", True, "staged", False),  # 128 / 256 / 5 rows
+    (NVFP4, 2, "split", True, "staged", True),  # σ store, 2-row groups
+    (MXFP4, 4, "lockstep", False, "staged", True),  # 70 groups, σ
+    (NVFP4, 1, "lockstep", False, "direct", False),
+    (MXFP4, 3, "split", False, "direct", True),  # direct σ (not bundled: spills)
+], ids=lambda c: f"{c[0].name}-case{c[1]}-{c[2]}-rs{int(c[3])}-{c[4]}-sg{int(c[5])}")
+def test_interp_tall(case):
+    """256 x 128 items (two workspace tiles, one weight row a producer thread, slabs past the
+    group's end skipped): byte-equal to today's 128 x 256 kernel (A packed) and to the grouped
+    wgmma lut / k64 / fold kernel, plain and σ."""
+    fmt, case_id, loop, rows, store, sigma = case
+    counts, ids, e_count, n, k = CASES[case_id]
+    kw = dict(rows=rows and fmt == NVFP4, loop=loop, prefetch=True, seed=case_id, store=store,
+              check_exact=False, sigma_out=sigma)
+    packed = _run(fmt, counts, ids, e_count, n, k, **kw)
+    tall = _run(fmt, counts, ids, e_count, n, k, a_source="workspace", bm=256, bn=128, **kw)
+    assert np.array_equal(tall.view(np.uint16), packed.view(np.uint16))
+
+
+@pytest.mark.interp
+def test_interp_tall_every_scale_byte():
+    """Every scale byte through phase 1 and the 256 x 128 producer (B rows, NaNs included)."""
+    kw = dict(rows=True, prefetch=True, seed=12, check_exact=False, every_scale=True,
+              store="staged")
+    packed = _run(NVFP4, [300, 7], [1, 0], 2, 264, 128, **kw)
+    tall = _run(NVFP4, [300, 7], [1, 0], 2, 264, 128, a_source="workspace", bm=256, bn=128,
+                **kw)
+    assert np.array_equal(tall.view(np.uint16), packed.view(np.uint16))
+
+
+@pytest.mark.interp
+def test_tall_checks(monkeypatch):
+    spec = GP.GroupedPdqSpec("nvfp4", True, prefetch=True, store="staged",
+                             a_source="workspace", bm=256, bn=128)
+    assert spec.kernel_name == "bs_grouped_pdq_nvfp4_256x128_k64_s4_pf_st_rowsc_ws"
+    assert spec.block == (384, 1, 1) and spec.dynamic_shared_bytes == 4 * 384 * 128 + 64
+    assert GP.grid(16384, 5760, 128, 128, 256) == (45, 192, 1)
+    with pytest.raises(ValueError, match="a_source='workspace'"):
+        GP.GroupedPdqSpec("nvfp4", bm=256, bn=128)
+    with pytest.raises(ValueError, match="bn"):
+        GP.GroupedPdqSpec("nvfp4", a_source="workspace", bm=256)
+    with pytest.raises(ValueError, match="bm"):
+        GP.GroupedPdqSpec("nvfp4", bm=192)
+    # the dispatch: packed 128 x 256 by default; the env knobs select the new items
+    d = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp")
+    assert (d.a_source, d.bm, d.bn) == ("packed", 128, 256)
+    monkeypatch.setenv(GP.A_SOURCE_ENV, "workspace")
+    monkeypatch.setenv(GP.BM_ENV, "256")
+    d = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", sigma_out=True)
+    assert (d.a_source, d.bm, d.bn, d.store, d.sigma_out) == ("workspace", 256, 128, "staged",
+                                                              True)
+    assert d.kernel_name.replace("_lockstep", "") in {s.kernel_name
+                                                      for s in GP.bundle_specs("sm_90a")}
+    monkeypatch.setenv("BLOCKSCALE_SM90_STAGED_STORE", "0")  # direct: 128-row items
+    assert GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp").bm == 128
+    monkeypatch.setenv(GP.BM_ENV, "64")
+    with pytest.raises(ValueError, match=GP.BM_ENV):
+        GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp")
+
+
+@pytest.mark.lower
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_tall_loop_sass(fmt):
+    """The 256 x 128 staged kernel: the producer's K loop (8 STS.128, two UBLKCP.S.G) at
+    most 330 SASS a k64 step (315 NVFP4 / 322 MXFP4, ptxas 13.0: 788 / 783 at 128 x 256 with
+    A packed), the consumers' three loops (8, 4, 0 HGMMA.64x128x16), no local memory in
+    any loop, no wgmma serialization."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import sass_loop_counts as L
+
+    spec = GP.GroupedPdqSpec(fmt, fmt == "nvfp4", "sm_90a", None, True, "split", "staged",
+                             a_source="workspace", bm=256, bn=128)
+    kernel = GP.kernel(spec)
+    ins = L.parse(kernel.asm["sass"])
+    lps = [(lo, hi) for lo, hi, _ in L.loops(ins)]
+    inner = [(lo, hi) for lo, hi in lps
+             if not any(lo < a and b <= hi or lo <= a and b < hi for a, b in lps)]
+    body = [[t for a, t in ins if lo <= a <= hi] for lo, hi in inner]
+    (prod,) = [b for b in body if sum("STS.128" in t for t in b) == 8]
+    assert len(prod) <= 330
+    assert sum("UBLKCP.S.G" in t for t in prod) == 2
+    hgmma = sorted(sum("HGMMA.64x128x16" in t for t in b) for b in body)
+    assert hgmma[-2:] == [4, 8]
+    assert loop_local(kernel.asm["sass"]) == 0
+    assert kernel.meta["spill_stores"] == 0 and kernel.meta["registers"] <= 168
+    log = kernel.meta.get("ptxas_log", "")
+    assert "C7515" not in log and "C7518" not in log

@@ -187,15 +187,17 @@ def test_gpu_gpt_oss(fmt, act, monkeypatch):
 
 
 @pytest.mark.interp
-@pytest.mark.parametrize("case", [CASES[0], CASES[5]],
+@pytest.mark.parametrize("case", [CASES[0] + (128,), CASES[5] + (128,), CASES[0] + (256,),
+                                  CASES[2] + (256,)],
                          ids=lambda c: f"{c[0].name}-{len(c[1])}g-d{c[4]}-k{c[5]}-{c[6]}"
-                         f"-{'st' if c[8] else 'direct'}")
+                         f"-{'st' if c[8] else 'direct'}-bm{c[9]}")
 def test_fused_equals_chained_workspace(monkeypatch, case):
     """The dispatch with A from the grouped phase-1 workspace
-    (``BLOCKSCALE_SM90_GROUPED_PDQ_A=workspace``): the fused op runs the σ workspace spec,
-    the chained matmul the plain one; data and scale bytes equal each other and the packed-A
-    dispatch's."""
-    fmt, counts, ids, e_count, d, k, act, with_rows, staged = case
+    (``BLOCKSCALE_SM90_GROUPED_PDQ_A=workspace``; ``BLOCKSCALE_SM90_GROUPED_PDQ_BM=256``:
+    256 x 128 items): the fused op runs the σ workspace spec, the chained matmul the plain
+    one; data and scale bytes equal each other and the packed-A dispatch's."""
+    fmt, counts, ids, e_count, d, k, act, with_rows, staged, bm = case
+    monkeypatch.setenv(GP.BM_ENV, str(bm))
     monkeypatch.setattr(gw, "MIN_ROWS", 1)
     if not staged:
         monkeypatch.setenv(STAGED_SWITCH, "0")
@@ -203,12 +205,13 @@ def test_fused_equals_chained_workspace(monkeypatch, case):
     t = sum(counts)
     rows = np.random.default_rng(d).uniform(0.5, 2, t).astype(ml_dtypes.bfloat16) \
         if with_rows else None
+    monkeypatch.setenv(GP.A_SOURCE_ENV, "packed")
     packed = fused_and_chained(sc, fmt, k, act, "interp", rows)
     monkeypatch.setenv(GP.A_SOURCE_ENV, "workspace")
     specs = _spy(monkeypatch)
     ws = fused_and_chained(sc, fmt, k, act, "interp", rows)
-    assert [(s.a_source, s.sigma_out) for s in specs] == [("workspace", True),
-                                                          ("workspace", False)]
+    assert [(s.a_source, s.sigma_out, s.bm) for s in specs] == [("workspace", True, bm),
+                                                                ("workspace", False, bm)]
     for got, want in zip(ws, packed, strict=True):
         assert np.array_equal(_bytes(got), _bytes(want))
     assert np.array_equal(_bytes(ws[0]), _bytes(ws[2]))
@@ -217,11 +220,15 @@ def test_fused_equals_chained_workspace(monkeypatch, case):
 
 @pytest.mark.gpu
 @pytest.mark.cuda
+@pytest.mark.parametrize("bm", [128, 256])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_gpu_gpt_oss_workspace(fmt, monkeypatch):
+def test_gpu_gpt_oss_workspace(fmt, bm, monkeypatch):
     """gpt-oss-120b gate_up at T=1024 with A from the grouped phase-1 workspace
-    (BLOCKSCALE_SM90_GROUPED_PDQ_A=workspace): fused == chained byte for byte on the H200,
-    and equal to the packed-A dispatch's bytes."""
+    (BLOCKSCALE_SM90_GROUPED_PDQ_A=workspace; BLOCKSCALE_SM90_GROUPED_PDQ_BM: 128 x 256 or
+    256 x 128 items): fused == chained byte for byte on the H200, and equal to the packed-A
+    dispatch's bytes."""
+    monkeypatch.setenv(GP.BM_ENV, str(bm))
+    monkeypatch.setenv(GP.A_SOURCE_ENV, "packed")
     f = Format.from_name(fmt)
     rng = np.random.default_rng(9)
     counts = list(rng.multinomial(4096, np.full(128, 1 / 128)))
@@ -231,8 +238,8 @@ def test_gpu_gpt_oss_workspace(fmt, monkeypatch):
     monkeypatch.setenv(GP.A_SOURCE_ENV, "workspace")
     specs = _spy(monkeypatch)
     ws = fused_and_chained(sc, f, 2880, "silu", "cuda")
-    assert [(s.a_source, s.sigma_out, s.store, s.loop) for s in specs] == \
-        [("workspace", True, "staged", "split"), ("workspace", False, "staged", "split")]
+    assert [(s.a_source, s.sigma_out, s.store, s.loop, s.bm) for s in specs] == \
+        [("workspace", True, "staged", "split", bm), ("workspace", False, "staged", "split", bm)]
     for name, got, want in zip(("data", "scales", "chained data", "chained scales"), ws, packed,
                                strict=True):
         np.testing.assert_array_equal(_bytes(got), _bytes(want), err_msg=name)

@@ -135,10 +135,12 @@ def threads(bm: int, producers: int = 1) -> int:
 class _PdqRing(T._Ring):
     """Phase 2's ring (:class:`blockscale.ops._twophase_ir._Ring`: same shared layout,
     descriptors and consumer protocol) whose full barriers also count the 128 producer
-    threads' arrivals; keeps the shared buffer for the producer's stores."""
+    threads' arrivals; keeps the shared buffer for the producer's stores. ``wgs``: the
+    consumer warpgroups (default ``bm / 64``; the 256 x 128 tile: 2 of two m64 slabs)."""
 
     def __init__(self, kb: bir.KernelBuilder, k: Value, stages: int, bm: int,
-                 packed_a: bool = False, producers: int = 1, bn: int = BN) -> None:
+                 packed_a: bool = False, producers: int = 1, bn: int = BN,
+                 wgs: int | None = None) -> None:
         # the producers' table words (_lut_regs): a static shared buffer (8 bytes)
         self.tables = tma.shared_buffer(kb, "8xi8", align=8)
         super().__init__(kb, k, KSTEP, stages, bm, "none", bn)
@@ -148,9 +150,11 @@ class _PdqRing(T._Ring):
         if self.sbytes != (bm + bn) * 2 * KSTEP:
             raise AssertionError("_PdqRing: the two-phase ring's stage is not bm + 256 rows")
         self.packed_a = packed_a
-        self.is_cons = bir.ult(self.tid, 2 * bm)
-        self.pt = bir.sub(self.tid, 2 * bm)  # producer thread (valid where not is_cons)
-        self.is_prod = bir.eq(self.tid, 2 * bm)  # the producer's bulk-copy thread
+        self.wgs = bm // 64 if wgs is None else wgs
+        cons = 128 * self.wgs  # consumer threads
+        self.is_cons = bir.ult(self.tid, cons)
+        self.pt = bir.sub(self.tid, cons)  # producer thread (valid where not is_cons)
+        self.is_prod = bir.eq(self.tid, cons)  # the producer's bulk-copy thread
         self.producers = producers
         self.lut: tuple[Value, ...] | None = None  # _lut_regs (emit_mainloop)
         self.lut_words = _LUT_WORDS  # the table init_barriers stores (emit_mainloop: per fmt)
@@ -165,7 +169,7 @@ class _PdqRing(T._Ring):
                 # the producers' arrivals (+ the bulk copy's expect_tx one)
                 cpasync.mbarrier_init(self.full(bir.const(i)), PRODUCER_THREADS * self.producers
                                       + (0 if self.packed_a else 1))
-                cpasync.mbarrier_init(self.empty(bir.const(i)), self.bm // 64)
+                cpasync.mbarrier_init(self.empty(bir.const(i)), self.wgs)
             tma.fence_mbarrier_init()
         bir.barrier()
 
@@ -459,7 +463,7 @@ def _store_units(ring: _PdqRing, stage0: Value, units: list[_Unit], vals: list[V
                 store()
 
 
-def _fill(ring: _PdqRing, src_a: Value | None, t: Value, ops: list[PackedRows],
+def _fill(ring: _PdqRing, src_a: Value | Callable | None, t: Value, ops: list[PackedRows],
           vals: list[Value], fmt: str, units: list[_Unit] | None = None) -> None:
     """Producer warpgroup: fill the (free) stage of step ``t``: A by bulk copy (thread 0 of
     the producers) unless ``src_a`` is None (A is one of ``ops``), the ``ops`` from
@@ -467,7 +471,9 @@ def _fill(ring: _PdqRing, src_a: Value | None, t: Value, ops: list[PackedRows],
     slot = bir.urem(t, ring.stages)
     stage0 = bir.mul(slot, ring.sbytes)
     full = ring.full(slot)
-    if src_a is not None:
+    if callable(src_a):  # the 256 x 128 tile's copies (_pdq_tall_ir.Tall.copy_a)
+        src_a(full, stage0, t)
+    elif src_a is not None:
         with bir.when(ring.is_prod):
             cpasync.mbarrier_arrive_expect_tx(full, ring.a_bytes)
             cpasync.bulk_copy(bir.add(ring.base, bir.as_i64(stage0)),
@@ -508,7 +514,7 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                   epilogue: Callable[[Value, Value, Value | None], None],
                   bm: int = T.BM, prefetch: bool = True, loop: str = "split",
                   all_threads: bool = False, producers: int = 1, bn: int = BN,
-                  depth: int = 1, a_tile: Value | None = None) -> None:
+                  depth: int = 1, a_tile: Value | None = None, tall: Any = None) -> None:
     """The producer / consumer K loop (module docstring) of the ``bm x bn`` tile of A rows
     ``a`` and B rows ``b`` (``b.tile == bn``), then ``epilogue(acc, wg, writers)``: the
     warpgroup's final accumulator struct and index. Without ``all_threads`` it runs in the
@@ -525,16 +531,22 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     fence, MEMBAR.ALL.CTA, then orders only the stores, not global loads in flight; two
     steps of registers). ``a_tile``: the workspace tile A's stages come from (index value;
     default ``m0 // bm``: the grouped kernel's per-(group, row tile) workspace,
-    :mod:`blockscale.ops._grouped_p1_ir`, passes its tile)."""
+    :mod:`blockscale.ops._grouped_p1_ir`, passes its tile). ``tall``: a
+    :class:`blockscale.ops._pdq_tall_ir.Tall` (``bm`` 256, ``bn`` 128, A from the
+    workspace): its A copies, descriptors and consumers (two warpgroups of two m64n128
+    slabs, the slabs past the rows skipped); ``epilogue`` then gets the pair of slab
+    accumulators."""
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {list(LOOPS)}, got {loop!r}")
     if producers not in PRODUCERS:
         raise ValueError(f"producers must be one of {list(PRODUCERS)}, got {producers!r}")
-    if bn not in BNS or b.tile != bn:
+    if (bn not in BNS and tall is None) or b.tile != bn:
         raise ValueError(f"bn must be one of {list(BNS)} and the B rows' tile, got bn={bn}, "
                          f"tile {b.tile}")
+    if tall is not None:
+        tall.check(a, bm, bn, producers)
     ring = _PdqRing(kb, k, stages, bm, packed_a=isinstance(a, PackedRows), producers=producers,
-                    bn=bn)
+                    bn=bn, wgs=None if tall is None else tall.wgs)
     steps = ring.steps
     b.span = ring.a_bytes
     if isinstance(a, PackedRows):
@@ -546,12 +558,17 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         tile = bir.udiv(m0, bm) if a_tile is None else a_tile
         src_a = bir.add(cpasync.global_address(a),
                         bir.as_i64(bir.mul(tile, bir.mul(ring.kp, 2 * bm))))
+        if tall is not None:
+            src_a = tall.copier(ring, a, a_tile)
     src = ops
     ring.lut_words = lut_words(fmt)
     ring.init_barriers()
-    ring.descriptors()
-    units = None if (producers, bn) == (1, BN) else _units(ops, ring.pt,
-                                                          PRODUCER_THREADS * producers)
+    if tall is None:
+        ring.descriptors()
+    else:
+        tall.descriptors(ring)
+    units = None if (producers, bn) == (1, BN) or tall is not None else _units(
+        ops, ring.pt, PRODUCER_THREADS * producers)
     if depth not in (1, 2) or (depth == 2 and not prefetch):
         raise ValueError(f"depth must be 1 or 2 (2 with the prefetch), got {depth!r}")
     if units is None:
@@ -560,7 +577,7 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         types = _unit_types(units, fmt) if prefetch else []
     one = len(types)
     types = types * depth
-    is_cons, is_prod = _role(bm)
+    is_cons, is_prod = _role(64 * ring.wgs)
     ring.lut = _lut_regs(ring)  # after init_barriers' CTA barrier
 
     def load(t: Value) -> list[Value]:
@@ -592,7 +609,15 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
             return regs[one:] + load(bir.add(t, 2))
         return nxt
 
-    acc_t = W.accumulator_type(bn)
+    nacc = 1 if tall is None else 2  # accumulators a consumer thread carries
+    accs_t = [W.accumulator_type(bn)] * nacc
+
+    def zeros() -> list[Value]:
+        return [W.zero_accumulator(bn) for _ in range(nacc)]
+
+    def result(accs: Any) -> Any:  # the epilogue's acc: the struct (tall: the slab pair)
+        return accs[0] if tall is None else tuple(accs)
+
     if loop == "split":
         # the producer first in the IR (lock-step order runs it first); its prefetch of
         # step 0 inside the branch (the with items are entered in order)
@@ -610,22 +635,24 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
             if prefetch:
                 pl.yield_(*nxt)
 
-        def consumer_loop() -> Value:
+        def consumer_loop() -> list[Value]:
+            if tall is not None:
+                return tall.consumer_loop(ring, steps)
             with bir.for_range(0, steps, carry=[W.zero_accumulator(bn)]) as cl:
                 cl.yield_(ring.consume(cl.iv, cl.carried[0]))
             W.wait_group(0)
-            return cl.results[0]
+            return [cl.results[0]]
 
         if not all_threads:
             with bir.when(is_cons):
-                epilogue(consumer_loop(), ring.wg, None)
+                epilogue(result(consumer_loop()), ring.wg, None)
             return
-        cons = bir.if_(is_cons, [acc_t])
+        cons = bir.if_(is_cons, accs_t)
         with cons.then():
-            cons.yield_(consumer_loop())
+            cons.yield_(*consumer_loop())
         with cons.else_():
-            cons.yield_(W.zero_accumulator(bn))
-        epilogue(cons.results[0], ring.wg, is_cons)
+            cons.yield_(*zeros())
+        epilogue(result(list(cons.results)), ring.wg, is_cons)
         return
 
     # lockstep: the producers fill steps 0 .. stages - 2 (all free), then one loop
@@ -637,14 +664,15 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         pro.yield_(*regs)
     with pro.else_():
         pro.yield_(*[bir.const(0, ty) for ty in types])
-    with bir.for_range(0, steps, carry=[W.zero_accumulator(bn), *pro.results]) as lp:
+    with bir.for_range(0, steps, carry=[*zeros(), *pro.results]) as lp:
         s = lp.iv
-        acc, regs = lp.carried[0], list(lp.carried[1:])
-        cons = bir.if_(is_cons, [acc_t])
+        accs, regs = list(lp.carried[:nacc]), list(lp.carried[nacc:])
+        cons = bir.if_(is_cons, accs_t)
         with cons.then():
-            cons.yield_(ring.consume(s, acc))
+            cons.yield_(*(tall.consume_any(ring, s, accs) if tall is not None
+                          else [ring.consume(s, accs[0])]))
         with cons.else_():
-            cons.yield_(acc)
+            cons.yield_(*accs)
         prod = bir.if_(is_prod, types)
         with prod.then():
             # the consumers released step s - 1's stage (= step s + stages - 1's) above
@@ -652,13 +680,13 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                                  T._parity(bir.udiv(s, stages))))
         with prod.else_():
             prod.yield_(*regs)
-        lp.yield_(cons.results[0], *prod.results)
+        lp.yield_(*cons.results, *prod.results)
     with bir.when(is_cons):
         W.wait_group(0)
         if not all_threads:
-            epilogue(lp.results[0], ring.wg, None)
+            epilogue(result(list(lp.results[:nacc])), ring.wg, None)
     if all_threads:
-        epilogue(lp.results[0], ring.wg, is_cons)
+        epilogue(result(list(lp.results[:nacc])), ring.wg, is_cons)
 
 
 def store_tile_staged_sigma(kb: bir.KernelBuilder, acc: list, wc: Any, smem: Value, m0: Value,
@@ -673,8 +701,9 @@ def store_tile_staged_sigma(kb: bir.KernelBuilder, acc: list, wc: Any, smem: Val
     the gate bf16 at byte ``2 (c // 2)`` of the staged row, the up one ``bn`` bytes further
     (two 2-byte ``st.shared``; rows at the padded pitch, conflict-free). Then thread ``r <
     rows`` copies row r's gate half to ``C[m0 + r, n0 / 2:]`` and thread ``bm + r`` its up
-    half to ``C[m0 + r, N / 2 + n0 / 2:]`` (``min(bn, N - n0)`` bytes each). Needs N % 16
-    == 0 (16-byte aligned halves) and ``2 bm`` threads. Same bytes as the direct σ store."""
+    half to ``C[m0 + r, N / 2 + n0 / 2:]`` (``min(bn, N - n0)`` bytes each; ``bm`` 256:
+    thread r both halves). Needs N % 16 == 0 (16-byte aligned halves) and ``2 bm`` threads
+    (``bm`` 256: ``bm``). Same bytes as the direct σ store."""
     from blockscale.ops import _staged_store_ir as S
 
     row_pitch = S.pitch("bfloat16", bn)
@@ -703,15 +732,26 @@ def store_tile_staged_sigma(kb: bir.KernelBuilder, acc: list, wc: Any, smem: Val
     bir.barrier()
     tid = bir.thread_idx("x")
     rows = bir.sub(bir.umin(bir.add(m0, bm), m_count), m0)
-    up = bir.ule(bm, tid)
-    r = bir.select(up, bir.sub(tid, bm), tid)
-    with bir.when(bir.logical_and(bir.ult(tid, 2 * bm), bir.ult(r, rows))):
-        nbytes = bir.sub(bir.umin(bir.add(n0, bn), n_count), n0)  # (columns / 2) * 2 bytes
+    nbytes = bir.sub(bir.umin(bir.add(n0, bn), n_count), n0)  # (columns / 2) * 2 bytes
+
+    def copy(r: Value, up: Value) -> None:
         col = bir.add(bir.udiv(n0, 2), bir.select(up, bir.udiv(n_count, 2), bir.const(0)))
         dst = bir.add(cpasync.global_address(kb.arg("c")),
                       bir.as_i64(bir.mul(bir.add(bir.mul(bir.add(m0, r), n_count), col), 2)))
         src = bir.add(W.shared_address(smem),
                       bir.as_i64(bir.add(bir.mul(r, row_pitch), bir.select(up, bir.const(bn), 0))))
         cpasync.bulk_store(dst, src, bir.as_i32(nbytes))
+
+    if bm > 128:  # the 256 x 128 tile (384 threads): thread r copies both halves of row r
+        with bir.when(bir.ult(tid, rows)):
+            for up in (False, True):
+                copy(tid, bir.const(up, bir.i1()))
+            cpasync.bulk_commit()
+            cpasync.bulk_wait_read(0)
+        return
+    up = bir.ule(bm, tid)
+    r = bir.select(up, bir.sub(tid, bm), tid)
+    with bir.when(bir.logical_and(bir.ult(tid, 2 * bm), bir.ult(r, rows))):
+        copy(r, up)
         cpasync.bulk_commit()
         cpasync.bulk_wait_read(0)

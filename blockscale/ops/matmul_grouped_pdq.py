@@ -39,6 +39,7 @@ from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
 from blockscale.ops import matmul_grouped as _grouped
 from blockscale.ops import matmul_pdq as _pdq
+from blockscale.ops import _staged_store_ir as S
 from blockscale.ops._staged_store_ir import check_store
 
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
@@ -61,6 +62,15 @@ A_SOURCES = ("packed", "workspace")
 #: measured on the H200; BLOCKSCALE_SM90_GROUPED_PDQ_A=workspace|packed overrides it
 DISPATCH_A_SOURCE = "packed"
 A_SOURCE_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_A"
+#: work-item heights: 128 (x bn 256 / 192) or 256 (x 128: two 128-row workspace tiles, the
+#: producer dequantizes 128 weight rows a step; _pdq_tall_ir)
+BMS = (128, 256)
+#: the 256-row item's width
+TALL_BN = 128
+#: the dispatch's item height (:func:`dispatch_spec`; 256 only with the workspace A and the
+#: staged store): 128 until measured; BLOCKSCALE_SM90_GROUPED_PDQ_BM=256|128 overrides it
+DISPATCH_BM = 128
+BM_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_BM"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +98,9 @@ class GroupedPdqSpec(FormatSpec):
             (:func:`blockscale.ops.matmul_grouped_p1.launch`; tile placement per D8), then
             this kernel with ``wa`` (the workspace) in place of ``a`` / ``sfa``; the producer
             dequantizes only B (the same stage bytes, so the same output bytes).
+        bm: :data:`BMS`, the work item's rows. 256: 256 x 128 items (``bn`` 128, A from the
+            workspace, one producer warpgroup; :mod:`blockscale.ops._pdq_tall_ir`): the
+            same k16 order per output, so the same bytes.
     """
 
     fmt: str
@@ -102,6 +115,7 @@ class GroupedPdqSpec(FormatSpec):
     depth: int = 1
     sigma_out: bool = False
     a_source: str = "packed"
+    bm: int = BM
 
     op: ClassVar[str] = "grouped_matmul_block_scaled_pdq"
     out_dtype: ClassVar[str] = "bfloat16"
@@ -118,8 +132,13 @@ class GroupedPdqSpec(FormatSpec):
                                 f"{type(getattr(self, name)).__name__}")
         if self.row_scales and self.fmt != "nvfp4":
             raise ValueError(f"row_scales is NVFP4 only, got fmt={self.fmt}")
-        H.check_choice(self.bn, BNS, "bn")
-        most = _pdq.max_stages(self.bn)
+        H.check_choice(self.bm, BMS, "bm")
+        tall = self.bm == 256
+        if tall and (self.a_source, self.producers) != ("workspace", 1):
+            raise ValueError(f"bm=256 needs a_source='workspace' and producers=1, got "
+                             f"a_source={self.a_source!r}, producers={self.producers!r}")
+        H.check_choice(self.bn, (TALL_BN,) if tall else BNS, "bn")
+        most = max_stages(self.bm, self.bn)
         if self.stages is None:
             object.__setattr__(self, "stages", most)
         if type(self.stages) is not int or not 2 <= self.stages <= most:
@@ -128,8 +147,13 @@ class GroupedPdqSpec(FormatSpec):
         H.check_choice(self.loop, LOOPS, "loop")
         H.check_choice(self.store, STORES, "store")
         if self.store == "staged":
-            _pdq.check_staged_fits(self.out_dtype, self.stages, self.bn)
-        _pdq.check_producers(self.producers, self.bn)
+            need = S.stage_bytes(self.out_dtype, self.bm, self.bn)
+            if need > self.stages * (self.bm + self.bn) * 128:
+                raise ValueError(f"store 'staged' needs {need} bytes of the ring, but "
+                                 f"stages={self.stages} give "
+                                 f"{self.stages * (self.bm + self.bn) * 128}")
+        if not tall:
+            _pdq.check_producers(self.producers, self.bn)
         _pdq.check_depth(self.depth, self.prefetch)
         H.check_choice(self.a_source, A_SOURCES, "a_source")
 
@@ -140,8 +164,8 @@ class GroupedPdqSpec(FormatSpec):
 
     @property
     def dynamic_shared_bytes(self) -> int:
-        return _pdq.PdqMatmulSpec(self.fmt, stages=self.stages,
-                                  bn=self.bn).dynamic_shared_bytes
+        """The ring (``stages`` x (bm + bn) rows x 64 bf16) and its ``2 stages`` mbarriers."""
+        return self.stages * (self.bm + self.bn) * 128 + 16 * self.stages
 
     @property
     def kernel_name(self) -> str:
@@ -153,8 +177,8 @@ class GroupedPdqSpec(FormatSpec):
         pr += "_d2" if self.depth == 2 else ""
         sg = "_sigma" if self.sigma_out else ""
         ws = "_ws" if self.a_source == "workspace" else ""
-        return (f"bs_grouped_pdq_{self.fmt}_{BM}x{self.bn}_k64_s{self.stages}{pf}{lp}{st}{pr}"
-                f"{rs}{sg}{ws}")
+        return (f"bs_grouped_pdq_{self.fmt}_{self.bm}x{self.bn}_k64_s{self.stages}{pf}{lp}{st}"
+                f"{pr}{rs}{sg}{ws}")
 
     def args(self) -> tuple[KernelArg, ...]:
         """The portable grouped kernel's parameters (5-D scales, bf16 output); with the
@@ -167,9 +191,14 @@ class GroupedPdqSpec(FormatSpec):
                 *(a for a in base if a.name not in ("a", "sfa")))
 
 
-def grid(t: int, n: int, num_groups: int, bn: int = BN) -> tuple[int, int, int]:
+def max_stages(bm: int, bn: int) -> int:
+    """The most ring stages of (bm + bn) x 64 bf16 in the 227 KiB of shared memory."""
+    return (227 * 1024 - 64) // ((bm + bn) * 2 * 64 + 16)
+
+
+def grid(t: int, n: int, num_groups: int, bn: int = BN, bm: int = BM) -> tuple[int, int, int]:
     """Column tiles x an upper bound of the (group, row tile) work items."""
-    return (max(1, -(-n // bn)), -(-t // BM) + num_groups, 1)
+    return (max(1, -(-n // bn)), -(-t // bm) + num_groups, 1)
 
 
 def build(spec: GroupedPdqSpec) -> Any:
@@ -187,12 +216,30 @@ def build(spec: GroupedPdqSpec) -> Any:
     from blockscale.ops import matmul_grouped_sm90 as _gsm90
     from blockscale.ops._matmul_ir import tcgen_row_offset
 
-    block, bn = (16 if spec.fmt == "nvfp4" else 32), spec.bn
+    import blockscale.ops._pdq_tall_ir as TL
+
+    block, bm, bn = (16 if spec.fmt == "nvfp4" else 32), spec.bm, spec.bn
+    tall = bm == TL.BM
+
+    def coords(wg: Any) -> Any:  # the fragment coordinates of consumer warpgroup wg
+        return TL.slab_coords(wg) if tall else X.warp_coords(wg)
+
+    def c_tiles(acc: Any) -> Any:  # the accumulators as m16n8 C tiles
+        return TL.tiles(acc) if tall else T.accumulator_tiles(acc, bn)
+
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         n_count, k, groups = (bir.as_index(kb.arg(x)) for x in ("n", "k", "num_groups"))
-        g, tile, has_work = GW.find_tile(BM, kb, groups)
+        g, tile, has_work = GW.find_tile(bm, kb, groups)
         with bir.when(has_work):  # CTA-uniform: the barriers below are reached by all
-            start, end, expert, m0, n0, active = _gsm90.work_item(kb, g, tile, BM, bn)
+            start, end, expert, m0, n0, active = _gsm90.work_item(kb, g, tile, bm, bn)
+
+            def direct_store(c: Any, wg: Any, scale: Any) -> None:  # per slab (tall)
+                if not tall:
+                    GW._store(spec, kb, c, coords(wg), m0, n0, end, n_count, scale)
+                    return
+                for j, row in enumerate(c):
+                    GW._store(spec, kb, [row], TL.slab(coords(wg), j), m0, n0, end, n_count,
+                              scale)
             br = bir.if_(active, [])
             with br.then():
                 e = bir.as_index(expert)
@@ -200,14 +247,18 @@ def build(spec: GroupedPdqSpec) -> Any:
                 # A: the group's padded 128-row scale tiles (as work_operands); B: expert e
                 tile0 = bir.add(bir.udiv(start, SF_ATOM_ROWS),
                                 bir.as_index(bir.load(kb.arg("a_scale_offsets"), g)))
-                srow0 = bir.add(bir.mul(tile0, SF_ATOM_ROWS), bir.mul(tile, BM))
+                srow0 = bir.add(bir.mul(tile0, SF_ATOM_ROWS), bir.mul(tile, bm))
                 b_srow0 = bir.add(bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)),
                                           SF_ATOM_ROWS), n0)
-                if spec.a_source == "workspace":  # tile tile0 + tile of the phase-1 workspace
-                    a, a_tile = kb.arg("wa"), bir.add(tile0, tile)
+                tall_hooks = None
+                if spec.a_source == "workspace":  # the item's 128-row tiles of the workspace
+                    a, a_tile = kb.arg("wa"), bir.add(tile0, bir.mul(tile, bm // 128))
+                    if tall:  # rows from m0 on; the second tile exists past 128 of them
+                        rows = bir.sub(end, m0)
+                        tall_hooks = TL.Tall(rows, bir.ult(bir.const(128), rows))
                 else:
                     a = P.PackedRows(kb.arg("a"), kb.arg("sfa"), m0, bir.sub(end, m0), k,
-                                     lambda r: tcgen_row_offset(bir.add(srow0, r), d1), BM)
+                                     lambda r: tcgen_row_offset(bir.add(srow0, r), d1), bm)
                     a_tile = None
                 b = P.PackedRows(kb.arg("w"), kb.arg("sfb"),
                                  bir.add(bir.mul(e, n_count), n0), bir.sub(n_count, n0), k,
@@ -229,31 +280,28 @@ def build(spec: GroupedPdqSpec) -> Any:
                 def store(acc: Any, wg: Any, writers: Any) -> None:
                     if spec.store == "staged":  # every thread; the consumers write the stage
                         smem = tma.extern_shared_buffer(
-                            kb, T.shared_bytes(64, spec.stages, BM, bn))
+                            kb, T.shared_bytes(64, spec.stages, bm, bn))
                         if spec.sigma_out:
-                            P.store_tile_staged_sigma(kb, T.accumulator_tiles(acc, bn),
-                                                      X.warp_coords(wg), smem, m0, n0, end,
-                                                      n_count, expert_scaled, BM, bn, writers)
+                            P.store_tile_staged_sigma(kb, c_tiles(acc), coords(wg), smem, m0,
+                                                      n0, end, n_count, expert_scaled, bm, bn,
+                                                      writers)
                             return
-                        S.store_tile_staged(spec, kb, T.accumulator_tiles(acc, bn),
-                                            X.warp_coords(wg), smem, m0, n0, end, n_count,
-                                            expert_scaled, BM, bn, writers)
+                        S.store_tile_staged(spec, kb, c_tiles(acc), coords(wg), smem, m0, n0,
+                                            end, n_count, expert_scaled, bm, bn, writers)
                         return
-                    GW._store(spec, kb, T.accumulator_tiles(acc, bn), X.warp_coords(wg), m0,
-                              n0, end, n_count, expert_scaled)
+                    direct_store(c_tiles(acc), wg, expert_scaled)
 
-                P.emit_mainloop(kb, a, m0, b, k, spec.fmt, spec.stages, store, BM,
+                P.emit_mainloop(kb, a, m0, b, k, spec.fmt, spec.stages, store, bm,
                                 spec.prefetch, spec.loop, all_threads=spec.store == "staged",
                                 producers=spec.producers, bn=bn, depth=spec.depth,
-                                a_tile=a_tile)
+                                a_tile=a_tile, tall=tall_hooks)
                 br.yield_()
             with br.else_():  # expert id -1: zeros (D8), by the consumer warpgroups' rows
                 tid = bir.thread_idx("x")
-                with bir.when(bir.ult(tid, 2 * BM)):
+                with bir.when(bir.ult(tid, 256)):
                     zero = bir.const(0.0, bir.f32())
-                    zeros = [[[zero] * 4 for _ in range(bn // 8)]]
-                    GW._store(spec, kb, zeros, X.warp_coords(bir.udiv(tid, 128)), m0, n0, end,
-                              n_count, lambda v, m, n: v)
+                    zeros = [[[zero] * 4 for _ in range(bn // 8)]] * (2 if tall else 1)
+                    direct_store(zeros, bir.udiv(tid, 128), lambda v, m, n: v)
                 br.yield_()
     return kb.module
 
@@ -269,11 +317,11 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
                                     loop: str = "split", store: str = "direct",
                                     producers: int = 1, bn: int = BN, depth: int = 1,
                                     sigma_out: bool = False, a_source: str = "packed",
-                                    device: Any = None) -> Any:
+                                    bm: int = BM, device: Any = None) -> Any:
     """The kernel called directly (no dispatch), e.g. by tests and benchmarks. Arguments as
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
-    ``prefetch``, ``loop``, ``store``, ``producers``, ``bn``, ``depth``, ``sigma_out`` and
-    ``a_source`` (:class:`GroupedPdqSpec`). Raises ValueError for K % 32 != 0, a format other
+    ``prefetch``, ``loop``, ``store``, ``producers``, ``bn``, ``depth``, ``sigma_out``,
+    ``a_source`` and ``bm`` (:class:`GroupedPdqSpec`; ``bm=256`` with ``bn=128``). Raises ValueError for K % 32 != 0, a format other
     than NVFP4 / MXFP4, a staged store with N % 8 != 0, ``sigma_out`` with an odd N (staged:
     N % 16 != 0), or (workspace A) scale tiles not placed as D8 says."""
     fmt = Format.from_name(fmt)
@@ -283,7 +331,7 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
         expert_scales, fmt, k, a_row_scales, "grouped producer-dequant kernel")
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
-                          store, producers, bn, depth, sigma_out, a_source)
+                          store, producers, bn, depth, sigma_out, a_source, bm)
     check_sigma_store(spec, n)
     return launch(spec, t, n, g_count, buffers, {"t": t, "n": n, "k": k, "num_groups": g_count},
                   dev)
@@ -306,7 +354,7 @@ def launch(spec: GroupedPdqSpec, t: int, n: int, num_groups: int, buffers: dict[
     the device)."""
     empty = t == 0 or n == 0
     if spec.a_source == "packed" or empty:
-        return H.launch(spec, grid(t, n, num_groups, spec.bn), (t, n), "bfloat16", buffers,
+        return H.launch(spec, grid(t, n, num_groups, spec.bn, spec.bm), (t, n), "bfloat16", buffers,
                         scalars, device, empty=empty)
     from blockscale.ops import matmul_grouped_p1 as G1
 
@@ -318,7 +366,7 @@ def launch(spec: GroupedPdqSpec, t: int, n: int, num_groups: int, buffers: dict[
     ws = G1.launch(G1.GroupedP1Spec(spec.fmt, spec.target), buffers, t, scalars["k"],
                    num_groups, device)
     bufs = {x: v for x, v in buffers.items() if x not in ("a", "sfa")}
-    out = H.launch(spec, grid(t, n, num_groups, spec.bn), (t, n), "bfloat16", {**bufs, "wa": ws},
+    out = H.launch(spec, grid(t, n, num_groups, spec.bn, spec.bm), (t, n), "bfloat16", {**bufs, "wa": ws},
                    scalars, device)
     return device.to_host(out) if host else out
 
@@ -331,7 +379,9 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     runs "split" only while the K steps fit in the ring; the same bytes), the staged store
     where the rows (σ: the halves) are 16-byte aligned and it is not switched off
     (:data:`blockscale.ops._staged_store_ir.ENV_SWITCH`), else direct stores (the same
-    bytes); A from :data:`DISPATCH_A_SOURCE` (or :data:`A_SOURCE_ENV`)."""
+    bytes); A from :data:`DISPATCH_A_SOURCE` (or :data:`A_SOURCE_ENV`); 256 x 128 items
+    where :data:`DISPATCH_BM` (or :data:`BM_ENV`) is 256, A comes from the workspace and the
+    store is staged (else 128-row items: the same bytes)."""
     import os
 
     from blockscale.ops._staged_store_ir import dispatch_store
@@ -343,6 +393,12 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
         store = "direct"
     a_source = os.environ.get(A_SOURCE_ENV, DISPATCH_A_SOURCE)
     H.check_choice(a_source, A_SOURCES, A_SOURCE_ENV)
+    bm = int(os.environ.get(BM_ENV, DISPATCH_BM))
+    H.check_choice(bm, BMS, BM_ENV)
+    if bm == 256 and (a_source, store) == ("workspace", "staged"):
+        return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
+                              store=store, sigma_out=sigma_out, a_source=a_source, bm=256,
+                              bn=TALL_BN)
     return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop, store=store,
                           sigma_out=sigma_out, a_source=a_source)
 
@@ -357,7 +413,7 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     staged stores with the prefetch; two producer warpgroups at 128 x 192, both stores, and
     staged with prefetch distance 2; the σ store of the fused SwiGLU op, both stores: the
     dispatch's :func:`dispatch_spec` on the GPU for every shape; the same four with A from
-    the grouped phase-1 workspace), and
+    the grouped phase-1 workspace; 256 x 128 items: staged plain and σ, direct plain), and
     the grouped wgmma kernels its GPU tests compare with byte for byte (128 x 256, lut /
     k64 / fold); none off sm_90a."""
     from blockscale.ops.matmul_grouped_wgmma import GroupedWgmmaSpec
@@ -381,6 +437,12 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", st, sigma_out=sg,
                              a_source="workspace")
               for f, rs in variants for st in STORES for sg in (False, True)]
+    # 256 x 128 items (workspace A): staged plain and σ (the dispatch's at BM_ENV=256), and
+    # direct plain (A/B of the store)
+    specs += [GroupedPdqSpec(f, rs, target, None, True, "split", st, sigma_out=sg,
+                             a_source="workspace", bm=256, bn=TALL_BN)
+              for f, rs in variants for st, sg in (("staged", False), ("staged", True),
+                                                   ("direct", False))]
     specs += [GroupedWgmmaSpec(f, rs, 128, 256, target, dequant="lut", kstep=64,
                                scaling="fold") for f, rs in variants]
     return sorted(specs, key=lambda s: s.kernel_name)
