@@ -1,4 +1,5 @@
-"""The one-shot decode variants (``variant="mma_shot"`` / ``"mma_shot7k"``, FP4;
+"""The one-shot decode variants (``variant="mma_shot"`` / ``"mma_shot7k"`` /
+``"mma_shot16"``, FP4;
 blockscale/ops/_decode_shot_ir.py) run by the numpy interpreter, their K limit and their
 dispatch switch.
 
@@ -37,8 +38,9 @@ pytestmark = pytest.mark.interp
 FP4 = (NVFP4, MXFP4)
 WARPS = 4
 # (M, N, K): one pass and an N tail; two passes (9 rows); three passes at the K limit; K of 3
-# chunks (warp 3 has none)
+# chunks (warp 3 has none). "mma_shot16": a pass of <= 8 rows, of 9, of 16 + 1 row
 DENSE = [(1, 40, 1024), (9, 20, 2080), (17, 33, 3072), (2, 18, 96)]
+DENSE16 = [(3, 20, 1024), (9, 33, 2080), (17, 20, 3072)]
 # (counts, expert ids, experts, N, K): an unused group (D8), an empty one, a group of 9 rows
 GROUPED = [([3, 0, 5, 1], [0, 1, -1, 1], 2, 40, 1056),
            ([9, 2], [1, 0], 2, 20, 512)]
@@ -77,12 +79,14 @@ def _ordered_sum(parts, order):
 
 
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
-@pytest.mark.parametrize("mnk", DENSE, ids=lambda s: "x".join(map(str, s)))
-def test_dense_shot_bit_exact_warp_order_model(fmt, mnk):
+@pytest.mark.parametrize(("variant", "mnk"),
+                         [("mma_shot", c) for c in DENSE] + [("mma_shot16", c) for c in DENSE16],
+                         ids=lambda x: x if isinstance(x, str) else "x".join(map(str, x)))
+def test_dense_shot_bit_exact_warp_order_model(fmt, variant, mnk):
     m, n, k = mnk
     a, b, sfa, sfb = _case(fmt, m, n, k, seed=sum(mnk) + 5)
     alpha = 0.375
-    got = _run(fmt, a, b, sfa, sfb, k, alpha=alpha)
+    got = _run(fmt, a, b, sfa, sfb, k, variant, alpha=alpha)
     assert got.dtype == np.float32 and got.shape == (m, n)
     parts = _warp_partials(fmt, a, b, sfa, sfb, k)
     want = _ordered_sum(parts, [0, 1, 2, 3]) * np.float32(alpha)
@@ -92,7 +96,7 @@ def test_dense_shot_bit_exact_warp_order_model(fmt, mnk):
         assert not np.array_equal(rev.view(np.uint32), want.view(np.uint32))
     exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k, alpha)
     assert_f32_within_bound(got, exact, f32_error_bound(abs_sum, fmt, k, n_mul=1))
-    again = _run(fmt, a, b, sfa, sfb, k, alpha=alpha)  # deterministic
+    again = _run(fmt, a, b, sfa, sfb, k, variant, alpha=alpha)  # deterministic
     assert np.array_equal(got.view(np.uint32), again.view(np.uint32))
 
 
@@ -114,9 +118,10 @@ def test_dense_shot7k_at_its_limit_bf16(fmt):
     assert nan[:, 17].all() and nan[1].all() and nan.sum() == m + n - 1
 
 
+@pytest.mark.parametrize("variant", ["mma_shot", "mma_shot16"])
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
 @pytest.mark.parametrize("case_id", range(len(GROUPED)))
-def test_grouped_shot_within_bound(case_id, fmt):
+def test_grouped_shot_within_bound(case_id, fmt, variant):
     counts, ids, e_count, n, k = GROUPED[case_id]
     rng = np.random.default_rng(40 + case_id)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
@@ -124,7 +129,7 @@ def test_grouped_shot_within_bound(case_id, fmt):
     t = case["hidden"].shape[0]
     rows = rng.uniform(0.5, 2, t).astype(ml_dtypes.bfloat16) if fmt is NVFP4 else None
     kw = {"expert_scales": esc, "fmt": fmt, "k": k, "a_row_scales": rows, "device": "interp"}
-    got = matmul_decode.grouped_matmul_decode(**case, **kw, variant="mma_shot")
+    got = matmul_decode.grouped_matmul_decode(**case, **kw, variant=variant)
     exact, abs_sum = exact_grouped(case, row_scales, w_scales, fmt, k, esc, rows)
     assert_bf16_consistent(got, exact, f32_error_bound(abs_sum, fmt, k,
                                                        n_mul=3 if rows is not None else 2))
@@ -132,7 +137,7 @@ def test_grouped_shot_within_bound(case_id, fmt):
     for g, e in enumerate(ids):  # D8: the rows of an unused group are zeros
         if e < 0:
             assert not got[es[g]:es[g + 1]].astype(np.float32).any()
-    again = matmul_decode.grouped_matmul_decode(**case, **kw, variant="mma_shot")
+    again = matmul_decode.grouped_matmul_decode(**case, **kw, variant=variant)
     assert np.array_equal(got.view(np.uint16), again.view(np.uint16))
 
 
@@ -154,16 +159,21 @@ def test_shot_k_limit_rejected():
     assert matmul_decode.shot_variant(3072) == "mma_shot"
     assert matmul_decode.shot_variant(3104) == "mma_shot7k"
     assert matmul_decode.shot_variant(7200) is None
+    assert matmul_decode.shot_variant(3072, 9) == "mma_shot16"
+    assert matmul_decode.shot_variant(3104, 16) == "mma_shot7k"
+    assert matmul_decode.shot_variant(3072, 17) == "mma_shot"
 
 
-@pytest.mark.parametrize(("k", "want"), [(1024, "mma_shot"), (3104, "mma_shot7k"),
-                                         (7200, matmul_decode.DEFAULT_VARIANT)])
-def test_dispatch_env_shot_picks_by_k(monkeypatch, k, want):
+@pytest.mark.parametrize(("m", "k", "want"), [(1, 1024, "mma_shot"), (1, 3104, "mma_shot7k"),
+                                              (1, 7200, matmul_decode.DEFAULT_VARIANT),
+                                              (12, 512, "mma_shot16")])
+def test_dispatch_env_shot_picks_by_k(monkeypatch, m, k, want):
     """BLOCKSCALE_DECODE_VARIANT=mma_shot: the dense dispatch runs the one-shot kernel that
-    holds K, and the default variant where none does (never a kernel that cannot)."""
+    holds K ("mma_shot16" for 9..16 rows), and the default variant where none does (never a
+    kernel that cannot)."""
     launched = record_variants(monkeypatch)
     monkeypatch.setenv(matmul_decode.VARIANT_ENV, "mma_shot")
-    a, b, sfa, sfb = _case(NVFP4, 1, 16, k, seed=k)
+    a, b, sfa, sfb = _case(NVFP4, m, 16, k, seed=k)
     got = matmul.block_scaled_matmul(a, b, layouts.interleave(sfa), layouts.interleave(sfb),
                                      NVFP4, k=k, out_dtype="float32", device="interp",
                                      target="sm_90a")
@@ -189,8 +199,9 @@ def test_grouped_dispatch_env_shot(monkeypatch):
 
 
 def test_shot_bundled_and_sized():
-    """Both one-shot variants are bundled (grouped, row scales, dense; both FP4 formats) and
-    their dynamic shared memory holds 16 weight + 8 activation rows of K / 2 (+ pad) bytes."""
+    """The one-shot variants are bundled (grouped, row scales, dense; both FP4 formats) and
+    their dynamic shared memory holds 16 weight + 8 / 16 activation rows of K / 2 (+ pad)
+    bytes."""
     specs = [s for s in matmul_decode.bundle_specs("sm_90a")
              if s.variant in matmul_decode.SHOT_KCAP]
     assert {(s.variant, s.fmt, s.mode, s.row_scales) for s in specs} >= {
@@ -199,7 +210,7 @@ def test_shot_bundled_and_sized():
     for s in specs:
         cap = matmul_decode.SHOT_KCAP[s.variant]
         assert s.cols == 16 and s.block == (128, 1, 1)
-        assert s.dynamic_shared_bytes >= 24 * cap // 2
+        assert s.dynamic_shared_bytes >= (16 + matmul_decode.SHOT_TOKENS[s.variant]) * cap // 2
         assert (matmul_decode.shot_row_stride(cap) // 16) % 2 == 1
 
 
@@ -211,20 +222,21 @@ _SHOT_SPECS = [s for s in matmul_decode.bundle_specs("sm_90a")
 @pytest.mark.parametrize("spec", _SHOT_SPECS, ids=lambda s: s.kernel_name)
 def test_shot_sass(spec):
     """sm_90a SASS: the weight / activation rows by cp.async.bulk (UBLKCP), no spill at the
-    128-register cap, 2 HMMA.16816.F32 per 16-byte chunk (two chunks per iteration of the
-    chunk loop, one more for an odd count: 6 in all), no global load or local memory access
-    in the chunk loop; shared memory for 4 CTAs per SM ("mma_shot") / 2 ("mma_shot7k")."""
+    128-register cap, 2 HMMA.16816.F32 per 16-byte chunk and n-tile (two chunks per iteration
+    of the chunk loop, one more for an odd count: 6 in all; "mma_shot16" also has the
+    two-n-tile loop: 18), no global load or local memory access in the chunk loop; shared
+    memory for 4 CTAs per SM ("mma_shot") / 2 ("mma_shot7k") / 3 ("mma_shot16")."""
     from test_matmul_decode_lower import _ops, _step_loop
 
     kernel = matmul_decode.kernel(spec)
     meta, ops = kernel.meta, _ops(kernel.asm["sass"])
     assert 0 < meta["registers"] <= matmul_decode.VARIANT_REGISTERS[spec.variant], meta
     assert meta["spill_stores"] == 0 and meta["spill_loads"] == 0, meta
-    assert ops.count("HMMA.16816.F32") == 6
+    assert ops.count("HMMA.16816.F32") == 6 * (3 if spec.variant == "mma_shot16" else 1)
     assert any(o.startswith("UBLKCP") for o in ops)
     loop = _step_loop(kernel.asm["sass"])
     assert loop.count("HMMA.16816.F32") == 4
     assert not [o for o in loop if o.startswith(("LDG", "LDL", "STL"))], loop
     smem = meta["static_shared_bytes"] + spec.dynamic_shared_bytes + 1024  # (+ the CTA's
-    per_sm = {"mma_shot": 4, "mma_shot7k": 2}[spec.variant]  # reserved 1 KB)
+    per_sm = {"mma_shot": 4, "mma_shot7k": 2, "mma_shot16": 3}[spec.variant]  # reserved 1 KB)
     assert per_sm * smem <= 228 * 1024, smem

@@ -1,4 +1,5 @@
-"""The one-shot decode variants ("mma_shot", "mma_shot7k") on an NVIDIA H100/H200: the fp32
+"""The one-shot decode variants ("mma_shot", "mma_shot7k", "mma_shot16" for M = 16: what
+matmul_decode.shot_variant picks) on an NVIDIA H100/H200: the fp32
 bound at the dense decode shapes and the MoE gate_up shapes at T in {1, 16}, the same bits
 from run to run (fixed warp order), and the dispatch switch. Needs the bundle::
 
@@ -27,7 +28,7 @@ FP4 = FORMATS[:2]
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
 def test_dense_shot_within_bound_gpu(fmt, m, nk):
     n, k = nk
-    variant = matmul_decode.shot_variant(k)
+    variant = matmul_decode.shot_variant(k, m)
     args, cols, exact, abs_sum = _dense(fmt, m, n, k, seed=m + n + k)
 
     def run():

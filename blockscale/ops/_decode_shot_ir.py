@@ -31,27 +31,34 @@ activation row g, decoded the same way (NVFP4: times ``f16(|sA|)`` of the unit's
 the "mma" variants' staging does). Folding is "mma"'s: NVFP4 one MMA per block from zero and
 ``acc = fma(D, |sB|, acc)``, MXFP4 two chained MMAs per block and ``fma(D * 2^30,
 (sA * sB) * 0.25, acc)``: every block term is exact, one rounding per block. Passes of
-:data:`TOKENS` rows re-read the weights from shared memory (only the activation rows are
-copied again).
+``tokens`` rows (8: one n-tile; 16, "mma_shot16": two n-tiles sharing each A fragment's
+decode, ~27 % fewer instructions per 16 rows than two 8-row passes) re-read the weights from
+shared memory (only the activation rows are copied again).
 
 Reduction (deterministic)
 -------------------------
-Warps 1..3 store their fp32 partials (4 per lane) to shared memory; warp 0 adds them to its
-own in the fixed order ``((p0 + p1) + p2) + p3``, then (NVFP4) times ``2^28`` and the
-caller's ``store`` (alpha / expert scale / row scale, cast). An output's K blocks thus go
+Warps 1..3 store their fp32 partials (4 per lane and n-tile) to shared memory; warp 0 adds
+them to its own in the fixed order ``((p0 + p1) + p2) + p3``, then (NVFP4) times ``2^28`` and
+the caller's ``store`` (alpha / expert scale / row scale, cast). An output's K blocks thus go
 through J - 4 in-warp roundings plus 3 adds (J - 1, as the sequential chain; the warps'
 first terms are exact): the fp32 bound of tests/test_matmul_common.py holds, the bits differ
 from the portable kernel's, and they are the same from run to run.
 
 Shared memory (per CTA, ``kcap`` = the variant's largest K)
 ----------------------------------------------------------
-dynamic: 16 weight rows + 8 activation rows of ``kcap / 2 + 16`` bytes (the 16-byte pad makes
-the row stride an odd number of 16-byte chunks: the 8 rows x 4 lanes of a fragment read hit
-distinct banks) and the 4 mbarriers; static: decoded weight scales (NVFP4 raw E4M3 bytes
-``[pair][g][h][block]``, MXFP4 f32 ``[block][g][h]``), activation scales (NVFP4 f16 pairs
-``[pair][token]``, MXFP4 f32 ``[block][token]``) and the 3 warps' partials. "mma_shot"
-(kcap 3072): 37.3 KB + 10.8 KB (MXFP4; 7.7 KB NVFP4): 4 CTAs per SM; "mma_shot7k" (kcap 7168:
-DeepSeek-V3): 86.4 KB + 25 KB: 2 CTAs per SM.
+dynamic: 16 weight rows + ``tokens`` activation rows of ``kcap / 2 + 16`` bytes (the 16-byte
+pad makes the row stride an odd number of 16-byte chunks: the 8 rows x 4 lanes of a fragment
+read hit distinct banks) and the 4 mbarriers; static: the weight scales (f32
+``[pair][g][h][block]`` for NVFP4 with kcap <= 4096, else raw E4M3 bytes decoded per use;
+MXFP4 f32 ``[block][g][h]``), the activation scales (NVFP4 f16 pairs ``[pair][token]``,
+MXFP4 f32 ``[block][token]``) and the 3 warps' partials. "mma_shot" (kcap 3072): 37.3 KB +
+16.5 KB: 4 CTAs per SM; "mma_shot16": 49.7 + 21 KB: 3; "mma_shot7k" (kcap 7168,
+DeepSeek-V3): 86.4 KB + 15.5 / 22.5 KB (NVFP4 / MXFP4): 2.
+
+sm_90a SASS of the chunk loop (2 chunks an iteration; per chunk and warp: 16 rows x 16 bytes)
+NVFP4 133 / 2 instructions (A decode 2 x 14, B decode and |sA| ~20, fold 9, 2 HMMA), MXFP4
+123 / 2; "mma_shot16"'s two-n-tile loop 195 / 2 (MXFP4 185 / 2); 105-128 registers, no
+spill.
 """
 
 from __future__ import annotations
@@ -89,8 +96,6 @@ WARPS = 4
 THREADS = 32 * WARPS
 #: weight rows (output columns) per CTA: one MMA M-tile
 COLS = 16
-#: group rows (tokens) per pass: one MMA n-tile
-TOKENS = 8
 #: warps whose partials go through shared memory (warp 0 adds them)
 RED_WARPS = WARPS - 1
 
@@ -103,34 +108,45 @@ def check_kcap(kcap: int) -> None:
 
 def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
                      n_count: Value, k: Value, a_srow: Callable[[Value], Value],
-                     store: Callable[[Value, Value, Value], None], kcap: int) -> None:
+                     store: Callable[[Value, Value, Value], None], kcap: int,
+                     tokens: int = 8) -> None:
     """The body for one (group, 16-column slice) (the interface of
     :func:`blockscale.ops._decode_ir.emit_decode`; a CTA of :data:`THREADS` threads computes
     columns ``[16 block_idx.x, +16)`` of rows ``[start, end)``); ``k`` must be <= ``kcap``
-    (the host checks: the shared rows hold ``kcap / 2`` bytes) and a multiple of 32."""
+    (the host checks: the shared rows hold ``kcap / 2`` bytes) and a multiple of 32;
+    ``tokens``: rows per pass, 8 (one n-tile) or 16 (two n-tiles sharing each A fragment's
+    decode; a pass of <= 8 rows runs the one-n-tile loop)."""
     check_kcap(kcap)
+    if tokens not in (8, 16):
+        raise ValueError(f"tokens must be 8 or 16, got {tokens}")
     lay = _Fmt(fmt)
     nv = lay.nv
+    nt_max = tokens // 8
+    # NVFP4 weight scales decoded to f32 at staging when they fit (kcap <= 4096: 12 KB);
+    # else raw E4M3, decoded per use (~7 more instructions a chunk)
+    f32_sb = nv and kcap <= 4096
     f32, i32, i16, i64 = bir.f32(), bir.i32(), bir.i16(), bir.i64()
     stride = shot_row_stride(kcap)
     pairs_cap = kcap // 32  # 16-byte chunks (unit pairs) of a row
     d1_cap = -(-kcap // (4 * fmt.block_size))  # 5-D scale words of a row
     a_off = COLS * stride  # the activation rows' byte offset
-    buf = tma.extern_shared_buffer(kb, shot_dynamic_bytes(kcap), align=128)
+    per_slice = COLS + tokens  # the copies of a K slice (rows)
+    buf = tma.extern_shared_buffer(kb, shot_dynamic_bytes(kcap, tokens), align=128)
     base = W.shared_address(buf)
-    bars = arith.addi(base, bir.const((COLS + TOKENS) * stride, i64))
+    bars = arith.addi(base, bir.const(per_slice * stride, i64))
 
     def bar(w: Value) -> Value:
         """The shared address of warp ``w``'s mbarrier (its K slice's copies)."""
         return arith.addi(bars, bir.as_i64(bir.mul(w, 8)))
 
-    # weight scales: NVFP4 raw E4M3 [pair][g][h][block 2q + s] (i16 per (pair, g, h)); MXFP4
-    # f32 [block][g][h]
-    sb = workgroup_buffer(kb, pairs_cap * COLS, i16 if nv else f32)
+    # weight scales [pair][g][h][block 2q + s]: NVFP4 f32 (or raw E4M3: an i16 per
+    # (pair, g, h)); MXFP4 f32 [block][g][h]
+    sb = workgroup_buffer(kb, pairs_cap * COLS * (2 if f32_sb else 1),
+                          f32 if f32_sb or not nv else i16)
     # activation scales: NVFP4 f16 pairs (blocks 2q, 2q + 1) [pair][token]; MXFP4 f32
     # [block][token]
-    sa = workgroup_buffer(kb, pairs_cap * TOKENS, i32 if nv else f32)
-    red = workgroup_buffer(kb, RED_WARPS * 32 * 4, f32)
+    sa = workgroup_buffer(kb, pairs_cap * tokens, i32 if nv else f32)
+    red = workgroup_buffer(kb, RED_WARPS * 32 * 4 * nt_max, f32)
     a, w, sfa, sfb = (kb.arg(x) for x in ("a", "w" if "w" in kb.values else "b", "sfa", "sfb"))
 
     tid = bir.thread_idx("x")
@@ -144,7 +160,6 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
     n_last = bir.sub(n_count, 1)
     e = bir.as_index(expert)
     zero = bir.const(0.0, f32)
-    rb_i32 = bir.as_i32(row_bytes)
 
     with bir.when(bir.ult(tid, WARPS)):
         cpasync.mbarrier_init(bar(tid), 1)
@@ -160,29 +175,41 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
         idx = bir.add(tid, it * THREADS)
         return bir.urem(idx, n), bir.udiv(idx, n)
 
-    def load_weight_scales() -> list[Value]:
-        """This thread's scale words: rows :func:`slots` (5-D padding rows past N: in
-        bounds, never stored), words < d1 (else 0)."""
+    def load_words(buf_: Value, iters: int, n: int, live: Callable[[Value], Value],
+                   row_off: Callable[[Value], Value]) -> list[Value]:
+        """This thread's 4-byte scale words (rows :func:`slots`, word q < d1 where
+        ``live(row)``; else 0) at ``row_off(row) + 512 q``."""
         out = []
-        for it in range(s_iters):
-            r, q = slots(it, COLS)
-            br = bir.if_(bir.ult(q, d1), [i32])
+        for it in range(iters):
+            r, q = slots(it, n)
+            br = bir.if_(bir.logical_and(bir.ult(q, d1), live(r)), [i32])
             with br.then():
-                off = bir.add(mir.tcgen_row_offset(bir.add(b_srow0, bir.add(n0, r)), d1),
-                              bir.mul(q, SF_ATOM_BYTES))
-                v = bir.vector_load(bir.vec(4, bir.i8()), sfb, off, alignment=4)
+                off = bir.add(row_off(r), bir.mul(q, SF_ATOM_BYTES))
+                v = bir.vector_load(bir.vec(4, bir.i8()), buf_, off, alignment=4)
                 br.yield_(vector.extract(vector.bitcast(bir.vec(1, i32), v), [], [0]))
             with br.else_():
                 br.yield_(_i32c(0))
             out.append(br.results[0])
         return out
 
+    def load_weight_scales() -> list[Value]:
+        """(5-D padding rows past N: in bounds, never stored)"""
+        return load_words(sfb, s_iters, COLS, lambda r: bir.ult(r, COLS),
+                          lambda r: mir.tcgen_row_offset(bir.add(b_srow0, bir.add(n0, r)), d1))
+
     def stage_weight_scales(words: list[Value]) -> None:
         for it, word in enumerate(words):
             r, q = slots(it, COLS)
             gg, hh = bir.urem(r, 8), bir.udiv(r, 8)
             with bir.when(bir.ult(q, d1)):
-                if nv:  # blocks 4q .. 4q + 3 = pairs 2q (bytes 0, 1), 2q + 1 (bytes 2, 3)
+                if f32_sb:  # blocks 4q .. 4q + 3 = pairs 2q, 2q + 1: [pair][g][h][2] f32
+                    svs = decode_e4m3_word(word)
+                    for j in range(2):
+                        dst = bir.add(bir.mul(bir.add(bir.mul(q, 2), j), 2 * COLS),
+                                      bir.add(bir.mul(gg, 4), bir.mul(hh, 2)))
+                        bir.vector_store(bir.from_elements(bir.vec(2, f32), svs[2 * j:2 * j + 2]),
+                                         sb, dst, alignment=8)
+                elif nv:  # the raw bytes (b0, b1) of pair 2q, (b2, b3) of pair 2q + 1
                     for j in range(2):
                         half = arith.trunci(i16, bir.shru(word, _i32c(16 * j)) if j else word)
                         dst = bir.add(bir.mul(bir.add(bir.mul(q, 2), j), COLS),
@@ -196,39 +223,29 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
                                       bir.add(bir.mul(gg, 2), hh))
                         bir.store(v, sb, dst)
 
-    a_iters = -(-TOKENS * d1_cap // THREADS)
+    a_iters = -(-tokens * d1_cap // THREADS)
 
     def load_act_scales(r0: Value, rows: Value) -> list[Value]:
-        """This thread's activation scale words of the pass (tokens :func:`slots`)."""
-        out = []
-        for it in range(a_iters):
-            n, q = slots(it, TOKENS)
-            br = bir.if_(bir.logical_and(bir.ult(q, d1), bir.ult(n, rows)), [i32])
-            with br.then():
-                off = bir.add(mir.tcgen_row_offset(a_srow(bir.add(r0, n)), d1),
-                              bir.mul(q, SF_ATOM_BYTES))
-                v = bir.vector_load(bir.vec(4, bir.i8()), sfa, off, alignment=4)
-                br.yield_(vector.extract(vector.bitcast(bir.vec(1, i32), v), [], [0]))
-            with br.else_():  # (rows past the pass: zeros, read only by unstored columns)
-                br.yield_(_i32c(0))
-            out.append(br.results[0])
-        return out
+        """The pass's activation scale words of this thread (rows past the pass: 0, read
+        only by unstored columns)."""
+        return load_words(sfa, a_iters, tokens, lambda n: bir.ult(n, rows),
+                          lambda n: mir.tcgen_row_offset(a_srow(bir.add(r0, n)), d1))
 
     def stage_act_scales(words: list[Value]) -> None:
         for it, word in enumerate(words):
-            n, q = slots(it, TOKENS)
+            n, q = slots(it, tokens)
             with bir.when(bir.ult(q, d1)):
                 if nv:  # |sA| as f16 (exact), pairs 2q, 2q + 1
                     svs = [arith.truncf(bir.f16(), x) for x in decode_e4m3_word(word)]
                     for j in range(2):
                         pr = bir.from_elements(bir.vec(2, bir.f16()), svs[2 * j:2 * j + 2])
                         bir.store(mma.pack_i32(pr), sa,
-                                  bir.add(bir.mul(bir.add(bir.mul(q, 2), j), TOKENS), n))
+                                  bir.add(bir.mul(bir.add(bir.mul(q, 2), j), tokens), n))
                 else:
                     for i in range(4):
                         v = mir.decode_scale(fmt, bir.bit_and(bir.shru(word, _i32c(8 * i)),
                                                               0xFF))
-                        bir.store(v, sa, bir.add(bir.mul(bir.add(bir.mul(q, 4), i), TOKENS),
+                        bir.store(v, sa, bir.add(bir.mul(bir.add(bir.mul(q, 4), i), tokens),
                                                  n))
 
     per = bir.ceil_div(chunks, WARPS)  # a warp's K slice: chunks [c_lo, c_hi)
@@ -240,22 +257,22 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
     def issue(r0: Value, rows: Value, first: Value) -> None:
         """The pass's bulk copies, slice-major (DRAM serves them about in issue order: warp
         0's slice lands first and its MMAs start while the rest streams in): thread
-        ``24 s + j`` copies slice s of weight row j < 16 (first pass only; rows past N copy
-        row N - 1, never stored) or of activation row ``r0 + j - 16`` (j - 16 < rows); thread
-        s < 4 arrives on slice s's mbarrier expecting their bytes (none for an empty
-        slice)."""
+        ``(16 + tokens) s + j`` copies slice s of weight row j < 16 (first pass only; rows
+        past N copy row N - 1, never stored) or of activation row ``r0 + j - 16`` (j - 16 <
+        rows); thread s < 4 arrives on slice s's mbarrier expecting their bytes (none for an
+        empty slice)."""
         i64v = bir.as_i64
-        lo, hi = k_slice(bir.udiv(tid, COLS + TOKENS))
+        lo, hi = k_slice(bir.udiv(tid, per_slice))
         nbytes = bir.mul(bir.sub(hi, lo), 16)
         with bir.when(bir.ult(tid, WARPS)):
             nrows = bir.add(rows, bir.select(first, bir.const(COLS), bir.const(0)))
             slo, shi = k_slice(tid)
             cpasync.mbarrier_arrive_expect_tx_n(
                 bar(tid), bir.as_i32(bir.mul(nrows, bir.mul(bir.sub(shi, slo), 16))))
-        j = bir.urem(tid, COLS + TOKENS)
-        live = bir.logical_and(bir.ult(tid, WARPS * (COLS + TOKENS)), bir.ult(lo, hi))
+        j = bir.urem(tid, per_slice)
+        live = bir.logical_and(bir.ult(tid, WARPS * per_slice), bir.ult(lo, hi))
         with bir.when(live):
-            sl = bir.udiv(tid, COLS + TOKENS)
+            sl = bir.udiv(tid, per_slice)
             col = bir.mul(lo, 16)
             with bir.when(bir.logical_and(first, bir.ult(j, COLS))):
                 row = bir.add(bir.mul(e, n_count), bir.umin(bir.add(n0, j), n_last))
@@ -286,68 +303,94 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
         return byte_perm(ld(off), ld(bir.add(off, 8)), sel)
 
     w_rows = [bir.mul(bir.add(g, 8 * h), stride) for h in range(2)]
-    a_row = bir.add(bir.mul(g, stride), a_off)
+    a_rows = [bir.add(bir.mul(bir.add(g, 8 * nt), stride), a_off) for nt in range(nt_max)]
 
-    def pair(q: Value, accs: list[Value], b_live: Value) -> list[Value]:
-        """Chunk q (units 2q, 2q + 1) folded into ``accs``."""
+    def weight_scales(q: Value) -> list[Value]:
+        """Chunk q's weight scales, rows g, g + 8 x blocks 2q, 2q + 1 (NVFP4:
+        ``[g 2q, g 2q+1, g+8 2q, g+8 2q+1]``) or block q (MXFP4: ``[g, g + 8]``)."""
+        if f32_sb:
+            v = bir.vector_load(bir.vec(4, f32), sb, bir.add(bir.mul(q, 2 * COLS),
+                                                             bir.mul(g, 4)), alignment=16)
+            return [bir.extract(v, i) for i in range(4)]
+        if nv:
+            v = bir.vector_load(bir.vec(2, i16), sb, bir.add(bir.mul(q, COLS), bir.mul(g, 2)),
+                                alignment=4)
+            return decode_e4m3_word(vector.extract(vector.bitcast(bir.vec(1, i32), v), [], [0]))
+        v = bir.vector_load(bir.vec(2, f32), sb, bir.add(bir.mul(q, COLS), bir.mul(g, 2)),
+                            alignment=8)
+        return [bir.extract(v, i) for i in range(2)]
+
+    def pair(q: Value, accs: list[Value], b_lives: list[Value]) -> list[Value]:
+        """Chunk q (units 2q, 2q + 1) folded into ``accs`` (4 per n-tile, n-tiles
+        ``len(b_lives)``; ``b_lives[nt]``: token g + 8 nt is a row of the pass)."""
         accs = list(accs)
         pa = [fp4_word_to_f16_pairs(word(r, q)) for r in w_rows]
-        br = bir.if_(b_live, [i32, i32] if nv else [i32])  # token g's word (and |sA| pair)
-        with br.then():
-            bw = word(a_row, q)
-            br.yield_(bw, bir.load(sa, bir.add(bir.mul(q, TOKENS), g))) if nv else \
-                br.yield_(bw)
-        with br.else_():
-            br.yield_(*([_i32c(0)] * (2 if nv else 1)))
-        pb = fp4_word_to_f16_pairs(br.results[0])
-        if nv:  # times f16 |sA| of blocks 2q (pairs 0, 1) and 2q + 1 (pairs 2, 3)
-            sw = br.results[1]
-            sp = [_f16x2(byte_perm(sw, _i32c(0), s_)) for s_ in (0x1010, 0x3232)]
-            pb = [arith.mulf(x, sp[i // 2]) for i, x in enumerate(pb)]
-            sbw = bir.vector_load(bir.vec(2, i16), sb, bir.add(bir.mul(q, COLS), bir.mul(g, 2)),
-                                  alignment=4)
-            dec = decode_e4m3_word(vector.extract(vector.bitcast(bir.vec(1, i32), sbw), [], [0]))
-        else:
-            sbv = bir.vector_load(bir.vec(2, f32), sb, bir.add(bir.mul(q, COLS), bir.mul(g, 2)),
-                                  alignment=8)
-            sav = bir.vector_load(bir.vec(2, f32), sa, bir.add(bir.mul(q, TOKENS), bir.mul(t, 2)),
-                                  alignment=8)
-        d = [zero] * 4
-        for s_ in range(2):
-            afr = [pa[0][2 * s_], pa[1][2 * s_], pa[0][2 * s_ + 1], pa[1][2 * s_ + 1]]
-            bfr = [pb[2 * s_], pb[2 * s_ + 1]]
-            d = list(mma.mma_m16n8k16(afr, bfr, [zero] * 4 if nv or s_ == 0 else d,
-                                      input_type="f16"))
-            if nv:  # exact D * |sB| = 2^-28 t sA sB: one rounding
+        sbs = weight_scales(q)
+        for nt, b_live in enumerate(b_lives):
+            br = bir.if_(b_live, [i32, i32] if nv else [i32])  # token's word (and |sA|)
+            with br.then():
+                bw = word(a_rows[nt], q)
+                br.yield_(bw, bir.load(sa, bir.add(bir.mul(q, tokens), bir.add(g, 8 * nt)))) \
+                    if nv else br.yield_(bw)
+            with br.else_():
+                br.yield_(*([_i32c(0)] * (2 if nv else 1)))
+            pb = fp4_word_to_f16_pairs(br.results[0])
+            if nv:  # times f16 |sA| of blocks 2q (pairs 0, 1) and 2q + 1 (pairs 2, 3)
+                sw = br.results[1]
+                sp = [_f16x2(byte_perm(sw, _i32c(0), s_)) for s_ in (0x1010, 0x3232)]
+                pb = [arith.mulf(x, sp[i // 2]) for i, x in enumerate(pb)]
+            else:
+                sav = bir.vector_load(bir.vec(2, f32), sa, bir.add(
+                    bir.mul(q, tokens), bir.add(bir.mul(t, 2), 8 * nt)), alignment=8)
+            d = [zero] * 4
+            for s_ in range(2):
+                afr = [pa[0][2 * s_], pa[1][2 * s_], pa[0][2 * s_ + 1], pa[1][2 * s_ + 1]]
+                bfr = [pb[2 * s_], pb[2 * s_ + 1]]
+                d = list(mma.mma_m16n8k16(afr, bfr, [zero] * 4 if nv or s_ == 0 else d,
+                                          input_type="f16"))
+                if nv:  # exact D * |sB| = 2^-28 t sA sB: one rounding
+                    for i in range(4):
+                        a_ = 4 * nt + i
+                        accs[a_] = mmath.fma(d[i], sbs[2 * (i >> 1) + s_], accs[a_])
+            if not nv:  # the portable kernel's ((sA * sB) / 4) * (4 * block sum)
                 for i in range(4):
-                    accs[i] = mmath.fma(d[i], dec[2 * (i >> 1) + s_], accs[i])
-        if not nv:  # the portable kernel's ((sA * sB) / 4) * (4 * block sum)
-            for i in range(4):
-                dd = arith.mulf(d[i], bir.const(4 * UNSCALE, f32))
-                s = arith.mulf(arith.mulf(bir.extract(sav, i & 1), bir.extract(sbv, i >> 1)),
-                               bir.const(0.25, f32))
-                accs[i] = mmath.fma(dd, s, accs[i])
+                    dd = arith.mulf(d[i], bir.const(4 * UNSCALE, f32))
+                    s = arith.mulf(arith.mulf(bir.extract(sav, i & 1), sbs[i >> 1]),
+                                   bir.const(0.25, f32))
+                    accs[4 * nt + i] = mmath.fma(dd, s, accs[4 * nt + i])
         return accs
 
-    def slice_sum(rows: Value) -> list[Value]:
-        """This warp's 4 partials over its chunks, two chunks an iteration."""
-        b_live = bir.ult(g, rows)
+    def chunk_loop(rows: Value, nts: int) -> list[Value]:
+        """This warp's ``4 nts`` partials over its chunks, two chunks an iteration."""
+        b_lives = [bir.ult(bir.add(g, 8 * nt), rows) for nt in range(nts)]
         n2 = bir.mul(bir.udiv(bir.sub(c_hi, c_lo), 2), 2)
-        with bir.for_range(c_lo, bir.add(c_lo, n2), 2, carry=[zero] * 4) as cl:
-            acc = pair(cl.iv, list(cl.carried), b_live)
-            cl.yield_(*pair(bir.add(cl.iv, 1), acc, b_live))
-        br = bir.if_(bir.ult(bir.add(c_lo, n2), c_hi), [f32] * 4)
+        with bir.for_range(c_lo, bir.add(c_lo, n2), 2, carry=[zero] * (4 * nts)) as cl:
+            acc = pair(cl.iv, list(cl.carried), b_lives)
+            cl.yield_(*pair(bir.add(cl.iv, 1), acc, b_lives))
+        br = bir.if_(bir.ult(bir.add(c_lo, n2), c_hi), [f32] * (4 * nts))
         with br.then():
-            br.yield_(*pair(bir.sub(c_hi, 1), list(cl.results), b_live))
+            br.yield_(*pair(bir.sub(c_hi, 1), list(cl.results), b_lives))
         with br.else_():
             br.yield_(*cl.results)
         return list(br.results)
 
-    with bir.for_range(start, end, TOKENS) as pl:
+    def slice_sum(rows: Value) -> list[Value]:
+        """This warp's ``4 nt_max`` partials (a pass of <= 8 rows: the one-n-tile loop, the
+        second n-tile's partials zero, never stored)."""
+        if nt_max == 1:
+            return chunk_loop(rows, 1)
+        br = bir.if_(bir.ult(bir.const(8), rows), [f32] * 8)
+        with br.then():
+            br.yield_(*chunk_loop(rows, 2))
+        with br.else_():
+            br.yield_(*chunk_loop(rows, 1), *[zero] * 4)
+        return list(br.results)
+
+    with bir.for_range(start, end, tokens) as pl:
         r0 = pl.iv
-        rows = bir.umin(bir.sub(end, r0), TOKENS)
+        rows = bir.umin(bir.sub(end, r0), tokens)
         first = bir.eq(r0, start)
-        parity = bir.as_i32(bir.urem(bir.udiv(bir.sub(r0, start), TOKENS), 2))
+        parity = bir.as_i32(bir.urem(bir.udiv(bir.sub(r0, start), tokens), 2))
         bir.barrier()  # the mbarriers' init; the previous pass's shared reads are done
         br = bir.if_(first, [i32] * s_iters)  # (the weight scales: once)
         with br.then():
@@ -363,22 +406,25 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
         cpasync.mbarrier_wait(bar(warp), parity)  # this warp's K slice
         accs = slice_sum(rows)
         with bir.when(bir.ne(warp, 0)):
-            bir.vector_store(bir.from_elements(bir.vec(4, f32), accs), red,
-                             bir.mul(bir.add(bir.mul(bir.sub(warp, 1), 32), lane), 4),
-                             alignment=16)
+            for nt in range(nt_max):
+                bir.vector_store(bir.from_elements(bir.vec(4, f32), accs[4 * nt:4 * nt + 4]),
+                                 red, bir.mul(bir.add(bir.mul(bir.sub(warp, 1), 32 * nt_max),
+                                                      bir.add(lane, 32 * nt)), 4),
+                                 alignment=16)
         bir.barrier()
         with bir.when(bir.eq(warp, 0)):
-            tot = list(accs)
-            for wi in range(RED_WARPS):  # fixed order: warps 1, 2, 3
-                p = bir.vector_load(bir.vec(4, f32), red, bir.mul(bir.add(lane, 32 * wi), 4),
-                                    alignment=16)
-                tot = [arith.addf(tot[i], bir.extract(p, i)) for i in range(4)]
-            if nv:  # exact: the accumulators are 2^-28 times the block sums
-                tot = [arith.mulf(v, bir.const(UNSCALE, f32)) for v in tot]
-            for i in range(4):
-                col = bir.add(n0, bir.add(g, 8 * (i >> 1)))
-                tok = bir.add(bir.mul(t, 2), i & 1)
-                with bir.when(bir.logical_and(bir.ult(tok, rows), bir.ult(col, n_count))):
-                    store(tot[i], bir.add(r0, tok), col)
+            for nt in range(nt_max):
+                tot = accs[4 * nt:4 * nt + 4]
+                for wi in range(RED_WARPS):  # fixed order: warps 1, 2, 3
+                    p = bir.vector_load(bir.vec(4, f32), red, bir.mul(
+                        bir.add(lane, 32 * (nt_max * wi + nt)), 4), alignment=16)
+                    tot = [arith.addf(tot[i], bir.extract(p, i)) for i in range(4)]
+                if nv:  # exact: the accumulators are 2^-28 times the block sums
+                    tot = [arith.mulf(v, bir.const(UNSCALE, f32)) for v in tot]
+                for i in range(4):
+                    col = bir.add(n0, bir.add(g, 8 * (i >> 1)))
+                    tok = bir.add(bir.mul(t, 2), 8 * nt + (i & 1))
+                    with bir.when(bir.logical_and(bir.ult(tok, rows), bir.ult(col, n_count))):
+                        store(tot[i], bir.add(r0, tok), col)
     _align_attributions(kb, 16)
 

@@ -105,16 +105,20 @@ COLS = 32
 #: step; one wave of CTAs; _decode_stream_ir), "mma_c8r" / "mma_c8r4" ("mma_c8w" with the
 #: weights streamed through a shared ring of 3 / 4 stages by cp.async.bulk, 2 / 3 steps
 #: ahead across units; 3 / 2 CTAs per SM)
-#: "mma_shot" / "mma_shot7k" (16 columns a CTA, the CTA's whole weight slice and the pass's
-#: activation rows copied by cp.async.bulk at once into shared memory, the 4 warps on K
-#: quarters, their fp32 partials added in warp order: deterministic, not bit-identical to
-#: the portable kernel; K <= 3072 / 7168: :data:`SHOT_KCAP`; _decode_shot_ir)
+#: "mma_shot" / "mma_shot7k" / "mma_shot16" (16 columns a CTA, the CTA's whole weight slice
+#: and the pass's activation rows copied by cp.async.bulk at once into shared memory, the 4
+#: warps on K quarters, their fp32 partials added in warp order: deterministic, not
+#: bit-identical to the portable kernel; K <= 3072 / 7168 / 3072 (:data:`SHOT_KCAP`), passes
+#: of 8 / 8 / 16 rows (:data:`SHOT_TOKENS`); _decode_shot_ir)
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
             "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w", "mma_c8r",
-            "mma_c8r4", "mma_shot", "mma_shot7k")
+            "mma_c8r4", "mma_shot", "mma_shot7k", "mma_shot16")
 #: the one-shot variants' largest K (their shared weight rows hold K / 2 bytes): "mma_shot"
-#: 4 CTAs per SM (gpt-oss, dense N=5760 K=2944), "mma_shot7k" 2 (DeepSeek-V3 K = 7168)
-SHOT_KCAP = {"mma_shot": 3072, "mma_shot7k": 7168}
+#: 4 CTAs per SM (gpt-oss, dense N=5760 K=2944), "mma_shot7k" 2 (DeepSeek-V3 K = 7168),
+#: "mma_shot16" 3 (two n-tiles a pass: one A decode for 16 rows; dense M = 9..16)
+SHOT_KCAP = {"mma_shot": 3072, "mma_shot7k": 7168, "mma_shot16": 3072}
+#: the one-shot variants' rows per pass (activation rows in shared memory)
+SHOT_TOKENS = {"mma_shot": 8, "mma_shot7k": 8, "mma_shot16": 16}
 #: the shared-memory staging of each "mma_c*" variant (_decode_mma_ir._Staging)
 STAGING = {"mma_c": "cf", "mma_c8": "cf8", "mma_c85": "cf8", "mma_c86": "cf8", "mma_c8t": "cf8",
            "mma_c8s2": "cf8", "mma_c8s4": "cf8", "mma_c8d2": "cf8", "mma_c8w": "cf8",
@@ -151,7 +155,7 @@ VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_p": 128, "mma_p5
                      "mma_psk": 128, "mma_c": 128, "mma_c8": 128, "mma_c85": 96,
                      "mma_c86": 80, "mma_c8t": 128, "mma_c8s2": 128, "mma_c8s4": 128,
                      "mma_c8d2": 168, "mma_c8w": 128, "mma_c8r": 128, "mma_c8r4": 128,
-                     "mma_shot": 128, "mma_shot7k": 128}
+                     **dict.fromkeys(SHOT_KCAP, 128)}
 #: mma_psk: split K until the grid has about two waves of CTAs (4 per SM of 132 SMs, twice)
 SPLIT_K_P_CTAS = 2 * 4 * 132
 #: mma_psk: at least this many K steps (512 FP4 elements) per split (one step is loaded
@@ -220,7 +224,7 @@ class DecodeSpec(FormatSpec):
         for the stages' 1024-byte alignment after the static bytes (so also > 48 KB: the
         CUDA runtime opts in, static + dynamic being > 48 KB in any case)."""
         if self.variant in SHOT_KCAP:  # the one-shot variants' weight / activation rows
-            return shot_dynamic_bytes(SHOT_KCAP[self.variant])
+            return shot_dynamic_bytes(SHOT_KCAP[self.variant], SHOT_TOKENS[self.variant])
         ring = RING.get(self.variant, 0)
         return ring * 64 * 256 + 1024 if ring else 0
 
@@ -282,15 +286,20 @@ def shot_row_stride(kcap: int) -> int:
     return rb + (16 if (rb // 16) % 2 == 0 else 0)
 
 
-def shot_dynamic_bytes(kcap: int) -> int:
-    """The one-shot variants' dynamic shared memory: 16 weight rows, 8 activation rows of
-    :func:`shot_row_stride` bytes, and the 4 warps' mbarriers (8 bytes each)."""
-    return 24 * shot_row_stride(kcap) + 32
+def shot_dynamic_bytes(kcap: int, tokens: int = 8) -> int:
+    """The one-shot variants' dynamic shared memory: 16 weight rows, ``tokens`` activation
+    rows of :func:`shot_row_stride` bytes, and the 4 warps' mbarriers (8 bytes each)."""
+    return (16 + tokens) * shot_row_stride(kcap) + 32
 
 
-def shot_variant(k: int) -> str | None:
-    """The one-shot variant with the smallest :data:`SHOT_KCAP` that holds K, or None."""
-    fits = [v for v, cap in sorted(SHOT_KCAP.items(), key=lambda x: x[1]) if k <= cap]
+def shot_variant(k: int, rows: int = 1) -> str | None:
+    """The one-shot variant for K and ``rows`` (the largest group's): "mma_shot16" for 9..16
+    rows when it holds K, else the 8-row variant with the smallest :data:`SHOT_KCAP` that
+    holds K, or None."""
+    if 8 < rows <= 16 and k <= SHOT_KCAP["mma_shot16"]:
+        return "mma_shot16"
+    fits = [v for v, cap in sorted(SHOT_KCAP.items(), key=lambda x: x[1])
+            if k <= cap and SHOT_TOKENS[v] == 8]
     return fits[0] if fits else None
 
 
@@ -324,7 +333,8 @@ def build(spec: DecodeSpec) -> Any:
         import blockscale.ops._decode_shot_ir as DS1
 
         def emit(*args: Any, **kw: Any) -> None:
-            DS1.emit_decode_shot(*args, **kw, kcap=SHOT_KCAP[spec.variant])
+            DS1.emit_decode_shot(*args, **kw, kcap=SHOT_KCAP[spec.variant],
+                                 tokens=SHOT_TOKENS[spec.variant])
     elif spec.variant in SPLIT_VARIANTS:
         def emit(*args: Any, **kw: Any) -> None:
             DM.emit_decode_mma_split_k(*args, **kw, workspace=kb.arg("workspace"),
@@ -601,12 +611,13 @@ def dispatch_variant(fmt: Format, grouped: bool = False) -> str:
     return v if fmt.is_fp4 else "simt"
 
 
-def _shot_or_default(variant: str, k: int, default: str) -> str:
+def _shot_or_default(variant: str, k: int, default: str, rows: int = 1) -> str:
     """A one-shot ``variant`` (BLOCKSCALE_DECODE_VARIANT) becomes :func:`shot_variant`'s
-    choice for K, or ``default`` when no one-shot kernel holds K; others pass through."""
+    choice for K and ``rows``, or ``default`` when no one-shot kernel holds K; others pass
+    through."""
     if variant not in SHOT_KCAP:
         return variant
-    return shot_variant(k) or default
+    return shot_variant(k, rows) or default
 
 
 def grouped_fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_groups: int,
@@ -654,7 +665,7 @@ def dense_fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype:
     if target not in TARGETS or not enabled() or epilogue is not None or m == 0 or n == 0 \
             or m > MAX_ROWS or not k_supported(fmt, k):
         return None
-    variant = _shot_or_default(dispatch_variant(fmt), k, DEFAULT_VARIANT)
+    variant = _shot_or_default(dispatch_variant(fmt), k, DEFAULT_VARIANT, m)
     if variant == AUTO_VARIANT:
         variant = slices_variant(grid(n, 1, 64)[0])
     # mma_p5 / mma_c85 / mma_c86 are bundled for the grouped kernels only: dense grids run
