@@ -104,16 +104,19 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                                                             "sigma_out": True,
                                                             "a_source": "workspace"}),
                  # 256 x 128 items (two workspace tiles, 128 weight rows a step)
-                 ("grouped pdq pf staged ws 256x128", "pdq", {"prefetch": True,
-                                                              "store": "staged",
-                                                              "a_source": "workspace",
-                                                              "bm": 256, "bn": 128}),
+                 # (the producer loop unrolled by 2, the dispatch's; "u1": not)
+                 ("grouped pdq pf staged ws 256x128", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "bm": 256,
+                   "bn": 128, "unroll": 2}),
                  ("grouped pdq pf staged sigma ws 256x128", "pdq",
                   {"prefetch": True, "store": "staged", "sigma_out": True,
-                   "a_source": "workspace", "bm": 256, "bn": 128}),
-                 ("grouped pdq pf ws 256x128", "pdq", {"prefetch": True,
-                                                       "a_source": "workspace", "bm": 256,
-                                                       "bn": 128}))
+                   "a_source": "workspace", "bm": 256, "bn": 128, "unroll": 2}),
+                 ("grouped pdq pf staged ws 256x128 u1", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "bm": 256,
+                   "bn": 128}),
+                 ("grouped pdq pf ws 256x128", "pdq",
+                  {"prefetch": True, "a_source": "workspace", "bm": 256, "bn": 128,
+                   "unroll": 2}))
 #: fused SwiGLU suite (label, fused op?, BLOCKSCALE_SM90_GROUPED_PDQ, the pdq dispatch's A
 #: source and item height: matmul_grouped_pdq.A_SOURCE_ENV / BM_ENV): the dispatch's chained
 #: path (grouped matmul + fused_silu_quantize) is the reference the fused rows of its family

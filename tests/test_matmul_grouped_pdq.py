@@ -35,7 +35,7 @@ from blockscale.ops import matmul_grouped_wgmma as gw
 
 def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=False,
          stages=None, seed=0, device="interp", check_exact=True, store="direct", producers=1,
-         bn=256, depth=1, every_scale=False, a_source="packed", sigma_out=False, bm=128):
+         bn=256, depth=1, every_scale=False, a_source="packed", sigma_out=False, bm=128, unroll=1):
     rng = np.random.default_rng(300 + seed)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
     if every_scale:  # every scale byte (E4M3 subnormals and NaN, E8M0 0x00 and 0xFF)
@@ -50,6 +50,7 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
                                              prefetch=prefetch, loop=loop, store=store,
                                              producers=producers, bn=bn, depth=depth,
                                              a_source=a_source, sigma_out=sigma_out, bm=bm,
+                                             unroll=unroll,
                                              device=device)
     if sigma_out:  # gate | up columns back to the σ order (the plain store's)
         out = _unsigma(out)
@@ -175,11 +176,12 @@ def test_spec_checks():
     assert p2.block == (512, 1, 1) and p2.kernel_name.endswith("_128x192_k64_s5_pf_p2_rowsc")
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     specs = GP.bundle_specs("sm_90a")
-    assert len(specs) == len({s.kernel_name for s in specs}) == 45 + 3  # + wgmma references
-    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 45
-    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 21
-    assert sum(getattr(s, "bm", 128) == 256 for s in specs) == 9
-    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 24
+    assert len(specs) == len({s.kernel_name for s in specs}) == 48 + 3  # + wgmma references
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 48
+    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 24
+    assert sum(getattr(s, "bm", 128) == 256 for s in specs) == 12
+    assert sum(getattr(s, "unroll", 1) == 2 for s in specs) == 9
+    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 27
     assert sum(getattr(s, "sigma_out", False) for s in specs) == 15
     for f in (NVFP4, MXFP4):  # the dispatch's specs on the GPU (plain and σ) are bundled
         for sg in (False, True):
@@ -218,12 +220,13 @@ def test_kernel_sass(spec):
     # 3 rows x 8 chunks a producer thread (A from the workspace: B's 2 rows, A by one
     # UBLKCP.S.G); two producers at 128 x 192: 3 row halves x 4
     ws = spec.a_source == "workspace"
-    assert len(re.findall(r"STS\.128", sass)) == (12 if spec.producers == 2 else 8 if tall
-                                                   else 16 if ws else 24)
+    assert len(re.findall(r"STS\.128", sass)) == (12 if spec.producers == 2 else
+                                                   8 * spec.unroll if tall else 16 if ws
+                                                   else 24)
     # the staged store's copy (256 x 128 σ: a thread copies both halves: two)
     copies = staged * (2 if tall and spec.sigma_out else 1)
-    assert len(re.findall(r"\bUBLKCP\b", sass)) == copies + ws + tall
-    assert len(re.findall(r"\bUBLKCP\.S\.G\b", sass)) == ws + tall
+    assert len(re.findall(r"\bUBLKCP\b", sass)) == copies + (ws + tall) * spec.unroll
+    assert len(re.findall(r"\bUBLKCP\.S\.G\b", sass)) == (ws + tall) * spec.unroll
     # σ staged: a gate and an up 2-byte store per accumulator pair
     slabs = 2 if tall else 1
     assert len(re.findall(r"\bSTS ", sass)) == (slabs * spec.bn // 4
@@ -284,7 +287,8 @@ def test_gpu_workspace_deepseek(fmt, bm):
     counts = [700, 0, 1, 129, 256, 40, 300, 622]
     _run(Format.from_name(fmt), counts, [0, -1, 2, 3, 4, 5, 6, 7], 8, 4096, 7168,
          rows=fmt == "nvfp4", loop="split", prefetch=True, device="cuda", check_exact=False,
-         store="staged", a_source="workspace", bm=bm, bn=256 if bm == 128 else 128)
+         store="staged", a_source="workspace", bm=bm, bn=256 if bm == 128 else 128,
+         unroll=1 if bm == 128 else GP.TALL_UNROLL)
 
 
 @pytest.mark.gpu
@@ -304,7 +308,7 @@ def test_gpu_tall(fmt, variant):
         ids = [e if c else -1 for e, c in enumerate(counts)]
         _run(Format.from_name(fmt), counts, ids, 128, 5760, 2880, rows=fmt == "nvfp4",
              loop="split", prefetch=True, device="cuda", check_exact=False, store=store,
-             sigma_out=sigma, a_source="workspace", bm=256, bn=128)
+             sigma_out=sigma, a_source="workspace", bm=256, bn=128, unroll=GP.TALL_UNROLL)
 
 
 @pytest.mark.gpu
@@ -314,7 +318,8 @@ def test_gpu_tall_every_scale_byte(fmt):
     """Every scale byte through phase 1 and the 256 x 128 producer on the GPU."""
     _run(Format.from_name(fmt), [300, 0, 77, 1024], [3, -1, 0, 1], 4, 5760, 2880,
          rows=fmt == "nvfp4", loop="split", prefetch=True, device="cuda", check_exact=False,
-         store="staged", every_scale=True, a_source="workspace", bm=256, bn=128)
+         store="staged", every_scale=True, a_source="workspace", bm=256, bn=128,
+         unroll=GP.TALL_UNROLL)
 
 
 @pytest.mark.gpu
@@ -443,7 +448,8 @@ def test_interp_tall(case):
     kw = dict(rows=rows and fmt == NVFP4, loop=loop, prefetch=True, seed=case_id, store=store,
               check_exact=False, sigma_out=sigma)
     packed = _run(fmt, counts, ids, e_count, n, k, **kw)
-    tall = _run(fmt, counts, ids, e_count, n, k, a_source="workspace", bm=256, bn=128, **kw)
+    tall = _run(fmt, counts, ids, e_count, n, k, a_source="workspace", bm=256, bn=128,
+                unroll=2 if loop == "split" else 1, **kw)
     assert np.array_equal(tall.view(np.uint16), packed.view(np.uint16))
 
 
@@ -471,14 +477,16 @@ def test_tall_checks(monkeypatch):
         GP.GroupedPdqSpec("nvfp4", a_source="workspace", bm=256)
     with pytest.raises(ValueError, match="bm"):
         GP.GroupedPdqSpec("nvfp4", bm=192)
+    with pytest.raises(ValueError, match="unroll"):
+        GP.GroupedPdqSpec("nvfp4", unroll=3)
     # the dispatch: packed 128 x 256 by default; the env knobs select the new items
     d = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp")
     assert (d.a_source, d.bm, d.bn) == ("packed", 128, 256)
     monkeypatch.setenv(GP.A_SOURCE_ENV, "workspace")
     monkeypatch.setenv(GP.BM_ENV, "256")
     d = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", sigma_out=True)
-    assert (d.a_source, d.bm, d.bn, d.store, d.sigma_out) == ("workspace", 256, 128, "staged",
-                                                              True)
+    assert (d.a_source, d.bm, d.bn, d.store, d.sigma_out, d.unroll) == (
+        "workspace", 256, 128, "staged", True, GP.TALL_UNROLL)
     assert d.kernel_name.replace("_lockstep", "") in {s.kernel_name
                                                       for s in GP.bundle_specs("sm_90a")}
     monkeypatch.setenv("BLOCKSCALE_SM90_STAGED_STORE", "0")  # direct: 128-row items
@@ -489,12 +497,13 @@ def test_tall_checks(monkeypatch):
 
 
 @pytest.mark.lower
+@pytest.mark.parametrize("unroll", [1, 2])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_tall_loop_sass(fmt):
-    """The 256 x 128 staged kernel: the producer's K loop (8 STS.128, two UBLKCP.S.G) at
-    most 330 SASS a k64 step (315 NVFP4 / 322 MXFP4, ptxas 13.0: 788 / 783 at 128 x 256 with
-    A packed), the consumers' three loops (8, 4, 0 HGMMA.64x128x16), no local memory in
-    any loop, no wgmma serialization."""
+def test_tall_loop_sass(fmt, unroll):
+    """The 256 x 128 staged kernel: the producer's K loop (8 STS.128, two UBLKCP.S.G a step)
+    at most 330 SASS a k64 step (ptxas 13.0: 315 NVFP4 / 322 MXFP4; unrolled by 2: 302 /
+    297; 788 / 783 at 128 x 256 with A packed), the consumers' three loops (8, 4, 0
+    HGMMA.64x128x16), no local memory in any loop, no wgmma serialization."""
     import sys
     from pathlib import Path
 
@@ -502,16 +511,16 @@ def test_tall_loop_sass(fmt):
     import sass_loop_counts as L
 
     spec = GP.GroupedPdqSpec(fmt, fmt == "nvfp4", "sm_90a", None, True, "split", "staged",
-                             a_source="workspace", bm=256, bn=128)
+                             a_source="workspace", bm=256, bn=128, unroll=unroll)
     kernel = GP.kernel(spec)
     ins = L.parse(kernel.asm["sass"])
     lps = [(lo, hi) for lo, hi, _ in L.loops(ins)]
     inner = [(lo, hi) for lo, hi in lps
              if not any(lo < a and b <= hi or lo <= a and b < hi for a, b in lps)]
     body = [[t for a, t in ins if lo <= a <= hi] for lo, hi in inner]
-    (prod,) = [b for b in body if sum("STS.128" in t for t in b) == 8]
-    assert len(prod) <= 330
-    assert sum("UBLKCP.S.G" in t for t in prod) == 2
+    (prod,) = [b for b in body if sum("STS.128" in t for t in b) == 8 * unroll]
+    assert len(prod) <= (330 if unroll == 1 else 2 * 305)
+    assert sum("UBLKCP.S.G" in t for t in prod) == 2 * unroll
     hgmma = sorted(sum("HGMMA.64x128x16" in t for t in b) for b in body)
     assert hgmma[-2:] == [4, 8]
     assert loop_local(kernel.asm["sass"]) == 0

@@ -65,8 +65,9 @@ A_SOURCE_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_A"
 #: work-item heights: 128 (x bn 256 / 192) or 256 (x 128: two 128-row workspace tiles, the
 #: producer dequantizes 128 weight rows a step; _pdq_tall_ir)
 BMS = (128, 256)
-#: the 256-row item's width
-TALL_BN = 128
+#: the 256-row item's width and the dispatch's producer unroll for it (302 / 297 SASS a k64
+#: step instead of 315 / 322, NVFP4 / MXFP4, no spills)
+TALL_BN, TALL_UNROLL = 128, 2
 #: the dispatch's item height (:func:`dispatch_spec`; 256 only with the workspace A and the
 #: staged store): 128 until measured; BLOCKSCALE_SM90_GROUPED_PDQ_BM=256|128 overrides it
 DISPATCH_BM = 128
@@ -101,6 +102,8 @@ class GroupedPdqSpec(FormatSpec):
         bm: :data:`BMS`, the work item's rows. 256: 256 x 128 items (``bn`` 128, A from the
             workspace, one producer warpgroup; :mod:`blockscale.ops._pdq_tall_ir`): the
             same k16 order per output, so the same bytes.
+        unroll: producer steps per iteration of the "split" loop (1, 2: two register sets
+            alternate instead of being copied back; at 128 x 256 it spills, so 1 there).
     """
 
     fmt: str
@@ -116,6 +119,7 @@ class GroupedPdqSpec(FormatSpec):
     sigma_out: bool = False
     a_source: str = "packed"
     bm: int = BM
+    unroll: int = 1
 
     op: ClassVar[str] = "grouped_matmul_block_scaled_pdq"
     out_dtype: ClassVar[str] = "bfloat16"
@@ -154,6 +158,8 @@ class GroupedPdqSpec(FormatSpec):
                                  f"{self.stages * (self.bm + self.bn) * 128}")
         if not tall:
             _pdq.check_producers(self.producers, self.bn)
+        if type(self.unroll) is not int or self.unroll not in (1, 2):
+            raise ValueError(f"unroll must be 1 or 2, got {self.unroll!r}")
         _pdq.check_depth(self.depth, self.prefetch)
         H.check_choice(self.a_source, A_SOURCES, "a_source")
 
@@ -177,6 +183,7 @@ class GroupedPdqSpec(FormatSpec):
         pr += "_d2" if self.depth == 2 else ""
         sg = "_sigma" if self.sigma_out else ""
         ws = "_ws" if self.a_source == "workspace" else ""
+        ws += f"_u{self.unroll}" if self.unroll > 1 else ""
         return (f"bs_grouped_pdq_{self.fmt}_{self.bm}x{self.bn}_k64_s{self.stages}{pf}{lp}{st}"
                 f"{pr}{rs}{sg}{ws}")
 
@@ -294,7 +301,7 @@ def build(spec: GroupedPdqSpec) -> Any:
                 P.emit_mainloop(kb, a, m0, b, k, spec.fmt, spec.stages, store, bm,
                                 spec.prefetch, spec.loop, all_threads=spec.store == "staged",
                                 producers=spec.producers, bn=bn, depth=spec.depth,
-                                a_tile=a_tile, tall=tall_hooks)
+                                a_tile=a_tile, tall=tall_hooks, unroll=spec.unroll)
                 br.yield_()
             with br.else_():  # expert id -1: zeros (D8), by the consumer warpgroups' rows
                 tid = bir.thread_idx("x")
@@ -317,11 +324,11 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
                                     loop: str = "split", store: str = "direct",
                                     producers: int = 1, bn: int = BN, depth: int = 1,
                                     sigma_out: bool = False, a_source: str = "packed",
-                                    bm: int = BM, device: Any = None) -> Any:
+                                    bm: int = BM, unroll: int = 1, device: Any = None) -> Any:
     """The kernel called directly (no dispatch), e.g. by tests and benchmarks. Arguments as
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
     ``prefetch``, ``loop``, ``store``, ``producers``, ``bn``, ``depth``, ``sigma_out``,
-    ``a_source`` and ``bm`` (:class:`GroupedPdqSpec`; ``bm=256`` with ``bn=128``). Raises ValueError for K % 32 != 0, a format other
+    ``a_source``, ``bm`` and ``unroll`` (:class:`GroupedPdqSpec`; ``bm=256`` with ``bn=128``). Raises ValueError for K % 32 != 0, a format other
     than NVFP4 / MXFP4, a staged store with N % 8 != 0, ``sigma_out`` with an odd N (staged:
     N % 16 != 0), or (workspace A) scale tiles not placed as D8 says."""
     fmt = Format.from_name(fmt)
@@ -331,7 +338,7 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
         expert_scales, fmt, k, a_row_scales, "grouped producer-dequant kernel")
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
-                          store, producers, bn, depth, sigma_out, a_source, bm)
+                          store, producers, bn, depth, sigma_out, a_source, bm, unroll)
     check_sigma_store(spec, n)
     return launch(spec, t, n, g_count, buffers, {"t": t, "n": n, "k": k, "num_groups": g_count},
                   dev)
@@ -398,7 +405,7 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     if bm == 256 and (a_source, store) == ("workspace", "staged"):
         return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
                               store=store, sigma_out=sigma_out, a_source=a_source, bm=256,
-                              bn=TALL_BN)
+                              bn=TALL_BN, unroll=TALL_UNROLL)
     return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop, store=store,
                           sigma_out=sigma_out, a_source=a_source)
 
@@ -413,7 +420,8 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     staged stores with the prefetch; two producer warpgroups at 128 x 192, both stores, and
     staged with prefetch distance 2; the σ store of the fused SwiGLU op, both stores: the
     dispatch's :func:`dispatch_spec` on the GPU for every shape; the same four with A from
-    the grouped phase-1 workspace; 256 x 128 items: staged plain and σ, direct plain), and
+    the grouped phase-1 workspace; 256 x 128 items: staged plain and σ, direct plain, with
+    the producer unrolled by 2, and staged plain without), and
     the grouped wgmma kernels its GPU tests compare with byte for byte (128 x 256, lut /
     k64 / fold); none off sm_90a."""
     from blockscale.ops.matmul_grouped_wgmma import GroupedWgmmaSpec
@@ -440,9 +448,11 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     # 256 x 128 items (workspace A): staged plain and σ (the dispatch's at BM_ENV=256), and
     # direct plain (A/B of the store)
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", st, sigma_out=sg,
-                             a_source="workspace", bm=256, bn=TALL_BN)
-              for f, rs in variants for st, sg in (("staged", False), ("staged", True),
-                                                   ("direct", False))]
+                             a_source="workspace", bm=256, bn=TALL_BN, unroll=u)
+              for f, rs in variants for st, sg, u in (("staged", False, TALL_UNROLL),
+                                                      ("staged", True, TALL_UNROLL),
+                                                      ("staged", False, 1),
+                                                      ("direct", False, TALL_UNROLL))]
     specs += [GroupedWgmmaSpec(f, rs, 128, 256, target, dequant="lut", kstep=64,
                                scaling="fold") for f, rs in variants]
     return sorted(specs, key=lambda s: s.kernel_name)
