@@ -240,3 +240,16 @@ def test_shot_sass(spec):
     smem = meta["static_shared_bytes"] + spec.dynamic_shared_bytes + 1024  # (+ the CTA's
     per_sm = {"mma_shot": 4, "mma_shot7k": 2, "mma_shot16": 3}[spec.variant]  # reserved 1 KB)
     assert per_sm * smem <= 228 * 1024, smem
+
+
+@pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
+def test_dense_shot_sm100_ir(fmt):
+    """The IR is portable to sm_100a (cp.async.bulk, mbarriers, mma.sync): the same bits."""
+    m, n, k = 3, 20, 512
+    a, b, sfa, sfb = _case(fmt, m, n, k, seed=4)
+    args = (a, b, layouts.interleave(sfa), layouts.interleave(sfb), fmt)
+    got = {t: matmul_decode.block_scaled_matmul_decode(*args, k=k, out_dtype="float32",
+                                                       device="interp", target=t,
+                                                       variant="mma_shot")
+           for t in ("sm_90a", "sm_100a")}
+    assert np.array_equal(got["sm_90a"].view(np.uint32), got["sm_100a"].view(np.uint32))
