@@ -85,6 +85,14 @@ registers, 8-20 bytes of spills outside the K loops (none inside; tests
 ``test_producer_loop_sass``). An unrolled-by-2 loop (:data:`SPLIT_UNROLL`) spills inside
 it. The counts below are the round-1 ones.
 
+Grouped A from a workspace (issue #10): ``a_tile`` names the grouped phase-1 workspace tile
+(:mod:`blockscale.ops._grouped_p1_ir`) the bulk copies read; ``tall``
+(:mod:`blockscale.ops._pdq_tall_ir`) swaps in the 256 x 128 item's A copies (two tiles, a
+runtime expect_tx), descriptors and consumers (three loops by the live m64 slabs), the ring's
+``wgs`` = 2 consumer warpgroups. Producer loop, grouped staged kernels: A packed 788 / 783,
+A from the workspace 558 / 556, 256 x 128 315 / 322 (``unroll`` 2: 302 / 297) SASS a k64
+step (NVFP4 row scales / MXFP4), 154-168 registers, no spills.
+
 SASS (ptxas 13.0, sm_90a, tools/sass_loop_counts.py; per thread and k64 step): consumers 63
 instructions + 4 HGMMA.64x256x16 (1024 tensor cycles per SM at peak); producer, A by bulk
 copy: 692 (NVFP4; ALU 376, FMA-pipe 220, 16 STS.128) / 648 (MXFP4); packed A: 965 / 866

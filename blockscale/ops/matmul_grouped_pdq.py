@@ -18,11 +18,26 @@ registers and 33 % issue slots) and no bf16 weights in global memory.
 Numerics: the same bf16 operands (dequant "lut", block scales folded in) and k16 wgmma order
 as the grouped wgmma kernel at 128 x 256, kstep 64, so its bytes in the interpreter.
 
+A from a workspace (issue #10, ``a_source="workspace"``): the grouped phase 1
+(:mod:`blockscale.ops.matmul_grouped_p1`) dequantizes A once into per-(group, 128-row tile)
+bf16 tiles (tile ``start // 128 + a_scale_offsets[g] + i``: D8's placement, checked on the
+host for numpy group vectors); producer thread 0 bulk-copies each stage's A span from it and
+the producer warpgroup dequantizes only B (558 / 556 SASS a k64 step, NVFP4 / MXFP4, instead
+of 788 / 783). ``bm=256``: 256 x 128 items (:mod:`blockscale.ops._pdq_tall_ir`): two
+consecutive workspace tiles of the group (the second only where it exists), 128 weight rows a
+step (one a producer thread: 315 / 322, unrolled by 2 302 / 297), each consumer warpgroup two
+m64n128 slabs, slabs past the group's end skipped; at T = 4096 gpt-oss routing every expert's
+weights are dequantized once. Same bf16 operands and k16 order per output: the same bytes
+(tests: against the packed-A kernel and the grouped wgmma lut kernel, plain and σ).
+
 Dispatch: :func:`blockscale.ops.matmul_grouped_wgmma.fast_path` runs :func:`dispatch_spec`
 for NVFP4 and MXFP4 prefill (``matmul_grouped_wgmma.PDQ_FORMATS``; off with
 ``BLOCKSCALE_SM90_GROUPED_PDQ=0``), and the fused SwiGLU op's chained path
 (:mod:`blockscale.ops.matmul_swiglu`) the same spec with ``sigma_out``: the σ store changes
 where a value goes, not its bits, so fused == chained byte for byte by construction.
+:func:`dispatch_spec` keeps A packed at 128 x 256 (:data:`DISPATCH_A_SOURCE`,
+:data:`DISPATCH_BM`) until the H200 measures the others; ``BLOCKSCALE_SM90_GROUPED_PDQ_A=
+workspace`` and ``BLOCKSCALE_SM90_GROUPED_PDQ_BM=256`` select them (both ops).
 Importing this module does not import MLIR.
 """
 
