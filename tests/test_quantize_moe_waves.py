@@ -9,6 +9,7 @@ bad and removed waves: the other "_x2" / "_x4" forms were removed in session 6).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -107,6 +108,32 @@ def test_grouped_default_by_format(monkeypatch):
     assert seen[1].wide == 2 and seen[1].bulk == 0 and seen[1].waves == 1
 
 
+def test_grouped_default_by_size(monkeypatch):
+    """From LARGE_GROUPED_ELEMENTS input elements (rows x K, the gathered rows with indices)
+    on, every format runs LARGE_GROUPED_SCHEDULE; below, its per-format default."""
+    import ml_dtypes
+
+    big = QG.LARGE_GROUPED_ELEMENTS
+    for fmt in ("nvfp4", "mxfp4", "mxfp8"):
+        assert QG.grouped_default(fmt, big) == QG.LARGE_GROUPED_SCHEDULE
+        assert QG.grouped_default(fmt, big - 1) == QG.grouped_default(fmt)
+    assert QG.grouped_default("nvfp4") != QG.LARGE_GROUPED_SCHEDULE  # the rule changes something
+    seen = []
+    monkeypatch.setattr(QG, "run_grouped", lambda spec, *a, **k: seen.append(spec))
+    monkeypatch.setattr(QG, "LARGE_GROUPED_ELEMENTS", 6 * 64)
+    es, offs = group_offsets([4, 2])
+    x = np.ones((3, 64), ml_dtypes.bfloat16)
+    ids = np.array([0, 1], np.int32)
+    tsf = np.ones(2, np.float32)
+    QG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf,
+                                       indices=np.arange(6, dtype=np.int32), indices_divisor=2,
+                                       device="interp", target="sm_90a")
+    QG.grouped_quantize_dynamic_scaled(x, "nvfp4", *group_offsets([2, 1]), ids, tsf,
+                                       device="interp", target="sm_90a")
+    assert seen[0] == QG.with_schedule(seen[0], QG.LARGE_GROUPED_SCHEDULE, 2)  # 6 rows x 64
+    assert seen[1] == QG.with_schedule(seen[1], QG.grouped_default("nvfp4"), 2)  # 3 rows
+
+
 def test_bundle_holds_every_default_form():
     """The GPU machine has no compiler: each per-format default schedule must be bundled in
     every form the op launches (aligned or not, with or without a gather) — run W found the
@@ -114,11 +141,12 @@ def test_bundle_holds_every_default_form():
     from blockscale.ops.quantize import QuantizeSpec
 
     bundled = set(QG.bundle_specs("sm_90a"))
-    for fmt in ("nvfp4", "mxfp4", "mxfp8"):
+    for fmt, elements in itertools.product(("nvfp4", "mxfp4", "mxfp8"),
+                                           (0, QG.LARGE_GROUPED_ELEMENTS)):
         for aligned in (True, False):
             for gather in (False, True):
                 spec = QG.with_schedule(QuantizeSpec(fmt, "sm_90a", None, "tcgen5d", aligned,
                                                      "grouped", gather=gather,
                                                      name="grouped_quantize_dynamic_scaled"),
-                                        QG.grouped_default(fmt))
+                                        QG.grouped_default(fmt, elements))
                 assert spec in bundled, spec

@@ -82,11 +82,22 @@ GROUPED_SCHEDULE_TARGETS = ("sm_90a",)
 #: 0.0355 vs wide 0.0373, MXFP8 wide_bulk2_x2 0.0335 vs wide 0.0343, MXFP4 wide best (0.0316);
 #: run U the same (0.0357 / 0.0375, 0.0336 / 0.0343)
 DEFAULT_GROUPED_SCHEDULE_BY_FORMAT: dict[str, str] = {"nvfp4": "wide4", "mxfp8": "wide_bulk2_x2"}
+#: from this many input elements (rows x K) on, every format runs LARGE_GROUPED_SCHEDULE: the
+#: two resident waves of the bulk-ring kernel win once the grid is many waves deep. Runs Z / AA
+#: (H200, E=64, ms): T=16384 K=8192 (134 M) wide_bulk2_x2 vs the per-format default: NVFP4
+#: 0.1121 vs wide4 0.1333, MXFP4 0.0975 vs wide 0.1035, MXFP8 (already x2) 0.1146; at T=16384
+#: K=2880 (47 M) NVFP4 wide4 0.0520 vs x2 0.0602, MXFP4 wide 0.0522 / x2 0.0499, MXFP8 x2 0.0454
+LARGE_GROUPED_ELEMENTS = 1 << 26
+LARGE_GROUPED_SCHEDULE = "wide_bulk2_x2"
 
 
-def grouped_default(fmt: str) -> str:
-    """The grouped op's schedule for format ``fmt`` on GROUPED_SCHEDULE_TARGETS when none is
-    given: its DEFAULT_GROUPED_SCHEDULE_BY_FORMAT entry, else DEFAULT_GROUPED_SCHEDULE."""
+def grouped_default(fmt: str, elements: int = 0) -> str:
+    """The grouped op's schedule for format ``fmt`` and an input of ``elements`` (rows x K) on
+    GROUPED_SCHEDULE_TARGETS when none is given: LARGE_GROUPED_SCHEDULE from
+    LARGE_GROUPED_ELEMENTS on, else its DEFAULT_GROUPED_SCHEDULE_BY_FORMAT entry, else
+    DEFAULT_GROUPED_SCHEDULE."""
+    if elements >= LARGE_GROUPED_ELEMENTS:
+        return LARGE_GROUPED_SCHEDULE
     return DEFAULT_GROUPED_SCHEDULE_BY_FORMAT.get(fmt, DEFAULT_GROUPED_SCHEDULE)
 
 
@@ -500,7 +511,7 @@ def grouped_quantize_dynamic_scaled(x: Any, fmt: Format | str, expert_start: Any
     dev, tgt = device_and_target(device, target)
     spec = QuantizeSpec(fmt.name, tgt, None, "tcgen5d", k % 8 == 0, "grouped",
                         gather=indices is not None, name="grouped_quantize_dynamic_scaled")
-    schedule = default_schedule(schedule, tgt, grouped_default(fmt.name),
+    schedule = default_schedule(schedule, tgt, grouped_default(fmt.name, num_rows * k),
                                 GROUPED_SCHEDULE_TARGETS)
     spec = with_schedule(spec, schedule, ng)
     buffers = {"x": x, "expert_start": _i32(expert_start),
@@ -554,16 +565,20 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
         with_schedule(QuantizeSpec(f, target, None, "tcgen5d", True, "grouped",
                                    name="grouped_quantize_dynamic_scaled"), sch)
         for sch in WAVE_SCHEDULES for f in ("nvfp4", "mxfp4", "mxfp8")] + [
-        # the per-format defaults in every form the op launches (aligned or not, gathered or not)
+        # the per-format and large-input defaults in every form the op launches (aligned or
+        # not, gathered or not)
         with_schedule(QuantizeSpec(f, target, None, "tcgen5d", a, "grouped", gather=g,
                                    name="grouped_quantize_dynamic_scaled"), sch)
-        for f, sch in DEFAULT_GROUPED_SCHEDULE_BY_FORMAT.items() for a in (True, False)
-        for g in (False, True)]
+        for f in ("nvfp4", "mxfp4", "mxfp8")
+        for sch in dict.fromkeys((grouped_default(f), grouped_default(f, LARGE_GROUPED_ELEMENTS)))
+        for a in (True, False) for g in (False, True)]
 
 
 __all__ = [
     "BULK_SCHEDULES",
     "DEFAULT_SCHEDULE",
+    "LARGE_GROUPED_ELEMENTS",
+    "LARGE_GROUPED_SCHEDULE",
     "SCHEDULES",
     "STREAM_SCHEDULES",
     "WAVE_SCHEDULES",
