@@ -380,7 +380,8 @@ def test_producer_loop_sass(fmt, a_source):
     (NVFP4, 0, "split", True, "direct", False),  # unused groups, 1-row tiles
     (MXFP4, 1, "lockstep", False, "staged", False),  # groups over several tiles, mid-tile end
     (NVFP4, 3, "lockstep", True, "staged", False),  # a 256-row group, a 5-row last group
-    (MXFP4, 4, "split", False, "staged", False),  # 70 groups, N = 16
+    pytest.param((MXFP4, 4, "split", False, "staged", False),  # 70 groups, N = 16
+                 marks=pytest.mark.slow),
     (NVFP4, 2, "lockstep", True, "staged", True),  # σ store (the fused SwiGLU op's kernel)
     (MXFP4, 1, "split", False, "direct", True),  # σ, direct
     (NVFP4, 3, "split", False, "direct", False),  # K = 160: 3 steps, the last half past K
@@ -435,7 +436,8 @@ def test_workspace_checks():
     # the 257-row group's second item has 1 row (no second A tile)
     (NVFP4, 3, "lockstep", True, "staged", False),  # 128 / 256 / 5 rows
     (NVFP4, 2, "split", True, "staged", True),  # σ store, 2-row groups
-    (MXFP4, 4, "lockstep", False, "staged", True),  # 70 groups, σ
+    pytest.param((MXFP4, 4, "lockstep", False, "staged", True),  # 70 groups, σ
+                 marks=pytest.mark.slow),
     (NVFP4, 1, "lockstep", False, "direct", False),
     (MXFP4, 3, "split", False, "direct", True),  # direct σ (not bundled: spills)
 ], ids=lambda c: f"{c[0].name}-case{c[1]}-{c[2]}-rs{int(c[3])}-{c[4]}-sg{int(c[5])}")

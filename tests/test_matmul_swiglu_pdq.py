@@ -187,8 +187,8 @@ def test_gpu_gpt_oss(fmt, act, monkeypatch):
 
 
 @pytest.mark.interp
-@pytest.mark.parametrize("case", [CASES[0] + (128,), CASES[5] + (128,), CASES[0] + (256,),
-                                  CASES[2] + (256,)],
+@pytest.mark.parametrize("case", [pytest.param(CASES[0] + (128,), marks=pytest.mark.slow),
+                                  CASES[5] + (128,), CASES[0] + (256,), CASES[2] + (256,)],
                          ids=lambda c: f"{c[0].name}-{len(c[1])}g-d{c[4]}-k{c[5]}-{c[6]}"
                          f"-{'st' if c[8] else 'direct'}-bm{c[9]}")
 def test_fused_equals_chained_workspace(monkeypatch, case):
