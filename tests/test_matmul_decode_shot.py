@@ -1,11 +1,12 @@
 """The one-shot decode variants (``variant="mma_shot"`` / ``"mma_shot7k"`` /
-``"mma_shot16"``, FP4;
+``"mma_shot16"`` / ``"mma_shot32"``, FP4;
 blockscale/ops/_decode_shot_ir.py) run by the numpy interpreter, their K limit and their
 dispatch switch.
 
 Numerics: warp w of a CTA sums the block terms of K chunks ``[w * per, (w + 1) * per)``
-(``per = ceil(K / 32 / 4)``) from zero exactly as the "mma" kernels do on that K slice
-(one rounding per block, K order), and warp 0 adds the partials in warp order 0, 1, 2, 3.
+(``per = ceil(K / 32 / W)``, W = 4 warps, 8 for "mma_shot32") from zero exactly as the "mma"
+kernels do on that K slice (one rounding per block, K order), and warp 0 adds the partials in
+warp order 0, 1, .., W - 1.
 Dense float32 is compared bit for bit with that model (the "mma_c8t" kernel, bit-identical to
 the portable kernel, on each warp's K slice, summed in order in numpy), plus the fp32 bound
 of test_matmul_common (J - 1 roundings on an output's path, as the sequential chain); scales
@@ -36,11 +37,13 @@ from blockscale.ops import matmul, matmul_decode, matmul_grouped
 pytestmark = pytest.mark.interp
 
 FP4 = (NVFP4, MXFP4)
-WARPS = 4
 # (M, N, K): one pass and an N tail; two passes (9 rows); three passes at the K limit; K of 3
 # chunks (warp 3 has none). "mma_shot16": a pass of <= 8 rows, of 9, of 16 + 1 row
 DENSE = [(1, 40, 1024), (9, 20, 2080), (17, 33, 3072), (2, 18, 96)]
 DENSE16 = [(3, 20, 1024), (9, 33, 2080), (17, 20, 3072)]
+# "mma_shot32" (32 columns, 8 warps): an N tail of 8 (the second M-tile half empty), two
+# passes, 3 chunks (5 warps without any)
+DENSE32 = [(1, 40, 1024), (9, 70, 2080), (2, 33, 96)]
 # (counts, expert ids, experts, N, K): an unused group (D8), an empty one, a group of 9 rows
 GROUPED = [([3, 0, 5, 1], [0, 1, -1, 1], 2, 40, 1056),
            ([9, 2], [1, 0], 2, 20, 512)]
@@ -52,13 +55,13 @@ def _run(fmt, a, b, sfa, sfb, k, variant="mma_shot", alpha=1.0, out="float32"):
         out_dtype=out, device="interp", variant=variant)
 
 
-def _warp_partials(fmt, a, b, sfa, sfb, k):
+def _warp_partials(fmt, a, b, sfa, sfb, k, warps):
     """Each warp's fp32 sum (alpha 1) over its K slice: the "mma_c8t" kernel (bit-identical
     to the portable kernel) on that slice; zeros for an empty slice."""
     chunks = k // 32
-    per = -(-chunks // WARPS)
+    per = -(-chunks // warps)
     out = []
-    for w in range(WARPS):
+    for w in range(warps):
         lo, hi = min(w * per, chunks) * 32, min((w + 1) * per, chunks) * 32
         if lo == hi:
             out.append(np.zeros((a.shape[0], b.shape[0]), np.float32))
@@ -80,7 +83,8 @@ def _ordered_sum(parts, order):
 
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
 @pytest.mark.parametrize(("variant", "mnk"),
-                         [("mma_shot", c) for c in DENSE] + [("mma_shot16", c) for c in DENSE16],
+                         [("mma_shot", c) for c in DENSE] + [("mma_shot16", c) for c in DENSE16]
+                         + [("mma_shot32", c) for c in DENSE32],
                          ids=lambda x: x if isinstance(x, str) else "x".join(map(str, x)))
 def test_dense_shot_bit_exact_warp_order_model(fmt, variant, mnk):
     m, n, k = mnk
@@ -88,11 +92,12 @@ def test_dense_shot_bit_exact_warp_order_model(fmt, variant, mnk):
     alpha = 0.375
     got = _run(fmt, a, b, sfa, sfb, k, variant, alpha=alpha)
     assert got.dtype == np.float32 and got.shape == (m, n)
-    parts = _warp_partials(fmt, a, b, sfa, sfb, k)
-    want = _ordered_sum(parts, [0, 1, 2, 3]) * np.float32(alpha)
+    warps = matmul_decode.SHOT_WARPS[variant]
+    parts = _warp_partials(fmt, a, b, sfa, sfb, k, warps)
+    want = _ordered_sum(parts, list(range(warps))) * np.float32(alpha)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     if k >= 1024:  # the order is visible in the bits (wide scales): a fixed warp order
-        rev = _ordered_sum(parts, [3, 2, 1, 0]) * np.float32(alpha)
+        rev = _ordered_sum(parts, list(range(warps))[::-1]) * np.float32(alpha)
         assert not np.array_equal(rev.view(np.uint32), want.view(np.uint32))
     exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k, alpha)
     assert_f32_within_bound(got, exact, f32_error_bound(abs_sum, fmt, k, n_mul=1))
@@ -118,7 +123,7 @@ def test_dense_shot7k_at_its_limit_bf16(fmt):
     assert nan[:, 17].all() and nan[1].all() and nan.sum() == m + n - 1
 
 
-@pytest.mark.parametrize("variant", ["mma_shot", "mma_shot16"])
+@pytest.mark.parametrize("variant", ["mma_shot", "mma_shot16", "mma_shot32"])
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
 @pytest.mark.parametrize("case_id", range(len(GROUPED)))
 def test_grouped_shot_within_bound(case_id, fmt, variant):
@@ -209,8 +214,11 @@ def test_shot_bundled_and_sized():
         for mo in ("grouped", "dense")}
     for s in specs:
         cap = matmul_decode.SHOT_KCAP[s.variant]
-        assert s.cols == 16 and s.block == (128, 1, 1)
-        assert s.dynamic_shared_bytes >= (16 + matmul_decode.SHOT_TOKENS[s.variant]) * cap // 2
+        warps = matmul_decode.SHOT_WARPS[s.variant]
+        assert s.cols == (32 if s.variant == "mma_shot32" else 16)
+        assert s.block == (32 * warps, 1, 1)
+        assert s.dynamic_shared_bytes >= (s.cols + matmul_decode.SHOT_TOKENS[s.variant]) \
+            * cap // 2 + 8 * warps
         assert (matmul_decode.shot_row_stride(cap) // 16) % 2 == 1
 
 
@@ -225,20 +233,24 @@ def test_shot_sass(spec):
     128-register cap, 2 HMMA.16816.F32 per 16-byte chunk and n-tile (two chunks per iteration
     of the chunk loop, one more for an odd count: 6 in all; "mma_shot16" also has the
     two-n-tile loop: 18), no global load or local memory access in the chunk loop; shared
-    memory for 4 CTAs per SM ("mma_shot") / 2 ("mma_shot7k") / 3 ("mma_shot16")."""
+    memory for 4 CTAs per SM ("mma_shot") / 2 ("mma_shot7k", "mma_shot32": 256 threads) / 3
+    ("mma_shot16")."""
     from test_matmul_decode_lower import _ops, _step_loop
 
     kernel = matmul_decode.kernel(spec)
     meta, ops = kernel.meta, _ops(kernel.asm["sass"])
     assert 0 < meta["registers"] <= matmul_decode.VARIANT_REGISTERS[spec.variant], meta
     assert meta["spill_stores"] == 0 and meta["spill_loads"] == 0, meta
-    assert ops.count("HMMA.16816.F32") == 6 * (3 if spec.variant == "mma_shot16" else 1)
+    # (mma_shot16: + the two-n-tile loop; mma_shot32: two M-tiles a chunk)
+    assert ops.count("HMMA.16816.F32") == 6 * {"mma_shot16": 3, "mma_shot32": 2}.get(
+        spec.variant, 1)
     assert any(o.startswith("UBLKCP") for o in ops)
     loop = _step_loop(kernel.asm["sass"])
-    assert loop.count("HMMA.16816.F32") == 4
+    assert loop.count("HMMA.16816.F32") == 4 * (2 if spec.variant == "mma_shot32" else 1)
     assert not [o for o in loop if o.startswith(("LDG", "LDL", "STL"))], loop
     smem = meta["static_shared_bytes"] + spec.dynamic_shared_bytes + 1024  # (+ the CTA's
-    per_sm = {"mma_shot": 4, "mma_shot7k": 2, "mma_shot16": 3}[spec.variant]  # reserved 1 KB)
+    per_sm = {"mma_shot": 4, "mma_shot7k": 2, "mma_shot16": 3,  # reserved 1 KB)
+              "mma_shot32": 2}[spec.variant]
     assert per_sm * smem <= 228 * 1024, smem
 
 

@@ -6,7 +6,7 @@ Why
 ---
 "mma_c8t" gives a 128-thread CTA 64 weight rows and walks K in dependent 16 KB steps: the
 dense M = 1 grid (N = 5760, K = 2944) has 90 CTAs and ~1.4 MB in flight, where the H200 needs
-~4-5 MB in flight to stream at copy speed. Here a CTA owns only :data:`COLS` = 16 weight rows
+~4-5 MB in flight to stream at copy speed. Here a CTA owns only 16 weight rows
 (one MMA M-tile: 360 CTAs for that grid, all resident) and issues *every* byte of its slice
 at once: thread ``24 s + r`` copies K slice s (a warp's quarter, below) of weight row r < 16
 and thread ``24 s + 16 + j`` that of activation row j of the pass, one ``cp.async.bulk`` each,
@@ -55,10 +55,13 @@ MXFP4 f32 ``[block][token]``) and the 3 warps' partials. "mma_shot" (kcap 3072):
 16.5 KB: 4 CTAs per SM; "mma_shot16": 49.7 + 21 KB: 3; "mma_shot7k" (kcap 7168,
 DeepSeek-V3): 86.4 KB + 15.5 / 22.5 KB (NVFP4 / MXFP4): 2.
 
-sm_90a SASS of the chunk loop (2 chunks an iteration; per chunk and warp: 16 rows x 16 bytes)
-NVFP4 133 / 2 instructions (A decode 2 x 14, B decode and |sA| ~20, fold 9, 2 HMMA), MXFP4
-123 / 2; "mma_shot16"'s two-n-tile loop 195 / 2 (MXFP4 185 / 2); 105-128 registers, no
-spill.
+"mma_shot32": 32 columns (two M-tiles per warp: each B fragment's decode and |sA| serve both)
+and 8 warps on K eighths (256 threads): 62 KB + 35 KB (NVFP4): 2 CTAs per SM (16 warps).
+
+sm_90a SASS of the chunk loop (2 chunks an iteration; per chunk, warp and M-tile: 16 rows x 16
+bytes): "mma_shot" NVFP4 133 / 2 instructions (A decode 2 x 14, B decode and |sA| ~20, fold
+9, 2 HMMA), MXFP4 123 / 2; "mma_shot16"'s two-n-tile loop 195 / 2 (MXFP4 185 / 2);
+"mma_shot32" 214 / 4 (MXFP4 210 / 4); 105-128 registers, no spill.
 """
 
 from __future__ import annotations
@@ -92,12 +95,8 @@ from blockscale.ops.matmul_decode import shot_dynamic_bytes, shot_row_stride
 
 Value = ir.Value
 
-WARPS = 4
-THREADS = 32 * WARPS
-#: weight rows (output columns) per CTA: one MMA M-tile
-COLS = 16
-#: warps whose partials go through shared memory (warp 0 adds them)
-RED_WARPS = WARPS - 1
+#: weight rows of an MMA M-tile (a CTA has ``mtiles`` of them)
+TILE = 16
 
 
 def check_kcap(kcap: int) -> None:
@@ -109,29 +108,34 @@ def check_kcap(kcap: int) -> None:
 def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
                      n_count: Value, k: Value, a_srow: Callable[[Value], Value],
                      store: Callable[[Value, Value, Value], None], kcap: int,
-                     tokens: int = 8) -> None:
-    """The body for one (group, 16-column slice) (the interface of
-    :func:`blockscale.ops._decode_ir.emit_decode`; a CTA of :data:`THREADS` threads computes
-    columns ``[16 block_idx.x, +16)`` of rows ``[start, end)``); ``k`` must be <= ``kcap``
-    (the host checks: the shared rows hold ``kcap / 2`` bytes) and a multiple of 32;
-    ``tokens``: rows per pass, 8 (one n-tile) or 16 (two n-tiles sharing each A fragment's
-    decode; a pass of <= 8 rows runs the one-n-tile loop)."""
+                     tokens: int = 8, mtiles: int = 1, warps: int = 4) -> None:
+    """The body for one (group, column slice) (the interface of
+    :func:`blockscale.ops._decode_ir.emit_decode`; a CTA of ``32 warps`` threads computes
+    columns ``[C block_idx.x, +C)``, ``C = 16 mtiles``, of rows ``[start, end)``); ``k``
+    must be <= ``kcap`` (the host checks: the shared rows hold ``kcap / 2`` bytes) and a
+    multiple of 32; ``tokens``: rows per pass, 8 (one n-tile) or 16 (two n-tiles sharing
+    each A fragment's decode; a pass of <= 8 rows runs the one-n-tile loop); ``mtiles``: the
+    M-tiles of 16 rows every warp computes (2: each B fragment's decode serves both);
+    ``warps``: the K slices (4 or 8)."""
     check_kcap(kcap)
-    if tokens not in (8, 16):
-        raise ValueError(f"tokens must be 8 or 16, got {tokens}")
+    if tokens not in (8, 16) or mtiles not in (1, 2) or warps not in (4, 8):
+        raise ValueError(f"tokens must be 8 or 16, mtiles 1 or 2, warps 4 or 8, got "
+                         f"{tokens}, {mtiles}, {warps}")
     lay = _Fmt(fmt)
     nv = lay.nv
     nt_max = tokens // 8
-    # NVFP4 weight scales decoded to f32 at staging when they fit (kcap <= 4096: 12 KB);
-    # else raw E4M3, decoded per use (~7 more instructions a chunk)
+    cols, threads, mt = TILE * mtiles, 32 * warps, mtiles
+    # NVFP4 weight scales decoded to f32 at staging when they fit (kcap <= 4096: 12 KB a
+    # M-tile); else raw E4M3, decoded per use (~7 more instructions a chunk and M-tile)
     f32_sb = nv and kcap <= 4096
     f32, i32, i16, i64 = bir.f32(), bir.i32(), bir.i16(), bir.i64()
     stride = shot_row_stride(kcap)
     pairs_cap = kcap // 32  # 16-byte chunks (unit pairs) of a row
     d1_cap = -(-kcap // (4 * fmt.block_size))  # 5-D scale words of a row
-    a_off = COLS * stride  # the activation rows' byte offset
-    per_slice = COLS + tokens  # the copies of a K slice (rows)
-    buf = tma.extern_shared_buffer(kb, shot_dynamic_bytes(kcap, tokens), align=128)
+    a_off = cols * stride  # the activation rows' byte offset
+    per_slice = cols + tokens  # the copies of a K slice (rows)
+    buf = tma.extern_shared_buffer(kb, shot_dynamic_bytes(kcap, tokens, cols, warps),
+                                   align=128)
     base = W.shared_address(buf)
     bars = arith.addi(base, bir.const(per_slice * stride, i64))
 
@@ -139,14 +143,15 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
         """The shared address of warp ``w``'s mbarrier (its K slice's copies)."""
         return arith.addi(bars, bir.as_i64(bir.mul(w, 8)))
 
-    # weight scales [pair][g][h][block 2q + s]: NVFP4 f32 (or raw E4M3: an i16 per
-    # (pair, g, h)); MXFP4 f32 [block][g][h]
-    sb = workgroup_buffer(kb, pairs_cap * COLS * (2 if f32_sb else 1),
+    # weight scales [pair][m][g][h][block 2q + s] (CTA row 16 m + 8 h + g): NVFP4 f32 (or
+    # raw E4M3: an i16 per (pair, m, g, h)); MXFP4 f32 [block][m][g][h]
+    sb = workgroup_buffer(kb, pairs_cap * cols * (2 if f32_sb else 1),
                           f32 if f32_sb or not nv else i16)
     # activation scales: NVFP4 f16 pairs (blocks 2q, 2q + 1) [pair][token]; MXFP4 f32
     # [block][token]
     sa = workgroup_buffer(kb, pairs_cap * tokens, i32 if nv else f32)
-    red = workgroup_buffer(kb, RED_WARPS * 32 * 4 * nt_max, f32)
+    parts = mt * nt_max  # (M-tile, n-tile) accumulator groups of 4 per lane
+    red = workgroup_buffer(kb, (warps - 1) * 32 * 4 * parts, f32)
     a, w, sfa, sfb = (kb.arg(x) for x in ("a", "w" if "w" in kb.values else "b", "sfa", "sfb"))
 
     tid = bir.thread_idx("x")
@@ -156,23 +161,23 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
     chunks = bir.udiv(row_bytes, 16)
     kblocks = bir.ceil_div(k, fmt.block_size)
     d1 = bir.ceil_div(kblocks, 4)
-    n0 = bir.mul(bir.block_idx("x"), COLS)
+    n0 = bir.mul(bir.block_idx("x"), cols)
     n_last = bir.sub(n_count, 1)
     e = bir.as_index(expert)
     zero = bir.const(0.0, f32)
 
-    with bir.when(bir.ult(tid, WARPS)):
+    with bir.when(bir.ult(tid, warps)):
         cpasync.mbarrier_init(bar(tid), 1)
         tma.fence_mbarrier_init()
 
     # ---- the weight scale words of the slice (issued before the copies: they arrive first)
-    s_iters = -(-COLS * d1_cap // THREADS)
+    s_iters = -(-cols * d1_cap // threads)
     b_srow0 = bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS)
 
     def slots(it: int, n: int) -> tuple[Value, Value]:
         """(row, word) of load ``it`` of this thread over ``n`` rows: ``idx % n``,
         ``idx // n``."""
-        idx = bir.add(tid, it * THREADS)
+        idx = bir.add(tid, it * threads)
         return bir.urem(idx, n), bir.udiv(idx, n)
 
     def load_words(buf_: Value, iters: int, n: int, live: Callable[[Value], Value],
@@ -194,36 +199,37 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
 
     def load_weight_scales() -> list[Value]:
         """(5-D padding rows past N: in bounds, never stored)"""
-        return load_words(sfb, s_iters, COLS, lambda r: bir.ult(r, COLS),
+        return load_words(sfb, s_iters, cols, lambda r: bir.ult(r, cols),
                           lambda r: mir.tcgen_row_offset(bir.add(b_srow0, bir.add(n0, r)), d1))
 
     def stage_weight_scales(words: list[Value]) -> None:
         for it, word in enumerate(words):
-            r, q = slots(it, COLS)
-            gg, hh = bir.urem(r, 8), bir.udiv(r, 8)
+            r, q = slots(it, cols)
+            mg = bir.add(bir.mul(bir.udiv(r, TILE), 8), bir.urem(r, 8))  # 8 m + g
+            hh = bir.udiv(bir.urem(r, TILE), 8)
             with bir.when(bir.ult(q, d1)):
                 if f32_sb:  # blocks 4q .. 4q + 3 = pairs 2q, 2q + 1: [pair][g][h][2] f32
                     svs = decode_e4m3_word(word)
                     for j in range(2):
-                        dst = bir.add(bir.mul(bir.add(bir.mul(q, 2), j), 2 * COLS),
-                                      bir.add(bir.mul(gg, 4), bir.mul(hh, 2)))
+                        dst = bir.add(bir.mul(bir.add(bir.mul(q, 2), j), 2 * cols),
+                                      bir.add(bir.mul(mg, 4), bir.mul(hh, 2)))
                         bir.vector_store(bir.from_elements(bir.vec(2, f32), svs[2 * j:2 * j + 2]),
                                          sb, dst, alignment=8)
                 elif nv:  # the raw bytes (b0, b1) of pair 2q, (b2, b3) of pair 2q + 1
                     for j in range(2):
                         half = arith.trunci(i16, bir.shru(word, _i32c(16 * j)) if j else word)
-                        dst = bir.add(bir.mul(bir.add(bir.mul(q, 2), j), COLS),
-                                      bir.add(bir.mul(gg, 2), hh))
+                        dst = bir.add(bir.mul(bir.add(bir.mul(q, 2), j), cols),
+                                      bir.add(bir.mul(mg, 2), hh))
                         bir.store(half, sb, dst)
                 else:  # blocks 4q + i
                     for i in range(4):
                         v = _decode_scale_fast(fmt, bir.bit_and(bir.shru(word, _i32c(8 * i)),
                                                                 0xFF))
-                        dst = bir.add(bir.mul(bir.add(bir.mul(q, 4), i), COLS),
-                                      bir.add(bir.mul(gg, 2), hh))
+                        dst = bir.add(bir.mul(bir.add(bir.mul(q, 4), i), cols),
+                                      bir.add(bir.mul(mg, 2), hh))
                         bir.store(v, sb, dst)
 
-    a_iters = -(-tokens * d1_cap // THREADS)
+    a_iters = -(-tokens * d1_cap // threads)
 
     def load_act_scales(r0: Value, rows: Value) -> list[Value]:
         """The pass's activation scale words of this thread (rows past the pass: 0, read
@@ -248,7 +254,7 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
                         bir.store(v, sa, bir.add(bir.mul(bir.add(bir.mul(q, 4), i), tokens),
                                                  n))
 
-    per = bir.ceil_div(chunks, WARPS)  # a warp's K slice: chunks [c_lo, c_hi)
+    per = bir.ceil_div(chunks, warps)  # a warp's K slice: chunks [c_lo, c_hi)
 
     def k_slice(wi: Value) -> tuple[Value, Value]:
         lo = bir.umin(bir.mul(wi, per), chunks)
@@ -257,35 +263,36 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
     def issue(r0: Value, rows: Value, first: Value) -> None:
         """The pass's bulk copies, slice-major (DRAM serves them about in issue order: warp
         0's slice lands first and its MMAs start while the rest streams in): thread
-        ``(16 + tokens) s + j`` copies slice s of weight row j < 16 (first pass only; rows
-        past N copy row N - 1, never stored) or of activation row ``r0 + j - 16`` (j - 16 <
-        rows); thread s < 4 arrives on slice s's mbarrier expecting their bytes (none for an
-        empty slice)."""
+        ``(C + tokens) s + j`` (and ``+ 32 warps``, ..) copies slice s of weight row j < C
+        (first pass only; rows past N copy row N - 1, never stored) or of activation row
+        ``r0 + j - C`` (j - C < rows); thread s < warps arrives on slice s's mbarrier
+        expecting their bytes (none for an empty slice)."""
         i64v = bir.as_i64
-        lo, hi = k_slice(bir.udiv(tid, per_slice))
-        nbytes = bir.mul(bir.sub(hi, lo), 16)
-        with bir.when(bir.ult(tid, WARPS)):
-            nrows = bir.add(rows, bir.select(first, bir.const(COLS), bir.const(0)))
+        with bir.when(bir.ult(tid, warps)):
+            nrows = bir.add(rows, bir.select(first, bir.const(cols), bir.const(0)))
             slo, shi = k_slice(tid)
             cpasync.mbarrier_arrive_expect_tx_n(
                 bar(tid), bir.as_i32(bir.mul(nrows, bir.mul(bir.sub(shi, slo), 16))))
-        j = bir.urem(tid, per_slice)
-        live = bir.logical_and(bir.ult(tid, WARPS * per_slice), bir.ult(lo, hi))
-        with bir.when(live):
-            sl = bir.udiv(tid, per_slice)
-            col = bir.mul(lo, 16)
-            with bir.when(bir.logical_and(first, bir.ult(j, COLS))):
-                row = bir.add(bir.mul(e, n_count), bir.umin(bir.add(n0, j), n_last))
-                src = arith.addi(cpasync.global_address(w),
-                                 i64v(bir.add(bir.mul(row, row_bytes), col)))
-                dst = arith.addi(base, i64v(bir.add(bir.mul(j, stride), col)))
-                cpasync.bulk_copy_n(dst, src, bir.as_i32(nbytes), bar(sl))
-            ja = bir.sub(j, COLS)
-            with bir.when(bir.logical_and(bir.ule(bir.const(COLS), j), bir.ult(ja, rows))):
-                src = arith.addi(cpasync.global_address(a),
-                                 i64v(bir.add(bir.mul(bir.add(r0, ja), row_bytes), col)))
-                dst = arith.addi(base, i64v(bir.add(bir.add(bir.mul(ja, stride), a_off), col)))
-                cpasync.bulk_copy_n(dst, src, bir.as_i32(nbytes), bar(sl))
+        for it in range(-(-warps * per_slice // threads)):
+            idx = bir.add(tid, it * threads)
+            sl, j = bir.udiv(idx, per_slice), bir.urem(idx, per_slice)
+            lo, hi = k_slice(sl)
+            nbytes = bir.as_i32(bir.mul(bir.sub(hi, lo), 16))
+            with bir.when(bir.logical_and(bir.ult(idx, warps * per_slice), bir.ult(lo, hi))):
+                col = bir.mul(lo, 16)
+                with bir.when(bir.logical_and(first, bir.ult(j, cols))):
+                    row = bir.add(bir.mul(e, n_count), bir.umin(bir.add(n0, j), n_last))
+                    src = arith.addi(cpasync.global_address(w),
+                                     i64v(bir.add(bir.mul(row, row_bytes), col)))
+                    dst = arith.addi(base, i64v(bir.add(bir.mul(j, stride), col)))
+                    cpasync.bulk_copy_n(dst, src, nbytes, bar(sl))
+                ja = bir.sub(j, cols)
+                with bir.when(bir.logical_and(bir.ule(bir.const(cols), j), bir.ult(ja, rows))):
+                    src = arith.addi(cpasync.global_address(a),
+                                     i64v(bir.add(bir.mul(bir.add(r0, ja), row_bytes), col)))
+                    dst = arith.addi(base, i64v(bir.add(bir.add(bir.mul(ja, stride), a_off),
+                                                        col)))
+                    cpasync.bulk_copy_n(dst, src, nbytes, bar(sl))
 
     c_lo, c_hi = k_slice(warp)
     sel = bir.select(bir.eq(bir.urem(t, 2), 0), _i32c(0x5140), _i32c(0x7362)) if nv else None
@@ -302,30 +309,33 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
             return ld(off)
         return byte_perm(ld(off), ld(bir.add(off, 8)), sel)
 
-    w_rows = [bir.mul(bir.add(g, 8 * h), stride) for h in range(2)]
+    w_rows = [[bir.mul(bir.add(g, TILE * m + 8 * h), stride) for h in range(2)]
+              for m in range(mt)]
     a_rows = [bir.add(bir.mul(bir.add(g, 8 * nt), stride), a_off) for nt in range(nt_max)]
 
-    def weight_scales(q: Value) -> list[Value]:
-        """Chunk q's weight scales, rows g, g + 8 x blocks 2q, 2q + 1 (NVFP4:
+    def weight_scales(q: Value, m: int) -> list[Value]:
+        """Chunk q's weight scales of M-tile m, rows g, g + 8 x blocks 2q, 2q + 1 (NVFP4:
         ``[g 2q, g 2q+1, g+8 2q, g+8 2q+1]``) or block q (MXFP4: ``[g, g + 8]``)."""
+        mg = bir.add(g, 8 * m)
         if f32_sb:
-            v = bir.vector_load(bir.vec(4, f32), sb, bir.add(bir.mul(q, 2 * COLS),
-                                                             bir.mul(g, 4)), alignment=16)
+            v = bir.vector_load(bir.vec(4, f32), sb, bir.add(bir.mul(q, 2 * cols),
+                                                             bir.mul(mg, 4)), alignment=16)
             return [bir.extract(v, i) for i in range(4)]
         if nv:
-            v = bir.vector_load(bir.vec(2, i16), sb, bir.add(bir.mul(q, COLS), bir.mul(g, 2)),
+            v = bir.vector_load(bir.vec(2, i16), sb, bir.add(bir.mul(q, cols), bir.mul(mg, 2)),
                                 alignment=4)
             return decode_e4m3_word(vector.extract(vector.bitcast(bir.vec(1, i32), v), [], [0]))
-        v = bir.vector_load(bir.vec(2, f32), sb, bir.add(bir.mul(q, COLS), bir.mul(g, 2)),
+        v = bir.vector_load(bir.vec(2, f32), sb, bir.add(bir.mul(q, cols), bir.mul(mg, 2)),
                             alignment=8)
         return [bir.extract(v, i) for i in range(2)]
 
     def pair(q: Value, accs: list[Value], b_lives: list[Value]) -> list[Value]:
-        """Chunk q (units 2q, 2q + 1) folded into ``accs`` (4 per n-tile, n-tiles
-        ``len(b_lives)``; ``b_lives[nt]``: token g + 8 nt is a row of the pass)."""
+        """Chunk q (units 2q, 2q + 1) folded into ``accs`` (4 per (M-tile, n-tile), n-tiles
+        ``len(b_lives)`` fastest; ``b_lives[nt]``: token g + 8 nt is a row of the pass)."""
         accs = list(accs)
-        pa = [fp4_word_to_f16_pairs(word(r, q)) for r in w_rows]
-        sbs = weight_scales(q)
+        nts = len(b_lives)
+        pas: list[Any] = [None] * mt
+        sbs: list[Any] = [None] * mt
         for nt, b_live in enumerate(b_lives):
             br = bir.if_(b_live, [i32, i32] if nv else [i32])  # token's word (and |sA|)
             with br.then():
@@ -342,32 +352,38 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
             else:
                 sav = bir.vector_load(bir.vec(2, f32), sa, bir.add(
                     bir.mul(q, tokens), bir.add(bir.mul(t, 2), 8 * nt)), alignment=8)
-            d = [zero] * 4
-            for s_ in range(2):
-                afr = [pa[0][2 * s_], pa[1][2 * s_], pa[0][2 * s_ + 1], pa[1][2 * s_ + 1]]
-                bfr = [pb[2 * s_], pb[2 * s_ + 1]]
-                d = list(mma.mma_m16n8k16(afr, bfr, [zero] * 4 if nv or s_ == 0 else d,
-                                          input_type="f16"))
-                if nv:  # exact D * |sB| = 2^-28 t sA sB: one rounding
+            for m in range(mt):
+                if nt == 0:  # (decoded once, used by every n-tile)
+                    pas[m] = [fp4_word_to_f16_pairs(word(r, q)) for r in w_rows[m]]
+                    sbs[m] = weight_scales(q, m)
+                pa, base_ = pas[m], 4 * (m * nts + nt)
+                d = [zero] * 4
+                for s_ in range(2):
+                    afr = [pa[0][2 * s_], pa[1][2 * s_], pa[0][2 * s_ + 1], pa[1][2 * s_ + 1]]
+                    bfr = [pb[2 * s_], pb[2 * s_ + 1]]
+                    d = list(mma.mma_m16n8k16(afr, bfr, [zero] * 4 if nv or s_ == 0 else d,
+                                              input_type="f16"))
+                    if nv:  # exact D * |sB| = 2^-28 t sA sB: one rounding
+                        for i in range(4):
+                            accs[base_ + i] = mmath.fma(d[i], sbs[m][2 * (i >> 1) + s_],
+                                                        accs[base_ + i])
+                if not nv:  # the portable kernel's ((sA * sB) / 4) * (4 * block sum)
                     for i in range(4):
-                        a_ = 4 * nt + i
-                        accs[a_] = mmath.fma(d[i], sbs[2 * (i >> 1) + s_], accs[a_])
-            if not nv:  # the portable kernel's ((sA * sB) / 4) * (4 * block sum)
-                for i in range(4):
-                    dd = arith.mulf(d[i], bir.const(4 * UNSCALE, f32))
-                    s = arith.mulf(arith.mulf(bir.extract(sav, i & 1), sbs[i >> 1]),
-                                   bir.const(0.25, f32))
-                    accs[4 * nt + i] = mmath.fma(dd, s, accs[4 * nt + i])
+                        dd = arith.mulf(d[i], bir.const(4 * UNSCALE, f32))
+                        s = arith.mulf(arith.mulf(bir.extract(sav, i & 1), sbs[m][i >> 1]),
+                                       bir.const(0.25, f32))
+                        accs[base_ + i] = mmath.fma(dd, s, accs[base_ + i])
         return accs
 
     def chunk_loop(rows: Value, nts: int) -> list[Value]:
-        """This warp's ``4 nts`` partials over its chunks, two chunks an iteration."""
+        """This warp's ``4 mtiles nts`` partials over its chunks, two chunks an
+        iteration."""
         b_lives = [bir.ult(bir.add(g, 8 * nt), rows) for nt in range(nts)]
         n2 = bir.mul(bir.udiv(bir.sub(c_hi, c_lo), 2), 2)
-        with bir.for_range(c_lo, bir.add(c_lo, n2), 2, carry=[zero] * (4 * nts)) as cl:
+        with bir.for_range(c_lo, bir.add(c_lo, n2), 2, carry=[zero] * (4 * mt * nts)) as cl:
             acc = pair(cl.iv, list(cl.carried), b_lives)
             cl.yield_(*pair(bir.add(cl.iv, 1), acc, b_lives))
-        br = bir.if_(bir.ult(bir.add(c_lo, n2), c_hi), [f32] * (4 * nts))
+        br = bir.if_(bir.ult(bir.add(c_lo, n2), c_hi), [f32] * (4 * mt * nts))
         with br.then():
             br.yield_(*pair(bir.sub(c_hi, 1), list(cl.results), b_lives))
         with br.else_():
@@ -375,15 +391,16 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
         return list(br.results)
 
     def slice_sum(rows: Value) -> list[Value]:
-        """This warp's ``4 nt_max`` partials (a pass of <= 8 rows: the one-n-tile loop, the
-        second n-tile's partials zero, never stored)."""
+        """This warp's ``4 parts`` partials, (M-tile, n-tile) groups of 4 (a pass of <= 8
+        rows: the one-n-tile loop, the second n-tiles' partials zero, never stored)."""
         if nt_max == 1:
             return chunk_loop(rows, 1)
-        br = bir.if_(bir.ult(bir.const(8), rows), [f32] * 8)
+        br = bir.if_(bir.ult(bir.const(8), rows), [f32] * (4 * parts))
         with br.then():
             br.yield_(*chunk_loop(rows, 2))
         with br.else_():
-            br.yield_(*chunk_loop(rows, 1), *[zero] * 4)
+            one = chunk_loop(rows, 1)
+            br.yield_(*[v for m in range(mt) for v in one[4 * m:4 * m + 4] + [zero] * 4])
         return list(br.results)
 
     with bir.for_range(start, end, tokens) as pl:
@@ -406,23 +423,24 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
         cpasync.mbarrier_wait(bar(warp), parity)  # this warp's K slice
         accs = slice_sum(rows)
         with bir.when(bir.ne(warp, 0)):
-            for nt in range(nt_max):
-                bir.vector_store(bir.from_elements(bir.vec(4, f32), accs[4 * nt:4 * nt + 4]),
-                                 red, bir.mul(bir.add(bir.mul(bir.sub(warp, 1), 32 * nt_max),
-                                                      bir.add(lane, 32 * nt)), 4),
+            for pi in range(parts):
+                bir.vector_store(bir.from_elements(bir.vec(4, f32), accs[4 * pi:4 * pi + 4]),
+                                 red, bir.mul(bir.add(bir.mul(bir.sub(warp, 1), 32 * parts),
+                                                      bir.add(lane, 32 * pi)), 4),
                                  alignment=16)
         bir.barrier()
         with bir.when(bir.eq(warp, 0)):
-            for nt in range(nt_max):
-                tot = accs[4 * nt:4 * nt + 4]
-                for wi in range(RED_WARPS):  # fixed order: warps 1, 2, 3
+            for pi in range(parts):
+                m, nt = divmod(pi, nt_max)
+                tot = accs[4 * pi:4 * pi + 4]
+                for wi in range(warps - 1):  # fixed order: warps 1, 2, ..
                     p = bir.vector_load(bir.vec(4, f32), red, bir.mul(
-                        bir.add(lane, 32 * (nt_max * wi + nt)), 4), alignment=16)
+                        bir.add(lane, 32 * (parts * wi + pi)), 4), alignment=16)
                     tot = [arith.addf(tot[i], bir.extract(p, i)) for i in range(4)]
                 if nv:  # exact: the accumulators are 2^-28 times the block sums
                     tot = [arith.mulf(v, bir.const(UNSCALE, f32)) for v in tot]
                 for i in range(4):
-                    col = bir.add(n0, bir.add(g, 8 * (i >> 1)))
+                    col = bir.add(n0, bir.add(g, TILE * m + 8 * (i >> 1)))
                     tok = bir.add(bir.mul(t, 2), 8 * nt + (i & 1))
                     with bir.when(bir.logical_and(bir.ult(tok, rows), bir.ult(col, n_count))):
                         store(tot[i], bir.add(r0, tok), col)

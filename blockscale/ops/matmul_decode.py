@@ -105,20 +105,24 @@ COLS = 32
 #: step; one wave of CTAs; _decode_stream_ir), "mma_c8r" / "mma_c8r4" ("mma_c8w" with the
 #: weights streamed through a shared ring of 3 / 4 stages by cp.async.bulk, 2 / 3 steps
 #: ahead across units; 3 / 2 CTAs per SM)
-#: "mma_shot" / "mma_shot7k" / "mma_shot16" (16 columns a CTA, the CTA's whole weight slice
-#: and the pass's activation rows copied by cp.async.bulk at once into shared memory, the 4
-#: warps on K quarters, their fp32 partials added in warp order: deterministic, not
-#: bit-identical to the portable kernel; K <= 3072 / 7168 / 3072 (:data:`SHOT_KCAP`), passes
-#: of 8 / 8 / 16 rows (:data:`SHOT_TOKENS`); _decode_shot_ir)
+#: "mma_shot" / "mma_shot7k" / "mma_shot16" / "mma_shot32" (16 columns a CTA (32 for
+#: "mma_shot32"), the CTA's whole weight slice and the pass's activation rows copied by
+#: cp.async.bulk at once into shared memory, the 4 warps (8) on K slices, their fp32
+#: partials added in warp order: deterministic, not bit-identical to the portable kernel;
+#: K <= :data:`SHOT_KCAP`, passes of :data:`SHOT_TOKENS` rows; _decode_shot_ir)
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
             "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w", "mma_c8r",
-            "mma_c8r4", "mma_shot", "mma_shot7k", "mma_shot16")
+            "mma_c8r4", "mma_shot", "mma_shot7k", "mma_shot16", "mma_shot32")
 #: the one-shot variants' largest K (their shared weight rows hold K / 2 bytes): "mma_shot"
 #: 4 CTAs per SM (gpt-oss, dense N=5760 K=2944), "mma_shot7k" 2 (DeepSeek-V3 K = 7168),
-#: "mma_shot16" 3 (two n-tiles a pass: one A decode for 16 rows; dense M = 9..16)
-SHOT_KCAP = {"mma_shot": 3072, "mma_shot7k": 7168, "mma_shot16": 3072}
+#: "mma_shot16" 3 (two n-tiles a pass: one A decode for 16 rows; dense M = 9..16),
+#: "mma_shot32" 2 of 256 threads (32 columns, 8 warps on K eighths, each B fragment's decode
+#: serving two M-tiles: ~25 % fewer instructions a weight byte; for the MoE grids)
+SHOT_KCAP = {"mma_shot": 3072, "mma_shot7k": 7168, "mma_shot16": 3072, "mma_shot32": 3072}
 #: the one-shot variants' rows per pass (activation rows in shared memory)
-SHOT_TOKENS = {"mma_shot": 8, "mma_shot7k": 8, "mma_shot16": 16}
+SHOT_TOKENS = {"mma_shot": 8, "mma_shot7k": 8, "mma_shot16": 16, "mma_shot32": 8}
+#: the one-shot variants' warps (K slices) per CTA
+SHOT_WARPS = {"mma_shot": 4, "mma_shot7k": 4, "mma_shot16": 4, "mma_shot32": 8}
 #: the shared-memory staging of each "mma_c*" variant (_decode_mma_ir._Staging)
 STAGING = {"mma_c": "cf", "mma_c8": "cf8", "mma_c85": "cf8", "mma_c86": "cf8", "mma_c8t": "cf8",
            "mma_c8s2": "cf8", "mma_c8s4": "cf8", "mma_c8d2": "cf8", "mma_c8w": "cf8",
@@ -145,10 +149,11 @@ STREAM_CTAS: int | None = None
 SPLIT_VARIANTS = ("mma_psk",)
 #: threads and output columns per CTA of each variant
 VARIANT_THREADS = {"simt": THREADS, "mma": 128, "mma2": 128, "mma_p": 128, "mma_p5": 128,
-                   "mma_psk": 128, **dict.fromkeys(STAGING, 128), **dict.fromkeys(SHOT_KCAP, 128)}
+                   "mma_psk": 128, **dict.fromkeys(STAGING, 128),
+                   **{v: 32 * w for v, w in SHOT_WARPS.items()}}
 VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_p": 64, "mma_p5": 64, "mma_psk": 64,
                 **dict.fromkeys(STAGING, 64), **{v: 64 * j for v, j in SLICES.items()},
-                **dict.fromkeys(SHOT_KCAP, 16)}
+                **dict.fromkeys(SHOT_KCAP, 16), "mma_shot32": 32}
 #: register cap (nvvm.maxnreg) per variant: simt 2 x 256 threads, mma 4 x 128, mma2 3 x 128,
 #: mma_p5 5 x 128 (5 x 42 KB of shared memory: fits the H200's 228 KB)
 VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_p": 128, "mma_p5": 96,
@@ -224,7 +229,8 @@ class DecodeSpec(FormatSpec):
         for the stages' 1024-byte alignment after the static bytes (so also > 48 KB: the
         CUDA runtime opts in, static + dynamic being > 48 KB in any case)."""
         if self.variant in SHOT_KCAP:  # the one-shot variants' weight / activation rows
-            return shot_dynamic_bytes(SHOT_KCAP[self.variant], SHOT_TOKENS[self.variant])
+            return shot_dynamic_bytes(SHOT_KCAP[self.variant], SHOT_TOKENS[self.variant],
+                                      self.cols, SHOT_WARPS[self.variant])
         ring = RING.get(self.variant, 0)
         return ring * 64 * 256 + 1024 if ring else 0
 
@@ -286,10 +292,11 @@ def shot_row_stride(kcap: int) -> int:
     return rb + (16 if (rb // 16) % 2 == 0 else 0)
 
 
-def shot_dynamic_bytes(kcap: int, tokens: int = 8) -> int:
-    """The one-shot variants' dynamic shared memory: 16 weight rows, ``tokens`` activation
-    rows of :func:`shot_row_stride` bytes, and the 4 warps' mbarriers (8 bytes each)."""
-    return (16 + tokens) * shot_row_stride(kcap) + 32
+def shot_dynamic_bytes(kcap: int, tokens: int = 8, cols: int = 16, warps: int = 4) -> int:
+    """The one-shot variants' dynamic shared memory: ``cols`` weight rows, ``tokens``
+    activation rows of :func:`shot_row_stride` bytes, and the warps' mbarriers (8 bytes
+    each, 16-byte multiple)."""
+    return (cols + tokens) * shot_row_stride(kcap) + -(-8 * warps // 16) * 16
 
 
 def shot_variant(k: int, rows: int = 1) -> str | None:
@@ -299,7 +306,7 @@ def shot_variant(k: int, rows: int = 1) -> str | None:
     if 8 < rows <= 16 and k <= SHOT_KCAP["mma_shot16"]:
         return "mma_shot16"
     fits = [v for v, cap in sorted(SHOT_KCAP.items(), key=lambda x: x[1])
-            if k <= cap and SHOT_TOKENS[v] == 8]
+            if k <= cap and SHOT_TOKENS[v] == 8 and SHOT_WARPS[v] == 4]
     return fits[0] if fits else None
 
 
@@ -334,7 +341,8 @@ def build(spec: DecodeSpec) -> Any:
 
         def emit(*args: Any, **kw: Any) -> None:
             DS1.emit_decode_shot(*args, **kw, kcap=SHOT_KCAP[spec.variant],
-                                 tokens=SHOT_TOKENS[spec.variant])
+                                 tokens=SHOT_TOKENS[spec.variant],
+                                 mtiles=spec.cols // 16, warps=SHOT_WARPS[spec.variant])
     elif spec.variant in SPLIT_VARIANTS:
         def emit(*args: Any, **kw: Any) -> None:
             DM.emit_decode_mma_split_k(*args, **kw, workspace=kb.arg("workspace"),
