@@ -620,10 +620,12 @@ def dispatch_variant(fmt: Format, grouped: bool = False) -> str:
 
 
 def _shot_or_default(variant: str, k: int, default: str, rows: int = 1) -> str:
-    """A one-shot ``variant`` (BLOCKSCALE_DECODE_VARIANT) becomes :func:`shot_variant`'s
-    choice for K and ``rows``, or ``default`` when no one-shot kernel holds K; others pass
-    through."""
+    """A one-shot ``variant`` (BLOCKSCALE_DECODE_VARIANT): "mma_shot" is :func:`shot_variant`'s
+    choice for K and ``rows``; another one-shot name itself when it holds K, else that
+    choice; ``default`` when no one-shot kernel holds K. Other variants pass through."""
     if variant not in SHOT_KCAP:
+        return variant
+    if variant != "mma_shot" and k <= SHOT_KCAP[variant]:
         return variant
     return shot_variant(k, rows) or default
 
