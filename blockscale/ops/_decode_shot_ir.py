@@ -53,7 +53,7 @@ read hit distinct banks) and the 4 mbarriers; static: the weight scales (f32
 MXFP4 f32 ``[block][g][h]``), the activation scales (NVFP4 f16 pairs ``[pair][token]``,
 MXFP4 f32 ``[block][token]``) and the 3 warps' partials. "mma_shot" (kcap 3072): 37.3 KB +
 16.5 KB: 4 CTAs per SM; "mma_shot16": 49.7 + 21 KB: 3; "mma_shot7k" (kcap 7168,
-DeepSeek-V3): 86.4 KB + 15.5 / 22.5 KB (NVFP4 / MXFP4): 2.
+DeepSeek-V3; 8 warps on K eighths, 256 threads): 86.4 KB + 19 / 26 KB (NVFP4 / MXFP4): 2.
 
 "mma_shot32": 32 columns (two M-tiles per warp: each B fragment's decode and |sA| serve both)
 and 8 warps on K eighths (256 threads): 62 KB + 35 KB (NVFP4): 2 CTAs per SM (16 warps).

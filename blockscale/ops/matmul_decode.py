@@ -114,7 +114,8 @@ VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c
             "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w", "mma_c8r",
             "mma_c8r4", "mma_shot", "mma_shot7k", "mma_shot16", "mma_shot32")
 #: the one-shot variants' largest K (their shared weight rows hold K / 2 bytes): "mma_shot"
-#: 4 CTAs per SM (gpt-oss, dense N=5760 K=2944), "mma_shot7k" 2 (DeepSeek-V3 K = 7168),
+#: 4 CTAs per SM (gpt-oss, dense N=5760 K=2944), "mma_shot7k" 2 of 256 threads (DeepSeek-V3
+#: K = 7168; 8 warps on K eighths: 16 warps per SM),
 #: "mma_shot16" 3 (two n-tiles a pass: one A decode for 16 rows; dense M = 9..16),
 #: "mma_shot32" 2 of 256 threads (32 columns, 8 warps on K eighths, each B fragment's decode
 #: serving two M-tiles: ~25 % fewer instructions a weight byte; for the MoE grids)
@@ -122,7 +123,7 @@ SHOT_KCAP = {"mma_shot": 3072, "mma_shot7k": 7168, "mma_shot16": 3072, "mma_shot
 #: the one-shot variants' rows per pass (activation rows in shared memory)
 SHOT_TOKENS = {"mma_shot": 8, "mma_shot7k": 8, "mma_shot16": 16, "mma_shot32": 8}
 #: the one-shot variants' warps (K slices) per CTA
-SHOT_WARPS = {"mma_shot": 4, "mma_shot7k": 4, "mma_shot16": 4, "mma_shot32": 8}
+SHOT_WARPS = {"mma_shot": 4, "mma_shot7k": 8, "mma_shot16": 4, "mma_shot32": 8}
 #: the shared-memory staging of each "mma_c*" variant (_decode_mma_ir._Staging)
 STAGING = {"mma_c": "cf", "mma_c8": "cf8", "mma_c85": "cf8", "mma_c86": "cf8", "mma_c8t": "cf8",
            "mma_c8s2": "cf8", "mma_c8s4": "cf8", "mma_c8d2": "cf8", "mma_c8w": "cf8",
@@ -306,7 +307,7 @@ def shot_variant(k: int, rows: int = 1) -> str | None:
     if 8 < rows <= 16 and k <= SHOT_KCAP["mma_shot16"]:
         return "mma_shot16"
     fits = [v for v, cap in sorted(SHOT_KCAP.items(), key=lambda x: x[1])
-            if k <= cap and SHOT_TOKENS[v] == 8 and SHOT_WARPS[v] == 4]
+            if k <= cap and SHOT_TOKENS[v] == 8 and VARIANT_COLS[v] == 16]
     return fits[0] if fits else None
 
 
