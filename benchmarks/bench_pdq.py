@@ -103,6 +103,12 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                                                             "store": "staged",
                                                             "sigma_out": True,
                                                             "a_source": "workspace"}),
+                 # 128-row items: a warpgroup past the group's end issues no wgmma
+                 ("grouped pdq pf staged ws skip", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True}),
+                 ("grouped pdq pf staged sigma ws skip", "pdq",
+                  {"prefetch": True, "store": "staged", "sigma_out": True,
+                   "a_source": "workspace", "skip": True}),
                  # 256 x 128 items (two workspace tiles, 128 weight rows a step)
                  # (the producer loop unrolled by 2, the dispatch's; "u1": not)
                  ("grouped pdq pf staged ws 256x128", "pdq",
@@ -118,18 +124,21 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                   {"prefetch": True, "a_source": "workspace", "bm": 256, "bn": 128,
                    "unroll": 2}))
 #: fused SwiGLU suite (label, fused op?, BLOCKSCALE_SM90_GROUPED_PDQ, the pdq dispatch's A
-#: source and item height: matmul_grouped_pdq.A_SOURCE_ENV / BM_ENV): the dispatch's chained
-#: path (grouped matmul + fused_silu_quantize) is the reference the fused rows of its family
-#: must equal
-FUSED_IMPLS = (("chained pdq + silu-quantize", False, "1", "packed", "128"),
-               ("fused (pdq sigma + silu-quantize)", True, "1", "packed", "128"),
-               ("chained wgmma + silu-quantize", False, "0", "packed", "128"),
-               ("fused (wgmma sigma + silu-quantize)", True, "0", "packed", "128"),
-               ("chained pdq ws + silu-quantize", False, "1", "workspace", "128"),
-               ("fused (pdq ws sigma + silu-quantize)", True, "1", "workspace", "128"),
-               ("chained pdq ws 256x128 + silu-quantize", False, "1", "workspace", "256"),
+#: source, item height and skip: matmul_grouped_pdq.A_SOURCE_ENV / BM_ENV / SKIP_ENV): the
+#: dispatch's chained path (grouped matmul + fused_silu_quantize) is the reference the fused
+#: rows of its family must equal
+FUSED_IMPLS = (("chained pdq + silu-quantize", False, "1", "packed", "128", "0"),
+               ("fused (pdq sigma + silu-quantize)", True, "1", "packed", "128", "0"),
+               ("chained wgmma + silu-quantize", False, "0", "packed", "128", "0"),
+               ("fused (wgmma sigma + silu-quantize)", True, "0", "packed", "128", "0"),
+               ("chained pdq ws + silu-quantize", False, "1", "workspace", "128", "0"),
+               ("fused (pdq ws sigma + silu-quantize)", True, "1", "workspace", "128", "0"),
+               ("chained pdq ws skip + silu-quantize", False, "1", "workspace", "128", "1"),
+               ("fused (pdq ws skip sigma + silu-quantize)", True, "1", "workspace", "128",
+                "1"),
+               ("chained pdq ws 256x128 + silu-quantize", False, "1", "workspace", "256", "0"),
                ("fused (pdq ws 256x128 sigma + silu-quantize)", True, "1", "workspace",
-                "256"))
+                "256", "0"))
 
 
 def _select(impls: tuple, only: Sequence[str] | None) -> tuple:
@@ -294,13 +303,14 @@ def bench_fused(dev: Any, t_values: Sequence[int], fmts: Sequence[str], log: Any
                 return grouped_matmul_swiglu(a_dev, ws.data_dev, sc_dev, ws.scales_dev, *grp,
                                              ws.expert_scales, isc, fmt, k=shape.k, device=dev)
 
-            for label, is_fused, pdq, a_src, bm in _select(FUSED_IMPLS, only):
+            for label, is_fused, pdq, a_src, bm, skip in _select(FUSED_IMPLS, only):
                 old = {v: os.environ.get(v) for v in (gw.PDQ_ENV_SWITCH, GP.A_SOURCE_ENV,
-                                                      GP.BM_ENV)}
+                                                      GP.BM_ENV, GP.SKIP_ENV)}
                 os.environ[gw.PDQ_ENV_SWITCH] = pdq
                 os.environ[GP.A_SOURCE_ENV] = a_src
                 os.environ[GP.BM_ENV] = bm
-                family = (pdq, a_src, bm)
+                os.environ[GP.SKIP_ENV] = skip
+                family = (pdq, a_src, bm, skip)
                 try:
                     (data, scales), ms, _ = timed_launches(dev, fused if is_fused else chained)
                     got = b"".join(np.ascontiguousarray(np.asarray(dev.to_host(x)))
@@ -311,7 +321,7 @@ def bench_fused(dev: Any, t_values: Sequence[int], fmts: Sequence[str], log: Any
                             ("== chained" if got == want else "DIFFERS from chained")
                     else:
                         refs[family] = got
-                        first = refs.get(("1", "packed", "128")) if pdq == "1" else None
+                        first = refs.get(("1", "packed", "128", "0")) if pdq == "1" else None
                         text = "reference" if first is None or first is got else \
                             ("== chained pdq" if got == first else "DIFFERS from chained pdq")
                 except Exception as e:  # noqa: BLE001 - missing kernel, launch failure

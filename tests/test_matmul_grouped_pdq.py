@@ -35,7 +35,8 @@ from blockscale.ops import matmul_grouped_wgmma as gw
 
 def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=False,
          stages=None, seed=0, device="interp", check_exact=True, store="direct", producers=1,
-         bn=256, depth=1, every_scale=False, a_source="packed", sigma_out=False, bm=128, unroll=1):
+         bn=256, depth=1, every_scale=False, a_source="packed", sigma_out=False, bm=128, unroll=1,
+         skip=False):
     rng = np.random.default_rng(300 + seed)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
     if every_scale:  # every scale byte (E4M3 subnormals and NaN, E8M0 0x00 and 0xFF)
@@ -50,7 +51,7 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
                                              prefetch=prefetch, loop=loop, store=store,
                                              producers=producers, bn=bn, depth=depth,
                                              a_source=a_source, sigma_out=sigma_out, bm=bm,
-                                             unroll=unroll,
+                                             unroll=unroll, skip=skip,
                                              device=device)
     if sigma_out:  # gate | up columns back to the σ order (the plain store's)
         out = _unsigma(out)
@@ -176,13 +177,14 @@ def test_spec_checks():
     assert p2.block == (512, 1, 1) and p2.kernel_name.endswith("_128x192_k64_s5_pf_p2_rowsc")
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     specs = GP.bundle_specs("sm_90a")
-    assert len(specs) == len({s.kernel_name for s in specs}) == 48 + 3  # + wgmma references
-    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 48
-    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 24
+    assert len(specs) == len({s.kernel_name for s in specs}) == 54 + 3  # + wgmma references
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 54
+    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 30
     assert sum(getattr(s, "bm", 128) == 256 for s in specs) == 12
     assert sum(getattr(s, "unroll", 1) == 2 for s in specs) == 9
-    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 27
-    assert sum(getattr(s, "sigma_out", False) for s in specs) == 15
+    assert sum(getattr(s, "skip", False) for s in specs) == 6
+    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 33
+    assert sum(getattr(s, "sigma_out", False) for s in specs) == 18
     for f in (NVFP4, MXFP4):  # the dispatch's specs on the GPU (plain and σ) are bundled
         for sg in (False, True):
             assert GP.dispatch_spec(f, 5760, f is NVFP4, "sm_90a", "interp", sg).kernel_name \
@@ -260,20 +262,23 @@ def test_gpu_every_scale_byte(fmt, a_source):
 @pytest.mark.gpu
 @pytest.mark.cuda
 @pytest.mark.parametrize("variant", [("staged", False), ("staged", True), ("direct", False),
-                                     ("direct", True)],
-                         ids=["staged", "staged-sigma", "direct", "direct-sigma"])
+                                     ("direct", True), ("staged", False, True),
+                                     ("staged", True, True)],
+                         ids=["staged", "staged-sigma", "direct", "direct-sigma", "staged-skip",
+                              "staged-sigma-skip"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_gpu_workspace(fmt, variant):
     """A from the grouped phase-1 workspace (bulk copies), gpt-oss-120b gate_up at T=1024
-    (top-4 of 128 experts, N=5760, K=2880; some experts unused): the grouped wgmma kernel's
-    bytes (128 x 256, lut / k64 / fold), σ store un-permuted."""
-    store, sigma = variant
+    (top-4 of 128 experts, N=5760, K=2880; some experts unused; ~32 rows an expert, so with
+    ``skip`` warpgroup 1 issues no wgmma): the grouped wgmma kernel's bytes (128 x 256, lut /
+    k64 / fold), σ store un-permuted."""
+    store, sigma, *skip = variant
     rng = np.random.default_rng(5)
     counts = list(rng.multinomial(4096, np.full(128, 1 / 128)))
     ids = [e if c else -1 for e, c in enumerate(counts)]
     _run(Format.from_name(fmt), counts, ids, 128, 5760, 2880, rows=fmt == "nvfp4",
          loop="split", prefetch=True, device="cuda", check_exact=False, store=store,
-         sigma_out=sigma, a_source="workspace")
+         sigma_out=sigma, a_source="workspace", skip=bool(skip))
 
 
 @pytest.mark.gpu
@@ -481,6 +486,12 @@ def test_tall_checks(monkeypatch):
         GP.GroupedPdqSpec("nvfp4", bm=192)
     with pytest.raises(ValueError, match="unroll"):
         GP.GroupedPdqSpec("nvfp4", unroll=3)
+    with pytest.raises(ValueError, match="skip"):
+        GP.GroupedPdqSpec("nvfp4", a_source="workspace", bm=256, bn=128, skip=True)
+    with pytest.raises(TypeError, match="skip"):
+        GP.GroupedPdqSpec("nvfp4", skip=1)
+    assert GP.GroupedPdqSpec("nvfp4", a_source="workspace", skip=True).kernel_name.endswith(
+        "_ws_sk")
     # the dispatch: packed 128 x 256 by default; the env knobs select the new items
     d = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp")
     assert (d.a_source, d.bm, d.bn) == ("packed", 128, 256)
@@ -491,8 +502,14 @@ def test_tall_checks(monkeypatch):
         "workspace", 256, 128, "staged", True, GP.TALL_UNROLL)
     assert d.kernel_name.replace("_lockstep", "") in {s.kernel_name
                                                       for s in GP.bundle_specs("sm_90a")}
+    monkeypatch.setenv(GP.SKIP_ENV, "1")  # ignored by 256-row items (they always skip)
+    assert not GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp").skip
     monkeypatch.setenv("BLOCKSCALE_SM90_STAGED_STORE", "0")  # direct: 128-row items
-    assert GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp").bm == 128
+    d = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp")
+    assert (d.bm, d.skip) == (128, True)
+    monkeypatch.setenv(GP.A_SOURCE_ENV, "packed")  # skip only with the workspace A
+    assert not GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp").skip
+    monkeypatch.setenv(GP.A_SOURCE_ENV, "workspace")
     monkeypatch.setenv(GP.BM_ENV, "64")
     with pytest.raises(ValueError, match=GP.BM_ENV):
         GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp")
@@ -529,3 +546,22 @@ def test_tall_loop_sass(fmt, unroll):
     assert kernel.meta["spill_stores"] == 0 and kernel.meta["registers"] <= 168
     log = kernel.meta.get("ptxas_log", "")
     assert "C7515" not in log and "C7518" not in log
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    (NVFP4, 0, "split", True, "staged", False, "workspace"),  # 1-3 rows: warpgroup 1 idle
+    (MXFP4, 1, "split", False, "direct", True, "workspace"),  # 65 / 129 / 257 rows, σ
+    (NVFP4, 3, "lockstep", True, "direct", False, "packed"),  # 128 / 256 / 5 rows
+    (MXFP4, 1, "lockstep", False, "staged", False, "packed"),
+], ids=lambda c: f"{c[0].name}-case{c[1]}-{c[2]}-rs{int(c[3])}-{c[4]}-sg{int(c[5])}-{c[6]}")
+def test_interp_skip(case):
+    """128-row items with ``skip`` (a warpgroup whose 64 rows are past the group's end issues
+    no wgmma): byte-equal to the kernel without it (and to the grouped wgmma lut kernel)."""
+    fmt, case_id, loop, rows, store, sigma, a_source = case
+    counts, ids, e_count, n, k = CASES[case_id]
+    kw = dict(rows=rows and fmt == NVFP4, loop=loop, prefetch=True, seed=case_id, store=store,
+              check_exact=False, sigma_out=sigma)
+    plain = _run(fmt, counts, ids, e_count, n, k, **kw)
+    skip = _run(fmt, counts, ids, e_count, n, k, a_source=a_source, skip=True, **kw)
+    assert np.array_equal(skip.view(np.uint16), plain.view(np.uint16))

@@ -187,17 +187,20 @@ def test_gpu_gpt_oss(fmt, act, monkeypatch):
 
 
 @pytest.mark.interp
-@pytest.mark.parametrize("case", [pytest.param(CASES[0] + (128,), marks=pytest.mark.slow),
-                                  CASES[5] + (128,), CASES[0] + (256,), CASES[2] + (256,)],
+@pytest.mark.parametrize("case", [pytest.param(CASES[0] + (128, False), marks=pytest.mark.slow),
+                                  CASES[5] + (128, False), CASES[2] + (128, True),
+                                  CASES[0] + (256, False), CASES[2] + (256, False)],
                          ids=lambda c: f"{c[0].name}-{len(c[1])}g-d{c[4]}-k{c[5]}-{c[6]}"
-                         f"-{'st' if c[8] else 'direct'}-bm{c[9]}")
+                         f"-{'st' if c[8] else 'direct'}-bm{c[9]}{'-skip' if c[10] else ''}")
 def test_fused_equals_chained_workspace(monkeypatch, case):
     """The dispatch with A from the grouped phase-1 workspace
     (``BLOCKSCALE_SM90_GROUPED_PDQ_A=workspace``; ``BLOCKSCALE_SM90_GROUPED_PDQ_BM=256``:
-    256 x 128 items): the fused op runs the σ workspace spec, the chained matmul the plain
-    one; data and scale bytes equal each other and the packed-A dispatch's."""
-    fmt, counts, ids, e_count, d, k, act, with_rows, staged, bm = case
+    256 x 128 items; ``BLOCKSCALE_SM90_GROUPED_PDQ_SKIP=1``: 128-row items skipping idle
+    warpgroups): the fused op runs the σ workspace spec, the chained matmul the plain one;
+    data and scale bytes equal each other and the packed-A dispatch's."""
+    fmt, counts, ids, e_count, d, k, act, with_rows, staged, bm, skip = case
     monkeypatch.setenv(GP.BM_ENV, str(bm))
+    monkeypatch.setenv(GP.SKIP_ENV, "1" if skip else "0")
     monkeypatch.setattr(gw, "MIN_ROWS", 1)
     if not staged:
         monkeypatch.setenv(STAGED_SWITCH, "0")
@@ -210,8 +213,8 @@ def test_fused_equals_chained_workspace(monkeypatch, case):
     monkeypatch.setenv(GP.A_SOURCE_ENV, "workspace")
     specs = _spy(monkeypatch)
     ws = fused_and_chained(sc, fmt, k, act, "interp", rows)
-    assert [(s.a_source, s.sigma_out, s.bm) for s in specs] == [("workspace", True, bm),
-                                                                ("workspace", False, bm)]
+    assert [(s.a_source, s.sigma_out, s.bm, s.skip) for s in specs] == [
+        ("workspace", True, bm, skip), ("workspace", False, bm, skip)]
     for got, want in zip(ws, packed, strict=True):
         assert np.array_equal(_bytes(got), _bytes(want))
     assert np.array_equal(_bytes(ws[0]), _bytes(ws[2]))
@@ -220,14 +223,16 @@ def test_fused_equals_chained_workspace(monkeypatch, case):
 
 @pytest.mark.gpu
 @pytest.mark.cuda
-@pytest.mark.parametrize("bm", [128, 256])
+@pytest.mark.parametrize("bm,skip", [(128, False), (128, True), (256, False)],
+                         ids=["bm128", "bm128-skip", "bm256"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_gpu_gpt_oss_workspace(fmt, bm, monkeypatch):
+def test_gpu_gpt_oss_workspace(fmt, bm, skip, monkeypatch):
     """gpt-oss-120b gate_up at T=1024 with A from the grouped phase-1 workspace
     (BLOCKSCALE_SM90_GROUPED_PDQ_A=workspace; BLOCKSCALE_SM90_GROUPED_PDQ_BM: 128 x 256 or
     256 x 128 items): fused == chained byte for byte on the H200, and equal to the packed-A
     dispatch's bytes."""
     monkeypatch.setenv(GP.BM_ENV, str(bm))
+    monkeypatch.setenv(GP.SKIP_ENV, "1" if skip else "0")
     monkeypatch.setenv(GP.A_SOURCE_ENV, "packed")
     f = Format.from_name(fmt)
     rng = np.random.default_rng(9)
@@ -238,8 +243,9 @@ def test_gpu_gpt_oss_workspace(fmt, bm, monkeypatch):
     monkeypatch.setenv(GP.A_SOURCE_ENV, "workspace")
     specs = _spy(monkeypatch)
     ws = fused_and_chained(sc, f, 2880, "silu", "cuda")
-    assert [(s.a_source, s.sigma_out, s.store, s.loop, s.bm) for s in specs] == \
-        [("workspace", True, "staged", "split", bm), ("workspace", False, "staged", "split", bm)]
+    assert [(s.a_source, s.sigma_out, s.store, s.loop, s.bm, s.skip) for s in specs] == \
+        [("workspace", True, "staged", "split", bm, skip),
+         ("workspace", False, "staged", "split", bm, skip)]
     for name, got, want in zip(("data", "scales", "chained data", "chained scales"), ws, packed,
                                strict=True):
         np.testing.assert_array_equal(_bytes(got), _bytes(want), err_msg=name)

@@ -523,7 +523,7 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                   bm: int = T.BM, prefetch: bool = True, loop: str = "split",
                   all_threads: bool = False, producers: int = 1, bn: int = BN,
                   depth: int = 1, a_tile: Value | None = None, tall: Any = None,
-                  unroll: int = SPLIT_UNROLL) -> None:
+                  unroll: int = SPLIT_UNROLL, skip: Any = None) -> None:
     """The producer / consumer K loop (module docstring) of the ``bm x bn`` tile of A rows
     ``a`` and B rows ``b`` (``b.tile == bn``), then ``epilogue(acc, wg, writers)``: the
     warpgroup's final accumulator struct and index. Without ``all_threads`` it runs in the
@@ -546,7 +546,9 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     slabs, the slabs past the rows skipped); ``epilogue`` then gets the pair of slab
     accumulators. ``unroll``: producer steps per iteration of the "split" loop
     (:data:`SPLIT_UNROLL`; 2 at 256 x 128: 302 / 297 SASS a step instead of 315 / 322, no
-    spills)."""
+    spills). ``skip``: a :class:`blockscale.ops._pdq_tall_ir.Skip` (not with ``tall``, which
+    always skips): a consumer warpgroup whose 64 rows lie past the item's rows issues no
+    wgmma."""
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {list(LOOPS)}, got {loop!r}")
     if producers not in PRODUCERS:
@@ -651,6 +653,8 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         def consumer_loop() -> list[Value]:
             if tall is not None:
                 return tall.consumer_loop(ring, steps)
+            if skip is not None:
+                return [skip.consumer_loop(ring, steps, bn)]
             with bir.for_range(0, steps, carry=[W.zero_accumulator(bn)]) as cl:
                 cl.yield_(ring.consume(cl.iv, cl.carried[0]))
             W.wait_group(0)
@@ -682,8 +686,12 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         accs, regs = list(lp.carried[:nacc]), list(lp.carried[nacc:])
         cons = bir.if_(is_cons, accs_t)
         with cons.then():
-            cons.yield_(*(tall.consume_any(ring, s, accs) if tall is not None
-                          else [ring.consume(s, accs[0])]))
+            if tall is not None:
+                cons.yield_(*tall.consume_any(ring, s, accs))
+            elif skip is not None:
+                cons.yield_(skip.consume_any(ring, s, accs[0]))
+            else:
+                cons.yield_(ring.consume(s, accs[0]))
         with cons.else_():
             cons.yield_(*accs)
         prod = bir.if_(is_prod, types)

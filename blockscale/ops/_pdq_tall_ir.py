@@ -203,3 +203,45 @@ class Tall:
                 one.yield_(*body(0))
             two.yield_(*one.results)
         return list(two.results)
+
+
+class Skip:
+    """The 128 x bn item's consumers with the same skipping (``skip=True`` specs): a
+    warpgroup whose 64 rows all lie past the group's last row (``rows`` from the item's first
+    row on, index) issues no wgmma (a warp-uniform branch outside the K loop; the idle loop
+    still waits on every full barrier and releases every stage). Its accumulator stays zero
+    and its rows are not stored: the same bytes."""
+
+    def __init__(self, rows: Value) -> None:
+        self.rows = rows
+
+    def live(self, ring: Any) -> Value:
+        """i1: this warpgroup has a row inside the group (broadcast from lane 0)."""
+        from blockscale.compiler.arch import nvvm
+
+        own = bir.as_i32(bir.ult(bir.mul(ring.wg, 64), self.rows))
+        return bir.ne(nvvm.shfl_idx(own, 0), bir.const(0, bir.i32()))
+
+    def consumer_loop(self, ring: Any, steps: Value, bn: int) -> Value:
+        """The consumers' K loop ("split"): the accumulator (zeros where not live)."""
+        br = bir.if_(self.live(ring), [W.accumulator_type(bn)])
+        with br.then():
+            with bir.for_range(0, steps, carry=[W.zero_accumulator(bn)]) as cl:
+                cl.yield_(ring.consume(cl.iv, cl.carried[0]))
+            W.wait_group(0)
+            br.yield_(cl.results[0])
+        with br.else_():
+            with bir.for_range(0, steps) as idle:
+                Tall.consume(ring, idle.iv, [], 0)
+            br.yield_(W.zero_accumulator(bn))
+        return br.results[0]
+
+    def consume_any(self, ring: Any, step: Value, acc: Value) -> Value:
+        """One step of the "lockstep" loop (a branch per step)."""
+        br = bir.if_(self.live(ring), [acc.type])
+        with br.then():
+            br.yield_(ring.consume(step, acc))
+        with br.else_():
+            Tall.consume(ring, step, [], 0)
+            br.yield_(acc)
+        return br.results[0]

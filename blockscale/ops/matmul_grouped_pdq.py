@@ -87,6 +87,10 @@ TALL_BN, TALL_UNROLL = 128, 2
 #: staged store): 128 until measured; BLOCKSCALE_SM90_GROUPED_PDQ_BM=256|128 overrides it
 DISPATCH_BM = 128
 BM_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_BM"
+#: whether the dispatch's 128-row items skip the wgmmas of a warpgroup past the group's end
+#: (with the workspace A): off until measured; BLOCKSCALE_SM90_GROUPED_PDQ_SKIP=1|0 overrides
+DISPATCH_SKIP = False
+SKIP_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_SKIP"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +123,9 @@ class GroupedPdqSpec(FormatSpec):
             same k16 order per output, so the same bytes.
         unroll: producer steps per iteration of the "split" loop (1, 2: two register sets
             alternate instead of being copied back; at 128 x 256 it spills, so 1 there).
+        skip: 128-row items: a consumer warpgroup whose 64 rows lie past the group's end
+            issues no wgmma (:class:`blockscale.ops._pdq_tall_ir.Skip`; the 256 x 128 items
+            always skip). Same bytes.
     """
 
     fmt: str
@@ -135,6 +142,7 @@ class GroupedPdqSpec(FormatSpec):
     a_source: str = "packed"
     bm: int = BM
     unroll: int = 1
+    skip: bool = False
 
     op: ClassVar[str] = "grouped_matmul_block_scaled_pdq"
     out_dtype: ClassVar[str] = "bfloat16"
@@ -145,7 +153,7 @@ class GroupedPdqSpec(FormatSpec):
         H.check_choice(self.fmt, FORMATS, "fmt")
         H.check_choice(H.target_name(self.target), TARGETS, "target")
         object.__setattr__(self, "target", H.target_name(self.target))
-        for name in ("row_scales", "prefetch", "sigma_out"):
+        for name in ("row_scales", "prefetch", "sigma_out", "skip"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got "
                                 f"{type(getattr(self, name)).__name__}")
@@ -175,6 +183,9 @@ class GroupedPdqSpec(FormatSpec):
             _pdq.check_producers(self.producers, self.bn)
         if type(self.unroll) is not int or self.unroll not in (1, 2):
             raise ValueError(f"unroll must be 1 or 2, got {self.unroll!r}")
+        if self.skip and (tall or self.producers != 1):
+            raise ValueError(f"skip is for 128-row items with one producer warpgroup (bm=256 "
+                             f"always skips), got bm={self.bm}, producers={self.producers}")
         _pdq.check_depth(self.depth, self.prefetch)
         H.check_choice(self.a_source, A_SOURCES, "a_source")
 
@@ -199,6 +210,7 @@ class GroupedPdqSpec(FormatSpec):
         sg = "_sigma" if self.sigma_out else ""
         ws = "_ws" if self.a_source == "workspace" else ""
         ws += f"_u{self.unroll}" if self.unroll > 1 else ""
+        ws += "_sk" if self.skip else ""
         return (f"bs_grouped_pdq_{self.fmt}_{self.bm}x{self.bn}_k64_s{self.stages}{pf}{lp}{st}"
                 f"{pr}{rs}{sg}{ws}")
 
@@ -316,7 +328,8 @@ def build(spec: GroupedPdqSpec) -> Any:
                 P.emit_mainloop(kb, a, m0, b, k, spec.fmt, spec.stages, store, bm,
                                 spec.prefetch, spec.loop, all_threads=spec.store == "staged",
                                 producers=spec.producers, bn=bn, depth=spec.depth,
-                                a_tile=a_tile, tall=tall_hooks, unroll=spec.unroll)
+                                a_tile=a_tile, tall=tall_hooks, unroll=spec.unroll,
+                                skip=TL.Skip(bir.sub(end, m0)) if spec.skip else None)
                 br.yield_()
             with br.else_():  # expert id -1: zeros (D8), by the consumer warpgroups' rows
                 tid = bir.thread_idx("x")
@@ -339,11 +352,13 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
                                     loop: str = "split", store: str = "direct",
                                     producers: int = 1, bn: int = BN, depth: int = 1,
                                     sigma_out: bool = False, a_source: str = "packed",
-                                    bm: int = BM, unroll: int = 1, device: Any = None) -> Any:
+                                    bm: int = BM, unroll: int = 1, skip: bool = False,
+                                    device: Any = None) -> Any:
     """The kernel called directly (no dispatch), e.g. by tests and benchmarks. Arguments as
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
     ``prefetch``, ``loop``, ``store``, ``producers``, ``bn``, ``depth``, ``sigma_out``,
-    ``a_source``, ``bm`` and ``unroll`` (:class:`GroupedPdqSpec`; ``bm=256`` with ``bn=128``). Raises ValueError for K % 32 != 0, a format other
+    ``a_source``, ``bm``, ``unroll`` and ``skip`` (:class:`GroupedPdqSpec`; ``bm=256`` with
+    ``bn=128``). Raises ValueError for K % 32 != 0, a format other
     than NVFP4 / MXFP4, a staged store with N % 8 != 0, ``sigma_out`` with an odd N (staged:
     N % 16 != 0), or (workspace A) scale tiles not placed as D8 says."""
     fmt = Format.from_name(fmt)
@@ -353,7 +368,7 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
         expert_scales, fmt, k, a_row_scales, "grouped producer-dequant kernel")
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
-                          store, producers, bn, depth, sigma_out, a_source, bm, unroll)
+                          store, producers, bn, depth, sigma_out, a_source, bm, unroll, skip)
     check_sigma_store(spec, n)
     return launch(spec, t, n, g_count, buffers, {"t": t, "n": n, "k": k, "num_groups": g_count},
                   dev)
@@ -403,7 +418,8 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     (:data:`blockscale.ops._staged_store_ir.ENV_SWITCH`), else direct stores (the same
     bytes); A from :data:`DISPATCH_A_SOURCE` (or :data:`A_SOURCE_ENV`); 256 x 128 items
     where :data:`DISPATCH_BM` (or :data:`BM_ENV`) is 256, A comes from the workspace and the
-    store is staged (else 128-row items: the same bytes)."""
+    store is staged (else 128-row items: the same bytes); 128-row items with the workspace A
+    skip idle warpgroups' wgmmas where :data:`DISPATCH_SKIP` (or :data:`SKIP_ENV`)."""
     import os
 
     from blockscale.ops._staged_store_ir import dispatch_store
@@ -421,8 +437,10 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
         return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
                               store=store, sigma_out=sigma_out, a_source=a_source, bm=256,
                               bn=TALL_BN, unroll=TALL_UNROLL)
+    skip = os.environ.get(SKIP_ENV, "1" if DISPATCH_SKIP else "0") not in ("0", "false", "off")
     return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop, store=store,
-                          sigma_out=sigma_out, a_source=a_source)
+                          sigma_out=sigma_out, a_source=a_source,
+                          skip=skip and a_source == "workspace")
 
 
 def kernel(spec: GroupedPdqSpec) -> Any:
@@ -436,7 +454,8 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     staged with prefetch distance 2; the σ store of the fused SwiGLU op, both stores: the
     dispatch's :func:`dispatch_spec` on the GPU for every shape; the same four with A from
     the grouped phase-1 workspace; 256 x 128 items: staged plain and σ, direct plain, with
-    the producer unrolled by 2, and staged plain without), and
+    the producer unrolled by 2, and staged plain without; 128-row items with ``skip``,
+    staged plain and σ), and
     the grouped wgmma kernels its GPU tests compare with byte for byte (128 x 256, lut /
     k64 / fold); none off sm_90a."""
     from blockscale.ops.matmul_grouped_wgmma import GroupedWgmmaSpec
@@ -462,6 +481,10 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
               for f, rs in variants for st in STORES for sg in (False, True)]
     # 256 x 128 items (workspace A): staged plain and σ (the dispatch's at BM_ENV=256), and
     # direct plain (A/B of the store)
+    # 128-row items skipping idle warpgroups' wgmmas (workspace A, staged: plain and σ)
+    specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged", sigma_out=sg,
+                             a_source="workspace", skip=True)
+              for f, rs in variants for sg in (False, True)]
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", st, sigma_out=sg,
                              a_source="workspace", bm=256, bn=TALL_BN, unroll=u)
               for f, rs in variants for st, sg, u in (("staged", False, TALL_UNROLL),
