@@ -7,8 +7,8 @@ workspace of per-(group, 128-row tile) tiles that the grouped pdq kernel's ``a_s
   x 2^(e - 127 - 2)) in the stage-ordered layout (chunk c of row r at c 2048 + r 16), zeros
   past the group's end and past K; tiles of unused groups untouched; misplaced tiles refused.
 * lower: SASS (16-byte loads and stores, no spills).
-* gpu: the workspace equals the interpreter's (tests/test_matmul_grouped_pdq.py checks the
-  matmul on the H200).
+* gpu: the same tiles on the H200 (gpt-oss K=2880, unused / empty / multi-tile groups; the
+  matmul on the workspace: tests/test_matmul_grouped_pdq.py).
 """
 
 from __future__ import annotations
@@ -133,3 +133,21 @@ def test_kernel_sass(spec):
     assert len(re.findall(r"STG\.E\.128", sass)) == 8 * spec.pieces
     assert len(re.findall(r"LDG\.E\.128", sass)) == 2 * spec.pieces
     assert kernel.meta["spill_stores"] == 0 and kernel.meta["spill_loads"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("pieces", G1.PIECES)
+@pytest.mark.parametrize("fmt", [NVFP4, MXFP4], ids=lambda f: f.name)
+def test_gpu_workspace(fmt, pieces):
+    """The workspace tiles on the GPU: exact dequantization, zeros past the group ends and
+    K (K = 2880: the last k64 piece half past K)."""
+    counts, ids = [300, 0, 77, 1, 129, 256, 40], [3, -1, 0, 1, 2, -1, 4]
+    case, row_scales, _ = make_grouped_case(np.random.default_rng(8), fmt, counts, ids, 5, 16,
+                                            2880)
+    ws = G1.dequantize_grouped_a(case["hidden"], case["a_scales"], case["expert_start"],
+                                 case["a_scale_offsets"], case["expert_ids"], fmt, k=2880,
+                                 pieces=pieces, device="cuda")
+    got = workspace_tiles(np.asarray(ws), 2880)
+    for w, tile in expected_tiles(case, row_scales, fmt, 2880).items():
+        np.testing.assert_array_equal(got[w].astype(np.float64), tile, err_msg=f"tile {w}")
