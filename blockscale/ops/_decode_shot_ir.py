@@ -8,21 +8,22 @@ Why
 dense M = 1 grid (N = 5760, K = 2944) has 90 CTAs and ~1.4 MB in flight, where the H200 needs
 ~4-5 MB in flight to stream at copy speed. Here a CTA owns only 16 weight rows
 (one MMA M-tile: 360 CTAs for that grid, all resident) and issues *every* byte of its slice
-at once: thread ``24 s + r`` copies K slice s (a warp's quarter, below) of weight row r < 16
-and thread ``24 s + 16 + j`` that of activation row j of the pass, one ``cp.async.bulk`` each,
-slice-major, each slice completing on its own mbarrier (``expect_tx`` of its bytes). The
-threads first load the slice's weight scale words and the pass's activation scales with
-``ld.global`` (issued before the copies, so that they are not queued behind them), decode them
-into shared memory after the copies are issued, and each warp waits on the mbarrier of its own
-K slice: issued first, warp 0's slice is served first by DRAM and its MMAs overlap the rest of
-the stream. 16 x 1472 bytes of weights per CTA, 360 CTAs: all
-8.5 MB of the dense M = 1 problem are requested in the kernel's first microseconds.
+at once: the weight rows and the pass's activation rows, one ``cp.async.bulk`` per row and K
+slice (a warp's quarter, below), issued slice-major (every warp's slice-0 copies first), each
+slice completing on its own mbarrier (``expect_tx`` of its bytes). The threads first load the
+slice's weight scale words and the pass's activation scales with ``ld.global`` (issued before
+the copies, so that they are not queued behind them), decode them into shared memory after the
+copies are issued, and each warp waits on the mbarrier of its own K slice: issued first, warp
+0's slice is served first by DRAM and its MMAs overlap the rest of the stream. 16 x 1472
+bytes of weights per CTA, 360 CTAs: all 8.5 MB of the dense M = 1 problem are requested in
+the kernel's first microseconds.
 
 Compute
 -------
-The 4 warps each take a contiguous quarter of the K chunks (16 bytes = 32 FP4 elements = two
-``mma.sync.m16n8k16`` units, swap-AB as :mod:`blockscale.ops._decode_mma_ir`: weight rows
-are the MMA's M side, tokens the N side) for all 16 rows. A lane's A word of a unit pair is
+The warps (4; 8 for "mma_shot7k" / "mma_shot32") each take a contiguous K slice of the
+chunks (16 bytes = 32 FP4 elements = two ``mma.sync.m16n8k16`` units, swap-AB as
+:mod:`blockscale.ops._decode_mma_ir`: weight rows are the MMA's M side, tokens the N side)
+for all the CTA's rows. A lane's A word of a unit pair is
 read from the raw shared row (NVFP4: two 4-byte reads and one ``prmt`` give
 :func:`~blockscale.ops._decode_mma_ir._pair_pieces`'s word; MXFP4: the raw word t, a block
 being the whole chunk) and decoded by
@@ -37,11 +38,11 @@ shared memory (only the activation rows are copied again).
 
 Reduction (deterministic)
 -------------------------
-Warps 1..3 store their fp32 partials (4 per lane and n-tile) to shared memory; warp 0 adds
-them to its own in the fixed order ``((p0 + p1) + p2) + p3``, then (NVFP4) times ``2^28`` and
+Warps 1.. store their fp32 partials (4 per lane, M-tile and n-tile) to shared memory; warp 0
+adds them to its own in the fixed order ``((p0 + p1) + p2) + ..``, then (NVFP4) times ``2^28`` and
 the caller's ``store`` (alpha / expert scale / row scale, cast). An output's K blocks thus go
-through J - 4 in-warp roundings plus 3 adds (J - 1, as the sequential chain; the warps'
-first terms are exact): the fp32 bound of tests/test_matmul_common.py holds, the bits differ
+through J - W in-warp roundings plus W - 1 adds (J - 1, as the sequential chain; the W
+warps' first terms are exact): the fp32 bound of tests/test_matmul_common.py holds, the bits differ
 from the portable kernel's, and they are the same from run to run.
 
 Shared memory (per CTA, ``kcap`` = the variant's largest K)
@@ -260,25 +261,32 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
         lo = bir.umin(bir.mul(wi, per), chunks)
         return lo, bir.umin(bir.add(lo, per), chunks)
 
+    rpw = -(-per_slice // warps)  # the rows whose copies a warp issues
+
     def issue(r0: Value, rows: Value, first: Value) -> None:
-        """The pass's bulk copies, slice-major (DRAM serves them about in issue order: warp
-        0's slice lands first and its MMAs start while the rest streams in): thread
-        ``(C + tokens) s + j`` (and ``+ 32 warps``, ..) copies slice s of weight row j < C
-        (first pass only; rows past N copy row N - 1, never stored) or of activation row
-        ``r0 + j - C`` (j - C < rows); thread s < warps arrives on slice s's mbarrier
-        expecting their bytes (none for an empty slice)."""
+        """The pass's bulk copies, slice-major: warp w issues those of rows ``[w rpw, +rpw)``
+        of the C weight rows (first pass only; rows past N copy row N - 1, never stored) and
+        the pass's activation rows (after them), lane ``rpw s + i`` (then ``32 + ..``) slice
+        s of row ``w rpw + i``. A warp's copies leave one lane at a time, the lowest first
+        (``cp.async.bulk`` takes uniform operands: ptxas loops over the lanes), so the SM's
+        copy engine gets every warp's slice-0 copies first, then slice 1, ..: DRAM serves
+        them about in that order, warp 0's slice lands first and its MMAs overlap the rest
+        of the stream. Thread s < warps arrives on slice s's mbarrier expecting its bytes
+        (none for an empty slice)."""
         i64v = bir.as_i64
         with bir.when(bir.ult(tid, warps)):
             nrows = bir.add(rows, bir.select(first, bir.const(cols), bir.const(0)))
             slo, shi = k_slice(tid)
             cpasync.mbarrier_arrive_expect_tx_n(
                 bar(tid), bir.as_i32(bir.mul(nrows, bir.mul(bir.sub(shi, slo), 16))))
-        for it in range(-(-warps * per_slice // threads)):
-            idx = bir.add(tid, it * threads)
-            sl, j = bir.udiv(idx, per_slice), bir.urem(idx, per_slice)
+        for it in range(-(-warps * rpw // 32)):
+            ln = bir.add(lane, 32 * it)
+            sl, j = bir.udiv(ln, rpw), bir.add(bir.mul(warp, rpw), bir.urem(ln, rpw))
             lo, hi = k_slice(sl)
             nbytes = bir.as_i32(bir.mul(bir.sub(hi, lo), 16))
-            with bir.when(bir.logical_and(bir.ult(idx, warps * per_slice), bir.ult(lo, hi))):
+            with bir.when(bir.logical_and(bir.logical_and(bir.ult(sl, warps),
+                                                          bir.ult(j, per_slice)),
+                                          bir.ult(lo, hi))):
                 col = bir.mul(lo, 16)
                 with bir.when(bir.logical_and(first, bir.ult(j, cols))):
                     row = bir.add(bir.mul(e, n_count), bir.umin(bir.add(n0, j), n_last))
