@@ -1,10 +1,10 @@
 """The one-shot decode variants (``variant="mma_shot"`` / ``"mma_shot7k"`` /
-``"mma_shot16"`` / ``"mma_shot32"``, FP4;
+``"mma_shot16"`` / ``"mma_shot32"`` / ``"mma_shot6"``, FP4;
 blockscale/ops/_decode_shot_ir.py) run by the numpy interpreter, their K limit and their
 dispatch switch.
 
 Numerics: warp w of a CTA sums the block terms of K chunks ``[w * per, (w + 1) * per)``
-(``per = ceil(K / 32 / W)``, W = 4 warps, 8 for "mma_shot32") from zero exactly as the "mma"
+(``per = ceil(K / 32 / W)``, W = 4 warps, 6 for "mma_shot6", 8 for "mma_shot32") from zero exactly as the "mma"
 kernels do on that K slice (one rounding per block, K order), and warp 0 adds the partials in
 warp order 0, 1, .., W - 1.
 Dense float32 is compared bit for bit with that model (the "mma_c8t" kernel, bit-identical to
@@ -84,7 +84,8 @@ def _ordered_sum(parts, order):
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
 @pytest.mark.parametrize(("variant", "mnk"),
                          [("mma_shot", c) for c in DENSE] + [("mma_shot16", c) for c in DENSE16]
-                         + [("mma_shot32", c) for c in DENSE32],
+                         + [("mma_shot32", c) for c in DENSE32]
+                         + [("mma_shot6", c) for c in DENSE[:2]],
                          ids=lambda x: x if isinstance(x, str) else "x".join(map(str, x)))
 def test_dense_shot_bit_exact_warp_order_model(fmt, variant, mnk):
     m, n, k = mnk
@@ -123,7 +124,7 @@ def test_dense_shot7k_at_its_limit_bf16(fmt):
     assert nan[:, 17].all() and nan[1].all() and nan.sum() == m + n - 1
 
 
-@pytest.mark.parametrize("variant", ["mma_shot", "mma_shot16", "mma_shot32"])
+@pytest.mark.parametrize("variant", ["mma_shot", "mma_shot16", "mma_shot32", "mma_shot6"])
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
 @pytest.mark.parametrize("case_id", range(len(GROUPED)))
 def test_grouped_shot_within_bound(case_id, fmt, variant):
@@ -234,8 +235,8 @@ def test_shot_sass(spec):
     128-register cap, 2 HMMA.16816.F32 per 16-byte chunk and n-tile (two chunks per iteration
     of the chunk loop, one more for an odd count: 6 in all; "mma_shot16" also has the
     two-n-tile loop: 18), no global load or local memory access in the chunk loop; shared
-    memory for 4 CTAs per SM ("mma_shot") / 2 ("mma_shot7k", "mma_shot32": 256 threads) / 3
-    ("mma_shot16")."""
+    memory and registers for 4 CTAs per SM ("mma_shot") / 2 ("mma_shot7k", "mma_shot32": 256
+    threads) / 3 ("mma_shot16"; "mma_shot6": 192 threads)."""
     from test_matmul_decode_lower import _ops, _step_loop
 
     kernel = matmul_decode.kernel(spec)
@@ -251,7 +252,8 @@ def test_shot_sass(spec):
     assert not [o for o in loop if o.startswith(("LDG", "LDL", "STL"))], loop
     smem = meta["static_shared_bytes"] + spec.dynamic_shared_bytes + 1024  # (+ the CTA's
     per_sm = {"mma_shot": 4, "mma_shot7k": 2, "mma_shot16": 3,  # reserved 1 KB)
-              "mma_shot32": 2}[spec.variant]
+              "mma_shot32": 2, "mma_shot6": 3}[spec.variant]
+    assert per_sm * 32 * matmul_decode.SHOT_WARPS[spec.variant] * meta["registers"] <= 65536
     assert per_sm * smem <= 228 * 1024, smem
 
 

@@ -20,7 +20,7 @@ the kernel's first microseconds.
 
 Compute
 -------
-The warps (4; 8 for "mma_shot7k" / "mma_shot32") each take a contiguous K slice of the
+The warps (4; 6 for "mma_shot6", 8 for "mma_shot7k" / "mma_shot32") each take a contiguous K slice of the
 chunks (16 bytes = 32 FP4 elements = two ``mma.sync.m16n8k16`` units, swap-AB as
 :mod:`blockscale.ops._decode_mma_ir`: weight rows are the MMA's M side, tokens the N side)
 for all the CTA's rows. A lane's A word of a unit pair is
@@ -117,10 +117,10 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
     multiple of 32; ``tokens``: rows per pass, 8 (one n-tile) or 16 (two n-tiles sharing
     each A fragment's decode; a pass of <= 8 rows runs the one-n-tile loop); ``mtiles``: the
     M-tiles of 16 rows every warp computes (2: each B fragment's decode serves both);
-    ``warps``: the K slices (4 or 8)."""
+    ``warps``: the K slices (4, 6 or 8)."""
     check_kcap(kcap)
-    if tokens not in (8, 16) or mtiles not in (1, 2) or warps not in (4, 8):
-        raise ValueError(f"tokens must be 8 or 16, mtiles 1 or 2, warps 4 or 8, got "
+    if tokens not in (8, 16) or mtiles not in (1, 2) or warps not in (4, 6, 8):
+        raise ValueError(f"tokens must be 8 or 16, mtiles 1 or 2, warps 4, 6 or 8, got "
                          f"{tokens}, {mtiles}, {warps}")
     lay = _Fmt(fmt)
     nv = lay.nv

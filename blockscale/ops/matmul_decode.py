@@ -112,18 +112,23 @@ COLS = 32
 #: K <= :data:`SHOT_KCAP`, passes of :data:`SHOT_TOKENS` rows; _decode_shot_ir)
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
             "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w", "mma_c8r",
-            "mma_c8r4", "mma_shot", "mma_shot7k", "mma_shot16", "mma_shot32")
+            "mma_c8r4", "mma_shot", "mma_shot7k", "mma_shot16", "mma_shot32", "mma_shot6")
 #: the one-shot variants' largest K (their shared weight rows hold K / 2 bytes): "mma_shot"
 #: 4 CTAs per SM (gpt-oss, dense N=5760 K=2944), "mma_shot7k" 2 of 256 threads (DeepSeek-V3
 #: K = 7168; 8 warps on K eighths: 16 warps per SM),
 #: "mma_shot16" 3 (two n-tiles a pass: one A decode for 16 rows; dense M = 9..16),
 #: "mma_shot32" 2 of 256 threads (32 columns, 8 warps on K eighths, each B fragment's decode
-#: serving two M-tiles: ~25 % fewer instructions a weight byte; for the MoE grids)
-SHOT_KCAP = {"mma_shot": 3072, "mma_shot7k": 7168, "mma_shot16": 3072, "mma_shot32": 3072}
+#: serving two M-tiles: ~20 % fewer instructions a weight byte; for the MoE grids),
+#: "mma_shot6" 3 of 192 threads ("mma_shot" on 6 warps, K sixths, under 112 registers: 18
+#: warps on an SM of 3 CTAs instead of 12; for the dense M = 1 grid of 360 CTAs)
+SHOT_KCAP = {"mma_shot": 3072, "mma_shot7k": 7168, "mma_shot16": 3072, "mma_shot32": 3072,
+             "mma_shot6": 3072}
 #: the one-shot variants' rows per pass (activation rows in shared memory)
-SHOT_TOKENS = {"mma_shot": 8, "mma_shot7k": 8, "mma_shot16": 16, "mma_shot32": 8}
+SHOT_TOKENS = {"mma_shot": 8, "mma_shot7k": 8, "mma_shot16": 16, "mma_shot32": 8,
+               "mma_shot6": 8}
 #: the one-shot variants' warps (K slices) per CTA
-SHOT_WARPS = {"mma_shot": 4, "mma_shot7k": 8, "mma_shot16": 4, "mma_shot32": 8}
+SHOT_WARPS = {"mma_shot": 4, "mma_shot7k": 8, "mma_shot16": 4, "mma_shot32": 8,
+              "mma_shot6": 6}
 #: the shared-memory staging of each "mma_c*" variant (_decode_mma_ir._Staging)
 STAGING = {"mma_c": "cf", "mma_c8": "cf8", "mma_c85": "cf8", "mma_c86": "cf8", "mma_c8t": "cf8",
            "mma_c8s2": "cf8", "mma_c8s4": "cf8", "mma_c8d2": "cf8", "mma_c8w": "cf8",
@@ -161,7 +166,7 @@ VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_p": 128, "mma_p5
                      "mma_psk": 128, "mma_c": 128, "mma_c8": 128, "mma_c85": 96,
                      "mma_c86": 80, "mma_c8t": 128, "mma_c8s2": 128, "mma_c8s4": 128,
                      "mma_c8d2": 168, "mma_c8w": 128, "mma_c8r": 128, "mma_c8r4": 128,
-                     **dict.fromkeys(SHOT_KCAP, 128)}
+                     **dict.fromkeys(SHOT_KCAP, 128), "mma_shot6": 112}
 #: mma_psk: split K until the grid has about two waves of CTAs (4 per SM of 132 SMs, twice)
 SPLIT_K_P_CTAS = 2 * 4 * 132
 #: mma_psk: at least this many K steps (512 FP4 elements) per split (one step is loaded
