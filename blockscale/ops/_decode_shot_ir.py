@@ -49,11 +49,11 @@ Shared memory (per CTA, ``kcap`` = the variant's largest K)
 ----------------------------------------------------------
 dynamic: 16 weight rows + ``tokens`` activation rows of ``kcap / 2 + 16`` bytes (the 16-byte
 pad makes the row stride an odd number of 16-byte chunks: the 8 rows x 4 lanes of a fragment
-read hit distinct banks) and the 4 mbarriers; static: the weight scales (f32
+read hit distinct banks) and the warps' mbarriers; static: the weight scales (f32
 ``[pair][g][h][block]`` for NVFP4 with kcap <= 4096, else raw E4M3 bytes decoded per use;
 MXFP4 f32 ``[block][g][h]``), the activation scales (NVFP4 f16 pairs ``[pair][token]``,
-MXFP4 f32 ``[block][token]``) and the 3 warps' partials. "mma_shot" (kcap 3072): 37.3 KB +
-16.5 KB: 4 CTAs per SM; "mma_shot16": 49.7 + 21 KB: 3; "mma_shot7k" (kcap 7168,
+MXFP4 f32 ``[block][token]``) and warps 1..'s partials. "mma_shot" (kcap 3072): 37.3 KB +
+16.5 KB: 4 CTAs per SM ("mma_shot6", 6 warps under 112 registers: 3 of 192 threads); "mma_shot16": 49.7 + 21 KB: 3; "mma_shot7k" (kcap 7168,
 DeepSeek-V3; 8 warps on K eighths, 256 threads): 86.4 KB + 19 / 26 KB (NVFP4 / MXFP4): 2.
 
 "mma_shot32": 32 columns (two M-tiles per warp: each B fragment's decode and |sA| serve both)
