@@ -1,5 +1,5 @@
 """The one-shot decode variants ("mma_shot", "mma_shot7k", "mma_shot16" for M = 16: what
-matmul_decode.shot_variant picks) on an NVIDIA H100/H200: the fp32
+matmul_decode.shot_variant picks; "mma_shot6", "mma_shot32") on an NVIDIA H100/H200: the fp32
 bound at the dense decode shapes and the MoE gate_up shapes at T in {1, 16}, the same bits
 from run to run (fixed warp order), and the dispatch switch. Needs the bundle::
 
@@ -22,13 +22,18 @@ pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
 FP4 = FORMATS[:2]
 
 
+@pytest.mark.parametrize("variant", ["auto", "mma_shot6", "mma_shot32"])
 @pytest.mark.parametrize("nk", [(5760, 2944), (5760, 2880), (4096, 7168)],
                          ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("m", [1, 16])
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
-def test_dense_shot_within_bound_gpu(fmt, m, nk):
+def test_dense_shot_within_bound_gpu(fmt, m, nk, variant):
+    """"auto": :func:`matmul_decode.shot_variant`'s pick (mma_shot, mma_shot16, mma_shot7k)."""
     n, k = nk
-    variant = matmul_decode.shot_variant(k, m)
+    if variant == "auto":
+        variant = matmul_decode.shot_variant(k, m)
+    elif k > matmul_decode.SHOT_KCAP[variant]:
+        pytest.skip(f"{variant} holds K <= {matmul_decode.SHOT_KCAP[variant]}")
     args, cols, exact, abs_sum = _dense(fmt, m, n, k, seed=m + n + k)
 
     def run():
