@@ -397,8 +397,8 @@ def test_interp_workspace_a(case):
     lut / k64 / fold kernel; with the σ store too (fused == chained by construction)."""
     fmt, case_id, loop, rows, store, sigma = case
     counts, ids, e_count, n, k = CASES[case_id]
-    kw = dict(rows=rows and fmt == NVFP4, loop=loop, prefetch=True, seed=case_id, store=store,
-              check_exact=False, sigma_out=sigma)
+    kw = {"rows": rows and fmt == NVFP4, "loop": loop, "prefetch": True, "seed": case_id,
+          "store": store, "check_exact": False, "sigma_out": sigma}
     packed = _run(fmt, counts, ids, e_count, n, k, **kw)
     ws = _run(fmt, counts, ids, e_count, n, k, a_source="workspace", **kw)
     assert np.array_equal(ws.view(np.uint16), packed.view(np.uint16))
@@ -409,8 +409,8 @@ def test_interp_workspace_a(case):
 def test_interp_workspace_every_scale_byte(fmt):
     """Every scale byte (NaN, subnormal, 0x00 / 0xFF) through phase 1's decode: the bytes of
     today's kernel's producer decode (NaNs included)."""
-    kw = dict(rows=fmt == NVFP4, prefetch=True, seed=11, check_exact=False, every_scale=True,
-              store="staged")
+    kw = {"rows": fmt == NVFP4, "prefetch": True, "seed": 11, "check_exact": False,
+          "every_scale": True, "store": "staged"}
     packed = _run(fmt, [130, 7], [1, 0], 2, 264, 256, **kw)
     ws = _run(fmt, [130, 7], [1, 0], 2, 264, 256, a_source="workspace", **kw)
     assert np.array_equal(ws.view(np.uint16), packed.view(np.uint16))
@@ -452,8 +452,8 @@ def test_interp_tall(case):
     wgmma lut / k64 / fold kernel, plain and σ."""
     fmt, case_id, loop, rows, store, sigma = case
     counts, ids, e_count, n, k = CASES[case_id]
-    kw = dict(rows=rows and fmt == NVFP4, loop=loop, prefetch=True, seed=case_id, store=store,
-              check_exact=False, sigma_out=sigma)
+    kw = {"rows": rows and fmt == NVFP4, "loop": loop, "prefetch": True, "seed": case_id,
+          "store": store, "check_exact": False, "sigma_out": sigma}
     packed = _run(fmt, counts, ids, e_count, n, k, **kw)
     tall = _run(fmt, counts, ids, e_count, n, k, a_source="workspace", bm=256, bn=128,
                 unroll=2 if loop == "split" else 1, **kw)
@@ -463,8 +463,8 @@ def test_interp_tall(case):
 @pytest.mark.interp
 def test_interp_tall_every_scale_byte():
     """Every scale byte through phase 1 and the 256 x 128 producer (B rows, NaNs included)."""
-    kw = dict(rows=True, prefetch=True, seed=12, check_exact=False, every_scale=True,
-              store="staged")
+    kw = {"rows": True, "prefetch": True, "seed": 12, "check_exact": False, "every_scale": True,
+          "store": "staged"}
     packed = _run(NVFP4, [300, 7], [1, 0], 2, 264, 128, **kw)
     tall = _run(NVFP4, [300, 7], [1, 0], 2, 264, 128, a_source="workspace", bm=256, bn=128,
                 **kw)
@@ -560,8 +560,8 @@ def test_interp_skip(case):
     no wgmma): byte-equal to the kernel without it (and to the grouped wgmma lut kernel)."""
     fmt, case_id, loop, rows, store, sigma, a_source = case
     counts, ids, e_count, n, k = CASES[case_id]
-    kw = dict(rows=rows and fmt == NVFP4, loop=loop, prefetch=True, seed=case_id, store=store,
-              check_exact=False, sigma_out=sigma)
+    kw = {"rows": rows and fmt == NVFP4, "loop": loop, "prefetch": True, "seed": case_id,
+          "store": store, "check_exact": False, "sigma_out": sigma}
     plain = _run(fmt, counts, ids, e_count, n, k, **kw)
     skip = _run(fmt, counts, ids, e_count, n, k, a_source=a_source, skip=True, **kw)
     assert np.array_equal(skip.view(np.uint16), plain.view(np.uint16))

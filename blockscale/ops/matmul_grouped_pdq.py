@@ -52,9 +52,9 @@ import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ sc
 import blockscale.ops._matmul_host as H
 from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
+from blockscale.ops import _staged_store_ir as S
 from blockscale.ops import matmul_grouped as _grouped
 from blockscale.ops import matmul_pdq as _pdq
-from blockscale.ops import _staged_store_ir as S
 from blockscale.ops._staged_store_ir import check_store
 
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
@@ -241,6 +241,7 @@ def build(spec: GroupedPdqSpec) -> Any:
 
     import blockscale.ops._grouped_wgmma_ir as GW
     import blockscale.ops._pdq_ir as P
+    import blockscale.ops._pdq_tall_ir as TL
     import blockscale.ops._staged_store_ir as S
     import blockscale.ops._twophase_ir as T
     import blockscale.ops._wgmma_ir as X
@@ -249,8 +250,6 @@ def build(spec: GroupedPdqSpec) -> Any:
     from blockscale.layouts import SF_ATOM_ROWS
     from blockscale.ops import matmul_grouped_sm90 as _gsm90
     from blockscale.ops._matmul_ir import tcgen_row_offset
-
-    import blockscale.ops._pdq_tall_ir as TL
 
     block, bm, bn = (16 if spec.fmt == "nvfp4" else 32), spec.bm, spec.bn
     tall = bm == TL.BM
