@@ -103,6 +103,7 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                                                             "store": "staged",
                                                             "sigma_out": True,
                                                             "a_source": "workspace"}),
+                 ("grouped phase 1 ws", "p1", {}),
                  # 128-row items: a warpgroup past the group's end issues no wgmma
                  ("grouped pdq pf staged ws skip", "pdq",
                   {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True}),
@@ -217,6 +218,9 @@ def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
                     r.expert_ids, w.expert_scales, w.fmt)
             case, ref = f"{shape.name} {f} T={t} ({r.rows} rows)", None
             for label, kind, kw in _select(GROUPED_IMPLS, only):
+                if kind == "p1":  # the grouped phase 1 alone (part of the "ws" rows' time)
+                    out.append(_time_phase1(dev, label, case, args, shape.k, log))
+                    continue
                 try:
                     fn = gw.grouped_matmul_block_scaled_wgmma if kind == "wgmma" else \
                         GP.grouped_matmul_block_scaled_pdq
@@ -241,6 +245,22 @@ def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
                     f"{rate} {text[:70]}")
                 out.append((case, label, ms, text))
     return out
+
+
+def _time_phase1(dev: Any, label: str, case: str, args: tuple, k: int,
+                 log: Any) -> tuple[str, str, float | None, str]:
+    """The grouped phase 1 alone (``matmul_grouped_p1.dequantize_grouped_a``)."""
+    from blockscale.ops import matmul_grouped_p1 as G1
+
+    a, _w, sc, _sw, es, offs, ids, _esc, fmt = args
+    try:
+        _, ms, _ = timed_launches(dev, lambda: G1.dequantize_grouped_a(
+            a, sc, es, offs, ids, fmt, k=k, device=dev))
+        text = "phase 1 alone (in the ws rows)"
+    except Exception as e:  # noqa: BLE001 - missing kernel, launch failure
+        ms, text = None, f"error: {type(e).__name__}: {str(e)[:80]}"
+    log(f"  {case:42} {label:38} {f'{ms:8.3f} ms' if ms else '       -   '} {text}")
+    return case, label, ms, text
 
 
 def _unsigma_cols(x: np.ndarray) -> np.ndarray:
