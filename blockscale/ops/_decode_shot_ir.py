@@ -42,22 +42,25 @@ Warps 1.. store their fp32 partials (4 per lane, M-tile and n-tile) to shared me
 adds them to its own in the fixed order ``((p0 + p1) + p2) + ..``, then (NVFP4) times ``2^28`` and
 the caller's ``store`` (alpha / expert scale / row scale, cast). An output's K blocks thus go
 through J - W in-warp roundings plus W - 1 adds (J - 1, as the sequential chain; the W
-warps' first terms are exact): the fp32 bound of tests/test_matmul_common.py holds, the bits differ
-from the portable kernel's, and they are the same from run to run.
+warps' first terms are exact): the fp32 bound of tests/test_matmul_common.py holds, the bits
+differ from the portable kernel's, and they are the same from run to run.
 
 Shared memory (per CTA, ``kcap`` = the variant's largest K)
 ----------------------------------------------------------
-dynamic: 16 weight rows + ``tokens`` activation rows of ``kcap / 2 + 16`` bytes (the 16-byte
-pad makes the row stride an odd number of 16-byte chunks: the 8 rows x 4 lanes of a fragment
-read hit distinct banks) and the warps' mbarriers; static: the weight scales (f32
-``[pair][g][h][block]`` for NVFP4 with kcap <= 4096, else raw E4M3 bytes decoded per use;
-MXFP4 f32 ``[block][g][h]``), the activation scales (NVFP4 f16 pairs ``[pair][token]``,
-MXFP4 f32 ``[block][token]``) and warps 1..'s partials. "mma_shot" (kcap 3072): 37.3 KB +
-16.5 KB: 4 CTAs per SM ("mma_shot6", 6 warps under 112 registers: 3 of 192 threads); "mma_shot16": 49.7 + 21 KB: 3; "mma_shot7k" (kcap 7168,
-DeepSeek-V3; 8 warps on K eighths, 256 threads): 86.4 KB + 19 / 26 KB (NVFP4 / MXFP4): 2.
+All of it dynamic (:func:`blockscale.ops.matmul_decode.shot_layout`; the runtime opts in above
+48 KB of dynamic memory, and static + dynamic > 48 KB with less dynamic would not launch): the
+C weight rows and ``tokens`` activation rows of ``kcap / 2 + 16`` bytes (the 16-byte pad makes
+the row stride an odd number of 16-byte chunks: the 8 rows x 4 lanes of a fragment read hit
+distinct banks), an mbarrier per warp, the weight scales (f32 ``[pair][m][g][h][block]`` for
+NVFP4 with kcap <= 4096, else raw E4M3 bytes decoded per use; MXFP4 f32 ``[block][m][g][h]``),
+the activation scales (NVFP4 f16 pairs ``[pair][token]``, MXFP4 f32 ``[block][token]``) and
+warps 1..'s partials. NVFP4 (MXFP4): "mma_shot" 52.9 KB (46.9): 4 CTAs per SM; "mma_shot6"
+53.9 (47.9) for 3 CTAs of 192 threads (112 registers); "mma_shot16" 69.5 (63.5): 3;
+"mma_shot32" 94.7 (82.7): 2 of 256 threads; "mma_shot7k" (kcap 7168, DeepSeek-V3, 256
+threads) 101.9 (108.9): 2.
 
 "mma_shot32": 32 columns (two M-tiles per warp: each B fragment's decode and |sA| serve both)
-and 8 warps on K eighths (256 threads): 62 KB + 35 KB (NVFP4): 2 CTAs per SM (16 warps).
+and 8 warps on K eighths.
 
 sm_90a SASS of the chunk loop (2 chunks an iteration; per chunk, warp and M-tile: 16 rows x 16
 bytes): "mma_shot" NVFP4 133 / 2 instructions (A decode 2 x 14, B decode and |sA| ~20, fold
@@ -71,7 +74,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlir import ir
-from mlir.dialects import arith, vector
+from mlir.dialects import arith, memref, vector
 from mlir.dialects import math as mmath
 
 import blockscale.ops._matmul_ir as mir
@@ -84,15 +87,13 @@ from blockscale.layouts import SF_ATOM_BYTES, SF_ATOM_ROWS
 from blockscale.ops._decode_ir import _decode_scale_fast
 from blockscale.ops._decode_mma_ir import (
     UNSCALE,
-    _align_attributions,
     _f16x2,
     _Fmt,
     _i32c,
     decode_e4m3_word,
     fp4_word_to_f16_pairs,
 )
-from blockscale.ops._mma_ir import workgroup_buffer
-from blockscale.ops.matmul_decode import shot_dynamic_bytes, shot_row_stride
+from blockscale.ops.matmul_decode import shot_f32_scales, shot_row_stride
 
 Value = ir.Value
 
@@ -109,7 +110,8 @@ def check_kcap(kcap: int) -> None:
 def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
                      n_count: Value, k: Value, a_srow: Callable[[Value], Value],
                      store: Callable[[Value, Value, Value], None], kcap: int,
-                     tokens: int = 8, mtiles: int = 1, warps: int = 4) -> None:
+                     layout: dict[str, int], tokens: int = 8, mtiles: int = 1,
+                     warps: int = 4) -> None:
     """The body for one (group, column slice) (the interface of
     :func:`blockscale.ops._decode_ir.emit_decode`; a CTA of ``32 warps`` threads computes
     columns ``[C block_idx.x, +C)``, ``C = 16 mtiles``, of rows ``[start, end)``); ``k``
@@ -117,7 +119,8 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
     multiple of 32; ``tokens``: rows per pass, 8 (one n-tile) or 16 (two n-tiles sharing
     each A fragment's decode; a pass of <= 8 rows runs the one-n-tile loop); ``mtiles``: the
     M-tiles of 16 rows every warp computes (2: each B fragment's decode serves both);
-    ``warps``: the K slices (4, 6 or 8)."""
+    ``warps``: the K slices (4, 6 or 8); ``layout``: the byte offsets of the shared buffers
+    in the dynamic shared memory (:func:`blockscale.ops.matmul_decode.shot_layout`)."""
     check_kcap(kcap)
     if tokens not in (8, 16) or mtiles not in (1, 2) or warps not in (4, 6, 8):
         raise ValueError(f"tokens must be 8 or 16, mtiles 1 or 2, warps 4, 6 or 8, got "
@@ -128,17 +131,22 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
     cols, threads, mt = TILE * mtiles, 32 * warps, mtiles
     # NVFP4 weight scales decoded to f32 at staging when they fit (kcap <= 4096: 12 KB a
     # M-tile); else raw E4M3, decoded per use (~7 more instructions a chunk and M-tile)
-    f32_sb = nv and kcap <= 4096
+    f32_sb = shot_f32_scales(fmt.name, kcap)
     f32, i32, i16, i64 = bir.f32(), bir.i32(), bir.i16(), bir.i64()
     stride = shot_row_stride(kcap)
     pairs_cap = kcap // 32  # 16-byte chunks (unit pairs) of a row
     d1_cap = -(-kcap // (4 * fmt.block_size))  # 5-D scale words of a row
     a_off = cols * stride  # the activation rows' byte offset
     per_slice = cols + tokens  # the copies of a K slice (rows)
-    buf = tma.extern_shared_buffer(kb, shot_dynamic_bytes(kcap, tokens, cols, warps),
-                                   align=128)
+    buf = tma.extern_shared_buffer(kb, layout["total"], align=128)
     base = W.shared_address(buf)
-    bars = arith.addi(base, bir.const(per_slice * stride, i64))
+    bars = arith.addi(base, bir.const(layout["bars"], i64))
+    space = ir.MemRefType(buf.type).memory_space
+
+    def typed(name: str, n: int, elem: Any) -> Value:
+        """``n`` elements of ``elem`` at the layout's offset ``name`` (``memref.view``)."""
+        return memref.view(ir.MemRefType.get([n], elem, memory_space=space), buf,
+                           bir.const(layout[name]), [])
 
     def bar(w: Value) -> Value:
         """The shared address of warp ``w``'s mbarrier (its K slice's copies)."""
@@ -146,13 +154,12 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
 
     # weight scales [pair][m][g][h][block 2q + s] (CTA row 16 m + 8 h + g): NVFP4 f32 (or
     # raw E4M3: an i16 per (pair, m, g, h)); MXFP4 f32 [block][m][g][h]
-    sb = workgroup_buffer(kb, pairs_cap * cols * (2 if f32_sb else 1),
-                          f32 if f32_sb or not nv else i16)
+    sb = typed("sb", pairs_cap * cols * (2 if f32_sb else 1), f32 if f32_sb or not nv else i16)
     # activation scales: NVFP4 f16 pairs (blocks 2q, 2q + 1) [pair][token]; MXFP4 f32
     # [block][token]
-    sa = workgroup_buffer(kb, pairs_cap * tokens, i32 if nv else f32)
+    sa = typed("sa", pairs_cap * tokens, i32 if nv else f32)
     parts = mt * nt_max  # (M-tile, n-tile) accumulator groups of 4 per lane
-    red = workgroup_buffer(kb, (warps - 1) * 32 * 4 * parts, f32)
+    red = typed("red", (warps - 1) * 32 * 4 * parts, f32)
     a, w, sfa, sfb = (kb.arg(x) for x in ("a", "w" if "w" in kb.values else "b", "sfa", "sfb"))
 
     tid = bir.thread_idx("x")
@@ -452,5 +459,4 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
                     tok = bir.add(bir.mul(t, 2), 8 * nt + (i & 1))
                     with bir.when(bir.logical_and(bir.ult(tok, rows), bir.ult(col, n_count))):
                         store(tot[i], bir.add(r0, tok), col)
-    _align_attributions(kb, 16)
 

@@ -234,9 +234,8 @@ class DecodeSpec(FormatSpec):
         """The ring variants' TMA stages (16 KB each; the other buffers are static) and 1 KB
         for the stages' 1024-byte alignment after the static bytes (so also > 48 KB: the
         CUDA runtime opts in, static + dynamic being > 48 KB in any case)."""
-        if self.variant in SHOT_KCAP:  # the one-shot variants' weight / activation rows
-            return shot_dynamic_bytes(SHOT_KCAP[self.variant], SHOT_TOKENS[self.variant],
-                                      self.cols, SHOT_WARPS[self.variant])
+        if self.variant in SHOT_KCAP:  # all the one-shot variants' shared buffers
+            return shot_layout(self.fmt, self.variant)["total"]
         ring = RING.get(self.variant, 0)
         return ring * 64 * 256 + 1024 if ring else 0
 
@@ -298,11 +297,32 @@ def shot_row_stride(kcap: int) -> int:
     return rb + (16 if (rb // 16) % 2 == 0 else 0)
 
 
-def shot_dynamic_bytes(kcap: int, tokens: int = 8, cols: int = 16, warps: int = 4) -> int:
-    """The one-shot variants' dynamic shared memory: ``cols`` weight rows, ``tokens``
-    activation rows of :func:`shot_row_stride` bytes, and the warps' mbarriers (8 bytes
-    each, 16-byte multiple)."""
-    return (cols + tokens) * shot_row_stride(kcap) + -(-8 * warps // 16) * 16
+def shot_f32_scales(fmt: str, kcap: int) -> bool:
+    """Whether a one-shot kernel stages NVFP4 weight scales decoded to f32 (kcap <= 4096: 12
+    KB a 16-row tile) rather than as raw E4M3 bytes decoded per use."""
+    return fmt == "nvfp4" and kcap <= 4096
+
+
+def shot_layout(fmt: str, variant: str) -> dict[str, int]:
+    """Byte offsets of a one-shot kernel's shared buffers, all in its dynamic shared memory
+    (static + dynamic > 48 KB needs the runtime's opt-in, which it gives above 48 KB of
+    dynamic memory): "rows" (the weight rows, then the activation rows, of
+    :func:`shot_row_stride` bytes), "bars" (an mbarrier per warp), "sb" (weight scales),
+    "sa" (activation scales), "red" (warps 1..'s partials), each 16-byte aligned; "total"."""
+    kcap, tokens, warps = SHOT_KCAP[variant], SHOT_TOKENS[variant], SHOT_WARPS[variant]
+    cols = VARIANT_COLS[variant]
+    nv = fmt == "nvfp4"
+    pairs = kcap // 32
+    sizes = (("rows", (cols + tokens) * shot_row_stride(kcap)), ("bars", 8 * warps),
+             ("sb", pairs * cols * (8 if shot_f32_scales(fmt, kcap) else 2 if nv else 4)),
+             ("sa", pairs * tokens * 4),
+             ("red", (warps - 1) * 32 * 16 * (cols // 16) * (tokens // 8)))
+    out, at = {}, 0
+    for name, size in sizes:
+        out[name] = at
+        at += -(-size // 16) * 16
+    out["total"] = at
+    return out
 
 
 def shot_variant(k: int, rows: int = 1) -> str | None:
@@ -348,7 +368,8 @@ def build(spec: DecodeSpec) -> Any:
         def emit(*args: Any, **kw: Any) -> None:
             DS1.emit_decode_shot(*args, **kw, kcap=SHOT_KCAP[spec.variant],
                                  tokens=SHOT_TOKENS[spec.variant],
-                                 mtiles=spec.cols // 16, warps=SHOT_WARPS[spec.variant])
+                                 mtiles=spec.cols // 16, warps=SHOT_WARPS[spec.variant],
+                                 layout=shot_layout(spec.fmt, spec.variant))
     elif spec.variant in SPLIT_VARIANTS:
         def emit(*args: Any, **kw: Any) -> None:
             DM.emit_decode_mma_split_k(*args, **kw, workspace=kb.arg("workspace"),
