@@ -123,7 +123,14 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                    "bn": 128}),
                  ("grouped pdq pf ws 256x128", "pdq",
                   {"prefetch": True, "a_source": "workspace", "bm": 256, "bn": 128,
-                   "unroll": 2}))
+                   "unroll": 2}),
+                 # prefetch distance 2 (loads issued after the producer's proxy fence)
+                 ("grouped pdq pf staged ws 256x128 d2", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "bm": 256,
+                   "bn": 128, "unroll": 2, "depth": 2}),
+                 ("grouped pdq pf staged ws skip d2", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
+                   "depth": 2}))
 #: fused SwiGLU suite (label, fused op?, BLOCKSCALE_SM90_GROUPED_PDQ, the pdq dispatch's A
 #: source, item height and skip: matmul_grouped_pdq.A_SOURCE_ENV / BM_ENV / SKIP_ENV): the
 #: dispatch's chained path (grouped matmul + fused_silu_quantize) is the reference the fused

@@ -177,20 +177,20 @@ def test_spec_checks():
     assert p2.block == (512, 1, 1) and p2.kernel_name.endswith("_128x192_k64_s5_pf_p2_rowsc")
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     specs = GP.bundle_specs("sm_90a")
-    assert len(specs) == len({s.kernel_name for s in specs}) == 54 + 3  # + wgmma references
-    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 54
-    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 30
-    assert sum(getattr(s, "bm", 128) == 256 for s in specs) == 12
-    assert sum(getattr(s, "unroll", 1) == 2 for s in specs) == 9
-    assert sum(getattr(s, "skip", False) for s in specs) == 6
-    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 33
+    assert len(specs) == len({s.kernel_name for s in specs}) == 60 + 3  # + wgmma references
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 60
+    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 36
+    assert sum(getattr(s, "bm", 128) == 256 for s in specs) == 15
+    assert sum(getattr(s, "unroll", 1) == 2 for s in specs) == 12
+    assert sum(getattr(s, "skip", False) for s in specs) == 9
+    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 39
     assert sum(getattr(s, "sigma_out", False) for s in specs) == 18
     for f in (NVFP4, MXFP4):  # the dispatch's specs on the GPU (plain and σ) are bundled
         for sg in (False, True):
             assert GP.dispatch_spec(f, 5760, f is NVFP4, "sm_90a", "interp", sg).kernel_name \
                 .replace("_lockstep", "") in {s.kernel_name for s in specs}
     assert sum(getattr(s, "producers", 1) == 2 for s in specs) == 9
-    assert sum(getattr(s, "depth", 1) == 2 for s in specs) == 3
+    assert sum(getattr(s, "depth", 1) == 2 for s in specs) == 3 + 6
     assert GP.bundle_specs("gfx942") == []
     assert GP.grid(16384, 5760, 128) == (23, 256, 1)
 
@@ -565,3 +565,37 @@ def test_interp_skip(case):
     plain = _run(fmt, counts, ids, e_count, n, k, **kw)
     skip = _run(fmt, counts, ids, e_count, n, k, a_source=a_source, skip=True, **kw)
     assert np.array_equal(skip.view(np.uint16), plain.view(np.uint16))
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    (NVFP4, 1, "split", {"bm": 256, "bn": 128, "unroll": 2}),
+    (MXFP4, 3, "lockstep", {"bm": 256, "bn": 128}),
+    (NVFP4, 3, "split", {"skip": True}),
+], ids=lambda c: f"{c[0].name}-case{c[1]}-{c[2]}-{'-'.join(f'{k}{v}' for k, v in c[3].items())}")
+def test_interp_depth2_workspace(case):
+    """Prefetch distance 2 with the workspace A (256 x 128, 128 x 256 with skip): the bytes
+    of today's kernel."""
+    fmt, case_id, loop, extra = case
+    counts, ids, e_count, n, k = CASES[case_id]
+    kw = {"rows": fmt == NVFP4, "loop": loop, "prefetch": True, "seed": case_id,
+          "store": "staged", "check_exact": False}
+    plain = _run(fmt, counts, ids, e_count, n, k, **kw)
+    d2 = _run(fmt, counts, ids, e_count, n, k, a_source="workspace", depth=2, **extra, **kw)
+    assert np.array_equal(d2.view(np.uint16), plain.view(np.uint16))
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("extra", [{"bm": 256, "bn": 128, "unroll": 2}, {"skip": True}],
+                         ids=["256x128-u2", "skip"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_gpu_depth2_workspace(fmt, extra):
+    """Prefetch distance 2 with the workspace A on gpt-oss-120b gate_up at T=4096 tokens:
+    the grouped wgmma kernel's bytes."""
+    rng = np.random.default_rng(7)
+    counts = list(rng.multinomial(16384, np.full(128, 1 / 128)))
+    ids = [e if c else -1 for e, c in enumerate(counts)]
+    _run(Format.from_name(fmt), counts, ids, 128, 5760, 2880, rows=fmt == "nvfp4",
+         loop="split", prefetch=True, device="cuda", check_exact=False, store="staged",
+         a_source="workspace", depth=2, **extra)

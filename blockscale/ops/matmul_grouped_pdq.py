@@ -454,7 +454,7 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     dispatch's :func:`dispatch_spec` on the GPU for every shape; the same four with A from
     the grouped phase-1 workspace; 256 x 128 items: staged plain and σ, direct plain, with
     the producer unrolled by 2, and staged plain without; 128-row items with ``skip``,
-    staged plain and σ), and
+    staged plain and σ; both staged plain with prefetch distance 2), and
     the grouped wgmma kernels its GPU tests compare with byte for byte (128 x 256, lut /
     k64 / fold); none off sm_90a."""
     from blockscale.ops.matmul_grouped_wgmma import GroupedWgmmaSpec
@@ -490,6 +490,12 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
                                                       ("staged", True, TALL_UNROLL),
                                                       ("staged", False, 1),
                                                       ("direct", False, TALL_UNROLL))]
+    # prefetch distance 2 (the producer's fence then waits for no global load in flight):
+    # 256 x 128 (unrolled by 2) and 128 x 256 with skip, workspace A, staged plain
+    specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged", depth=2,
+                             a_source="workspace", **kw)
+              for f, rs in variants for kw in ({"bm": 256, "bn": TALL_BN, "unroll": TALL_UNROLL},
+                                               {"skip": True})]
     specs += [GroupedWgmmaSpec(f, rs, 128, 256, target, dequant="lut", kstep=64,
                                scaling="fold") for f, rs in variants]
     return sorted(specs, key=lambda s: s.kernel_name)
