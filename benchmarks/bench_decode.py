@@ -7,8 +7,9 @@ same with the weights through a 3 / 4-stage TMA ring; rows of the persistent var
 their CTA cap, ``P=auto``: one wave, one row per ``--stream-ctas`` entry), mma_shot /
 mma_shot7k / mma_shot16 / mma_shot32 / mma_shot6 (16 columns a CTA, 32 for mma_shot32, its
 whole weight slice in flight at once by cp.async.bulk; K <= 3072 (7168 for mma_shot7k), passes
-of 8 rows (16 for mma_shot16), 4 warps (6 / 8 for mma_shot6 / mma_shot7k, mma_shot32): rows
-past a variant's K limit are skipped, not failed).
+of 8 rows (16 for mma_shot16), 4 warps (6 / 8 for mma_shot6 / mma_shot7k, mma_shot32); mma_shot1
+is mma_shot with one copy per whole row: rows past a variant's K limit are skipped, not
+failed).
 
 1. MoE gate_up of gpt-oss-120b (E=128, top-4, K=2880, N=5760) and DeepSeek-V3 (E=256, top-8,
    K=7168, N=4096) at T in {1, 16, 128} tokens (uniform random routing, every group <= 16
@@ -70,7 +71,7 @@ from benchmarks.common import (
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
             "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4",
             "mma_c8d2", "mma_c8w", "mma_c8r", "mma_c8r4", "mma_shot", "mma_shot7k",
-            "mma_shot16", "mma_shot32", "mma_shot6")
+            "mma_shot16", "mma_shot32", "mma_shot6", "mma_shot1")
 T_VALUES = (1, 16, 128)
 DENSE = ((5760, 2880), (4096, 7168))
 #: variants bundled for the grouped (MoE) kernels only

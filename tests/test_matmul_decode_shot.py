@@ -1,5 +1,5 @@
 """The one-shot decode variants (``variant="mma_shot"`` / ``"mma_shot7k"`` /
-``"mma_shot16"`` / ``"mma_shot32"`` / ``"mma_shot6"``, FP4;
+``"mma_shot16"`` / ``"mma_shot32"`` / ``"mma_shot6"`` / ``"mma_shot1"``, FP4;
 blockscale/ops/_decode_shot_ir.py) run by the numpy interpreter, their K limit and their
 dispatch switch.
 
@@ -85,7 +85,8 @@ def _ordered_sum(parts, order):
 @pytest.mark.parametrize(("variant", "mnk"),
                          [("mma_shot", c) for c in DENSE] + [("mma_shot16", c) for c in DENSE16]
                          + [("mma_shot32", c) for c in DENSE32]
-                         + [("mma_shot6", c) for c in DENSE[:2]],
+                         + [("mma_shot6", c) for c in DENSE[:2]]
+                         + [("mma_shot1", c) for c in DENSE[1:]],
                          ids=lambda x: x if isinstance(x, str) else "x".join(map(str, x)))
 def test_dense_shot_bit_exact_warp_order_model(fmt, variant, mnk):
     m, n, k = mnk
@@ -124,7 +125,8 @@ def test_dense_shot7k_at_its_limit_bf16(fmt):
     assert nan[:, 17].all() and nan[1].all() and nan.sum() == m + n - 1
 
 
-@pytest.mark.parametrize("variant", ["mma_shot", "mma_shot16", "mma_shot32", "mma_shot6"])
+@pytest.mark.parametrize("variant", ["mma_shot", "mma_shot16", "mma_shot32", "mma_shot6",
+                                     "mma_shot1"])
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
 @pytest.mark.parametrize("case_id", range(len(GROUPED)))
 def test_grouped_shot_within_bound(case_id, fmt, variant):
@@ -255,7 +257,7 @@ def test_shot_sass(spec):
     assert meta["static_shared_bytes"] == 0, meta
     smem = spec.dynamic_shared_bytes + 1024  # (+ the CTA's
     per_sm = {"mma_shot": 4, "mma_shot7k": 2, "mma_shot16": 3,  # reserved 1 KB)
-              "mma_shot32": 2, "mma_shot6": 3}[spec.variant]
+              "mma_shot32": 2, "mma_shot6": 3, "mma_shot1": 4}[spec.variant]
     assert per_sm * 32 * matmul_decode.SHOT_WARPS[spec.variant] * meta["registers"] <= 65536
     assert per_sm * smem <= 228 * 1024, smem
 

@@ -111,7 +111,7 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
                      n_count: Value, k: Value, a_srow: Callable[[Value], Value],
                      store: Callable[[Value, Value, Value], None], kcap: int,
                      layout: dict[str, int], tokens: int = 8, mtiles: int = 1,
-                     warps: int = 4) -> None:
+                     warps: int = 4, sliced: bool = True) -> None:
     """The body for one (group, column slice) (the interface of
     :func:`blockscale.ops._decode_ir.emit_decode`; a CTA of ``32 warps`` threads computes
     columns ``[C block_idx.x, +C)``, ``C = 16 mtiles``, of rows ``[start, end)``); ``k``
@@ -120,7 +120,9 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
     each A fragment's decode; a pass of <= 8 rows runs the one-n-tile loop); ``mtiles``: the
     M-tiles of 16 rows every warp computes (2: each B fragment's decode serves both);
     ``warps``: the K slices (4, 6 or 8); ``layout``: the byte offsets of the shared buffers
-    in the dynamic shared memory (:func:`blockscale.ops.matmul_decode.shot_layout`)."""
+    in the dynamic shared memory (:func:`blockscale.ops.matmul_decode.shot_layout`);
+    ``sliced``: a copy per row and warp K slice, an mbarrier per slice (each warp starts on
+    its slice), else a copy per whole row and one mbarrier (4-8x fewer, longer copies)."""
     check_kcap(kcap)
     if tokens not in (8, 16) or mtiles not in (1, 2) or warps not in (4, 6, 8):
         raise ValueError(f"tokens must be 8 or 16, mtiles 1 or 2, warps 4, 6 or 8, got "
@@ -269,6 +271,11 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
         return lo, bir.umin(bir.add(lo, per), chunks)
 
     rpw = -(-per_slice // warps)  # the rows whose copies a warp issues
+    cslices = warps if sliced else 1  # copy slices (mbarriers)
+
+    def copy_range(sl: Value) -> tuple[Value, Value]:
+        """The chunks of copy slice ``sl``: warp sl's K slice, or the whole row."""
+        return k_slice(sl) if sliced else (bir.const(0), chunks)
 
     def issue(r0: Value, rows: Value, first: Value) -> None:
         """The pass's bulk copies, slice-major: warp w issues those of rows ``[w rpw, +rpw)``
@@ -279,19 +286,20 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
         copy engine gets every warp's slice-0 copies first, then slice 1, ..: DRAM serves
         them about in that order, warp 0's slice lands first and its MMAs overlap the rest
         of the stream. Thread s < warps arrives on slice s's mbarrier expecting its bytes
-        (none for an empty slice)."""
+        (none for an empty slice). Not ``sliced``: one copy per row (lane i of warp w: row
+        ``w rpw + i``), all on mbarrier 0 (thread 0 expects them)."""
         i64v = bir.as_i64
-        with bir.when(bir.ult(tid, warps)):
+        with bir.when(bir.ult(tid, cslices)):
             nrows = bir.add(rows, bir.select(first, bir.const(cols), bir.const(0)))
-            slo, shi = k_slice(tid)
+            slo, shi = copy_range(tid)
             cpasync.mbarrier_arrive_expect_tx_n(
                 bar(tid), bir.as_i32(bir.mul(nrows, bir.mul(bir.sub(shi, slo), 16))))
-        for it in range(-(-warps * rpw // 32)):
+        for it in range(-(-cslices * rpw // 32)):
             ln = bir.add(lane, 32 * it)
             sl, j = bir.udiv(ln, rpw), bir.add(bir.mul(warp, rpw), bir.urem(ln, rpw))
-            lo, hi = k_slice(sl)
+            lo, hi = copy_range(sl)
             nbytes = bir.as_i32(bir.mul(bir.sub(hi, lo), 16))
-            with bir.when(bir.logical_and(bir.logical_and(bir.ult(sl, warps),
+            with bir.when(bir.logical_and(bir.logical_and(bir.ult(sl, cslices),
                                                           bir.ult(j, per_slice)),
                                           bir.ult(lo, hi))):
                 col = bir.mul(lo, 16)
@@ -435,7 +443,7 @@ def emit_decode_shot(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
             stage_weight_scales(list(br.results))
         stage_act_scales(awords)
         bir.barrier()  # the scale stores
-        cpasync.mbarrier_wait(bar(warp), parity)  # this warp's K slice
+        cpasync.mbarrier_wait(bar(warp) if sliced else bar(bir.const(0)), parity)
         accs = slice_sum(rows)
         with bir.when(bir.ne(warp, 0)):
             for pi in range(parts):

@@ -112,7 +112,8 @@ COLS = 32
 #: K <= :data:`SHOT_KCAP`, passes of :data:`SHOT_TOKENS` rows; _decode_shot_ir)
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
             "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w", "mma_c8r",
-            "mma_c8r4", "mma_shot", "mma_shot7k", "mma_shot16", "mma_shot32", "mma_shot6")
+            "mma_c8r4", "mma_shot", "mma_shot7k", "mma_shot16", "mma_shot32", "mma_shot6",
+            "mma_shot1")
 #: the one-shot variants' largest K (their shared weight rows hold K / 2 bytes): "mma_shot"
 #: 4 CTAs per SM (gpt-oss, dense N=5760 K=2944), "mma_shot7k" 2 of 256 threads (DeepSeek-V3
 #: K = 7168; 8 warps on K eighths: 16 warps per SM),
@@ -120,15 +121,21 @@ VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c
 #: "mma_shot32" 2 of 256 threads (32 columns, 8 warps on K eighths, each B fragment's decode
 #: serving two M-tiles: ~20 % fewer instructions a weight byte; for the MoE grids),
 #: "mma_shot6" 3 of 192 threads ("mma_shot" on 6 warps, K sixths, under 112 registers: 18
-#: warps on an SM of 3 CTAs instead of 12; for the dense M = 1 grid of 360 CTAs)
+#: warps on an SM of 3 CTAs instead of 12; for the dense M = 1 grid of 360 CTAs),
+#: "mma_shot1" ("mma_shot" with one copy per whole row: :data:`SHOT_SLICED`)
 SHOT_KCAP = {"mma_shot": 3072, "mma_shot7k": 7168, "mma_shot16": 3072, "mma_shot32": 3072,
-             "mma_shot6": 3072}
+             "mma_shot6": 3072, "mma_shot1": 3072}
 #: the one-shot variants' rows per pass (activation rows in shared memory)
 SHOT_TOKENS = {"mma_shot": 8, "mma_shot7k": 8, "mma_shot16": 16, "mma_shot32": 8,
-               "mma_shot6": 8}
+               "mma_shot6": 8, "mma_shot1": 8}
 #: the one-shot variants' warps (K slices) per CTA
 SHOT_WARPS = {"mma_shot": 4, "mma_shot7k": 8, "mma_shot16": 4, "mma_shot32": 8,
-              "mma_shot6": 6}
+              "mma_shot6": 6, "mma_shot1": 4}
+#: the one-shot variants copying each row in warp K slices, an mbarrier per slice (the warps
+#: start on their slice as it lands; 4-8 copies a row) rather than whole rows on one mbarrier
+#: ("mma_shot1" is "mma_shot" with whole rows; the multi-wave MoE variants take whole rows)
+SHOT_SLICED = {"mma_shot": True, "mma_shot7k": False, "mma_shot16": True, "mma_shot32": False,
+               "mma_shot6": True, "mma_shot1": False}
 #: the shared-memory staging of each "mma_c*" variant (_decode_mma_ir._Staging)
 STAGING = {"mma_c": "cf", "mma_c8": "cf8", "mma_c85": "cf8", "mma_c86": "cf8", "mma_c8t": "cf8",
            "mma_c8s2": "cf8", "mma_c8s4": "cf8", "mma_c8d2": "cf8", "mma_c8w": "cf8",
@@ -369,7 +376,8 @@ def build(spec: DecodeSpec) -> Any:
             DS1.emit_decode_shot(*args, **kw, kcap=SHOT_KCAP[spec.variant],
                                  tokens=SHOT_TOKENS[spec.variant],
                                  mtiles=spec.cols // 16, warps=SHOT_WARPS[spec.variant],
-                                 layout=shot_layout(spec.fmt, spec.variant))
+                                 layout=shot_layout(spec.fmt, spec.variant),
+                                 sliced=SHOT_SLICED[spec.variant])
     elif spec.variant in SPLIT_VARIANTS:
         def emit(*args: Any, **kw: Any) -> None:
             DM.emit_decode_mma_split_k(*args, **kw, workspace=kb.arg("workspace"),
