@@ -490,9 +490,13 @@ def test_tall_checks(monkeypatch):
         GP.GroupedPdqSpec("nvfp4", skip=1)
     assert GP.GroupedPdqSpec("nvfp4", a_source="workspace", skip=True).kernel_name.endswith(
         "_ws_sk")
-    # the dispatch: packed 128 x 256 by default; the env knobs select the new items
+    # the dispatch: workspace A, 128 x 256 items with skip (staged); the env knobs select others
     d = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp")
-    assert (d.a_source, d.bm, d.bn) == ("packed", 128, 256)
+    assert (d.a_source, d.bm, d.bn, d.store, d.skip, d.depth) == (
+        "workspace", 128, 256, "staged", True, GP.DISPATCH_DEPTH)
+    monkeypatch.setenv(GP.SKIP_ENV, "0")
+    assert not GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp").skip
+    monkeypatch.delenv(GP.SKIP_ENV)
     monkeypatch.setenv(GP.A_SOURCE_ENV, "workspace")
     monkeypatch.setenv(GP.BM_ENV, "256")
     d = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", sigma_out=True)
@@ -502,9 +506,12 @@ def test_tall_checks(monkeypatch):
                                                       for s in GP.bundle_specs("sm_90a")}
     monkeypatch.setenv(GP.SKIP_ENV, "1")  # ignored by 256-row items (they always skip)
     assert not GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp").skip
-    monkeypatch.setenv("BLOCKSCALE_SM90_STAGED_STORE", "0")  # direct: 128-row items
+    monkeypatch.setenv("BLOCKSCALE_SM90_STAGED_STORE", "0")  # direct: 128-row items, no skip
     d = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp")
-    assert (d.bm, d.skip) == (128, True)
+    assert (d.bm, d.skip, d.store) == (128, False, "direct")
+    monkeypatch.delenv("BLOCKSCALE_SM90_STAGED_STORE")
+    monkeypatch.setenv(GP.BM_ENV, "128")
+    assert GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp").skip
     monkeypatch.setenv(GP.A_SOURCE_ENV, "packed")  # skip only with the workspace A
     assert not GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp").skip
     monkeypatch.setenv(GP.A_SOURCE_ENV, "workspace")

@@ -35,9 +35,11 @@ for NVFP4 and MXFP4 prefill (``matmul_grouped_wgmma.PDQ_FORMATS``; off with
 ``BLOCKSCALE_SM90_GROUPED_PDQ=0``), and the fused SwiGLU op's chained path
 (:mod:`blockscale.ops.matmul_swiglu`) the same spec with ``sigma_out``: the σ store changes
 where a value goes, not its bits, so fused == chained byte for byte by construction.
-:func:`dispatch_spec` keeps A packed at 128 x 256 (:data:`DISPATCH_A_SOURCE`,
-:data:`DISPATCH_BM`) until the H200 measures the others; ``BLOCKSCALE_SM90_GROUPED_PDQ_A=
-workspace`` and ``BLOCKSCALE_SM90_GROUPED_PDQ_BM=256`` select them (both ops).
+:func:`dispatch_spec` runs A from the grouped phase-1 workspace at 128 x 256 with idle
+warpgroups skipped (:data:`DISPATCH_A_SOURCE`, :data:`DISPATCH_BM`, :data:`DISPATCH_SKIP`:
+the fastest measured on the H200, runs AA / AB); ``BLOCKSCALE_SM90_GROUPED_PDQ_A=packed``,
+``BLOCKSCALE_SM90_GROUPED_PDQ_BM=256`` and ``BLOCKSCALE_SM90_GROUPED_PDQ_SKIP=0`` select the
+others (both ops).
 Importing this module does not import MLIR.
 """
 
@@ -73,9 +75,10 @@ LOOPS, STORES, PRODUCERS, BNS = _pdq.LOOPS, _pdq.STORES, _pdq.PRODUCERS, _pdq.BN
 #: every step) or "workspace" (the grouped phase 1, :mod:`blockscale.ops.matmul_grouped_p1`,
 #: dequantizes A once; the producer's thread 0 bulk-copies each stage's A from it)
 A_SOURCES = ("packed", "workspace")
-#: the dispatch's A source (:func:`dispatch_spec`): "packed" until the workspace path is
-#: measured on the H200; BLOCKSCALE_SM90_GROUPED_PDQ_A=workspace|packed overrides it
-DISPATCH_A_SOURCE = "packed"
+#: the dispatch's A source (:func:`dispatch_spec`): "workspace" (H200 runs AA / AB, gpt-oss
+#: gate_up NVFP4 T=4096: 1.699 ms vs packed 1.938, phase 1 included; T=1024 1.191 vs 1.359);
+#: BLOCKSCALE_SM90_GROUPED_PDQ_A=workspace|packed overrides it
+DISPATCH_A_SOURCE = "workspace"
 A_SOURCE_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_A"
 #: work-item heights: 128 (x bn 256 / 192) or 256 (x 128: two 128-row workspace tiles, the
 #: producer dequantizes 128 weight rows a step; _pdq_tall_ir)
@@ -84,13 +87,18 @@ BMS = (128, 256)
 #: step instead of 315 / 322, NVFP4 / MXFP4, no spills)
 TALL_BN, TALL_UNROLL = 128, 2
 #: the dispatch's item height (:func:`dispatch_spec`; 256 only with the workspace A and the
-#: staged store): 128 until measured; BLOCKSCALE_SM90_GROUPED_PDQ_BM=256|128 overrides it
+#: staged store): 128 (run AB: 256 x 128 items 1.788 ms vs 1.647 for 128-row items with skip
+#: at T=4096, 1.550 vs 1.091 at T=1024: more CTA-steps, each ~1000 cycles of fixed latency);
+#: BLOCKSCALE_SM90_GROUPED_PDQ_BM=256|128 overrides it
 DISPATCH_BM = 128
 BM_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_BM"
 #: whether the dispatch's 128-row items skip the wgmmas of a warpgroup past the group's end
-#: (with the workspace A): off until measured; BLOCKSCALE_SM90_GROUPED_PDQ_SKIP=1|0 overrides
-DISPATCH_SKIP = False
+#: (with the workspace A): on (run AB: NVFP4 T=4096 1.647 vs 1.699 ms, T=1024 1.091 vs 1.191;
+#: MXFP4 1.651 / 1.106); BLOCKSCALE_SM90_GROUPED_PDQ_SKIP=1|0 overrides
+DISPATCH_SKIP = True
 SKIP_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_SKIP"
+#: the prefetch distance of the dispatch's skip items (1 or 2; both bundled, plain and σ)
+DISPATCH_DEPTH = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -418,7 +426,8 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     bytes); A from :data:`DISPATCH_A_SOURCE` (or :data:`A_SOURCE_ENV`); 256 x 128 items
     where :data:`DISPATCH_BM` (or :data:`BM_ENV`) is 256, A comes from the workspace and the
     store is staged (else 128-row items: the same bytes); 128-row items with the workspace A
-    skip idle warpgroups' wgmmas where :data:`DISPATCH_SKIP` (or :data:`SKIP_ENV`)."""
+    and the staged store skip idle warpgroups' wgmmas where :data:`DISPATCH_SKIP` (or
+    :data:`SKIP_ENV`; direct stores: the rare unaligned widths, no skip, the same bytes)."""
     import os
 
     from blockscale.ops._staged_store_ir import dispatch_store
@@ -439,7 +448,9 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     skip = os.environ.get(SKIP_ENV, "1" if DISPATCH_SKIP else "0") not in ("0", "false", "off")
     return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop, store=store,
                           sigma_out=sigma_out, a_source=a_source,
-                          skip=skip and a_source == "workspace")
+                          skip=skip and a_source == "workspace" and store == "staged",
+                          depth=DISPATCH_DEPTH if skip and a_source == "workspace"
+                          and store == "staged" else 1)
 
 
 def kernel(spec: GroupedPdqSpec) -> Any:
@@ -491,11 +502,13 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
                                                       ("staged", False, 1),
                                                       ("direct", False, TALL_UNROLL))]
     # prefetch distance 2 (the producer's fence then waits for no global load in flight):
-    # 256 x 128 (unrolled by 2) and 128 x 256 with skip, workspace A, staged plain
+    # 256 x 128 (unrolled by 2) and 128 x 256 with skip (plain and σ: DISPATCH_DEPTH),
+    # workspace A, staged
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged", depth=2,
                              a_source="workspace", **kw)
               for f, rs in variants for kw in ({"bm": 256, "bn": TALL_BN, "unroll": TALL_UNROLL},
-                                               {"skip": True})]
+                                               {"skip": True},
+                                               {"skip": True, "sigma_out": True})]
     specs += [GroupedWgmmaSpec(f, rs, 128, 256, target, dequant="lut", kstep=64,
                                scaling="fold") for f, rs in variants]
     return sorted(specs, key=lambda s: s.kernel_name)
