@@ -408,7 +408,7 @@ def test_host_validation():
 
 def test_dispatch_hook(monkeypatch):
     """On by default (BLOCKSCALE_SM90_TWOPHASE_MX8=0: off): sm_90a MXFP8, K % 32 == 0,
-    M >= MIN_M = 512; registered before the wgmma and mma.sync kernels."""
+    K <= DISPATCH_MAX_K, M >= MIN_M = 512; registered before the wgmma and mma.sync kernels."""
     from blockscale.ops import matmul_sm90, matmul_wgmma
 
     m = MX.MIN_M
@@ -422,8 +422,12 @@ def test_dispatch_hook(monkeypatch):
     assert MX.fast_path("sm_90a", MXFP8, m, 5760, 2944, "bfloat16", None) is not None
     for args in (("sm_90a", MXFP8, m - 1, 5760, 2944), ("sm_90a", NVFP4, m, 5760, 2944),
                  ("sm_90a", MXFP8, m, 5760, 2960), ("sm_100a", MXFP8, m, 5760, 2944),
-                 ("sm_90a", MXFP8, 1 << 17, 8192, 8192)):
+                 ("sm_90a", MXFP8, 1 << 17, 8192, 8192),
+                 # accuracy: above DISPATCH_MAX_K the normwise f32 error passed 1e-5 (run AC)
+                 ("sm_90a", MXFP8, 777, 2560, MX.DISPATCH_MAX_K + 32),
+                 ("sm_90a", MXFP8, 777, 2560, 8192)):
         assert MX.fast_path(*args, "bfloat16", None) is None, args
+    assert MX.fast_path("sm_90a", MXFP8, 777, 2560, MX.DISPATCH_MAX_K, "float32", None)
     paths = Mm.FAST_PATHS
     assert paths.index(MX.fast_path) < paths.index(matmul_wgmma.fast_path)
     assert paths.index(MX.fast_path) < paths.index(matmul_sm90.fast_path)
