@@ -68,25 +68,27 @@ def _run(fmt, a, b, sfa, sfb, k, variant, alpha=1.0, out="float32"):
         out_dtype=out, device="interp", variant=variant)
 
 
+def slice_run(fmt, a, b, sfa, sfb, lo, hi, variant):
+    """The ``variant`` kernel's fp32 result (alpha 1) on the K slice ``[lo, hi)``."""
+    jl, jh = lo // fmt.block_size, -(-hi // fmt.block_size)
+    return _run(fmt, np.ascontiguousarray(a[:, lo // 2:hi // 2]),
+                np.ascontiguousarray(b[:, lo // 2:hi // 2]), np.ascontiguousarray(sfa[:, jl:jh]),
+                np.ascontiguousarray(sfb[:, jl:jh]), hi - lo, variant)
+
+
 def _partials(fmt, a, b, sfa, sfb, k, splits, variant="mma_p"):
     """The ``variant`` kernel's fp32 result on each split's K slice (alpha 1)."""
     steps = -(-k // STEP)
     per = -(-steps // splits)
-    out = []
-    for z in range(splits):
-        lo, hi = z * per * STEP, min((z + 1) * per * STEP, k)
-        jl, jh = lo // fmt.block_size, -(-hi // fmt.block_size)
-        out.append(_run(fmt, np.ascontiguousarray(a[:, lo // 2:hi // 2]),
-                        np.ascontiguousarray(b[:, lo // 2:hi // 2]),
-                        np.ascontiguousarray(sfa[:, jl:jh]),
-                        np.ascontiguousarray(sfb[:, jl:jh]), hi - lo, variant))
-    return out
+    return [slice_run(fmt, a, b, sfa, sfb, z * per * STEP, min((z + 1) * per * STEP, k),
+                      variant) for z in range(splits)]
 
 
-def _ordered_sum(parts, order):
+def ordered_sum(parts, order):
+    """``parts`` added in ``order`` with float32 adds (one rounding each)."""
     s = parts[order[0]].copy()
     for z in order[1:]:
-        s = s + parts[z]  # float32 adds, one rounding each
+        s = s + parts[z]
     return s
 
 
@@ -100,11 +102,11 @@ def test_dense_psk_bit_exact_split_order_model(fmt, mnk):
     alpha = 0.375
     got = _run(fmt, a, b, sfa, sfb, k, "mma_psk", alpha)
     parts = _partials(fmt, a, b, sfa, sfb, k, splits)
-    want = _ordered_sum(parts, list(range(splits))) * np.float32(alpha)
+    want = ordered_sum(parts, list(range(splits))) * np.float32(alpha)
     assert got.dtype == np.float32 and got.shape == (m, n)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     if splits > 2:  # the order is visible in the bits (wide scales): fixed split order
-        rev = _ordered_sum(parts, list(range(splits))[::-1]) * np.float32(alpha)
+        rev = ordered_sum(parts, list(range(splits))[::-1]) * np.float32(alpha)
         assert not np.array_equal(rev.view(np.uint32), want.view(np.uint32))
     exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k, alpha)
     assert_f32_within_bound(got, exact, f32_error_bound(abs_sum, fmt, k, n_mul=1))
@@ -121,7 +123,7 @@ def test_result_independent_of_reducing_cta(fmt, seed_count, monkeypatch):
     a, b, sfa, sfb = _case(fmt, m, n, k, seed=7)
     base = _run(fmt, a, b, sfa, sfb, k, "mma_psk")
     parts = _partials(fmt, a, b, sfa, sfb, k, 3)
-    fwd, rev = _ordered_sum(parts, [0, 1, 2]), _ordered_sum(parts, [2, 1, 0])
+    fwd, rev = ordered_sum(parts, [0, 1, 2]), ordered_sum(parts, [2, 1, 0])
     assert np.array_equal(base.view(np.uint32), fwd.view(np.uint32))
     assert not np.array_equal(fwd.view(np.uint32), rev.view(np.uint32))  # order matters
     real = matmul_decode._with_split_k

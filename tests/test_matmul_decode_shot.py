@@ -27,7 +27,7 @@ from test_matmul_common import (
     f32_error_bound,
 )
 from test_matmul_decode_mma import record_variants
-from test_matmul_decode_psk import _case
+from test_matmul_decode_psk import _case, ordered_sum, slice_run
 from test_matmul_grouped import exact_grouped, make_grouped_case
 
 from blockscale import layouts
@@ -66,19 +66,8 @@ def _warp_partials(fmt, a, b, sfa, sfb, k, warps):
         if lo == hi:
             out.append(np.zeros((a.shape[0], b.shape[0]), np.float32))
             continue
-        jl, jh = lo // fmt.block_size, hi // fmt.block_size
-        out.append(_run(fmt, np.ascontiguousarray(a[:, lo // 2:hi // 2]),
-                        np.ascontiguousarray(b[:, lo // 2:hi // 2]),
-                        np.ascontiguousarray(sfa[:, jl:jh]),
-                        np.ascontiguousarray(sfb[:, jl:jh]), hi - lo, "mma_c8t"))
+        out.append(slice_run(fmt, a, b, sfa, sfb, lo, hi, "mma_c8t"))
     return out
-
-
-def _ordered_sum(parts, order):
-    s = parts[order[0]].copy()
-    for w in order[1:]:
-        s = s + parts[w]  # float32 adds, one rounding each
-    return s
 
 
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
@@ -96,10 +85,10 @@ def test_dense_shot_bit_exact_warp_order_model(fmt, variant, mnk):
     assert got.dtype == np.float32 and got.shape == (m, n)
     warps = matmul_decode.SHOT_WARPS[variant]
     parts = _warp_partials(fmt, a, b, sfa, sfb, k, warps)
-    want = _ordered_sum(parts, list(range(warps))) * np.float32(alpha)
+    want = ordered_sum(parts, list(range(warps))) * np.float32(alpha)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     if k >= 1024:  # the order is visible in the bits (wide scales): a fixed warp order
-        rev = _ordered_sum(parts, list(range(warps))[::-1]) * np.float32(alpha)
+        rev = ordered_sum(parts, list(range(warps))[::-1]) * np.float32(alpha)
         assert not np.array_equal(rev.view(np.uint32), want.view(np.uint32))
     exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k, alpha)
     assert_f32_within_bound(got, exact, f32_error_bound(abs_sum, fmt, k, n_mul=1))
