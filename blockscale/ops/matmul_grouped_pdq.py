@@ -54,7 +54,6 @@ import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ sc
 import blockscale.ops._matmul_host as H
 from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
-from blockscale.ops import _staged_store_ir as S
 from blockscale.ops import matmul_grouped as _grouped
 from blockscale.ops import matmul_pdq as _pdq
 from blockscale.ops._staged_store_ir import check_store
@@ -173,7 +172,7 @@ class GroupedPdqSpec(FormatSpec):
             raise ValueError(f"bm=256 needs a_source='workspace' and producers=1, got "
                              f"a_source={self.a_source!r}, producers={self.producers!r}")
         H.check_choice(self.bn, (TALL_BN,) if tall else BNS, "bn")
-        most = max_stages(self.bm, self.bn)
+        most = _pdq.max_stages(self.bn, self.bm)
         if self.stages is None:
             object.__setattr__(self, "stages", most)
         if type(self.stages) is not int or not 2 <= self.stages <= most:
@@ -182,11 +181,7 @@ class GroupedPdqSpec(FormatSpec):
         H.check_choice(self.loop, LOOPS, "loop")
         H.check_choice(self.store, STORES, "store")
         if self.store == "staged":
-            need = S.stage_bytes(self.out_dtype, self.bm, self.bn)
-            if need > self.stages * (self.bm + self.bn) * 128:
-                raise ValueError(f"store 'staged' needs {need} bytes of the ring, but "
-                                 f"stages={self.stages} give "
-                                 f"{self.stages * (self.bm + self.bn) * 128}")
+            _pdq.check_staged_fits(self.out_dtype, self.stages, self.bn, self.bm)
         if not tall:
             _pdq.check_producers(self.producers, self.bn)
         if type(self.unroll) is not int or self.unroll not in (1, 2):
@@ -205,7 +200,7 @@ class GroupedPdqSpec(FormatSpec):
     @property
     def dynamic_shared_bytes(self) -> int:
         """The ring (``stages`` x (bm + bn) rows x 64 bf16) and its ``2 stages`` mbarriers."""
-        return self.stages * (self.bm + self.bn) * 128 + 16 * self.stages
+        return _pdq.ring_bytes(self.stages, self.bn, self.bm)
 
     @property
     def kernel_name(self) -> str:
@@ -231,11 +226,6 @@ class GroupedPdqSpec(FormatSpec):
             return base
         return (KernelArg("wa", "buffer", "uint8"),
                 *(a for a in base if a.name not in ("a", "sfa")))
-
-
-def max_stages(bm: int, bn: int) -> int:
-    """The most ring stages of (bm + bn) x 64 bf16 in the 227 KiB of shared memory."""
-    return (227 * 1024 - 64) // ((bm + bn) * 2 * 64 + 16)
 
 
 def grid(t: int, n: int, num_groups: int, bn: int = BN, bm: int = BM) -> tuple[int, int, int]:

@@ -66,9 +66,14 @@ STORES = ("direct", "staged")
 MAX_STAGES = 4
 
 
-def max_stages(bn: int = BN) -> int:
-    """The most ring stages of (128 + bn) x 64 bf16 in the 227 KiB of shared memory."""
-    return (227 * 1024 - 64) // ((BM + bn) * 2 * KSTEP + 16)
+def max_stages(bn: int = BN, bm: int = BM) -> int:
+    """The most ring stages of (bm + bn) x 64 bf16 in the 227 KiB of shared memory."""
+    return (227 * 1024 - 64) // ((bm + bn) * 2 * KSTEP + 16)
+
+
+def ring_bytes(stages: int, bn: int = BN, bm: int = BM) -> int:
+    """The ring (``stages`` x (bm + bn) rows x 64 bf16) and its ``2 stages`` mbarriers."""
+    return stages * (bm + bn) * 2 * KSTEP + 16 * stages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +150,7 @@ class PdqMatmulSpec(FormatSpec):
     @property
     def dynamic_shared_bytes(self) -> int:
         """The ring (``stages`` x (BM + bn) rows x 64 bf16) and its ``2 stages`` mbarriers."""
-        return self.stages * (BM + self.bn) * 2 * KSTEP + 16 * self.stages
+        return ring_bytes(self.stages, self.bn)
 
     @property
     def kernel_name(self) -> str:
@@ -170,11 +175,12 @@ class PdqMatmulSpec(FormatSpec):
                 *(a for a in base if a.name not in ("a", "sfa")))
 
 
-def check_staged_fits(out_dtype: str, stages: int, bn: int = BN) -> None:
-    """ValueError when the staged output tile does not fit in ``stages`` ring stages."""
+def check_staged_fits(out_dtype: str, stages: int, bn: int = BN, bm: int = BM) -> None:
+    """ValueError when the staged bm x bn output tile does not fit in ``stages`` ring
+    stages."""
     from blockscale.ops import _staged_store_ir as S
 
-    need, ring = S.stage_bytes(out_dtype, BM, bn), stages * (BM + bn) * 2 * KSTEP
+    need, ring = S.stage_bytes(out_dtype, bm, bn), stages * (bm + bn) * 2 * KSTEP
     if need > ring:
         raise ValueError(f"store 'staged' needs {need} bytes of the ring, but "
                          f"stages={stages} give {ring}")
