@@ -182,16 +182,40 @@ def test_dense_psk_bf16_and_nan_scales(fmt):
     assert nan[:, 65].all() and nan[1].all() and nan.sum() == m + n - 1
 
 
+class GroupedDecodeCase:
+    """A grouped decode case (``grouped``: counts, ids, experts, N, K) with expert scales and,
+    for NVFP4, row scales: ``kw`` the decode call's keywords beside ``case``; :meth:`check`
+    asserts the bf16 bound and D8's zero rows of unused groups."""
+
+    def __init__(self, grouped, fmt, seed):
+        counts, self.ids, e_count, self.n, self.k = grouped
+        rng = np.random.default_rng(seed)
+        self.case, self.row_scales, self.w_scales = make_grouped_case(
+            rng, fmt, counts, self.ids, e_count, self.n, self.k)
+        self.fmt, self.t = fmt, self.case["hidden"].shape[0]
+        self.esc = (1 + (np.arange(e_count) + 1) / e_count).astype(np.float32)
+        self.rows = rng.uniform(0.5, 2, self.t).astype(ml_dtypes.bfloat16) \
+            if fmt is NVFP4 else None
+        self.kw = {"expert_scales": self.esc, "fmt": fmt, "k": self.k,
+                   "a_row_scales": self.rows, "device": "interp"}
+
+    def check(self, got):
+        fmt, k, rows = self.fmt, self.k, self.rows
+        exact, abs_sum = exact_grouped(self.case, self.row_scales, self.w_scales, fmt, k,
+                                       self.esc, rows)
+        assert_bf16_consistent(got, exact, f32_error_bound(abs_sum, fmt, k,
+                                                           n_mul=3 if rows is not None else 2))
+        es = self.case["expert_start"].astype(np.int64)
+        for g, e in enumerate(self.ids):
+            if e < 0:
+                assert not got[es[g]:es[g + 1]].view(np.uint16).any()  # D8: zero rows
+
+
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
 @pytest.mark.parametrize("case_id", range(len(GROUPED)))
 def test_grouped_psk_within_bound(case_id, fmt, monkeypatch):
-    counts, ids, e_count, n, k = GROUPED[case_id]
-    rng = np.random.default_rng(90 + case_id)
-    case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
-    esc = (1 + (np.arange(e_count) + 1) / e_count).astype(np.float32)
-    t = case["hidden"].shape[0]
-    rows = rng.uniform(0.5, 2, t).astype(ml_dtypes.bfloat16) if fmt is NVFP4 else None
-    kw = {"expert_scales": esc, "fmt": fmt, "k": k, "a_row_scales": rows, "device": "interp"}
+    c = GroupedDecodeCase(GROUPED[case_id], fmt, 90 + case_id)
+    case, kw, t, n = c.case, c.kw, c.t, c.n
     dev = runtime.get_device("interp")
     seen = []
     launch = dev.launch
@@ -206,13 +230,7 @@ def test_grouped_psk_within_bound(case_id, fmt, monkeypatch):
     assert grid3[2] == (2 if case_id == 0 else 3) and counters.size == grid3[0] * grid3[1]
     assert not counters.any()
     assert got.shape == (t, n) and got.dtype == ml_dtypes.bfloat16
-    exact, abs_sum = exact_grouped(case, row_scales, w_scales, fmt, k, esc, rows)
-    assert_bf16_consistent(got, exact, f32_error_bound(abs_sum, fmt, k,
-                                                       n_mul=3 if rows is not None else 2))
-    es = case["expert_start"].astype(np.int64)
-    for g, e in enumerate(ids):
-        if e < 0:
-            assert not got[es[g]:es[g + 1]].view(np.uint16).any()  # D8: zero rows
+    c.check(got)
     again = matmul_decode.grouped_matmul_decode(**case, **kw, variant="mma_psk")
     assert np.array_equal(again.view(np.uint16), got.view(np.uint16))  # deterministic
 

@@ -88,17 +88,22 @@ def test_moe_psk_t1_gpu(fmt):
     check_moe_output(out, case, a2d, w2d, esc, fmt, k, _columns(rng, n))
 
 
-def test_dispatch_switch_gpu(monkeypatch):
-    """BLOCKSCALE_DECODE_SPLIT_K=1000: the dense dispatch at M=1 N=5760 K=2880 (90 CTAs)
-    runs mma_psk (the direct call's bits), within the bound."""
-    fmt = FP4[0]
-    m, n, k = 1, 5760, 2880
+def check_dispatch_runs(variant, k):
+    """The dense dispatch at M=1 N=5760 (FP4, float32 out) gives the bits of ``variant``
+    called directly, within the fp32 bound (the caller sets the dispatch's env)."""
+    fmt, m, n = FP4[0], 1, 5760
     args, cols, exact, abs_sum = _dense(fmt, m, n, k, seed=5)
-    monkeypatch.setenv(matmul_decode.VARIANT_ENV, "mma_p")
-    monkeypatch.setenv(matmul_decode.SPLIT_K_ENV, "1000")
     got = matmul.block_scaled_matmul(*args, fmt, k=k, device="cuda", target="sm_90a",
                                      out_dtype="float32")
     want = matmul_decode.block_scaled_matmul_decode(*args, fmt, k=k, out_dtype="float32",
-                                                    device="cuda", variant="mma_psk")
+                                                    device="cuda", variant=variant)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert_f32_within_bound(got[:, cols], exact, f32_error_bound(abs_sum, fmt, k, n_mul=1))
+
+
+def test_dispatch_switch_gpu(monkeypatch):
+    """BLOCKSCALE_DECODE_SPLIT_K=1000: the dense dispatch at M=1 N=5760 K=2880 (90 CTAs)
+    runs mma_psk (the direct call's bits), within the bound."""
+    monkeypatch.setenv(matmul_decode.VARIANT_ENV, "mma_p")
+    monkeypatch.setenv(matmul_decode.SPLIT_K_ENV, "1000")
+    check_dispatch_runs("mma_psk", 2880)

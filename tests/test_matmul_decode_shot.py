@@ -17,7 +17,6 @@ and every output is the same from run to run.
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import pytest
 from test_matmul_common import (
@@ -27,7 +26,7 @@ from test_matmul_common import (
     f32_error_bound,
 )
 from test_matmul_decode_mma import record_variants
-from test_matmul_decode_psk import _case, ordered_sum, slice_run
+from test_matmul_decode_psk import GroupedDecodeCase, _case, ordered_sum, slice_run
 from test_matmul_grouped import exact_grouped, make_grouped_case
 
 from blockscale import layouts
@@ -119,21 +118,10 @@ def test_dense_shot7k_at_its_limit_bf16(fmt):
 @pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
 @pytest.mark.parametrize("case_id", range(len(GROUPED)))
 def test_grouped_shot_within_bound(case_id, fmt, variant):
-    counts, ids, e_count, n, k = GROUPED[case_id]
-    rng = np.random.default_rng(40 + case_id)
-    case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
-    esc = (1 + (np.arange(e_count) + 1) / e_count).astype(np.float32)
-    t = case["hidden"].shape[0]
-    rows = rng.uniform(0.5, 2, t).astype(ml_dtypes.bfloat16) if fmt is NVFP4 else None
-    kw = {"expert_scales": esc, "fmt": fmt, "k": k, "a_row_scales": rows, "device": "interp"}
+    c = GroupedDecodeCase(GROUPED[case_id], fmt, 40 + case_id)
+    case, kw = c.case, c.kw
     got = matmul_decode.grouped_matmul_decode(**case, **kw, variant=variant)
-    exact, abs_sum = exact_grouped(case, row_scales, w_scales, fmt, k, esc, rows)
-    assert_bf16_consistent(got, exact, f32_error_bound(abs_sum, fmt, k,
-                                                       n_mul=3 if rows is not None else 2))
-    es = case["expert_start"].astype(np.int64)
-    for g, e in enumerate(ids):  # D8: the rows of an unused group are zeros
-        if e < 0:
-            assert not got[es[g]:es[g + 1]].astype(np.float32).any()
+    c.check(got)  # the bf16 bound; D8: the rows of an unused group are (+0) zeros
     again = matmul_decode.grouped_matmul_decode(**case, **kw, variant=variant)
     assert np.array_equal(got.view(np.uint16), again.view(np.uint16))
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from test_matmul_common import assert_f32_within_bound, f32_error_bound
 from test_matmul_decode_gpu import MODELS, _columns, _moe_case, check_moe_output
-from test_matmul_decode_psk_gpu import _dense
+from test_matmul_decode_psk_gpu import _dense, check_dispatch_runs
 
 from blockscale.formats import FORMATS
-from blockscale.ops import matmul, matmul_decode
+from blockscale.ops import matmul_decode
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
 
@@ -69,13 +69,5 @@ def test_moe_shot_gpu(fmt, tokens, model, variant):
 def test_dispatch_switch_gpu(monkeypatch):
     """BLOCKSCALE_DECODE_VARIANT=mma_shot: the dense dispatch at M=1 N=5760 K=2944 runs the
     one-shot kernel (the direct call's bits)."""
-    fmt = FP4[0]
-    m, n, k = 1, 5760, 2944
-    args, cols, exact, abs_sum = _dense(fmt, m, n, k, seed=5)
     monkeypatch.setenv(matmul_decode.VARIANT_ENV, "mma_shot")
-    got = matmul.block_scaled_matmul(*args, fmt, k=k, device="cuda", target="sm_90a",
-                                     out_dtype="float32")
-    want = matmul_decode.block_scaled_matmul_decode(*args, fmt, k=k, out_dtype="float32",
-                                                    device="cuda", variant="mma_shot")
-    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
-    assert_f32_within_bound(got[:, cols], exact, f32_error_bound(abs_sum, fmt, k, n_mul=1))
+    check_dispatch_runs("mma_shot", 2944)
