@@ -392,10 +392,11 @@ def launch(spec: GroupedPdqSpec, t: int, n: int, num_groups: int, buffers: dict[
                         scalars, device, empty=empty)
     from blockscale.ops import matmul_grouped_p1 as G1
 
-    G1.check_tile_placement(buffers["expert_start"], buffers["a_scale_offsets"],
-                            buffers["expert_ids"], int(buffers["sfa"].shape[0]))
     host = all(isinstance(v, np.ndarray) for v in buffers.values())
-    if host:  # keep the workspace on the device between the launches
+    if host:  # keep the workspace on the device between the launches (G1.launch checks the
+        # tile placement of numpy group vectors: here, before they are uploaded)
+        G1.check_tile_placement(buffers["expert_start"], buffers["a_scale_offsets"],
+                                buffers["expert_ids"], int(buffers["sfa"].shape[0]))
         buffers = {x: device.to_device(np.ascontiguousarray(v)) for x, v in buffers.items()}
     ws = G1.launch(G1.GroupedP1Spec(spec.fmt, spec.target), buffers, t, scalars["k"],
                    num_groups, device)
