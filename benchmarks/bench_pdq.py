@@ -104,6 +104,11 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                                                             "sigma_out": True,
                                                             "a_source": "workspace"}),
                  ("grouped phase 1 ws", "p1", {}),
+                 # two producer warpgroups (8 warps: 2 a scheduler) at 128 x 192, A from the
+                 # workspace: does a second producer warp per scheduler hide the decode latency?
+                 ("grouped pdq pf staged ws p2 192", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "producers": 2,
+                   "bn": 192}),
                  # 128-row items: a warpgroup past the group's end issues no wgmma
                  ("grouped pdq pf staged ws skip", "pdq",
                   {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True}),

@@ -480,6 +480,9 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", st, sigma_out=sg,
                              a_source="workspace")
               for f, rs in variants for st in STORES for sg in (False, True)]
+    # two producer warpgroups at 128 x 192 with workspace A (staged plain): 8 producer warps
+    specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged", 2, 192,
+                             a_source="workspace") for f, rs in variants]
     # 256 x 128 items (workspace A): staged plain and σ (the dispatch's at BM_ENV=256), and
     # direct plain (A/B of the store)
     # 128-row items skipping idle warpgroups' wgmmas (workspace A, staged: plain and σ)
