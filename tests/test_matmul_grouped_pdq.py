@@ -177,20 +177,20 @@ def test_spec_checks():
     assert p2.block == (512, 1, 1) and p2.kernel_name.endswith("_128x192_k64_s5_pf_p2_rowsc")
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     specs = GP.bundle_specs("sm_90a")
-    # 63 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH) + 3 wgmma references
-    assert len(specs) == len({s.kernel_name for s in specs}) == 63 + 3
-    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 63
-    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 39
+    # 66 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH) + 3 wgmma references
+    assert len(specs) == len({s.kernel_name for s in specs}) == 66 + 3
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 66
+    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 42
     assert sum(getattr(s, "bm", 128) == 256 for s in specs) == 15
     assert sum(getattr(s, "unroll", 1) == 2 for s in specs) == 12
     assert sum(getattr(s, "skip", False) for s in specs) == 12
-    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 42
+    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 45
     assert sum(getattr(s, "sigma_out", False) for s in specs) == 21
     for f in (NVFP4, MXFP4):  # the dispatch's specs on the GPU (plain and σ) are bundled
         for sg in (False, True):
             assert GP.dispatch_spec(f, 5760, f is NVFP4, "sm_90a", "interp", sg).kernel_name \
                 .replace("_lockstep", "") in {s.kernel_name for s in specs}
-    assert sum(getattr(s, "producers", 1) == 2 for s in specs) == 9
+    assert sum(getattr(s, "producers", 1) == 2 for s in specs) == 12
     assert sum(getattr(s, "depth", 1) == 2 for s in specs) == 3 + 9  # + the 256 x 128 and skip (plain, σ) d2 items
     assert GP.bundle_specs("gfx942") == []
     assert GP.grid(16384, 5760, 128) == (23, 256, 1)
@@ -221,9 +221,9 @@ def test_kernel_sass(spec):
     tall = spec.bm == 256  # two slab loops: 8 + 4 HGMMA.64x128x16
     assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32\.BF16", sass)) == (12 if tall else 4)
     # 3 rows x 8 chunks a producer thread (A from the workspace: B's 2 rows, A by one
-    # UBLKCP.S.G); two producers at 128 x 192: 3 row halves x 4
+    # UBLKCP.S.G); two producers at 128 x 192: 3 row halves x 4 (workspace A: B's 2 x 4)
     ws = spec.a_source == "workspace"
-    assert len(re.findall(r"STS\.128", sass)) == (12 if spec.producers == 2 else
+    assert len(re.findall(r"STS\.128", sass)) == ((8 if ws else 12) if spec.producers == 2 else
                                                    8 * spec.unroll if tall else 16 if ws
                                                    else 24)
     # the staged store's copy (256 x 128 σ: a thread copies both halves: two)
