@@ -104,6 +104,13 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                                                             "sigma_out": True,
                                                             "a_source": "workspace"}),
                  ("grouped phase 1 ws", "p1", {}),
+                 # B's packed bytes and scale atoms by TMA into a shared ring (no global load
+                 # in flight at the producer's proxy fence)
+                 ("grouped pdq staged ws skip tma", "pdq",
+                  {"store": "staged", "a_source": "workspace", "skip": True, "b_source": "tma"}),
+                 ("grouped pdq staged sigma ws skip tma", "pdq",
+                  {"store": "staged", "sigma_out": True, "a_source": "workspace", "skip": True,
+                   "b_source": "tma"}),
                  # two producer warpgroups (8 warps: 2 a scheduler) at 128 x 192, A from the
                  # workspace: does a second producer warp per scheduler hide the decode latency?
                  ("grouped pdq pf staged ws p2 192", "pdq",

@@ -36,7 +36,7 @@ from blockscale.ops import matmul_grouped_wgmma as gw
 def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=False,
          stages=None, seed=0, device="interp", check_exact=True, store="direct", producers=1,
          bn=256, depth=1, every_scale=False, a_source="packed", sigma_out=False, bm=128, unroll=1,
-         skip=False):
+         skip=False, b_source="global"):
     rng = np.random.default_rng(300 + seed)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
     if every_scale:  # every scale byte (E4M3 subnormals and NaN, E8M0 0x00 and 0xFF)
@@ -52,7 +52,7 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
                                              producers=producers, bn=bn, depth=depth,
                                              a_source=a_source, sigma_out=sigma_out, bm=bm,
                                              unroll=unroll, skip=skip,
-                                             device=device)
+                                             b_source=b_source, device=device)
     if sigma_out:  # gate | up columns back to the σ order (the plain store's)
         out = _unsigma(out)
     assert out.dtype == ml_dtypes.bfloat16 and out.shape == (sum(counts), n)
@@ -177,15 +177,15 @@ def test_spec_checks():
     assert p2.block == (512, 1, 1) and p2.kernel_name.endswith("_128x192_k64_s5_pf_p2_rowsc")
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     specs = GP.bundle_specs("sm_90a")
-    # 66 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH) + 3 wgmma references
-    assert len(specs) == len({s.kernel_name for s in specs}) == 66 + 3
-    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 66
-    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 42
+    # 72 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH) + 3 wgmma references
+    assert len(specs) == len({s.kernel_name for s in specs}) == 72 + 3
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 72
+    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 48
     assert sum(getattr(s, "bm", 128) == 256 for s in specs) == 15
     assert sum(getattr(s, "unroll", 1) == 2 for s in specs) == 12
-    assert sum(getattr(s, "skip", False) for s in specs) == 12
-    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 45
-    assert sum(getattr(s, "sigma_out", False) for s in specs) == 21
+    assert sum(getattr(s, "skip", False) for s in specs) == 18
+    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 51
+    assert sum(getattr(s, "sigma_out", False) for s in specs) == 24
     for f in (NVFP4, MXFP4):  # the dispatch's specs on the GPU (plain and σ) are bundled
         for sg in (False, True):
             assert GP.dispatch_spec(f, 5760, f is NVFP4, "sm_90a", "interp", sg).kernel_name \
@@ -428,6 +428,53 @@ def test_workspace_checks():
     spec = GP.GroupedPdqSpec("nvfp4", True, prefetch=True, store="staged", a_source="workspace")
     assert spec.kernel_name == "bs_grouped_pdq_nvfp4_128x256_k64_s4_pf_st_rowsc_ws"
     assert [a.name for a in spec.args()][:3] == ["wa", "w", "sfb"]
+
+
+# ---- B through the TMA ring of packed bytes (b_source="tma", issue #10) ---------------------
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    (NVFP4, 0, "split", True, False),  # unused groups, 1-row tiles; 2 steps (< the slots)
+    (MXFP4, 1, "lockstep", False, False),  # groups over several tiles; 1.5 atoms a K
+    (NVFP4, 3, "lockstep", True, False),  # K = 160: 3 steps, the last half past K
+    (NVFP4, 2, "lockstep", False, True),  # σ store
+    pytest.param((MXFP4, 4, "lockstep", False, False), marks=pytest.mark.slow),  # 70 groups
+], ids=lambda c: f"{c[0].name}-case{c[1]}-{c[2]}-rs{int(c[3])}-sg{int(c[4])}")
+def test_interp_tma_b(case):
+    """B's packed bytes and scale atoms through the TMA ring (rows past N read the next
+    expert's or zeros, and are zeroed; boxes past the last expert: zeros): byte-equal to the
+    ld.global producer (workspace A, skip, staged) and to the grouped wgmma lut kernel."""
+    fmt, case_id, loop, rows, sigma = case
+    counts, ids, e_count, n, k = CASES[case_id]
+    kw = {"rows": rows and fmt == NVFP4, "loop": loop, "seed": case_id, "store": "staged",
+          "check_exact": False, "sigma_out": sigma, "a_source": "workspace", "skip": True}
+    ref_out = _run(fmt, counts, ids, e_count, n, k, prefetch=True, **kw)
+    got = _run(fmt, counts, ids, e_count, n, k, b_source="tma", **kw)
+    assert np.array_equal(got.view(np.uint16), ref_out.view(np.uint16))
+
+
+@pytest.mark.interp
+def test_interp_tma_b_every_scale_byte():
+    """Every scale byte (NaN, subnormal) read from the ring's scale atoms."""
+    kw = {"rows": True, "seed": 13, "check_exact": False, "every_scale": True,
+          "store": "staged", "a_source": "workspace", "skip": True}
+    ref_out = _run(NVFP4, [130, 7], [1, 0], 2, 264, 256, prefetch=True, **kw)
+    got = _run(NVFP4, [130, 7], [1, 0], 2, 264, 256, b_source="tma", **kw)
+    assert np.array_equal(got.view(np.uint16), ref_out.view(np.uint16))
+
+
+def test_tma_b_spec_checks():
+    spec = GP.GroupedPdqSpec("nvfp4", True, store="staged", a_source="workspace", skip=True,
+                             b_source="tma")
+    assert spec.kernel_name == "bs_grouped_pdq_nvfp4_128x256_k64_s4_st_rowsc_ws_sk_bt"
+    assert [a.name for a in spec.args()][-2:] == ["w_map", "sfw_map"]
+    with pytest.raises(ValueError, match="b_source"):
+        GP.GroupedPdqSpec("nvfp4", b_source="x")
+    with pytest.raises(ValueError, match="prefetch=False"):
+        GP.GroupedPdqSpec("nvfp4", prefetch=True, a_source="workspace", b_source="tma")
+    with pytest.raises(ValueError, match="a_source='workspace'"):
+        GP.GroupedPdqSpec("mxfp4", b_source="tma")
 
 
 # ---- 256 x 128 work items (bm=256, issue #10 step 2) ----------------------------------------

@@ -523,7 +523,8 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                   bm: int = T.BM, prefetch: bool = True, loop: str = "split",
                   all_threads: bool = False, producers: int = 1, bn: int = BN,
                   depth: int = 1, a_tile: Value | None = None, tall: Any = None,
-                  unroll: int = SPLIT_UNROLL, skip: Any = None) -> None:
+                  unroll: int = SPLIT_UNROLL, skip: Any = None,
+                  b_tma: tuple[Value, Value] | None = None) -> None:
     """The producer / consumer K loop (module docstring) of the ``bm x bn`` tile of A rows
     ``a`` and B rows ``b`` (``b.tile == bn``), then ``epilogue(acc, wg, writers)``: the
     warpgroup's final accumulator struct and index. Without ``all_threads`` it runs in the
@@ -548,7 +549,10 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     (:data:`SPLIT_UNROLL`; 2 at 256 x 128: 302 / 297 SASS a step instead of 315 / 322, no
     spills). ``skip``: a :class:`blockscale.ops._pdq_tall_ir.Skip` (not with ``tall``, which
     always skips): a consumer warpgroup whose 64 rows lie past the item's rows issues no
-    wgmma."""
+    wgmma. ``b_tma``: (the scale atom row of B's first 128 rows, atom columns a tile): B's
+    packed bytes and scale atoms come through the TMA ring of
+    :class:`blockscale.ops._pdq_tma_ir.TmaB` (A from the workspace, one producer warpgroup,
+    bn 256, no register prefetch)."""
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {list(LOOPS)}, got {loop!r}")
     if producers not in PRODUCERS:
@@ -575,6 +579,18 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
             src_a = tall.copier(ring, a, a_tile)
     src = ops
     ring.lut_words = lut_words(fmt)
+    raw = None
+    if b_tma is not None:
+        from blockscale.ops._pdq_tma_ir import TmaB
+
+        if (producers, bn, prefetch, isinstance(a, PackedRows), tall) != (1, BN, False, False,
+                                                                           None):
+            raise ValueError("b_tma needs A from the workspace, one producer warpgroup, "
+                             f"bn={BN}, no prefetch and no tall item; got producers="
+                             f"{producers}, bn={bn}, prefetch={prefetch}")
+        raw = TmaB(kb, fmt, b, *b_tma, ring)
+        with bir.when(ring.is_prod):  # before init_barriers' fence and CTA barrier
+            raw.init_barriers()
     ring.init_barriers()
     if tall is None:
         ring.descriptors()
@@ -592,8 +608,12 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     types = types * depth
     is_cons, is_prod = _role(64 * ring.wgs)
     ring.lut = _lut_regs(ring)  # after init_barriers' CTA barrier
+    if raw is not None:
+        raw.prologue()
 
     def load(t: Value) -> list[Value]:
+        if raw is not None:
+            return raw.read(ring.pt, t)
         if units is None:
             return _load_step(src, ring.pt, t, fmt)
         return _load_units(units, t, fmt)

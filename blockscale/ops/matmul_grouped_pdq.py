@@ -59,7 +59,9 @@ from blockscale.ops import matmul_pdq as _pdq
 from blockscale.ops._staged_store_ir import check_store
 
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
-KERNEL_SOURCES = ("blockscale.ops._pdq_ir", "blockscale.ops._twophase_ir",
+KERNEL_SOURCES = ("blockscale.ops._pdq_ir", "blockscale.ops._pdq_tall_ir",
+                  "blockscale.ops._pdq_tma_ir", "blockscale.ops._wgmma_ws_ir",
+                  "blockscale.ops._twophase_ir",
                   "blockscale.ops._staged_store_ir",
                   "blockscale.ops._grouped_wgmma_ir", "blockscale.ops._wgmma_ir",
                   "blockscale.ops._mma_ir", "blockscale.ops._matmul_ir",
@@ -98,6 +100,11 @@ DISPATCH_SKIP = True
 SKIP_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_SKIP"
 #: the prefetch distance of the dispatch's skip items (1 or 2; both bundled, plain and σ)
 DISPATCH_DEPTH = 1
+#: where the producer reads B's packed bytes and scales: "global" (``ld.global``, prefetched
+#: a step ahead in registers) or "tma" (a TMA ring of packed bytes and scale atoms in shared
+#: memory, :mod:`blockscale.ops._pdq_tma_ir`: no global load in flight at the producer's
+#: proxy fence; A from the workspace, 128 x 256, one producer warpgroup, no prefetch)
+B_SOURCES = ("global", "tma")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +140,7 @@ class GroupedPdqSpec(FormatSpec):
         skip: 128-row items: a consumer warpgroup whose 64 rows lie past the group's end
             issues no wgmma (:class:`blockscale.ops._pdq_tall_ir.Skip`; the 256 x 128 items
             always skip). Same bytes.
+        b_source: :data:`B_SOURCES`. Same bytes.
     """
 
     fmt: str
@@ -150,6 +158,7 @@ class GroupedPdqSpec(FormatSpec):
     bm: int = BM
     unroll: int = 1
     skip: bool = False
+    b_source: str = "global"
 
     op: ClassVar[str] = "grouped_matmul_block_scaled_pdq"
     out_dtype: ClassVar[str] = "bfloat16"
@@ -191,6 +200,12 @@ class GroupedPdqSpec(FormatSpec):
                              f"always skips), got bm={self.bm}, producers={self.producers}")
         _pdq.check_depth(self.depth, self.prefetch)
         H.check_choice(self.a_source, A_SOURCES, "a_source")
+        H.check_choice(self.b_source, B_SOURCES, "b_source")
+        got = (self.a_source, self.bm, self.bn, self.producers, self.prefetch)
+        if self.b_source == "tma" and got != ("workspace", BM, BN, 1, False):
+            raise ValueError(f"b_source='tma' needs a_source='workspace', bm={BM}, bn={BN}, "
+                             f"producers=1 and prefetch=False, got (a_source, bm, bn, "
+                             f"producers, prefetch)={got}")
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -214,6 +229,7 @@ class GroupedPdqSpec(FormatSpec):
         ws = "_ws" if self.a_source == "workspace" else ""
         ws += f"_u{self.unroll}" if self.unroll > 1 else ""
         ws += "_sk" if self.skip else ""
+        ws += "_bt" if self.b_source == "tma" else ""
         return (f"bs_grouped_pdq_{self.fmt}_{self.bm}x{self.bn}_k64_s{self.stages}{pf}{lp}{st}"
                 f"{pr}{rs}{sg}{ws}")
 
@@ -224,8 +240,13 @@ class GroupedPdqSpec(FormatSpec):
                                           self.target).args()
         if self.a_source == "packed":
             return base
+        tmaps: tuple[KernelArg, ...] = ()
+        if self.b_source == "tma":
+            from blockscale.ops._pdq_tma_ir import tensormap_args
+
+            tmaps = tensormap_args(self.fmt)
         return (KernelArg("wa", "buffer", "uint8"),
-                *(a for a in base if a.name not in ("a", "sfa")))
+                *(a for a in base if a.name not in ("a", "sfa")), *tmaps)
 
 
 def grid(t: int, n: int, num_groups: int, bn: int = BN, bm: int = BM) -> tuple[int, int, int]:
@@ -326,7 +347,9 @@ def build(spec: GroupedPdqSpec) -> Any:
                                 spec.prefetch, spec.loop, all_threads=spec.store == "staged",
                                 producers=spec.producers, bn=bn, depth=spec.depth,
                                 a_tile=a_tile, tall=tall_hooks, unroll=spec.unroll,
-                                skip=TL.Skip(bir.sub(end, m0)) if spec.skip else None)
+                                skip=TL.Skip(bir.sub(end, m0)) if spec.skip else None,
+                                b_tma=(bir.udiv(b_srow0, SF_ATOM_ROWS), d1)
+                                if spec.b_source == "tma" else None)
                 br.yield_()
             with br.else_():  # expert id -1: zeros (D8), by the consumer warpgroups' rows
                 tid = bir.thread_idx("x")
@@ -350,11 +373,11 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
                                     producers: int = 1, bn: int = BN, depth: int = 1,
                                     sigma_out: bool = False, a_source: str = "packed",
                                     bm: int = BM, unroll: int = 1, skip: bool = False,
-                                    device: Any = None) -> Any:
+                                    b_source: str = "global", device: Any = None) -> Any:
     """The kernel called directly (no dispatch), e.g. by tests and benchmarks. Arguments as
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
     ``prefetch``, ``loop``, ``store``, ``producers``, ``bn``, ``depth``, ``sigma_out``,
-    ``a_source``, ``bm``, ``unroll`` and ``skip`` (:class:`GroupedPdqSpec`; ``bm=256`` with
+    ``a_source``, ``bm``, ``unroll``, ``skip`` and ``b_source`` (:class:`GroupedPdqSpec`; ``bm=256`` with
     ``bn=128``). Raises ValueError for K % 32 != 0, a format other
     than NVFP4 / MXFP4, a staged store with N % 8 != 0, ``sigma_out`` with an odd N (staged:
     N % 16 != 0), or (workspace A) scale tiles not placed as D8 says."""
@@ -365,7 +388,8 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
         expert_scales, fmt, k, a_row_scales, "grouped producer-dequant kernel")
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
-                          store, producers, bn, depth, sigma_out, a_source, bm, unroll, skip)
+                          store, producers, bn, depth, sigma_out, a_source, bm, unroll, skip,
+                          b_source)
     check_sigma_store(spec, n)
     return launch(spec, t, n, g_count, buffers, {"t": t, "n": n, "k": k, "num_groups": g_count},
                   dev)
@@ -401,8 +425,13 @@ def launch(spec: GroupedPdqSpec, t: int, n: int, num_groups: int, buffers: dict[
     ws = G1.launch(G1.GroupedP1Spec(spec.fmt, spec.target), buffers, t, scalars["k"],
                    num_groups, device)
     bufs = {x: v for x, v in buffers.items() if x not in ("a", "sfa")}
-    out = H.launch(spec, grid(t, n, num_groups, spec.bn, spec.bm), (t, n), "bfloat16", {**bufs, "wa": ws},
-                   scalars, device)
+    if spec.b_source == "tma":
+        from blockscale.ops._pdq_tma_ir import tensormap_values
+
+        scalars = {**scalars, **tensormap_values(int(bufs["w"].size), int(bufs["sfb"].size),
+                                                 scalars["k"])}
+    out = H.launch(spec, grid(t, n, num_groups, spec.bn, spec.bm), (t, n), "bfloat16",
+                   {**bufs, "wa": ws}, scalars, device)
     return device.to_host(out) if host else out
 
 
@@ -480,6 +509,10 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", st, sigma_out=sg,
                              a_source="workspace")
               for f, rs in variants for st in STORES for sg in (False, True)]
+    # B through the TMA ring of packed bytes (skip items, workspace A, staged: plain and σ)
+    specs += [GroupedPdqSpec(f, rs, target, None, False, "split", "staged", sigma_out=sg,
+                             a_source="workspace", skip=True, b_source="tma")
+              for f, rs in variants for sg in (False, True)]
     # two producer warpgroups at 128 x 192 with workspace A (staged plain): 8 producer warps
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged", 2, 192,
                              a_source="workspace") for f, rs in variants]
