@@ -282,6 +282,28 @@ def test_gpu_workspace(fmt, variant):
 
 @pytest.mark.gpu
 @pytest.mark.cuda
+@pytest.mark.parametrize("case", ["gpt-oss", "gpt-oss-sigma", "deepseek", "every-scale"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_gpu_tma_b(fmt, case):
+    """B through the TMA ring of packed bytes (b_source="tma"; skip items, workspace A,
+    staged): gpt-oss-120b gate_up at T=1024 (plain and σ), DeepSeek-V3's K=7168 on 8 experts,
+    every scale byte: the grouped wgmma kernel's bytes."""
+    f = Format.from_name(fmt)
+    kw = {"rows": fmt == "nvfp4", "loop": "split", "device": "cuda", "check_exact": False,
+          "store": "staged", "a_source": "workspace", "skip": True, "b_source": "tma"}
+    if case.startswith("gpt-oss"):
+        counts = list(np.random.default_rng(5).multinomial(4096, np.full(128, 1 / 128)))
+        _run(f, counts, [e if c else -1 for e, c in enumerate(counts)], 128, 5760, 2880,
+             sigma_out=case.endswith("sigma"), **kw)
+    elif case == "deepseek":
+        _run(f, [700, 0, 1, 129, 256, 40, 300, 622], [0, -1, 2, 3, 4, 5, 6, 7], 8, 4096, 7168,
+             **kw)
+    else:
+        _run(f, [300, 0, 77, 1024], [3, -1, 0, 1], 4, 5760, 2880, every_scale=True, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
 @pytest.mark.parametrize("bm", [128, 256])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_gpu_workspace_deepseek(fmt, bm):
