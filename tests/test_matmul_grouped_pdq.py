@@ -486,6 +486,27 @@ def test_interp_tma_b_every_scale_byte():
     assert np.array_equal(got.view(np.uint16), ref_out.view(np.uint16))
 
 
+def test_tma_b_host_side_without_mlir():
+    """The GPU machine has no MLIR: the TMA-ring spec's arguments and tensormap values come
+    from host modules only."""
+    import subprocess
+    import sys
+
+    code = """import sys
+sys.modules["mlir"] = None
+from blockscale.ops import matmul_grouped_pdq as GP
+from blockscale.ops._pdq_tma import tensormap_values
+spec = GP.GroupedPdqSpec("mxfp4", store="staged", a_source="workspace", skip=True,
+                         b_source="tma")
+assert [a.kind for a in spec.args()][-2:] == ["tensormap", "tensormap"]
+assert tensormap_values(128 * 5760 * 1440, 128 * 45 * 23 * 512, 2880) == {
+    "w_map": (1440, 128 * 5760), "sfw_map": (256, 128 * 45 * 23 * 2)}
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False, timeout=120)
+    assert out.returncode == 0, out.stderr[-800:]
+
+
 def test_tma_b_spec_checks():
     spec = GP.GroupedPdqSpec("nvfp4", True, store="staged", a_source="workspace", skip=True,
                              b_source="tma")

@@ -60,7 +60,8 @@ from blockscale.ops._staged_store_ir import check_store
 
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
 KERNEL_SOURCES = ("blockscale.ops._pdq_ir", "blockscale.ops._pdq_tall_ir",
-                  "blockscale.ops._pdq_tma_ir", "blockscale.ops._wgmma_ws_ir",
+                  "blockscale.ops._pdq_tma_ir", "blockscale.ops._pdq_tma",
+                  "blockscale.ops._wgmma_ws_ir",
                   "blockscale.ops._twophase_ir",
                   "blockscale.ops._staged_store_ir",
                   "blockscale.ops._grouped_wgmma_ir", "blockscale.ops._wgmma_ir",
@@ -242,7 +243,7 @@ class GroupedPdqSpec(FormatSpec):
             return base
         tmaps: tuple[KernelArg, ...] = ()
         if self.b_source == "tma":
-            from blockscale.ops._pdq_tma_ir import tensormap_args
+            from blockscale.ops._pdq_tma import tensormap_args
 
             tmaps = tensormap_args(self.fmt)
         return (KernelArg("wa", "buffer", "uint8"),
@@ -426,7 +427,7 @@ def launch(spec: GroupedPdqSpec, t: int, n: int, num_groups: int, buffers: dict[
                    num_groups, device)
     bufs = {x: v for x, v in buffers.items() if x not in ("a", "sfa")}
     if spec.b_source == "tma":
-        from blockscale.ops._pdq_tma_ir import tensormap_values
+        from blockscale.ops._pdq_tma import tensormap_values
 
         scalars = {**scalars, **tensormap_values(int(bufs["w"].size), int(bufs["sfb"].size),
                                                  scalars["k"])}
