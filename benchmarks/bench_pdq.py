@@ -104,6 +104,17 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                                                             "sigma_out": True,
                                                             "a_source": "workspace"}),
                  ("grouped phase 1 ws", "p1", {}),
+                 # step t + 1's A copy issued at the start of step t (its latency overlaps the
+                 # dequantization of step t)
+                 ("grouped pdq pf staged ws skip ae", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
+                   "a_early": True}),
+                 ("grouped pdq pf staged sigma ws skip ae", "pdq",
+                  {"prefetch": True, "store": "staged", "sigma_out": True,
+                   "a_source": "workspace", "skip": True, "a_early": True}),
+                 ("grouped pdq staged ws skip tma ae", "pdq",
+                  {"store": "staged", "a_source": "workspace", "skip": True, "b_source": "tma",
+                   "a_early": True}),
                  # B's packed bytes and scale atoms by TMA into a shared ring (no global load
                  # in flight at the producer's proxy fence)
                  ("grouped pdq staged ws skip tma", "pdq",

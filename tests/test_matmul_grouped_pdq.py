@@ -36,7 +36,7 @@ from blockscale.ops import matmul_grouped_wgmma as gw
 def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=False,
          stages=None, seed=0, device="interp", check_exact=True, store="direct", producers=1,
          bn=256, depth=1, every_scale=False, a_source="packed", sigma_out=False, bm=128, unroll=1,
-         skip=False, b_source="global"):
+         skip=False, b_source="global", a_early=False):
     rng = np.random.default_rng(300 + seed)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
     if every_scale:  # every scale byte (E4M3 subnormals and NaN, E8M0 0x00 and 0xFF)
@@ -52,7 +52,8 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
                                              producers=producers, bn=bn, depth=depth,
                                              a_source=a_source, sigma_out=sigma_out, bm=bm,
                                              unroll=unroll, skip=skip,
-                                             b_source=b_source, device=device)
+                                             b_source=b_source, a_early=a_early,
+                                             device=device)
     if sigma_out:  # gate | up columns back to the σ order (the plain store's)
         out = _unsigma(out)
     assert out.dtype == ml_dtypes.bfloat16 and out.shape == (sum(counts), n)
@@ -177,15 +178,15 @@ def test_spec_checks():
     assert p2.block == (512, 1, 1) and p2.kernel_name.endswith("_128x192_k64_s5_pf_p2_rowsc")
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     specs = GP.bundle_specs("sm_90a")
-    # 72 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH) + 3 wgmma references
-    assert len(specs) == len({s.kernel_name for s in specs}) == 72 + 3
-    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 72
-    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 48
+    # 84 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH) + 3 wgmma references
+    assert len(specs) == len({s.kernel_name for s in specs}) == 84 + 3
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 84
+    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 60
     assert sum(getattr(s, "bm", 128) == 256 for s in specs) == 15
     assert sum(getattr(s, "unroll", 1) == 2 for s in specs) == 12
-    assert sum(getattr(s, "skip", False) for s in specs) == 18
-    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 51
-    assert sum(getattr(s, "sigma_out", False) for s in specs) == 24
+    assert sum(getattr(s, "skip", False) for s in specs) == 30
+    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 63
+    assert sum(getattr(s, "sigma_out", False) for s in specs) == 30
     for f in (NVFP4, MXFP4):  # the dispatch's specs on the GPU (plain and σ) are bundled
         for sg in (False, True):
             assert GP.dispatch_spec(f, 5760, f is NVFP4, "sm_90a", "interp", sg).kernel_name \
@@ -228,8 +229,8 @@ def test_kernel_sass(spec):
                                                    else 24)
     # the staged store's copy (256 x 128 σ: a thread copies both halves: two)
     copies = staged * (2 if tall and spec.sigma_out else 1)
-    assert len(re.findall(r"\bUBLKCP\b", sass)) == copies + (ws + tall) * spec.unroll
-    assert len(re.findall(r"\bUBLKCP\.S\.G\b", sass)) == (ws + tall) * spec.unroll
+    assert len(re.findall(r"\bUBLKCP\b", sass)) == copies + (ws + tall) * spec.unroll + spec.a_early  # + the step-0 A copy before the loop
+    assert len(re.findall(r"\bUBLKCP\.S\.G\b", sass)) == (ws + tall) * spec.unroll + spec.a_early
     # σ staged: a gate and an up 2-byte store per accumulator pair
     slabs = 2 if tall else 1
     assert len(re.findall(r"\bSTS ", sass)) == (slabs * spec.bn // 4
@@ -483,6 +484,24 @@ def test_interp_tma_b_every_scale_byte():
           "store": "staged", "a_source": "workspace", "skip": True}
     ref_out = _run(NVFP4, [130, 7], [1, 0], 2, 264, 256, prefetch=True, **kw)
     got = _run(NVFP4, [130, 7], [1, 0], 2, 264, 256, b_source="tma", **kw)
+    assert np.array_equal(got.view(np.uint16), ref_out.view(np.uint16))
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    (NVFP4, 0, "global", False), (MXFP4, 1, "global", False), (NVFP4, 3, "global", False),
+    (NVFP4, 2, "global", True), (NVFP4, 3, "tma", False), (MXFP4, 2, "tma", True)],
+    ids=lambda c: f"{c[0].name}-case{c[1]}-{c[2]}-sg{int(c[3])}")
+def test_interp_a_early(case):
+    """A copied a step early (the "split" loop: its steps fit the ring here): byte-equal to
+    the copy at the fill, with both B sources, plain and σ."""
+    fmt, case_id, b_source, sigma = case
+    counts, ids, e_count, n, k = CASES[case_id]
+    kw = {"rows": fmt == NVFP4, "loop": "split", "seed": case_id, "store": "staged",
+          "check_exact": False, "sigma_out": sigma, "a_source": "workspace", "skip": True,
+          "prefetch": b_source == "global", "b_source": b_source}
+    ref_out = _run(fmt, counts, ids, e_count, n, k, **kw)
+    got = _run(fmt, counts, ids, e_count, n, k, a_early=True, **kw)
     assert np.array_equal(got.view(np.uint16), ref_out.view(np.uint16))
 
 

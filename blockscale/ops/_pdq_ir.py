@@ -471,11 +471,10 @@ def _store_units(ring: _PdqRing, stage0: Value, units: list[_Unit], vals: list[V
                 store()
 
 
-def _fill(ring: _PdqRing, src_a: Value | Callable | None, t: Value, ops: list[PackedRows],
-          vals: list[Value], fmt: str, units: list[_Unit] | None = None) -> None:
-    """Producer warpgroup: fill the (free) stage of step ``t``: A by bulk copy (thread 0 of
-    the producers) unless ``src_a`` is None (A is one of ``ops``), the ``ops`` from
-    ``vals``; fence the stores to the async proxy and arrive."""
+def _copy_a(ring: _PdqRing, src_a: Value | Callable | None, t: Value) -> None:
+    """Producer thread 0: A's bytes of step ``t`` into its (free) stage by bulk copy, their
+    count expected on the stage's full barrier (nothing when A is dequantized, ``src_a``
+    None)."""
     slot = bir.urem(t, ring.stages)
     stage0 = bir.mul(slot, ring.sbytes)
     full = ring.full(slot)
@@ -487,6 +486,20 @@ def _fill(ring: _PdqRing, src_a: Value | Callable | None, t: Value, ops: list[Pa
             cpasync.bulk_copy(bir.add(ring.base, bir.as_i64(stage0)),
                               bir.add(src_a, bir.as_i64(bir.mul(t, ring.a_bytes))),
                               ring.a_bytes, full)
+
+
+def _fill(ring: _PdqRing, src_a: Value | Callable | None, t: Value, ops: list[PackedRows],
+          vals: list[Value], fmt: str, units: list[_Unit] | None = None,
+          copy_a: bool = True) -> None:
+    """Producer warpgroup: fill the (free) stage of step ``t``: A by bulk copy (thread 0 of
+    the producers; unless ``src_a`` is None, A is one of ``ops``, or not ``copy_a``: copied
+    a step earlier), the ``ops`` from ``vals``; fence the stores to the async proxy and
+    arrive."""
+    slot = bir.urem(t, ring.stages)
+    stage0 = bir.mul(slot, ring.sbytes)
+    full = ring.full(slot)
+    if copy_a:
+        _copy_a(ring, src_a, t)
     if units is None:
         _store_step(ring, stage0, ops, vals, fmt)
     else:
@@ -524,7 +537,7 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                   all_threads: bool = False, producers: int = 1, bn: int = BN,
                   depth: int = 1, a_tile: Value | None = None, tall: Any = None,
                   unroll: int = SPLIT_UNROLL, skip: Any = None,
-                  b_tma: tuple[Value, Value] | None = None) -> None:
+                  b_tma: tuple[Value, Value] | None = None, a_early: bool = False) -> None:
     """The producer / consumer K loop (module docstring) of the ``bm x bn`` tile of A rows
     ``a`` and B rows ``b`` (``b.tile == bn``), then ``epilogue(acc, wg, writers)``: the
     warpgroup's final accumulator struct and index. Without ``all_threads`` it runs in the
@@ -552,7 +565,11 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     wgmma. ``b_tma``: (the scale atom row of B's first 128 rows, atom columns a tile): B's
     packed bytes and scale atoms come through the TMA ring of
     :class:`blockscale.ops._pdq_tma_ir.TmaB` (A from the workspace, one producer warpgroup,
-    bn 256, no register prefetch)."""
+    bn 256, no register prefetch). ``a_early`` (A bulk-copied, "split" loop): step t + 1's A
+    copy is issued at the start of step t (after the wait for its stage), so its latency
+    overlaps step t's dequantization (with the copy at the start of its own fill, a step
+    costs at least one A-copy latency: ~1 us on the H200, more than the dequantization at
+    1.98 GHz). The lockstep loop copies A at the fill (its next stage is not free yet)."""
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {list(LOOPS)}, got {loop!r}")
     if producers not in PRODUCERS:
@@ -623,21 +640,34 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
             return load(t) + load(bir.add(t, 1))
         return load(t) if prefetch else []
 
+    def wait_free(t: Value, wait: Value | None, wait_parity: Value | None) -> None:
+        """Where ``wait`` holds (None: always), wait on step t's empty barrier for
+        ``wait_parity`` (if given)."""
+        if wait_parity is not None:
+            empty = ring.empty(bir.urem(t, stages))
+            if wait is None:
+                cpasync.mbarrier_wait(empty, wait_parity)
+            else:
+                with bir.when(wait):
+                    cpasync.mbarrier_wait(empty, wait_parity)
+
     def produce(t: Value, regs: list[Value], wait: Value | None,
-                wait_parity: Value | None) -> list[Value]:
+                wait_parity: Value | None, early: bool = False) -> list[Value]:
         """Step t (if t < steps; where ``wait`` holds (None: always), wait on its empty
         barrier for ``wait_parity`` first, if given); returns the next step's prefetched
-        registers."""
+        registers. ``early``: ``wait`` / ``wait_parity`` are step t + 1's, whose stage is
+        waited for and its A copied before step t's fill (step t's A was copied a step
+        earlier)."""
         nxt = load(bir.add(t, 1)) if prefetch and depth == 1 else []
+        if early:
+            with bir.when(bir.ult(bir.add(t, 1), steps)):
+                wait_free(bir.add(t, 1), wait, wait_parity)
+                _copy_a(ring, src_a, bir.add(t, 1))
         with bir.when(bir.ult(t, steps)):
-            if wait_parity is not None:
-                empty = ring.empty(bir.urem(t, stages))
-                if wait is None:
-                    cpasync.mbarrier_wait(empty, wait_parity)
-                else:
-                    with bir.when(wait):
-                        cpasync.mbarrier_wait(empty, wait_parity)
-            _fill(ring, src_a, t, ops, regs[:one] if prefetch else load(t), fmt, units)
+            if not early:
+                wait_free(t, wait, wait_parity)
+            _fill(ring, src_a, t, ops, regs[:one] if prefetch else load(t), fmt, units,
+                  copy_a=not early)
         if depth == 2:  # after the fence: step t + 2's loads (zeros past the steps)
             return regs[one:] + load(bir.add(t, 2))
         return nxt
@@ -656,17 +686,24 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         # step 0 inside the branch (the with items are entered in order)
         if unroll not in (1, 2):
             raise ValueError(f"unroll must be 1 or 2, got {unroll!r}")
+        if a_early and (src_a is None or callable(src_a)):
+            raise ValueError("a_early needs A bulk-copied from the workspace at bm 128")
+        if a_early:  # step 0's A (its stage is free)
+            with bir.when(is_prod), bir.when(bir.ult(bir.const(0), steps)):
+                _copy_a(ring, src_a, bir.const(0))
         with bir.when(is_prod), bir.for_range(0, steps, unroll,
                                               carry=first(bir.const(0))) as pl:
             nxt = list(pl.carried)
             for j in range(unroll):  # the step after the last one: fills nothing
                 t = bir.add(pl.iv, j)
-                # t >= stages - 1: wait for the consumers' release at their step
-                # t - stages + 1 (step t - stages's stage; the first, at t = stages - 1, is
-                # the consumers' step-0 release of the unused stage stages - 1)
-                ahead = bir.sub(bir.add(t, 1), stages)  # wraps for t < stages - 1: unused
-                nxt = produce(t, nxt, bir.ule(stages - 1, t),
-                              T._parity(bir.udiv(ahead, stages)))
+                # u >= stages - 1: wait for the consumers' release at their step
+                # u - stages + 1 (step u - stages's stage; the first, at u = stages - 1, is
+                # the consumers' step-0 release of the unused stage stages - 1); u = t, or
+                # t + 1 when its A is copied early
+                u = bir.add(t, 1) if a_early else t
+                ahead = bir.sub(bir.add(u, 1), stages)  # wraps for u < stages - 1: unused
+                nxt = produce(t, nxt, bir.ule(stages - 1, u),
+                              T._parity(bir.udiv(ahead, stages)), early=a_early)
             if prefetch:
                 pl.yield_(*nxt)
 

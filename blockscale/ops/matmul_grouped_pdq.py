@@ -142,6 +142,10 @@ class GroupedPdqSpec(FormatSpec):
             issues no wgmma (:class:`blockscale.ops._pdq_tall_ir.Skip`; the 256 x 128 items
             always skip). Same bytes.
         b_source: :data:`B_SOURCES`. Same bytes.
+        a_early: (A from the workspace, 128-row items, the "split" loop) step t + 1's A copy
+            is issued at the start of step t instead of at its own fill
+            (:func:`blockscale.ops._pdq_ir.emit_mainloop`); the lockstep loop ignores it.
+            Same bytes.
     """
 
     fmt: str
@@ -160,6 +164,7 @@ class GroupedPdqSpec(FormatSpec):
     unroll: int = 1
     skip: bool = False
     b_source: str = "global"
+    a_early: bool = False
 
     op: ClassVar[str] = "grouped_matmul_block_scaled_pdq"
     out_dtype: ClassVar[str] = "bfloat16"
@@ -170,7 +175,7 @@ class GroupedPdqSpec(FormatSpec):
         H.check_choice(self.fmt, FORMATS, "fmt")
         H.check_choice(H.target_name(self.target), TARGETS, "target")
         object.__setattr__(self, "target", H.target_name(self.target))
-        for name in ("row_scales", "prefetch", "sigma_out", "skip"):
+        for name in ("row_scales", "prefetch", "sigma_out", "skip", "a_early"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got "
                                 f"{type(getattr(self, name)).__name__}")
@@ -202,6 +207,9 @@ class GroupedPdqSpec(FormatSpec):
         _pdq.check_depth(self.depth, self.prefetch)
         H.check_choice(self.a_source, A_SOURCES, "a_source")
         H.check_choice(self.b_source, B_SOURCES, "b_source")
+        if self.a_early and (self.a_source, self.bm) != ("workspace", BM):
+            raise ValueError(f"a_early needs a_source='workspace' and bm={BM}, got "
+                             f"a_source={self.a_source!r}, bm={self.bm}")
         got = (self.a_source, self.bm, self.bn, self.producers, self.prefetch)
         if self.b_source == "tma" and got != ("workspace", BM, BN, 1, False):
             raise ValueError(f"b_source='tma' needs a_source='workspace', bm={BM}, bn={BN}, "
@@ -231,6 +239,7 @@ class GroupedPdqSpec(FormatSpec):
         ws += f"_u{self.unroll}" if self.unroll > 1 else ""
         ws += "_sk" if self.skip else ""
         ws += "_bt" if self.b_source == "tma" else ""
+        ws += "_ae" if self.a_early else ""
         return (f"bs_grouped_pdq_{self.fmt}_{self.bm}x{self.bn}_k64_s{self.stages}{pf}{lp}{st}"
                 f"{pr}{rs}{sg}{ws}")
 
@@ -350,7 +359,7 @@ def build(spec: GroupedPdqSpec) -> Any:
                                 a_tile=a_tile, tall=tall_hooks, unroll=spec.unroll,
                                 skip=TL.Skip(bir.sub(end, m0)) if spec.skip else None,
                                 b_tma=(bir.udiv(b_srow0, SF_ATOM_ROWS), d1)
-                                if spec.b_source == "tma" else None)
+                                if spec.b_source == "tma" else None, a_early=spec.a_early)
                 br.yield_()
             with br.else_():  # expert id -1: zeros (D8), by the consumer warpgroups' rows
                 tid = bir.thread_idx("x")
@@ -374,11 +383,13 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
                                     producers: int = 1, bn: int = BN, depth: int = 1,
                                     sigma_out: bool = False, a_source: str = "packed",
                                     bm: int = BM, unroll: int = 1, skip: bool = False,
-                                    b_source: str = "global", device: Any = None) -> Any:
+                                    b_source: str = "global", a_early: bool = False,
+                                    device: Any = None) -> Any:
     """The kernel called directly (no dispatch), e.g. by tests and benchmarks. Arguments as
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
     ``prefetch``, ``loop``, ``store``, ``producers``, ``bn``, ``depth``, ``sigma_out``,
-    ``a_source``, ``bm``, ``unroll``, ``skip`` and ``b_source`` (:class:`GroupedPdqSpec`; ``bm=256`` with
+    ``a_source``, ``bm``, ``unroll``, ``skip``, ``b_source`` and ``a_early``
+    (:class:`GroupedPdqSpec`; ``bm=256`` with
     ``bn=128``). Raises ValueError for K % 32 != 0, a format other
     than NVFP4 / MXFP4, a staged store with N % 8 != 0, ``sigma_out`` with an odd N (staged:
     N % 16 != 0), or (workspace A) scale tiles not placed as D8 says."""
@@ -390,7 +401,7 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
                           store, producers, bn, depth, sigma_out, a_source, bm, unroll, skip,
-                          b_source)
+                          b_source, a_early)
     check_sigma_store(spec, n)
     return launch(spec, t, n, g_count, buffers, {"t": t, "n": n, "k": k, "num_groups": g_count},
                   dev)
@@ -510,6 +521,11 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", st, sigma_out=sg,
                              a_source="workspace")
               for f, rs in variants for st in STORES for sg in (False, True)]
+    # A copied a step early (skip items, workspace A, staged: plain and σ; with the TMA B too)
+    specs += [GroupedPdqSpec(f, rs, target, None, pf, "split", "staged", sigma_out=sg,
+                             a_source="workspace", skip=True, b_source=bs, a_early=True)
+              for f, rs in variants for sg in (False, True)
+              for pf, bs in ((True, "global"), (False, "tma"))]
     # B through the TMA ring of packed bytes (skip items, workspace A, staged: plain and σ)
     specs += [GroupedPdqSpec(f, rs, target, None, False, "split", "staged", sigma_out=sg,
                              a_source="workspace", skip=True, b_source="tma")
