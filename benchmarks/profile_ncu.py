@@ -12,7 +12,8 @@ Cases (the shapes of bench_matmul / bench_quantize_moe / bench_moe):
 * ``grouped_quantize`` / ``silu_quantize``: NVFP4, T=8192, K=4096, 64 experts, the default
   schedule;
 * ``moe_decode`` / ``moe_prefill``: gpt-oss-120b gate_up NVFP4 at T=128 / 4096 (the
-  dispatch); ``moe_prefill_tma``: T=4096, the producer-dequant kernel with B by TMA.
+  dispatch); ``moe_prefill_tma`` / ``moe_prefill_ae``: T=4096, the producer-dequant kernel
+  with B by TMA / with A copied a step early.
 
 The op runs once before the profiled call (compiles nothing: the bundle; loads the module).
 """
@@ -53,7 +54,7 @@ def _quantize(dev: Any, op: str) -> Callable[[], Any]:
     return lambda: Q._call(op, x, "nvfp4", groups, scales, dev)
 
 
-def _moe(dev: Any, tokens: int, b_source: str = "global") -> Callable[[], Any]:
+def _moe(dev: Any, tokens: int, **pdq: Any) -> Callable[[], Any]:
     from benchmarks import bench_moe as B
     from blockscale import ops
     from blockscale.formats import Format
@@ -64,7 +65,7 @@ def _moe(dev: Any, tokens: int, b_source: str = "global") -> Callable[[], Any]:
     r = B.route(rng, tokens, shape.experts, shape.top_k)
     a = dev.to_device(B.random_data(rng, fmt, (r.rows, fmt.data_cols(shape.k))))
     sc = dev.to_device(B.grouped_activation_scales(rng, fmt, r, shape.k)[1])
-    if b_source == "global":
+    if not pdq:
         return lambda: ops.grouped_matmul_block_scaled(
             a, w.data_dev, sc, w.scales_dev, r.expert_start, r.scales_offset, r.expert_ids,
             w.expert_scales, fmt, k=shape.k, device=dev, target=B.TARGET)
@@ -73,7 +74,7 @@ def _moe(dev: Any, tokens: int, b_source: str = "global") -> Callable[[], Any]:
     return lambda: GP.grouped_matmul_block_scaled_pdq(
         a, w.data_dev, sc, w.scales_dev, r.expert_start, r.scales_offset, r.expert_ids,
         w.expert_scales, fmt, k=shape.k, device=dev, store="staged", a_source="workspace",
-        skip=True, b_source=b_source)
+        skip=True, **pdq)
 
 
 CASES: dict[str, Callable[[Any], Callable[[], Any]]] = {
@@ -84,7 +85,8 @@ CASES: dict[str, Callable[[Any], Callable[[], Any]]] = {
     "silu_quantize": lambda d: _quantize(d, "fused_silu_quantize"),
     "moe_decode": lambda d: _moe(d, 128),
     "moe_prefill": lambda d: _moe(d, 4096),
-    "moe_prefill_tma": lambda d: _moe(d, 4096, "tma"),
+    "moe_prefill_tma": lambda d: _moe(d, 4096, b_source="tma"),
+    "moe_prefill_ae": lambda d: _moe(d, 4096, prefetch=True, a_early=True),
 }
 
 

@@ -305,6 +305,27 @@ def test_gpu_tma_b(fmt, case):
 
 @pytest.mark.gpu
 @pytest.mark.cuda
+@pytest.mark.parametrize("case", ["gpt-oss", "gpt-oss-sigma", "deepseek"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_gpu_a_early(fmt, case):
+    """A copied a step early (skip items, workspace A, staged, ld.global B with the
+    prefetch): gpt-oss-120b gate_up at T=1024 (plain and σ) and DeepSeek-V3's K=7168 (112
+    steps: every stage waited for a step early): the grouped wgmma kernel's bytes."""
+    f = Format.from_name(fmt)
+    kw = {"rows": fmt == "nvfp4", "loop": "split", "device": "cuda", "check_exact": False,
+          "store": "staged", "a_source": "workspace", "skip": True, "prefetch": True,
+          "a_early": True}
+    if case.startswith("gpt-oss"):
+        counts = list(np.random.default_rng(6).multinomial(4096, np.full(128, 1 / 128)))
+        _run(f, counts, [e if c else -1 for e, c in enumerate(counts)], 128, 5760, 2880,
+             sigma_out=case.endswith("sigma"), **kw)
+    else:
+        _run(f, [700, 0, 1, 129, 256, 40, 300, 622], [0, -1, 2, 3, 4, 5, 6, 7], 8, 4096, 7168,
+             **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
 @pytest.mark.parametrize("bm", [128, 256])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_gpu_workspace_deepseek(fmt, bm):
