@@ -13,7 +13,7 @@ Cases (the shapes of bench_matmul / bench_quantize_moe / bench_moe):
   schedule;
 * ``moe_decode`` / ``moe_prefill``: gpt-oss-120b gate_up NVFP4 at T=128 / 4096 (the
   dispatch); ``moe_prefill_tma`` / ``moe_prefill_ae``: T=4096, the producer-dequant kernel
-  with B by TMA / with A copied a step early.
+  with B by TMA / with A copied a step early; ``moe_prefill_tall``: its 256 x 128 items.
 
 The op runs once before the profiled call (compiles nothing: the bundle; loads the module).
 """
@@ -87,6 +87,7 @@ CASES: dict[str, Callable[[Any], Callable[[], Any]]] = {
     "moe_prefill": lambda d: _moe(d, 4096),
     "moe_prefill_tma": lambda d: _moe(d, 4096, b_source="tma"),
     "moe_prefill_ae": lambda d: _moe(d, 4096, prefetch=True, a_early=True),
+    "moe_prefill_tall": lambda d: _moe(d, 4096, prefetch=True, bm=256, bn=128, unroll=2),
 }
 
 
