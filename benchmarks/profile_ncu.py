@@ -73,8 +73,8 @@ def _moe(dev: Any, tokens: int, **pdq: Any) -> Callable[[], Any]:
 
     return lambda: GP.grouped_matmul_block_scaled_pdq(
         a, w.data_dev, sc, w.scales_dev, r.expert_start, r.scales_offset, r.expert_ids,
-        w.expert_scales, fmt, k=shape.k, device=dev, store="staged", a_source="workspace",
-        skip=True, **pdq)
+        w.expert_scales, fmt, k=shape.k, device=dev,
+        **{"store": "staged", "a_source": "workspace", "skip": True, **pdq})
 
 
 CASES: dict[str, Callable[[Any], Callable[[], Any]]] = {
@@ -87,7 +87,8 @@ CASES: dict[str, Callable[[Any], Callable[[], Any]]] = {
     "moe_prefill": lambda d: _moe(d, 4096),
     "moe_prefill_tma": lambda d: _moe(d, 4096, b_source="tma"),
     "moe_prefill_ae": lambda d: _moe(d, 4096, prefetch=True, a_early=True),
-    "moe_prefill_tall": lambda d: _moe(d, 4096, prefetch=True, bm=256, bn=128, unroll=2),
+    "moe_prefill_tall": lambda d: _moe(d, 4096, prefetch=True, bm=256, bn=128, unroll=2,
+                                             skip=False),
 }
 
 
