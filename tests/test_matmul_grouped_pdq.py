@@ -178,15 +178,15 @@ def test_spec_checks():
     assert p2.block == (512, 1, 1) and p2.kernel_name.endswith("_128x192_k64_s5_pf_p2_rowsc")
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     specs = GP.bundle_specs("sm_90a")
-    # 84 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH) + 3 wgmma references
-    assert len(specs) == len({s.kernel_name for s in specs}) == 84 + 3
-    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 84
-    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 60
-    assert sum(getattr(s, "bm", 128) == 256 for s in specs) == 15
-    assert sum(getattr(s, "unroll", 1) == 2 for s in specs) == 12
+    # 90 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH) + 3 wgmma references
+    assert len(specs) == len({s.kernel_name for s in specs}) == 90 + 3
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 90
+    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 66
+    assert sum(getattr(s, "bm", 128) == 256 for s in specs) == 21
+    assert sum(getattr(s, "unroll", 1) == 2 for s in specs) == 18
     assert sum(getattr(s, "skip", False) for s in specs) == 30
-    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 63
-    assert sum(getattr(s, "sigma_out", False) for s in specs) == 30
+    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 69
+    assert sum(getattr(s, "sigma_out", False) for s in specs) == 33
     for f in (NVFP4, MXFP4):  # the dispatch's specs on the GPU (plain and σ) are bundled
         for sg in (False, True):
             assert GP.dispatch_spec(f, 5760, f is NVFP4, "sm_90a", "interp", sg).kernel_name \
@@ -499,6 +499,27 @@ def test_interp_tma_b(case):
 
 
 @pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    (NVFP4, 0, "split", True, False),  # 1-3 row groups: one live slab
+    (MXFP4, 1, "lockstep", False, False),  # 65 / 129 / 257 rows
+    (NVFP4, 3, "lockstep", True, False),  # K = 160, 128 / 256 / 5 rows
+    (NVFP4, 2, "split", False, True),  # σ store
+], ids=lambda c: f"{c[0].name}-case{c[1]}-{c[2]}-rs{int(c[3])}-sg{int(c[4])}")
+def test_interp_tma_b_tall(case):
+    """256 x 128 items with B through the TMA ring (128-row boxes, one atom a slot, 6 slots):
+    byte-equal to the 256 x 128 items with the ld.global producer (and so to the grouped
+    wgmma lut kernel)."""
+    fmt, case_id, loop, rows, sigma = case
+    counts, ids, e_count, n, k = CASES[case_id]
+    kw = {"rows": rows and fmt == NVFP4, "loop": loop, "seed": case_id, "store": "staged",
+          "check_exact": False, "sigma_out": sigma, "a_source": "workspace", "bm": 256,
+          "bn": 128, "unroll": 2 if loop == "split" else 1}
+    ref_out = _run(fmt, counts, ids, e_count, n, k, prefetch=True, **kw)
+    got = _run(fmt, counts, ids, e_count, n, k, b_source="tma", **kw)
+    assert np.array_equal(got.view(np.uint16), ref_out.view(np.uint16))
+
+
+@pytest.mark.interp
 def test_interp_tma_b_every_scale_byte():
     """Every scale byte (NaN, subnormal) read from the ring's scale atoms."""
     kw = {"rows": True, "seed": 13, "check_exact": False, "every_scale": True,
@@ -558,6 +579,11 @@ def test_tma_b_spec_checks():
         GP.GroupedPdqSpec("nvfp4", prefetch=True, a_source="workspace", b_source="tma")
     with pytest.raises(ValueError, match="a_source='workspace'"):
         GP.GroupedPdqSpec("mxfp4", b_source="tma")
+    with pytest.raises(ValueError, match="256 x 128 items"):
+        GP.GroupedPdqSpec("nvfp4", a_source="workspace", bn=192, b_source="tma")
+    tall = GP.GroupedPdqSpec("nvfp4", store="staged", a_source="workspace", bm=256, bn=128,
+                             unroll=2, b_source="tma")
+    assert [a.box for a in tall.args()][-2:] == [(32, 128), (256, 2)]
 
 
 # ---- 256 x 128 work items (bm=256, issue #10 step 2) ----------------------------------------

@@ -565,7 +565,7 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     wgmma. ``b_tma``: (the scale atom row of B's first 128 rows, atom columns a tile): B's
     packed bytes and scale atoms come through the TMA ring of
     :class:`blockscale.ops._pdq_tma_ir.TmaB` (A from the workspace, one producer warpgroup,
-    bn 256, no register prefetch). ``a_early`` (A bulk-copied, "split" loop): step t + 1's A
+    bn 256 or the 256 x 128 item, no register prefetch). ``a_early`` (A bulk-copied, "split" loop): step t + 1's A
     copy is issued at the start of step t (after the wait for its stage), so its latency
     overlaps step t's dequantization (with the copy at the start of its own fill, a step
     costs at least one A-copy latency: ~1 us on the H200, more than the dequantization at
@@ -600,11 +600,11 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     if b_tma is not None:
         from blockscale.ops._pdq_tma_ir import TmaB
 
-        if (producers, bn, prefetch, isinstance(a, PackedRows), tall) != (1, BN, False, False,
-                                                                           None):
+        if (producers, prefetch, isinstance(a, PackedRows)) != (1, False, False) or \
+                (bn != BN and tall is None):
             raise ValueError("b_tma needs A from the workspace, one producer warpgroup, "
-                             f"bn={BN}, no prefetch and no tall item; got producers="
-                             f"{producers}, bn={bn}, prefetch={prefetch}")
+                             f"bn={BN} (or the 256 x 128 item) and no prefetch; got "
+                             f"producers={producers}, bn={bn}, prefetch={prefetch}")
         raw = TmaB(kb, fmt, b, *b_tma, ring)
         with bir.when(ring.is_prod):  # before init_barriers' fence and CTA barrier
             raw.init_barriers()

@@ -210,11 +210,13 @@ class GroupedPdqSpec(FormatSpec):
         if self.a_early and (self.a_source, self.bm) != ("workspace", BM):
             raise ValueError(f"a_early needs a_source='workspace' and bm={BM}, got "
                              f"a_source={self.a_source!r}, bm={self.bm}")
-        got = (self.a_source, self.bm, self.bn, self.producers, self.prefetch)
-        if self.b_source == "tma" and got != ("workspace", BM, BN, 1, False):
-            raise ValueError(f"b_source='tma' needs a_source='workspace', bm={BM}, bn={BN}, "
-                             f"producers=1 and prefetch=False, got (a_source, bm, bn, "
-                             f"producers, prefetch)={got}")
+        got = (self.a_source, self.producers, self.prefetch)
+        if self.b_source == "tma" and (got != ("workspace", 1, False) or (
+                self.bm, self.bn) not in ((BM, BN), (256, TALL_BN))):
+            raise ValueError(f"b_source='tma' needs a_source='workspace', producers=1, "
+                             f"prefetch=False and 128 x {BN} or 256 x {TALL_BN} items, got "
+                             f"(a_source, producers, prefetch)={got}, bm={self.bm}, "
+                             f"bn={self.bn}")
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -254,7 +256,7 @@ class GroupedPdqSpec(FormatSpec):
         if self.b_source == "tma":
             from blockscale.ops._pdq_tma import tensormap_args
 
-            tmaps = tensormap_args(self.fmt)
+            tmaps = tensormap_args(self.fmt, self.bn)
         return (KernelArg("wa", "buffer", "uint8"),
                 *(a for a in base if a.name not in ("a", "sfa")), *tmaps)
 
@@ -526,6 +528,11 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
                              a_source="workspace", skip=True, b_source=bs, a_early=True)
               for f, rs in variants for sg in (False, True)
               for pf, bs in ((True, "global"), (False, "tma"))]
+    # 256 x 128 items with B through the TMA ring (staged: plain and σ; unrolled by 2)
+    specs += [GroupedPdqSpec(f, rs, target, None, False, "split", "staged", sigma_out=sg,
+                             a_source="workspace", bm=256, bn=TALL_BN, unroll=TALL_UNROLL,
+                             b_source="tma")
+              for f, rs in variants for sg in (False, True)]
     # B through the TMA ring of packed bytes (skip items, workspace A, staged: plain and σ)
     specs += [GroupedPdqSpec(f, rs, target, None, False, "split", "staged", sigma_out=sg,
                              a_source="workspace", skip=True, b_source="tma")
