@@ -115,6 +115,13 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                  ("grouped pdq staged ws skip tma ae", "pdq",
                   {"store": "staged", "a_source": "workspace", "skip": True, "b_source": "tma",
                    "a_early": True}),
+                 # 256 x 128 items with B by TMA (their producer step waited on its loads)
+                 ("grouped pdq staged ws 256x128 tma", "pdq",
+                  {"store": "staged", "a_source": "workspace", "bm": 256, "bn": 128,
+                   "unroll": 2, "b_source": "tma"}),
+                 ("grouped pdq staged sigma ws 256x128 tma", "pdq",
+                  {"store": "staged", "sigma_out": True, "a_source": "workspace", "bm": 256,
+                   "bn": 128, "unroll": 2, "b_source": "tma"}),
                  # B's packed bytes and scale atoms by TMA into a shared ring (no global load
                  # in flight at the producer's proxy fence)
                  ("grouped pdq staged ws skip tma", "pdq",

@@ -283,15 +283,21 @@ def test_gpu_workspace(fmt, variant):
 
 @pytest.mark.gpu
 @pytest.mark.cuda
-@pytest.mark.parametrize("case", ["gpt-oss", "gpt-oss-sigma", "deepseek", "every-scale"])
+@pytest.mark.parametrize("case", ["gpt-oss", "gpt-oss-sigma", "deepseek", "every-scale",
+                                  "gpt-oss-tall", "deepseek-tall", "every-scale-tall"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_gpu_tma_b(fmt, case):
-    """B through the TMA ring of packed bytes (b_source="tma"; skip items, workspace A,
-    staged): gpt-oss-120b gate_up at T=1024 (plain and σ), DeepSeek-V3's K=7168 on 8 experts,
-    every scale byte: the grouped wgmma kernel's bytes."""
+    """B through the TMA ring of packed bytes (b_source="tma"; workspace A, staged; 128-row
+    items with skip, or 256 x 128 items): gpt-oss-120b gate_up at T=1024 (plain and σ),
+    DeepSeek-V3's K=7168 on 8 experts, every scale byte: the grouped wgmma kernel's bytes."""
     f = Format.from_name(fmt)
     kw = {"rows": fmt == "nvfp4", "loop": "split", "device": "cuda", "check_exact": False,
-          "store": "staged", "a_source": "workspace", "skip": True, "b_source": "tma"}
+          "store": "staged", "a_source": "workspace", "b_source": "tma"}
+    if case.endswith("-tall"):
+        kw.update(bm=256, bn=128, unroll=GP.TALL_UNROLL)
+        case = case[:-5]
+    else:
+        kw["skip"] = True
     if case.startswith("gpt-oss"):
         counts = list(np.random.default_rng(5).multinomial(4096, np.full(128, 1 / 128)))
         _run(f, counts, [e if c else -1 for e, c in enumerate(counts)], 128, 5760, 2880,
