@@ -11,7 +11,8 @@ Cases (the shapes of bench_matmul / bench_quantize_moe / bench_moe):
   / ``store="staged"``;
 * ``grouped_quantize`` / ``silu_quantize``: NVFP4, T=8192, K=4096, 64 experts, the default
   schedule;
-* ``moe_decode`` / ``moe_prefill``: gpt-oss-120b gate_up NVFP4 at T=128 / 4096 (the
+* ``moe_decode`` / ``moe_decode_t1`` / ``moe_prefill``: gpt-oss-120b gate_up NVFP4 at T=128 /
+  1 / 4096 (the
   dispatch); ``moe_prefill_tma`` / ``moe_prefill_ae``: T=4096, the producer-dequant kernel
   with B by TMA / with A copied a step early; ``moe_prefill_tall``: its 256 x 128 items.
 
@@ -84,6 +85,7 @@ CASES: dict[str, Callable[[Any], Callable[[], Any]]] = {
     "grouped_quantize": lambda d: _quantize(d, "grouped_quantize"),
     "silu_quantize": lambda d: _quantize(d, "fused_silu_quantize"),
     "moe_decode": lambda d: _moe(d, 128),
+    "moe_decode_t1": lambda d: _moe(d, 1),
     "moe_prefill": lambda d: _moe(d, 4096),
     "moe_prefill_tma": lambda d: _moe(d, 4096, b_source="tma"),
     "moe_prefill_ae": lambda d: _moe(d, 4096, prefetch=True, a_early=True),
