@@ -564,12 +564,13 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     always skips): a consumer warpgroup whose 64 rows lie past the item's rows issues no
     wgmma. ``b_tma``: (the scale atom row of B's first 128 rows, atom columns a tile): B's
     packed bytes and scale atoms come through the TMA ring of
-    :class:`blockscale.ops._pdq_tma_ir.TmaB` (A from the workspace, one producer warpgroup,
-    bn 256 or the 256 x 128 item, no register prefetch). ``a_early`` (A bulk-copied, "split" loop): step t + 1's A
-    copy is issued at the start of step t (after the wait for its stage), so its latency
-    overlaps step t's dequantization (with the copy at the start of its own fill, a step
-    costs at least one A-copy latency: ~1 us on the H200, more than the dequantization at
-    1.98 GHz). The lockstep loop copies A at the fill (its next stage is not free yet)."""
+    :class:`blockscale.ops._pdq_tma_ir.TmaB` (A from the workspace, one producer
+    warpgroup, bn 256 or the 256 x 128 item, no register prefetch). ``a_early`` (A
+    bulk-copied at bm 128, "split" loop): step t + 1's A copy is issued at the start of
+    step t, after the wait for its stage, so its latency overlaps step t's dequantization;
+    the lockstep loop copies A at the fill (its next stage is not free yet). Both are
+    measured no faster on the H200 (runs AF / AG / AJ: the CTA-step is not bound by the
+    producer's load or copy latencies)."""
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {list(LOOPS)}, got {loop!r}")
     if producers not in PRODUCERS:

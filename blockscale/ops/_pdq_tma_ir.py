@@ -1,21 +1,21 @@
 """The producer's ring of PACKED weight bytes for the grouped producer-dequant kernel
 (:mod:`blockscale.ops.matmul_grouped_pdq`, ``b_source="tma"``; issue #10).
 
-Why: the producer's proxy fence after its shared stores (``fence.proxy.async``: SASS
-MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S) waits for every memory access of the thread still in
-flight, so with ``ld.global`` prefetches each k64 step costs at least one global-load latency
-(H200: ~1.0 us a step at 1.98 GHz and at ncu's 1.37 GHz alike — the step time did not follow
-the SM clock; a second producer warpgroup and a prefetch distance of 2 were slower).
-Here the packed weights and their scale atoms arrive by TMA (the async proxy: no thread's
-access is in flight at the fence) in a ring of :func:`blockscale.ops._pdq_tma.slots` steps in static shared
-memory (3 of 256-row tiles, 6 of 128-row ones), filled that many steps ahead; the producer threads read them with ``ld.shared``.
+Why: with ``ld.global`` the producer's loads of step t + 1 are in flight at its proxy fence
+after step t's shared stores (``fence.proxy.async``: SASS MEMBAR.ALL.CTA +
+FENCE.VIEW.ASYNC.S), and at 256 x 128 ncu shows its short step waiting on them. Here the
+packed weights and their scale atoms arrive by TMA (the async proxy: no thread's access is in
+flight at the fence) in a ring of :func:`blockscale.ops._pdq_tma.slots` steps in static shared
+memory (3 of 256-row tiles, 6 of 128-row ones), filled that many steps ahead; the producer
+threads read them with ``ld.shared``. Measured on the H200 (runs AF / AJ): byte-equal and
+sanitizer-clean, but 3-5 % slower than the ``ld.global`` producer at both item shapes (its
+loop is ~35-90 SASS a step longer): kept selectable (``b_source="tma"``), not dispatched.
 
 Per slot: the step's B tile rows (256 or 128, the 256 x 128 items) x 32 bytes (one box of
 ``w_map``: the weights as a ``[E N, K / 2]`` byte tensor, 32-byte swizzle, zeros past the
 last expert's rows and past K / 2) and the 512-byte scale atoms of its 128-row parts and atom
 column (boxes of ``sfw_map``: the 6-D scales as ``[atoms 2, 256]`` bytes, zeros past the last
-atom). ``full``
-(one arrival + the slot's bytes) per slot; ``empty`` counts the 128 producer threads' reads,
+atom). ``full`` (one arrival + the slot's bytes) per slot; ``empty`` counts the 128 producer threads' reads,
 after which the producers' thread 0 refills the slot with step ``t + slots``. The values read
 equal :func:`blockscale.ops._pdq_ir._load_step`'s (rows past the item's rows and halves past
 K: zeros), so the stage bytes, and the output bytes, are the same.
