@@ -115,6 +115,14 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                  ("grouped pdq staged ws skip tma ae", "pdq",
                   {"store": "staged", "a_source": "workspace", "skip": True, "b_source": "tma",
                    "a_early": True}),
+                 # 192 x 192 items (three consumer warpgroups: a group of <= 192 rows is one
+                 # item, so each expert's weights are dequantized once at T=4096)
+                 ("grouped pdq pf staged ws 192x192", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "bm": 192,
+                   "bn": 192}),
+                 ("grouped pdq pf staged sigma ws 192x192", "pdq",
+                  {"prefetch": True, "store": "staged", "sigma_out": True,
+                   "a_source": "workspace", "bm": 192, "bn": 192}),
                  # 256 x 128 items with B by TMA (their producer step waited on its loads)
                  ("grouped pdq staged ws 256x128 tma", "pdq",
                   {"store": "staged", "a_source": "workspace", "bm": 256, "bn": 128,

@@ -178,15 +178,15 @@ def test_spec_checks():
     assert p2.block == (512, 1, 1) and p2.kernel_name.endswith("_128x192_k64_s5_pf_p2_rowsc")
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     specs = GP.bundle_specs("sm_90a")
-    # 90 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH) + 3 wgmma references
-    assert len(specs) == len({s.kernel_name for s in specs}) == 90 + 3
-    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 90
-    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 66
+    # 96 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH) + 3 wgmma references
+    assert len(specs) == len({s.kernel_name for s in specs}) == 96 + 3
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 96
+    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 72
     assert sum(getattr(s, "bm", 128) == 256 for s in specs) == 21
     assert sum(getattr(s, "unroll", 1) == 2 for s in specs) == 18
     assert sum(getattr(s, "skip", False) for s in specs) == 30
-    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 69
-    assert sum(getattr(s, "sigma_out", False) for s in specs) == 33
+    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 75
+    assert sum(getattr(s, "sigma_out", False) for s in specs) == 36
     for f in (NVFP4, MXFP4):  # the dispatch's specs on the GPU (plain and σ) are bundled
         for sg in (False, True):
             assert GP.dispatch_spec(f, 5760, f is NVFP4, "sm_90a", "interp", sg).kernel_name \
@@ -220,17 +220,22 @@ def test_kernel_sass(spec):
     sass, meta = kernel.asm["sass"], kernel.meta
     staged = spec.store == "staged"
     tall = spec.bm == 256  # two slab loops: 8 + 4 HGMMA.64x128x16
+    two = spec.bm != 128  # A from two workspace tiles (256 x 128, 192 x 192)
     assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32\.BF16", sass)) == (12 if tall else 4)
     # 3 rows x 8 chunks a producer thread (A from the workspace: B's 2 rows, A by one
-    # UBLKCP.S.G); two producers at 128 x 192: 3 row halves x 4 (workspace A: B's 2 x 4)
+    # UBLKCP.S.G); two producers at 128 x 192: 3 row halves x 4 (workspace A: B's 2 x 4);
+    # 192 x 192: 3 row halves x 4
     ws = spec.a_source == "workspace"
     assert len(re.findall(r"STS\.128", sass)) == ((8 if ws else 12) if spec.producers == 2 else
+                                                   12 if spec.bm == 192 else
                                                    8 * spec.unroll if tall else 16 if ws
                                                    else 24)
-    # the staged store's copy (256 x 128 σ: a thread copies both halves: two)
-    copies = staged * (2 if tall and spec.sigma_out else 1)
-    assert len(re.findall(r"\bUBLKCP\b", sass)) == copies + (ws + tall) * spec.unroll + spec.a_early  # + the step-0 A copy before the loop
-    assert len(re.findall(r"\bUBLKCP\.S\.G\b", sass)) == (ws + tall) * spec.unroll + spec.a_early
+    # the staged store's copy (bm > 128 σ: a thread copies both halves: two)
+    copies = staged * (2 if two and spec.sigma_out else 1)
+    # + the step-0 A copy before the loop of a_early
+    assert len(re.findall(r"\bUBLKCP\b", sass)) == copies + (ws + two) * spec.unroll \
+        + spec.a_early
+    assert len(re.findall(r"\bUBLKCP\.S\.G\b", sass)) == (ws + two) * spec.unroll + spec.a_early
     # σ staged: a gate and an up 2-byte store per accumulator pair
     slabs = 2 if tall else 1
     assert len(re.findall(r"\bSTS ", sass)) == (slabs * spec.bn // 4
@@ -590,6 +595,73 @@ def test_tma_b_spec_checks():
     tall = GP.GroupedPdqSpec("nvfp4", store="staged", a_source="workspace", bm=256, bn=128,
                              unroll=2, b_source="tma")
     assert [a.box for a in tall.args()][-2:] == [(32, 128), (256, 2)]
+
+
+# ---- 192 x 192 work items (bm=192, issue #10) -------------------------------------------------
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    (NVFP4, 0, "split", True, False),  # 1-3 row groups: warpgroups 1, 2 idle
+    (MXFP4, 1, "lockstep", False, False),  # 65 / 129 / 257 rows: an odd second item
+    (NVFP4, 3, "lockstep", True, False),  # 128 / 256 / 5 rows, K = 160
+    (NVFP4, 2, "split", True, True),  # σ store
+    (MXFP4, 3, "split", False, False),  # two items of the 256-row group
+    pytest.param((NVFP4, 4, "lockstep", False, False), marks=pytest.mark.slow),  # 70 groups
+], ids=lambda c: f"{c[0].name}-case{c[1]}-{c[2]}-rs{int(c[3])}-sg{int(c[4])}")
+def test_interp_tri(case):
+    """192 x 192 items (three consumer warpgroups; A from two workspace tiles, warpgroup w
+    reading slab item % 2 + w; idle warpgroups skipped): byte-equal to the 128 x 256 kernel
+    (workspace A) and to the grouped wgmma lut kernel, plain and σ."""
+    fmt, case_id, loop, rows, sigma = case
+    counts, ids, e_count, n, k = CASES[case_id]
+    kw = {"rows": rows and fmt == NVFP4, "loop": loop, "prefetch": True, "seed": case_id,
+          "store": "staged", "check_exact": False, "sigma_out": sigma,
+          "a_source": "workspace"}
+    ref_out = _run(fmt, counts, ids, e_count, n, k, **kw)
+    got = _run(fmt, counts, ids, e_count, n, k, bm=192, bn=192, **kw)
+    assert np.array_equal(got.view(np.uint16), ref_out.view(np.uint16))
+
+
+def test_tri_spec_checks():
+    spec = GP.GroupedPdqSpec("nvfp4", True, prefetch=True, store="staged",
+                             a_source="workspace", bm=192, bn=192)
+    assert spec.kernel_name == "bs_grouped_pdq_nvfp4_192x192_k64_s4_pf_st_rowsc_ws"
+    assert spec.block == (512, 1, 1) and spec.ring_rows == 256
+    assert GP.grid(16384, 5760, 128, 192, 192) == (30, 214, 1)
+    with pytest.raises(ValueError, match="bn"):
+        GP.GroupedPdqSpec("nvfp4", store="staged", a_source="workspace", bm=192)
+    with pytest.raises(ValueError, match="store='staged'"):
+        GP.GroupedPdqSpec("nvfp4", a_source="workspace", bm=192, bn=192)
+    with pytest.raises(ValueError, match="a_source='workspace'"):
+        GP.GroupedPdqSpec("nvfp4", store="staged", bm=192, bn=192)
+    with pytest.raises(ValueError, match="skip"):
+        GP.GroupedPdqSpec("nvfp4", store="staged", a_source="workspace", bm=192, bn=192,
+                          skip=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", ["gpt-oss-4096", "gpt-oss-4096-sigma", "gpt-oss-1024",
+                                  "deepseek", "every-scale"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_gpu_tri(fmt, case):
+    """192 x 192 items on the H200: gpt-oss-120b gate_up at T=4096 (groups of 128 +- 11
+    rows: one item each; plain and σ) and T=1024, DeepSeek-V3's K=7168 on 8 experts, every
+    scale byte: the grouped wgmma kernel's bytes."""
+    f = Format.from_name(fmt)
+    kw = {"rows": fmt == "nvfp4", "loop": "split", "device": "cuda", "check_exact": False,
+          "store": "staged", "a_source": "workspace", "prefetch": True, "bm": 192, "bn": 192}
+    if case.startswith("gpt-oss"):
+        t = int(case.split("-")[2])
+        counts = list(np.random.default_rng(7).multinomial(4 * t, np.full(128, 1 / 128)))
+        _run(f, counts, [e if c else -1 for e, c in enumerate(counts)], 128, 5760, 2880,
+             sigma_out=case.endswith("sigma"), **kw)
+    elif case == "deepseek":
+        _run(f, [700, 0, 1, 129, 256, 40, 300, 622], [0, -1, 2, 3, 4, 5, 6, 7], 8, 4096, 7168,
+             **kw)
+    else:
+        _run(f, [300, 0, 77, 1024], [3, -1, 0, 1], 4, 5760, 2880, every_scale=True, **kw)
 
 
 # ---- 256 x 128 work items (bm=256, issue #10 step 2) ----------------------------------------

@@ -555,6 +555,9 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     steps of registers). ``a_tile``: the workspace tile A's stages come from (index value;
     default ``m0 // bm``: the grouped kernel's per-(group, row tile) workspace,
     :mod:`blockscale.ops._grouped_p1_ir`, passes its tile). ``tall``: a
+    :class:`blockscale.ops._pdq_tall_ir.Tall` or a :class:`blockscale.ops._pdq_tri_ir.Tri`
+    (the 192 x 192 item: ``bm`` 256 A rows, ``bn`` 192, three consumer warpgroups of one
+    m64n192 slab, the producer's row halves dealt as units), else: a
     :class:`blockscale.ops._pdq_tall_ir.Tall` (``bm`` 256, ``bn`` 128, A from the
     workspace): its A copies, descriptors and consumers (two warpgroups of two m64n128
     slabs, the slabs past the rows skipped); ``epilogue`` then gets the pair of slab
@@ -614,7 +617,8 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         ring.descriptors()
     else:
         tall.descriptors(ring)
-    units = None if (producers, bn) == (1, BN) or tall is not None else _units(
+    units = None if (producers, bn) == (1, BN) or (
+        tall is not None and not tall.units) else _units(
         ops, ring.pt, PRODUCER_THREADS * producers)
     if depth not in (1, 2) or (depth == 2 and not prefetch):
         raise ValueError(f"depth must be 1 or 2 (2 with the prefetch), got {depth!r}")
@@ -673,14 +677,14 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
             return regs[one:] + load(bir.add(t, 2))
         return nxt
 
-    nacc = 1 if tall is None else 2  # accumulators a consumer thread carries
+    nacc = 1 if tall is None else tall.nacc  # accumulators a consumer thread carries
     accs_t = [W.accumulator_type(bn)] * nacc
 
     def zeros() -> list[Value]:
         return [W.zero_accumulator(bn) for _ in range(nacc)]
 
     def result(accs: Any) -> Any:  # the epilogue's acc: the struct (tall: the slab pair)
-        return accs[0] if tall is None else tuple(accs)
+        return accs[0] if nacc == 1 else tuple(accs)
 
     if loop == "split":
         # the producer first in the IR (lock-step order runs it first); its prefetch of

@@ -88,6 +88,8 @@ class Tall:
     exists."""
 
     wgs = WGS
+    #: accumulators a consumer thread carries; whether the producer deals units (_units)
+    nacc, units = SLABS, False
 
     def __init__(self, rows: Value, has2: Value) -> None:
         self.rows, self.has2 = rows, has2

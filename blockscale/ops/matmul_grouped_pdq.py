@@ -60,6 +60,7 @@ from blockscale.ops._staged_store_ir import check_store
 
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
 KERNEL_SOURCES = ("blockscale.ops._pdq_ir", "blockscale.ops._pdq_tall_ir",
+                  "blockscale.ops._pdq_tri_ir",
                   "blockscale.ops._pdq_tma_ir", "blockscale.ops._pdq_tma",
                   "blockscale.ops._wgmma_ws_ir",
                   "blockscale.ops._twophase_ir",
@@ -82,9 +83,12 @@ A_SOURCES = ("packed", "workspace")
 #: BLOCKSCALE_SM90_GROUPED_PDQ_A=workspace|packed overrides it
 DISPATCH_A_SOURCE = "workspace"
 A_SOURCE_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_A"
-#: work-item heights: 128 (x bn 256 / 192) or 256 (x 128: two 128-row workspace tiles, the
-#: producer dequantizes 128 weight rows a step; _pdq_tall_ir)
-BMS = (128, 256)
+#: work-item heights: 128 (x bn 256 / 192), 256 (x 128: two 128-row workspace tiles, the
+#: producer dequantizes 128 weight rows a step; _pdq_tall_ir) or 192 (x 192: three consumer
+#: warpgroups, 512 threads, A from two workspace tiles; _pdq_tri_ir)
+BMS = (128, 256, 192)
+#: the 192-row item's width (its consumers' m64n192) and the A rows of its ring (two tiles)
+TRI_BN, TRI_A_ROWS = 192, 256
 #: the 256-row item's width and the dispatch's producer unroll for it (302 / 297 SASS a k64
 #: step instead of 315 / 322, NVFP4 / MXFP4, no spills)
 TALL_BN, TALL_UNROLL = 128, 2
@@ -185,12 +189,17 @@ class GroupedPdqSpec(FormatSpec):
         if self.row_scales and self.fmt != "nvfp4":
             raise ValueError(f"row_scales is NVFP4 only, got fmt={self.fmt}")
         H.check_choice(self.bm, BMS, "bm")
-        tall = self.bm == 256
+        tall = self.bm != BM
         if tall and (self.a_source, self.producers) != ("workspace", 1):
-            raise ValueError(f"bm=256 needs a_source='workspace' and producers=1, got "
+            raise ValueError(f"bm={self.bm} needs a_source='workspace' and producers=1, got "
                              f"a_source={self.a_source!r}, producers={self.producers!r}")
-        H.check_choice(self.bn, (TALL_BN,) if tall else BNS, "bn")
-        most = _pdq.max_stages(self.bn, self.bm)
+        H.check_choice(self.bn, {BM: BNS, 256: (TALL_BN,), 192: (TRI_BN,)}[self.bm], "bn")
+        if self.bm == 192 and (self.store, self.unroll, self.b_source, self.a_early) != (
+                "staged", 1, "global", False):
+            raise ValueError(f"bm=192 needs store='staged', unroll=1, b_source='global' and "
+                             f"no a_early, got store={self.store!r}, unroll={self.unroll!r}, "
+                             f"b_source={self.b_source!r}, a_early={self.a_early!r}")
+        most = _pdq.max_stages(self.bn, self.ring_rows)
         if self.stages is None:
             object.__setattr__(self, "stages", most)
         if type(self.stages) is not int or not 2 <= self.stages <= most:
@@ -199,7 +208,7 @@ class GroupedPdqSpec(FormatSpec):
         H.check_choice(self.loop, LOOPS, "loop")
         H.check_choice(self.store, STORES, "store")
         if self.store == "staged":
-            _pdq.check_staged_fits(self.out_dtype, self.stages, self.bn, self.bm)
+            _pdq.check_staged_fits(self.out_dtype, self.stages, self.bn, self.ring_rows)
         if not tall:
             _pdq.check_producers(self.producers, self.bn)
         if type(self.unroll) is not int or self.unroll not in (1, 2):
@@ -222,14 +231,21 @@ class GroupedPdqSpec(FormatSpec):
                              f"bn={self.bn}")
 
     @property
+    def ring_rows(self) -> int:
+        """A rows of a ring stage: ``bm``, the 192-row item's two workspace tiles."""
+        return TRI_A_ROWS if self.bm == 192 else self.bm
+
+    @property
     def block(self) -> tuple[int, int, int]:
-        """The CTA: :data:`THREADS` + 128 a second producer warpgroup."""
-        return (THREADS + 128 * (self.producers - 1), 1, 1)
+        """The CTA: :data:`THREADS` + 128 a second producer warpgroup or a third consumer
+        warpgroup (``bm=192``)."""
+        return (THREADS + 128 * (self.producers - 1 + (self.bm == 192)), 1, 1)
 
     @property
     def dynamic_shared_bytes(self) -> int:
-        """The ring (``stages`` x (bm + bn) rows x 64 bf16) and its ``2 stages`` mbarriers."""
-        return _pdq.ring_bytes(self.stages, self.bn, self.bm)
+        """The ring (``stages`` x (A rows + bn) rows x 64 bf16) and its ``2 stages``
+        mbarriers."""
+        return _pdq.ring_bytes(self.stages, self.bn, self.ring_rows)
 
     @property
     def kernel_name(self) -> str:
@@ -276,6 +292,7 @@ def build(spec: GroupedPdqSpec) -> Any:
     import blockscale.ops._grouped_wgmma_ir as GW
     import blockscale.ops._pdq_ir as P
     import blockscale.ops._pdq_tall_ir as TL
+    import blockscale.ops._pdq_tri_ir as TR
     import blockscale.ops._staged_store_ir as S
     import blockscale.ops._twophase_ir as T
     import blockscale.ops._wgmma_ir as X
@@ -287,6 +304,7 @@ def build(spec: GroupedPdqSpec) -> Any:
 
     block, bm, bn = (16 if spec.fmt == "nvfp4" else 32), spec.bm, spec.bn
     tall = bm == TL.BM
+    tri = bm == TR.BM
 
     def coords(wg: Any) -> Any:  # the fragment coordinates of consumer warpgroup wg
         return TL.slab_coords(wg) if tall else X.warp_coords(wg)
@@ -323,6 +341,12 @@ def build(spec: GroupedPdqSpec) -> Any:
                     if tall:  # rows from m0 on; the second tile exists past 128 of them
                         rows = bir.sub(end, m0)
                         tall_hooks = TL.Tall(rows, bir.ult(bir.const(128), rows))
+                    if tri:  # slabs 3 tile ..: tile 3 tile // 2 on, slab 3 tile % 2 in it
+                        first = bir.udiv(bir.mul(tile, 3), 2)
+                        a_tile = bir.add(tile0, first)
+                        tall_hooks = TR.Tri(bir.sub(end, m0), bir.ult(
+                            bir.mul(bir.add(first, 1), 128), bir.sub(end, start)),
+                            bir.urem(tile, 2))
                 else:
                     a = P.PackedRows(kb.arg("a"), kb.arg("sfa"), m0, bir.sub(end, m0), k,
                                      lambda r: tcgen_row_offset(bir.add(srow0, r), d1), bm)
@@ -347,7 +371,7 @@ def build(spec: GroupedPdqSpec) -> Any:
                 def store(acc: Any, wg: Any, writers: Any) -> None:
                     if spec.store == "staged":  # every thread; the consumers write the stage
                         smem = tma.extern_shared_buffer(
-                            kb, T.shared_bytes(64, spec.stages, bm, bn))
+                            kb, T.shared_bytes(64, spec.stages, spec.ring_rows, bn))
                         if spec.sigma_out:
                             P.store_tile_staged_sigma(kb, c_tiles(acc), coords(wg), smem, m0,
                                                       n0, end, n_count, expert_scaled, bm, bn,
@@ -358,7 +382,7 @@ def build(spec: GroupedPdqSpec) -> Any:
                         return
                     direct_store(c_tiles(acc), wg, expert_scaled)
 
-                P.emit_mainloop(kb, a, m0, b, k, spec.fmt, spec.stages, store, bm,
+                P.emit_mainloop(kb, a, m0, b, k, spec.fmt, spec.stages, store, spec.ring_rows,
                                 spec.prefetch, spec.loop, all_threads=spec.store == "staged",
                                 producers=spec.producers, bn=bn, depth=spec.depth,
                                 a_tile=a_tile, tall=tall_hooks, unroll=spec.unroll,
@@ -368,7 +392,7 @@ def build(spec: GroupedPdqSpec) -> Any:
                 br.yield_()
             with br.else_():  # expert id -1: zeros (D8), by the consumer warpgroups' rows
                 tid = bir.thread_idx("x")
-                with bir.when(bir.ult(tid, 256)):
+                with bir.when(bir.ult(tid, 2 * bm if tri else 256)):
                     zero = bir.const(0.0, bir.f32())
                     zeros = [[[zero] * 4 for _ in range(bn // 8)]] * (2 if tall else 1)
                     direct_store(zeros, bir.udiv(tid, 128), lambda v, m, n: v)
@@ -482,6 +506,10 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
         return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
                               store=store, sigma_out=sigma_out, a_source=a_source, bm=256,
                               bn=TALL_BN, unroll=TALL_UNROLL)
+    if bm == 192 and (a_source, store) == ("workspace", "staged"):
+        return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
+                              store=store, sigma_out=sigma_out, a_source=a_source, bm=192,
+                              bn=TRI_BN)
     skip = os.environ.get(SKIP_ENV, "1" if DISPATCH_SKIP else "0") not in ("0", "false", "off")
     return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop, store=store,
                           sigma_out=sigma_out, a_source=a_source,
@@ -526,6 +554,10 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", st, sigma_out=sg,
                              a_source="workspace")
               for f, rs in variants for st in STORES for sg in (False, True)]
+    # 192 x 192 items (workspace A, staged: plain and σ; BM_ENV=192)
+    specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged", sigma_out=sg,
+                             a_source="workspace", bm=192, bn=TRI_BN)
+              for f, rs in variants for sg in (False, True)]
     # A copied a step early (skip items, workspace A, staged: plain and σ; with the TMA B too)
     specs += [GroupedPdqSpec(f, rs, target, None, pf, "split", "staged", sigma_out=sg,
                              a_source="workspace", skip=True, b_source=bs, a_early=True)
