@@ -753,6 +753,21 @@ def test_tall_checks(monkeypatch):
     monkeypatch.setenv(GP.BM_ENV, "64")
     with pytest.raises(ValueError, match=GP.BM_ENV):
         GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp")
+    # "auto": 192 x 192 items from TRI_MIN_GROUP_ROWS routed rows a group on (plain and σ)
+    monkeypatch.delenv(GP.BM_ENV)
+    for sg in (False, True):
+        big = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", sg, 128.0)
+        assert (big.bm, big.bn, big.skip, big.sigma_out) == (192, 192, False, sg)
+        assert big.kernel_name.replace("_lockstep", "") in {
+            s.kernel_name for s in GP.bundle_specs("sm_90a")}
+        small = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", sg, 32.0)
+        assert (small.bm, small.skip) == (128, True)
+    assert GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", False,
+                            GP.TRI_MIN_GROUP_ROWS).bm == 192
+    monkeypatch.setenv(GP.BM_ENV, "128")
+    assert GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0).bm == 128
+    monkeypatch.setenv(GP.BM_ENV, "192")
+    assert GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", False, 1.0).bm == 192
 
 
 @pytest.mark.lower

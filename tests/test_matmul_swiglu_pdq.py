@@ -101,9 +101,9 @@ def test_fused_equals_chained(monkeypatch, case):
     data, scales, c_data, c_scales = fused_and_chained(sc, fmt, k, act, "interp", rows)
     assert np.array_equal(_bytes(data), _bytes(c_data))
     assert np.array_equal(_bytes(scales), _bytes(c_scales))
-    n = 2 * d
-    want = [GP.dispatch_spec(fmt, n, with_rows, "sm_90a", "interp", sigma_out=True),
-            GP.dispatch_spec(fmt, n, with_rows, "sm_90a", "interp")]
+    n, rpg = 2 * d, t / len(counts)  # the dispatch's routed rows a group
+    want = [GP.dispatch_spec(fmt, n, with_rows, "sm_90a", "interp", True, rpg),
+            GP.dispatch_spec(fmt, n, with_rows, "sm_90a", "interp", False, rpg)]
     assert specs == want
     assert [s.store for s in specs] == ["staged" if staged and n % 16 == 0 else "direct",
                                         "staged" if staged else "direct"]
@@ -189,13 +189,14 @@ def test_gpu_gpt_oss(fmt, act, monkeypatch):
 @pytest.mark.interp
 @pytest.mark.parametrize("case", [pytest.param(CASES[0] + (128, False), marks=pytest.mark.slow),
                                   CASES[5] + (128, False), CASES[2] + (128, True),
-                                  CASES[0] + (256, False), CASES[2] + (256, False)],
+                                  CASES[0] + (256, False), CASES[2] + (256, False),
+                                  CASES[2] + (192, False)],
                          ids=lambda c: f"{c[0].name}-{len(c[1])}g-d{c[4]}-k{c[5]}-{c[6]}"
                          f"-{'st' if c[8] else 'direct'}-bm{c[9]}{'-skip' if c[10] else ''}")
 def test_fused_equals_chained_workspace(monkeypatch, case):
     """The dispatch with A from the grouped phase-1 workspace
-    (``BLOCKSCALE_SM90_GROUPED_PDQ_A=workspace``; ``BLOCKSCALE_SM90_GROUPED_PDQ_BM=256``:
-    256 x 128 items; ``BLOCKSCALE_SM90_GROUPED_PDQ_SKIP=1``: 128-row items skipping idle
+    (``BLOCKSCALE_SM90_GROUPED_PDQ_A=workspace``; ``BLOCKSCALE_SM90_GROUPED_PDQ_BM=256`` /
+    ``192``: 256 x 128 / 192 x 192 items; ``BLOCKSCALE_SM90_GROUPED_PDQ_SKIP=1``: 128-row items skipping idle
     warpgroups): the fused op runs the σ workspace spec, the chained matmul the plain one;
     data and scale bytes equal each other and the packed-A dispatch's."""
     fmt, counts, ids, e_count, d, k, act, with_rows, staged, bm, skip = case
@@ -223,8 +224,8 @@ def test_fused_equals_chained_workspace(monkeypatch, case):
 
 @pytest.mark.gpu
 @pytest.mark.cuda
-@pytest.mark.parametrize("bm,skip", [(128, False), (128, True), (256, False)],
-                         ids=["bm128", "bm128-skip", "bm256"])
+@pytest.mark.parametrize("bm,skip", [(128, False), (128, True), (256, False), (192, False)],
+                         ids=["bm128", "bm128-skip", "bm256", "bm192"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_gpu_gpt_oss_workspace(fmt, bm, skip, monkeypatch):
     """gpt-oss-120b gate_up at T=1024 with A from the grouped phase-1 workspace

@@ -92,11 +92,17 @@ TRI_BN, TRI_A_ROWS = 192, 256
 #: the 256-row item's width and the dispatch's producer unroll for it (302 / 297 SASS a k64
 #: step instead of 315 / 322, NVFP4 / MXFP4, no spills)
 TALL_BN, TALL_UNROLL = 128, 2
-#: the dispatch's item height (:func:`dispatch_spec`; 256 only with the workspace A and the
-#: staged store): 128 (run AB: 256 x 128 items 1.788 ms vs 1.647 for 128-row items with skip
-#: at T=4096, 1.550 vs 1.091 at T=1024: more CTA-steps, each ~1000 cycles of fixed latency);
-#: BLOCKSCALE_SM90_GROUPED_PDQ_BM=256|128 overrides it
-DISPATCH_BM = 128
+#: the dispatch's item height (:func:`dispatch_spec`; 192 / 256 only with the workspace A and
+#: the staged store): "auto" = 192 x 192 items where the routed rows a group average at least
+#: :data:`TRI_MIN_GROUP_ROWS`, else 128-row items with skip. H200 run AM (gpt-oss gate_up,
+#: 128 +- 11 rows a group at T=4096, 32 at T=1024): T=4096 NVFP4 / MXFP4 1.533 / 1.532 ms vs
+#: 1.653 / 1.658 (128-row skip), DeepSeek-V3 T=4096 (128 a group) 5.355 vs 5.513; T=1024
+#: 1.359 / 1.361 vs 1.095 / 1.110. 256 x 128 items: slower everywhere (run AB: 1.788 / 1.550).
+#: BLOCKSCALE_SM90_GROUPED_PDQ_BM=auto|128|192|256 overrides it
+DISPATCH_BM = "auto"
+#: "auto" takes the 192 x 192 items from this many routed rows a group on (measured: 32 -> 128
+#: rows better, 128 -> 192 better; the threshold between is not measured: the midpoint)
+TRI_MIN_GROUP_ROWS = 80
 BM_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_BM"
 #: whether the dispatch's 128-row items skip the wgmmas of a warpgroup past the group's end
 #: (with the workspace A): on (run AB: NVFP4 T=4096 1.647 vs 1.699 ms, T=1024 1.091 vs 1.191;
@@ -477,16 +483,19 @@ def launch(spec: GroupedPdqSpec, t: int, n: int, num_groups: int, buffers: dict[
 
 
 def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: Any,
-                  sigma_out: bool = False) -> GroupedPdqSpec:
+                  sigma_out: bool = False, rows_per_group: float | None = None
+                  ) -> GroupedPdqSpec:
     """The spec the grouped dispatch (:func:`blockscale.ops.matmul_grouped_wgmma.fast_path`)
     and the fused SwiGLU op's chained path (``sigma_out``) run for ``n`` output columns: the
     prefetch, the "split" loop on the GPU and "lockstep" in the lock-step interpreter (which
     runs "split" only while the K steps fit in the ring; the same bytes), the staged store
     where the rows (σ: the halves) are 16-byte aligned and it is not switched off
     (:data:`blockscale.ops._staged_store_ir.ENV_SWITCH`), else direct stores (the same
-    bytes); A from :data:`DISPATCH_A_SOURCE` (or :data:`A_SOURCE_ENV`); 256 x 128 items
-    where :data:`DISPATCH_BM` (or :data:`BM_ENV`) is 256, A comes from the workspace and the
-    store is staged (else 128-row items: the same bytes); 128-row items with the workspace A
+    bytes); A from :data:`DISPATCH_A_SOURCE` (or :data:`A_SOURCE_ENV`); 192 x 192 items
+    where :data:`DISPATCH_BM` (or :data:`BM_ENV`) is 192, or "auto" and ``rows_per_group``
+    (routed rows / groups) is at least :data:`TRI_MIN_GROUP_ROWS`, and 256 x 128 items where
+    it is 256, both only when A comes from the workspace and the store is staged (else
+    128-row items: the same bytes); 128-row items with the workspace A
     and the staged store skip idle warpgroups' wgmmas where :data:`DISPATCH_SKIP` (or
     :data:`SKIP_ENV`; direct stores: the rare unaligned widths, no skip, the same bytes)."""
     import os
@@ -500,8 +509,10 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
         store = "direct"
     a_source = os.environ.get(A_SOURCE_ENV, DISPATCH_A_SOURCE)
     H.check_choice(a_source, A_SOURCES, A_SOURCE_ENV)
-    bm = int(os.environ.get(BM_ENV, DISPATCH_BM))
-    H.check_choice(bm, BMS, BM_ENV)
+    bm_env = os.environ.get(BM_ENV, str(DISPATCH_BM))
+    H.check_choice(bm_env, ("auto", *map(str, BMS)), BM_ENV)
+    bm = int(bm_env) if bm_env != "auto" else 192 if (
+        rows_per_group is not None and rows_per_group >= TRI_MIN_GROUP_ROWS) else 128
     if bm == 256 and (a_source, store) == ("workspace", "staged"):
         return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
                               store=store, sigma_out=sigma_out, a_source=a_source, bm=256,

@@ -355,7 +355,8 @@ def _run_wgmma_chain(buffers: dict[str, Any], fmt: Format, act: GatedActivation,
     bufs["a_scale_offsets"] = offs
     scalars = {"t": t, "n": n, "k": k, "num_groups": num_groups}
     if GW.uses_pdq(fmt):
-        pdq = GP.dispatch_spec(fmt, n, row_scales, target, device, sigma_out=True)
+        pdq = GP.dispatch_spec(fmt, n, row_scales, target, device, sigma_out=True,
+                               rows_per_group=t / max(num_groups, 1))
         gate_up = GP.launch(pdq, t, n, num_groups, bufs, scalars, device)
     else:
         spec = GW.spec_for(fmt, t, n, num_groups, row_scales, target, sigma_out=True)
