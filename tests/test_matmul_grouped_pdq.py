@@ -74,6 +74,24 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
     return out
 
 
+def _gpu_case(fmt, case, kw, seed):
+    """One named GPU case through :func:`_run`: "gpt-oss[-T][-sigma]" (gpt-oss-120b gate_up:
+    top-4 of 128 experts at T tokens, default 1024, N=5760, K=2880; the σ store), "deepseek"
+    (DeepSeek-V3's N=4096, K=7168 on 8 experts: one unused, a 1-row group, groups over
+    several row tiles) or "every-scale" (every scale byte, 4 groups)."""
+    if case.startswith("gpt-oss"):
+        parts = case.split("-")
+        t = int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else 1024
+        counts = list(np.random.default_rng(seed).multinomial(4 * t, np.full(128, 1 / 128)))
+        _run(fmt, counts, [e if c else -1 for e, c in enumerate(counts)], 128, 5760, 2880,
+             sigma_out=case.endswith("sigma"), **kw)
+    elif case == "deepseek":
+        _run(fmt, [700, 0, 1, 129, 256, 40, 300, 622], [0, -1, 2, 3, 4, 5, 6, 7], 8, 4096,
+             7168, **kw)
+    else:
+        _run(fmt, [300, 0, 77, 1024], [3, -1, 0, 1], 4, 5760, 2880, every_scale=True, **kw)
+
+
 def _unsigma(x):
     """Columns ``gate | up`` (σ store) back to the σ order (2i gate i, 2i + 1 up i)."""
     out = np.empty_like(x)
@@ -303,15 +321,7 @@ def test_gpu_tma_b(fmt, case):
         case = case[:-5]
     else:
         kw["skip"] = True
-    if case.startswith("gpt-oss"):
-        counts = list(np.random.default_rng(5).multinomial(4096, np.full(128, 1 / 128)))
-        _run(f, counts, [e if c else -1 for e, c in enumerate(counts)], 128, 5760, 2880,
-             sigma_out=case.endswith("sigma"), **kw)
-    elif case == "deepseek":
-        _run(f, [700, 0, 1, 129, 256, 40, 300, 622], [0, -1, 2, 3, 4, 5, 6, 7], 8, 4096, 7168,
-             **kw)
-    else:
-        _run(f, [300, 0, 77, 1024], [3, -1, 0, 1], 4, 5760, 2880, every_scale=True, **kw)
+    _gpu_case(f, case, kw, seed=5)
 
 
 @pytest.mark.gpu
@@ -326,13 +336,7 @@ def test_gpu_a_early(fmt, case):
     kw = {"rows": fmt == "nvfp4", "loop": "split", "device": "cuda", "check_exact": False,
           "store": "staged", "a_source": "workspace", "skip": True, "prefetch": True,
           "a_early": True}
-    if case.startswith("gpt-oss"):
-        counts = list(np.random.default_rng(6).multinomial(4096, np.full(128, 1 / 128)))
-        _run(f, counts, [e if c else -1 for e, c in enumerate(counts)], 128, 5760, 2880,
-             sigma_out=case.endswith("sigma"), **kw)
-    else:
-        _run(f, [700, 0, 1, 129, 256, 40, 300, 622], [0, -1, 2, 3, 4, 5, 6, 7], 8, 4096, 7168,
-             **kw)
+    _gpu_case(f, case, kw, seed=6)
 
 
 @pytest.mark.gpu
@@ -652,16 +656,7 @@ def test_gpu_tri(fmt, case):
     f = Format.from_name(fmt)
     kw = {"rows": fmt == "nvfp4", "loop": "split", "device": "cuda", "check_exact": False,
           "store": "staged", "a_source": "workspace", "prefetch": True, "bm": 192, "bn": 192}
-    if case.startswith("gpt-oss"):
-        t = int(case.split("-")[2])
-        counts = list(np.random.default_rng(7).multinomial(4 * t, np.full(128, 1 / 128)))
-        _run(f, counts, [e if c else -1 for e, c in enumerate(counts)], 128, 5760, 2880,
-             sigma_out=case.endswith("sigma"), **kw)
-    elif case == "deepseek":
-        _run(f, [700, 0, 1, 129, 256, 40, 300, 622], [0, -1, 2, 3, 4, 5, 6, 7], 8, 4096, 7168,
-             **kw)
-    else:
-        _run(f, [300, 0, 77, 1024], [3, -1, 0, 1], 4, 5760, 2880, every_scale=True, **kw)
+    _gpu_case(f, case, kw, seed=7)
 
 
 # ---- 256 x 128 work items (bm=256, issue #10 step 2) ----------------------------------------

@@ -82,6 +82,25 @@ def tiles(accs: tuple[Value, Value]) -> list[Any]:
     return [accumulator_tiles(a, BN)[0] for a in accs]
 
 
+def wait_stage(ring: Any, step: Value) -> Value:
+    """A consumer warpgroup: wait for the stage of CTA step ``step``; its byte offset."""
+    slot = bir.urem(step, ring.stages)
+    cpasync.mbarrier_wait(ring.full(slot), T._parity(bir.udiv(step, ring.stages)))
+    return bir.mul(slot, ring.sbytes)
+
+
+def release_previous(ring: Any, step: Value, issued: bool) -> None:
+    """After step ``step``'s wgmmas (``issued``: commit them, retire step - 1's): release step
+    - 1's stage, one arrival per warpgroup (step 0 releases the unused last stage, as
+    :meth:`blockscale.ops._twophase_ir._Ring.consume`)."""
+    if issued:
+        W.commit_group()
+        W.wait_group(1)
+    prev = bir.urem(bir.add(step, ring.stages - 1), ring.stages)
+    with bir.when(bir.eq(bir.urem(ring.tid, 128), 0)):
+        cpasync.mbarrier_arrive(ring.empty(prev))
+
+
 class Tall:
     """The 256 x 128 item's hooks (module docstring): ``rows`` (index) of the group from the
     item's first row on (may exceed 256), ``has2`` (i1) whether its second 128-row tile
@@ -145,11 +164,8 @@ class Tall:
         """:meth:`blockscale.ops._twophase_ir._Ring.consume` for ``n`` live slabs: wait for
         the stage, per k16 step the slabs' ``m64n128k16`` (none for n = 0), retire step - 1's
         and release its stage."""
-        stages = ring.stages
-        slot = bir.urem(step, stages)
-        cpasync.mbarrier_wait(ring.full(slot), T._parity(bir.udiv(step, stages)))
+        stage0 = wait_stage(ring, step)
         if n:
-            stage0 = bir.mul(slot, ring.sbytes)
             da = W.advance(ring.da0, bir.as_i64(bir.add(stage0, bir.mul(ring.wg, SPAN))))
             db = W.advance(ring.db0, bir.as_i64(bir.add(stage0, ring.a_bytes)))
             W.fence()
@@ -158,11 +174,7 @@ class Tall:
                 for j in range(n):
                     accs[j] = W.mma_async(accs[j], W.advance(da, h * K16 + j * SLAB),
                                           W.advance(db, h * K16), BN, dtype="bf16")
-            W.commit_group()
-            W.wait_group(1)
-        prev = bir.urem(bir.add(step, stages - 1), stages)
-        with bir.when(bir.eq(bir.urem(ring.tid, 128), 0)):
-            cpasync.mbarrier_arrive(ring.empty(prev))
+        release_previous(ring, step, bool(n))
         return accs
 
     def consumer_loop(self, ring: Any, steps: Value) -> list[Value]:

@@ -30,7 +30,6 @@ from typing import Any
 from mlir import ir
 
 from blockscale.compiler import ir as bir
-from blockscale.compiler.arch import cpasync
 from blockscale.compiler.arch import wgmma as W
 from blockscale.ops import _pdq_tall_ir as TL
 from blockscale.ops import _twophase_ir as T
@@ -82,10 +81,7 @@ class Tri(TL.Tall):
     def consume(self, ring: Any, step: Value, acc: Value) -> Value:
         """A live warpgroup's step (:meth:`blockscale.ops._twophase_ir._Ring.consume` with its
         slab's A offset): wait, four ``m64n192k16``, retire step - 1's, release its stage."""
-        stages = ring.stages
-        slot = bir.urem(step, stages)
-        cpasync.mbarrier_wait(ring.full(slot), T._parity(bir.udiv(step, stages)))
-        stage0 = bir.mul(slot, ring.sbytes)
+        stage0 = TL.wait_stage(ring, step)
         s = bir.add(self.odd, ring.wg)  # the warpgroup's slab in the two copied tiles
         a_off = bir.add(bir.mul(bir.udiv(s, 2), TL.SPAN), bir.mul(bir.urem(s, 2), TL.SLAB))
         da = W.advance(ring.da0, bir.as_i64(bir.add(stage0, a_off)))
@@ -94,11 +90,7 @@ class Tri(TL.Tall):
         for h in range(4):
             acc = W.mma_async(acc, W.advance(da, h * K16_A), W.advance(db, h * K16_B), BN,
                               dtype="bf16")
-        W.commit_group()
-        W.wait_group(1)
-        prev = bir.urem(bir.add(step, stages - 1), stages)
-        with bir.when(bir.eq(bir.urem(ring.tid, 128), 0)):
-            cpasync.mbarrier_arrive(ring.empty(prev))
+        TL.release_previous(ring, step, True)
         return acc
 
     def consumer_loop(self, ring: Any, steps: Value) -> list[Value]:
