@@ -35,11 +35,13 @@ for NVFP4 and MXFP4 prefill (``matmul_grouped_wgmma.PDQ_FORMATS``; off with
 ``BLOCKSCALE_SM90_GROUPED_PDQ=0``), and the fused SwiGLU op's chained path
 (:mod:`blockscale.ops.matmul_swiglu`) the same spec with ``sigma_out``: the σ store changes
 where a value goes, not its bits, so fused == chained byte for byte by construction.
-:func:`dispatch_spec` runs A from the grouped phase-1 workspace at 128 x 256 with idle
-warpgroups skipped (:data:`DISPATCH_A_SOURCE`, :data:`DISPATCH_BM`, :data:`DISPATCH_SKIP`:
-the fastest measured on the H200, runs AA / AB); ``BLOCKSCALE_SM90_GROUPED_PDQ_A=packed``,
-``BLOCKSCALE_SM90_GROUPED_PDQ_BM=256`` and ``BLOCKSCALE_SM90_GROUPED_PDQ_SKIP=0`` select the
-others (both ops).
+:func:`dispatch_spec` runs A from the grouped phase-1 workspace, 192 x 192 items
+(:mod:`blockscale.ops._pdq_tri_ir`: three consumer warpgroups; a group of <= 192 rows is one
+item) where the routed rows a group average at least :data:`TRI_MIN_GROUP_ROWS`, else 128 x
+256 items with idle warpgroups skipped (:data:`DISPATCH_A_SOURCE`, :data:`DISPATCH_BM`,
+:data:`DISPATCH_SKIP`: the fastest measured on the H200, runs AA / AB / AM);
+``BLOCKSCALE_SM90_GROUPED_PDQ_A=packed``, ``BLOCKSCALE_SM90_GROUPED_PDQ_BM=128|192|256`` and
+``BLOCKSCALE_SM90_GROUPED_PDQ_SKIP=0`` select the others (both ops).
 Importing this module does not import MLIR.
 """
 
