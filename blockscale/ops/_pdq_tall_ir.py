@@ -224,10 +224,14 @@ class Skip:
     warpgroup whose 64 rows all lie past the group's last row (``rows`` from the item's first
     row on, index) issues no wgmma (a warp-uniform branch outside the K loop; the idle loop
     still waits on every full barrier and releases every stage). Its accumulator stays zero
-    and its rows are not stored: the same bytes."""
+    and its rows are not stored: the same bytes. ``consume(ring, step, acc)``: a live
+    warpgroup's step (default :meth:`blockscale.ops._twophase_ir._Ring.consume`; the 192 x 192
+    item passes its own, :class:`blockscale.ops._pdq_tri_ir.Tri`)."""
 
-    def __init__(self, rows: Value) -> None:
+    def __init__(self, rows: Value,
+                 consume: Callable[[Any, Value, Value], Value] | None = None) -> None:
         self.rows = rows
+        self.consume = consume or (lambda ring, step, acc: ring.consume(step, acc))
 
     def live(self, ring: Any) -> Value:
         """i1: this warpgroup has a row inside the group (broadcast from lane 0)."""
@@ -241,7 +245,7 @@ class Skip:
         br = bir.if_(self.live(ring), [W.accumulator_type(bn)])
         with br.then():
             with bir.for_range(0, steps, carry=[W.zero_accumulator(bn)]) as cl:
-                cl.yield_(ring.consume(cl.iv, cl.carried[0]))
+                cl.yield_(self.consume(ring, cl.iv, cl.carried[0]))
             W.wait_group(0)
             br.yield_(cl.results[0])
         with br.else_():
@@ -254,7 +258,7 @@ class Skip:
         """One step of the "lockstep" loop (a branch per step)."""
         br = bir.if_(self.live(ring), [acc.type])
         with br.then():
-            br.yield_(ring.consume(step, acc))
+            br.yield_(self.consume(ring, step, acc))
         with br.else_():
             Tall.consume(ring, step, [], 0)
             br.yield_(acc)

@@ -71,13 +71,6 @@ class Tri(TL.Tall):
         ring.da0 = W.descriptor(ring.base, lbo=128 * 16, sbo=T.LBO)
         ring.db0 = W.descriptor(ring.base, lbo=BN * 16, sbo=T.LBO)
 
-    def live(self, ring: Any) -> Value:
-        """i1: this warpgroup has a row inside the group (broadcast from lane 0)."""
-        from blockscale.compiler.arch import nvvm
-
-        own = bir.as_i32(bir.ult(bir.mul(ring.wg, 64), self.rows))
-        return bir.ne(nvvm.shfl_idx(own, 0), bir.const(0, bir.i32()))
-
     def consume(self, ring: Any, step: Value, acc: Value) -> Value:
         """A live warpgroup's step (:meth:`blockscale.ops._twophase_ir._Ring.consume` with its
         slab's A offset): wait, four ``m64n192k16``, retire step - 1's, release its stage."""
@@ -94,25 +87,10 @@ class Tri(TL.Tall):
         return acc
 
     def consumer_loop(self, ring: Any, steps: Value) -> list[Value]:
-        """The consumers' K loop ("split"): the accumulator (zeros where not live)."""
-        br = bir.if_(self.live(ring), [W.accumulator_type(BN)])
-        with br.then():
-            with bir.for_range(0, steps, carry=[W.zero_accumulator(BN)]) as cl:
-                cl.yield_(self.consume(ring, cl.iv, cl.carried[0]))
-            W.wait_group(0)
-            br.yield_(cl.results[0])
-        with br.else_():
-            with bir.for_range(0, steps) as idle:
-                TL.Tall.consume(ring, idle.iv, [], 0)
-            br.yield_(W.zero_accumulator(BN))
-        return [br.results[0]]
+        """The consumers' K loop ("split"), warpgroups past the group's rows idle
+        (:class:`blockscale.ops._pdq_tall_ir.Skip`): the accumulator."""
+        return [TL.Skip(self.rows, self.consume).consumer_loop(ring, steps, BN)]
 
     def consume_any(self, ring: Any, step: Value, accs: list[Value]) -> list[Value]:
         """One step of the "lockstep" loop (a branch per step)."""
-        br = bir.if_(self.live(ring), [accs[0].type])
-        with br.then():
-            br.yield_(self.consume(ring, step, accs[0]))
-        with br.else_():
-            TL.Tall.consume(ring, step, [], 0)
-            br.yield_(accs[0])
-        return [br.results[0]]
+        return [TL.Skip(self.rows, self.consume).consume_any(ring, step, accs[0])]
