@@ -471,13 +471,17 @@ def _store_units(ring: _PdqRing, stage0: Value, units: list[_Unit], vals: list[V
                 store()
 
 
+def _stage(ring: _PdqRing, t: Value) -> tuple[Value, Value]:
+    """(byte offset in the ring, full barrier) of step ``t``'s stage."""
+    slot = bir.urem(t, ring.stages)
+    return bir.mul(slot, ring.sbytes), ring.full(slot)
+
+
 def _copy_a(ring: _PdqRing, src_a: Value | Callable | None, t: Value) -> None:
     """Producer thread 0: A's bytes of step ``t`` into its (free) stage by bulk copy, their
     count expected on the stage's full barrier (nothing when A is dequantized, ``src_a``
     None)."""
-    slot = bir.urem(t, ring.stages)
-    stage0 = bir.mul(slot, ring.sbytes)
-    full = ring.full(slot)
+    stage0, full = _stage(ring, t)
     if callable(src_a):  # the 256 x 128 tile's copies (_pdq_tall_ir.Tall.copy_a)
         src_a(full, stage0, t)
     elif src_a is not None:
@@ -495,9 +499,7 @@ def _fill(ring: _PdqRing, src_a: Value | Callable | None, t: Value, ops: list[Pa
     the producers; unless ``src_a`` is None, A is one of ``ops``, or not ``copy_a``: copied
     a step earlier), the ``ops`` from ``vals``; fence the stores to the async proxy and
     arrive."""
-    slot = bir.urem(t, ring.stages)
-    stage0 = bir.mul(slot, ring.sbytes)
-    full = ring.full(slot)
+    stage0, full = _stage(ring, t)
     if copy_a:
         _copy_a(ring, src_a, t)
     if units is None:
@@ -555,12 +557,12 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     steps of registers). ``a_tile``: the workspace tile A's stages come from (index value;
     default ``m0 // bm``: the grouped kernel's per-(group, row tile) workspace,
     :mod:`blockscale.ops._grouped_p1_ir`, passes its tile). ``tall``: a
-    :class:`blockscale.ops._pdq_tall_ir.Tall` or a :class:`blockscale.ops._pdq_tri_ir.Tri`
-    (the 192 x 192 item: ``bm`` 256 A rows, ``bn`` 192, three consumer warpgroups of one
-    m64n192 slab, the producer's row halves dealt as units), else: a
     :class:`blockscale.ops._pdq_tall_ir.Tall` (``bm`` 256, ``bn`` 128, A from the
     workspace): its A copies, descriptors and consumers (two warpgroups of two m64n128
-    slabs, the slabs past the rows skipped); ``epilogue`` then gets the pair of slab
+    slabs, the slabs past the rows skipped), or a :class:`blockscale.ops._pdq_tri_ir.Tri`
+    (the 192 x 192 item: ``bm`` 256 A rows, ``bn`` 192, three consumer warpgroups of one
+    m64n192 slab, the producer's row halves dealt as units); with a Tall ``epilogue`` gets
+    the pair of slab
     accumulators. ``unroll``: producer steps per iteration of the "split" loop
     (:data:`SPLIT_UNROLL`; 2 at 256 x 128: 302 / 297 SASS a step instead of 315 / 322, no
     spills). ``skip``: a :class:`blockscale.ops._pdq_tall_ir.Skip` (not with ``tall``, which
