@@ -6,16 +6,14 @@ launch values. Does not import MLIR."""
 from __future__ import annotations
 
 from blockscale.launch import KernelArg
+from blockscale.ops._wgmma_ws import ATOM_BOX, ROW_BYTES, SCALE_DTYPES
 
-#: packed bytes of a weight row per k64 step
-ROW_BYTES = 32
-#: a 512-byte scale atom (128 rows x 4 blocks) as a box of (256, 2) bytes
-ATOM_BYTES, ATOM_BOX = 512, (256, 2)
+#: a 512-byte scale atom (128 rows x 4 blocks; :data:`ATOM_BOX` of the TMA-fed wgmma loop)
+ATOM_BYTES = ATOM_BOX[0] * ATOM_BOX[1]
 #: static shared bytes the ring may take beside the 4-stage bf16 ring (227 KiB in all)
 RING_BUDGET = 27 * 1024
 #: at most this many slots (k64 steps in flight)
 MAX_SLOTS = 6
-SCALE_DTYPES = {"nvfp4": "float8_e4m3fn", "mxfp4": "float8_e8m0fnu"}
 
 
 def slot_bytes(rows: int) -> int:

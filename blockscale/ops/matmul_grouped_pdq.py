@@ -64,7 +64,7 @@ from blockscale.ops._staged_store_ir import check_store
 KERNEL_SOURCES = ("blockscale.ops._pdq_ir", "blockscale.ops._pdq_tall_ir",
                   "blockscale.ops._pdq_tri_ir",
                   "blockscale.ops._pdq_tma_ir", "blockscale.ops._pdq_tma",
-                  "blockscale.ops._wgmma_ws_ir",
+                  "blockscale.ops._wgmma_ws_ir", "blockscale.ops._wgmma_ws",
                   "blockscale.ops._twophase_ir",
                   "blockscale.ops._staged_store_ir",
                   "blockscale.ops._grouped_wgmma_ir", "blockscale.ops._wgmma_ir",
