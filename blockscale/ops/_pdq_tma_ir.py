@@ -15,10 +15,10 @@ Per slot: the step's B tile rows (256 or 128, the 256 x 128 items) x 32 bytes (o
 ``w_map``: the weights as a ``[E N, K / 2]`` byte tensor, 32-byte swizzle, zeros past the
 last expert's rows and past K / 2) and the 512-byte scale atoms of its 128-row parts and atom
 column (boxes of ``sfw_map``: the 6-D scales as ``[atoms 2, 256]`` bytes, zeros past the last
-atom). ``full`` (one arrival + the slot's bytes) per slot; ``empty`` counts the 128 producer threads' reads,
-after which the producers' thread 0 refills the slot with step ``t + slots``. The values read
-equal :func:`blockscale.ops._pdq_ir._load_step`'s (rows past the item's rows and halves past
-K: zeros), so the stage bytes, and the output bytes, are the same.
+atom). ``full`` (one arrival + the slot's bytes) per slot; ``empty`` counts the 128 producer
+threads' reads, after which the producers' thread 0 refills the slot with step
+``t + slots``. The values read equal :func:`blockscale.ops._pdq_ir._load_step`'s (rows past
+the item's rows and halves past K: zeros), so the stage bytes, and the output bytes, are the same.
 """
 
 from __future__ import annotations

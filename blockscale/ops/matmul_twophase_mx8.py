@@ -49,9 +49,10 @@ result is +-inf (the portable kernel's block sum may meet +inf and -inf there: N
 
 Dispatch (:func:`fast_path`, in ``matmul.FAST_PATHS`` before the wgmma / mma.sync kernels):
 sm_90a, MXFP8, K % 32 == 0, K <= :data:`DISPATCH_MAX_K` (accuracy), M >= :data:`MIN_M`,
-workspaces within :data:`MAX_WORKSPACE_BYTES`, unless ``BLOCKSCALE_SM90_TWOPHASE_MX8=0`` (default on: run U on
-the H200, 8192x5760x2944 0.552 ms vs mma.sync 1.623, M=1024 0.124 vs 0.224; at M=256 it was
-slower, 0.076 vs 0.073, hence :data:`MIN_M` = 512). Importing this module does not import MLIR.
+workspaces within :data:`MAX_WORKSPACE_BYTES`, unless ``BLOCKSCALE_SM90_TWOPHASE_MX8=0``
+(default on: run U on the H200, 8192x5760x2944 0.552 ms vs mma.sync 1.623, M=1024 0.124 vs
+0.224; at M=256 it was slower, 0.076 vs 0.073, hence :data:`MIN_M` = 512). Importing this
+module does not import MLIR.
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ MAX_K = 1 << 24
 #: grows with K, and with E4M3's 4 significant bits (FP4: 2) the products fill more of the
 #: accumulator: run AC (H200) measured a float32 output's normwise relative error of 1.26e-5
 #: at 777x2560x8192 (the elementwise fp32 bound held), above issue #9's 1e-5; K <= 2944 passes
-#: every GPU test. 4096 is that measurement scaled linearly in K (~6e-6; measure it: the GPU
-#: shapes include 777x2560x4096). Above it the mma.sync kernel runs (direct calls: any K)
+#: every GPU test. 4096 is that measurement scaled linearly in K (~6e-6); run AD (H200) passed
+#: the GPU tests at 777x2560x4096. Above it the mma.sync kernel runs (direct calls: any K)
 DISPATCH_MAX_K = 4096
 #: the dispatch runs the kernels from this M on, while their workspaces take at most
 #: MAX_WORKSPACE_BYTES (= the FP4 pair's; literals here: matmul_twophase may be mid-import).
@@ -468,8 +469,9 @@ def fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
               epilogue: Epilogue | None) -> Any:
     """The :data:`blockscale.ops.matmul.FAST_PATHS` hook: a runner of the five launches for
     sm_90a MXFP8 with K % 32 == 0, K <= :data:`DISPATCH_MAX_K`, M >= :data:`MIN_M`,
-    workspaces within :data:`MAX_WORKSPACE_BYTES`, when :func:`enabled`; else None. Phase 2 as the FP4 pair's
-    dispatch: staged stores where rows of C are 16-byte aligned, its tile width choice."""
+    workspaces within :data:`MAX_WORKSPACE_BYTES`, when :func:`enabled`; else None. Phase 2
+    as the FP4 pair's dispatch: staged stores where rows of C are 16-byte aligned, its tile
+    width choice."""
     if (target not in TARGETS or fmt.name != "mxfp8" or k % 32 or k > DISPATCH_MAX_K or m < MIN_M
             or n == 0 or not enabled() or TP.workspace_bytes(m, n, k) > MAX_WORKSPACE_BYTES):
         return None
