@@ -11,6 +11,8 @@ Cases (the shapes of bench_matmul / bench_quantize_moe / bench_moe):
   / ``store="staged"``;
 * ``grouped_quantize`` / ``silu_quantize``: NVFP4, T=8192, K=4096, 64 experts, the default
   schedule;
+* ``dense_decode_m1`` / ``dense_decode_m16`` / ``dense_decode_m1_shot``: NVFP4 M x 5760 x 2880
+  through the dispatch (``ops.block_scaled_matmul``), the last one ``mma_shot`` called directly;
 * ``moe_decode`` / ``moe_decode_t1`` / ``moe_prefill``: gpt-oss-120b gate_up NVFP4 at T=128 /
   1 / 4096 (the
   dispatch); ``moe_prefill_tma`` / ``moe_prefill_ae``: T=4096, the producer-dequant kernel
@@ -55,6 +57,25 @@ def _quantize(dev: Any, op: str) -> Callable[[], Any]:
     return lambda: Q._call(op, x, "nvfp4", groups, scales, dev)
 
 
+def _dense_decode(dev: Any, m: int, variant: str | None = None) -> Callable[[], Any]:
+    from benchmarks.common import random_data, random_scales
+    from blockscale import layouts
+    from blockscale.formats import Format
+    from blockscale.ops import matmul_decode
+
+    fmt, (n, k) = Format.from_name("nvfp4"), (5760, 2880)
+    rng = np.random.default_rng(0)
+    a, b = random_data(rng, fmt, (m, fmt.data_cols(k))), random_data(rng, fmt, (n, fmt.data_cols(k)))
+    sa, sb = (random_scales(rng, fmt, (r, fmt.kblocks(k))) for r in (m, n))
+    args = [dev.to_device(x) for x in (a, b, layouts.interleave(sa), layouts.interleave(sb))]
+    if variant is None:
+        from blockscale import ops
+
+        return lambda: ops.block_scaled_matmul(*args, fmt, k=k, out_dtype="float32", device=dev)
+    return lambda: matmul_decode.block_scaled_matmul_decode(
+        *args, fmt, k=k, out_dtype="float32", device=dev, variant=variant)
+
+
 def _moe(dev: Any, tokens: int, **pdq: Any) -> Callable[[], Any]:
     from benchmarks import bench_moe as B
     from blockscale import ops
@@ -84,6 +105,9 @@ CASES: dict[str, Callable[[Any], Callable[[], Any]]] = {
     "twophase_staged": lambda d: _twophase(d, "tiles", "staged"),
     "grouped_quantize": lambda d: _quantize(d, "grouped_quantize"),
     "silu_quantize": lambda d: _quantize(d, "fused_silu_quantize"),
+    "dense_decode_m1": lambda d: _dense_decode(d, 1),
+    "dense_decode_m16": lambda d: _dense_decode(d, 16),
+    "dense_decode_m1_shot": lambda d: _dense_decode(d, 1, "mma_shot"),
     "moe_decode": lambda d: _moe(d, 128),
     "moe_decode_t1": lambda d: _moe(d, 1),
     "moe_prefill": lambda d: _moe(d, 4096),

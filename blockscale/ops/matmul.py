@@ -279,7 +279,7 @@ def block_scaled_matmul(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format | str, *
     :func:`naive_block_scaled_matmul`).
 
     A registered fast path (:data:`FAST_PATHS`) runs when it accepts the target and shape;
-    otherwise the portable kernel runs. No fast path is registered yet.
+    otherwise the portable kernel runs.
     """
     return block_scaled_matmul_with_epilogue(a, b, sfa, sfb, fmt, k=k, alpha=alpha,
                                              out_dtype=out_dtype, device=device, target=target)
