@@ -123,6 +123,13 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                  ("grouped pdq pf staged sigma ws 192x192", "pdq",
                   {"prefetch": True, "store": "staged", "sigma_out": True,
                    "a_source": "workspace", "bm": 192, "bn": 192}),
+                 # ... on f16 operands (NVFP4 only: the table-free E5M2 decode)
+                 ("grouped pdq pf staged ws 192x192 f16", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "bm": 192,
+                   "bn": 192, "dtype": "f16"}),
+                 ("grouped pdq pf staged sigma ws 192x192 f16", "pdq",
+                  {"prefetch": True, "store": "staged", "sigma_out": True,
+                   "a_source": "workspace", "bm": 192, "bn": 192, "dtype": "f16"}),
                  # 256 x 128 items with B by TMA (their producer step waited on its loads)
                  ("grouped pdq staged ws 256x128 tma", "pdq",
                   {"store": "staged", "a_source": "workspace", "bm": 256, "bn": 128,
@@ -263,6 +270,8 @@ def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
                     r.expert_ids, w.expert_scales, w.fmt)
             case, ref = f"{shape.name} {f} T={t} ({r.rows} rows)", None
             for label, kind, kw in _select(GROUPED_IMPLS, only):
+                if kw.get("dtype") == "f16" and f != "nvfp4":  # f16 operands: NVFP4 only
+                    continue
                 if kind == "p1":  # the grouped phase 1 alone (part of the "ws" rows' time)
                     out.append(_time_phase1(dev, label, case, args, shape.k, log))
                     continue

@@ -36,7 +36,7 @@ from blockscale.ops import matmul_grouped_wgmma as gw
 def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=False,
          stages=None, seed=0, device="interp", check_exact=True, store="direct", producers=1,
          bn=256, depth=1, every_scale=False, a_source="packed", sigma_out=False, bm=128, unroll=1,
-         skip=False, b_source="global", a_early=False):
+         skip=False, b_source="global", a_early=False, dtype="bf16"):
     rng = np.random.default_rng(300 + seed)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
     if every_scale:  # every scale byte (E4M3 subnormals and NaN, E8M0 0x00 and 0xFF)
@@ -53,7 +53,7 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
                                              a_source=a_source, sigma_out=sigma_out, bm=bm,
                                              unroll=unroll, skip=skip,
                                              b_source=b_source, a_early=a_early,
-                                             device=device)
+                                             dtype=dtype, device=device)
     if sigma_out:  # gate | up columns back to the σ order (the plain store's)
         out = _unsigma(out)
     assert out.dtype == ml_dtypes.bfloat16 and out.shape == (sum(counts), n)
@@ -239,7 +239,8 @@ def test_kernel_sass(spec):
     staged = spec.store == "staged"
     tall = spec.bm == 256  # two slab loops: 8 + 4 HGMMA.64x128x16
     two = spec.bm != 128  # A from two workspace tiles (256 x 128, 192 x 192)
-    assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32\.BF16", sass)) == (12 if tall else 4)
+    ty = r"\.BF16" if spec.dtype == "bf16" else ""  # f16 operands: HGMMA ... .F32
+    assert len(re.findall(rf"HGMMA\.64x{spec.bn}x16\.F32{ty} ", sass)) == (12 if tall else 4)
     # 3 rows x 8 chunks a producer thread (A from the workspace: B's 2 rows, A by one
     # UBLKCP.S.G); two producers at 128 x 192: 3 row halves x 4 (workspace A: B's 2 x 4);
     # 192 x 192: 3 row halves x 4
@@ -627,6 +628,56 @@ def test_interp_tri(case):
     assert np.array_equal(got.view(np.uint16), ref_out.view(np.uint16))
 
 
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    (0, "split", True, False, False),  # 1-3 row groups
+    (1, "lockstep", False, False, False),  # 65 / 129 / 257 rows
+    (2, "split", True, True, False),  # σ store
+    (3, "lockstep", True, False, True),  # every scale byte: subnormal and NaN E4M3 scales
+], ids=lambda c: f"case{c[0]}-{c[1]}-rs{int(c[2])}-sg{int(c[3])}-es{int(c[4])}")
+def test_interp_tri_f16(case):
+    """NVFP4 192 x 192 items on f16 operands (the table-free decode of
+    blockscale.ops._f16_dequant_ir, A from the f16 phase 1, both times 2^-7, the accumulator
+    times 2^14): byte-equal to the bf16 items, NaNs included."""
+    case_id, loop, rows, sigma, every = case
+    counts, ids, e_count, n, k = CASES[case_id]
+    kw = {"rows": rows, "loop": loop, "prefetch": True, "seed": case_id, "store": "staged",
+          "check_exact": False, "sigma_out": sigma, "a_source": "workspace", "bm": 192,
+          "bn": 192, "every_scale": every}
+    ref_out = _run(NVFP4, counts, ids, e_count, n, k, **kw)
+    got = _run(NVFP4, counts, ids, e_count, n, k, dtype="f16", **kw)
+    assert np.array_equal(got.view(np.uint16), ref_out.view(np.uint16))
+
+
+def test_tri_f16_spec_checks(monkeypatch):
+    spec = GP.GroupedPdqSpec("nvfp4", False, prefetch=True, store="staged",
+                             a_source="workspace", bm=192, bn=192, dtype="f16")
+    assert spec.kernel_name == "bs_grouped_pdq_nvfp4_192x192_k64_s4_pf_st_ws_f16"
+    with pytest.raises(ValueError, match="NVFP4 192 x 192"):
+        GP.GroupedPdqSpec("mxfp4", store="staged", a_source="workspace", bm=192, bn=192,
+                          dtype="f16")
+    with pytest.raises(ValueError, match="NVFP4 192 x 192"):
+        GP.GroupedPdqSpec("nvfp4", store="staged", a_source="workspace", skip=True,
+                          dtype="f16")
+    with pytest.raises(ValueError, match="dtype"):
+        GP.GroupedPdqSpec("nvfp4", store="staged", a_source="workspace", bm=192, bn=192,
+                          dtype="f32")
+    from blockscale.ops.matmul_grouped_p1 import GroupedP1Spec
+
+    assert GroupedP1Spec("nvfp4", dtype="f16").kernel_name.endswith("_f16")
+    with pytest.raises(ValueError, match="NVFP4 only"):
+        GroupedP1Spec("mxfp4", dtype="f16")
+    monkeypatch.setenv(GP.DTYPE_ENV, "f16")  # NVFP4's 192-row items only
+    big = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0)
+    assert (big.bm, big.dtype) == (192, "f16")
+    assert GP.dispatch_spec(MXFP4, 5760, False, "sm_90a", "interp", False, 128.0).dtype == \
+        "bf16"
+    assert GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", False, 1.0).dtype == "bf16"
+    monkeypatch.setenv(GP.DTYPE_ENV, "f8")
+    with pytest.raises(ValueError, match=GP.DTYPE_ENV):
+        GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0)
+
+
 def test_tri_spec_checks():
     spec = GP.GroupedPdqSpec("nvfp4", True, prefetch=True, store="staged",
                              a_source="workspace", bm=192, bn=192)
@@ -657,6 +708,19 @@ def test_gpu_tri(fmt, case):
     kw = {"rows": fmt == "nvfp4", "loop": "split", "device": "cuda", "check_exact": False,
           "store": "staged", "a_source": "workspace", "prefetch": True, "bm": 192, "bn": 192}
     _gpu_case(f, case, kw, seed=7)
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", ["gpt-oss-4096", "gpt-oss-4096-sigma", "deepseek",
+                                  "every-scale"])
+def test_gpu_tri_f16(case):
+    """NVFP4 192 x 192 items on f16 operands on the H200: the grouped wgmma kernel's bytes
+    (so the bf16 items'), every scale byte included."""
+    kw = {"rows": True, "loop": "split", "device": "cuda", "check_exact": False,
+          "store": "staged", "a_source": "workspace", "prefetch": True, "bm": 192, "bn": 192,
+          "dtype": "f16"}
+    _gpu_case(NVFP4, case, kw, seed=7)
 
 
 # ---- 256 x 128 work items (bm=256, issue #10 step 2) ----------------------------------------
@@ -849,3 +913,28 @@ def test_gpu_depth2_workspace(fmt, extra):
     _run(Format.from_name(fmt), counts, ids, 128, 5760, 2880, rows=fmt == "nvfp4",
          loop="split", prefetch=True, device="cuda", check_exact=False, store="staged",
          a_source="workspace", depth=2, **extra)
+
+
+@pytest.mark.lower
+def test_tri_f16_producer_loop_sass():
+    """The f16 192 x 192 item's producer K loop (the loop holding its 12 STS.128): no PRMT
+    table loads, at most 360 SASS a k64 step (353 with ptxas 13.5; the bf16 item's 465), no
+    local memory; four HGMMA.64x192x16.F32 (f16) in the consumers."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import sass_loop_counts as L
+
+    spec = GP.GroupedPdqSpec("nvfp4", True, "sm_90a", None, True, "split", "staged",
+                             a_source="workspace", bm=192, bn=192, dtype="f16")
+    sass = GP.kernel(spec).asm["sass"]
+    ins = L.parse(sass)
+    lps = [(lo, hi) for lo, hi, _ in L.loops(ins)]
+    inner = [(lo, hi) for lo, hi in lps
+             if not any(lo < a and b <= hi or lo <= a and b < hi for a, b in lps)]
+    body = [[t for a, t in ins if lo <= a <= hi] for lo, hi in inner]
+    (prod,) = [b for b in body if sum("STS.128" in t for t in b) == 12]
+    assert len(prod) <= 360
+    assert not [t for t in prod if re.match(r"(@!?P\w+\s+)?(LDL|STL)", t)]
+    assert len(re.findall(r"HGMMA\.64x192x16\.F32 ", sass)) == 4

@@ -59,9 +59,26 @@ def tile_bytes(k: Value | int) -> Value | int:
     return bir.mul(bir.mul(bir.ceil_div(k, KPAD), KPAD), 2 * TILE)
 
 
-def emit(kb: Any, fmt: str, p: int) -> None:
+def _chunks(data: Value, scales: Value, fmt: str, dtype: str) -> list[Value]:
+    """A 32-element half's four 16-byte chunks: bf16 (``dequant_chunks`` with the
+    ``_scale_values`` splats) or f16 (:mod:`blockscale.ops._f16_dequant_ir`)."""
+    nscales = ir.VectorType(scales.type).shape[0]
+    if dtype == "f16":
+        from blockscale.ops import _f16_dequant_ir as F16
+
+        w = arith.extui(bir.i32(), vector.extract(
+            vector.bitcast(bir.vec(1, bir.i16()), scales), [], [0]))
+        return F16.dequant_chunks(data, F16.splats(w))
+    sv = X._scale_values(arith.extui(bir.vec(nscales, bir.i32()), scales), "lut", fmt)
+    splats = tuple(vector.broadcast(bir.vec(2, bir.bf16()), vector.extract(sv, [], [s]))
+                   for s in range(nscales))
+    return dequant_chunks(data, splats, 16 if fmt == "nvfp4" else 32)
+
+
+def emit(kb: Any, fmt: str, p: int, dtype: str = "bf16") -> None:
     """The phase-1 kernel body (module docstring); kernel args a, sfa, expert_start,
-    a_scale_offsets, expert_ids, ws, t, k, num_groups, ws_tiles."""
+    a_scale_offsets, expert_ids, ws, t, k, num_groups, ws_tiles. ``dtype`` "f16" (NVFP4):
+    the f16 values of :mod:`blockscale.ops._f16_dequant_ir` (times 2^-7)."""
     if p not in PIECES:
         raise ValueError(f"p must be one of {list(PIECES)}, got {p!r}")
     block = 16 if fmt == "nvfp4" else 32
@@ -110,13 +127,8 @@ def emit(kb: Any, fmt: str, p: int) -> None:
             tbase = bir.mul(w, tile_bytes(k))
             for pc, h, data, scales in loaded:
                 with bir.when(bir.ult(pc, pieces)):
-                    sv = X._scale_values(arith.extui(bir.vec(nscales, bir.i32()), scales),
-                                         "lut", fmt)
-                    splats = tuple(vector.broadcast(bir.vec(2, bir.bf16()),
-                                                    vector.extract(sv, [], [s]))
-                                   for s in range(nscales))
                     base = bir.add(tbase, bir.add(bir.mul(bir.add(bir.mul(pc, 8), 4 * h),
                                                           16 * TILE), bir.mul(r, 16)))
-                    for c, v in enumerate(dequant_chunks(data, splats, block)):
+                    for c, v in enumerate(_chunks(data, scales, fmt, dtype)):
                         bir.vector_store(vector.bitcast(vd, v), kb.arg("ws"),
                                          bir.add(base, 16 * TILE * c), alignment=16)

@@ -166,6 +166,7 @@ class _PdqRing(T._Ring):
         self.producers = producers
         self.lut: tuple[Value, ...] | None = None  # _lut_regs (emit_mainloop)
         self.lut_words = _LUT_WORDS  # the table init_barriers stores (emit_mainloop: per fmt)
+        self.dtype = "bf16"  # the operands' type in the stages (emit_mainloop's dtype)
 
     def init_barriers(self) -> None:
         with bir.when(self.is_prod):
@@ -364,12 +365,22 @@ def _dequant_lut(codes: Value, splats: tuple[Value, ...], block: int,
     return rows
 
 
+def _dequant(ring: _PdqRing, data: Value, scales: Value, fmt: str) -> list[Value]:
+    """A 32-element half's four 16-byte chunks (``vector<4xi32>``) in the ring's operand
+    type: bf16 :func:`_dequant_lut` with :func:`_splats`, or f16
+    (:mod:`blockscale.ops._f16_dequant_ir`, NVFP4: values times 2^-7)."""
+    if ring.dtype == "f16":
+        from blockscale.ops import _f16_dequant_ir as F16
+
+        return F16.dequant_chunks(data, F16.splats(scales))
+    return _dequant_lut(data, _splats(scales, fmt), 16 if fmt == "nvfp4" else 32, ring.lut)
+
+
 def _store_step(ring: _PdqRing, stage0: Value, ops: list[PackedRows], vals: list[Value],
                 fmt: str) -> None:
     """Dequantize the registers of :func:`_load_step` as phase 1 does and store them to the
     operands' spans of the stage at ``stage0`` (byte offset in the ring): chunk ``c`` of
     tile row ``r`` at ``span + c * tile * 16 + r * 16``."""
-    block = 16 if fmt == "nvfp4" else 32
     vd = bir.vec(16, bir.i8())
     i = 0
     for src in ops:
@@ -378,9 +389,8 @@ def _store_step(ring: _PdqRing, stage0: Value, ops: list[PackedRows], vals: list
             for half in range(2):
                 data, scales = vals[i], vals[i + 1]
                 i += 2
-                splats = _splats(scales, fmt)
                 base = bir.add(stage0, bir.add(src.span, bir.mul(r, 16)))
-                for c, v in enumerate(_dequant_lut(data, splats, block, ring.lut)):
+                for c, v in enumerate(_dequant(ring, data, scales, fmt)):
                     bir.vector_store(vector.bitcast(vd, v), ring.smem,
                                      bir.add(base, (4 * half + c) * src.tile * 16),
                                      alignment=16)
@@ -449,7 +459,6 @@ def _store_units(ring: _PdqRing, stage0: Value, units: list[_Unit], vals: list[V
                  fmt: str) -> None:
     """:func:`_store_step` over :func:`_units`: chunk ``c`` of unit (row, half) at
     ``span + (4 half + c) tile 16 + row 16``; units past the operand store nothing."""
-    block = 16 if fmt == "nvfp4" else 32
     vd = bir.vec(16, bir.i8())
     for i, un in enumerate(units):
         data, scales = vals[2 * i], vals[2 * i + 1]
@@ -457,10 +466,9 @@ def _store_units(ring: _PdqRing, stage0: Value, units: list[_Unit], vals: list[V
 
         def store(un: _Unit = un, data: Value = data, scales: Value = scales,
                   tile: int = tile) -> None:
-            splats = _splats(scales, fmt)
             base = bir.add(bir.add(stage0, un.src.span),
                            bir.add(bir.mul(un.row, 16), bir.mul(un.half, 4 * tile * 16)))
-            for c, v in enumerate(_dequant_lut(data, splats, block, ring.lut)):
+            for c, v in enumerate(_dequant(ring, data, scales, fmt)):
                 bir.vector_store(vector.bitcast(vd, v), ring.smem,
                                  bir.add(base, c * tile * 16), alignment=16)
 
@@ -539,7 +547,8 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                   all_threads: bool = False, producers: int = 1, bn: int = BN,
                   depth: int = 1, a_tile: Value | None = None, tall: Any = None,
                   unroll: int = SPLIT_UNROLL, skip: Any = None,
-                  b_tma: tuple[Value, Value] | None = None, a_early: bool = False) -> None:
+                  b_tma: tuple[Value, Value] | None = None, a_early: bool = False,
+                  dtype: str = "bf16") -> None:
     """The producer / consumer K loop (module docstring) of the ``bm x bn`` tile of A rows
     ``a`` and B rows ``b`` (``b.tile == bn``), then ``epilogue(acc, wg, writers)``: the
     warpgroup's final accumulator struct and index. Without ``all_threads`` it runs in the
@@ -575,7 +584,9 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     step t, after the wait for its stage, so its latency overlaps step t's dequantization;
     the lockstep loop copies A at the fill (its next stage is not free yet). Both are
     measured no faster on the H200 (runs AF / AG / AJ: the CTA-step is not bound by the
-    producer's load or copy latencies)."""
+    producer's load or copy latencies). ``dtype``: the operands' type in the ring, "bf16" or
+    "f16" (NVFP4, the 192 x 192 item, A from an f16 workspace:
+    :mod:`blockscale.ops._f16_dequant_ir`; both operands times 2^-7, the epilogue's fix)."""
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {list(LOOPS)}, got {loop!r}")
     if producers not in PRODUCERS:
@@ -585,8 +596,14 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                          f"tile {b.tile}")
     if tall is not None:
         tall.check(a, bm, bn, producers)
+    if dtype != "bf16" and (dtype, fmt, isinstance(a, PackedRows), b_tma) != (
+            "f16", "nvfp4", False, None):
+        raise ValueError(f"dtype must be 'bf16', or 'f16' for NVFP4 with A from the "
+                         f"workspace and B from global memory, got dtype={dtype!r}, "
+                         f"fmt={fmt!r}")
     ring = _PdqRing(kb, k, stages, bm, packed_a=isinstance(a, PackedRows), producers=producers,
                     bn=bn, wgs=None if tall is None else tall.wgs)
+    ring.dtype = dtype
     steps = ring.steps
     b.span = ring.a_bytes
     if isinstance(a, PackedRows):

@@ -24,7 +24,8 @@ from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
 
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
-KERNEL_SOURCES = ("blockscale.ops._grouped_p1_ir", "blockscale.ops._grouped_wgmma_ir",
+KERNEL_SOURCES = ("blockscale.ops._grouped_p1_ir", "blockscale.ops._f16_dequant_ir",
+                  "blockscale.ops._grouped_wgmma_ir",
                   "blockscale.ops._twophase_p1_ir", "blockscale.ops._twophase_ir",
                   "blockscale.ops._wgmma_ir", "blockscale.ops._mma_ir",
                   "blockscale.ops._matmul_ir")
@@ -45,11 +46,15 @@ class GroupedP1Spec(FormatSpec):
         fmt: "nvfp4" | "mxfp4".
         target: "sm_90a".
         pieces: 64-element pieces of a row per thread (:data:`PIECES`).
+        dtype: the workspace's type, "bf16", or "f16" (NVFP4: values times 2^-7, the
+            operands of the grouped pdq kernel's ``dtype="f16"``;
+            :mod:`blockscale.ops._f16_dequant_ir`).
     """
 
     fmt: str
     target: str = "sm_90a"
     pieces: int = DEFAULT_PIECES
+    dtype: str = "bf16"
 
     op: ClassVar[str] = "grouped_matmul_dequant_a"
     block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
@@ -60,10 +65,14 @@ class GroupedP1Spec(FormatSpec):
         object.__setattr__(self, "target", H.target_name(self.target))
         H.check_choice(self.target, TARGETS, "target")
         H.check_choice(self.pieces, PIECES, "pieces")
+        H.check_choice(self.dtype, ("bf16", "f16"), "dtype")
+        if self.dtype == "f16" and self.fmt != "nvfp4":
+            raise ValueError(f"dtype='f16' is NVFP4 only, got fmt={self.fmt}")
 
     @property
     def kernel_name(self) -> str:
-        return f"bs_grouped_p1_{self.fmt}_t{TILE}_p{self.pieces}"
+        f16 = "_f16" if self.dtype == "f16" else ""
+        return f"bs_grouped_p1_{self.fmt}_t{TILE}_p{self.pieces}{f16}"
 
     def args(self) -> tuple[KernelArg, ...]:
         """a, sfa, expert_start, a_scale_offsets, expert_ids, ws (the workspace bytes), t, k,
@@ -101,7 +110,7 @@ def build(spec: GroupedP1Spec) -> Any:
     if (P.THREADS, P.TILE, P.PIECES) != (THREADS, TILE, PIECES):
         raise AssertionError("matmul_grouped_p1's constants disagree with _grouped_p1_ir's")
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
-        P.emit(kb, spec.fmt, spec.pieces)
+        P.emit(kb, spec.fmt, spec.pieces, spec.dtype)
     return kb.module
 
 
@@ -178,10 +187,12 @@ def dequantize_grouped_a(hidden: Any, a_scales: Any, expert_start: Any, a_scale_
 
 
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
-    """NVFP4 / MXFP4, every :data:`PIECES`; none off sm_90a."""
+    """NVFP4 / MXFP4, every :data:`PIECES` (NVFP4 also f16, the default pieces); none off
+    sm_90a."""
     if target not in TARGETS:
         return []
-    return [GroupedP1Spec(f, target, p) for f in FORMATS for p in PIECES]
+    return [GroupedP1Spec(f, target, p) for f in FORMATS for p in PIECES] + [
+        GroupedP1Spec("nvfp4", target, dtype="f16")]
 
 
 _core.attach_kernel_api((dequantize_grouped_a,), kernel, build)

@@ -62,7 +62,7 @@ from blockscale.ops._staged_store_ir import check_store
 
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
 KERNEL_SOURCES = ("blockscale.ops._pdq_ir", "blockscale.ops._pdq_tall_ir",
-                  "blockscale.ops._pdq_tri_ir",
+                  "blockscale.ops._pdq_tri_ir", "blockscale.ops._f16_dequant_ir",
                   "blockscale.ops._pdq_tma_ir", "blockscale.ops._pdq_tma",
                   "blockscale.ops._wgmma_ws_ir", "blockscale.ops._wgmma_ws",
                   "blockscale.ops._twophase_ir",
@@ -121,6 +121,14 @@ DISPATCH_DEPTH = 1
 #: AJ): not dispatched; the bench and the tests call it
 #: (:func:`grouped_matmul_block_scaled_pdq`)
 B_SOURCES = ("global", "tma")
+#: the stages' operand type: "bf16", or "f16" (NVFP4, 192 x 192 items: the producer's
+#: table-free E5M2 decode, :mod:`blockscale.ops._f16_dequant_ir`; A from an f16 phase 1;
+#: f16 wgmmas; the accumulator times 2^14 first: the same bytes)
+DTYPES = ("bf16", "f16")
+#: the dispatch's operand type for NVFP4's 192 x 192 items (:func:`dispatch_spec`);
+#: BLOCKSCALE_SM90_GROUPED_PDQ_DTYPE=bf16|f16 overrides it
+DISPATCH_DTYPE = "bf16"
+DTYPE_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_DTYPE"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +169,7 @@ class GroupedPdqSpec(FormatSpec):
             is issued at the start of step t instead of at its own fill
             (:func:`blockscale.ops._pdq_ir.emit_mainloop`); the lockstep loop ignores it.
             Same bytes; measured within 1 % of the copy at the fill (run AG), not dispatched.
+        dtype: :data:`DTYPES`; "f16" for NVFP4 192 x 192 items only. Same bytes.
     """
 
     fmt: str
@@ -180,6 +189,7 @@ class GroupedPdqSpec(FormatSpec):
     skip: bool = False
     b_source: str = "global"
     a_early: bool = False
+    dtype: str = "bf16"
 
     op: ClassVar[str] = "grouped_matmul_block_scaled_pdq"
     out_dtype: ClassVar[str] = "bfloat16"
@@ -207,6 +217,10 @@ class GroupedPdqSpec(FormatSpec):
             raise ValueError(f"bm=192 needs store='staged', unroll=1, b_source='global' and "
                              f"no a_early, got store={self.store!r}, unroll={self.unroll!r}, "
                              f"b_source={self.b_source!r}, a_early={self.a_early!r}")
+        H.check_choice(self.dtype, DTYPES, "dtype")
+        if self.dtype == "f16" and (self.fmt, self.bm) != ("nvfp4", 192):
+            raise ValueError(f"dtype='f16' is for NVFP4 192 x 192 items, got fmt={self.fmt}, "
+                             f"bm={self.bm}")
         most = _pdq.max_stages(self.bn, self.ring_rows)
         if self.stages is None:
             object.__setattr__(self, "stages", most)
@@ -269,6 +283,7 @@ class GroupedPdqSpec(FormatSpec):
         ws += "_sk" if self.skip else ""
         ws += "_bt" if self.b_source == "tma" else ""
         ws += "_ae" if self.a_early else ""
+        ws += "_f16" if self.dtype == "f16" else ""
         return (f"bs_grouped_pdq_{self.fmt}_{self.bm}x{self.bn}_k64_s{self.stages}{pf}{lp}{st}"
                 f"{pr}{rs}{sg}{ws}")
 
@@ -354,7 +369,7 @@ def build(spec: GroupedPdqSpec) -> Any:
                         a_tile = bir.add(tile0, first)
                         tall_hooks = TR.Tri(bir.sub(end, m0), bir.ult(
                             bir.mul(bir.add(first, 1), 128), bir.sub(end, start)),
-                            bir.urem(tile, 2))
+                            bir.urem(tile, 2), spec.dtype)
                 else:
                     a = P.PackedRows(kb.arg("a"), kb.arg("sfa"), m0, bir.sub(end, m0), k,
                                      lambda r: tcgen_row_offset(bir.add(srow0, r), d1), bm)
@@ -363,6 +378,10 @@ def build(spec: GroupedPdqSpec) -> Any:
                                  bir.add(bir.mul(e, n_count), n0), bir.sub(n_count, n0), k,
                                  lambda r: tcgen_row_offset(bir.add(b_srow0, r), d1), bn)
                 fix = X.accumulator_scale("lut", spec.fmt, "fold")
+                if spec.dtype == "f16":  # both operands times 2^-7 (exact)
+                    from blockscale.ops._f16_dequant_ir import ACC_SCALE
+
+                    fix = ACC_SCALE
                 scale_e = bir.load(kb.arg("expert_scales"), e)
 
                 def expert_scaled(v: Any, m: Any, n: Any) -> Any:
@@ -396,7 +415,8 @@ def build(spec: GroupedPdqSpec) -> Any:
                                 a_tile=a_tile, tall=tall_hooks, unroll=spec.unroll,
                                 skip=TL.Skip(bir.sub(end, m0)) if spec.skip else None,
                                 b_tma=(bir.udiv(b_srow0, SF_ATOM_ROWS), d1)
-                                if spec.b_source == "tma" else None, a_early=spec.a_early)
+                                if spec.b_source == "tma" else None, a_early=spec.a_early,
+                                dtype=spec.dtype)
                 br.yield_()
             with br.else_():  # expert id -1: zeros (D8), by the consumer warpgroups' rows
                 tid = bir.thread_idx("x")
@@ -421,11 +441,11 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
                                     sigma_out: bool = False, a_source: str = "packed",
                                     bm: int = BM, unroll: int = 1, skip: bool = False,
                                     b_source: str = "global", a_early: bool = False,
-                                    device: Any = None) -> Any:
+                                    dtype: str = "bf16", device: Any = None) -> Any:
     """The kernel called directly (no dispatch), e.g. by tests and benchmarks. Arguments as
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
     ``prefetch``, ``loop``, ``store``, ``producers``, ``bn``, ``depth``, ``sigma_out``,
-    ``a_source``, ``bm``, ``unroll``, ``skip``, ``b_source`` and ``a_early``
+    ``a_source``, ``bm``, ``unroll``, ``skip``, ``b_source``, ``a_early`` and ``dtype``
     (:class:`GroupedPdqSpec`; ``bm=256`` with
     ``bn=128``). Raises ValueError for K % 32 != 0, a format other
     than NVFP4 / MXFP4, a staged store with N % 8 != 0, ``sigma_out`` with an odd N (staged:
@@ -438,7 +458,7 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
                           store, producers, bn, depth, sigma_out, a_source, bm, unroll, skip,
-                          b_source, a_early)
+                          b_source, a_early, dtype)
     check_sigma_store(spec, n)
     return launch(spec, t, n, g_count, buffers, {"t": t, "n": n, "k": k, "num_groups": g_count},
                   dev)
@@ -471,8 +491,8 @@ def launch(spec: GroupedPdqSpec, t: int, n: int, num_groups: int, buffers: dict[
         G1.check_tile_placement(buffers["expert_start"], buffers["a_scale_offsets"],
                                 buffers["expert_ids"], int(buffers["sfa"].shape[0]))
         buffers = {x: device.to_device(np.ascontiguousarray(v)) for x, v in buffers.items()}
-    ws = G1.launch(G1.GroupedP1Spec(spec.fmt, spec.target), buffers, t, scalars["k"],
-                   num_groups, device)
+    ws = G1.launch(G1.GroupedP1Spec(spec.fmt, spec.target, dtype=spec.dtype), buffers, t,
+                   scalars["k"], num_groups, device)
     bufs = {x: v for x, v in buffers.items() if x not in ("a", "sfa")}
     if spec.b_source == "tma":
         from blockscale.ops._pdq_tma import tensormap_values
@@ -520,9 +540,11 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
                               store=store, sigma_out=sigma_out, a_source=a_source, bm=256,
                               bn=TALL_BN, unroll=TALL_UNROLL)
     if bm == 192 and (a_source, store) == ("workspace", "staged"):
+        dtype = os.environ.get(DTYPE_ENV, DISPATCH_DTYPE) if fmt.name == "nvfp4" else "bf16"
+        H.check_choice(dtype, DTYPES, DTYPE_ENV)
         return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
                               store=store, sigma_out=sigma_out, a_source=a_source, bm=192,
-                              bn=TRI_BN)
+                              bn=TRI_BN, dtype=dtype)
     skip = os.environ.get(SKIP_ENV, "1" if DISPATCH_SKIP else "0") not in ("0", "false", "off")
     return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop, store=store,
                           sigma_out=sigma_out, a_source=a_source,
@@ -571,6 +593,10 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged", sigma_out=sg,
                              a_source="workspace", bm=192, bn=TRI_BN)
               for f, rs in variants for sg in (False, True)]
+    # ... NVFP4's with f16 operands (DTYPE_ENV=f16)
+    specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged", sigma_out=sg,
+                             a_source="workspace", bm=192, bn=TRI_BN, dtype="f16")
+              for f, rs in variants if f == "nvfp4" for sg in (False, True)]
     # A copied a step early (skip items, workspace A, staged: plain and σ; with the TMA B too)
     specs += [GroupedPdqSpec(f, rs, target, None, pf, "split", "staged", sigma_out=sg,
                              a_source="workspace", skip=True, b_source=bs, a_early=True)
