@@ -649,16 +649,36 @@ def test_interp_tri_f16(case):
     assert np.array_equal(got.view(np.uint16), ref_out.view(np.uint16))
 
 
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    (1, "lockstep", True, False, {"skip": True}),  # 128-row items, idle warpgroups
+    (2, "split", False, True, {"skip": True}),  # σ
+    (3, "lockstep", True, False, {"bm": 256, "bn": 128, "unroll": 2}),  # 256 x 128 items
+    (0, "split", False, False, {"bm": 256, "bn": 128, "skip": False}),
+], ids=lambda c: f"case{c[0]}-{c[1]}-rs{int(c[2])}-sg{int(c[3])}-{c[4].get('bm', 128)}")
+def test_interp_f16_items(case):
+    """f16 operands on the 128-row skip items and the 256 x 128 items: byte-equal to bf16."""
+    case_id, loop, rows, sigma, extra = case
+    counts, ids, e_count, n, k = CASES[case_id]
+    kw = {"rows": rows, "loop": loop, "prefetch": True, "seed": case_id, "store": "staged",
+          "check_exact": False, "sigma_out": sigma, "a_source": "workspace", **extra}
+    ref_out = _run(NVFP4, counts, ids, e_count, n, k, **kw)
+    got = _run(NVFP4, counts, ids, e_count, n, k, dtype="f16", **kw)
+    assert np.array_equal(got.view(np.uint16), ref_out.view(np.uint16))
+
+
 def test_tri_f16_spec_checks(monkeypatch):
     spec = GP.GroupedPdqSpec("nvfp4", False, prefetch=True, store="staged",
                              a_source="workspace", bm=192, bn=192, dtype="f16")
     assert spec.kernel_name == "bs_grouped_pdq_nvfp4_192x192_k64_s4_pf_st_ws_f16"
-    with pytest.raises(ValueError, match="NVFP4 192 x 192"):
+    with pytest.raises(ValueError, match="dtype='f16' is for NVFP4"):
         GP.GroupedPdqSpec("mxfp4", store="staged", a_source="workspace", bm=192, bn=192,
                           dtype="f16")
-    with pytest.raises(ValueError, match="NVFP4 192 x 192"):
+    with pytest.raises(ValueError, match="dtype='f16' is for NVFP4"):
+        GP.GroupedPdqSpec("nvfp4", store="staged", dtype="f16")  # packed A
+    with pytest.raises(ValueError, match="dtype='f16' is for NVFP4"):
         GP.GroupedPdqSpec("nvfp4", store="staged", a_source="workspace", skip=True,
-                          dtype="f16")
+                          b_source="tma", dtype="f16")
     with pytest.raises(ValueError, match="dtype"):
         GP.GroupedPdqSpec("nvfp4", store="staged", a_source="workspace", bm=192, bn=192,
                           dtype="f32")
@@ -672,7 +692,12 @@ def test_tri_f16_spec_checks(monkeypatch):
     assert (big.bm, big.dtype) == (192, "f16")
     assert GP.dispatch_spec(MXFP4, 5760, False, "sm_90a", "interp", False, 128.0).dtype == \
         "bf16"
-    assert GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", False, 1.0).dtype == "bf16"
+    small = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", True, 1.0)
+    assert (small.bm, small.skip, small.dtype) == (128, True, "f16")
+    monkeypatch.setenv(GP.A_SOURCE_ENV, "packed")
+    assert GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0).dtype == \
+        "bf16"
+    monkeypatch.delenv(GP.A_SOURCE_ENV)
     monkeypatch.setenv(GP.DTYPE_ENV, "f8")
     with pytest.raises(ValueError, match=GP.DTYPE_ENV):
         GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0)
@@ -713,14 +738,16 @@ def test_gpu_tri(fmt, case):
 @pytest.mark.gpu
 @pytest.mark.cuda
 @pytest.mark.parametrize("case", ["gpt-oss-4096", "gpt-oss-4096-sigma", "deepseek",
-                                  "every-scale"])
-def test_gpu_tri_f16(case):
-    """NVFP4 192 x 192 items on f16 operands on the H200: the grouped wgmma kernel's bytes
-    (so the bf16 items'), every scale byte included."""
+                                  "every-scale", "gpt-oss-1024-skip", "gpt-oss-sigma-skip",
+                                  "every-scale-skip"])
+def test_gpu_f16(case):
+    """NVFP4 on f16 operands on the H200, 192 x 192 items and (``-skip``) 128-row skip items:
+    the grouped wgmma kernel's bytes (so the bf16 items'), every scale byte included (f16
+    subnormal operands in the HGMMAs)."""
+    items = {"skip": True} if case.endswith("-skip") else {"bm": 192, "bn": 192}
     kw = {"rows": True, "loop": "split", "device": "cuda", "check_exact": False,
-          "store": "staged", "a_source": "workspace", "prefetch": True, "bm": 192, "bn": 192,
-          "dtype": "f16"}
-    _gpu_case(NVFP4, case, kw, seed=7)
+          "store": "staged", "a_source": "workspace", "prefetch": True, "dtype": "f16", **items}
+    _gpu_case(NVFP4, case.removesuffix("-skip"), kw, seed=7)
 
 
 # ---- 256 x 128 work items (bm=256, issue #10 step 2) ----------------------------------------

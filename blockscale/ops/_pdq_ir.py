@@ -166,7 +166,6 @@ class _PdqRing(T._Ring):
         self.producers = producers
         self.lut: tuple[Value, ...] | None = None  # _lut_regs (emit_mainloop)
         self.lut_words = _LUT_WORDS  # the table init_barriers stores (emit_mainloop: per fmt)
-        self.dtype = "bf16"  # the operands' type in the stages (emit_mainloop's dtype)
 
     def init_barriers(self) -> None:
         with bir.when(self.is_prod):
@@ -584,9 +583,10 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     step t, after the wait for its stage, so its latency overlaps step t's dequantization;
     the lockstep loop copies A at the fill (its next stage is not free yet). Both are
     measured no faster on the H200 (runs AF / AG / AJ: the CTA-step is not bound by the
-    producer's load or copy latencies). ``dtype``: the operands' type in the ring, "bf16" or
-    "f16" (NVFP4, the 192 x 192 item, A from an f16 workspace:
-    :mod:`blockscale.ops._f16_dequant_ir`; both operands times 2^-7, the epilogue's fix)."""
+    producer's load or copy latencies). ``dtype``: the operands' type in the ring (every
+    consumer's wgmmas), "bf16" or "f16" (NVFP4, A from an f16 workspace, B from global
+    memory: :mod:`blockscale.ops._f16_dequant_ir`; both operands times 2^-7, the epilogue's
+    fix)."""
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {list(LOOPS)}, got {loop!r}")
     if producers not in PRODUCERS:

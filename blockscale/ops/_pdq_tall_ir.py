@@ -173,7 +173,7 @@ class Tall:
             for h in range(4):
                 for j in range(n):
                     accs[j] = W.mma_async(accs[j], W.advance(da, h * K16 + j * SLAB),
-                                          W.advance(db, h * K16), BN, dtype="bf16")
+                                          W.advance(db, h * K16), BN, dtype=ring.dtype)
         release_previous(ring, step, bool(n))
         return accs
 

@@ -45,17 +45,15 @@ K16_A, K16_B = 2 * 128 * 16, 2 * BN * 16
 class Tri(TL.Tall):
     """The 192 x 192 item's hooks (module docstring): ``rows`` (index) of the group from the
     item's first row on, ``has2`` (i1) whether the second copied workspace tile exists,
-    ``odd`` (index 0 / 1) the item's first slab within its first tile, ``dtype`` the
-    operands' type ("bf16", "f16")."""
+    ``odd`` (index 0 / 1) the item's first slab within its first tile."""
 
     wgs = WGS
     nacc = 1
     units = True
 
-    def __init__(self, rows: Value, has2: Value, odd: Value, dtype: str = "bf16") -> None:
+    def __init__(self, rows: Value, has2: Value, odd: Value) -> None:
         super().__init__(rows, has2)
         self.odd = odd
-        self.dtype = dtype  # the wgmma operand type (f16: blockscale.ops._f16_dequant_ir)
 
     @staticmethod
     def check(a: Any, bm: int, bn: int, producers: int) -> None:
@@ -84,7 +82,7 @@ class Tri(TL.Tall):
         W.fence()
         for h in range(4):
             acc = W.mma_async(acc, W.advance(da, h * K16_A), W.advance(db, h * K16_B), BN,
-                              dtype=self.dtype)
+                              dtype=ring.dtype)
         TL.release_previous(ring, step, True)
         return acc
 

@@ -322,6 +322,7 @@ class _Ring:
             raise ValueError(f"cluster must be one of {list(CLUSTERS)}, got {cluster!r}")
         self.kstep, self.stages, self.bm, self.bn = kstep, stages, bm, bn
         self.cluster = cluster
+        self.dtype = "bf16"  # the stages' operand type (the producer-dequant kernels: f16 too)
         if cluster > 1:  # this CTA's rank (i32) and its peer's
             self.rank = N.cluster_ctarank() if rank is None else rank
             self.peer = arith.xori(self.rank, bir.const(1, bir.i32()))
@@ -415,7 +416,7 @@ class _Ring:
         W.fence()
         for h in range(self.kstep // 16):
             acc = W.mma_async(acc, W.advance(da, h * self.h_a), W.advance(db, h * self.h_b),
-                              self.bn, dtype="bf16")
+                              self.bn, dtype=self.dtype)
         W.commit_group()
         W.wait_group(1)  # the wgmmas of step - 1 retired: release its stage
         # step 0 "releases" stage stages - 1 (not yet read; its producer fills it at once):

@@ -121,11 +121,11 @@ DISPATCH_DEPTH = 1
 #: AJ): not dispatched; the bench and the tests call it
 #: (:func:`grouped_matmul_block_scaled_pdq`)
 B_SOURCES = ("global", "tma")
-#: the stages' operand type: "bf16", or "f16" (NVFP4, 192 x 192 items: the producer's
-#: table-free E5M2 decode, :mod:`blockscale.ops._f16_dequant_ir`; A from an f16 phase 1;
-#: f16 wgmmas; the accumulator times 2^14 first: the same bytes)
+#: the stages' operand type: "bf16", or "f16" (NVFP4, A from the workspace, B from global
+#: memory: the producer's table-free E5M2 decode, :mod:`blockscale.ops._f16_dequant_ir`; A
+#: from an f16 phase 1; f16 wgmmas; the accumulator times 2^14 first: the same bytes)
 DTYPES = ("bf16", "f16")
-#: the dispatch's operand type for NVFP4's 192 x 192 items (:func:`dispatch_spec`);
+#: the dispatch's operand type for NVFP4 with the workspace A (:func:`dispatch_spec`);
 #: BLOCKSCALE_SM90_GROUPED_PDQ_DTYPE=bf16|f16 overrides it
 DISPATCH_DTYPE = "bf16"
 DTYPE_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_DTYPE"
@@ -169,7 +169,8 @@ class GroupedPdqSpec(FormatSpec):
             is issued at the start of step t instead of at its own fill
             (:func:`blockscale.ops._pdq_ir.emit_mainloop`); the lockstep loop ignores it.
             Same bytes; measured within 1 % of the copy at the fill (run AG), not dispatched.
-        dtype: :data:`DTYPES`; "f16" for NVFP4 192 x 192 items only. Same bytes.
+        dtype: :data:`DTYPES`; "f16" for NVFP4 with A from the workspace and B from global
+            memory. Same bytes.
     """
 
     fmt: str
@@ -218,9 +219,11 @@ class GroupedPdqSpec(FormatSpec):
                              f"no a_early, got store={self.store!r}, unroll={self.unroll!r}, "
                              f"b_source={self.b_source!r}, a_early={self.a_early!r}")
         H.check_choice(self.dtype, DTYPES, "dtype")
-        if self.dtype == "f16" and (self.fmt, self.bm) != ("nvfp4", 192):
-            raise ValueError(f"dtype='f16' is for NVFP4 192 x 192 items, got fmt={self.fmt}, "
-                             f"bm={self.bm}")
+        if self.dtype == "f16" and (self.fmt, self.a_source, self.b_source) != (
+                "nvfp4", "workspace", "global"):
+            raise ValueError(f"dtype='f16' is for NVFP4 with a_source='workspace' and "
+                             f"b_source='global', got fmt={self.fmt}, "
+                             f"a_source={self.a_source!r}, b_source={self.b_source!r}")
         most = _pdq.max_stages(self.bn, self.ring_rows)
         if self.stages is None:
             object.__setattr__(self, "stages", most)
@@ -369,7 +372,7 @@ def build(spec: GroupedPdqSpec) -> Any:
                         a_tile = bir.add(tile0, first)
                         tall_hooks = TR.Tri(bir.sub(end, m0), bir.ult(
                             bir.mul(bir.add(first, 1), 128), bir.sub(end, start)),
-                            bir.urem(tile, 2), spec.dtype)
+                            bir.urem(tile, 2))
                 else:
                     a = P.PackedRows(kb.arg("a"), kb.arg("sfa"), m0, bir.sub(end, m0), k,
                                      lambda r: tcgen_row_offset(bir.add(srow0, r), d1), bm)
@@ -535,13 +538,15 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     H.check_choice(bm_env, ("auto", *map(str, BMS)), BM_ENV)
     bm = int(bm_env) if bm_env != "auto" else 192 if (
         rows_per_group is not None and rows_per_group >= TRI_MIN_GROUP_ROWS) else 128
+    dtype = os.environ.get(DTYPE_ENV, DISPATCH_DTYPE)
+    H.check_choice(dtype, DTYPES, DTYPE_ENV)
+    if (fmt.name, a_source) != ("nvfp4", "workspace"):
+        dtype = "bf16"
     if bm == 256 and (a_source, store) == ("workspace", "staged"):
         return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
                               store=store, sigma_out=sigma_out, a_source=a_source, bm=256,
-                              bn=TALL_BN, unroll=TALL_UNROLL)
+                              bn=TALL_BN, unroll=TALL_UNROLL, dtype=dtype)
     if bm == 192 and (a_source, store) == ("workspace", "staged"):
-        dtype = os.environ.get(DTYPE_ENV, DISPATCH_DTYPE) if fmt.name == "nvfp4" else "bf16"
-        H.check_choice(dtype, DTYPES, DTYPE_ENV)
         return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
                               store=store, sigma_out=sigma_out, a_source=a_source, bm=192,
                               bn=TRI_BN, dtype=dtype)
@@ -550,7 +555,7 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
                           sigma_out=sigma_out, a_source=a_source,
                           skip=skip and a_source == "workspace" and store == "staged",
                           depth=DISPATCH_DEPTH if skip and a_source == "workspace"
-                          and store == "staged" else 1)
+                          and store == "staged" else 1, dtype=dtype)
 
 
 def kernel(spec: GroupedPdqSpec) -> Any:
@@ -593,10 +598,11 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged", sigma_out=sg,
                              a_source="workspace", bm=192, bn=TRI_BN)
               for f, rs in variants for sg in (False, True)]
-    # ... NVFP4's with f16 operands (DTYPE_ENV=f16)
+    # NVFP4's 192 x 192 and 128-row skip items on f16 operands (DTYPE_ENV=f16), plain and σ
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged", sigma_out=sg,
-                             a_source="workspace", bm=192, bn=TRI_BN, dtype="f16")
-              for f, rs in variants if f == "nvfp4" for sg in (False, True)]
+                             a_source="workspace", dtype="f16", **kw)
+              for f, rs in variants if f == "nvfp4" for sg in (False, True)
+              for kw in ({"bm": 192, "bn": TRI_BN}, {"skip": True})]
     # A copied a step early (skip items, workspace A, staged: plain and σ; with the TMA B too)
     specs += [GroupedPdqSpec(f, rs, target, None, pf, "split", "staged", sigma_out=sg,
                              a_source="workspace", skip=True, b_source=bs, a_early=True)
