@@ -16,7 +16,8 @@ Cases (the shapes of bench_matmul / bench_quantize_moe / bench_moe):
 * ``moe_decode`` / ``moe_decode_t1`` / ``moe_prefill``: gpt-oss-120b gate_up NVFP4 at T=128 /
   1 / 4096 (the
   dispatch); ``moe_prefill_tma`` / ``moe_prefill_ae``: T=4096, the producer-dequant kernel
-  with B by TMA / with A copied a step early; ``moe_prefill_tall``: its 256 x 128 items.
+  with B by TMA / with A copied a step early; ``moe_prefill_tall``: its 256 x 128 items;
+  ``moe_prefill_f16``: its 192 x 192 items on f16 operands.
 
 The op runs once before the profiled call (compiles nothing: the bundle; loads the module).
 """
@@ -113,6 +114,8 @@ CASES: dict[str, Callable[[Any], Callable[[], Any]]] = {
     "moe_prefill": lambda d: _moe(d, 4096),
     "moe_prefill_tma": lambda d: _moe(d, 4096, b_source="tma"),
     "moe_prefill_ae": lambda d: _moe(d, 4096, prefetch=True, a_early=True),
+    "moe_prefill_f16": lambda d: _moe(d, 4096, prefetch=True, bm=192, bn=192, skip=False,
+                                      dtype="f16"),
     "moe_prefill_tall": lambda d: _moe(d, 4096, prefetch=True, bm=256, bn=128, unroll=2,
                                              skip=False),
 }

@@ -201,8 +201,17 @@ WAVE_CTAS = 4 * 132
 #: gpt-oss NVFP4 T=1 0.0307 -> 0.0222, T=16 0.250 -> 0.168, T=128 0.656 -> 0.421 ms (65 % of
 #: copy); DeepSeek-V3 NVFP4 T=16 0.722 -> 0.495 (79 %), T=128 1.95 -> 1.35 ms; MXFP4 gpt-oss
 #: T=128 0.558 -> 0.440; dense M=1 0.0156 -> 0.0116, M=16 0.0240 -> 0.0182 ms (mma_c 0.0180;
-#: mma_c85 / mma_c86, capped at 96 / 80 registers, slower than mma_c8)
-DEFAULT_VARIANT = "mma_c8"
+#: mma_c85 / mma_c86, capped at 96 / 80 registers, slower than mma_c8). Session 8 (run AP,
+#: H200, dense N=5760 K=2880, weight sets rotated past the L2, ms): the one-shot kernels,
+#: NVFP4 M=1 mma_shot 0.0125 / mma_shot1 0.0119 vs mma_c8t 0.0145, M=16 mma_shot16 0.0165 vs
+#: 0.0214; MXFP4 M=1 0.0114 / 0.0112 vs 0.0152, M=16 0.0156 vs 0.0230 (run AB, K=7168: mma_shot7k
+#: M=1 0.0164 vs 0.0257, M=16 0.0255 vs 0.0416; ncu, run AO: mma_c8's 90 CTAs run one warp a
+#: scheduler, its K chain 4.6 k instructions long). So the dense dispatch runs "mma_shot"
+#: (:func:`shot_variant` by K and rows; :data:`SHOT_FALLBACK` past every one-shot K cap):
+#: deterministic and within the fp32 bound, not bit-identical to the portable kernel
+DEFAULT_VARIANT = "mma_shot"
+#: the dense dispatch's variant where no one-shot kernel holds K (K > 7168)
+SHOT_FALLBACK = "mma_c8"
 #: the grouped (MoE) decode's default: run Q (2026-11-30, H200), mma_c8 -> mma_c8t (the last K
 #: step peeled): gpt-oss NVFP4 T=1 0.0222 -> 0.0215, T=16 0.164 -> 0.157, T=128 0.417 -> 0.398
 #: ms (70 % of copy); MXFP4 T=128 0.437 -> 0.404. Dense keeps mma_c8 (M=1 0.0117 vs 0.0123,
@@ -710,7 +719,7 @@ def dense_fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype:
     if target not in TARGETS or not enabled() or epilogue is not None or m == 0 or n == 0 \
             or m > MAX_ROWS or not k_supported(fmt, k):
         return None
-    variant = _shot_or_default(dispatch_variant(fmt), k, DEFAULT_VARIANT, m)
+    variant = _shot_or_default(dispatch_variant(fmt), k, SHOT_FALLBACK, m)
     if variant == AUTO_VARIANT:
         variant = slices_variant(grid(n, 1, 64)[0])
     # mma_p5 / mma_c85 / mma_c86 are bundled for the grouped kernels only: dense grids run
