@@ -155,6 +155,12 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                  ("grouped pdq pf staged sigma ws skip", "pdq",
                   {"prefetch": True, "store": "staged", "sigma_out": True,
                    "a_source": "workspace", "skip": True}),
+                 ("grouped pdq pf staged ws skip f16", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
+                   "dtype": "f16"}),
+                 ("grouped pdq pf staged sigma ws skip f16", "pdq",
+                  {"prefetch": True, "store": "staged", "sigma_out": True,
+                   "a_source": "workspace", "skip": True, "dtype": "f16"}),
                  # 256 x 128 items (two workspace tiles, 128 weight rows a step)
                  # (the producer loop unrolled by 2, the dispatch's; "u1": not)
                  ("grouped pdq pf staged ws 256x128", "pdq",
