@@ -36,7 +36,7 @@ from blockscale.ops import matmul_grouped_wgmma as gw
 def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=False,
          stages=None, seed=0, device="interp", check_exact=True, store="direct", producers=1,
          bn=256, depth=1, every_scale=False, a_source="packed", sigma_out=False, bm=128, unroll=1,
-         skip=False, b_source="global", a_early=False, dtype="bf16"):
+         skip=False, b_source="global", a_early=False, dtype="bf16", pair=False):
     rng = np.random.default_rng(300 + seed)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
     if every_scale:  # every scale byte (E4M3 subnormals and NaN, E8M0 0x00 and 0xFF)
@@ -53,7 +53,7 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
                                              a_source=a_source, sigma_out=sigma_out, bm=bm,
                                              unroll=unroll, skip=skip,
                                              b_source=b_source, a_early=a_early,
-                                             dtype=dtype, device=device)
+                                             dtype=dtype, pair=pair, device=device)
     if sigma_out:  # gate | up columns back to the σ order (the plain store's)
         out = _unsigma(out)
     assert out.dtype == ml_dtypes.bfloat16 and out.shape == (sum(counts), n)
@@ -667,6 +667,38 @@ def test_interp_f16_items(case):
     assert np.array_equal(got.view(np.uint16), ref_out.view(np.uint16))
 
 
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    (0, "bf16", {"bm": 192, "bn": 192}),  # 2 k-steps: one pair
+    (3, "f16", {"bm": 192, "bn": 192}),  # K = 160: 3 steps, the second pair's last empty
+    (1, "f16", {"skip": True}),
+    (2, "bf16", {"skip": True}),
+], ids=lambda c: f"case{c[0]}-{c[1]}-{c[2].get('bm', 128)}")
+def test_interp_pair(case):
+    """The producer filling two steps under one proxy fence (``pair``, the "split" loop: K
+    steps within the ring): byte-equal to the per-step fence."""
+    case_id, dtype, extra = case
+    counts, ids, e_count, n, k = CASES[case_id]
+    kw = {"rows": True, "loop": "split", "prefetch": True, "seed": case_id, "store": "staged",
+          "check_exact": False, "a_source": "workspace", "dtype": dtype, **extra}
+    ref_out = _run(NVFP4, counts, ids, e_count, n, k, **kw)
+    got = _run(NVFP4, counts, ids, e_count, n, k, pair=True, **kw)
+    assert np.array_equal(got.view(np.uint16), ref_out.view(np.uint16))
+
+
+def test_pair_spec_checks():
+    spec = GP.GroupedPdqSpec("nvfp4", False, prefetch=True, store="staged",
+                             a_source="workspace", bm=192, bn=192, dtype="f16", pair=True)
+    assert spec.kernel_name.endswith("_ws_f16_pr")
+    with pytest.raises(ValueError, match="pair needs"):
+        GP.GroupedPdqSpec("nvfp4", store="staged", a_source="workspace", skip=True, pair=True)
+    with pytest.raises(ValueError, match="pair needs"):
+        GP.GroupedPdqSpec("nvfp4", prefetch=True, store="staged", a_source="workspace",
+                          skip=True, depth=2, pair=True)
+    with pytest.raises(TypeError, match="pair"):
+        GP.GroupedPdqSpec("nvfp4", prefetch=True, pair=1)
+
+
 def test_tri_f16_spec_checks(monkeypatch):
     spec = GP.GroupedPdqSpec("nvfp4", False, prefetch=True, store="staged",
                              a_source="workspace", bm=192, bn=192, dtype="f16")
@@ -747,6 +779,21 @@ def test_gpu_f16(case):
     items = {"skip": True} if case.endswith("-skip") else {"bm": 192, "bn": 192}
     kw = {"rows": True, "loop": "split", "device": "cuda", "check_exact": False,
           "store": "staged", "a_source": "workspace", "prefetch": True, "dtype": "f16", **items}
+    _gpu_case(NVFP4, case.removesuffix("-skip"), kw, seed=7)
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", ["gpt-oss-4096", "gpt-oss-4096-sigma", "deepseek",
+                                  "every-scale", "gpt-oss-1024-skip", "every-scale-skip"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_gpu_pair(dtype, case):
+    """The paired producer fence (two steps a fence, loads two steps ahead) on the H200,
+    192 x 192 and (``-skip``) 128-row items: the grouped wgmma kernel's bytes."""
+    items = {"skip": True} if case.endswith("-skip") else {"bm": 192, "bn": 192}
+    kw = {"rows": True, "loop": "split", "device": "cuda", "check_exact": False,
+          "store": "staged", "a_source": "workspace", "prefetch": True, "dtype": dtype,
+          "pair": True, **items}
     _gpu_case(NVFP4, case.removesuffix("-skip"), kw, seed=7)
 
 

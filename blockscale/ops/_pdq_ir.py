@@ -506,6 +506,16 @@ def _fill(ring: _PdqRing, src_a: Value | Callable | None, t: Value, ops: list[Pa
     the producers; unless ``src_a`` is None, A is one of ``ops``, or not ``copy_a``: copied
     a step earlier), the ``ops`` from ``vals``; fence the stores to the async proxy and
     arrive."""
+    full = _fill_stores(ring, src_a, t, ops, vals, fmt, units, copy_a)
+    W.fence_proxy_async_shared()
+    cpasync.mbarrier_arrive(full)
+
+
+def _fill_stores(ring: _PdqRing, src_a: Value | Callable | None, t: Value,
+                 ops: list[PackedRows], vals: list[Value], fmt: str,
+                 units: list[_Unit] | None = None, copy_a: bool = True) -> Value:
+    """:func:`_fill` up to its fence: A's copy and the stores of step ``t``'s stage; returns
+    the stage's full barrier."""
     stage0, full = _stage(ring, t)
     if copy_a:
         _copy_a(ring, src_a, t)
@@ -513,8 +523,7 @@ def _fill(ring: _PdqRing, src_a: Value | Callable | None, t: Value, ops: list[Pa
         _store_step(ring, stage0, ops, vals, fmt)
     else:
         _store_units(ring, stage0, units, vals, fmt)
-    W.fence_proxy_async_shared()
-    cpasync.mbarrier_arrive(full)
+    return full
 
 
 #: producer steps per iteration of the "split" loop. 2 alternates the prefetched registers
@@ -547,7 +556,7 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                   depth: int = 1, a_tile: Value | None = None, tall: Any = None,
                   unroll: int = SPLIT_UNROLL, skip: Any = None,
                   b_tma: tuple[Value, Value] | None = None, a_early: bool = False,
-                  dtype: str = "bf16") -> None:
+                  dtype: str = "bf16", pair: bool = False) -> None:
     """The producer / consumer K loop (module docstring) of the ``bm x bn`` tile of A rows
     ``a`` and B rows ``b`` (``b.tile == bn``), then ``epilogue(acc, wg, writers)``: the
     warpgroup's final accumulator struct and index. Without ``all_threads`` it runs in the
@@ -586,7 +595,12 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     producer's load or copy latencies). ``dtype``: the operands' type in the ring (every
     consumer's wgmmas), "bf16" or "f16" (NVFP4, A from an f16 workspace, B from global
     memory: :mod:`blockscale.ops._f16_dequant_ir`; both operands times 2^-7, the epilogue's
-    fix)."""
+    fix). ``pair`` ("split" loop, with the prefetch at distance 1): the producer fills two
+    steps per iteration under ONE proxy fence, the next two steps' global loads issued at the
+    iteration's start. The fence (SASS MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, also in its
+    one-way ``sync_restrict`` form) waits for the thread's global loads still in flight, so
+    with a fence per step the loads issued at a step's start bound the step by their
+    latency; here they have two steps' conversion to land (four steps of registers)."""
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {list(LOOPS)}, got {loop!r}")
     if producers not in PRODUCERS:
@@ -705,6 +719,27 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     def result(accs: Any) -> Any:  # the epilogue's acc: the struct (tall: the slab pair)
         return accs[0] if nacc == 1 else tuple(accs)
 
+    if loop == "split" and pair:
+        if not prefetch or depth != 1 or a_early or raw is not None:
+            raise ValueError("pair needs the prefetch at distance 1, no a_early and B from "
+                             "global memory")
+        with bir.when(is_prod), bir.for_range(0, steps, 2,
+                                              carry=load(bir.const(0)) + load(bir.const(1))) as pl:
+            regs, fulls = list(pl.carried), []
+            nxt = load(bir.add(pl.iv, 2)) + load(bir.add(pl.iv, 3))  # in flight for two steps
+            for j in range(2):
+                t = bir.add(pl.iv, j)
+                live = bir.ult(t, steps)
+                with bir.when(live):
+                    ahead = bir.sub(bir.add(t, 1), stages)  # as produce's wait (u = t)
+                    wait_free(t, bir.ule(stages - 1, t), T._parity(bir.udiv(ahead, stages)))
+                    _fill_stores(ring, src_a, t, ops, regs[j * one:(j + 1) * one], fmt, units)
+                fulls.append((live, _stage(ring, t)[1]))
+            W.fence_proxy_async_shared()
+            for live, full in fulls:
+                with bir.when(live):
+                    cpasync.mbarrier_arrive(full)
+            pl.yield_(*nxt)
     if loop == "split":
         # the producer first in the IR (lock-step order runs it first); its prefetch of
         # step 0 inside the branch (the with items are entered in order)
@@ -712,24 +747,25 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
             raise ValueError(f"unroll must be 1 or 2, got {unroll!r}")
         if a_early and (src_a is None or callable(src_a)):
             raise ValueError("a_early needs A bulk-copied from the workspace at bm 128")
-        if a_early:  # step 0's A (its stage is free)
-            with bir.when(is_prod), bir.when(bir.ult(bir.const(0), steps)):
-                _copy_a(ring, src_a, bir.const(0))
-        with bir.when(is_prod), bir.for_range(0, steps, unroll,
-                                              carry=first(bir.const(0))) as pl:
-            nxt = list(pl.carried)
-            for j in range(unroll):  # the step after the last one: fills nothing
-                t = bir.add(pl.iv, j)
-                # u >= stages - 1: wait for the consumers' release at their step
-                # u - stages + 1 (step u - stages's stage; the first, at u = stages - 1, is
-                # the consumers' step-0 release of the unused stage stages - 1); u = t, or
-                # t + 1 when its A is copied early
-                u = bir.add(t, 1) if a_early else t
-                ahead = bir.sub(bir.add(u, 1), stages)  # wraps for u < stages - 1: unused
-                nxt = produce(t, nxt, bir.ule(stages - 1, u),
-                              T._parity(bir.udiv(ahead, stages)), early=a_early)
-            if prefetch:
-                pl.yield_(*nxt)
+        if not pair:  # (the paired producer loop is above)
+            if a_early:  # step 0's A (its stage is free)
+                with bir.when(is_prod), bir.when(bir.ult(bir.const(0), steps)):
+                    _copy_a(ring, src_a, bir.const(0))
+            with bir.when(is_prod), bir.for_range(0, steps, unroll,
+                                                  carry=first(bir.const(0))) as pl:
+                nxt = list(pl.carried)
+                for j in range(unroll):  # the step after the last one: fills nothing
+                    t = bir.add(pl.iv, j)
+                    # u >= stages - 1: wait for the consumers' release at their step
+                    # u - stages + 1 (step u - stages's stage; the first, at u = stages - 1, is
+                    # the consumers' step-0 release of the unused stage stages - 1); u = t, or
+                    # t + 1 when its A is copied early
+                    u = bir.add(t, 1) if a_early else t
+                    ahead = bir.sub(bir.add(u, 1), stages)  # wraps for u < stages - 1: unused
+                    nxt = produce(t, nxt, bir.ule(stages - 1, u),
+                                  T._parity(bir.udiv(ahead, stages)), early=a_early)
+                if prefetch:
+                    pl.yield_(*nxt)
 
         def consumer_loop() -> list[Value]:
             if tall is not None:

@@ -171,6 +171,10 @@ class GroupedPdqSpec(FormatSpec):
             Same bytes; measured within 1 % of the copy at the fill (run AG), not dispatched.
         dtype: :data:`DTYPES`; "f16" for NVFP4 with A from the workspace and B from global
             memory. Same bytes.
+        pair: ("split" loop, prefetch distance 1) the producer fills two steps under one
+            proxy fence and issues the next two steps' loads after it
+            (:func:`blockscale.ops._pdq_ir.emit_mainloop`); the lockstep loop ignores it.
+            Same bytes.
     """
 
     fmt: str
@@ -191,6 +195,7 @@ class GroupedPdqSpec(FormatSpec):
     b_source: str = "global"
     a_early: bool = False
     dtype: str = "bf16"
+    pair: bool = False
 
     op: ClassVar[str] = "grouped_matmul_block_scaled_pdq"
     out_dtype: ClassVar[str] = "bfloat16"
@@ -201,7 +206,7 @@ class GroupedPdqSpec(FormatSpec):
         H.check_choice(self.fmt, FORMATS, "fmt")
         H.check_choice(H.target_name(self.target), TARGETS, "target")
         object.__setattr__(self, "target", H.target_name(self.target))
-        for name in ("row_scales", "prefetch", "sigma_out", "skip", "a_early"):
+        for name in ("row_scales", "prefetch", "sigma_out", "skip", "a_early", "pair"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got "
                                 f"{type(getattr(self, name)).__name__}")
@@ -213,11 +218,17 @@ class GroupedPdqSpec(FormatSpec):
             raise ValueError(f"bm={self.bm} needs a_source='workspace' and producers=1, got "
                              f"a_source={self.a_source!r}, producers={self.producers!r}")
         H.check_choice(self.bn, {BM: BNS, 256: (TALL_BN,), 192: (TRI_BN,)}[self.bm], "bn")
-        if self.bm == 192 and (self.store, self.unroll, self.b_source, self.a_early) != (
-                "staged", 1, "global", False):
-            raise ValueError(f"bm=192 needs store='staged', unroll=1, b_source='global' and "
+        if self.bm == 192 and (self.store, self.b_source, self.a_early) != (
+                "staged", "global", False):
+            raise ValueError(f"bm=192 needs store='staged', b_source='global' and "
                              f"no a_early, got store={self.store!r}, unroll={self.unroll!r}, "
                              f"b_source={self.b_source!r}, a_early={self.a_early!r}")
+        if self.pair and (not self.prefetch or self.depth != 1 or self.a_early or self.unroll != 1
+                          or self.b_source != "global"):
+            raise ValueError(f"pair needs prefetch=True, depth=1, unroll=1, no a_early and "
+                             f"b_source='global', got prefetch={self.prefetch}, "
+                             f"depth={self.depth}, unroll={self.unroll}, "
+                             f"a_early={self.a_early}, b_source={self.b_source!r}")
         H.check_choice(self.dtype, DTYPES, "dtype")
         if self.dtype == "f16" and (self.fmt, self.a_source, self.b_source) != (
                 "nvfp4", "workspace", "global"):
@@ -287,6 +298,7 @@ class GroupedPdqSpec(FormatSpec):
         ws += "_bt" if self.b_source == "tma" else ""
         ws += "_ae" if self.a_early else ""
         ws += "_f16" if self.dtype == "f16" else ""
+        ws += "_pr" if self.pair else ""
         return (f"bs_grouped_pdq_{self.fmt}_{self.bm}x{self.bn}_k64_s{self.stages}{pf}{lp}{st}"
                 f"{pr}{rs}{sg}{ws}")
 
@@ -419,7 +431,7 @@ def build(spec: GroupedPdqSpec) -> Any:
                                 skip=TL.Skip(bir.sub(end, m0)) if spec.skip else None,
                                 b_tma=(bir.udiv(b_srow0, SF_ATOM_ROWS), d1)
                                 if spec.b_source == "tma" else None, a_early=spec.a_early,
-                                dtype=spec.dtype)
+                                dtype=spec.dtype, pair=spec.pair)
                 br.yield_()
             with br.else_():  # expert id -1: zeros (D8), by the consumer warpgroups' rows
                 tid = bir.thread_idx("x")
@@ -444,11 +456,13 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
                                     sigma_out: bool = False, a_source: str = "packed",
                                     bm: int = BM, unroll: int = 1, skip: bool = False,
                                     b_source: str = "global", a_early: bool = False,
-                                    dtype: str = "bf16", device: Any = None) -> Any:
+                                    dtype: str = "bf16", pair: bool = False,
+                                    device: Any = None) -> Any:
     """The kernel called directly (no dispatch), e.g. by tests and benchmarks. Arguments as
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
     ``prefetch``, ``loop``, ``store``, ``producers``, ``bn``, ``depth``, ``sigma_out``,
-    ``a_source``, ``bm``, ``unroll``, ``skip``, ``b_source``, ``a_early`` and ``dtype``
+    ``a_source``, ``bm``, ``unroll``, ``skip``, ``b_source``, ``a_early``, ``dtype`` and
+    ``pair``
     (:class:`GroupedPdqSpec`; ``bm=256`` with
     ``bn=128``). Raises ValueError for K % 32 != 0, a format other
     than NVFP4 / MXFP4, a staged store with N % 8 != 0, ``sigma_out`` with an odd N (staged:
@@ -461,7 +475,7 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
                           store, producers, bn, depth, sigma_out, a_source, bm, unroll, skip,
-                          b_source, a_early, dtype)
+                          b_source, a_early, dtype, pair)
     check_sigma_store(spec, n)
     return launch(spec, t, n, g_count, buffers, {"t": t, "n": n, "k": k, "num_groups": g_count},
                   dev)
@@ -598,11 +612,13 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged", sigma_out=sg,
                              a_source="workspace", bm=192, bn=TRI_BN)
               for f, rs in variants for sg in (False, True)]
-    # NVFP4's 192 x 192 and 128-row skip items on f16 operands (DTYPE_ENV=f16), plain and σ
+    # NVFP4's 192 x 192 and 128-row skip items on f16 operands (DTYPE_ENV=f16), plain and σ;
+    # both dtypes with the paired producer fence
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged", sigma_out=sg,
-                             a_source="workspace", dtype="f16", **kw)
+                             a_source="workspace", dtype=dt, pair=pr, **kw)
               for f, rs in variants if f == "nvfp4" for sg in (False, True)
-              for kw in ({"bm": 192, "bn": TRI_BN}, {"skip": True})]
+              for kw in ({"bm": 192, "bn": TRI_BN}, {"skip": True})
+              for dt, pr in (("f16", False), ("f16", True), ("bf16", True))]
     # A copied a step early (skip items, workspace A, staged: plain and σ; with the TMA B too)
     specs += [GroupedPdqSpec(f, rs, target, None, pf, "split", "staged", sigma_out=sg,
                              a_source="workspace", skip=True, b_source=bs, a_early=True)
