@@ -196,15 +196,18 @@ def test_spec_checks():
     assert p2.block == (512, 1, 1) and p2.kernel_name.endswith("_128x192_k64_s5_pf_p2_rowsc")
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     specs = GP.bundle_specs("sm_90a")
-    # 96 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH) + 3 wgmma references
-    assert len(specs) == len({s.kernel_name for s in specs}) == 96 + 3
-    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 96
-    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 72
+    # 122 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH; 26 f16 / paired-fence
+    # ones) + 3 wgmma references
+    assert len(specs) == len({s.kernel_name for s in specs}) == 122 + 3
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 122
+    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 98
     assert sum(getattr(s, "bm", 128) == 256 for s in specs) == 21
     assert sum(getattr(s, "unroll", 1) == 2 for s in specs) == 18
-    assert sum(getattr(s, "skip", False) for s in specs) == 30
-    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 75
-    assert sum(getattr(s, "sigma_out", False) for s in specs) == 36
+    assert sum(getattr(s, "skip", False) for s in specs) == 44
+    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 101
+    assert sum(getattr(s, "sigma_out", False) for s in specs) == 49
+    assert sum(getattr(s, "pair", False) for s in specs) == 18
+    assert sum(getattr(s, "dtype", "") == "f16" for s in specs) == 16
     for f in (NVFP4, MXFP4):  # the dispatch's specs on the GPU (plain and σ) are bundled
         for sg in (False, True):
             assert GP.dispatch_spec(f, 5760, f is NVFP4, "sm_90a", "interp", sg).kernel_name \
@@ -719,9 +722,11 @@ def test_tri_f16_spec_checks(monkeypatch):
     assert GroupedP1Spec("nvfp4", dtype="f16").kernel_name.endswith("_f16")
     with pytest.raises(ValueError, match="NVFP4 only"):
         GroupedP1Spec("mxfp4", dtype="f16")
-    monkeypatch.setenv(GP.DTYPE_ENV, "f16")  # NVFP4's 192-row items only
+    monkeypatch.setenv(GP.DTYPE_ENV, "f16")  # NVFP4 with the workspace A only
+    monkeypatch.setenv(GP.BM_ENV, "192")
     big = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0)
-    assert (big.bm, big.dtype) == (192, "f16")
+    assert (big.bm, big.dtype, big.pair) == (192, "f16", False)
+    monkeypatch.delenv(GP.BM_ENV)
     assert GP.dispatch_spec(MXFP4, 5760, False, "sm_90a", "interp", False, 128.0).dtype == \
         "bf16"
     small = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", True, 1.0)
@@ -860,8 +865,11 @@ def test_tall_checks(monkeypatch):
         "_ws_sk")
     # the dispatch: workspace A, 128 x 256 items with skip (staged); the env knobs select others
     d = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp")
-    assert (d.a_source, d.bm, d.bn, d.store, d.skip, d.depth) == (
-        "workspace", 128, 256, "staged", True, GP.DISPATCH_DEPTH)
+    assert (d.a_source, d.bm, d.bn, d.store, d.skip, d.depth, d.dtype, d.pair) == (
+        "workspace", 128, 256, "staged", True, GP.DISPATCH_DEPTH, "f16", True)
+    monkeypatch.setenv(GP.PAIR_ENV, "0")
+    assert not GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp").pair
+    monkeypatch.delenv(GP.PAIR_ENV)
     monkeypatch.setenv(GP.SKIP_ENV, "0")
     assert not GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp").skip
     monkeypatch.delenv(GP.SKIP_ENV)
@@ -886,17 +894,26 @@ def test_tall_checks(monkeypatch):
     monkeypatch.setenv(GP.BM_ENV, "64")
     with pytest.raises(ValueError, match=GP.BM_ENV):
         GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp")
-    # "auto": 192 x 192 items from TRI_MIN_GROUP_ROWS routed rows a group on (plain and σ)
+    # "auto": bf16 operands (MXFP4; NVFP4 with DTYPE_ENV=bf16): 192 x 192 items from
+    # TRI_MIN_GROUP_ROWS routed rows a group on (plain and σ); NVFP4 on f16: 128-row items
     monkeypatch.delenv(GP.BM_ENV)
-    for sg in (False, True):
-        big = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", sg, 128.0)
-        assert (big.bm, big.bn, big.skip, big.sigma_out) == (192, 192, False, sg)
-        assert big.kernel_name.replace("_lockstep", "") in {
-            s.kernel_name for s in GP.bundle_specs("sm_90a")}
-        small = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", sg, 32.0)
-        assert (small.bm, small.skip) == (128, True)
-    assert GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", False,
+    bundled = {s.kernel_name for s in GP.bundle_specs("sm_90a")}
+    for fmt, rs in ((NVFP4, True), (MXFP4, False)):
+        for sg in (False, True):
+            big = GP.dispatch_spec(fmt, 5760, rs, "sm_90a", "interp", sg, 128.0)
+            small = GP.dispatch_spec(fmt, 5760, rs, "sm_90a", "interp", sg, 32.0)
+            assert (small.bm, small.skip, small.pair, small.sigma_out) == (128, True, True, sg)
+            if fmt == NVFP4:
+                assert (big.bm, big.skip, big.pair, big.dtype) == (128, True, True, "f16")
+            else:
+                assert (big.bm, big.bn, big.skip, big.sigma_out) == (192, 192, False, sg)
+            assert {big.kernel_name.replace("_lockstep", ""),
+                    small.kernel_name.replace("_lockstep", "")} <= bundled
+    assert GP.dispatch_spec(MXFP4, 5760, False, "sm_90a", "interp", False,
                             GP.TRI_MIN_GROUP_ROWS).bm == 192
+    monkeypatch.setenv(GP.DTYPE_ENV, "bf16")
+    assert GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0).bm == 192
+    monkeypatch.delenv(GP.DTYPE_ENV)
     monkeypatch.setenv(GP.BM_ENV, "128")
     assert GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0).bm == 128
     monkeypatch.setenv(GP.BM_ENV, "192")

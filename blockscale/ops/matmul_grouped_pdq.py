@@ -95,8 +95,10 @@ TRI_BN, TRI_A_ROWS = 192, 256
 #: step instead of 315 / 322, NVFP4 / MXFP4, no spills)
 TALL_BN, TALL_UNROLL = 128, 2
 #: the dispatch's item height (:func:`dispatch_spec`; 192 / 256 only with the workspace A and
-#: the staged store): "auto" = 192 x 192 items where the routed rows a group average at least
-#: :data:`TRI_MIN_GROUP_ROWS`, else 128-row items with skip. H200 run AM (gpt-oss gate_up,
+#: the staged store): "auto" = 192 x 192 items where the operands are bf16 (MXFP4; NVFP4 with
+#: DTYPE_ENV=bf16) and the routed rows a group average at least :data:`TRI_MIN_GROUP_ROWS`,
+#: else 128-row items with skip (f16 with the paired fence beat the 192-row items: run AQ,
+#: NVFP4 T=4096 1.458 vs 1.519 ms). H200 run AM (gpt-oss gate_up,
 #: 128 +- 11 rows a group at T=4096, 32 at T=1024): T=4096 NVFP4 / MXFP4 1.533 / 1.532 ms vs
 #: 1.653 / 1.658 (128-row skip), DeepSeek-V3 T=4096 (128 a group) 5.355 vs 5.513; T=1024
 #: 1.359 / 1.361 vs 1.095 / 1.110. 256 x 128 items: slower everywhere (run AB: 1.788 / 1.550).
@@ -125,10 +127,19 @@ B_SOURCES = ("global", "tma")
 #: memory: the producer's table-free E5M2 decode, :mod:`blockscale.ops._f16_dequant_ir`; A
 #: from an f16 phase 1; f16 wgmmas; the accumulator times 2^14 first: the same bytes)
 DTYPES = ("bf16", "f16")
-#: the dispatch's operand type for NVFP4 with the workspace A (:func:`dispatch_spec`);
+#: the dispatch's operand type for NVFP4 with the workspace A (:func:`dispatch_spec`): f16
+#: (H200 run AQ, gpt-oss gate_up NVFP4, ms, bf16 -> f16: 192 x 192 items T=4096 1.550 ->
+#: 1.519, DeepSeek-V3 5.414 -> 5.145; with the paired fence the 128-row skip items T=1024
+#: 0.964 -> 0.893, T=4096 1.615 -> 1.458, DeepSeek-V3 T=4096 5.401 -> 5.039);
 #: BLOCKSCALE_SM90_GROUPED_PDQ_DTYPE=bf16|f16 overrides it
-DISPATCH_DTYPE = "bf16"
+DISPATCH_DTYPE = "f16"
 DTYPE_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_DTYPE"
+#: whether the dispatch's 128-row skip items fill two steps under one producer fence
+#: (``pair``): on (run AQ, NVFP4 bf16 T=1024 1.086 -> 0.964 ms, T=4096 1.625 -> 1.615; f16
+#: above; the 192 x 192 items were slower with it: 1.550 -> 1.649);
+#: BLOCKSCALE_SM90_GROUPED_PDQ_PAIR=1|0 overrides it
+DISPATCH_PAIR = True
+PAIR_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_PAIR"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -530,13 +541,16 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     runs "split" only while the K steps fit in the ring; the same bytes), the staged store
     where the rows (σ: the halves) are 16-byte aligned and it is not switched off
     (:data:`blockscale.ops._staged_store_ir.ENV_SWITCH`), else direct stores (the same
-    bytes); A from :data:`DISPATCH_A_SOURCE` (or :data:`A_SOURCE_ENV`); 192 x 192 items
-    where :data:`DISPATCH_BM` (or :data:`BM_ENV`) is 192, or "auto" and ``rows_per_group``
-    (routed rows / groups) is at least :data:`TRI_MIN_GROUP_ROWS`, and 256 x 128 items where
-    it is 256, both only when A comes from the workspace and the store is staged (else
-    128-row items: the same bytes); 128-row items with the workspace A
-    and the staged store skip idle warpgroups' wgmmas where :data:`DISPATCH_SKIP` (or
-    :data:`SKIP_ENV`; direct stores: the rare unaligned widths, no skip, the same bytes)."""
+    bytes); A from :data:`DISPATCH_A_SOURCE` (or :data:`A_SOURCE_ENV`); NVFP4 with the
+    workspace A on :data:`DISPATCH_DTYPE` (or :data:`DTYPE_ENV`) operands, else bf16; 192 x 192
+    items where :data:`DISPATCH_BM` (or :data:`BM_ENV`) is 192, or "auto", the operands bf16
+    and ``rows_per_group`` (routed rows / groups) at least :data:`TRI_MIN_GROUP_ROWS`, and
+    256 x 128 items where it is 256, both only when A comes from the workspace and the store
+    is staged (else 128-row items: the same bytes); 128-row items with the workspace A and
+    the staged store skip idle warpgroups' wgmmas where :data:`DISPATCH_SKIP` (or
+    :data:`SKIP_ENV`; direct stores: the rare unaligned widths, no skip, the same bytes) and
+    then, at prefetch distance 1, pair their producer fences where :data:`DISPATCH_PAIR` (or
+    :data:`PAIR_ENV`). Every choice gives the same bytes."""
     import os
 
     from blockscale.ops._staged_store_ir import dispatch_store
@@ -550,26 +564,28 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     H.check_choice(a_source, A_SOURCES, A_SOURCE_ENV)
     bm_env = os.environ.get(BM_ENV, str(DISPATCH_BM))
     H.check_choice(bm_env, ("auto", *map(str, BMS)), BM_ENV)
-    bm = int(bm_env) if bm_env != "auto" else 192 if (
-        rows_per_group is not None and rows_per_group >= TRI_MIN_GROUP_ROWS) else 128
     dtype = os.environ.get(DTYPE_ENV, DISPATCH_DTYPE)
     H.check_choice(dtype, DTYPES, DTYPE_ENV)
     if (fmt.name, a_source) != ("nvfp4", "workspace"):
         dtype = "bf16"
-    if bm == 256 and (a_source, store) == ("workspace", "staged"):
+    bm = int(bm_env) if bm_env != "auto" else 192 if (
+        dtype == "bf16" and rows_per_group is not None
+        and rows_per_group >= TRI_MIN_GROUP_ROWS) else 128
+    pair = os.environ.get(PAIR_ENV, "1" if DISPATCH_PAIR else "0") not in ("0", "false", "off")
+    if bm == 256 and (a_source, store) == ("workspace", "staged"):  # (bf16: not measured)
         return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
                               store=store, sigma_out=sigma_out, a_source=a_source, bm=256,
-                              bn=TALL_BN, unroll=TALL_UNROLL, dtype=dtype)
+                              bn=TALL_BN, unroll=TALL_UNROLL)
     if bm == 192 and (a_source, store) == ("workspace", "staged"):
         return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
                               store=store, sigma_out=sigma_out, a_source=a_source, bm=192,
                               bn=TRI_BN, dtype=dtype)
     skip = os.environ.get(SKIP_ENV, "1" if DISPATCH_SKIP else "0") not in ("0", "false", "off")
+    skip = skip and a_source == "workspace" and store == "staged"
+    depth = DISPATCH_DEPTH if skip else 1
     return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop, store=store,
-                          sigma_out=sigma_out, a_source=a_source,
-                          skip=skip and a_source == "workspace" and store == "staged",
-                          depth=DISPATCH_DEPTH if skip and a_source == "workspace"
-                          and store == "staged" else 1, dtype=dtype)
+                          sigma_out=sigma_out, a_source=a_source, skip=skip, depth=depth,
+                          dtype=dtype, pair=pair and skip and depth == 1)
 
 
 def kernel(spec: GroupedPdqSpec) -> Any:
@@ -612,13 +628,17 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged", sigma_out=sg,
                              a_source="workspace", bm=192, bn=TRI_BN)
               for f, rs in variants for sg in (False, True)]
-    # NVFP4's 192 x 192 and 128-row skip items on f16 operands (DTYPE_ENV=f16), plain and σ;
-    # both dtypes with the paired producer fence
+    # NVFP4's 192 x 192 and 128-row skip items on f16 operands (DTYPE_ENV=f16), plain and σ,
+    # with and without the paired producer fence; bf16 with it (the skip items: also MXFP4,
+    # the dispatch's)
+    items = ({"bm": 192, "bn": TRI_BN}, {"skip": True})
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged", sigma_out=sg,
                              a_source="workspace", dtype=dt, pair=pr, **kw)
-              for f, rs in variants if f == "nvfp4" for sg in (False, True)
-              for kw in ({"bm": 192, "bn": TRI_BN}, {"skip": True})
+              for f, rs in variants if f == "nvfp4" for sg in (False, True) for kw in items
               for dt, pr in (("f16", False), ("f16", True), ("bf16", True))]
+    specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged", sigma_out=sg,
+                             a_source="workspace", skip=True, pair=True)
+              for f, rs in variants if f != "nvfp4" for sg in (False, True)]
     # A copied a step early (skip items, workspace A, staged: plain and σ; with the TMA B too)
     specs += [GroupedPdqSpec(f, rs, target, None, pf, "split", "staged", sigma_out=sg,
                              a_source="workspace", skip=True, b_source=bs, a_early=True)
