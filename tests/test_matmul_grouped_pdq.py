@@ -248,16 +248,15 @@ def test_kernel_sass(spec):
     # UBLKCP.S.G); two producers at 128 x 192: 3 row halves x 4 (workspace A: B's 2 x 4);
     # 192 x 192: 3 row halves x 4
     ws = spec.a_source == "workspace"
-    assert len(re.findall(r"STS\.128", sass)) == ((8 if ws else 12) if spec.producers == 2 else
-                                                   12 if spec.bm == 192 else
-                                                   8 * spec.unroll if tall else 16 if ws
-                                                   else 24)
+    reps = 2 if spec.pair else spec.unroll  # steps in the producer's loop body
+    assert len(re.findall(r"STS\.128", sass)) == reps * (
+        (8 if ws else 12) if spec.producers == 2 else 12 if spec.bm == 192 else
+        8 if tall else 16 if ws else 24)
     # the staged store's copy (bm > 128 σ: a thread copies both halves: two)
     copies = staged * (2 if two and spec.sigma_out else 1)
     # + the step-0 A copy before the loop of a_early
-    assert len(re.findall(r"\bUBLKCP\b", sass)) == copies + (ws + two) * spec.unroll \
-        + spec.a_early
-    assert len(re.findall(r"\bUBLKCP\.S\.G\b", sass)) == (ws + two) * spec.unroll + spec.a_early
+    assert len(re.findall(r"\bUBLKCP\b", sass)) == copies + (ws + two) * reps + spec.a_early
+    assert len(re.findall(r"\bUBLKCP\.S\.G\b", sass)) == (ws + two) * reps + spec.a_early
     # σ staged: a gate and an up 2-byte store per accumulator pair
     slabs = 2 if tall else 1
     assert len(re.findall(r"\bSTS ", sass)) == (slabs * spec.bn // 4
