@@ -292,8 +292,9 @@ def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
                     r.expert_ids, w.expert_scales, w.fmt)
             case, ref = f"{shape.name} {f} T={t} ({r.rows} rows)", None
             for label, kind, kw in _select(GROUPED_IMPLS, only):
-                if kw.get("dtype") == "f16" and f != "nvfp4":  # f16 operands: NVFP4 only
-                    continue
+                if f != "nvfp4" and (kw.get("dtype") == "f16" or (  # f16: NVFP4 only; paired
+                        kw.get("pair") and kw.get("bm") == 192)):  # 192-row items: bundled
+                    continue  # for NVFP4 only
                 if kind == "p1":  # the grouped phase 1 alone (part of the "ws" rows' time)
                     out.append(_time_phase1(dev, label, case, args, shape.k, log))
                     continue

@@ -869,8 +869,9 @@ def test_tall_checks(monkeypatch):
     monkeypatch.setenv(GP.PAIR_ENV, "0")
     assert not GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp").pair
     monkeypatch.delenv(GP.PAIR_ENV)
-    monkeypatch.setenv(GP.SKIP_ENV, "0")
-    assert not GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp").skip
+    monkeypatch.setenv(GP.SKIP_ENV, "0")  # no skip: bf16 (the bundled f16 items skip)
+    d = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp", True)
+    assert (d.skip, d.pair, d.dtype) == (False, False, "bf16")
     monkeypatch.delenv(GP.SKIP_ENV)
     monkeypatch.setenv(GP.A_SOURCE_ENV, "workspace")
     monkeypatch.setenv(GP.BM_ENV, "256")
@@ -883,7 +884,7 @@ def test_tall_checks(monkeypatch):
     assert not GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp").skip
     monkeypatch.setenv("BLOCKSCALE_SM90_STAGED_STORE", "0")  # direct: 128-row items, no skip
     d = GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp")
-    assert (d.bm, d.skip, d.store) == (128, False, "direct")
+    assert (d.bm, d.skip, d.store, d.dtype) == (128, False, "direct", "bf16")
     monkeypatch.delenv("BLOCKSCALE_SM90_STAGED_STORE")
     monkeypatch.setenv(GP.BM_ENV, "128")
     assert GP.dispatch_spec(NVFP4, 5760, True, "sm_90a", "interp").skip

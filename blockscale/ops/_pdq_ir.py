@@ -93,6 +93,19 @@ runtime expect_tx), descriptors and consumers (three loops by the live m64 slabs
 A from the workspace 558 / 556, 256 x 128 315 / 322 (``unroll`` 2: 302 / 297) SASS a k64
 step (NVFP4 row scales / MXFP4), 154-168 registers, no spills.
 
+Round 3 (issue #10, session 8): f16 operands for NVFP4 (``dtype="f16"``,
+:mod:`blockscale.ops._f16_dequant_ir`: a code is its E5M2 byte, no PRMT tables; A from an f16
+phase 1; both operands times 2^-7, the accumulator times 2^14 first: the same bytes), producer
+loop 558 -> 414 SASS a k64 step (128 x 256 skip items), 465 -> 353 (192 x 192). And ``pair``:
+the fence after the producer's stores is MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S in SASS (the
+one-way ``fence.proxy.async::generic.release.sync_restrict`` compiles to the same), and the
+MEMBAR waits for the thread's global loads still in flight: the prefetch issued at a step's
+start had only that step's conversion to land (ncu: the producer's loop-carried copies and
+its fence stalled on the long scoreboard, ~30 % of its samples). Paired, two steps are filled
+under one fence with the next two steps' loads issued at the pair's start (four steps of
+registers: 167 at 128 x 256, no spills). H200 run AR, gpt-oss NVFP4: skip items f16 + pair
+T=1024 0.893 ms (bf16 1.086), T=4096 1.458 (bf16 1.625; 192 x 192 bf16 1.550).
+
 SASS (ptxas 13.0, sm_90a, tools/sass_loop_counts.py; per thread and k64 step): consumers 63
 instructions + 4 HGMMA.64x256x16 (1024 tensor cycles per SM at peak); producer, A by bulk
 copy: 692 (NVFP4; ALU 376, FMA-pipe 220, 16 STS.128) / 648 (MXFP4); packed A: 965 / 866

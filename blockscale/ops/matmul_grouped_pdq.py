@@ -35,13 +35,16 @@ for NVFP4 and MXFP4 prefill (``matmul_grouped_wgmma.PDQ_FORMATS``; off with
 ``BLOCKSCALE_SM90_GROUPED_PDQ=0``), and the fused SwiGLU op's chained path
 (:mod:`blockscale.ops.matmul_swiglu`) the same spec with ``sigma_out``: the σ store changes
 where a value goes, not its bits, so fused == chained byte for byte by construction.
-:func:`dispatch_spec` runs A from the grouped phase-1 workspace, 192 x 192 items
+:func:`dispatch_spec` runs A from the grouped phase-1 workspace; NVFP4 on f16 operands
+(``dtype="f16"``: the producer's table-free decode, :mod:`blockscale.ops._f16_dequant_ir`) in
+128 x 256 items with idle warpgroups skipped and the producer's fences paired (``pair``: two
+steps a fence, so its global loads have two steps to land); MXFP4 (bf16) in 192 x 192 items
 (:mod:`blockscale.ops._pdq_tri_ir`: three consumer warpgroups; a group of <= 192 rows is one
-item) where the routed rows a group average at least :data:`TRI_MIN_GROUP_ROWS`, else 128 x
-256 items with idle warpgroups skipped (:data:`DISPATCH_A_SOURCE`, :data:`DISPATCH_BM`,
-:data:`DISPATCH_SKIP`: the fastest measured on the H200, runs AA / AB / AM);
-``BLOCKSCALE_SM90_GROUPED_PDQ_A=packed``, ``BLOCKSCALE_SM90_GROUPED_PDQ_BM=128|192|256`` and
-``BLOCKSCALE_SM90_GROUPED_PDQ_SKIP=0`` select the others (both ops).
+item) where the routed rows a group average at least :data:`TRI_MIN_GROUP_ROWS`, else the
+paired skip items (:data:`DISPATCH_A_SOURCE`, :data:`DISPATCH_DTYPE`, :data:`DISPATCH_BM`,
+:data:`DISPATCH_SKIP`, :data:`DISPATCH_PAIR`: the fastest measured on the H200, runs AA / AB /
+AM / AQ / AR); ``BLOCKSCALE_SM90_GROUPED_PDQ_A=packed``, ``..._DTYPE=bf16``,
+``..._BM=128|192|256``, ``..._SKIP=0`` and ``..._PAIR=0`` select the others (both ops).
 Importing this module does not import MLIR.
 """
 
@@ -542,7 +545,8 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     where the rows (σ: the halves) are 16-byte aligned and it is not switched off
     (:data:`blockscale.ops._staged_store_ir.ENV_SWITCH`), else direct stores (the same
     bytes); A from :data:`DISPATCH_A_SOURCE` (or :data:`A_SOURCE_ENV`); NVFP4 with the
-    workspace A on :data:`DISPATCH_DTYPE` (or :data:`DTYPE_ENV`) operands, else bf16; 192 x 192
+    workspace A and the staged store on :data:`DISPATCH_DTYPE` (or :data:`DTYPE_ENV`) operands
+    (192 x 192 and 128-row skip items), else bf16; 192 x 192
     items where :data:`DISPATCH_BM` (or :data:`BM_ENV`) is 192, or "auto", the operands bf16
     and ``rows_per_group`` (routed rows / groups) at least :data:`TRI_MIN_GROUP_ROWS`, and
     256 x 128 items where it is 256, both only when A comes from the workspace and the store
@@ -566,8 +570,8 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     H.check_choice(bm_env, ("auto", *map(str, BMS)), BM_ENV)
     dtype = os.environ.get(DTYPE_ENV, DISPATCH_DTYPE)
     H.check_choice(dtype, DTYPES, DTYPE_ENV)
-    if (fmt.name, a_source) != ("nvfp4", "workspace"):
-        dtype = "bf16"
+    if (fmt.name, a_source, store) != ("nvfp4", "workspace", "staged"):
+        dtype = "bf16"  # (f16 kernels are bundled for the staged skip and 192-row items)
     bm = int(bm_env) if bm_env != "auto" else 192 if (
         dtype == "bf16" and rows_per_group is not None
         and rows_per_group >= TRI_MIN_GROUP_ROWS) else 128
@@ -585,7 +589,7 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     depth = DISPATCH_DEPTH if skip else 1
     return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop, store=store,
                           sigma_out=sigma_out, a_source=a_source, skip=skip, depth=depth,
-                          dtype=dtype, pair=pair and skip and depth == 1)
+                          dtype=dtype if skip else "bf16", pair=pair and skip and depth == 1)
 
 
 def kernel(spec: GroupedPdqSpec) -> Any:
