@@ -1029,3 +1029,22 @@ def test_tri_f16_producer_loop_sass():
     assert len(prod) <= 360
     assert not [t for t in prod if re.match(r"(@!?P\w+\s+)?(LDL|STL)", t)]
     assert len(re.findall(r"HGMMA\.64x192x16\.F32 ", sass)) == 4
+
+
+@pytest.mark.parametrize("env", [{}, {"BLOCKSCALE_SM90_STAGED_STORE": "0"}, {GP.SKIP_ENV: "0"},
+                                 {GP.PAIR_ENV: "0"}, {GP.BM_ENV: "192"}, {GP.BM_ENV: "256"},
+                                 {GP.DTYPE_ENV: "bf16"}, {GP.A_SOURCE_ENV: "packed"}],
+                         ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()) or "default")
+def test_dispatch_specs_bundled(monkeypatch, env):
+    """Every spec the dispatch can pick on the GPU (formats, row scales, σ, aligned and
+    unaligned widths, group sizes; under each env knob) is in the bundle (run AS: an f16
+    no-skip pick was not)."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    bundled = {s.kernel_name for s in GP.bundle_specs("sm_90a")}
+    for fmt, rs in ((NVFP4, True), (NVFP4, False), (MXFP4, False)):
+        for sg in (False, True):
+            for n in (5760, 5768, 4104):
+                for rows in (None, 32.0, 128.0):
+                    d = GP.dispatch_spec(fmt, n, rs, "sm_90a", "interp", sg, rows)
+                    assert d.kernel_name.replace("_lockstep", "") in bundled, d

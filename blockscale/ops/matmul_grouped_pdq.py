@@ -100,7 +100,7 @@ TALL_BN, TALL_UNROLL = 128, 2
 #: the dispatch's item height (:func:`dispatch_spec`; 192 / 256 only with the workspace A and
 #: the staged store): "auto" = 192 x 192 items where the operands are bf16 (MXFP4; NVFP4 with
 #: DTYPE_ENV=bf16) and the routed rows a group average at least :data:`TRI_MIN_GROUP_ROWS`,
-#: else 128-row items with skip (f16 with the paired fence beat the 192-row items: run AQ,
+#: else 128-row items with skip (f16 with the paired fence beat the 192-row items: run AR,
 #: NVFP4 T=4096 1.458 vs 1.519 ms). H200 run AM (gpt-oss gate_up,
 #: 128 +- 11 rows a group at T=4096, 32 at T=1024): T=4096 NVFP4 / MXFP4 1.533 / 1.532 ms vs
 #: 1.653 / 1.658 (128-row skip), DeepSeek-V3 T=4096 (128 a group) 5.355 vs 5.513; T=1024
@@ -131,14 +131,14 @@ B_SOURCES = ("global", "tma")
 #: from an f16 phase 1; f16 wgmmas; the accumulator times 2^14 first: the same bytes)
 DTYPES = ("bf16", "f16")
 #: the dispatch's operand type for NVFP4 with the workspace A (:func:`dispatch_spec`): f16
-#: (H200 run AQ, gpt-oss gate_up NVFP4, ms, bf16 -> f16: 192 x 192 items T=4096 1.550 ->
+#: (H200 runs AP-AR, gpt-oss gate_up NVFP4, ms, bf16 -> f16: 192 x 192 items T=4096 1.550 ->
 #: 1.519, DeepSeek-V3 5.414 -> 5.145; with the paired fence the 128-row skip items T=1024
 #: 0.964 -> 0.893, T=4096 1.615 -> 1.458, DeepSeek-V3 T=4096 5.401 -> 5.039);
 #: BLOCKSCALE_SM90_GROUPED_PDQ_DTYPE=bf16|f16 overrides it
 DISPATCH_DTYPE = "f16"
 DTYPE_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_DTYPE"
 #: whether the dispatch's 128-row skip items fill two steps under one producer fence
-#: (``pair``): on (run AQ, NVFP4 bf16 T=1024 1.086 -> 0.964 ms, T=4096 1.625 -> 1.615; f16
+#: (``pair``): on (run AR, NVFP4 bf16 T=1024 1.086 -> 0.964 ms, T=4096 1.625 -> 1.615; f16
 #: above; the 192 x 192 items were slower with it: 1.550 -> 1.649);
 #: BLOCKSCALE_SM90_GROUPED_PDQ_PAIR=1|0 overrides it
 DISPATCH_PAIR = True
