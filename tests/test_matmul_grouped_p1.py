@@ -120,7 +120,8 @@ def test_checks():
     assert G1.grid(4096 * 4, 2880, 128) == (12, 256, 1)  # 45 pieces: 23 pairs x 128 rows
     assert [s.kernel_name for s in G1.bundle_specs("sm_90a")] == [
         "bs_grouped_p1_nvfp4_t128_p1", "bs_grouped_p1_nvfp4_t128_p2",
-        "bs_grouped_p1_mxfp4_t128_p1", "bs_grouped_p1_mxfp4_t128_p2"]
+        "bs_grouped_p1_mxfp4_t128_p1", "bs_grouped_p1_mxfp4_t128_p2",
+        "bs_grouped_p1_nvfp4_t128_p2_f16"]
     assert G1.bundle_specs("gfx942") == []
 
 
