@@ -196,18 +196,18 @@ def test_spec_checks():
     assert p2.block == (512, 1, 1) and p2.kernel_name.endswith("_128x192_k64_s5_pf_p2_rowsc")
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     specs = GP.bundle_specs("sm_90a")
-    # 122 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH; 26 f16 / paired-fence
+    # 124 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH; 28 f16 / paired-fence
     # ones) + 3 wgmma references
-    assert len(specs) == len({s.kernel_name for s in specs}) == 122 + 3
-    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 122
-    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 98
+    assert len(specs) == len({s.kernel_name for s in specs}) == 124 + 3
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 124
+    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 100
     assert sum(getattr(s, "bm", 128) == 256 for s in specs) == 21
     assert sum(getattr(s, "unroll", 1) == 2 for s in specs) == 18
-    assert sum(getattr(s, "skip", False) for s in specs) == 44
-    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 101
+    assert sum(getattr(s, "skip", False) for s in specs) == 46
+    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 103
     assert sum(getattr(s, "sigma_out", False) for s in specs) == 49
     assert sum(getattr(s, "pair", False) for s in specs) == 18
-    assert sum(getattr(s, "dtype", "") == "f16" for s in specs) == 16
+    assert sum(getattr(s, "dtype", "") == "f16" for s in specs) == 18
     for f in (NVFP4, MXFP4):  # the dispatch's specs on the GPU (plain and σ) are bundled
         for sg in (False, True):
             assert GP.dispatch_spec(f, 5760, f is NVFP4, "sm_90a", "interp", sg).kernel_name \
@@ -688,6 +688,17 @@ def test_interp_pair(case):
     assert np.array_equal(got.view(np.uint16), ref_out.view(np.uint16))
 
 
+@pytest.mark.interp
+def test_interp_tma_b_f16():
+    """f16 operands with B through the TMA ring (skip items): byte-equal to the bf16 kernel."""
+    counts, ids, e_count, n, k = CASES[1]
+    kw = {"rows": True, "loop": "lockstep", "seed": 1, "store": "staged", "check_exact": False,
+          "a_source": "workspace", "skip": True, "b_source": "tma"}
+    ref_out = _run(NVFP4, counts, ids, e_count, n, k, **kw)
+    got = _run(NVFP4, counts, ids, e_count, n, k, dtype="f16", **kw)
+    assert np.array_equal(got.view(np.uint16), ref_out.view(np.uint16))
+
+
 def test_pair_spec_checks():
     spec = GP.GroupedPdqSpec("nvfp4", False, prefetch=True, store="staged",
                              a_source="workspace", bm=192, bn=192, dtype="f16", pair=True)
@@ -710,9 +721,8 @@ def test_tri_f16_spec_checks(monkeypatch):
                           dtype="f16")
     with pytest.raises(ValueError, match="dtype='f16' is for NVFP4"):
         GP.GroupedPdqSpec("nvfp4", store="staged", dtype="f16")  # packed A
-    with pytest.raises(ValueError, match="dtype='f16' is for NVFP4"):
-        GP.GroupedPdqSpec("nvfp4", store="staged", a_source="workspace", skip=True,
-                          b_source="tma", dtype="f16")
+    assert GP.GroupedPdqSpec("nvfp4", store="staged", a_source="workspace", skip=True,
+                             b_source="tma", dtype="f16").kernel_name.endswith("_sk_bt_f16")
     with pytest.raises(ValueError, match="dtype"):
         GP.GroupedPdqSpec("nvfp4", store="staged", a_source="workspace", bm=192, bn=192,
                           dtype="f32")

@@ -606,8 +606,8 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     the lockstep loop copies A at the fill (its next stage is not free yet). Both are
     measured no faster on the H200 (runs AF / AG / AJ: the CTA-step is not bound by the
     producer's load or copy latencies). ``dtype``: the operands' type in the ring (every
-    consumer's wgmmas), "bf16" or "f16" (NVFP4, A from an f16 workspace, B from global
-    memory: :mod:`blockscale.ops._f16_dequant_ir`; both operands times 2^-7, the epilogue's
+    consumer's wgmmas), "bf16" or "f16" (NVFP4, A from an f16 workspace:
+    :mod:`blockscale.ops._f16_dequant_ir`; both operands times 2^-7, the epilogue's
     fix). ``pair`` ("split" loop, with the prefetch at distance 1): the producer fills two
     steps per iteration under ONE proxy fence, the next two steps' global loads issued at the
     iteration's start. The fence (SASS MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, also in its
@@ -623,11 +623,9 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                          f"tile {b.tile}")
     if tall is not None:
         tall.check(a, bm, bn, producers)
-    if dtype != "bf16" and (dtype, fmt, isinstance(a, PackedRows), b_tma) != (
-            "f16", "nvfp4", False, None):
+    if dtype != "bf16" and (dtype, fmt, isinstance(a, PackedRows)) != ("f16", "nvfp4", False):
         raise ValueError(f"dtype must be 'bf16', or 'f16' for NVFP4 with A from the "
-                         f"workspace and B from global memory, got dtype={dtype!r}, "
-                         f"fmt={fmt!r}")
+                         f"workspace, got dtype={dtype!r}, fmt={fmt!r}")
     ring = _PdqRing(kb, k, stages, bm, packed_a=isinstance(a, PackedRows), producers=producers,
                     bn=bn, wgs=None if tall is None else tall.wgs)
     ring.dtype = dtype

@@ -126,8 +126,8 @@ DISPATCH_DEPTH = 1
 #: AJ): not dispatched; the bench and the tests call it
 #: (:func:`grouped_matmul_block_scaled_pdq`)
 B_SOURCES = ("global", "tma")
-#: the stages' operand type: "bf16", or "f16" (NVFP4, A from the workspace, B from global
-#: memory: the producer's table-free E5M2 decode, :mod:`blockscale.ops._f16_dequant_ir`; A
+#: the stages' operand type: "bf16", or "f16" (NVFP4, A from the workspace: the producer's
+#: table-free E5M2 decode, :mod:`blockscale.ops._f16_dequant_ir`; A
 #: from an f16 phase 1; f16 wgmmas; the accumulator times 2^14 first: the same bytes)
 DTYPES = ("bf16", "f16")
 #: the dispatch's operand type for NVFP4 with the workspace A (:func:`dispatch_spec`): f16
@@ -183,8 +183,7 @@ class GroupedPdqSpec(FormatSpec):
             is issued at the start of step t instead of at its own fill
             (:func:`blockscale.ops._pdq_ir.emit_mainloop`); the lockstep loop ignores it.
             Same bytes; measured within 1 % of the copy at the fill (run AG), not dispatched.
-        dtype: :data:`DTYPES`; "f16" for NVFP4 with A from the workspace and B from global
-            memory. Same bytes.
+        dtype: :data:`DTYPES`; "f16" for NVFP4 with A from the workspace. Same bytes.
         pair: ("split" loop, prefetch distance 1) the producer fills two steps under one
             proxy fence and issues the next two steps' loads after it
             (:func:`blockscale.ops._pdq_ir.emit_mainloop`); the lockstep loop ignores it.
@@ -244,11 +243,9 @@ class GroupedPdqSpec(FormatSpec):
                              f"depth={self.depth}, unroll={self.unroll}, "
                              f"a_early={self.a_early}, b_source={self.b_source!r}")
         H.check_choice(self.dtype, DTYPES, "dtype")
-        if self.dtype == "f16" and (self.fmt, self.a_source, self.b_source) != (
-                "nvfp4", "workspace", "global"):
-            raise ValueError(f"dtype='f16' is for NVFP4 with a_source='workspace' and "
-                             f"b_source='global', got fmt={self.fmt}, "
-                             f"a_source={self.a_source!r}, b_source={self.b_source!r}")
+        if self.dtype == "f16" and (self.fmt, self.a_source) != ("nvfp4", "workspace"):
+            raise ValueError(f"dtype='f16' is for NVFP4 with a_source='workspace', got "
+                             f"fmt={self.fmt}, a_source={self.a_source!r}")
         most = _pdq.max_stages(self.bn, self.ring_rows)
         if self.stages is None:
             object.__setattr__(self, "stages", most)
@@ -643,6 +640,10 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged", sigma_out=sg,
                              a_source="workspace", skip=True, pair=True)
               for f, rs in variants if f != "nvfp4" for sg in (False, True)]
+    # ... and NVFP4's f16 skip items with B by the TMA ring (no global load at the fence)
+    specs += [GroupedPdqSpec(f, rs, target, None, False, "split", "staged",
+                             a_source="workspace", skip=True, b_source="tma", dtype="f16")
+              for f, rs in variants if f == "nvfp4"]
     # A copied a step early (skip items, workspace A, staged: plain and σ; with the TMA B too)
     specs += [GroupedPdqSpec(f, rs, target, None, pf, "split", "staged", sigma_out=sg,
                              a_source="workspace", skip=True, b_source=bs, a_early=True)
