@@ -295,9 +295,10 @@ def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
                     r.expert_ids, w.expert_scales, w.fmt)
             case, ref = f"{shape.name} {f} T={t} ({r.rows} rows)", None
             for label, kind, kw in _select(GROUPED_IMPLS, only):
-                if f != "nvfp4" and (kw.get("dtype") == "f16" or (  # f16: NVFP4 only; paired
-                        kw.get("pair") and kw.get("bm") == 192)):  # 192-row items: bundled
-                    continue  # for NVFP4 only
+                # f16 operands, and the paired 192-row items, are bundled for NVFP4 only
+                nvfp4_only = kw.get("dtype") == "f16" or (kw.get("pair") and kw.get("bm") == 192)
+                if nvfp4_only and f != "nvfp4":
+                    continue
                 if kind == "p1":  # the grouped phase 1 alone (part of the "ws" rows' time)
                     out.append(_time_phase1(dev, label, case, args, shape.k, log))
                     continue

@@ -122,3 +122,17 @@ def test_loop_with_carry_must_yield():
             b.kernel_module("bad", "sm_90a", ARGS, block=32), \
             b.for_range(0, 4, carry=[b.const(0, b.i32())]):
         pass
+
+
+def test_i32_bits_takes_patterns_and_signed_values():
+    from blockscale.compiler import ir as b
+
+    with b.kernel_module("bits", "sm_90a", ARGS, block=32) as k:
+        vals = [b.i32_bits(v) for v in (0x80808080, 0xFFFFFFFF, -1, 7)]
+        b.store(b.const(1.0, b.f32()), k.arg("dst"), b.thread_idx())
+        with pytest.raises(ValueError, match=r"v must be in \[-2\^31, 2\^32\)"):
+            b.i32_bits(1 << 32)
+        with pytest.raises(ValueError, match="v must be in"):
+            b.i32_bits(-(1 << 31) - 1)
+    assert [str(v.owner.attributes["value"]) for v in vals] == [
+        "-2139062144 : i32", "-1 : i32", "-1 : i32", "7 : i32"]

@@ -74,6 +74,14 @@ def const(value: float | bool, type: ir.Type | None = None, *,
         return arith.constant(type, _scalar_attr(value, type))
 
 
+def i32_bits(v: int, *, loc: ir.Location | None = None) -> Value:
+    """An i32 constant of ``v``: a signed value or a 32-bit pattern (-2^31 <= v < 2^32; masks
+    such as 0x80808080 and PRMT tables: MLIR's i32 attribute takes the signed value)."""
+    if not -(1 << 31) <= v < 1 << 32:
+        raise ValueError(f"i32_bits: v must be in [-2^31, 2^32), got {v}")
+    return const(v - (1 << 32) if v >= 1 << 31 else v, i32(), loc=loc)
+
+
 def _scalar_attr(value: float | bool, type: ir.Type) -> ir.Attribute:
     if is_float(type):
         return ir.FloatAttr.get(type, float(value))

@@ -77,8 +77,7 @@ CHUNK_BYTES = 16
 WINDOW_CHUNKS = 32
 
 
-def _i32c(v: int) -> Value:
-    return bir.const(v - (1 << 32) if v >= 1 << 31 else v, bir.i32())
+_i32c = bir.i32_bits  # an i32 constant from a 32-bit pattern
 
 
 def _shift(x: Value, s: int) -> Value:

@@ -168,8 +168,7 @@ RING_BOX = (RING_ROW, COLS)
 UNSCALE = 2.0 ** 28
 
 
-def _i32c(v: int) -> Value:
-    return bir.const(v - (1 << 32) if v >= 1 << 31 else v, bir.i32())
+_i32c = bir.i32_bits  # an i32 constant from a 32-bit pattern
 
 
 def _f16x2(r: Value) -> Value:

@@ -36,12 +36,9 @@ Value = ir.Value
 
 #: the f16 operands' values are the exact products times 2^-7 each: the accumulator's exact fix
 ACC_SCALE = 2.0 ** 14
-#: the operand types of the producer-dequant kernels (wgmma ``dtype``)
-DTYPES = ("bf16", "f16")
 
 
-def _i32(v: int) -> Value:
-    return bir.const(v - (1 << 32) if v >= 1 << 31 else v, bir.i32())
+_i32 = bir.i32_bits  # an i32 constant from a 32-bit pattern
 
 
 def _f16x2(r: Value) -> Value:

@@ -320,8 +320,7 @@ def _scale_word(sfx: Value, off: Value, nscales: int) -> Value:
     return arith.extui(bir.i32(), w)
 
 
-def _i32(v: int) -> Value:
-    return bir.const(v - (1 << 32) if v >= 1 << 31 else v, bir.i32())
+_i32 = bir.i32_bits  # an i32 constant from a 32-bit pattern
 
 
 def _fp4x4_lut(x: Value, tabs: tuple[Value, ...] | None = None) -> tuple[Value, Value]:
@@ -700,6 +699,14 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                 with bir.when(wait):
                     cpasync.mbarrier_wait(empty, wait_parity)
 
+    def split_wait(u: Value) -> tuple[Value, Value]:
+        """The "split" loop's (wait, parity) for step ``u``'s stage: from u = stages - 1 on,
+        the consumers' release at their step u - stages + 1 (step u - stages's stage; the
+        first, at u = stages - 1, is the consumers' step-0 release of the unused stage
+        stages - 1)."""
+        ahead = bir.sub(bir.add(u, 1), stages)  # wraps for u < stages - 1: unused
+        return bir.ule(stages - 1, u), T._parity(bir.udiv(ahead, stages))
+
     def produce(t: Value, regs: list[Value], wait: Value | None,
                 wait_parity: Value | None, early: bool = False) -> list[Value]:
         """Step t (if t < steps; where ``wait`` holds (None: always), wait on its empty
@@ -742,8 +749,7 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                 t = bir.add(pl.iv, j)
                 live = bir.ult(t, steps)
                 with bir.when(live):
-                    ahead = bir.sub(bir.add(t, 1), stages)  # as produce's wait (u = t)
-                    wait_free(t, bir.ule(stages - 1, t), T._parity(bir.udiv(ahead, stages)))
+                    wait_free(t, *split_wait(t))
                     _fill_stores(ring, src_a, t, ops, regs[j * one:(j + 1) * one], fmt, units)
                 fulls.append((live, _stage(ring, t)[1]))
             W.fence_proxy_async_shared()
@@ -767,14 +773,8 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                 nxt = list(pl.carried)
                 for j in range(unroll):  # the step after the last one: fills nothing
                     t = bir.add(pl.iv, j)
-                    # u >= stages - 1: wait for the consumers' release at their step
-                    # u - stages + 1 (step u - stages's stage; the first, at u = stages - 1, is
-                    # the consumers' step-0 release of the unused stage stages - 1); u = t, or
-                    # t + 1 when its A is copied early
-                    u = bir.add(t, 1) if a_early else t
-                    ahead = bir.sub(bir.add(u, 1), stages)  # wraps for u < stages - 1: unused
-                    nxt = produce(t, nxt, bir.ule(stages - 1, u),
-                                  T._parity(bir.udiv(ahead, stages)), early=a_early)
+                    u = bir.add(t, 1) if a_early else t  # (t + 1: its A copied early)
+                    nxt = produce(t, nxt, *split_wait(u), early=a_early)
                 if prefetch:
                     pl.yield_(*nxt)
 

@@ -113,8 +113,7 @@ def chunk_offset(r: Value, c: int, sbo: int) -> Value:
     return bir.add(bir.add(bir.mul(bir.udiv(r, 8), sbo), bir.mul(bir.urem(r, 8), 16)), c * LBO)
 
 
-def _i32(v: int) -> Value:
-    return bir.const(v - (1 << 32) if v >= 1 << 31 else v, bir.i32())
+_i32 = bir.i32_bits  # an i32 constant from a 32-bit pattern
 
 
 def _copy_row(src: Value, row: Value, valid: Value, row_bytes: Value, step: Value,

@@ -313,8 +313,7 @@ def _fp4x8_shift(w: Value) -> list[Value]:
     return out
 
 
-def _i32(v: int) -> Value:
-    return bir.const(v - (1 << 32) if v >= 1 << 31 else v, bir.i32())
+_i32 = bir.i32_bits  # an i32 constant from a 32-bit pattern
 
 
 def _fp8x8_cvt(w0: Value, w1: Value) -> list[Value]:

@@ -34,6 +34,8 @@ FORMATS = ("nvfp4", "mxfp4")
 #: threads per block, rows per workspace tile, pieces per thread (= _grouped_p1_ir's)
 THREADS, TILE, PIECES = 256, 128, (1, 2)
 DEFAULT_PIECES = 2
+#: the workspace's types: bf16, or f16 (NVFP4: the grouped pdq kernel's ``dtype="f16"``)
+DTYPES = ("bf16", "f16")
 #: K of the workspace is padded to a multiple of this (= _twophase_ir.KPAD)
 KPAD = 64
 
@@ -65,7 +67,7 @@ class GroupedP1Spec(FormatSpec):
         object.__setattr__(self, "target", H.target_name(self.target))
         H.check_choice(self.target, TARGETS, "target")
         H.check_choice(self.pieces, PIECES, "pieces")
-        H.check_choice(self.dtype, ("bf16", "f16"), "dtype")
+        H.check_choice(self.dtype, DTYPES, "dtype")
         if self.dtype == "f16" and self.fmt != "nvfp4":
             raise ValueError(f"dtype='f16' is NVFP4 only, got fmt={self.fmt}")
 

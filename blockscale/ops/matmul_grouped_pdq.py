@@ -60,6 +60,7 @@ import blockscale.ops._matmul_host as H
 from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
 from blockscale.ops import matmul_grouped as _grouped
+from blockscale.ops import matmul_grouped_p1 as _p1
 from blockscale.ops import matmul_pdq as _pdq
 from blockscale.ops._staged_store_ir import check_store
 
@@ -129,7 +130,7 @@ B_SOURCES = ("global", "tma")
 #: the stages' operand type: "bf16", or "f16" (NVFP4, A from the workspace: the producer's
 #: table-free E5M2 decode, :mod:`blockscale.ops._f16_dequant_ir`; A
 #: from an f16 phase 1; f16 wgmmas; the accumulator times 2^14 first: the same bytes)
-DTYPES = ("bf16", "f16")
+DTYPES = _p1.DTYPES
 #: the dispatch's operand type for NVFP4 with the workspace A (:func:`dispatch_spec`): f16
 #: (H200 runs AP-AR, gpt-oss gate_up NVFP4, ms, bf16 -> f16: 192 x 192 items T=4096 1.550 ->
 #: 1.519, DeepSeek-V3 5.414 -> 5.145; with the paired fence the 128-row skip items T=1024
@@ -185,7 +186,7 @@ class GroupedPdqSpec(FormatSpec):
             Same bytes; measured within 1 % of the copy at the fill (run AG), not dispatched.
         dtype: :data:`DTYPES`; "f16" for NVFP4 with A from the workspace. Same bytes.
         pair: ("split" loop, prefetch distance 1) the producer fills two steps under one
-            proxy fence and issues the next two steps' loads after it
+            proxy fence, the next two steps' loads issued at the pair's start
             (:func:`blockscale.ops._pdq_ir.emit_mainloop`); the lockstep loop ignores it.
             Same bytes.
     """
@@ -231,9 +232,9 @@ class GroupedPdqSpec(FormatSpec):
             raise ValueError(f"bm={self.bm} needs a_source='workspace' and producers=1, got "
                              f"a_source={self.a_source!r}, producers={self.producers!r}")
         H.check_choice(self.bn, {BM: BNS, 256: (TALL_BN,), 192: (TRI_BN,)}[self.bm], "bn")
-        if self.bm == 192 and (self.store, self.b_source, self.a_early) != (
-                "staged", "global", False):
-            raise ValueError(f"bm=192 needs store='staged', b_source='global' and "
+        if self.bm == 192 and (self.store, self.unroll, self.b_source, self.a_early) != (
+                "staged", 1, "global", False):
+            raise ValueError(f"bm=192 needs store='staged', unroll=1, b_source='global' and "
                              f"no a_early, got store={self.store!r}, unroll={self.unroll!r}, "
                              f"b_source={self.b_source!r}, a_early={self.a_early!r}")
         if self.pair and (not self.prefetch or self.depth != 1 or self.a_early or self.unroll != 1
