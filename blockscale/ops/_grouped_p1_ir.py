@@ -75,10 +75,35 @@ def _chunks(data: Value, scales: Value, fmt: str, dtype: str) -> list[Value]:
     return dequant_chunks(data, splats, 16 if fmt == "nvfp4" else 32)
 
 
-def emit(kb: Any, fmt: str, p: int, dtype: str = "bf16") -> None:
+def kperm_source(pos: int) -> int:
+    """The K element (inside its 64-element step) that position ``pos`` of a ``kperm``
+    workspace row holds: the register-A kernel's order (:mod:`blockscale.ops._grouped_rs_ir`).
+    Position ``16 j + 8 hi + 2 q + i`` (k16 slice j, the wgmma A fragment's column pair
+    ``2q + 8 hi + i`` of thread quad q) holds element ``16 q + 4 j + 2 hi + i``: thread quad q's
+    A registers then hold the 16 consecutive weight codes ``16 q ..`` (one 8-byte load, one
+    NVFP4 block) in slice order. Pairs (i = 0, 1) stay adjacent: a permutation of f16 pairs."""
+    j, r = divmod(pos, 16)
+    hi, r = divmod(r, 8)
+    q, i = divmod(r, 2)
+    return 16 * q + 4 * j + 2 * hi + i
+
+
+def _kperm_chunks(chunks: list[Value]) -> list[Value]:
+    """A 64-element piece's eight 16-byte chunks (``vector<4xi32>`` of f16 pairs, K order)
+    -> the same pairs in :func:`kperm_source` order."""
+    pairs = [vector.extract(c, [], [u]) for c in chunks for u in range(4)]  # pair 4c + u
+    out = []
+    for c in range(8):
+        words = [pairs[kperm_source(8 * c + 2 * u) // 2] for u in range(4)]
+        out.append(vector.from_elements(bir.vec(4, bir.i32()), words))
+    return out
+
+
+def emit(kb: Any, fmt: str, p: int, dtype: str = "bf16", kperm: bool = False) -> None:
     """The phase-1 kernel body (module docstring); kernel args a, sfa, expert_start,
     a_scale_offsets, expert_ids, ws, t, k, num_groups, ws_tiles. ``dtype`` "f16" (NVFP4):
-    the f16 values of :mod:`blockscale.ops._f16_dequant_ir` (times 2^-7)."""
+    the f16 values of :mod:`blockscale.ops._f16_dequant_ir` (times 2^-7). ``kperm``: each
+    64-element step's elements in :func:`kperm_source` order."""
     if p not in PIECES:
         raise ValueError(f"p must be one of {list(PIECES)}, got {p!r}")
     block = 16 if fmt == "nvfp4" else 32
@@ -125,10 +150,15 @@ def emit(kb: Any, fmt: str, p: int, dtype: str = "bf16") -> None:
                         br.yield_(bir.const(0, vd), bir.const(0, vs))
                     loaded.append((pc, h, *br.results))
             tbase = bir.mul(w, tile_bytes(k))
-            for pc, h, data, scales in loaded:
+            for i in range(p):
+                pc = loaded[2 * i][0]
+                chunks = [v for _, _, data, scales in loaded[2 * i:2 * i + 2]
+                          for v in _chunks(data, scales, fmt, dtype)]
+                if kperm:
+                    chunks = _kperm_chunks(chunks)
                 with bir.when(bir.ult(pc, pieces)):
-                    base = bir.add(tbase, bir.add(bir.mul(bir.add(bir.mul(pc, 8), 4 * h),
-                                                          16 * TILE), bir.mul(r, 16)))
-                    for c, v in enumerate(_chunks(data, scales, fmt, dtype)):
+                    base = bir.add(tbase, bir.add(bir.mul(bir.mul(pc, 8), 16 * TILE),
+                                                  bir.mul(r, 16)))
+                    for c, v in enumerate(chunks):
                         bir.vector_store(vector.bitcast(vd, v), kb.arg("ws"),
                                          bir.add(base, 16 * TILE * c), alignment=16)

@@ -51,12 +51,16 @@ class GroupedP1Spec(FormatSpec):
         dtype: the workspace's type, "bf16", or "f16" (NVFP4: values times 2^-7, the
             operands of the grouped pdq kernel's ``dtype="f16"``;
             :mod:`blockscale.ops._f16_dequant_ir`).
+        kperm: the register-A kernel's K order inside every 64-element step
+            (:func:`blockscale.ops._grouped_p1_ir.kperm_source`; f16 only): the grouped
+            register-A kernel's B operand (:mod:`blockscale.ops.matmul_grouped_rs`).
     """
 
     fmt: str
     target: str = "sm_90a"
     pieces: int = DEFAULT_PIECES
     dtype: str = "bf16"
+    kperm: bool = False
 
     op: ClassVar[str] = "grouped_matmul_dequant_a"
     block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
@@ -70,10 +74,13 @@ class GroupedP1Spec(FormatSpec):
         H.check_choice(self.dtype, DTYPES, "dtype")
         if self.dtype == "f16" and self.fmt != "nvfp4":
             raise ValueError(f"dtype='f16' is NVFP4 only, got fmt={self.fmt}")
+        if self.kperm and self.dtype != "f16":
+            raise ValueError(f"kperm needs dtype='f16', got dtype={self.dtype!r}")
 
     @property
     def kernel_name(self) -> str:
         f16 = "_f16" if self.dtype == "f16" else ""
+        f16 += "_kp" if self.kperm else ""
         return f"bs_grouped_p1_{self.fmt}_t{TILE}_p{self.pieces}{f16}"
 
     def args(self) -> tuple[KernelArg, ...]:
@@ -112,7 +119,7 @@ def build(spec: GroupedP1Spec) -> Any:
     if (P.THREADS, P.TILE, P.PIECES) != (THREADS, TILE, PIECES):
         raise AssertionError("matmul_grouped_p1's constants disagree with _grouped_p1_ir's")
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
-        P.emit(kb, spec.fmt, spec.pieces, spec.dtype)
+        P.emit(kb, spec.fmt, spec.pieces, spec.dtype, spec.kperm)
     return kb.module
 
 
@@ -189,12 +196,12 @@ def dequantize_grouped_a(hidden: Any, a_scales: Any, expert_start: Any, a_scale_
 
 
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
-    """NVFP4 / MXFP4, every :data:`PIECES` (NVFP4 also f16, the default pieces); none off
-    sm_90a."""
+    """NVFP4 / MXFP4, every :data:`PIECES` (NVFP4 also f16, the default pieces, plain and
+    ``kperm``); none off sm_90a."""
     if target not in TARGETS:
         return []
     return [GroupedP1Spec(f, target, p) for f in FORMATS for p in PIECES] + [
-        GroupedP1Spec("nvfp4", target, dtype="f16")]
+        GroupedP1Spec("nvfp4", target, dtype="f16", kperm=kp) for kp in (False, True)]
 
 
 _core.attach_kernel_api((dequantize_grouped_a,), kernel, build)

@@ -182,7 +182,51 @@ def mma_async_bf16(acc: ir.Value, desc_a: ir.Value, desc_b: ir.Value, n: int, *,
     return mma_async(acc, desc_a, desc_b, n, dtype="bf16", accumulate=accumulate, loc=loc)
 
 
+#: the register-A form's operand types (:func:`mma_async_rs`)
+RS_TYPES = ("f16", "bf16")
+#: the PTX of :func:`mma_async_rs` (``$i`` are LLVM inline-asm operands: the N/2 accumulator
+#: outputs, their tied inputs, the 4 A registers, the B descriptor); the interpreter models
+#: exactly this text (:mod:`blockscale.runtime.interpreter.ops_wgmma`)
+RS_ASM = ("{{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{d}}}, {{{a}}}, ${b}, p, 1, 1, 0;"
+          "\n}}")
+
+
+def rs_asm(n: int, dtype: str) -> tuple[str, str]:
+    """(asm text, constraints) of :func:`mma_async_rs` for ``n`` / ``dtype``."""
+    h = n // 2
+    text = RS_ASM.format(n=n, t=dtype, d=", ".join(f"${i}" for i in range(h)),
+                         a=", ".join(f"${2 * h + i}" for i in range(4)), b=2 * h + 4)
+    cons = ",".join(["=f"] * h + [str(i) for i in range(h)] + ["r"] * 4 + ["l"])
+    return text, cons
+
+
+def mma_async_rs(acc: list[ir.Value], a: list[ir.Value], desc_b: ir.Value, n: int, *,
+                 dtype: str = "f16", loc: ir.Location | None = None) -> list[ir.Value]:
+    """``wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}`` with A from REGISTERS
+    (HGMMA.64xNx16.F32 with a register A operand in SASS): ``acc + A @ B`` where ``acc`` is
+    the N/2 f32 accumulator registers (:func:`accumulator_values` order), ``a`` the thread's
+    four ``i32`` A registers (two 16-bit elements each, the lower first) and B K-major in
+    shared memory (``desc_b``). A fragment (ISA "Register fragments for wgmma, matrix A"; the
+    ``mma.m16n8k16`` A layout, warp ``w`` holding rows 16w..16w+15): with ``g = lane // 4``,
+    ``q = lane % 4``, register 0 holds ``A[16w + g, 2q .. 2q+1]``, 1 ``A[16w + g + 8, 2q ..]``,
+    2 ``A[16w + g, 2q+8 ..]``, 3 ``A[16w + g + 8, 2q+8 ..]``. The NVVM dialect's op takes
+    only descriptors, so this is inline PTX; the A registers must stay unchanged until the
+    ``wait_group`` retiring it (SSA values here: ptxas keeps them). Same ordering rules as
+    :func:`mma_async` (a :func:`fence` first). Returns the N/2 new accumulator values."""
+    if dtype not in RS_TYPES:
+        raise ValueError(f"dtype must be one of {list(RS_TYPES)}, got {dtype!r}")
+    t = accumulator_type(n)
+    if len(acc) != n // 2 or len(a) != 4:
+        raise ValueError(f"mma_async_rs needs {n // 2} accumulator values and 4 A registers, "
+                         f"got {len(acc)} and {len(a)}")
+    text, cons = rs_asm(n, dtype)
+    with _loc(loc):
+        res = llvm.inline_asm(t, [*acc, *a, desc_b], text, cons, has_side_effects=True)
+        return [llvm.extractvalue(f32(), res, [i]) for i in range(n // 2)]
+
+
 __all__ = ["MMA_TYPES", "SWIZZLE_MODES", "accumulator_type", "accumulator_values", "advance",
            "commit_group", "descriptor", "descriptor_bits", "fence",
-           "fence_proxy_async_shared", "mma_async", "mma_async_bf16", "shared_address",
+           "fence_proxy_async_shared", "mma_async", "mma_async_bf16", "mma_async_rs", "rs_asm", "shared_address",
            "wait_group", "zero_accumulator"]

@@ -373,3 +373,77 @@ def _mma_async(op: Any, c: Compiler):
             st.pending.setdefault(key, []).extend([rec_a, rec_b])
         f.vals[out] = res
     return run
+
+
+# ---- register-A wgmma (inline PTX) ------------------------------------------------------------
+
+#: the one inline-asm text modeled: ``blockscale.compiler.arch.wgmma.rs_asm`` (register A)
+_RS = re.compile(r"\{\n\.reg \.pred p;\nsetp\.ne\.b32 p, 1, 0;\nwgmma\.mma_async\.sync\.aligned"
+                 r"\.m64n(\d+)k16\.f32\.(f16|bf16)\.\2 \{[^}]*\}, \{[^}]*\}, \$\d+, p, 1, 1, 0;"
+                 r"\n\}")
+
+
+def rs_a_matrix(regs: list[np.ndarray], dtype: Any) -> np.ndarray:
+    """A [64, 16] (float64) from the 128 threads' four i32 A registers (``regs[j]`` [128]):
+    register j of thread t (warp w, g = lane // 4, q = lane % 4) holds A[16w + g + 8 (j % 2),
+    2q + 8 (j // 2) + {0, 1}] (low half first)."""
+    t = np.arange(128)
+    w, lane = t // 32, t % 32
+    a = np.zeros((64, 16), np.float64)
+    for j, r in enumerate(regs):
+        bits = np.asarray(r).astype(np.int64) & 0xFFFFFFFF
+        halves = np.stack([bits & 0xFFFF, bits >> 16], axis=1).astype(np.uint16)
+        vals = halves.view(dtype).astype(np.float64)
+        row = 16 * w + lane // 4 + 8 * (j % 2)
+        col = 2 * (lane % 4) + 8 * (j // 2)
+        a[row, col] = vals[:, 0]
+        a[row, col + 1] = vals[:, 1]
+    return a
+
+
+@handles("llvm.inline_asm")
+def _inline_asm(op: Any, c: Compiler):
+    from mlir import ir
+
+    text = ir.StringAttr(op.attributes["asm_string"]).value
+    m = _RS.fullmatch(text)
+    if m is None:
+        raise NotImplementedError(f"interpreter: llvm.inline_asm {text[:60]!r}")
+    n, ty = int(m.group(1)), m.group(2)
+    dtype = np.float16 if ty == "f16" else ml_dtypes.bfloat16
+    h = n // 2
+    slots = c.slots(op.operands)
+    if len(slots) != h + 5:
+        raise NotImplementedError(f"interpreter: register-A wgmma with {len(slots)} operands")
+    acc_s, a_s, db_s = slots[:h], slots[h:h + 4], slots[h + 4]
+    out = c.slot(op.results[0])
+    rows, cols = fragment_coords(n)
+
+    def run(f: Frame) -> None:
+        st = _state(f)
+        acc = np.stack([f.full(f.vals[s]).astype(np.float32) for s in acc_s], axis=1)
+        res = np.array(acc, np.float32)
+        for blk, wg, idx in _warpgroups(f, "wgmma.mma_async (register A)"):
+            key = (blk, wg)
+            if key not in st.fenced:
+                raise WgmmaOrderError(f"wgmma.mma_async in {f.describe_block(blk)} without a "
+                                      "wgmma.fence since the last wait_group")
+            a = rs_a_matrix([f.full(f.vals[s])[idx] for s in a_s], dtype)
+            db = _uniform_desc(f, f.vals[db_s], idx, "B")
+            addr = operand_addresses(db, n)
+            buf, offs = resolve_shared(f, addr)
+            data = buf.data[blk].view(np.uint8)
+            offs = offs.reshape(n, 32)
+            img = st.async_image.get((id(buf), blk))
+            snap = data[offs].copy()
+            if img is None or not np.array_equal(img[offs], snap):
+                raise WgmmaOrderError(
+                    f"wgmma.mma_async reads bytes of {buf.name} in {f.describe_block(blk)} "
+                    "written after the last fence.proxy.async.shared::cta (or with none)")
+            cm = np.zeros((64, n), np.float32)
+            cm[rows, cols] = acc[idx]
+            d = wgmma_bf16(a, read_operand(data, offs, dtype), cm)
+            res[idx] = d[rows, cols]
+            st.pending.setdefault(key, []).append((buf, offs, snap))
+        f.vals[out] = res
+    return run

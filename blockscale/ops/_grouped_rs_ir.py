@@ -1,0 +1,343 @@
+"""IR of the register-A grouped (MoE prefill) NVFP4 matmul (:mod:`blockscale.ops.matmul_grouped_rs`,
+issue #10).
+
+Imports MLIR: only :func:`blockscale.ops.matmul_grouped_rs.build` imports it.
+
+Why: the producer-dequant kernel (:mod:`blockscale.ops._pdq_ir`) converts the weights in a
+producer warpgroup, stores them to shared memory, fences the stores to the async proxy and
+arrives; its consumers wait on that chain (ncu run AU: 63 % of their samples) and every k64
+step moves ~128 KB through shared memory at 128 x 256. Here the roles are swapped, as the
+mixed-input Hopper GEMMs do (CUTLASS's register-A collective, vLLM's Machete): the WEIGHTS are
+the wgmma's A operand, converted by the consumer warpgroups themselves into registers
+(:func:`blockscale.compiler.arch.wgmma.mma_async_rs`), and the routed activations (tokens)
+are the B operand, bulk-copied from the grouped phase-1 workspace by one producer warp. No
+weight stores, no proxy fence, no producer/consumer chain for the weights: a consumer loads
+its weight codes a few steps ahead (``depth``) with plain 8-byte loads.
+
+Work item (CTA ``(x, y)``): weight rows ``[256 x, 256 x + 256)`` of expert ``e`` x the
+y-th (group, 128-token tile) (:func:`blockscale.ops._grouped_wgmma_ir.find_tile`). Consumer
+warpgroup ``w`` (of 2) owns the two 64-row slabs ``64 (2 j + w)`` (j = 0, 1): its
+accumulators are ``D[64 weight rows, nt tokens]`` per slab, ``nt`` = the tile's token rows
+rounded up to 32 (32 / 64 / 96 / 128: the K loop is emitted once per width, chosen per item).
+
+K order: thread quad ``q`` of a warp feeds the wgmma's A columns ``2q, 2q+1, 2q+8, 2q+9`` of
+every k16 slice. With the workspace written in :func:`blockscale.ops._grouped_p1_ir.kperm_source`
+order (the phase 1's ``kperm``), those columns of slice j are the weight codes
+``16 q + 4 j .. + 3`` of the 64-element step: a thread's A registers for a whole step are the
+16 consecutive codes ``16 q ..`` of each of its rows (one 8-byte load, ONE NVFP4 block, one
+scale byte). The same permutation on both operands leaves the dot products unchanged; the
+fp32 summation order inside a k16 wgmma is the hardware's either way.
+
+Values: the f16 operands of :mod:`blockscale.ops._f16_dequant_ir` (weights ``dec * |s| *
+2^-7`` exact in f16, activations from the f16 phase 1, also times 2^-7); the epilogue
+multiplies the fp32 accumulator by 2^14 (exact), the expert scale, then (NVFP4 D10) the row
+scale, and rounds to bf16 (SEMANTICS §5).
+
+Pipeline: ``stages`` shared stages of 128 token rows x 64 f16 (the workspace tile's k-step,
+16-byte chunk c at ``c * 2048``: the K-major no-swizzle layout, LBO 2048, SBO 128); the
+producer warp's lane 0 waits for a stage to be free, expects ``8 * nt * 16`` bytes and
+issues 8 bulk copies (the nt rows of each chunk). Consumers: wait full, convert the step's
+weights (loaded ``depth`` steps earlier), issue the next loads, 8 wgmmas (2 slabs x 4 k16
+slices), commit, ``wait_group 1`` and release the previous step's stage (one arrival per
+warpgroup; step 0 releases stage ``stages - 1``, unused: the producer's wait for step t >=
+stages - 1 is for phase ``(t + 1) // stages - 1``). 288 threads (2 consumer warpgroups and the
+producer warp): 227 registers a thread without ``setmaxnreg``.
+
+Epilogue: every thread reaches two CTA barriers; the consumers write the scaled bf16 tile
+TRANSPOSED (token rows, weight columns; a padded row pitch) into the freed ring, then the
+first 128 threads bulk-store one token row each (rows past the group end, columns past N
+not written; N % 8 == 0). Expert id -1: zeros (D8), no K loop.
+
+The lock-step interpreter runs the producer's loop to its end first: it runs this kernel
+while the K steps fit in ``stages - 1`` stages (tests use K <= 64 (stages - 1)).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlir import ir
+from mlir.dialects import arith, vector
+
+from blockscale.compiler import ir as bir
+from blockscale.compiler.arch import cpasync, nvvm, tma
+from blockscale.compiler.arch import wgmma as W
+from blockscale.layouts import SF_ATOM_BYTES, SF_ATOM_ROWS
+from blockscale.ops import _f16_dequant_ir as F16
+from blockscale.ops._grouped_p1_ir import TILE, tile_bytes
+from blockscale.ops._matmul_ir import tcgen_row_offset
+
+Value = ir.Value
+
+#: weight rows per CTA (2 consumer warpgroups x 2 slabs of 64), token rows per item, K step
+BW, BT, KSTEP = 256, TILE, 64
+#: consumer warpgroups, CTA threads (+ the producer warp)
+CONSUMERS = 2
+THREADS = 128 * CONSUMERS
+#: token widths the K loop is emitted for (the item's rows rounded up to 32)
+WIDTHS = (32, 64, 96, 128)
+#: one stage: 128 token rows x 64 f16 (8 chunks of 16 bytes, 2048 bytes a chunk)
+CHUNK_BYTES = BT * 16
+STAGE_BYTES = 8 * CHUNK_BYTES
+#: the staged output tile's row pitch (256 bf16 + 16 bytes: the transposed writes of a warp
+#: spread over the banks)
+C_PITCH = BW * 2 + 16
+DEPTHS = (1, 2, 3)
+
+
+def shared_bytes(stages: int) -> int:
+    """The dynamic shared memory: max(ring, staged output tile) + 2 stages mbarriers."""
+    return max(stages * STAGE_BYTES, BT * C_PITCH) + 16 * stages
+
+
+def _i32(v: int) -> Value:
+    return bir.const(v, bir.i32())
+
+
+class _Ring:
+    """The stages, their full / empty mbarriers and the B descriptors."""
+
+    def __init__(self, kb: Any, stages: int) -> None:
+        self.stages = stages
+        self.smem = tma.extern_shared_buffer(kb, shared_bytes(stages), align=128)
+        self.base = W.shared_address(self.smem)
+        self.bars = bir.add(self.base, bir.as_i64(bir.const(shared_bytes(stages) - 16 * stages)))
+        self.db0 = W.descriptor(self.base, lbo=CHUNK_BYTES, sbo=128)
+
+    def full(self, slot: Value) -> Value:
+        return bir.add(self.bars, bir.as_i64(bir.mul(slot, 8)))
+
+    def empty(self, slot: Value) -> Value:
+        return bir.add(self.bars, bir.as_i64(bir.add(bir.mul(slot, 8), 8 * self.stages)))
+
+
+def _parity(v: Value) -> Value:
+    return bir.as_i32(bir.urem(v, 2))
+
+
+class _Weights:
+    """A consumer thread's four weight rows (slab j, rows g and g + 8 of its warp) and their
+    per-step loads: 8 code bytes (the thread quad's NVFP4 block) and one scale byte each."""
+
+    def __init__(self, kb: Any, e: Value, n0: Value, n_count: Value, k: Value) -> None:
+        tid = bir.thread_idx("x")
+        wg, t = bir.udiv(tid, 128), bir.urem(tid, 128)
+        warp, lane = bir.udiv(t, 32), bir.urem(t, 32)
+        self.q = bir.urem(lane, 4)
+        g = bir.udiv(lane, 4)
+        self.k = k
+        row_bytes = bir.udiv(k, 2)
+        d1 = bir.ceil_div(bir.ceil_div(k, 16), 4)
+        srow0 = bir.add(bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS), n0)
+        self.rows = []  # (valid, code byte offset of step 0, scale byte offset of step 0)
+        for j in range(2):
+            for h in range(2):
+                local = bir.add(bir.add(bir.mul(bir.add(wg, 2 * j), 64),
+                                        bir.mul(warp, 16)), bir.add(g, 8 * h))
+                n = bir.add(n0, local)
+                valid = bir.ult(n, n_count)
+                code = bir.add(bir.mul(bir.add(bir.mul(e, n_count), n), row_bytes),
+                               bir.mul(self.q, 8))
+                scale = bir.add(tcgen_row_offset(bir.add(srow0, local), d1), self.q)
+                self.rows.append((valid, code, scale))
+        self.w, self.sfb = kb.arg("w"), kb.arg("sfb")
+
+    def types(self) -> list[ir.Type]:
+        return [bir.vec(2, bir.i32()), bir.i32()] * len(self.rows)
+
+    def load(self, s: Value) -> list[Value]:
+        """Step ``s``'s codes (``vector<2xi32>``) and scale (i32) of each row; zeros past N /
+        K (K % 16 == 0: a quad's block lies wholly inside or outside)."""
+        out = []
+        live = bir.ult(bir.add(bir.mul(s, KSTEP), bir.mul(self.q, 16)), self.k)
+        for valid, code, scale in self.rows:
+            br = bir.if_(bir.logical_and(valid, live), [bir.vec(8, bir.i8()), bir.i8()])
+            with br.then():
+                data = bir.vector_load(bir.vec(8, bir.i8()), self.w,
+                                       bir.add(code, bir.mul(s, 32)), alignment=8)
+                sc = bir.load(self.sfb, bir.add(scale, bir.mul(s, SF_ATOM_BYTES)))
+                br.yield_(data, arith.bitcast(bir.i8(), sc))
+            with br.else_():
+                br.yield_(bir.const(0, bir.vec(8, bir.i8())), bir.const(0, bir.i8()))
+            data, sc = br.results
+            out += [vector.bitcast(bir.vec(2, bir.i32()), data), arith.extui(bir.i32(), sc)]
+        return out
+
+
+def a_registers(regs: list[Value]) -> list[list[list[Value]]]:
+    """The step's A registers ``[slab][slice] -> 4 i32`` from :meth:`_Weights.load`'s values:
+    each row's 16 codes -> 8 f16 pairs times its scale (:mod:`blockscale.ops._f16_dequant_ir`);
+    slice j takes pairs 2j (registers 0 / 1: rows g / g + 8) and 2j + 1 (registers 2 / 3)."""
+    out = []
+    for j in range(2):
+        rows = []
+        (d0, s0), (d1, s1) = (regs[4 * j:4 * j + 2], regs[4 * j + 2:4 * j + 4])
+        splats = F16.splats(bir.bit_or(s0, bir.shl(s1, _i32(8))))
+        for data, splat in ((d0, splats[0]), (d1, splats[1])):
+            pairs = []
+            for wd in range(2):
+                pairs += F16.fp4x8_to_f16x2x4(vector.extract(data, [], [wd]))
+            rows.append([nvvm_pack(arith.mulf(F16._f16x2(p), splat)) for p in pairs])
+        out.append([[rows[0][2 * i], rows[1][2 * i], rows[0][2 * i + 1], rows[1][2 * i + 1]]
+                    for i in range(4)])
+    return out
+
+
+def nvvm_pack(v: Value) -> Value:
+    """``vector<2xf16>`` -> its i32 bits."""
+    from blockscale.compiler.arch import mma
+
+    return mma.pack_i32(v)
+
+
+def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int,
+                   fill: Any) -> list[Value]:
+    """One consumer warpgroup's K loop at token width ``nt``: the 2 x nt / 2 accumulators.
+    Thread 0 fills the first ``stages - 1`` steps first and, after its step s, step
+    ``s + stages - 1`` into the stage step s - 1 used (``fill(t)``), once both warpgroups
+    released it."""
+    st = ring.stages
+    with bir.when(bir.eq(bir.thread_idx("x"), 0)):
+        for t in range(st - 1):
+            with bir.when(bir.ult(bir.const(t), steps)):
+                fill(bir.const(t))
+    zero = bir.const(0.0, bir.f32())
+    acc0 = [zero] * nt  # two slabs of nt / 2
+    pre = []
+    for d in range(depth):
+        pre += wts.load(bir.const(d))
+    one = len(wts.types())
+    tid = bir.thread_idx("x")
+    with bir.for_range(0, steps, carry=acc0 + pre) as lp:
+        s = lp.iv
+        accs = list(lp.carried[:nt])
+        regs = list(lp.carried[nt:])
+        slot = bir.urem(s, ring.stages)
+        cpasync.mbarrier_wait(ring.full(slot), _parity(bir.udiv(s, ring.stages)))
+        a = a_registers(regs[:one])
+        nxt = regs[one:] + wts.load(bir.add(s, depth))
+        db = W.advance(ring.db0, bir.as_i64(bir.mul(slot, STAGE_BYTES)))
+        W.fence()
+        for j in range(2):
+            acc = accs[j * nt // 2:(j + 1) * nt // 2]
+            for i in range(4):
+                acc = W.mma_async_rs(acc, a[j][i], W.advance(db, 2 * i * CHUNK_BYTES), nt)
+            accs[j * nt // 2:(j + 1) * nt // 2] = acc
+        W.commit_group()
+        W.wait_group(1)  # step s - 1's wgmmas retired: release its stage
+        prev = bir.urem(bir.add(s, ring.stages - 1), ring.stages)
+        with bir.when(bir.eq(bir.urem(tid, 128), 0)):
+            cpasync.mbarrier_arrive(ring.empty(prev))
+        nxt_step = bir.add(s, st - 1)
+        with bir.when(bir.logical_and(bir.eq(tid, 0), bir.ult(nxt_step, steps))):
+            cpasync.mbarrier_wait(ring.empty(prev), _parity(bir.udiv(s, st)))
+            fill(nxt_step)
+        lp.yield_(*accs, *nxt)
+    W.wait_group(0)
+    return list(lp.results[:nt])
+
+
+def _by_width(ring: _Ring, wts: _Weights, steps: Value, width: Value, depth: int, fill: Any,
+              i: int = 0) -> list[Value]:
+    """The K loop of the smallest :data:`WIDTHS` entry >= ``width`` (from ``WIDTHS[i]`` on),
+    its accumulators padded with zeros to 2 slabs x 64."""
+    nt = WIDTHS[i]
+    if i == len(WIDTHS) - 1:
+        return _consumer_loop(ring, wts, steps, nt, depth, fill)
+    br = bir.if_(bir.ule(width, bir.const(nt)), [bir.f32()] * 128)
+    with br.then():
+        acc = _consumer_loop(ring, wts, steps, nt, depth, fill)
+        pad = [bir.const(0.0, bir.f32())] * (64 - nt // 2)
+        br.yield_(*acc[:nt // 2], *pad, *acc[nt // 2:], *pad)
+    with br.else_():
+        br.yield_(*_by_width(ring, wts, steps, width, depth, fill, i + 1))
+    return list(br.results)
+
+
+def _filler(ring: _Ring, src: Value, nt_bytes: Value) -> Any:
+    """``fill(t)`` for thread 0: step t's nt token rows of each chunk into its (free) stage by
+    8 bulk copies, their bytes expected on the stage's full barrier."""
+    def fill(t: Value) -> None:
+        slot = bir.urem(t, ring.stages)
+        dst = bir.add(ring.base, bir.as_i64(bir.mul(slot, STAGE_BYTES)))
+        cpasync.mbarrier_arrive_expect_tx_n(ring.full(slot), bir.as_i32(bir.mul(nt_bytes, 8)))
+        for c in range(8):
+            cpasync.bulk_copy_n(bir.add(dst, bir.as_i64(bir.const(c * CHUNK_BYTES))),
+                                bir.add(src, bir.as_i64(bir.add(bir.mul(t, STAGE_BYTES),
+                                                                c * CHUNK_BYTES))),
+                                bir.as_i32(nt_bytes), ring.full(slot))
+    return fill
+
+
+def _stage_tile(ring: _Ring, accs: list[Value], value: Any, m0: Value, n0: Value) -> None:
+    """A consumer thread's accumulators (2 slabs x 64, width 128) -> bf16 ``value(v, m, n)``
+    at (token row, weight column) of the staged tile."""
+    tid = bir.thread_idx("x")
+    wg, t = bir.udiv(tid, 128), bir.urem(tid, 128)
+    warp, lane = bir.udiv(t, 32), bir.urem(t, 32)
+    g, q = bir.udiv(lane, 4), bir.urem(lane, 4)
+    for j in range(2):
+        wrow0 = bir.add(bir.mul(bir.add(wg, 2 * j), 64), bir.add(bir.mul(warp, 16), g))
+        for i in range(64):
+            wrow = bir.add(wrow0, 8 * ((i % 4) // 2))
+            tok = bir.add(bir.mul(q, 2), 8 * (i // 4) + i % 2)
+            v = value(accs[j * 64 + i], bir.add(m0, tok), bir.add(n0, wrow))
+            at = bir.add(bir.mul(tok, C_PITCH), bir.mul(wrow, 2))
+            bir.vector_store(vector.bitcast(bir.vec(2, bir.i8()),
+                                            vector.from_elements(bir.vec(1, bir.bf16()), [v])),
+                             ring.smem, at, alignment=2)
+
+
+def emit(kb: Any, stages: int, depth: int, row_scales: bool) -> None:
+    """The kernel body (module docstring); the grouped pdq kernel's workspace arguments."""
+    from blockscale.ops._grouped_wgmma_ir import find_tile
+    from blockscale.ops.matmul_grouped_sm90 import work_item
+
+    if depth not in DEPTHS:
+        raise ValueError(f"depth must be one of {list(DEPTHS)}, got {depth!r}")
+    n_count, k, groups = (bir.as_index(kb.arg(x)) for x in ("n", "k", "num_groups"))
+    g, tile, has_work = find_tile(BT, kb, groups)
+    with bir.when(has_work):  # CTA-uniform
+        start, end, expert, m0, n0, active = work_item(kb, g, tile, BT, BW)
+        rows = bir.umin(bir.sub(end, m0), BT)
+        ring = _Ring(kb, stages)
+        tid = bir.thread_idx("x")
+        with bir.when(bir.eq(tid, 0)):
+            for i in range(stages):
+                cpasync.mbarrier_init(ring.full(bir.const(i)), 1)
+                cpasync.mbarrier_init(ring.empty(bir.const(i)), CONSUMERS)
+            tma.fence_mbarrier_init()
+        bir.barrier()
+        e = bir.as_index(bir.select(active, expert, bir.const(0, bir.i32())))
+        steps = bir.select(active, bir.ceil_div(k, KSTEP), bir.const(0))
+        tile0 = bir.add(bir.udiv(start, SF_ATOM_ROWS),
+                        bir.as_index(bir.load(kb.arg("a_scale_offsets"), g)))
+        src = bir.add(cpasync.global_address(kb.arg("wa")),
+                      bir.as_i64(bir.mul(bir.add(tile0, tile), tile_bytes(k))))
+        width = bir.mul(bir.ceil_div(rows, 32), 32)
+        fill = _filler(ring, src, bir.mul(width, 16))
+        accs = _by_width(ring, _Weights(kb, e, n0, n_count, k), steps, width, depth, fill)
+        f32 = bir.f32()
+
+        scale_e = bir.select(active, bir.load(kb.arg("expert_scales"), e), bir.const(0.0, f32))
+        fix = bir.const(F16.ACC_SCALE, f32)
+
+        def value(v: Value, m: Value, n: Value) -> Value:
+            v = arith.mulf(arith.mulf(v, fix), scale_e)
+            if row_scales:  # D10: times the expert scale, then the row scale
+                mm = bir.umin(m, bir.sub(end, 1))  # rows past the end are not stored
+                v = arith.mulf(v, arith.extf(f32, bir.load(kb.arg("a_row_scales"), mm)))
+            return arith.truncf(bir.bf16(), v)
+
+        bir.barrier()  # every wgmma retired, every copy landed: the ring is free
+        _stage_tile(ring, accs, value, m0, n0)
+        W.fence_proxy_async_shared()
+        bir.barrier()
+        with bir.when(bir.ult(tid, rows)):  # one token row a thread
+            cols = bir.umin(bir.sub(n_count, n0), BW)
+            dst = bir.add(cpasync.global_address(kb.arg("c")), bir.as_i64(
+                bir.mul(bir.add(bir.mul(bir.add(m0, tid), n_count), n0), 2)))
+            cpasync.bulk_store(dst, bir.add(ring.base, bir.as_i64(bir.mul(tid, C_PITCH))),
+                               bir.as_i32(bir.mul(cols, 2)))
+            cpasync.bulk_commit()
+            cpasync.bulk_wait_read()
