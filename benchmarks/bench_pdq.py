@@ -28,6 +28,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 if __package__ in (None, ""):
@@ -200,7 +201,14 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                    "bn": 128, "unroll": 2, "depth": 2}),
                  ("grouped pdq pf staged ws skip d2", "pdq",
                   {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
-                   "depth": 2}))
+                   "depth": 2}),
+                 # the register-A kernel (NVFP4: the weights converted into the wgmma's A
+                 # registers by the consumers; matmul_grouped_rs), its depths and stages
+                 ("grouped rs", "rs", {}),
+                 ("grouped rs d1", "rs", {"depth": 1}),
+                 ("grouped rs d3", "rs", {"depth": 3}),
+                 ("grouped rs s4", "rs", {"stages": 4}),
+                 ("grouped rs s8", "rs", {"stages": 8}))
 #: fused SwiGLU suite (label, fused op?, BLOCKSCALE_SM90_GROUPED_PDQ, the pdq dispatch's A
 #: source, item height and skip: matmul_grouped_pdq.A_SOURCE_ENV / BM_ENV / SKIP_ENV): the
 #: dispatch's chained path (grouped matmul + fused_silu_quantize) is the reference the fused
@@ -278,6 +286,7 @@ def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
                   ) -> list[tuple[str, str, float | None, str]]:
     from blockscale.formats import Format
     from blockscale.ops import matmul_grouped_pdq as GP
+    from blockscale.ops import matmul_grouped_rs as GR
     from blockscale.ops import matmul_grouped_wgmma as gw
 
     out = []
@@ -296,15 +305,17 @@ def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
             case, ref = f"{shape.name} {f} T={t} ({r.rows} rows)", None
             for label, kind, kw in _select(GROUPED_IMPLS, only):
                 # f16 operands, and the paired 192-row items, are bundled for NVFP4 only
-                nvfp4_only = kw.get("dtype") == "f16" or (kw.get("pair") and kw.get("bm") == 192)
+                nvfp4_only = kw.get("dtype") == "f16" or (kw.get("pair") and kw.get("bm") == 192) \
+                    or kind == "rs"
                 if nvfp4_only and f != "nvfp4":
                     continue
                 if kind == "p1":  # the grouped phase 1 alone (part of the "ws" rows' time)
                     out.append(_time_phase1(dev, label, case, args, shape.k, log))
                     continue
                 try:
-                    fn = gw.grouped_matmul_block_scaled_wgmma if kind == "wgmma" else \
-                        GP.grouped_matmul_block_scaled_pdq
+                    fn = {"wgmma": gw.grouped_matmul_block_scaled_wgmma,
+                          "rs": GR.grouped_matmul_block_scaled_rs}.get(
+                              kind, GP.grouped_matmul_block_scaled_pdq)
                     got, ms, _ = timed_launches(dev, lambda fn=fn, kw=kw, args=args: fn(
                         *args, k=shape.k, device=dev, **kw))
                     host = np.asarray(dev.to_host(got))
@@ -317,6 +328,10 @@ def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
                     elif kind == "pdq":
                         same = np.array_equal(host.view(np.uint16), ref)
                         text += " == wgmma lut k64" if same else " DIFFERS from wgmma lut k64"
+                    elif kind == "rs":  # another fp32 order: the largest difference
+                        r16 = ref.view(ml_dtypes.bfloat16).astype(np.float32)
+                        diff = np.abs(host.astype(np.float32) - r16).max()
+                        text += f" max|d| {diff / max(np.abs(r16).max(), 1e-30):.1e} of max"
                     ms = ms if ok else None
                 except Exception as e:  # noqa: BLE001 - missing kernel, launch failure
                     ms, text = None, f"error: {type(e).__name__}: {str(e)[:80]}"

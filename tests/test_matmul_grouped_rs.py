@@ -122,7 +122,7 @@ def test_kernel_sass():
 
 
 def _gpu(counts, ids, e_count, n, k, **kw):
-    case, esc, rs, out, exact, bound = _run(counts, ids, e_count, n, k, device="cuda",
+    case, esc, rs, out, _exact, bound = _run(counts, ids, e_count, n, k, device="cuda",
                                             rows=True, **kw)
     ref = GP.grouped_matmul_block_scaled_pdq(
         **case, expert_scales=esc, fmt="nvfp4", k=k, a_row_scales=rs, prefetch=True,

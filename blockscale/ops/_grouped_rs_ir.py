@@ -60,7 +60,7 @@ from mlir import ir
 from mlir.dialects import arith, vector
 
 from blockscale.compiler import ir as bir
-from blockscale.compiler.arch import cpasync, nvvm, tma
+from blockscale.compiler.arch import cpasync, tma
 from blockscale.compiler.arch import wgmma as W
 from blockscale.layouts import SF_ATOM_BYTES, SF_ATOM_ROWS
 from blockscale.ops import _f16_dequant_ir as F16
