@@ -121,7 +121,7 @@ def test_checks():
     assert [s.kernel_name for s in G1.bundle_specs("sm_90a")] == [
         "bs_grouped_p1_nvfp4_t128_p1", "bs_grouped_p1_nvfp4_t128_p2",
         "bs_grouped_p1_mxfp4_t128_p1", "bs_grouped_p1_mxfp4_t128_p2",
-        "bs_grouped_p1_nvfp4_t128_p2_f16"]
+        "bs_grouped_p1_nvfp4_t128_p2_f16", "bs_grouped_p1_nvfp4_t128_p2_f16_kp"]
     assert G1.bundle_specs("gfx942") == []
 
 

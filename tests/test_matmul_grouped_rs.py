@@ -24,7 +24,7 @@ from blockscale.formats import NVFP4
 from blockscale.ops import matmul_grouped_p1 as G1
 from blockscale.ops import matmul_grouped_pdq as GP
 from blockscale.ops import matmul_grouped_rs as GR
-from blockscale.ops._grouped_p1_ir import kperm_source
+from blockscale.ops.matmul_grouped_p1 import kperm_source
 
 
 def _run(counts, ids, e_count, n, k, rows=False, seed=0, device="interp", **kw):

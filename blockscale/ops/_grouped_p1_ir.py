@@ -43,6 +43,7 @@ from blockscale.ops._grouped_wgmma_ir import find_tile
 from blockscale.ops._matmul_ir import tcgen_row_offset
 from blockscale.ops._twophase_ir import KPAD
 from blockscale.ops._twophase_p1_ir import dequant_chunks
+from blockscale.ops.matmul_grouped_p1 import kperm_source
 
 Value = ir.Value
 
@@ -73,19 +74,6 @@ def _chunks(data: Value, scales: Value, fmt: str, dtype: str) -> list[Value]:
     splats = tuple(vector.broadcast(bir.vec(2, bir.bf16()), vector.extract(sv, [], [s]))
                    for s in range(nscales))
     return dequant_chunks(data, splats, 16 if fmt == "nvfp4" else 32)
-
-
-def kperm_source(pos: int) -> int:
-    """The K element (inside its 64-element step) that position ``pos`` of a ``kperm``
-    workspace row holds: the register-A kernel's order (:mod:`blockscale.ops._grouped_rs_ir`).
-    Position ``16 j + 8 hi + 2 q + i`` (k16 slice j, the wgmma A fragment's column pair
-    ``2q + 8 hi + i`` of thread quad q) holds element ``16 q + 4 j + 2 hi + i``: thread quad q's
-    A registers then hold the 16 consecutive weight codes ``16 q ..`` (one 8-byte load, one
-    NVFP4 block) in slice order. Pairs (i = 0, 1) stay adjacent: a permutation of f16 pairs."""
-    j, r = divmod(pos, 16)
-    hi, r = divmod(r, 8)
-    q, i = divmod(r, 2)
-    return 16 * q + 4 * j + 2 * hi + i
 
 
 def _kperm_chunks(chunks: list[Value]) -> list[Value]:

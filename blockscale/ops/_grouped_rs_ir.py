@@ -1,5 +1,5 @@
-"""IR of the register-A grouped (MoE prefill) NVFP4 matmul (:mod:`blockscale.ops.matmul_grouped_rs`,
-issue #10).
+"""IR of the register-A grouped (MoE prefill) NVFP4 matmul
+(:mod:`blockscale.ops.matmul_grouped_rs`, issue #10).
 
 Imports MLIR: only :func:`blockscale.ops.matmul_grouped_rs.build` imports it.
 
@@ -16,17 +16,19 @@ its weight codes a few steps ahead (``depth``) with plain 8-byte loads.
 
 Work item (CTA ``(x, y)``): weight rows ``[256 x, 256 x + 256)`` of expert ``e`` x the
 y-th (group, 128-token tile) (:func:`blockscale.ops._grouped_wgmma_ir.find_tile`). Consumer
-warpgroup ``w`` (of 2) owns the two 64-row slabs ``64 (2 j + w)`` (j = 0, 1): its
-accumulators are ``D[64 weight rows, nt tokens]`` per slab, ``nt`` = the tile's token rows
-rounded up to 32 (32 / 64 / 96 / 128: the K loop is emitted once per width, chosen per item).
+warpgroup ``w`` (of 2, 256 threads: 255 registers a thread are allowed, the kernel uses 240,
+no spills) owns the two 64-row slabs ``64 (2 j + w)`` (j = 0, 1): its accumulators are
+``D[64 weight rows, nt tokens]`` per slab, ``nt`` = the tile's token rows rounded up to 32
+(32 / 64 / 96 / 128: the K loop is emitted once per width, chosen per item).
 
 K order: thread quad ``q`` of a warp feeds the wgmma's A columns ``2q, 2q+1, 2q+8, 2q+9`` of
-every k16 slice. With the workspace written in :func:`blockscale.ops._grouped_p1_ir.kperm_source`
-order (the phase 1's ``kperm``), those columns of slice j are the weight codes
-``16 q + 4 j .. + 3`` of the 64-element step: a thread's A registers for a whole step are the
-16 consecutive codes ``16 q ..`` of each of its rows (one 8-byte load, ONE NVFP4 block, one
-scale byte). The same permutation on both operands leaves the dot products unchanged; the
-fp32 summation order inside a k16 wgmma is the hardware's either way.
+every k16 slice. With the workspace written in
+:func:`blockscale.ops.matmul_grouped_p1.kperm_source` order (the phase 1's ``kperm``), those
+columns of slice j are the weight codes ``16 q + 4 j .. + 3`` of the 64-element step: a
+thread's A registers for a whole step are the 16 consecutive codes ``16 q ..`` of each of
+its rows (one 8-byte load, ONE NVFP4 block, one scale byte). The same permutation on both
+operands leaves the dot products unchanged; the fp32 summation order inside a k16 wgmma is
+the hardware's either way.
 
 Values: the f16 operands of :mod:`blockscale.ops._f16_dequant_ir` (weights ``dec * |s| *
 2^-7`` exact in f16, activations from the f16 phase 1, also times 2^-7); the epilogue
@@ -34,22 +36,28 @@ multiplies the fp32 accumulator by 2^14 (exact), the expert scale, then (NVFP4 D
 scale, and rounds to bf16 (SEMANTICS §5).
 
 Pipeline: ``stages`` shared stages of 128 token rows x 64 f16 (the workspace tile's k-step,
-16-byte chunk c at ``c * 2048``: the K-major no-swizzle layout, LBO 2048, SBO 128); the
-producer warp's lane 0 waits for a stage to be free, expects ``8 * nt * 16`` bytes and
-issues 8 bulk copies (the nt rows of each chunk). Consumers: wait full, convert the step's
-weights (loaded ``depth`` steps earlier), issue the next loads, 8 wgmmas (2 slabs x 4 k16
-slices), commit, ``wait_group 1`` and release the previous step's stage (one arrival per
-warpgroup; step 0 releases stage ``stages - 1``, unused: the producer's wait for step t >=
-stages - 1 is for phase ``(t + 1) // stages - 1``). 288 threads (2 consumer warpgroups and the
-producer warp): 227 registers a thread without ``setmaxnreg``.
+16-byte chunk c at ``c * 2048``: the K-major no-swizzle layout, LBO 2048, SBO 128). Thread 0
+fills the first ``stages - 1`` steps (8 bulk copies a step: the nt rows of each chunk, their
+bytes expected on the stage's full barrier), and after its step s, once both warpgroups
+released it, refills step s - 1's stage with step ``s + stages - 1`` (the two-phase ring's
+protocol: step 0 releases the unused stage ``stages - 1``, so the wait is for parity
+``(s // stages) & 1``). A step: wait full, convert the step's weights (loaded ``depth`` steps
+earlier, branch-free: masked rows read element 0 and select zeros), issue the next loads, 8
+wgmmas (2 slabs x 4 k16 slices), commit, ``wait_group 1``, release the previous step's stage
+(one arrival a warpgroup). The lock-step interpreter runs this for any K.
+
+Status (H200 run AX): correct, but ptxas serializes the wgmmas (C7514, "non wgmma
+instructions reading accumulator registers ... between start and end of the pipeline
+stage": a WARPGROUP.DEPBAR after every HGMMA, and the A operand is moved into one fixed
+register quad before each): gpt-oss gate_up NVFP4 T=4096 1.84 ms against the f16 paired pdq
+kernel's 1.48. With constant A registers the diagnosis changes (a compiler-inserted
+warpgroup arrive in a divergent path): the A-register producers, not the accumulators, are
+what the pipeline analysis trips on. Not dispatched.
 
 Epilogue: every thread reaches two CTA barriers; the consumers write the scaled bf16 tile
 TRANSPOSED (token rows, weight columns; a padded row pitch) into the freed ring, then the
-first 128 threads bulk-store one token row each (rows past the group end, columns past N
+first ``rows`` threads bulk-store one token row each (rows past the group end, columns past N
 not written; N % 8 == 0). Expert id -1: zeros (D8), no K loop.
-
-The lock-step interpreter runs the producer's loop to its end first: it runs this kernel
-while the K steps fit in ``stages - 1`` stages (tests use K <= 64 (stages - 1)).
 """
 
 from __future__ import annotations
@@ -151,16 +159,16 @@ class _Weights:
         out = []
         live = bir.ult(bir.add(bir.mul(s, KSTEP), bir.mul(self.q, 16)), self.k)
         for valid, code, scale in self.rows:
-            br = bir.if_(bir.logical_and(valid, live), [bir.vec(8, bir.i8()), bir.i8()])
-            with br.then():
-                data = bir.vector_load(bir.vec(8, bir.i8()), self.w,
-                                       bir.add(code, bir.mul(s, 32)), alignment=8)
-                sc = bir.load(self.sfb, bir.add(scale, bir.mul(s, SF_ATOM_BYTES)))
-                br.yield_(data, arith.bitcast(bir.i8(), sc))
-            with br.else_():
-                br.yield_(bir.const(0, bir.vec(8, bir.i8())), bir.const(0, bir.i8()))
-            data, sc = br.results
-            out += [vector.bitcast(bir.vec(2, bir.i32()), data), arith.extui(bir.i32(), sc)]
+            ok = bir.logical_and(valid, live)  # else: load element 0, use zeros (no branch
+            # inside the wgmma pipeline: ptxas would serialize it)
+            data = vector.bitcast(
+                bir.vec(2, bir.i32()), bir.vector_load(
+                    bir.vec(8, bir.i8()), self.w,
+                    bir.select(ok, bir.add(code, bir.mul(s, 32)), 0), alignment=8))
+            sc = arith.bitcast(bir.i8(), bir.load(
+                self.sfb, bir.select(ok, bir.add(scale, bir.mul(s, SF_ATOM_BYTES)), 0)))
+            out += [bir.select(ok, data, bir.const(0, bir.vec(2, bir.i32()))),
+                    bir.select(ok, arith.extui(bir.i32(), sc), _i32(0))]
         return out
 
 

@@ -52,7 +52,7 @@ class GroupedP1Spec(FormatSpec):
             operands of the grouped pdq kernel's ``dtype="f16"``;
             :mod:`blockscale.ops._f16_dequant_ir`).
         kperm: the register-A kernel's K order inside every 64-element step
-            (:func:`blockscale.ops._grouped_p1_ir.kperm_source`; f16 only): the grouped
+            (:func:`kperm_source`; f16 only): the grouped
             register-A kernel's B operand (:mod:`blockscale.ops.matmul_grouped_rs`).
     """
 
@@ -93,6 +93,19 @@ class GroupedP1Spec(FormatSpec):
                 KernelArg("expert_ids", "buffer", "int32"),
                 KernelArg("ws", "buffer", "uint8", "out"),
                 *(KernelArg(x, "scalar", "i32") for x in ("t", "k", "num_groups", "ws_tiles")))
+
+
+def kperm_source(pos: int) -> int:
+    """The K element (inside its 64-element step) that position ``pos`` of a ``kperm``
+    workspace row holds: the register-A kernel's order (:mod:`blockscale.ops._grouped_rs_ir`).
+    Position ``16 j + 8 hi + 2 q + i`` (k16 slice j, the wgmma A fragment's column pair
+    ``2q + 8 hi + i`` of thread quad q) holds element ``16 q + 4 j + 2 hi + i``: thread quad q's
+    A registers then hold the 16 consecutive weight codes ``16 q ..`` (one 8-byte load, one
+    NVFP4 block) in slice order. Pairs (i = 0, 1) stay adjacent: a permutation of f16 pairs."""
+    j, r = divmod(pos, 16)
+    hi, r = divmod(r, 8)
+    q, i = divmod(r, 2)
+    return 16 * q + 4 * j + 2 * hi + i
 
 
 def k_padded(k: int) -> int:
@@ -215,5 +228,6 @@ __all__ = [
     "dequantize_grouped_a",
     "grid",
     "kernel",
+    "kperm_source",
     "launch",
 ]

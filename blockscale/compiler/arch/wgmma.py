@@ -228,5 +228,5 @@ def mma_async_rs(acc: list[ir.Value], a: list[ir.Value], desc_b: ir.Value, n: in
 
 __all__ = ["MMA_TYPES", "SWIZZLE_MODES", "accumulator_type", "accumulator_values", "advance",
            "commit_group", "descriptor", "descriptor_bits", "fence",
-           "fence_proxy_async_shared", "mma_async", "mma_async_bf16", "mma_async_rs", "rs_asm", "shared_address",
-           "wait_group", "zero_accumulator"]
+           "fence_proxy_async_shared", "mma_async", "mma_async_bf16", "mma_async_rs", "rs_asm",
+           "shared_address", "wait_group", "zero_accumulator"]
