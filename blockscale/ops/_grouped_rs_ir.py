@@ -119,6 +119,13 @@ class _Ring:
         return bir.add(self.bars, bir.as_i64(bir.add(bir.mul(slot, 8), 8 * self.stages)))
 
 
+def _uniform(v: Value) -> Value:
+    """Index ``v`` broadcast from lane 0 (``shfl.sync.idx``): provably warp-uniform."""
+    from blockscale.compiler.arch import nvvm
+
+    return bir.as_index(nvvm.shfl_idx(bir.as_i32(v), 0))
+
+
 def _parity(v: Value) -> Value:
     return bir.as_i32(bir.urem(v, 2))
 
@@ -242,7 +249,7 @@ def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int
             fill(nxt_step)
         lp.yield_(*accs, *nxt)
     W.wait_group(0)
-    return list(lp.results[:nt])
+    return W.fence_values(list(lp.results[:nt]))
 
 
 def _by_width(ring: _Ring, wts: _Weights, steps: Value, width: Value, depth: int, fill: Any,
@@ -322,7 +329,10 @@ def emit(kb: Any, stages: int, depth: int, row_scales: bool) -> None:
                         bir.as_index(bir.load(kb.arg("a_scale_offsets"), g)))
         src = bir.add(cpasync.global_address(kb.arg("wa")),
                       bir.as_i64(bir.mul(bir.add(tile0, tile), tile_bytes(k))))
-        width = bir.mul(bir.ceil_div(rows, 32), 32)
+        # warp-uniform values (broadcast from lane 0): ptxas serializes wgmmas under
+        # branches or loop bounds it cannot prove uniform
+        width = _uniform(bir.mul(bir.ceil_div(rows, 32), 32))
+        steps = _uniform(steps)
         fill = _filler(ring, src, bir.mul(width, 16))
         accs = _by_width(ring, _Weights(kb, e, n0, n_count, k), steps, width, depth, fill)
         f32 = bir.f32()

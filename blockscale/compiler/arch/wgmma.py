@@ -201,6 +201,22 @@ def rs_asm(n: int, dtype: str) -> tuple[str, str]:
     return text, cons
 
 
+def fence_values(values: list[ir.Value], *, loc: ir.Location | None = None) -> list[ir.Value]:
+    """The f32 ``values`` passed through an empty volatile inline asm (tied ``=f`` / ``0``
+    operands: no instruction): uses of the results cannot move above this point. Call it on
+    the accumulators right after the ``wait_group`` that makes them final: LLVM does not know
+    the wait defines them and otherwise hoists their first uses above it, and ptxas then
+    serializes every wgmma (C7514). (CUTLASS's ``warpgroup_fence_operand``.)"""
+    if not values:
+        return []
+    h = len(values)
+    cons = ",".join(["=f"] * h + [str(i) for i in range(h)])
+    t = ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * h) + ")>")
+    with _loc(loc):
+        res = llvm.inline_asm(t, list(values), "", cons, has_side_effects=True)
+        return [llvm.extractvalue(f32(), res, [i]) for i in range(h)]
+
+
 def mma_async_rs(acc: list[ir.Value], a: list[ir.Value], desc_b: ir.Value, n: int, *,
                  dtype: str = "f16", loc: ir.Location | None = None) -> list[ir.Value]:
     """``wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}`` with A from REGISTERS
@@ -228,5 +244,6 @@ def mma_async_rs(acc: list[ir.Value], a: list[ir.Value], desc_b: ir.Value, n: in
 
 __all__ = ["MMA_TYPES", "SWIZZLE_MODES", "accumulator_type", "accumulator_values", "advance",
            "commit_group", "descriptor", "descriptor_bits", "fence",
-           "fence_proxy_async_shared", "mma_async", "mma_async_bf16", "mma_async_rs", "rs_asm",
+           "fence_proxy_async_shared", "fence_values", "mma_async", "mma_async_bf16",
+           "mma_async_rs", "rs_asm",
            "shared_address", "wait_group", "zero_accumulator"]

@@ -406,6 +406,13 @@ def _inline_asm(op: Any, c: Compiler):
     from mlir import ir
 
     text = ir.StringAttr(op.attributes["asm_string"]).value
+    if text == "":  # arch.wgmma.fence_values: the operands unchanged, as a struct
+        ins = c.slots(op.operands)
+        out0 = c.slot(op.results[0])
+
+        def ident(f: Frame) -> None:
+            f.vals[out0] = np.stack([f.full(f.vals[s]).astype(np.float32) for s in ins], axis=1)
+        return ident
     m = _RS.fullmatch(text)
     if m is None:
         raise NotImplementedError(f"interpreter: llvm.inline_asm {text[:60]!r}")
