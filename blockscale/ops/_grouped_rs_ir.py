@@ -223,10 +223,11 @@ def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int
         pre += wts.load(bir.const(d))
     one = len(wts.types())
     tid = bir.thread_idx("x")
-    with bir.for_range(0, steps, carry=acc0 + pre) as lp:
+    a_prev = [_i32(0)] * 32  # the previous step's A registers (none before step 0)
+    with bir.for_range(0, steps, carry=acc0 + pre + a_prev) as lp:
         s = lp.iv
         accs = list(lp.carried[:nt])
-        regs = list(lp.carried[nt:])
+        regs = list(lp.carried[nt:nt + depth * one])
         slot = bir.urem(s, ring.stages)
         cpasync.mbarrier_wait(ring.full(slot), _parity(bir.udiv(s, ring.stages)))
         a = a_registers(regs[:one])
@@ -239,7 +240,8 @@ def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int
                 acc = W.mma_async_rs(acc, a[j][i], W.advance(db, 2 * i * CHUNK_BYTES), nt)
             accs[j * nt // 2:(j + 1) * nt // 2] = acc
         W.commit_group()
-        W.wait_group(1)  # step s - 1's wgmmas retired: release its stage
+        W.wait_group(1)  # step s - 1's wgmmas retired: its A registers and stage are free
+        W.keep_registers(list(lp.carried[nt + depth * one:]))
         prev = bir.urem(bir.add(s, ring.stages - 1), ring.stages)
         with bir.when(bir.eq(bir.urem(tid, 128), 0)):
             cpasync.mbarrier_arrive(ring.empty(prev))
@@ -247,8 +249,9 @@ def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int
         with bir.when(bir.logical_and(bir.eq(tid, 0), bir.ult(nxt_step, steps))):
             cpasync.mbarrier_wait(ring.empty(prev), _parity(bir.udiv(s, st)))
             fill(nxt_step)
-        lp.yield_(*accs, *nxt)
+        lp.yield_(*accs, *nxt, *[r for slab in a for sl in slab for r in sl])
     W.wait_group(0)
+    W.keep_registers(list(lp.results[nt + depth * one:]))
     return W.fence_values(list(lp.results[:nt]))
 
 

@@ -217,6 +217,18 @@ def fence_values(values: list[ir.Value], *, loc: ir.Location | None = None) -> l
         return [llvm.extractvalue(f32(), res, [i]) for i in range(h)]
 
 
+def keep_registers(values: list[ir.Value], *, loc: ir.Location | None = None) -> None:
+    """Use the i32 ``values`` in an empty volatile inline asm (no instruction): they stay in
+    their registers up to this point. Call it on a register-A wgmma's A registers right after
+    the ``wait_group`` that retires it: the wgmma reads them asynchronously, but to LLVM and
+    ptxas they are dead after the instruction, and a register reused before the wait changes
+    the operand under the tensor core."""
+    if values:
+        with _loc(loc):
+            llvm.inline_asm(None, list(values), "", ",".join(["r"] * len(values)),
+                            has_side_effects=True)
+
+
 def mma_async_rs(acc: list[ir.Value], a: list[ir.Value], desc_b: ir.Value, n: int, *,
                  dtype: str = "f16", loc: ir.Location | None = None) -> list[ir.Value]:
     """``wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}`` with A from REGISTERS
@@ -244,6 +256,7 @@ def mma_async_rs(acc: list[ir.Value], a: list[ir.Value], desc_b: ir.Value, n: in
 
 __all__ = ["MMA_TYPES", "SWIZZLE_MODES", "accumulator_type", "accumulator_values", "advance",
            "commit_group", "descriptor", "descriptor_bits", "fence",
-           "fence_proxy_async_shared", "fence_values", "mma_async", "mma_async_bf16",
+           "fence_proxy_async_shared", "fence_values", "keep_registers", "mma_async",
+           "mma_async_bf16",
            "mma_async_rs", "rs_asm",
            "shared_address", "wait_group", "zero_accumulator"]
