@@ -17,7 +17,8 @@ Cases (the shapes of bench_matmul / bench_quantize_moe / bench_moe):
   1 / 4096 (the
   dispatch); ``moe_prefill_tma`` / ``moe_prefill_ae``: T=4096, the producer-dequant kernel
   with B by TMA / with A copied a step early; ``moe_prefill_tall``: its 256 x 128 items;
-  ``moe_prefill_f16``: its 192 x 192 items on f16 operands.
+  ``moe_prefill_f16``: its 192 x 192 items on f16 operands; ``moe_prefill_rs``: the
+  register-A kernel (``matmul_grouped_rs``).
 
 The op runs once before the profiled call (compiles nothing: the bundle; loads the module).
 """
@@ -92,6 +93,12 @@ def _moe(dev: Any, tokens: int, **pdq: Any) -> Callable[[], Any]:
         return lambda: ops.grouped_matmul_block_scaled(
             a, w.data_dev, sc, w.scales_dev, r.expert_start, r.scales_offset, r.expert_ids,
             w.expert_scales, fmt, k=shape.k, device=dev, target=B.TARGET)
+    if pdq.pop("rs", False):  # the register-A kernel (matmul_grouped_rs)
+        from blockscale.ops import matmul_grouped_rs as GR
+
+        return lambda: GR.grouped_matmul_block_scaled_rs(
+            a, w.data_dev, sc, w.scales_dev, r.expert_start, r.scales_offset, r.expert_ids,
+            w.expert_scales, fmt, k=shape.k, device=dev, **pdq)
     from blockscale.ops import matmul_grouped_pdq as GP
 
     return lambda: GP.grouped_matmul_block_scaled_pdq(
@@ -116,6 +123,7 @@ CASES: dict[str, Callable[[Any], Callable[[], Any]]] = {
     "moe_prefill_ae": lambda d: _moe(d, 4096, prefetch=True, a_early=True),
     "moe_prefill_f16": lambda d: _moe(d, 4096, prefetch=True, bm=192, bn=192, skip=False,
                                       dtype="f16"),
+    "moe_prefill_rs": lambda d: _moe(d, 4096, rs=True),
     "moe_prefill_tall": lambda d: _moe(d, 4096, prefetch=True, bm=256, bn=128, unroll=2,
                                              skip=False),
 }
