@@ -157,6 +157,16 @@ class _Weights:
                 self.rows.append((valid, code, scale))
         self.w, self.sfb = kb.arg("w"), kb.arg("sfb")
 
+    def masked(self, s: Value, regs: list[Value]) -> list[Value]:
+        """Step ``s``'s loaded values with the scales of rows past N / blocks past K zeroed
+        (their codes were read from element 0: finite values times 0)."""
+        live = bir.ult(bir.add(bir.mul(s, KSTEP), bir.mul(self.q, 16)), self.k)
+        out = []
+        for r, (valid, _, _) in enumerate(self.rows):
+            ok = bir.logical_and(valid, live)
+            out += [regs[2 * r], bir.select(ok, regs[2 * r + 1], _i32(0))]
+        return out
+
     def types(self) -> list[ir.Type]:
         return [bir.vec(2, bir.i32()), bir.i32()] * len(self.rows)
 
@@ -166,16 +176,14 @@ class _Weights:
         out = []
         live = bir.ult(bir.add(bir.mul(s, KSTEP), bir.mul(self.q, 16)), self.k)
         for valid, code, scale in self.rows:
-            ok = bir.logical_and(valid, live)  # else: load element 0, use zeros (no branch
-            # inside the wgmma pipeline: ptxas would serialize it)
-            data = vector.bitcast(
-                bir.vec(2, bir.i32()), bir.vector_load(
-                    bir.vec(8, bir.i8()), self.w,
-                    bir.select(ok, bir.add(code, bir.mul(s, 32)), 0), alignment=8))
-            sc = arith.bitcast(bir.i8(), bir.load(
-                self.sfb, bir.select(ok, bir.add(scale, bir.mul(s, SF_ATOM_BYTES)), 0)))
-            out += [bir.select(ok, data, bir.const(0, bir.vec(2, bir.i32()))),
-                    bir.select(ok, arith.extui(bir.i32(), sc), _i32(0))]
+            # masked rows / steps read element 0: their scale is zeroed at use (:meth:`ok`),
+            # so no instruction here waits for the load
+            ok = bir.logical_and(valid, live)
+            data = vector.bitcast(bir.vec(2, bir.i32()), bir.vector_load(
+                bir.vec(8, bir.i8()), self.w, bir.select(ok, bir.add(code, bir.mul(s, 32)), 0),
+                alignment=8))
+            sc = bir.load(self.sfb, bir.select(ok, bir.add(scale, bir.mul(s, SF_ATOM_BYTES)), 0))
+            out += [data, arith.extui(bir.i32(), arith.bitcast(bir.i8(), sc))]
         return out
 
 
@@ -213,7 +221,7 @@ def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int
     released it."""
     st = ring.stages
     with bir.when(bir.eq(bir.thread_idx("x"), 0)):
-        for t in range(st - 1):
+        for t in range(st):
             with bir.when(bir.ult(bir.const(t), steps)):
                 fill(bir.const(t))
     zero = bir.const(0.0, bir.f32())
@@ -223,14 +231,13 @@ def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int
         pre += wts.load(bir.const(d))
     one = len(wts.types())
     tid = bir.thread_idx("x")
-    a_prev = [_i32(0)] * 32  # the previous step's A registers (none before step 0)
-    with bir.for_range(0, steps, carry=acc0 + pre + a_prev) as lp:
+    with bir.for_range(0, steps, carry=acc0 + pre) as lp:
         s = lp.iv
         accs = list(lp.carried[:nt])
-        regs = list(lp.carried[nt:nt + depth * one])
+        regs = list(lp.carried[nt:])
         slot = bir.urem(s, ring.stages)
         cpasync.mbarrier_wait(ring.full(slot), _parity(bir.udiv(s, ring.stages)))
-        a = a_registers(regs[:one])
+        a = a_registers(wts.masked(s, regs[:one]))
         nxt = regs[one:] + wts.load(bir.add(s, depth))
         db = W.advance(ring.db0, bir.as_i64(bir.mul(slot, STAGE_BYTES)))
         W.fence()
@@ -240,19 +247,19 @@ def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int
                 acc = W.mma_async_rs(acc, a[j][i], W.advance(db, 2 * i * CHUNK_BYTES), nt)
             accs[j * nt // 2:(j + 1) * nt // 2] = acc
         W.commit_group()
-        W.wait_group(1)  # step s - 1's wgmmas retired: its A registers and stage are free
-        W.keep_registers(list(lp.carried[nt + depth * one:]))
-        prev = bir.urem(bir.add(s, ring.stages - 1), ring.stages)
+        # retire this step's wgmmas before the next step's A registers are computed (they
+        # read their A registers asynchronously); the other warpgroup's wgmmas keep the
+        # tensor pipe busy meanwhile
+        W.wait_group(0)
+        accs = W.fence_values(accs)
         with bir.when(bir.eq(bir.urem(tid, 128), 0)):
-            cpasync.mbarrier_arrive(ring.empty(prev))
-        nxt_step = bir.add(s, st - 1)
+            cpasync.mbarrier_arrive(ring.empty(slot))
+        nxt_step = bir.add(s, st)
         with bir.when(bir.logical_and(bir.eq(tid, 0), bir.ult(nxt_step, steps))):
-            cpasync.mbarrier_wait(ring.empty(prev), _parity(bir.udiv(s, st)))
+            cpasync.mbarrier_wait(ring.empty(slot), _parity(bir.udiv(s, st)))
             fill(nxt_step)
-        lp.yield_(*accs, *nxt, *[r for slab in a for sl in slab for r in sl])
-    W.wait_group(0)
-    W.keep_registers(list(lp.results[nt + depth * one:]))
-    return W.fence_values(list(lp.results[:nt]))
+        lp.yield_(*accs, *nxt)
+    return list(lp.results[:nt])
 
 
 def _by_width(ring: _Ring, wts: _Weights, steps: Value, width: Value, depth: int, fill: Any,
