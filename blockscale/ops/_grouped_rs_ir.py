@@ -10,16 +10,17 @@ step moves ~128 KB through shared memory at 128 x 256. Here the roles are swappe
 mixed-input Hopper GEMMs do (CUTLASS's register-A collective, vLLM's Machete): the WEIGHTS are
 the wgmma's A operand, converted by the consumer warpgroups themselves into registers
 (:func:`blockscale.compiler.arch.wgmma.mma_async_rs`), and the routed activations (tokens)
-are the B operand, bulk-copied from the grouped phase-1 workspace by one producer warp. No
+are the B operand, bulk-copied from the grouped phase-1 workspace by thread 0. No
 weight stores, no proxy fence, no producer/consumer chain for the weights: a consumer loads
 its weight codes a few steps ahead (``depth``) with plain 8-byte loads.
 
 Work item (CTA ``(x, y)``): weight rows ``[256 x, 256 x + 256)`` of expert ``e`` x the
 y-th (group, 128-token tile) (:func:`blockscale.ops._grouped_wgmma_ir.find_tile`). Consumer
-warpgroup ``w`` (of 2, 256 threads: 255 registers a thread are allowed, the kernel uses 240,
-no spills) owns the two 64-row slabs ``64 (2 j + w)`` (j = 0, 1): its accumulators are
-``D[64 weight rows, nt tokens]`` per slab, ``nt`` = the tile's token rows rounded up to 32
-(32 / 64 / 96 / 128: the K loop is emitted once per width, chosen per item).
+warpgroup ``w`` (of 2, 256 threads: 255 registers a thread, no spills; 288 threads would be
+capped at 168 and ``setmaxnreg`` spilled) owns the two 64-row slabs ``64 (2 j + w)`` (j = 0,
+1): its accumulators are ``D[64 weight rows, nt tokens]`` per slab, ``nt`` = the tile's
+token rows rounded up to 32 (32 / 64 / 96 / 128: the K loop is emitted once per width,
+chosen per item).
 
 K order: thread quad ``q`` of a warp feeds the wgmma's A columns ``2q, 2q+1, 2q+8, 2q+9`` of
 every k16 slice. With the workspace written in
@@ -37,22 +38,25 @@ scale, and rounds to bf16 (SEMANTICS §5).
 
 Pipeline: ``stages`` shared stages of 128 token rows x 64 f16 (the workspace tile's k-step,
 16-byte chunk c at ``c * 2048``: the K-major no-swizzle layout, LBO 2048, SBO 128). Thread 0
-fills the first ``stages - 1`` steps (8 bulk copies a step: the nt rows of each chunk, their
-bytes expected on the stage's full barrier), and after its step s, once both warpgroups
-released it, refills step s - 1's stage with step ``s + stages - 1`` (the two-phase ring's
-protocol: step 0 releases the unused stage ``stages - 1``, so the wait is for parity
-``(s // stages) & 1``). A step: wait full, convert the step's weights (loaded ``depth`` steps
-earlier, branch-free: masked rows read element 0 and select zeros), issue the next loads, 8
-wgmmas (2 slabs x 4 k16 slices), commit, ``wait_group 1``, release the previous step's stage
-(one arrival a warpgroup). The lock-step interpreter runs this for any K.
+fills the first ``stages`` steps (8 bulk copies a step: the nt rows of each chunk, their
+bytes expected on the stage's full barrier) and, after its step s, once both warpgroups
+released step s's stage (parity ``(s // stages) & 1``), refills it with step ``s +
+stages``. A step: wait full, convert the step's weights (loaded ``depth`` steps earlier;
+masked rows / blocks read element 0 and get a zero scale at use, so nothing waits for a load
+at its issue), issue the next loads, 8 wgmmas (2 slabs x 4 k16 slices), commit,
+``wait_group 0`` (the A registers are read asynchronously:
+:func:`blockscale.compiler.arch.wgmma.mma_async_rs`), fence the accumulators
+(:func:`blockscale.compiler.arch.wgmma.fence_values`: otherwise LLVM hoists the epilogue's
+multiplies above the wait and ptxas serializes every wgmma, C7514), release the stage (one
+arrival a warpgroup). The other warpgroup's wgmmas keep the tensor pipe busy while one
+converts. The lock-step interpreter runs this for any K.
 
-Status (H200 run AX): correct, but ptxas serializes the wgmmas (C7514, "non wgmma
-instructions reading accumulator registers ... between start and end of the pipeline
-stage": a WARPGROUP.DEPBAR after every HGMMA, and the A operand is moved into one fixed
-register quad before each): gpt-oss gate_up NVFP4 T=4096 1.84 ms against the f16 paired pdq
-kernel's 1.48. With constant A registers the diagnosis changes (a compiler-inserted
-warpgroup arrive in a divergent path): the A-register producers, not the accumulators, are
-what the pipeline analysis trips on. Not dispatched.
+Status (H200, runs AX-BB): correct (GPU tests, memcheck / racecheck), slower than the f16
+paired pdq kernel: gpt-oss gate_up NVFP4 T=4096 1.80-1.94 ms vs 1.45, T=1024 1.22-1.27 vs
+0.89, DeepSeek-V3 T=4096 6.1-6.8 vs 5.1. ncu (run BB): issue slots 37 %, 2 warps a
+scheduler (255 registers, 1 CTA an SM: prologue / epilogue not overlapped), the top stall
+the per-step ``wait_group 0`` (each warpgroup's convert -> mma -> wait chain). Not
+dispatched.
 
 Epilogue: every thread reaches two CTA barriers; the consumers write the scaled bf16 tile
 TRANSPOSED (token rows, weight columns; a padded row pitch) into the freed ring, then the
@@ -79,7 +83,7 @@ Value = ir.Value
 
 #: weight rows per CTA (2 consumer warpgroups x 2 slabs of 64), token rows per item, K step
 BW, BT, KSTEP = 256, TILE, 64
-#: consumer warpgroups, CTA threads (+ the producer warp)
+#: consumer warpgroups, CTA threads (thread 0 also issues the bulk copies)
 CONSUMERS = 2
 THREADS = 128 * CONSUMERS
 #: token widths the K loop is emitted for (the item's rows rounded up to 32)
@@ -216,9 +220,8 @@ def nvvm_pack(v: Value) -> Value:
 def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int,
                    fill: Any) -> list[Value]:
     """One consumer warpgroup's K loop at token width ``nt``: the 2 x nt / 2 accumulators.
-    Thread 0 fills the first ``stages - 1`` steps first and, after its step s, step
-    ``s + stages - 1`` into the stage step s - 1 used (``fill(t)``), once both warpgroups
-    released it."""
+    Thread 0 fills the first ``stages`` steps first and, after its step s, step ``s +
+    stages`` into step s's stage (``fill(t)``), once both warpgroups released it."""
     st = ring.stages
     with bir.when(bir.eq(bir.thread_idx("x"), 0)):
         for t in range(st):

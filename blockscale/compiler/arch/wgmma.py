@@ -217,18 +217,6 @@ def fence_values(values: list[ir.Value], *, loc: ir.Location | None = None) -> l
         return [llvm.extractvalue(f32(), res, [i]) for i in range(h)]
 
 
-def keep_registers(values: list[ir.Value], *, loc: ir.Location | None = None) -> None:
-    """Use the i32 ``values`` in an empty volatile inline asm (no instruction): they stay in
-    their registers up to this point. Call it on a register-A wgmma's A registers right after
-    the ``wait_group`` that retires it: the wgmma reads them asynchronously, but to LLVM and
-    ptxas they are dead after the instruction, and a register reused before the wait changes
-    the operand under the tensor core."""
-    if values:
-        with _loc(loc):
-            llvm.inline_asm(None, list(values), "", ",".join(["r"] * len(values)),
-                            has_side_effects=True)
-
-
 def mma_async_rs(acc: list[ir.Value], a: list[ir.Value], desc_b: ir.Value, n: int, *,
                  dtype: str = "f16", loc: ir.Location | None = None) -> list[ir.Value]:
     """``wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}`` with A from REGISTERS
@@ -239,9 +227,12 @@ def mma_async_rs(acc: list[ir.Value], a: list[ir.Value], desc_b: ir.Value, n: in
     ``mma.m16n8k16`` A layout, warp ``w`` holding rows 16w..16w+15): with ``g = lane // 4``,
     ``q = lane % 4``, register 0 holds ``A[16w + g, 2q .. 2q+1]``, 1 ``A[16w + g + 8, 2q ..]``,
     2 ``A[16w + g, 2q+8 ..]``, 3 ``A[16w + g + 8, 2q+8 ..]``. The NVVM dialect's op takes
-    only descriptors, so this is inline PTX; the A registers must stay unchanged until the
-    ``wait_group`` retiring it (SSA values here: ptxas keeps them). Same ordering rules as
-    :func:`mma_async` (a :func:`fence` first). Returns the N/2 new accumulator values."""
+    only descriptors, so this is inline PTX. The tensor core reads the A registers
+    asynchronously, but to LLVM and ptxas they are ordinary inputs, dead after the
+    instruction: retire the wgmma (``wait_group 0``) before computing values that could
+    reuse them (measured on the H200: with ``wait_group 1`` a step, wrong outputs). Same
+    ordering rules as :func:`mma_async` (a :func:`fence` first; :func:`fence_values` on the
+    accumulators after the wait). Returns the N/2 new accumulator values."""
     if dtype not in RS_TYPES:
         raise ValueError(f"dtype must be one of {list(RS_TYPES)}, got {dtype!r}")
     t = accumulator_type(n)
@@ -256,7 +247,6 @@ def mma_async_rs(acc: list[ir.Value], a: list[ir.Value], desc_b: ir.Value, n: in
 
 __all__ = ["MMA_TYPES", "SWIZZLE_MODES", "accumulator_type", "accumulator_values", "advance",
            "commit_group", "descriptor", "descriptor_bits", "fence",
-           "fence_proxy_async_shared", "fence_values", "keep_registers", "mma_async",
-           "mma_async_bf16",
+           "fence_proxy_async_shared", "fence_values", "mma_async", "mma_async_bf16",
            "mma_async_rs", "rs_asm",
            "shared_address", "wait_group", "zero_accumulator"]

@@ -406,8 +406,6 @@ def _inline_asm(op: Any, c: Compiler):
     from mlir import ir
 
     text = ir.StringAttr(op.attributes["asm_string"]).value
-    if text == "" and not op.results:  # arch.wgmma.keep_registers: nothing to do
-        return lambda f: None
     if text == "":  # arch.wgmma.fence_values: the operands unchanged, as a struct
         ins = c.slots(op.operands)
         out0 = c.slot(op.results[0])
