@@ -257,10 +257,15 @@ def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int
         accs = W.fence_values(accs)
         with bir.when(bir.eq(bir.urem(tid, 128), 0)):
             cpasync.mbarrier_arrive(ring.empty(slot))
-        nxt_step = bir.add(s, st)
-        with bir.when(bir.logical_and(bir.eq(tid, 0), bir.ult(nxt_step, steps))):
-            cpasync.mbarrier_wait(ring.empty(slot), _parity(bir.udiv(s, st)))
-            fill(nxt_step)
+        # thread 0 refills the stage of step s - 1 (not s): the other warpgroup released it
+        # a step ago unless it lags by more, so the warpgroups may drift apart by a step and
+        # one converts while the other's wgmmas run
+        prev = bir.sub(s, 1)
+        refill = bir.add(prev, st)
+        with bir.when(bir.logical_and(bir.logical_and(bir.eq(tid, 0), bir.ult(0, s)),
+                                      bir.ult(refill, steps))):
+            cpasync.mbarrier_wait(ring.empty(bir.urem(prev, st)), _parity(bir.udiv(prev, st)))
+            fill(refill)
         lp.yield_(*accs, *nxt)
     return list(lp.results[:nt])
 
