@@ -39,9 +39,10 @@ scale, and rounds to bf16 (SEMANTICS §5).
 Pipeline: ``stages`` shared stages of 128 token rows x 64 f16 (the workspace tile's k-step,
 16-byte chunk c at ``c * 2048``: the K-major no-swizzle layout, LBO 2048, SBO 128). Thread 0
 fills the first ``stages`` steps (8 bulk copies a step: the nt rows of each chunk, their
-bytes expected on the stage's full barrier) and, after its step s, once both warpgroups
-released step s's stage (parity ``(s // stages) & 1``), refills it with step ``s +
-stages``. A step: wait full, convert the step's weights (loaded ``depth`` steps earlier;
+bytes expected on the stage's full barrier) and, after its step s >= 1, once both
+warpgroups released step s - 1's stage (parity ``((s - 1) // stages) & 1``), refills it
+with step ``s - 1 + stages`` (a step late: the warpgroups may drift a step apart; measured
+the same as refilling step s's stage, run BC). A step: wait full, convert the step's weights (loaded ``depth`` steps earlier;
 masked rows / blocks read element 0 and get a zero scale at use, so nothing waits for a load
 at its issue), issue the next loads, 8 wgmmas (2 slabs x 4 k16 slices), commit,
 ``wait_group 0`` (the A registers are read asynchronously:
@@ -51,9 +52,9 @@ multiplies above the wait and ptxas serializes every wgmma, C7514), release the 
 arrival a warpgroup). The other warpgroup's wgmmas keep the tensor pipe busy while one
 converts. The lock-step interpreter runs this for any K.
 
-Status (H200, runs AX-BB): correct (GPU tests, memcheck / racecheck), slower than the f16
-paired pdq kernel: gpt-oss gate_up NVFP4 T=4096 1.80-1.94 ms vs 1.45, T=1024 1.22-1.27 vs
-0.89, DeepSeek-V3 T=4096 6.1-6.8 vs 5.1. ncu (run BB): issue slots 37 %, 2 warps a
+Status (H200, runs AX-BC): correct (GPU tests, memcheck / racecheck), slower than the f16
+paired pdq kernel: gpt-oss gate_up NVFP4 T=4096 1.77-1.97 ms vs 1.46, T=1024 1.20-1.28 vs
+0.89, DeepSeek-V3 T=4096 5.9-6.6 vs 5.1 (4 stages the fastest). ncu (run BB): issue slots 37 %, 2 warps a
 scheduler (255 registers, 1 CTA an SM: prologue / epilogue not overlapped), the top stall
 the per-step ``wait_group 0`` (each warpgroup's convert -> mma -> wait chain). Not
 dispatched.
@@ -220,8 +221,8 @@ def nvvm_pack(v: Value) -> Value:
 def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int,
                    fill: Any) -> list[Value]:
     """One consumer warpgroup's K loop at token width ``nt``: the 2 x nt / 2 accumulators.
-    Thread 0 fills the first ``stages`` steps first and, after its step s, step ``s +
-    stages`` into step s's stage (``fill(t)``), once both warpgroups released it."""
+    Thread 0 fills the first ``stages`` steps first and, after its step s >= 1, step ``s - 1
+    + stages`` into step s - 1's stage (``fill(t)``), once both warpgroups released it."""
     st = ring.stages
     with bir.when(bir.eq(bir.thread_idx("x"), 0)):
         for t in range(st):

@@ -13,8 +13,8 @@ sums run in another order inside each k16 wgmma (the permuted K), so the output 
 the other grouped kernels within the fp32 accumulation bound, not bit for bit.
 
 Direct call only (:func:`grouped_matmul_block_scaled_rs`): the benchmarks and tests call it;
-the dispatch does not (H200 runs AX-BB: 1.80-1.94 ms against the f16 paired pdq kernel's
-1.45 at gpt-oss gate_up T=4096; see the IR module's "Status"). N % 8 == 0 (16-byte output rows), K % 32 == 0. Importing this module
+the dispatch does not (H200 runs AX-BC: 1.77-1.97 ms against the f16 paired pdq kernel's
+1.46 at gpt-oss gate_up T=4096; see the IR module's "Status"). N % 8 == 0 (16-byte output rows), K % 32 == 0. Importing this module
 does not import MLIR.
 """
 
