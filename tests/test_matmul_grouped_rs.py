@@ -46,13 +46,16 @@ def _run(counts, ids, e_count, n, k, rows=False, seed=0, device="interp", **kw):
 
 
 @pytest.mark.interp
+@pytest.mark.parametrize("wgs", [2, 3])
 @pytest.mark.parametrize("case_id", range(len(CASES)))
-def test_interp(case_id):
-    _run(*CASES[case_id], seed=case_id)
+def test_interp(case_id, wgs):
+    """Both shapes: 2 warpgroups x 2 slabs (256 weight rows), 3 x 1 (192)."""
+    _run(*CASES[case_id], seed=case_id, wgs=wgs)
 
 
 @pytest.mark.interp
-@pytest.mark.parametrize("kw", [{"depth": 1}, {"depth": 3, "stages": 2}], ids=["d1", "d3-s2"])
+@pytest.mark.parametrize("kw", [{"depth": 1}, {"depth": 3, "stages": 2},
+                                {"wgs": 3, "stages": 3}], ids=["d1", "d3-s2", "w3-s3"])
 def test_interp_row_scales_depth_stages(kw):
     """Row scales (D10), prefetch depths, a 2-stage ring refilled every step (K = 320: five
     steps through two stages)."""
@@ -97,6 +100,10 @@ def test_spec_checks():
         GR.GroupedRsSpec("nvfp4", stages=1)
     with pytest.raises(ValueError, match="depth"):
         GR.GroupedRsSpec("nvfp4", depth=4)
+    with pytest.raises(ValueError, match="wgs"):
+        GR.GroupedRsSpec("nvfp4", wgs=4)
+    assert GR.GroupedRsSpec("nvfp4", wgs=3).block == (384, 1, 1)
+    assert GR.grid(4096, 5760, 128, GR.GroupedRsSpec("nvfp4", wgs=3).weight_rows)[0] == 30
     with pytest.raises(ValueError, match="kperm"):
         G1.GroupedP1Spec("nvfp4", kperm=True)
 
@@ -110,20 +117,26 @@ def test_host_checks():
 
 
 @pytest.mark.lower
-def test_kernel_sass():
-    """HGMMA with a register A operand (``R..`` second operand), no spills."""
+@pytest.mark.parametrize("wgs", [2, 3])
+def test_kernel_sass(wgs):
+    """HGMMA with a register A operand (``R..`` second operand), not serialized (no
+    WARPGROUP.DEPBAR between the HGMMAs of a step: one per step), no spills."""
     from blockscale.compiler.toolchain import disassemble
 
-    k = GR.kernel(GR.GroupedRsSpec("nvfp4"))
+    k = GR.kernel(GR.GroupedRsSpec("nvfp4", wgs=wgs))
     sass = disassemble(k.asm["cubin"], "cubin")
     hg = [ln for ln in sass.splitlines() if "HGMMA.64x" in ln]
     assert hg and all(", R" in ln.split("HGMMA", 1)[1].split("gdesc")[0] for ln in hg)
+    depbar = [ln for ln in sass.splitlines() if "WARPGROUP.DEPBAR" in ln]
+    assert len(depbar) == len(GR.WIDTHS) and len(hg) == len(GR.WIDTHS) * 4 * GR.SLABS[wgs]
     assert "STL" not in sass and "LDL" not in sass
 
 
 def _gpu(counts, ids, e_count, n, k, **kw):
+    """Within the bound of the exact value (both shapes) and of the f16 pdq kernel's output."""
     case, esc, rs, out, _exact, bound = _run(counts, ids, e_count, n, k, device="cuda",
-                                            rows=True, **kw)
+                                             rows=True, **kw)
+    _run(counts, ids, e_count, n, k, device="cuda", rows=True, wgs=3, **kw)
     ref = GP.grouped_matmul_block_scaled_pdq(
         **case, expert_scales=esc, fmt="nvfp4", k=k, a_row_scales=rs, prefetch=True,
         store="staged", a_source="workspace", skip=True, dtype="f16", pair=True,

@@ -82,25 +82,33 @@ from blockscale.ops._matmul_ir import tcgen_row_offset
 
 Value = ir.Value
 
-#: weight rows per CTA (2 consumer warpgroups x 2 slabs of 64), token rows per item, K step
-BW, BT, KSTEP = 256, TILE, 64
-#: consumer warpgroups, CTA threads (thread 0 also issues the bulk copies)
-CONSUMERS = 2
-THREADS = 128 * CONSUMERS
+#: token rows per item, K step
+BT, KSTEP = TILE, 64
+#: (consumer warpgroups, 64-row weight slabs each): 2 x 2 (256 weight rows a CTA, 255
+#: registers) or 3 x 1 (192 rows, 384 threads at 168 registers: three conversion chains)
+SHAPES = ((2, 2), (3, 1))
 #: token widths the K loop is emitted for (the item's rows rounded up to 32)
 WIDTHS = (32, 64, 96, 128)
 #: one stage: 128 token rows x 64 f16 (8 chunks of 16 bytes, 2048 bytes a chunk)
 CHUNK_BYTES = BT * 16
 STAGE_BYTES = 8 * CHUNK_BYTES
-#: the staged output tile's row pitch (256 bf16 + 16 bytes: the transposed writes of a warp
-#: spread over the banks)
-C_PITCH = BW * 2 + 16
 DEPTHS = (1, 2, 3)
 
 
-def shared_bytes(stages: int) -> int:
+def weight_rows(wgs: int, slabs: int) -> int:
+    """Weight rows of a CTA: ``64 wgs slabs``."""
+    return 64 * wgs * slabs
+
+
+def c_pitch(wgs: int, slabs: int) -> int:
+    """The staged output tile's row pitch (the weight rows in bf16 + 16 bytes: the transposed
+    writes of a warp spread over the banks)."""
+    return 2 * weight_rows(wgs, slabs) + 16
+
+
+def shared_bytes(stages: int, wgs: int = 2, slabs: int = 2) -> int:
     """The dynamic shared memory: max(ring, staged output tile) + 2 stages mbarriers."""
-    return max(stages * STAGE_BYTES, BT * C_PITCH) + 16 * stages
+    return max(stages * STAGE_BYTES, BT * c_pitch(wgs, slabs)) + 16 * stages
 
 
 def _i32(v: int) -> Value:
@@ -110,11 +118,12 @@ def _i32(v: int) -> Value:
 class _Ring:
     """The stages, their full / empty mbarriers and the B descriptors."""
 
-    def __init__(self, kb: Any, stages: int) -> None:
+    def __init__(self, kb: Any, stages: int, wgs: int, slabs: int) -> None:
         self.stages = stages
-        self.smem = tma.extern_shared_buffer(kb, shared_bytes(stages), align=128)
+        size = shared_bytes(stages, wgs, slabs)
+        self.smem = tma.extern_shared_buffer(kb, size, align=128)
         self.base = W.shared_address(self.smem)
-        self.bars = bir.add(self.base, bir.as_i64(bir.const(shared_bytes(stages) - 16 * stages)))
+        self.bars = bir.add(self.base, bir.as_i64(bir.const(size - 16 * stages)))
         self.db0 = W.descriptor(self.base, lbo=CHUNK_BYTES, sbo=128)
 
     def full(self, slot: Value) -> Value:
@@ -136,10 +145,11 @@ def _parity(v: Value) -> Value:
 
 
 class _Weights:
-    """A consumer thread's four weight rows (slab j, rows g and g + 8 of its warp) and their
+    """A consumer thread's weight rows (slab j, rows g and g + 8 of its warp) and their
     per-step loads: 8 code bytes (the thread quad's NVFP4 block) and one scale byte each."""
 
-    def __init__(self, kb: Any, e: Value, n0: Value, n_count: Value, k: Value) -> None:
+    def __init__(self, kb: Any, e: Value, n0: Value, n_count: Value, k: Value, wgs: int,
+                 slabs: int) -> None:
         tid = bir.thread_idx("x")
         wg, t = bir.udiv(tid, 128), bir.urem(tid, 128)
         warp, lane = bir.udiv(t, 32), bir.urem(t, 32)
@@ -150,9 +160,9 @@ class _Weights:
         d1 = bir.ceil_div(bir.ceil_div(k, 16), 4)
         srow0 = bir.add(bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS), n0)
         self.rows = []  # (valid, code byte offset of step 0, scale byte offset of step 0)
-        for j in range(2):
+        for j in range(slabs):
             for h in range(2):
-                local = bir.add(bir.add(bir.mul(bir.add(wg, 2 * j), 64),
+                local = bir.add(bir.add(bir.mul(bir.add(wg, wgs * j), 64),
                                         bir.mul(warp, 16)), bir.add(g, 8 * h))
                 n = bir.add(n0, local)
                 valid = bir.ult(n, n_count)
@@ -197,7 +207,7 @@ def a_registers(regs: list[Value]) -> list[list[list[Value]]]:
     each row's 16 codes -> 8 f16 pairs times its scale (:mod:`blockscale.ops._f16_dequant_ir`);
     slice j takes pairs 2j (registers 0 / 1: rows g / g + 8) and 2j + 1 (registers 2 / 3)."""
     out = []
-    for j in range(2):
+    for j in range(len(regs) // 4):
         rows = []
         (d0, s0), (d1, s1) = (regs[4 * j:4 * j + 2], regs[4 * j + 2:4 * j + 4])
         splats = F16.splats(bir.bit_or(s0, bir.shl(s1, _i32(8))))
@@ -220,7 +230,8 @@ def nvvm_pack(v: Value) -> Value:
 
 def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int,
                    fill: Any) -> list[Value]:
-    """One consumer warpgroup's K loop at token width ``nt``: the 2 x nt / 2 accumulators.
+    """One consumer warpgroup's K loop at token width ``nt``: the slabs x nt / 2
+    accumulators.
     Thread 0 fills the first ``stages`` steps first and, after its step s >= 1, step ``s - 1
     + stages`` into step s - 1's stage (``fill(t)``), once both warpgroups released it."""
     st = ring.stages
@@ -229,7 +240,9 @@ def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int
             with bir.when(bir.ult(bir.const(t), steps)):
                 fill(bir.const(t))
     zero = bir.const(0.0, bir.f32())
-    acc0 = [zero] * nt  # two slabs of nt / 2
+    slabs = len(wts.rows) // 2
+    acc0 = [zero] * (slabs * nt // 2)  # slabs of nt / 2
+    nacc = len(acc0)
     pre = []
     for d in range(depth):
         pre += wts.load(bir.const(d))
@@ -237,15 +250,15 @@ def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int
     tid = bir.thread_idx("x")
     with bir.for_range(0, steps, carry=acc0 + pre) as lp:
         s = lp.iv
-        accs = list(lp.carried[:nt])
-        regs = list(lp.carried[nt:])
+        accs = list(lp.carried[:nacc])
+        regs = list(lp.carried[nacc:])
         slot = bir.urem(s, ring.stages)
         cpasync.mbarrier_wait(ring.full(slot), _parity(bir.udiv(s, ring.stages)))
         a = a_registers(wts.masked(s, regs[:one]))
         nxt = regs[one:] + wts.load(bir.add(s, depth))
         db = W.advance(ring.db0, bir.as_i64(bir.mul(slot, STAGE_BYTES)))
         W.fence()
-        for j in range(2):
+        for j in range(slabs):
             acc = accs[j * nt // 2:(j + 1) * nt // 2]
             for i in range(4):
                 acc = W.mma_async_rs(acc, a[j][i], W.advance(db, 2 * i * CHUNK_BYTES), nt)
@@ -268,21 +281,23 @@ def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int
             cpasync.mbarrier_wait(ring.empty(bir.urem(prev, st)), _parity(bir.udiv(prev, st)))
             fill(refill)
         lp.yield_(*accs, *nxt)
-    return list(lp.results[:nt])
+    return list(lp.results[:nacc])
 
 
 def _by_width(ring: _Ring, wts: _Weights, steps: Value, width: Value, depth: int, fill: Any,
               i: int = 0) -> list[Value]:
     """The K loop of the smallest :data:`WIDTHS` entry >= ``width`` (from ``WIDTHS[i]`` on),
-    its accumulators padded with zeros to 2 slabs x 64."""
+    its accumulators padded with zeros to slabs x 64."""
     nt = WIDTHS[i]
     if i == len(WIDTHS) - 1:
         return _consumer_loop(ring, wts, steps, nt, depth, fill)
-    br = bir.if_(bir.ule(width, bir.const(nt)), [bir.f32()] * 128)
+    slabs = len(wts.rows) // 2
+    br = bir.if_(bir.ule(width, bir.const(nt)), [bir.f32()] * (64 * slabs))
     with br.then():
         acc = _consumer_loop(ring, wts, steps, nt, depth, fill)
         pad = [bir.const(0.0, bir.f32())] * (64 - nt // 2)
-        br.yield_(*acc[:nt // 2], *pad, *acc[nt // 2:], *pad)
+        br.yield_(*[v for j in range(slabs) for v in (*acc[j * nt // 2:(j + 1) * nt // 2],
+                                                      *pad)])
     with br.else_():
         br.yield_(*_by_width(ring, wts, steps, width, depth, fill, i + 1))
     return list(br.results)
@@ -303,43 +318,51 @@ def _filler(ring: _Ring, src: Value, nt_bytes: Value) -> Any:
     return fill
 
 
-def _stage_tile(ring: _Ring, accs: list[Value], value: Any, m0: Value, n0: Value) -> None:
-    """A consumer thread's accumulators (2 slabs x 64, width 128) -> bf16 ``value(v, m, n)``
+def _stage_tile(ring: _Ring, accs: list[Value], value: Any, m0: Value, n0: Value, wgs: int
+                ) -> None:
+    """A consumer thread's accumulators (slabs x 64, width 128) -> bf16 ``value(v, m, n)``
     at (token row, weight column) of the staged tile."""
     tid = bir.thread_idx("x")
     wg, t = bir.udiv(tid, 128), bir.urem(tid, 128)
     warp, lane = bir.udiv(t, 32), bir.urem(t, 32)
     g, q = bir.udiv(lane, 4), bir.urem(lane, 4)
-    for j in range(2):
-        wrow0 = bir.add(bir.mul(bir.add(wg, 2 * j), 64), bir.add(bir.mul(warp, 16), g))
+    slabs = len(accs) // 64
+    pitch = c_pitch(wgs, slabs)
+    for j in range(slabs):
+        wrow0 = bir.add(bir.mul(bir.add(wg, wgs * j), 64), bir.add(bir.mul(warp, 16), g))
         for i in range(64):
             wrow = bir.add(wrow0, 8 * ((i % 4) // 2))
             tok = bir.add(bir.mul(q, 2), 8 * (i // 4) + i % 2)
             v = value(accs[j * 64 + i], bir.add(m0, tok), bir.add(n0, wrow))
-            at = bir.add(bir.mul(tok, C_PITCH), bir.mul(wrow, 2))
+            at = bir.add(bir.mul(tok, pitch), bir.mul(wrow, 2))
             bir.vector_store(vector.bitcast(bir.vec(2, bir.i8()),
                                             vector.from_elements(bir.vec(1, bir.bf16()), [v])),
                              ring.smem, at, alignment=2)
 
 
-def emit(kb: Any, stages: int, depth: int, row_scales: bool) -> None:
-    """The kernel body (module docstring); the grouped pdq kernel's workspace arguments."""
+def emit(kb: Any, stages: int, depth: int, row_scales: bool, wgs: int = 2) -> None:
+    """The kernel body (module docstring); the grouped pdq kernel's workspace arguments.
+    ``wgs``: :data:`SHAPES`' consumer warpgroups (2: two slabs each, 3: one)."""
     from blockscale.ops._grouped_wgmma_ir import find_tile
     from blockscale.ops.matmul_grouped_sm90 import work_item
 
     if depth not in DEPTHS:
         raise ValueError(f"depth must be one of {list(DEPTHS)}, got {depth!r}")
+    slabs = dict(SHAPES).get(wgs)
+    if slabs is None:
+        raise ValueError(f"wgs must be one of {[w for w, _ in SHAPES]}, got {wgs!r}")
+    bw = weight_rows(wgs, slabs)
     n_count, k, groups = (bir.as_index(kb.arg(x)) for x in ("n", "k", "num_groups"))
     g, tile, has_work = find_tile(BT, kb, groups)
     with bir.when(has_work):  # CTA-uniform
-        start, end, expert, m0, n0, active = work_item(kb, g, tile, BT, BW)
+        start, end, expert, m0, n0, active = work_item(kb, g, tile, BT, bw)
         rows = bir.umin(bir.sub(end, m0), BT)
-        ring = _Ring(kb, stages)
+        ring = _Ring(kb, stages, wgs, slabs)
         tid = bir.thread_idx("x")
         with bir.when(bir.eq(tid, 0)):
             for i in range(stages):
                 cpasync.mbarrier_init(ring.full(bir.const(i)), 1)
-                cpasync.mbarrier_init(ring.empty(bir.const(i)), CONSUMERS)
+                cpasync.mbarrier_init(ring.empty(bir.const(i)), wgs)
             tma.fence_mbarrier_init()
         bir.barrier()
         e = bir.as_index(bir.select(active, expert, bir.const(0, bir.i32())))
@@ -353,7 +376,8 @@ def emit(kb: Any, stages: int, depth: int, row_scales: bool) -> None:
         width = _uniform(bir.mul(bir.ceil_div(rows, 32), 32))
         steps = _uniform(steps)
         fill = _filler(ring, src, bir.mul(width, 16))
-        accs = _by_width(ring, _Weights(kb, e, n0, n_count, k), steps, width, depth, fill)
+        accs = _by_width(ring, _Weights(kb, e, n0, n_count, k, wgs, slabs), steps, width,
+                         depth, fill)
         f32 = bir.f32()
 
         scale_e = bir.select(active, bir.load(kb.arg("expert_scales"), e), bir.const(0.0, f32))
@@ -367,14 +391,15 @@ def emit(kb: Any, stages: int, depth: int, row_scales: bool) -> None:
             return arith.truncf(bir.bf16(), v)
 
         bir.barrier()  # every wgmma retired, every copy landed: the ring is free
-        _stage_tile(ring, accs, value, m0, n0)
+        _stage_tile(ring, accs, value, m0, n0, wgs)
         W.fence_proxy_async_shared()
         bir.barrier()
         with bir.when(bir.ult(tid, rows)):  # one token row a thread
-            cols = bir.umin(bir.sub(n_count, n0), BW)
+            cols = bir.umin(bir.sub(n_count, n0), bw)
             dst = bir.add(cpasync.global_address(kb.arg("c")), bir.as_i64(
                 bir.mul(bir.add(bir.mul(bir.add(m0, tid), n_count), n0), 2)))
-            cpasync.bulk_store(dst, bir.add(ring.base, bir.as_i64(bir.mul(tid, C_PITCH))),
+            cpasync.bulk_store(dst, bir.add(ring.base, bir.as_i64(bir.mul(tid, c_pitch(wgs,
+                                                                                       slabs)))),
                                bir.as_i32(bir.mul(cols, 2)))
             cpasync.bulk_commit()
             cpasync.bulk_wait_read()

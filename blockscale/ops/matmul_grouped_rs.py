@@ -31,14 +31,19 @@ from blockscale.formats import Format, FormatSpec
 from blockscale.launch import KernelArg
 from blockscale.ops import matmul_grouped as _grouped
 
+#: token widths (= _grouped_rs_ir.WIDTHS): one K loop each
+WIDTHS = (32, 64, 96, 128)
 KERNEL_SOURCES = ("blockscale.ops._grouped_rs_ir", "blockscale.ops._f16_dequant_ir",
                   "blockscale.ops._grouped_wgmma_ir", "blockscale.ops._grouped_p1_ir",
                   "blockscale.ops._matmul_ir", "blockscale.ops.matmul_grouped_sm90",
                   "blockscale.ops.matmul_grouped")
 TARGETS = ("sm_90a",)
 FORMATS = ("nvfp4",)
-#: weight rows per CTA, token rows per work item, CTA threads (= _grouped_rs_ir's)
-BW, BT, THREADS = 256, 128, 256
+#: token rows per work item (= _grouped_rs_ir's)
+BT = 128
+#: consumer warpgroups -> 64-row weight slabs each (_grouped_rs_ir.SHAPES): 256 or 192
+#: weight rows a CTA
+SLABS = {2: 2, 3: 1}
 #: shared stages (16 KiB each; the staged output tile needs 66 KiB of the ring) and the
 #: weights' load distance in K steps
 STAGES, DEPTH = 6, 2
@@ -55,6 +60,8 @@ class GroupedRsSpec(FormatSpec):
         target: "sm_90a".
         stages: shared stages (2 .. :data:`MAX_STAGES`).
         depth: K steps between a weight load and its use (1 .. 3).
+        wgs: consumer warpgroups (:data:`SLABS`): 2 (two 64-row slabs each: 256 weight rows,
+            255 registers) or 3 (one slab each: 192 rows, 384 threads at 168 registers).
     """
 
     fmt: str
@@ -62,11 +69,11 @@ class GroupedRsSpec(FormatSpec):
     target: str = "sm_90a"
     stages: int = STAGES
     depth: int = DEPTH
+    wgs: int = 2
 
     op: ClassVar[str] = "grouped_matmul_block_scaled_rs"
     out_dtype: ClassVar[str] = "bfloat16"
     epilogue: ClassVar[None] = None
-    block: ClassVar[tuple[int, int, int]] = (THREADS, 1, 1)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fmt", Format.from_name(self.fmt).name)
@@ -78,18 +85,30 @@ class GroupedRsSpec(FormatSpec):
         if type(self.stages) is not int or not 2 <= self.stages <= MAX_STAGES:
             raise ValueError(f"stages must be an int in [2, {MAX_STAGES}], got {self.stages!r}")
         H.check_choice(self.depth, (1, 2, 3), "depth")
+        H.check_choice(self.wgs, tuple(SLABS), "wgs")
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        """``wgs`` consumer warpgroups (thread 0 also issues the bulk copies)."""
+        return (128 * self.wgs, 1, 1)
+
+    @property
+    def weight_rows(self) -> int:
+        """Weight rows of a CTA: 64 x wgs x slabs."""
+        return 64 * self.wgs * SLABS[self.wgs]
 
     @property
     def dynamic_shared_bytes(self) -> int:
         from blockscale.ops._grouped_p1_ir import TILE
 
         ring = self.stages * TILE * 128  # 128 rows x 64 f16 a stage
-        return max(ring, BT * (BW * 2 + 16)) + 16 * self.stages
+        return max(ring, BT * (self.weight_rows * 2 + 16)) + 16 * self.stages
 
     @property
     def kernel_name(self) -> str:
         rs = "_rowsc" if self.row_scales else ""
-        return f"bs_grouped_rs_{self.fmt}_{BW}x{BT}_s{self.stages}_d{self.depth}{rs}"
+        return (f"bs_grouped_rs_{self.fmt}_{self.weight_rows}x{BT}_s{self.stages}_d{self.depth}"
+                f"{rs}")
 
     def args(self) -> tuple[KernelArg, ...]:
         """The grouped pdq kernel's workspace arguments: ``wa`` (the f16 kperm workspace) in
@@ -100,9 +119,10 @@ class GroupedRsSpec(FormatSpec):
                 *(a for a in base if a.name not in ("a", "sfa")))
 
 
-def grid(t: int, n: int, num_groups: int) -> tuple[int, int, int]:
-    """Weight-row tiles x an upper bound of the (group, 128-token tile) items."""
-    return (max(1, -(-n // BW)), -(-t // BT) + num_groups, 1)
+def grid(t: int, n: int, num_groups: int, bw: int = 256) -> tuple[int, int, int]:
+    """Weight-row tiles (``bw`` rows) x an upper bound of the (group, 128-token tile)
+    items."""
+    return (max(1, -(-n // bw)), -(-t // BT) + num_groups, 1)
 
 
 def build(spec: GroupedRsSpec) -> Any:
@@ -110,11 +130,11 @@ def build(spec: GroupedRsSpec) -> Any:
     import blockscale.ops._grouped_rs_ir as R
     from blockscale.compiler import ir as bir
 
-    if (R.BW, R.BT, R.THREADS) != (BW, BT, THREADS) or \
-            R.shared_bytes(spec.stages) != spec.dynamic_shared_bytes:
+    if R.BT != BT or dict(R.SHAPES) != SLABS or R.WIDTHS != WIDTHS or R.shared_bytes(
+            spec.stages, spec.wgs, SLABS[spec.wgs]) != spec.dynamic_shared_bytes:
         raise AssertionError("matmul_grouped_rs's constants disagree with _grouped_rs_ir's")
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
-        R.emit(kb, spec.stages, spec.depth, spec.row_scales)
+        R.emit(kb, spec.stages, spec.depth, spec.row_scales, spec.wgs)
     return kb.module
 
 
@@ -122,11 +142,11 @@ def grouped_matmul_block_scaled_rs(hidden: Any, weight: Any, a_scales: Any, b_sc
                                    expert_start: Any, a_scale_offsets: Any, expert_ids: Any,
                                    expert_scales: Any, fmt: Format | str = "nvfp4", *,
                                    k: int | None = None, a_row_scales: Any = None,
-                                   stages: int = STAGES, depth: int = DEPTH,
+                                   stages: int = STAGES, depth: int = DEPTH, wgs: int = 2,
                                    device: Any = None) -> Any:
     """The register-A grouped kernel called directly (no dispatch). Arguments as
-    :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages`` and
-    ``depth`` (:class:`GroupedRsSpec`). Raises ValueError for a format other than NVFP4,
+    :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
+    ``depth`` and ``wgs`` (:class:`GroupedRsSpec`). Raises ValueError for a format other than NVFP4,
     K % 32 != 0, N % 8 != 0, or scale tiles not placed as D8 says."""
     fmt = Format.from_name(fmt)
     H.check_choice(fmt.name, FORMATS, "fmt")
@@ -137,7 +157,7 @@ def grouped_matmul_block_scaled_rs(hidden: Any, weight: Any, a_scales: Any, b_sc
         raise ValueError(f"the register-A grouped kernel stores 16-byte rows: n % 8 == 0, "
                          f"got n={n}")
     dev, tgt = H.device_and_target(device, "sm_90a")
-    spec = GroupedRsSpec(fmt.name, a_row_scales is not None, tgt, stages, depth)
+    spec = GroupedRsSpec(fmt.name, a_row_scales is not None, tgt, stages, depth, wgs)
     return launch(spec, t, n, g_count, buffers, {"t": t, "n": n, "k": k, "num_groups": g_count},
                   dev)
 
@@ -149,8 +169,8 @@ def launch(spec: GroupedRsSpec, t: int, n: int, num_groups: int, buffers: dict[s
     from blockscale.ops import matmul_grouped_p1 as G1
 
     if t == 0 or n == 0:
-        return H.launch(spec, grid(t, n, num_groups), (t, n), "bfloat16", buffers, scalars,
-                        device, empty=True)
+        return H.launch(spec, grid(t, n, num_groups, spec.weight_rows), (t, n), "bfloat16",
+                        buffers, scalars, device, empty=True)
     host = all(isinstance(v, np.ndarray) for v in buffers.values())
     if host:  # the workspace stays on the device between the launches
         G1.check_tile_placement(buffers["expert_start"], buffers["a_scale_offsets"],
@@ -159,8 +179,8 @@ def launch(spec: GroupedRsSpec, t: int, n: int, num_groups: int, buffers: dict[s
     ws = G1.launch(G1.GroupedP1Spec(spec.fmt, spec.target, dtype="f16", kperm=True), buffers,
                    t, scalars["k"], num_groups, device)
     bufs = {x: v for x, v in buffers.items() if x not in ("a", "sfa")}
-    out = H.launch(spec, grid(t, n, num_groups), (t, n), "bfloat16", {**bufs, "wa": ws},
-                   scalars, device)
+    out = H.launch(spec, grid(t, n, num_groups, spec.weight_rows), (t, n), "bfloat16",
+                   {**bufs, "wa": ws}, scalars, device)
     return device.to_host(out) if host else out
 
 
@@ -170,11 +190,12 @@ def kernel(spec: GroupedRsSpec) -> Any:
 
 
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
-    """NVFP4 with and without row scales at the default stages / depth, and depth 1 / 3 and
-    4 / 8 stages plain (the benchmark's sweep); none off sm_90a."""
+    """NVFP4 with and without row scales at the default stages / depth, both shapes, and
+    depth 1 / 3 and 4 / 8 stages plain (the benchmark's sweep); none off sm_90a."""
     if target not in TARGETS:
         return []
-    specs = [GroupedRsSpec("nvfp4", rs, target) for rs in (False, True)]
+    specs = [GroupedRsSpec("nvfp4", rs, target, wgs=w) for rs in (False, True) for w in SLABS]
+    specs += [GroupedRsSpec("nvfp4", False, target, stages=4, wgs=3)]
     specs += [GroupedRsSpec("nvfp4", False, target, depth=d) for d in (1, 3)]
     specs += [GroupedRsSpec("nvfp4", False, target, stages=s) for s in (4, 8)]
     return specs
