@@ -303,6 +303,29 @@ def _uniform_desc(f: Frame, v: np.ndarray, idx: np.ndarray, what: str) -> int:
     return int(x[0]) & ((1 << 64) - 1)
 
 
+def shared_operand(f: Frame, st: _State, desc: int, nrows: int, blk: int, dtype: Any
+                   ) -> tuple[np.ndarray, tuple[Any, ...]]:
+    """The ``nrows`` x 16 (32 for E4M3) operand values a wgmma reads through ``desc`` in block
+    ``blk`` and its pending record (buffer, offsets, bytes) for the retiring ``wait_group``;
+    raises on never-written bytes or bytes written after the last async-proxy fence."""
+    addr = operand_addresses(desc, nrows)
+    buf, offs = resolve_shared(f, addr)
+    data = buf.data[blk].view(np.uint8)
+    offs = offs.reshape(nrows, 32)
+    if buf.race is not None and buf.check_uninit and f.check_uninit:
+        item = buf.data.dtype.itemsize
+        if not buf.race.written[blk * buf.size + offs.reshape(-1) // item].all():
+            raise WgmmaOrderError(f"wgmma.mma_async reads never-written bytes of "
+                                  f"{buf.name} in {f.describe_block(blk)}")
+    img = st.async_image.get((id(buf), blk))
+    snap = data[offs].copy()
+    if img is None or not np.array_equal(img[offs], snap):
+        raise WgmmaOrderError(
+            f"wgmma.mma_async reads bytes of {buf.name} in {f.describe_block(blk)} written "
+            "after the last fence.proxy.async.shared::cta (or with none)")
+    return read_operand(data, offs, dtype), (buf, offs, snap)
+
+
 #: operand type -> (numpy dtype, K of one instruction: 32 bytes of a row either way)
 _TYPES = {"bf16": (ml_dtypes.bfloat16, 16), "f16": (np.float16, 16),
           "e4m3": (ml_dtypes.float8_e4m3fn, 32)}
@@ -334,22 +357,7 @@ def _mma_async(op: Any, c: Compiler):
     rows, cols = fragment_coords(n)
 
     def operand(f: Frame, st: _State, desc: int, nrows: int, blk: int) -> tuple[Any, ...]:
-        addr = operand_addresses(desc, nrows)
-        buf, offs = resolve_shared(f, addr)
-        data = buf.data[blk].view(np.uint8)
-        offs = offs.reshape(nrows, 32)
-        if buf.race is not None and buf.check_uninit and f.check_uninit:
-            item = buf.data.dtype.itemsize
-            if not buf.race.written[blk * buf.size + offs.reshape(-1) // item].all():
-                raise WgmmaOrderError(f"wgmma.mma_async reads never-written bytes of "
-                                      f"{buf.name} in {f.describe_block(blk)}")
-        img = st.async_image.get((id(buf), blk))
-        snap = data[offs].copy()
-        if img is None or not np.array_equal(img[offs], snap):
-            raise WgmmaOrderError(
-                f"wgmma.mma_async reads bytes of {buf.name} in {f.describe_block(blk)} written "
-                "after the last fence.proxy.async.shared::cta (or with none)")
-        return read_operand(data, offs, dtype), (buf, offs, snap)
+        return shared_operand(f, st, desc, nrows, blk, dtype)
 
     def run(f: Frame) -> None:
         st = _state(f)
@@ -436,21 +444,11 @@ def _inline_asm(op: Any, c: Compiler):
                 raise WgmmaOrderError(f"wgmma.mma_async in {f.describe_block(blk)} without a "
                                       "wgmma.fence since the last wait_group")
             a = rs_a_matrix([f.full(f.vals[s])[idx] for s in a_s], dtype)
-            db = _uniform_desc(f, f.vals[db_s], idx, "B")
-            addr = operand_addresses(db, n)
-            buf, offs = resolve_shared(f, addr)
-            data = buf.data[blk].view(np.uint8)
-            offs = offs.reshape(n, 32)
-            img = st.async_image.get((id(buf), blk))
-            snap = data[offs].copy()
-            if img is None or not np.array_equal(img[offs], snap):
-                raise WgmmaOrderError(
-                    f"wgmma.mma_async reads bytes of {buf.name} in {f.describe_block(blk)} "
-                    "written after the last fence.proxy.async.shared::cta (or with none)")
+            b, rec = shared_operand(f, st, _uniform_desc(f, f.vals[db_s], idx, "B"), n, blk,
+                                    dtype)
             cm = np.zeros((64, n), np.float32)
             cm[rows, cols] = acc[idx]
-            d = wgmma_bf16(a, read_operand(data, offs, dtype), cm)
-            res[idx] = d[rows, cols]
-            st.pending.setdefault(key, []).append((buf, offs, snap))
+            res[idx] = wgmma_bf16(a, b, cm)[rows, cols]
+            st.pending.setdefault(key, []).append(rec)
         f.vals[out] = res
     return run
