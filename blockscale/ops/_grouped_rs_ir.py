@@ -56,9 +56,11 @@ Status (H200, runs AX-BC): correct (GPU tests, memcheck / racecheck), slower tha
 paired pdq kernel: gpt-oss gate_up NVFP4 T=4096 1.77-1.97 ms vs 1.46, T=1024 1.20-1.28 vs
 0.89, DeepSeek-V3 T=4096 5.9-6.6 vs 5.1 (4 stages the fastest). ncu (run BB): issue slots 37 %, 2 warps a
 scheduler (255 registers, 1 CTA an SM: prologue / epilogue not overlapped), the top stall
-the per-step ``wait_group 0`` (each warpgroup's convert -> mma -> wait chain). With constant
-A registers (no conversion at all, run BE) it still takes 1.59 ms at T=4096: the pipeline
-skeleton, not the conversion, is what loses to the pdq kernel. Not dispatched.
+the per-step ``wait_group 0`` (each warpgroup's convert -> mma -> wait chain). By parts (run
+BF, T=4096, 4 stages): 1.85 ms; without the weight conversion 1.35; also without the ring's
+waits and refills 0.95; also with ``wait_group 1`` 0.89. Both the conversion (~0.5 ms) and the
+activation ring (~0.4 ms: 8 bulk copies a step by thread 0, refilled once both warpgroups
+released a stage) need work before this kernel can beat the pdq one. Not dispatched.
 
 Epilogue: every thread reaches two CTA barriers; the consumers write the scaled bf16 tile
 TRANSPOSED (token rows, weight columns; a padded row pitch) into the freed ring, then the
