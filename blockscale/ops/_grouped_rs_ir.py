@@ -10,7 +10,7 @@ step moves ~128 KB through shared memory at 128 x 256. Here the roles are swappe
 mixed-input Hopper GEMMs do (CUTLASS's register-A collective, vLLM's Machete): the WEIGHTS are
 the wgmma's A operand, converted by the consumer warpgroups themselves into registers
 (:func:`blockscale.compiler.arch.wgmma.mma_async_rs`), and the routed activations (tokens)
-are the B operand, bulk-copied from the grouped phase-1 workspace by thread 0. No
+are the B operand, bulk-copied from the grouped phase-1 workspace by lanes 0-7. No
 weight stores, no proxy fence, no producer/consumer chain for the weights: a consumer loads
 its weight codes a few steps ahead (``depth``) with plain 8-byte loads.
 
@@ -37,8 +37,8 @@ multiplies the fp32 accumulator by 2^14 (exact), the expert scale, then (NVFP4 D
 scale, and rounds to bf16 (SEMANTICS §5).
 
 Pipeline: ``stages`` shared stages of 128 token rows x 64 f16 (the workspace tile's k-step,
-16-byte chunk c at ``c * 2048``: the K-major no-swizzle layout, LBO 2048, SBO 128). Thread 0
-fills the first ``stages`` steps (8 bulk copies a step: the nt rows of each chunk, their
+16-byte chunk c at ``c * 2048``: the K-major no-swizzle layout, LBO 2048, SBO 128). Lanes 0-7
+of warp 0 fill the first ``stages`` steps (a bulk copy a lane: the nt rows of its chunk, their
 bytes expected on the stage's full barrier) and, after its step s >= 1, once both
 warpgroups released step s - 1's stage (parity ``((s - 1) // stages) & 1``), refills it
 with step ``s - 1 + stages`` (a step late: the warpgroups may drift a step apart; measured
@@ -234,11 +234,10 @@ def nvvm_pack(v: Value) -> Value:
 def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int,
                    fill: Any) -> list[Value]:
     """One consumer warpgroup's K loop at token width ``nt``: the slabs x nt / 2
-    accumulators.
-    Thread 0 fills the first ``stages`` steps first and, after its step s >= 1, step ``s - 1
+    accumulators. Lanes 0-7 of warp 0 (:func:`_filler`) fill the first ``stages`` steps first and, after its step s >= 1, step ``s - 1
     + stages`` into step s - 1's stage (``fill(t)``), once both warpgroups released it."""
     st = ring.stages
-    with bir.when(bir.eq(bir.thread_idx("x"), 0)):
+    with bir.when(bir.ult(bir.thread_idx("x"), 8)):  # the filling lanes (_filler)
         for t in range(st):
             with bir.when(bir.ult(bir.const(t), steps)):
                 fill(bir.const(t))
@@ -274,12 +273,12 @@ def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int
         accs = W.fence_values(accs)
         with bir.when(bir.eq(bir.urem(tid, 128), 0)):
             cpasync.mbarrier_arrive(ring.empty(slot))
-        # thread 0 refills the stage of step s - 1 (not s): the other warpgroup released it
+        # lanes 0-7 refill the stage of step s - 1 (not s): the other warpgroup released it
         # a step ago unless it lags by more, so the warpgroups may drift apart by a step and
         # one converts while the other's wgmmas run
         prev = bir.sub(s, 1)
         refill = bir.add(prev, st)
-        with bir.when(bir.logical_and(bir.logical_and(bir.eq(tid, 0), bir.ult(0, s)),
+        with bir.when(bir.logical_and(bir.logical_and(bir.ult(tid, 8), bir.ult(0, s)),
                                       bir.ult(refill, steps))):
             cpasync.mbarrier_wait(ring.empty(bir.urem(prev, st)), _parity(bir.udiv(prev, st)))
             fill(refill)
@@ -307,17 +306,19 @@ def _by_width(ring: _Ring, wts: _Weights, steps: Value, width: Value, depth: int
 
 
 def _filler(ring: _Ring, src: Value, nt_bytes: Value) -> Any:
-    """``fill(t)`` for thread 0: step t's nt token rows of each chunk into its (free) stage by
-    8 bulk copies, their bytes expected on the stage's full barrier."""
+    """``fill(t)`` for lanes 0 .. 7 of warp 0: step t's nt token rows of chunk ``lane`` into
+    its (free) stage, one bulk copy a lane (one instruction for the 8), their bytes expected on
+    the stage's full barrier by lane 0 first."""
     def fill(t: Value) -> None:
+        lane = bir.thread_idx("x")
         slot = bir.urem(t, ring.stages)
-        dst = bir.add(ring.base, bir.as_i64(bir.mul(slot, STAGE_BYTES)))
-        cpasync.mbarrier_arrive_expect_tx_n(ring.full(slot), bir.as_i32(bir.mul(nt_bytes, 8)))
-        for c in range(8):
-            cpasync.bulk_copy_n(bir.add(dst, bir.as_i64(bir.const(c * CHUNK_BYTES))),
-                                bir.add(src, bir.as_i64(bir.add(bir.mul(t, STAGE_BYTES),
-                                                                c * CHUNK_BYTES))),
-                                bir.as_i32(nt_bytes), ring.full(slot))
+        with bir.when(bir.eq(lane, 0)):
+            cpasync.mbarrier_arrive_expect_tx_n(ring.full(slot),
+                                                bir.as_i32(bir.mul(nt_bytes, 8)))
+        off = bir.mul(lane, CHUNK_BYTES)
+        dst = bir.add(ring.base, bir.as_i64(bir.add(bir.mul(slot, STAGE_BYTES), off)))
+        cpasync.bulk_copy_n(dst, bir.add(src, bir.as_i64(bir.add(bir.mul(t, STAGE_BYTES), off))),
+                            bir.as_i32(nt_bytes), ring.full(slot))
     return fill
 
 
