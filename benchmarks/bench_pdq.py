@@ -207,10 +207,10 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                  ("grouped rs", "rs", {}),
                  ("grouped rs d1", "rs", {"depth": 1}),
                  ("grouped rs d3", "rs", {"depth": 3}),
-                 ("grouped rs s4", "rs", {"stages": 4}),
+                 ("grouped rs s6", "rs", {"stages": 6}),
                  ("grouped rs s8", "rs", {"stages": 8}),
                  ("grouped rs w3", "rs", {"wgs": 3}),
-                 ("grouped rs w3 s4", "rs", {"wgs": 3, "stages": 4}))
+                 ("grouped rs w3 s6", "rs", {"wgs": 3, "stages": 6}))
 #: fused SwiGLU suite (label, fused op?, BLOCKSCALE_SM90_GROUPED_PDQ, the pdq dispatch's A
 #: source, item height and skip: matmul_grouped_pdq.A_SOURCE_ENV / BM_ENV / SKIP_ENV): the
 #: dispatch's chained path (grouped matmul + fused_silu_quantize) is the reference the fused

@@ -52,9 +52,9 @@ multiplies above the wait and ptxas serializes every wgmma, C7514), release the 
 arrival a warpgroup). The other warpgroup's wgmmas keep the tensor pipe busy while one
 converts. The lock-step interpreter runs this for any K.
 
-Status (H200, runs AX-BC): correct (GPU tests, memcheck / racecheck), slower than the f16
-paired pdq kernel: gpt-oss gate_up NVFP4 T=4096 1.77-1.97 ms vs 1.46, T=1024 1.20-1.28 vs
-0.89, DeepSeek-V3 T=4096 5.9-6.6 vs 5.1 (4 stages the fastest). ncu (run BB): issue slots 37 %, 2 warps a
+Status (H200, runs AX-BG): correct (GPU tests, memcheck / racecheck), slower than the f16
+paired pdq kernel: gpt-oss gate_up NVFP4 T=4096 1.74 ms (4 stages) vs 1.47, T=1024 1.20 vs
+0.89, DeepSeek-V3 T=4096 5.9 vs 5.1. ncu (run BB): issue slots 37 %, 2 warps a
 scheduler (255 registers, 1 CTA an SM: prologue / epilogue not overlapped), the top stall
 the per-step ``wait_group 0`` (each warpgroup's convert -> mma -> wait chain). By parts (run
 BF, T=4096, 4 stages): 1.85 ms; without the weight conversion 1.35; also without the ring's

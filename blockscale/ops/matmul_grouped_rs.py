@@ -13,8 +13,8 @@ sums run in another order inside each k16 wgmma (the permuted K), so the output 
 the other grouped kernels within the fp32 accumulation bound, not bit for bit.
 
 Direct call only (:func:`grouped_matmul_block_scaled_rs`): the benchmarks and tests call it;
-the dispatch does not (H200 runs AX-BC: 1.77-1.97 ms against the f16 paired pdq kernel's
-1.46 at gpt-oss gate_up T=4096; see the IR module's "Status"). N % 8 == 0 (16-byte output rows), K % 32 == 0. Importing this module
+the dispatch does not (H200 runs AX-BG: 1.74 ms against the f16 paired pdq kernel's 1.47 at
+gpt-oss gate_up T=4096; see the IR module's "Status"). N % 8 == 0 (16-byte output rows), K % 32 == 0. Importing this module
 does not import MLIR.
 """
 
@@ -45,8 +45,9 @@ BT = 128
 #: weight rows a CTA
 SLABS = {2: 2, 3: 1}
 #: shared stages (16 KiB each; the staged output tile needs 66 KiB of the ring) and the
-#: weights' load distance in K steps
-STAGES, DEPTH = 6, 2
+#: weights' load distance in K steps: 4 stages the fastest in every H200 run (AX-BG: gpt-oss
+#: T=4096 1.74-1.84 ms against 1.88-2.00 with 6 and 1.75-1.86 with 8)
+STAGES, DEPTH = 4, 2
 MAX_STAGES = 12
 
 
@@ -191,7 +192,7 @@ def kernel(spec: GroupedRsSpec) -> Any:
 
 def bundle_specs(target: str = "sm_90a") -> list[Any]:
     """NVFP4 with and without row scales at the default stages / depth, both shapes, and
-    depth 1 / 3 and 4 / 8 stages plain (the benchmark's sweep); none off sm_90a."""
+    depth 1 / 3 and 6 / 8 stages plain (the benchmark's sweep); none off sm_90a."""
     if target not in TARGETS:
         return []
     specs = [GroupedRsSpec("nvfp4", rs, target, wgs=w) for rs in (False, True) for w in SLABS]
