@@ -59,7 +59,7 @@ scheduler (255 registers, 1 CTA an SM: prologue / epilogue not overlapped), the 
 the per-step ``wait_group 0`` (each warpgroup's convert -> mma -> wait chain). By parts (run
 BF, T=4096, 4 stages): 1.85 ms; without the weight conversion 1.35; also without the ring's
 waits and refills 0.95; also with ``wait_group 1`` 0.89. Both the conversion (~0.5 ms) and the
-activation ring (~0.4 ms: 8 bulk copies a step by thread 0, refilled once both warpgroups
+activation ring (~0.4 ms then: 8 bulk copies a step, refilled once both warpgroups
 released a stage) need work before this kernel can beat the pdq one. Not dispatched.
 
 Epilogue: every thread reaches two CTA barriers; the consumers write the scaled bf16 tile
