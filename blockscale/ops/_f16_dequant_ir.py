@@ -75,15 +75,17 @@ def fp4x8_to_f16x2x4(x: Value) -> list[Value]:
     return out
 
 
+def scaled_pairs(x: Value, splat: Value) -> list[Value]:
+    """The eight E2M1 codes of ``x`` times one scale splat (:func:`splats`): four f16 pairs
+    (i32) ``dec * |s| * 2^-7`` of codes (0, 1) .. (6, 7) (:func:`fp4x8_to_f16x2x4`, one
+    ``mul.rn.f16x2`` each)."""
+    return [mma.pack_i32(arith.mulf(_f16x2(p), splat)) for p in fp4x8_to_f16x2x4(x)]
+
+
 def dequant_chunks(codes: Value, pair_splats: tuple[Value, ...], block: int = 16) -> list[Value]:
     """32 codes (``vector<16xi8>``) times their scale splats (:func:`splats`, one per
     ``block`` codes) -> four ``vector<4xi32>`` of f16 pairs (each 8 consecutive codes: one
     16-byte chunk of a stage-ordered row), ``dec * |s| * 2^-7``."""
     words = vector.bitcast(bir.vec(4, bir.i32()), codes)
-    rows = []
-    for c in range(4):
-        pairs = fp4x8_to_f16x2x4(vector.extract(words, [], [c]))
-        s = pair_splats[c * 8 // block]
-        regs = [mma.pack_i32(arith.mulf(_f16x2(p), s)) for p in pairs]
-        rows.append(vector.from_elements(bir.vec(4, bir.i32()), regs))
-    return rows
+    return [vector.from_elements(bir.vec(4, bir.i32()), scaled_pairs(
+        vector.extract(words, [], [c]), pair_splats[c * 8 // block])) for c in range(4)]

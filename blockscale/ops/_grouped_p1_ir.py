@@ -140,11 +140,11 @@ def emit(kb: Any, fmt: str, p: int, dtype: str = "bf16", kperm: bool = False) ->
             tbase = bir.mul(w, tile_bytes(k))
             for i in range(p):
                 pc = loaded[2 * i][0]
-                chunks = [v for _, _, data, scales in loaded[2 * i:2 * i + 2]
-                          for v in _chunks(data, scales, fmt, dtype)]
-                if kperm:
-                    chunks = _kperm_chunks(chunks)
-                with bir.when(bir.ult(pc, pieces)):
+                with bir.when(bir.ult(pc, pieces)):  # (a piece past K converts nothing)
+                    chunks = [v for _, _, data, scales in loaded[2 * i:2 * i + 2]
+                              for v in _chunks(data, scales, fmt, dtype)]
+                    if kperm:
+                        chunks = _kperm_chunks(chunks)
                     base = bir.add(tbase, bir.add(bir.mul(bir.mul(pc, 8), 16 * TILE),
                                                   bir.mul(r, 16)))
                     for c, v in enumerate(chunks):

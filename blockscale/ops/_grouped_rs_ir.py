@@ -82,6 +82,7 @@ from blockscale.layouts import SF_ATOM_BYTES, SF_ATOM_ROWS
 from blockscale.ops import _f16_dequant_ir as F16
 from blockscale.ops._grouped_p1_ir import TILE, tile_bytes
 from blockscale.ops._matmul_ir import tcgen_row_offset
+from blockscale.ops._twophase_ir import _parity
 
 Value = ir.Value
 
@@ -114,10 +115,6 @@ def shared_bytes(stages: int, wgs: int = 2, slabs: int = 2) -> int:
     return max(stages * STAGE_BYTES, BT * c_pitch(wgs, slabs)) + 16 * stages
 
 
-def _i32(v: int) -> Value:
-    return bir.const(v, bir.i32())
-
-
 class _Ring:
     """The stages, their full / empty mbarriers and the B descriptors."""
 
@@ -143,10 +140,6 @@ def _uniform(v: Value) -> Value:
     return bir.as_index(nvvm.shfl_idx(bir.as_i32(v), 0))
 
 
-def _parity(v: Value) -> Value:
-    return bir.as_i32(bir.urem(v, 2))
-
-
 class _Weights:
     """A consumer thread's weight rows (slab j, rows g and g + 8 of its warp) and their
     per-step loads: 8 code bytes (the thread quad's NVFP4 block) and one scale byte each."""
@@ -162,6 +155,7 @@ class _Weights:
         row_bytes = bir.udiv(k, 2)
         d1 = bir.ceil_div(bir.ceil_div(k, 16), 4)
         srow0 = bir.add(bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS), n0)
+        self.slabs = slabs
         self.rows = []  # (valid, code byte offset of step 0, scale byte offset of step 0)
         for j in range(slabs):
             for h in range(2):
@@ -175,27 +169,28 @@ class _Weights:
                 self.rows.append((valid, code, scale))
         self.w, self.sfb = kb.arg("w"), kb.arg("sfb")
 
+    def _live(self, s: Value) -> Value:
+        """Whether step ``s`` holds this thread quad's block (K % 16 == 0: a block lies wholly
+        inside or outside K)."""
+        return bir.ult(bir.add(bir.mul(s, KSTEP), bir.mul(self.q, 16)), self.k)
+
     def masked(self, s: Value, regs: list[Value]) -> list[Value]:
         """Step ``s``'s loaded values with the scales of rows past N / blocks past K zeroed
         (their codes were read from element 0: finite values times 0)."""
-        live = bir.ult(bir.add(bir.mul(s, KSTEP), bir.mul(self.q, 16)), self.k)
+        live = self._live(s)
         out = []
         for r, (valid, _, _) in enumerate(self.rows):
             ok = bir.logical_and(valid, live)
-            out += [regs[2 * r], bir.select(ok, regs[2 * r + 1], _i32(0))]
+            out += [regs[2 * r], bir.select(ok, regs[2 * r + 1], bir.i32_bits(0))]
         return out
 
-    def types(self) -> list[ir.Type]:
-        return [bir.vec(2, bir.i32()), bir.i32()] * len(self.rows)
-
     def load(self, s: Value) -> list[Value]:
-        """Step ``s``'s codes (``vector<2xi32>``) and scale (i32) of each row; zeros past N /
-        K (K % 16 == 0: a quad's block lies wholly inside or outside)."""
+        """Step ``s``'s codes (``vector<2xi32>``) and scale (i32) of each row (two values a
+        row); rows past N / blocks past K read element 0 (:meth:`masked` zeroes their scale
+        at use, so no instruction here waits for the load)."""
         out = []
-        live = bir.ult(bir.add(bir.mul(s, KSTEP), bir.mul(self.q, 16)), self.k)
+        live = self._live(s)
         for valid, code, scale in self.rows:
-            # masked rows / steps read element 0: their scale is zeroed at use (:meth:`ok`),
-            # so no instruction here waits for the load
             ok = bir.logical_and(valid, live)
             data = vector.bitcast(bir.vec(2, bir.i32()), bir.vector_load(
                 bir.vec(8, bir.i8()), self.w, bir.select(ok, bir.add(code, bir.mul(s, 32)), 0),
@@ -213,42 +208,34 @@ def a_registers(regs: list[Value]) -> list[list[list[Value]]]:
     for j in range(len(regs) // 4):
         rows = []
         (d0, s0), (d1, s1) = (regs[4 * j:4 * j + 2], regs[4 * j + 2:4 * j + 4])
-        splats = F16.splats(bir.bit_or(s0, bir.shl(s1, _i32(8))))
+        splats = F16.splats(bir.bit_or(s0, bir.shl(s1, bir.i32_bits(8))))
         for data, splat in ((d0, splats[0]), (d1, splats[1])):
-            pairs = []
-            for wd in range(2):
-                pairs += F16.fp4x8_to_f16x2x4(vector.extract(data, [], [wd]))
-            rows.append([nvvm_pack(arith.mulf(F16._f16x2(p), splat)) for p in pairs])
+            rows.append([p for wd in range(2)
+                         for p in F16.scaled_pairs(vector.extract(data, [], [wd]), splat)])
         out.append([[rows[0][2 * i], rows[1][2 * i], rows[0][2 * i + 1], rows[1][2 * i + 1]]
                     for i in range(4)])
     return out
 
 
-def nvvm_pack(v: Value) -> Value:
-    """``vector<2xf16>`` -> its i32 bits."""
-    from blockscale.compiler.arch import mma
-
-    return mma.pack_i32(v)
-
-
 def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int,
                    fill: Any) -> list[Value]:
     """One consumer warpgroup's K loop at token width ``nt``: the slabs x nt / 2
-    accumulators. Lanes 0-7 of warp 0 (:func:`_filler`) fill the first ``stages`` steps first and, after its step s >= 1, step ``s - 1
-    + stages`` into step s - 1's stage (``fill(t)``), once both warpgroups released it."""
+    accumulators. Lanes 0-7 of warp 0 (:func:`_filler`) fill the first ``stages`` steps, and
+    after their step s >= 1 step ``s - 1 + stages`` into step s - 1's stage, once every
+    warpgroup released it."""
     st = ring.stages
     with bir.when(bir.ult(bir.thread_idx("x"), 8)):  # the filling lanes (_filler)
         for t in range(st):
             with bir.when(bir.ult(bir.const(t), steps)):
                 fill(bir.const(t))
     zero = bir.const(0.0, bir.f32())
-    slabs = len(wts.rows) // 2
+    slabs = wts.slabs
     acc0 = [zero] * (slabs * nt // 2)  # slabs of nt / 2
     nacc = len(acc0)
     pre = []
     for d in range(depth):
         pre += wts.load(bir.const(d))
-    one = len(wts.types())
+    one = 2 * len(wts.rows)  # values a step loads (:meth:`_Weights.load`)
     tid = bir.thread_idx("x")
     with bir.for_range(0, steps, carry=acc0 + pre) as lp:
         s = lp.iv
@@ -293,7 +280,7 @@ def _by_width(ring: _Ring, wts: _Weights, steps: Value, width: Value, depth: int
     nt = WIDTHS[i]
     if i == len(WIDTHS) - 1:
         return _consumer_loop(ring, wts, steps, nt, depth, fill)
-    slabs = len(wts.rows) // 2
+    slabs = wts.slabs
     br = bir.if_(bir.ule(width, bir.const(nt)), [bir.f32()] * (64 * slabs))
     with br.then():
         acc = _consumer_loop(ring, wts, steps, nt, depth, fill)

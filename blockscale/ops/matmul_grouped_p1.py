@@ -181,6 +181,21 @@ def launch(spec: GroupedP1Spec, buffers: dict[str, Any], t: int, k: int, num_gro
     return out["ws"]
 
 
+def with_workspace(spec: GroupedP1Spec, buffers: dict[str, Any], t: int, k: int,
+                   num_groups: int, device: Any) -> tuple[dict[str, Any], bool]:
+    """The grouped op's (checked) buffers for a matmul that reads A from the workspace: ``spec``
+    launched, ``a`` / ``sfa`` replaced by ``wa`` (the workspace), and whether every input was
+    numpy (the caller then returns numpy). Numpy inputs are uploaded once, after their tile
+    placement is checked, so the workspace stays on the device between the launches."""
+    host = all(isinstance(v, np.ndarray) for v in buffers.values())
+    if host:
+        check_tile_placement(buffers["expert_start"], buffers["a_scale_offsets"],
+                             buffers["expert_ids"], int(buffers["sfa"].shape[0]))
+        buffers = {x: device.to_device(np.ascontiguousarray(v)) for x, v in buffers.items()}
+    ws = launch(spec, buffers, t, k, num_groups, device)
+    return {**{x: v for x, v in buffers.items() if x not in ("a", "sfa")}, "wa": ws}, host
+
+
 def dequantize_grouped_a(hidden: Any, a_scales: Any, expert_start: Any, a_scale_offsets: Any,
                          expert_ids: Any, fmt: Format | str, *, k: int | None = None,
                          pieces: int = DEFAULT_PIECES, device: Any = None) -> Any:
@@ -230,4 +245,5 @@ __all__ = [
     "kernel",
     "kperm_source",
     "launch",
+    "with_workspace",
 ]

@@ -53,8 +53,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-import numpy as np
-
 import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 import blockscale.ops._matmul_host as H
 from blockscale.formats import Format, FormatSpec
@@ -514,22 +512,15 @@ def launch(spec: GroupedPdqSpec, t: int, n: int, num_groups: int, buffers: dict[
                         scalars, device, empty=empty)
     from blockscale.ops import matmul_grouped_p1 as G1
 
-    host = all(isinstance(v, np.ndarray) for v in buffers.values())
-    if host:  # keep the workspace on the device between the launches (G1.launch checks the
-        # tile placement of numpy group vectors: here, before they are uploaded)
-        G1.check_tile_placement(buffers["expert_start"], buffers["a_scale_offsets"],
-                                buffers["expert_ids"], int(buffers["sfa"].shape[0]))
-        buffers = {x: device.to_device(np.ascontiguousarray(v)) for x, v in buffers.items()}
-    ws = G1.launch(G1.GroupedP1Spec(spec.fmt, spec.target, dtype=spec.dtype), buffers, t,
-                   scalars["k"], num_groups, device)
-    bufs = {x: v for x, v in buffers.items() if x not in ("a", "sfa")}
+    bufs, host = G1.with_workspace(G1.GroupedP1Spec(spec.fmt, spec.target, dtype=spec.dtype),
+                                   buffers, t, scalars["k"], num_groups, device)
     if spec.b_source == "tma":
         from blockscale.ops._pdq_tma import tensormap_values
 
         scalars = {**scalars, **tensormap_values(int(bufs["w"].size), int(bufs["sfb"].size),
                                                  scalars["k"])}
-    out = H.launch(spec, grid(t, n, num_groups, spec.bn, spec.bm), (t, n), "bfloat16",
-                   {**bufs, "wa": ws}, scalars, device)
+    out = H.launch(spec, grid(t, n, num_groups, spec.bn, spec.bm), (t, n), "bfloat16", bufs,
+                   scalars, device)
     return device.to_host(out) if host else out
 
 

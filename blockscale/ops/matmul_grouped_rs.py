@@ -23,8 +23,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-import numpy as np
-
 import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 import blockscale.ops._matmul_host as H
 from blockscale.formats import Format, FormatSpec
@@ -172,16 +170,11 @@ def launch(spec: GroupedRsSpec, t: int, n: int, num_groups: int, buffers: dict[s
     if t == 0 or n == 0:
         return H.launch(spec, grid(t, n, num_groups, spec.weight_rows), (t, n), "bfloat16",
                         buffers, scalars, device, empty=True)
-    host = all(isinstance(v, np.ndarray) for v in buffers.values())
-    if host:  # the workspace stays on the device between the launches
-        G1.check_tile_placement(buffers["expert_start"], buffers["a_scale_offsets"],
-                                buffers["expert_ids"], int(buffers["sfa"].shape[0]))
-        buffers = {x: device.to_device(np.ascontiguousarray(v)) for x, v in buffers.items()}
-    ws = G1.launch(G1.GroupedP1Spec(spec.fmt, spec.target, dtype="f16", kperm=True), buffers,
-                   t, scalars["k"], num_groups, device)
-    bufs = {x: v for x, v in buffers.items() if x not in ("a", "sfa")}
-    out = H.launch(spec, grid(t, n, num_groups, spec.weight_rows), (t, n), "bfloat16",
-                   {**bufs, "wa": ws}, scalars, device)
+    bufs, host = G1.with_workspace(
+        G1.GroupedP1Spec(spec.fmt, spec.target, dtype="f16", kperm=True), buffers, t,
+        scalars["k"], num_groups, device)
+    out = H.launch(spec, grid(t, n, num_groups, spec.weight_rows), (t, n), "bfloat16", bufs,
+                   scalars, device)
     return device.to_host(out) if host else out
 
 
