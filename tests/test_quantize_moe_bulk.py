@@ -135,17 +135,18 @@ def test_fused_amax_keeps_subnormals():
 
 
 def _e2m1_unsat_model(a: np.ndarray) -> np.ndarray:
-    """The code of ``_quantize_wide_ir._e2m1x8_unsat`` for f32 ``a >= 0`` in numpy: ``t =
-    fma(a, a, 12)`` (a*a + 12 is exact in f64 for a < 8, so one rounding to f32 is the fma),
-    ``s = fma(T, 2^19, a)`` and ``r = s - T 2^19`` (T 2^19 a power of two: one rounding each),
-    then ``bits(r * 2^-126) >> 22``."""
+    """The code of ``_quantize_wide_ir._e2m1x8_unsat`` (``e2m1x8_pack_fast(saturate=False)``)
+    for f32 ``a >= 0`` in numpy: ``t = fma(a, a, 12)`` (a*a + 12 is exact in f64 for a < 8,
+    so one rounding to f32 is the fma), ``s = fma(T, magic, a)`` (T * magic exact: one
+    rounding), then the low byte of ``bits(s) + (bits(s) >> 22)``."""
+    from blockscale.compiler.arch import convert as C
+
     a = a.astype(np.float32)
     t = (a.astype(np.float64) ** 2 + 12.0).astype(np.float32)
     tb = (t.view(np.uint32) & np.uint32(0x7F800000)).view(np.float32)
-    m = (tb.astype(np.float64) * 2.0 ** 19).astype(np.float32)  # exact
-    s = (m.astype(np.float64) + a.astype(np.float64)).astype(np.float32)  # one rounding
-    r = s - m  # exact (Sterbenz)
-    return ((r.astype(np.float64) * 2.0 ** -126).astype(np.float32).view(np.uint32) >> 22)
+    m = tb.astype(np.float64) * C._E2M1_MAGIC  # exact in f64
+    sb = (m + a.astype(np.float64)).astype(np.float32).view(np.uint32)  # one rounding
+    return (sb + (sb >> np.uint32(22))) & np.uint32(0xFF)
 
 
 def test_e2m1_unsat_exhaustive():

@@ -721,28 +721,9 @@ def _pack_fp4_unsat(k: QI._Ctx, xs_h: list[list[ir.Value]], recip: ir.Value, sd:
 
 def _e2m1x8_unsat(ys: list[ir.Value], sign_words: list[ir.Value]) -> ir.Value:
     """:func:`blockscale.compiler.arch.convert.e2m1x8_pack_fast` for ``|y| < 7`` without its
-    ``min(|y|, 6)``: ``a = |y|`` (a free operand modifier), ``t = fma(a, a, 12)`` < 61 so
-    ``T = bits(t) & 0x7F800000`` is still 2^3 / 2^4 / 2^5 and in (6, 7) the step-2 grid
-    rounds to 6 (code 7), as the saturated value does; the same signs."""
-    from mlir.dialects import math as mmath
+    ``min(|y|, 6)``: ``t = fma(a, a, 12)`` < 61 so ``T = bits(t) & 0x7F800000`` is still 2^3 /
+    2^4 / 2^5 and in (6, 7) the step-2 grid rounds to 6 (code 7), as the saturated value
+    does; the same signs."""
+    from blockscale.compiler.arch.convert import e2m1x8_pack_fast
 
-    from blockscale.compiler.arch.convert import _E2M1_MAGIC, _E2M1_TO_BITS
-
-    f32, i32 = B.f32(), B.i32()
-    word = None
-    for e, y in enumerate(ys):
-        a = mmath.absf(y)
-        t = mmath.fma(a, a, QI._cf(12.0))
-        tb = arith.bitcast(f32, arith.andi(arith.bitcast(i32, t), _c32(0x7F800000)))
-        sm = mmath.fma(tb, QI._cf(_E2M1_MAGIC), a)
-        r = mmath.fma(tb, QI._cf(-_E2M1_MAGIC), sm)
-        cb = arith.bitcast(i32, arith.mulf(r, QI._cf(_E2M1_TO_BITS)))  # code << 22
-        sh = 22 - 4 * e
-        part = arith.shrui(cb, _c32(sh)) if sh > 0 else arith.shli(cb, _c32(-sh))
-        word = part if word is None else arith.addi(word, part)  # disjoint nibbles
-    q0 = NV.byte_perm(sign_words[0], sign_words[1], 0xFDB9)
-    q1 = NV.byte_perm(sign_words[2], sign_words[3], 0xFDB9)
-    even = NV.byte_perm(q0, q1, 0x6420)
-    odd = NV.byte_perm(q0, q1, 0x7531)
-    word = arith.ori(word, arith.andi(even, _c32(0x08080808)))
-    return arith.ori(word, arith.andi(odd, _c32(-0x7F7F7F80)))
+    return e2m1x8_pack_fast(ys, sign_words, saturate=False)

@@ -123,12 +123,16 @@ def e2m1_from_f32_sw(x: ir.Value) -> ir.Value:
     return arith.ori(code, sign)
 
 
-#: f32 multipliers of :func:`e2m1x8_pack_fast` (all powers of two, so every product is exact).
-_E2M1_MAGIC = 2.0 ** 19   # binade marker 2^(3+e) (t = a*a + 12 in [8, 64)) -> 2^(22+e)
-_E2M1_TO_BITS = 2.0 ** -126  # E2M1 value v -> f32 whose bits are code(v) << 22
+#: f32 multiplier of :func:`e2m1x8_pack_fast`'s grid rounding: the binade marker
+#: ``T = 2^(3+e)`` times it is exactly ``2^(22+e) + 214 * 2^(e-1)`` (24 significant bits)
+_E2M1_MAGIC = 2.0 ** 19 + 214 / 16
+#: the mantissa offset 214 of that sum: with the exponent term of the code extraction
+#: (``+ 2 (149 + e)``) it makes ``214 + 298 = 512``, zero in the low byte
+_E2M1_OFFSET = 214
 
 
-def e2m1x8_pack_fast(ys: list[ir.Value], sign_words: list[ir.Value]) -> ir.Value:
+def e2m1x8_pack_fast(ys: list[ir.Value], sign_words: list[ir.Value], *,
+                     saturate: bool = True) -> ir.Value:
     """Eight f32 -> one i32 of packed E2M1 codes (element 2j in the low nibble of byte j), RNE,
     satfinite, bit-identical to :func:`e2m1_from_f32_sw` for every non-NaN input. CUDA only
     (the signs are gathered with ``prmt``).
@@ -137,43 +141,52 @@ def e2m1x8_pack_fast(ys: list[ir.Value], sign_words: list[ir.Value]) -> ir.Value
     bf16 pair word the values were widened from (the caller guarantees sign(y) = sign(x):
     true for ``y = x * recip`` with ``recip >= +0`` unless ``y`` is NaN, i.e. ``recip == +inf``
     and ``x == ±0``: a NaN ``y`` gets magnitude 7 here, and the caller clears its sign bit in
-    ``sign_words``, which gives the software form's NaN code 0x7).
+    ``sign_words``, which gives the software form's NaN code 0x7). ``saturate=False`` leaves
+    out ``min(|y|, 6)``: valid only when every ``|y| < 7`` (the caller checks the chunk).
 
-    Magnitude, per element, 2 ALU + 4 FMA-pipe instructions (the previous software form was
-    ~17, mostly ALU, which made the FP4 kernels issue-bound):
+    Magnitude, per element, 3-4 FMA-pipe + 1 ALU instructions and 1.5 for the packing:
 
     * ``a = min(|y|, 6)`` (saturation; Inf -> 6);
     * the grid step of E2M1 around ``a`` is 0.5 below 2, 1 in [2, 4), 2 in [4, 6]. ``t = fma(a,
       a, 12)`` lies in [12, 16) for a < 2, [16, 32) for 2 <= a < ~4.47 and [32, 48] above, so
       ``T = bits(t) & 0x7F800000`` is 2^(3+e) for step 2^(e-1). The step boundaries may sit
       anywhere in [1.75, 2.25] and [3.5, 4.5]: there both grids round to the same value;
-    * ``s = fma(T, 2^19, a)``: adding M = 2^(22+e), whose ulp is the step, rounds ``a`` to the
-      grid, ties to the even multiple (M / ulp is even) — exactly E2M1's tie rule, since
-      E2M1 code parity equals grid-multiple parity in each step range; single rounding;
-    * ``r = fma(T, -2^19, s)`` is that E2M1 value, exactly; ``r * 2^-126`` has the f32 bits
-      ``code << 22`` (E2M1 subnormal 0.5 -> f32 subnormal 2^-127, so no flush-to-zero here);
-    * the eight codes are shifted into their nibbles (one shift-add each), then the signs:
-      two ``prmt`` gather sign-replicated bytes, two ``prmt`` sort them even / odd, two ``lop3``
-      merge them into bits 3 / 7 of each byte.
+    * ``s = fma(T, 2^19 + 214/16, a)`` adds ``K = 2^(22+e) + 214 step``, whose ulp is the step:
+      one RNE rounding of ``a`` to the grid, ties to the even multiple ``d`` (``214 + d`` is
+      the mantissa field, even with ``d``), exactly E2M1's tie rule, since in each step range
+      E2M1 code parity is the parity of ``d``; the code is ``d + 2e``;
+    * ``bits(s) = (149 + e) << 23 | (214 + d)``, so ``bits(s) + (bits(s) >> 22)`` has the low
+      byte ``214 + d + 298 + 2e = 512 + code``: the code. An element pair's byte is
+      ``lo + (lo >> 22) + (hi << 4) + (hi >> 18)`` (its low byte: ``code_lo | code_hi << 4``;
+      three shift-adds), and three ``prmt`` gather the four pair bytes;
+    * then the signs: two ``prmt`` gather sign-replicated bytes, two ``prmt`` sort them even /
+      odd, two ``lop3`` merge them into bits 3 / 7 of each byte.
     """
     if len(ys) != 8 or len(sign_words) != 4:
         raise ValueError("e2m1x8_pack_fast takes 8 values and 4 sign words")
     f32, i32 = _f32(), _i32()
     six, twelve = const_like(f32, 6.0), const_like(f32, 12.0)
-    magic, neg_magic = const_like(f32, _E2M1_MAGIC), const_like(f32, -_E2M1_MAGIC)
-    to_bits = const_like(f32, _E2M1_TO_BITS)
+    magic = const_like(f32, _E2M1_MAGIC)
     exp_mask = const_like(i32, 0x7F800000)
-    word = None
-    for e, y in enumerate(ys):
-        a = arith.minnumf(mmath.absf(y), six)
+
+    def grid_bits(y: ir.Value) -> ir.Value:
+        a = mmath.absf(y)
+        if saturate:
+            a = arith.minnumf(a, six)
         t = mmath.fma(a, a, twelve)
         tb = arith.bitcast(f32, arith.andi(_bits(t), exp_mask))
-        s = mmath.fma(tb, magic, a)
-        r = mmath.fma(tb, neg_magic, s)
-        cb = _bits(arith.mulf(r, to_bits))  # code << 22
-        sh = 22 - 4 * e
-        part = arith.shrui(cb, const_like(i32, sh)) if sh > 0 else arith.shli(cb, const_like(i32, -sh))
-        word = part if word is None else arith.addi(word, part)  # disjoint nibbles
+        return _bits(mmath.fma(tb, magic, a))
+
+    def shr(v: ir.Value, n: int) -> ir.Value:
+        return arith.shrui(v, const_like(i32, n))
+
+    pair_bytes = []
+    for j in range(4):
+        lo, hi = grid_bits(ys[2 * j]), grid_bits(ys[2 * j + 1])
+        hi_part = arith.addi(arith.shli(hi, const_like(i32, 4)), shr(hi, 18))
+        pair_bytes.append(arith.addi(arith.addi(lo, shr(lo, 22)), hi_part))
+    word = NV.byte_perm(NV.byte_perm(pair_bytes[0], pair_bytes[1], 0x0040),
+                        NV.byte_perm(pair_bytes[2], pair_bytes[3], 0x0040), 0x5410)
     q0 = NV.byte_perm(sign_words[0], sign_words[1], 0xFDB9)  # [s0, s1, s2, s3] as 0x00/0xFF
     q1 = NV.byte_perm(sign_words[2], sign_words[3], 0xFDB9)  # [s4, s5, s6, s7]
     even = NV.byte_perm(q0, q1, 0x6420)  # [s0, s2, s4, s6]
