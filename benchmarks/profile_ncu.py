@@ -10,7 +10,8 @@ Cases (the shapes of bench_matmul / bench_quantize_moe / bench_moe):
 * ``twophase_persistent`` / ``twophase_staged``: the same pair with ``schedule="persistent"``
   / ``store="staged"``;
 * ``grouped_quantize`` / ``silu_quantize``: NVFP4, T=8192, K=4096, 64 experts, the default
-  schedule;
+  schedule; ``grouped_quantize_large`` / ``grouped_quantize_large_mxfp4``: NVFP4 / MXFP4 at
+  T=16384, K=8192 (the size rule's "wide_bulk2_x2");
 * ``dense_decode_m1`` / ``dense_decode_m16`` / ``dense_decode_m1_shot``: NVFP4 M x 5760 x 2880
   through the dispatch (``ops.block_scaled_matmul``), the last one ``mma_shot`` called directly;
 * ``moe_decode`` / ``moe_decode_t1`` / ``moe_prefill``: gpt-oss-120b gate_up NVFP4 at T=128 /
@@ -49,14 +50,16 @@ def _twophase(dev: Any, schedule: str, store: str = "direct") -> Callable[[], An
         *args, fmt, k=k, device=dev, schedule=schedule, store=store)
 
 
-def _quantize(dev: Any, op: str) -> Callable[[], Any]:
+def _quantize(dev: Any, op: str, fmt: str = "nvfp4", rows: int = 8192, k: int = 4096
+              ) -> Callable[[], Any]:
     from benchmarks import bench_quantize_moe as Q
 
     rng = np.random.default_rng(0)
-    groups = Q._groups(rng, 8192, 64)
-    scales = rng.uniform(0.5, 2.0, 64).astype(np.float32)
-    x = dev.to_device(Q.random_bf16(rng, (8192, 4096), scale=2.0))
-    return lambda: Q._call(op, x, "nvfp4", groups, scales, dev)
+    groups = Q._groups(rng, rows, 64)
+    scales = (rng.uniform(0.5, 2.0, 64).astype(np.float32) if fmt == "nvfp4"
+              else np.ones(64, np.float32))
+    x = dev.to_device(Q.random_bf16(rng, (rows, k), scale=2.0))
+    return lambda: Q._call(op, x, fmt, groups, scales, dev)
 
 
 def _dense_decode(dev: Any, m: int, variant: str | None = None) -> Callable[[], Any]:
@@ -113,6 +116,9 @@ CASES: dict[str, Callable[[Any], Callable[[], Any]]] = {
     "twophase_staged": lambda d: _twophase(d, "tiles", "staged"),
     "grouped_quantize": lambda d: _quantize(d, "grouped_quantize"),
     "silu_quantize": lambda d: _quantize(d, "fused_silu_quantize"),
+    "grouped_quantize_large": lambda d: _quantize(d, "grouped_quantize", rows=16384, k=8192),
+    "grouped_quantize_large_mxfp4": lambda d: _quantize(d, "grouped_quantize", "mxfp4", 16384,
+                                                        8192),
     "dense_decode_m1": lambda d: _dense_decode(d, 1),
     "dense_decode_m16": lambda d: _dense_decode(d, 16),
     "dense_decode_m1_shot": lambda d: _dense_decode(d, 1, "mma_shot"),
