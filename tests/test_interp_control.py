@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 from _interp_helpers import gpu_module
 
+pytest.importorskip("mlir")
+
 from blockscale.runtime.interpreter import run_kernel
 
 pytestmark = pytest.mark.interp

@@ -16,6 +16,9 @@ import numpy as np
 import pytest
 
 from blockscale.launch import KernelArg
+
+pytest.importorskip("mlir")
+
 from blockscale.runtime.interpreter import run_kernel
 
 N = 32

@@ -15,6 +15,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+pytest.importorskip("mlir")
+
 from blockscale.runtime.interpreter import intrinsics, run_kernel
 
 pytestmark = pytest.mark.interp

@@ -12,6 +12,9 @@ import numpy as np
 import pytest
 
 from blockscale import reference as ref
+
+pytest.importorskip("mlir")
+
 from blockscale.runtime.interpreter import run_kernel
 
 pytestmark = pytest.mark.interp

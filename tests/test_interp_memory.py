@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from _interp_helpers import GLOBAL_ID, gpu_module
 
+pytest.importorskip("mlir")
+
 from blockscale.runtime.interpreter import (
     BarrierDivergenceError,
     SharedMemoryRaceError,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+pytest.importorskip("mlir")
+
 from blockscale.compiler import ir as bir
 from blockscale.compiler.arch import nvvm
 from blockscale.launch import KernelArg

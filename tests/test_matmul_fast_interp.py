@@ -23,6 +23,9 @@ from test_matmul_grouped import exact_grouped, make_grouped_case
 
 from blockscale.formats import FORMATS, MXFP8, NVFP4
 from blockscale.ops import matmul, matmul_grouped, matmul_grouped_sm90, matmul_sm90
+
+pytest.importorskip("mlir")
+
 from blockscale.runtime.interpreter import ops_mma
 
 pytestmark = pytest.mark.interp

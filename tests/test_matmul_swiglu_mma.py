@@ -29,6 +29,9 @@ from blockscale import reference as ref
 from blockscale.formats import Format
 from blockscale.ops import fused_silu_quantize, grouped_matmul_block_scaled
 from blockscale.ops import matmul_swiglu as SW
+
+pytest.importorskip("mlir")
+
 from blockscale.runtime.interpreter import ops_mma
 
 MXFP8 = Format.from_name("mxfp8")

@@ -19,6 +19,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+pytest.importorskip("mlir")
+
 from blockscale.runtime.interpreter import ops_tma, ops_wgmma
 
 SPANS = {"32b": 32, "64b": 64, "128b": 128}
