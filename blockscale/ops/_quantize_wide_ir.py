@@ -78,6 +78,20 @@ and the sigmoid table's ``lo`` folds into its address: ``wide_bulk2_lut`` 24.3 (
 ``wide_bulk2_x2`` (``spec.waves``): the same kernel on 2 resident waves of blocks (the plan
 only). Removed in session 6, measured slower (runs T / U): the other ``_x2`` / ``_x4`` wave
 forms and the fused SILU ``*_plut`` product tables (15.9-26.3 SASS an element).
+
+Session 10: the E2M1 packing reads each code from the bits of its magic-number sum
+(:func:`blockscale.compiler.arch.convert.e2m1x8_pack_fast`): grouped NVFP4 ``wide_bulk2_x2``
+15.8 -> 14.7, ``wide4`` 14.1 -> 13.0, fused NVFP4 ``wide_bulk2_lut`` 24.3 -> 23.2 SASS an
+element, and no faster (run BH). What bounds these kernels is the SM's **ALU pipe** (half rate:
+LOP3, PRMT, SHF, LEA, FMNMX, ISETP, SEL), not the issue count alone: Nsight Compute (run BI) puts
+the grouped NVFP4 kernel at 75 % of the ALU pipe's peak (MXFP4: 73 %) and 71 % issue, its DRAM
+at 51 %. The new packing trades FMA-pipe work (the multiply and subtraction) for ALU work (three
+``prmt`` gathers), 236 -> 256 ALU instructions per 32 elements: time-neutral. Moving the pair
+bytes' shifts to ``IMAD.HI`` (FMA pipe; ALU 223) made it 5 % slower (run BJ), as did the
+unsaturated packing in the 64-register kernel (spills) and at 80 registers (3 blocks an SM).
+The next step has to cut ALU instructions outright (the per-element ``bits(t) & 0x7F800000``,
+``min(|y|, 6)`` and the bf16 high-half mask are 80 of the 256; the amax, signs and store
+addressing most of the rest).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ software E2M1 alone was ~17 per element), i.e. at most ~1.0 T elements/s against
 that 85% of the copy bandwidth needs (2.56 bytes moved per element). Now (dense, aligned):
 NVFP4 16.6, MXFP4 ~17, MXFP8 ~10 instructions per element (ALU ~7.2 / 7.7 / 4.3), from the
 fast E2M1 (:func:`convert.e2m1x8_pack_fast`, ~8.8 per element incl. the multiply and the
-sign/nibble packing), 16 elements per thread (one scale computation and no shuffle per NVFP4
+sign/nibble packing; ~7.6 since session 10, trading FMA-pipe for ALU work), 16 elements per thread (one scale computation and no shuffle per NVFP4
 block), the u16x2 amax, the shared reciprocal table (NVFP4) / exact power-of-two reciprocal
 (MX) instead of a decode + div.rn per block. At the ~65% issue efficiency measured before,
 that is ~1.3 T elements/s for FP4, at the roofline. Memory side (Little's law, ~1 us latency:
