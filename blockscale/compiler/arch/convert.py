@@ -123,12 +123,12 @@ def e2m1_from_f32_sw(x: ir.Value) -> ir.Value:
     return arith.ori(code, sign)
 
 
-#: f32 multiplier of :func:`e2m1x8_pack_fast`'s grid rounding: the binade marker
-#: ``T = 2^(3+e)`` times it is exactly ``2^(22+e) + 214 * 2^(e-1)`` (24 significant bits)
-_E2M1_MAGIC = 2.0 ** 19 + 214 / 16
-#: the mantissa offset 214 of that sum: with the exponent term of the code extraction
-#: (``+ 2 (149 + e)``) it makes ``214 + 298 = 512``, zero in the low byte
+#: the mantissa offset of :func:`e2m1x8_pack_fast`'s rounded sum: with the exponent term of
+#: the code extraction (``+ 2 (149 + e)``) it makes ``214 + 298 = 512``, zero in the low byte
 _E2M1_OFFSET = 214
+#: f32 multiplier of its grid rounding: the binade marker ``T = 2^(3+e)`` times it is exactly
+#: ``2^(22+e) + 214 * 2^(e-1)`` (24 significant bits)
+_E2M1_MAGIC = 2.0 ** 19 + _E2M1_OFFSET / 16
 
 
 def e2m1x8_pack_fast(ys: list[ir.Value], sign_words: list[ir.Value], *,
