@@ -135,7 +135,7 @@ def test_fused_amax_keeps_subnormals():
 
 
 def _e2m1_unsat_model(a: np.ndarray) -> np.ndarray:
-    """The code of ``_quantize_wide_ir._e2m1x8_unsat`` (``e2m1x8_pack_fast(saturate=False)``)
+    """The code of ``e2m1x8_pack_fast(saturate=False)`` (``_quantize_wide_ir._pack_fp4_unsat``)
     for f32 ``a >= 0`` in numpy: ``t = fma(a, a, 12)`` (a*a + 12 is exact in f64 for a < 8,
     so one rounding to f32 is the fma), ``s = fma(T, magic, a)`` (T * magic exact: one
     rounding), then the low byte of ``bits(s) + (bits(s) >> 22)``."""

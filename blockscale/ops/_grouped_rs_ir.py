@@ -95,7 +95,9 @@ SHAPES = ((2, 2), (3, 1))
 WIDTHS = (32, 64, 96, 128)
 #: one stage: 128 token rows x 64 f16 (8 chunks of 16 bytes, 2048 bytes a chunk)
 CHUNK_BYTES = BT * 16
-STAGE_BYTES = 8 * CHUNK_BYTES
+#: 16-byte K chunks of a stage; lane c of warp 0 bulk-copies chunk c (:func:`_filler`)
+CHUNKS = 8
+STAGE_BYTES = CHUNKS * CHUNK_BYTES
 DEPTHS = (1, 2, 3)
 
 
@@ -224,7 +226,7 @@ def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int
     after their step s >= 1 step ``s - 1 + stages`` into step s - 1's stage, once every
     warpgroup released it."""
     st = ring.stages
-    with bir.when(bir.ult(bir.thread_idx("x"), 8)):  # the filling lanes (_filler)
+    with bir.when(bir.ult(bir.thread_idx("x"), CHUNKS)):  # the filling lanes (_filler)
         for t in range(st):
             with bir.when(bir.ult(bir.const(t), steps)):
                 fill(bir.const(t))
@@ -265,7 +267,7 @@ def _consumer_loop(ring: _Ring, wts: _Weights, steps: Value, nt: int, depth: int
         # one converts while the other's wgmmas run
         prev = bir.sub(s, 1)
         refill = bir.add(prev, st)
-        with bir.when(bir.logical_and(bir.logical_and(bir.ult(tid, 8), bir.ult(0, s)),
+        with bir.when(bir.logical_and(bir.logical_and(bir.ult(tid, CHUNKS), bir.ult(0, s)),
                                       bir.ult(refill, steps))):
             cpasync.mbarrier_wait(ring.empty(bir.urem(prev, st)), _parity(bir.udiv(prev, st)))
             fill(refill)
@@ -301,7 +303,7 @@ def _filler(ring: _Ring, src: Value, nt_bytes: Value) -> Any:
         slot = bir.urem(t, ring.stages)
         with bir.when(bir.eq(lane, 0)):
             cpasync.mbarrier_arrive_expect_tx_n(ring.full(slot),
-                                                bir.as_i32(bir.mul(nt_bytes, 8)))
+                                                bir.as_i32(bir.mul(nt_bytes, CHUNKS)))
         off = bir.mul(lane, CHUNK_BYTES)
         dst = bir.add(ring.base, bir.as_i64(bir.add(bir.mul(slot, STAGE_BYTES), off)))
         cpasync.bulk_copy_n(dst, bir.add(src, bir.as_i64(bir.add(bir.mul(t, STAGE_BYTES), off))),

@@ -103,7 +103,7 @@ from mlir.dialects import arith, gpu, vector
 from mlir.dialects import math as mmath
 
 from blockscale.compiler import ir as B
-from blockscale.compiler.arch import nvvm as NV
+from blockscale.compiler.arch.convert import e2m1x8_pack_fast
 from blockscale.ops import _quantize_stream_ir as QS
 from blockscale.ops import quantize_ir as QI
 from blockscale.ops import quantize_moe_ir as QM
@@ -699,7 +699,9 @@ def _unsat_room(spec: MoeQuantizeSpec) -> bool:
     return wide_register_cap(spec) >= (80 if spec.bulk else 128)
 
 
-#: the chunk's |y| bound below which :func:`_e2m1x8_unsat` needs no saturation
+#: the chunk's |y| bound below which ``e2m1x8_pack_fast(saturate=False)`` gives the saturated
+#: codes: ``t = fma(a, a, 12)`` < 61 keeps ``T = bits(t) & 0x7F800000`` at 2^3 / 2^4 / 2^5 and
+#: in (6, 7) the step-2 grid rounds to 6 (code 7), as the saturated value does
 E2M1_UNSAT_BOUND = 7.0
 
 
@@ -710,7 +712,7 @@ def _pack_fp4_unsat(k: QI._Ctx, xs_h: list[list[ir.Value]], recip: ir.Value, sd:
     (one FMNMX an element) left out for the chunks whose ``fl(amax * recip) < 7``
     (chunk-uniform, nearly all): every ``|y| = fl(|x| * recip) <= fl(amax * recip)`` (RN is
     monotonic), and below 7 the unsaturated rounding gives the saturated codes
-    (:func:`_e2m1x8_unsat`; exhaustively checked in tests/test_quantize_moe_bulk.py). The
+    (:data:`E2M1_UNSAT_BOUND`; exhaustively checked in tests/test_quantize_moe_bulk.py). The
     others (a saturating scale, an E4M3-subnormal scale, ``recip = +inf``: NaN / Inf products
     compare false) take the saturating path, its NaN-sign fix included."""
     f32, i32 = B.f32(), B.i32()
@@ -720,24 +722,11 @@ def _pack_fp4_unsat(k: QI._Ctx, xs_h: list[list[ir.Value]], recip: ir.Value, sd:
     with br.then():
         out = []
         for xs, p in zip(xs_h, pairs_h):
-            if p is not None:  # sign words: the loaded bf16 pairs, else the f32 upper halves
-                words = [B.extract(p, i) for i in range(CHUNK // 2)]
-            else:
-                xb = [arith.bitcast(i32, x) for x in xs]
-                words = [NV.byte_perm(xb[2 * i], xb[2 * i + 1], 0x7632)
-                         for i in range(CHUNK // 2)]
-            out.append(_e2m1x8_unsat([arith.mulf(x, recip) for x in xs], words))
+            words = QI.sign_words(xs, p)
+            out.append(e2m1x8_pack_fast([arith.mulf(x, recip) for x in xs], words,
+                                        saturate=False))
         br.yield_(*out)
     with br.else_():
         br.yield_(*QI._pack_fp4_all(k, xs_h, recip, sd, pairs_h))
     return list(br.results)
 
-
-def _e2m1x8_unsat(ys: list[ir.Value], sign_words: list[ir.Value]) -> ir.Value:
-    """:func:`blockscale.compiler.arch.convert.e2m1x8_pack_fast` for ``|y| < 7`` without its
-    ``min(|y|, 6)``: ``t = fma(a, a, 12)`` < 61 so ``T = bits(t) & 0x7F800000`` is still 2^3 /
-    2^4 / 2^5 and in (6, 7) the step-2 grid rounds to 6 (code 7), as the saturated value
-    does; the same signs."""
-    from blockscale.compiler.arch.convert import e2m1x8_pack_fast
-
-    return e2m1x8_pack_fast(ys, sign_words, saturate=False)

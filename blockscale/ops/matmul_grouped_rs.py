@@ -14,8 +14,8 @@ the other grouped kernels within the fp32 accumulation bound, not bit for bit.
 
 Direct call only (:func:`grouped_matmul_block_scaled_rs`): the benchmarks and tests call it;
 the dispatch does not (H200 runs AX-BG: 1.74 ms against the f16 paired pdq kernel's 1.47 at
-gpt-oss gate_up T=4096; see the IR module's "Status"). N % 8 == 0 (16-byte output rows), K % 32 == 0. Importing this module
-does not import MLIR.
+gpt-oss gate_up T=4096; see the IR module's "Status"). N % 8 == 0 (16-byte output rows),
+K % 32 == 0. Importing this module does not import MLIR.
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ software E2M1 alone was ~17 per element), i.e. at most ~1.0 T elements/s against
 that 85% of the copy bandwidth needs (2.56 bytes moved per element). Now (dense, aligned):
 NVFP4 16.6, MXFP4 ~17, MXFP8 ~10 instructions per element (ALU ~7.2 / 7.7 / 4.3), from the
 fast E2M1 (:func:`convert.e2m1x8_pack_fast`, ~8.8 per element incl. the multiply and the
-sign/nibble packing; ~7.6 since session 10, trading FMA-pipe for ALU work), 16 elements per thread (one scale computation and no shuffle per NVFP4
-block), the u16x2 amax, the shared reciprocal table (NVFP4) / exact power-of-two reciprocal
+sign/nibble packing; ~7.6 since session 10, trading FMA-pipe for ALU work), 16 elements per
+thread (one scale computation and no shuffle per NVFP4 block), the u16x2 amax, the shared reciprocal table (NVFP4) / exact power-of-two reciprocal
 (MX) instead of a decode + div.rn per block. At the ~65% issue efficiency measured before,
 that is ~1.3 T elements/s for FP4, at the roofline. Memory side (Little's law, ~1 us latency:
 ~30 KB in flight per SM): 40 registers -> 6 blocks x 256 threads x 32 bytes = 48 KB per SM,
@@ -324,26 +324,27 @@ def _pack_fp4_all(k: _Ctx, xs_h: list[list[ir.Value]], recip: ir.Value, sd: ir.V
                 word = arith.ori(word, arith.shli(byte, _c32(8 * j)))
             out.append(word)
         return out
-    # Signs come from x (sign(y) = sign(x) as recip >= +0), as bf16-pair words: the loaded
-    # ones, or prmt 0x7632 of two f32 bit patterns (their upper halves).
-    if all(p is not None for p in pairs_h):
-        words_h = [[B.extract(p, i) for i in range(CHUNK // 2)] for p in pairs_h]
-        if not k.fmt.is_mx:  # MX: recip = 2^(127-b) is finite, y is never NaN
+    words_h = [sign_words(xs, p) for xs, p in zip(xs_h, pairs_h)]
+    if not k.fmt.is_mx:  # MX: recip = 2^(127-b) is finite, y is never NaN
+        words_h = _nan_product_signs(recip, words_h)
+        if all(p is not None for p in pairs_h):
             # x is re-widened from the (possibly) fixed words: -0 -> +0 still gives NaN.
-            words_h = _nan_product_signs(recip, words_h)
             xs_h = [[arith.bitcast(B.f32(), v) for w in ws
                      for v in (arith.shli(w, _c32(16)), arith.andi(w, _c32(-65536)))]
                     for ws in words_h]
-    else:
-        words_h = []
-        for xs in xs_h:
-            xb = [arith.bitcast(B.i32(), x) for x in xs]
-            words_h.append([NV.byte_perm(xb[2 * i], xb[2 * i + 1], 0x7632)
-                            for i in range(CHUNK // 2)])
-        if not k.fmt.is_mx:
-            words_h = _nan_product_signs(recip, words_h)
     return [C.e2m1x8_pack_fast([arith.mulf(x, recip) for x in xs], w)
             for xs, w in zip(xs_h, words_h)]
+
+
+def sign_words(xs: list[ir.Value], pairs: ir.Value | None) -> list[ir.Value]:
+    """The four bf16-pair words holding the signs of the eight f32 ``xs`` (sign(y) = sign(x)
+    as recip >= +0) for :func:`convert.e2m1x8_pack_fast`: the words of ``pairs`` (the loaded
+    vector<4xi32> the values were widened from), else ``prmt 0x7632`` of two f32 bit
+    patterns (their upper halves)."""
+    if pairs is not None:
+        return [B.extract(pairs, i) for i in range(CHUNK // 2)]
+    xb = [arith.bitcast(B.i32(), x) for x in xs]
+    return [NV.byte_perm(xb[2 * i], xb[2 * i + 1], 0x7632) for i in range(CHUNK // 2)]
 
 
 def _nan_product_signs(recip: ir.Value, words_h: list[list[ir.Value]]) -> list[list[ir.Value]]:

@@ -215,9 +215,10 @@ def e2m1x8_mx_bf16x2(words: ir.Value, recip_bits: ir.Value, saturate: bool = Tru
     * ``r * 2^-126`` (a bf16 subnormal for r < 1) has the bits ``code << 6``: per pair word
       codes at bits 6 and 22; ``u = c | c >> 12`` puts the odd one at bit 10 (a byte at bits
       6..13), two ``prmt`` + one masked shift-merge place the four bytes, and the signs come
-      from ``words`` as in ``e2m1x8_pack_fast`` (4 ``prmt`` + 2 ``lop3``).
+      from ``words`` (:func:`blockscale.compiler.arch.convert.e2m1x8_merge_signs`).
     """
     from blockscale.compiler.arch import nvvm as NV
+    from blockscale.compiler.arch.convert import e2m1x8_merge_signs
 
     bf, i16, i32 = B.bf16(), B.i16(), B.i32()
     xv = vector.bitcast(B.vec(8, bf), words)
@@ -254,10 +255,4 @@ def e2m1x8_mx_bf16x2(words: ir.Value, recip_bits: ir.Value, saturate: bool = Tru
     t13 = NV.byte_perm(u[1], u[3], 0x5410)
     word = arith.ori(arith.andi(arith.shrui(t02, _c32(6)), _c32(0x00FF00FF)),
                      arith.andi(arith.shli(t13, _c32(2)), _c32(-0x00FF0100)))
-    sw = [B.extract(words, i) for i in range(4)]
-    q0 = NV.byte_perm(sw[0], sw[1], 0xFDB9)  # [s0, s1, s2, s3] as 0x00 / 0xFF bytes
-    q1 = NV.byte_perm(sw[2], sw[3], 0xFDB9)
-    even = NV.byte_perm(q0, q1, 0x6420)
-    odd = NV.byte_perm(q0, q1, 0x7531)
-    word = arith.ori(word, arith.andi(even, _c32(0x08080808)))
-    return arith.ori(word, arith.andi(odd, _c32(-0x7F7F7F80)))
+    return e2m1x8_merge_signs(word, [B.extract(words, i) for i in range(4)])

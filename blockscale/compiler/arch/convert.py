@@ -159,8 +159,7 @@ def e2m1x8_pack_fast(ys: list[ir.Value], sign_words: list[ir.Value], *,
       byte ``214 + d + 298 + 2e = 512 + code``: the code. An element pair's byte is
       ``lo + (lo >> 22) + (hi << 4) + (hi >> 18)`` (its low byte: ``code_lo | code_hi << 4``;
       three shift-adds), and three ``prmt`` gather the four pair bytes;
-    * then the signs: two ``prmt`` gather sign-replicated bytes, two ``prmt`` sort them even /
-      odd, two ``lop3`` merge them into bits 3 / 7 of each byte.
+    * then the signs (:func:`e2m1x8_merge_signs`).
     """
     if len(ys) != 8 or len(sign_words) != 4:
         raise ValueError("e2m1x8_pack_fast takes 8 values and 4 sign words")
@@ -187,6 +186,15 @@ def e2m1x8_pack_fast(ys: list[ir.Value], sign_words: list[ir.Value], *,
         pair_bytes.append(arith.addi(arith.addi(lo, shr(lo, 22)), hi_part))
     word = NV.byte_perm(NV.byte_perm(pair_bytes[0], pair_bytes[1], 0x0040),
                         NV.byte_perm(pair_bytes[2], pair_bytes[3], 0x0040), 0x5410)
+    return e2m1x8_merge_signs(word, sign_words)
+
+
+def e2m1x8_merge_signs(word: ir.Value, sign_words: list[ir.Value]) -> ir.Value:
+    """Eight E2M1 magnitudes packed in ``word`` (bits 3 and 7 of each byte clear) with the
+    signs of ``sign_words`` (element 2i: bit 15 of word i, element 2i+1: bit 31): two ``prmt``
+    gather sign-replicated bytes, two ``prmt`` sort them even / odd, two ``lop3`` merge them
+    into bits 3 / 7 of each byte. CUDA only."""
+    i32 = _i32()
     q0 = NV.byte_perm(sign_words[0], sign_words[1], 0xFDB9)  # [s0, s1, s2, s3] as 0x00/0xFF
     q1 = NV.byte_perm(sign_words[2], sign_words[3], 0xFDB9)  # [s4, s5, s6, s7]
     even = NV.byte_perm(q0, q1, 0x6420)  # [s0, s2, s4, s6]
