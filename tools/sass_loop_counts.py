@@ -88,8 +88,8 @@ def _quantize(elems: float) -> None:
             report(f"{mode} {fmt} {meta}", k.asm["sass"], elems)
 
 
-def hot_path(text: str) -> tuple[int, int]:
-    """(instructions, local loads/stores) of the hot path of the longest loop: minus forward
+def hot_path(text: str) -> tuple[int, int, collections.Counter]:
+    """(instructions, local loads/stores, per-pipe counts) of the hot path of the longest loop: minus forward
     branches over store-free code holding a loop (the grouped kernels' group search), the cold
     branches
     after an ``FSETP ... +INF`` (the NVFP4 NaN-sign fix), an ``LDS`` (the wide kernels'
@@ -133,7 +133,8 @@ def hot_path(text: str) -> tuple[int, int]:
             skip.append((addr - 0x30, addr + 0x10))
     skip += around.values()
     body = [t for a, t in ins if lo <= a <= hi and not any(s < a < e for s, e in skip)]
-    return len(body), sum(1 for t in body if "LDL" in t or "STL" in t)
+    return len(body), sum(1 for t in body if "LDL" in t or "STL" in t), collections.Counter(
+        pipe(t) for t in body)
 
 
 def _moe(schedules: list[str]) -> None:
@@ -159,8 +160,9 @@ def _moe(schedules: list[str]) -> None:
                 k = q.kernel(spec)
                 wide = getattr(spec, "wide", 0)
                 elems = 16 * (wide * spec.unroll if wide else 1)
-                n, local = hot_path(k.asm["sass"])
+                n, local, pipes = hot_path(k.asm["sass"])
                 print(f"{mode:7s} {fmt:6s} {sch:12s} {n / elems:5.1f}/elem ({n} / {elems})  "
+                      f"ALU {pipes['ALU']} FMA {pipes['FMA']}  "
                       f"regs {k.meta.get('registers')} spill {k.meta.get('spill_stores')} "
                       f"loop LDL/STL {local}")
 

@@ -86,7 +86,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from mlir import ir
-from mlir.dialects import arith, gpu, vector
+from mlir.dialects import arith, gpu, llvm, vector
 
 from blockscale.compiler import ir as B
 from blockscale.compiler.arch import convert as C
@@ -224,7 +224,9 @@ def _block_amax_bits(k: _Ctx, bits: list[ir.Value], words: list[ir.Value] | None
 
     With ``words`` (the loaded bf16-pair vectors) the max is taken on the 16-bit halves
     (``and 0x7FFF`` + unsigned max, as ``max.u16x2``): exact, as bf16 -> f32 is ``<< 16``."""
-    if words:
+    if words and k.target.is_cuda:
+        m = _amax_bf16x2(words)
+    elif words:
         i16 = B.i16()
         m16 = None
         for wv in words:
@@ -245,6 +247,31 @@ def _block_amax_bits(k: _Ctx, bits: list[ir.Value], words: list[ir.Value] | None
         m = arith.maxui(m, other)
         off *= 2
     return m
+
+
+def _amax_bf16x2(words: list[ir.Value]) -> ir.Value:
+    """CUDA form of the u16 amax: ``abs.bf16x2`` then ``max.NaN.bf16x2`` halving the vector
+    with shuffles, then the word's two halves as an unsigned max of ``bits << 16`` and ``bits &
+    0xFFFF0000``. The same bits for finite blocks (a float max of magnitudes is the unsigned max
+    of their bits; +-0 are +0 after abs); a NaN or Inf gives bits >= 0x7F800000 (non-finite)
+    either way. sm_90a SASS: the abs is an ``HFMA2.BF16_V2`` (FMA pipe), the max ``HMNMX2`` /
+    three-input ``VHMNMX``; per 32 elements of the grouped NVFP4 ``wide_bulk2_x2`` hot path
+    ALU 254 -> 224, FMA 157 -> 173: 1.3 % faster (ncu 4 %, ALU pipe 71.5 -> 69.3 %, run BR)."""
+    bf16, i32 = B.bf16(), B.i32()
+    m = None
+    for wv in words:
+        v = vector.bitcast(B.vec(2 * wv.type.shape[0], bf16), wv)
+        # llvm.call_intrinsic: the NVVM lowering marks llvm.intr.fabs illegal (math.absf
+        # would go through f32)
+        h = llvm.call_intrinsic(v.type, f"llvm.fabs.v{v.type.shape[0]}bf16", [v], [], [])
+        m = h if m is None else arith.maximumf(m, h)
+    n = m.type.shape[0]
+    while n > 2:
+        n //= 2
+        m = arith.maximumf(vector.shuffle(m, m, list(range(n))),
+                           vector.shuffle(m, m, list(range(n, 2 * n))))
+    w = vector.extract(vector.bitcast(B.vec(1, i32), m), [], [0])
+    return arith.maxui(arith.shli(w, _c32(16)), arith.andi(w, _c32(-65536)))
 
 
 def _scale_and_recip(k: _Ctx, amax_bits: ir.Value, tsf: ir.Value | None,

@@ -351,3 +351,20 @@ _reg("arith.sitofp", lambda o, a: dtypes.int_to_float(a, o.dt, False))
 _reg("arith.uitofp", lambda o, a: dtypes.int_to_float(a, o.dt, True))
 _reg("arith.fptosi", lambda o, a: dtypes.float_to_int(a, o.dt, False))
 _reg("arith.fptoui", lambda o, a: dtypes.float_to_int(a, o.dt, True))
+
+
+#: ``llvm.call_intrinsic`` names the interpreter models, by the name before the type suffix
+_INTRINSICS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"llvm.fabs": np.abs}
+
+
+@handles("llvm.call_intrinsic")
+def _call_intrinsic(op: Any, c: Compiler):
+    from mlir import ir
+
+    name = ir.StringAttr(op.attributes["intrin"]).value
+    base = ".".join(name.split(".")[:2])  # "llvm.fabs.v8bf16" -> "llvm.fabs"
+    if base not in _INTRINSICS:
+        raise NotImplementedError(f"interpreter: intrinsic {name!r} is not modeled")
+    fn = _INTRINSICS[base]
+    return _elementwise(lambda o, *args: fn(*args))(op, c)
+
