@@ -41,3 +41,27 @@ def _all_bf16_blocks(shift: int, top: float) -> np.ndarray:
     rows = -(-blocks // 16)
     x = np.concatenate([x, np.zeros((rows * 16 - blocks, 32), np.float32)]).reshape(rows, 512)
     return (x.astype(np.float64) * 2.0 ** shift).astype(np.float32).astype(ml_dtypes.bfloat16)
+
+
+def nvfp4_tie_blocks(m: int, k: int, tensor_sf: float, seed: int) -> np.ndarray:
+    """f32 ``[m, k]`` (bf16-exact) of NVFP4 blocks whose ``y = x * recip`` land exactly on
+    E2M1 ties and grid points: each 16-element block holds its amax ``A`` (a bf16 near
+    2^127, so a tiny ``tensor_sf`` gives a reciprocal near or below 2^-126) and signed
+    ``t * sd / tensor_sf`` for ties ``t`` (``sd`` the block's decoded E4M3 scale; few
+    significant bits: bf16-exact when ``tensor_sf`` is a power of two), plus zeros."""
+    from blockscale import formats as F
+
+    rng = np.random.default_rng(seed)
+    ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.0, 3.0, 6.0, 0.0],
+                    np.float32)
+    x = np.zeros((m, k), np.float32)
+    for r in range(m):
+        for c in range(0, k, 16):
+            a = _bf16(np.ldexp(rng.uniform(1, 2), int(rng.integers(120, 128)))).astype(
+                np.float32)
+            sd = F.decode_e4m3(F.nvfp4_scale_from_amax(a, tensor_sf)).astype(np.float64)
+            vals = rng.choice(ties, 16) * sd / np.float64(tensor_sf)
+            vals = np.where(vals <= a, vals, a) * rng.choice([-1.0, 1.0], 16)
+            vals[int(rng.integers(0, 16))] = a
+            x[r, c:c + 16] = vals[:min(16, k - c)]
+    return _bf16(x).astype(np.float32)

@@ -141,28 +141,29 @@ def test_native_instructions_in_asm():
     assert "v_cvt_scalef32_pk_fp4_f32" in amd
 
 
-def _e2m1_fast_numpy(y: np.ndarray, saturate: bool = True) -> np.ndarray:
-    """numpy model of :func:`C.e2m1x8_pack_fast`'s per-element steps (fma emulated in f64:
-    every product is exact in f64, and the sums are exact wherever f32 rounding could tie)
-    and of its code extraction from the bits of ``s``."""
+def _e2m1_fast_numpy(y: np.ndarray) -> np.ndarray:
+    """numpy model of :func:`C.e2m1x8_pack_fast`'s per-element steps on ``y = x * recip``
+    (``u = sat(fl(|y|) / 8)``: the product ``|x| * (recip / 8)`` is ``fl(|y|) / 8`` exactly in
+    the normal range; fma emulated in f64: every product is exact in f64, and the sums are
+    exact wherever f32 rounding could tie), its code extraction from the bits of ``s`` and
+    the nibble-8 saturation."""
     y = np.asarray(y, np.float32)
-    a = np.abs(y)
-    if saturate:
-        a = np.minimum(a, np.float32(6))
-    a = a.astype(np.float64)
-    t = (a * a + 12.0).astype(np.float32)
-    m = (t.view(np.uint32) & 0x7F800000).view(np.float32).astype(np.float64) * C._E2M1_MAGIC
-    sb = (m + a).astype(np.float32).view(np.uint32).astype(np.uint64)
+    u = np.minimum(np.abs(y) / np.float32(8), np.float32(1)).astype(np.float64)
+    t = (u * u + C._E2M1_GRID["u"][0]).astype(np.float32)
+    m = (t.view(np.uint32) & 0x7F800000).view(np.float32).astype(np.float64) * C._E2M1_GRID["u"][1]
+    sb = (m + u).astype(np.float32).view(np.uint32).astype(np.uint64)
     code = (sb + (sb >> 22)) & 0xFF  # the low element of a pair
-    assert code.max(initial=0) <= 7
+    assert code.max(initial=0) <= 8
     assert np.array_equal(((sb << 4) + (sb >> 18)) & 0xFF, code << 4)  # the high element
+    code -= code >> 3  # 8 (|y| in [7, 8]) -> 7
     return (code | ((y.view(np.uint32) >> 31) << 3)).astype(np.uint8)
 
 
 def test_e2m1_fast_model_exhaustive():
-    """The fast E2M1 algorithm over every f32 whose exponent is in [-6, 3] (all ties, every
-    step boundary, saturation up to 16), both signs, against the codec."""
-    for e in range(127 - 6, 127 + 4):
+    """The fast E2M1 algorithm over every f32 whose exponent is in [-6, 5] (all ties, every
+    step boundary, the nibble-8 range [7, 8], saturation up to 64), both signs, against the
+    codec."""
+    for e in range(127 - 6, 127 + 6):
         bits = (np.uint32(e) << np.uint32(23)) | np.arange(1 << 23, dtype=np.uint32)
         y = bits.view(np.float32)
         for v in (y, -y):
@@ -171,8 +172,10 @@ def test_e2m1_fast_model_exhaustive():
 
 @pytest.mark.interp
 def test_e2m1x8_pack_fast():
-    """The IR of C.e2m1x8_pack_fast (sm_90a) on the tie sweep (NaN excluded: callers route
-    it to the software form), eight values per word, signs from bf16-pair words."""
+    """The IR of C.e2m1x8_pack_fast (sm_90a) on the tie sweep as ``x`` with ``recip = 1``
+    (``recip8 = 1/8``; NaN excluded: ``sat`` makes it 0, the callers route a NaN ``y`` to
+    the reference's 0x7 with their rare-reciprocal branches), eight values per word, signs
+    from bf16-pair words."""
     x = _sweep()
     x = x[~np.isnan(x)]
     x = np.concatenate([x, np.zeros((-x.size) % 8, np.float32)])
@@ -187,7 +190,7 @@ def test_e2m1x8_pack_fast():
             from blockscale.compiler.arch import nvvm as NV
 
             pairs = [NV.byte_perm(xb[2 * j], xb[2 * j + 1], 0x7632) for j in range(4)]
-            B.store(C.e2m1x8_pack_fast(ys, pairs), kb.arg("dst"), i)
+            B.store(C.e2m1x8_pack_fast(ys, B.const(0.125, B.f32()), pairs), kb.arg("dst"), i)
     out = np.zeros(n, np.int32)
     run_kernel(str(kb.module), "conv8", (-(-n // 64), 1, 1), (64, 1, 1), [x.copy(), out],
                "sm_90a")

@@ -135,7 +135,7 @@ def test_fused_amax_keeps_subnormals():
 
 
 def _e2m1_unsat_model(a: np.ndarray) -> np.ndarray:
-    """The code of ``e2m1x8_pack_fast(saturate=False)`` (``_quantize_wide_ir._pack_fp4_unsat``)
+    """The code of ``convert.e2m1x8_pack_unsat`` (``_quantize_wide_ir._pack_fp4_unsat``)
     for f32 ``a >= 0`` in numpy: ``t = fma(a, a, 12)`` (a*a + 12 is exact in f64 for a < 8,
     so one rounding to f32 is the fma), ``s = fma(T, magic, a)`` (T * magic exact: one
     rounding), then the low byte of ``bits(s) + (bits(s) >> 22)``."""
@@ -144,7 +144,7 @@ def _e2m1_unsat_model(a: np.ndarray) -> np.ndarray:
     a = a.astype(np.float32)
     t = (a.astype(np.float64) ** 2 + 12.0).astype(np.float32)
     tb = (t.view(np.uint32) & np.uint32(0x7F800000)).view(np.float32)
-    m = tb.astype(np.float64) * C._E2M1_MAGIC  # exact in f64
+    m = tb.astype(np.float64) * C._E2M1_GRID["y"][1]  # exact in f64
     sb = (m + a.astype(np.float64)).astype(np.float32).view(np.uint32)  # one rounding
     return (sb + (sb >> np.uint32(22))) & np.uint32(0xFF)
 
@@ -166,3 +166,4 @@ def test_e2m1_unsat_exhaustive():
     a = np.concatenate(parts)
     np.testing.assert_array_equal(_e2m1_unsat_model(a), encode_e2m1(a) & 7)
     assert int(_e2m1_unsat_model(np.array([7.0], np.float32))[0]) == 8  # not a code: bound
+

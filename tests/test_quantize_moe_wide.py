@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _quantize_helpers import assert_same_bytes, group_offsets
+from _quantize_inputs import nvfp4_tie_blocks
 
 from blockscale.reference import grouped as RG
 
@@ -90,6 +91,38 @@ def test_fused_wide_edges(activation, target):
     rd, rs = RG.fused_silu_quantize(gu, "nvfp4", es, offs, ids, isc, activation=activation)
     assert_same_bytes(d, rd, f"silu {activation} {target} data")
     assert_same_bytes(s, rs, f"silu {activation} {target} scales")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_tiny_tensor_scales(target):
+    """Per-expert tensor scales 2^-118 / 2^-100 with blocks of E2M1 ties near the bf16
+    maximum (grouped: the inputs; fused SiLU: the activations): NVFP4 reciprocals below
+    2^-96, the fast E2M1 path's rare branch (bf16 words moved by 2^24 for grouped, the
+    software form for fused)."""
+    es, offs = group_offsets(COUNTS)
+    ids = np.asarray(IDS, np.int32)
+    tsf = np.asarray([2.0 ** -118, 0.5, 2.0 ** -100], np.float32)
+    v = np.zeros((int(es[-1]), 64), np.float32)  # tie blocks for each group's tensor scale
+    for g, i in enumerate(IDS):
+        rows = slice(int(es[g]), int(es[g + 1]))
+        v[rows] = nvfp4_tie_blocks(es[g + 1] - es[g], 64, tsf[max(i, 0)], 16 + g)
+    x = v.astype(ml_dtypes.bfloat16)
+    rd, rs = RG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf)
+    # the default schedule, and on sm_90a the 64-register bulk kernel (FMUL.SAT packing)
+    for schedule in (None, "wide_bulk2_x2") if target == "sm_90a" else (None,):
+        d, s = QG.grouped_quantize_dynamic_scaled(x, "nvfp4", es, offs, ids, tsf,
+                                                  device="interp", target=target,
+                                                  schedule=schedule)
+        assert_same_bytes(d, rd, f"grouped {target} {schedule} data")
+        assert_same_bytes(s, rs, f"grouped {target} {schedule} scales")
+    # silu(2^60) = 2^60 exactly: the activations are the tie blocks
+    gu = np.concatenate([np.full_like(v, 2.0 ** 60), v * 2.0 ** -60], axis=1)
+    gu = gu.astype(ml_dtypes.bfloat16)
+    d, s = QS.fused_silu_quantize(gu, "nvfp4", es, offs, ids, tsf, device="interp",
+                                  target=target)
+    rd, rs = RG.fused_silu_quantize(gu, "nvfp4", es, offs, ids, tsf)
+    assert_same_bytes(d, rd, f"silu {target} data")
+    assert_same_bytes(s, rs, f"silu {target} scales")
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _quantize_helpers import assert_same_bytes, group_offsets
-from _quantize_inputs import _edge_input
+from _quantize_inputs import _edge_input, nvfp4_tie_blocks
 
 from blockscale import reference as ref
 from blockscale.reference import grouped as RG
@@ -93,6 +93,17 @@ def test_infinite_recip_nan_products(target):
     x = _bf16(np.tile(row, (3, 2)))
     for tsf in (3e38, 1e38, 2.0 ** 120):
         for k in (x.shape[1], x.shape[1] - 8):
+            _check_dense(np.ascontiguousarray(x[:, :k]), "nvfp4", target, tensor_sf=tsf)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_tiny_tensor_scale_rescaled(target):
+    """tensor_sf <= 2^-100 with values near the bf16 maximum: recip = 1 / (sd * (1/tsf))
+    falls below 2^-96 (down to subnormal), where the sm_90a fast E2M1 path moves 2^24 from x
+    into recip / 8 (which alone could round) in its rare-reciprocal branch."""
+    for i, tsf in enumerate((2.0 ** -100, 2.0 ** -118, 2.0 ** -120, 1.3e-36)):
+        x = _bf16(nvfp4_tie_blocks(6, 192, tsf, 21 + i))
+        for k in (192, 184):
             _check_dense(np.ascontiguousarray(x[:, :k]), "nvfp4", target, tensor_sf=tsf)
 
 

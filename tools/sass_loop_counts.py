@@ -58,7 +58,7 @@ def loops(ins: list[tuple[int, str]]) -> list[tuple[int, int, collections.Counte
     """(start, end, per-pipe counts) of every backward branch's range."""
     out = []
     for addr, text in ins:
-        m = re.search(r"BRA (?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
+        m = re.search(r"BRA (?:!?U?P\w+, )?(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
         if m and int(m.group(1), 16) < addr:
             lo = int(m.group(1), 16)
             out.append((lo, addr, collections.Counter(pipe(t) for a, t in ins if lo <= a <= addr)))
@@ -105,7 +105,7 @@ def hot_path(text: str) -> tuple[int, int, collections.Counter]:
     inner = [(a, b) for a, b, _ in lps if (a, b) != (lo, hi) and lo <= a and b <= hi]
     skip, around = [], {}
     for i, (addr, text_i) in enumerate(ins):
-        m = re.search(r"BRA (?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text_i)
+        m = re.search(r"BRA (?:!?U?P\w+, )?(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text_i)
         if lo <= addr <= hi and m and int(m.group(1), 16) > addr:
             tgt = int(m.group(1), 16)
             # the outermost forward branch around each inner loop that stores nothing (the
@@ -122,12 +122,12 @@ def hot_path(text: str) -> tuple[int, int, collections.Counter]:
                 for _, t in ins[max(0, i - 48):i])
             if sat:  # the branch jumps to the saturating copy; the fast one falls through
                 # to a BRA over it: skip [target, that BRA's target)
-                jm = re.match(r"BRA (?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)",
+                jm = re.match(r"BRA (?:!?U?P\w+, )?(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)",
                               dict(ins).get(tgt - 0x10, ""))
                 if jm:
                     skip.append((tgt - 0x10, int(jm.group(1), 16)))
             elif any(("FSETP" in t and "+INF" in t) or "LDS" in t
-                     for _, t in ins[max(0, i - 6):i]):
+                     for _, t in ins[max(0, i - 12):i]):
                 skip.append((addr, tgt))
         if lo <= addr <= hi and "CALL.REL" in text_i:
             skip.append((addr - 0x30, addr + 0x10))

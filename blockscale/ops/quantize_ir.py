@@ -87,6 +87,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 from mlir import ir
 from mlir.dialects import arith, gpu, llvm, vector
+from mlir.dialects import math as mmath
 
 from blockscale.compiler import ir as B
 from blockscale.compiler.arch import convert as C
@@ -223,7 +224,8 @@ def _block_amax_bits(k: _Ctx, bits: list[ir.Value], words: list[ir.Value] | None
     """max |bits| over the chunk, then over the L lanes of the scale block (gpu.shuffle xor).
 
     With ``words`` (the loaded bf16-pair vectors) the max is taken on the 16-bit halves
-    (``and 0x7FFF`` + unsigned max, as ``max.u16x2``): exact, as bf16 -> f32 is ``<< 16``."""
+    (CUDA: :func:`_amax_bf16x2`; else ``and 0x7FFF`` + unsigned max, as ``max.u16x2``): exact,
+    as bf16 -> f32 is ``<< 16``."""
     if words and k.target.is_cuda:
         m = _amax_bf16x2(words)
     elif words:
@@ -351,6 +353,27 @@ def _pack_fp4_all(k: _Ctx, xs_h: list[list[ir.Value]], recip: ir.Value, sd: ir.V
                 word = arith.ori(word, arith.shli(byte, _c32(8 * j)))
             out.append(word)
         return out
+    if not all(p is not None for p in pairs_h):  # f32 values (the fused kernels)
+        return _pack_fp4_min(k, xs_h, recip, pairs_h)
+    words_h = [[B.extract(p, i) for i in range(CHUNK // 2)] for p in pairs_h]
+    r8 = arith.mulf(recip, _cf(0.125))  # exact: recip is a power of two (MX) or >= 2^-96
+    if not k.fmt.is_mx:  # MX: recip = 2^(127-b) >= 2^-127, recip / 8 is exact, y never NaN
+        words_h, r8 = _rare_recip_words(recip, r8, words_h)
+        # x re-widened from the (possibly) rescaled words
+        xs_h = [[arith.bitcast(B.f32(), v) for w in ws
+                 for v in (arith.shli(w, _c32(16)), arith.andi(w, _c32(-65536)))]
+                for ws in words_h]
+    return [C.e2m1x8_pack_fast(xs, r8, w) for xs, w in zip(xs_h, words_h)]
+
+
+def _pack_fp4_min(k: _Ctx, xs_h: list[list[ir.Value]], recip: ir.Value,
+                  pairs_h: list[ir.Value | None]) -> list[ir.Value]:
+    """sm_90a fast E2M1 of ``y = x * recip`` saturated as ``min(|y|, 6)`` (one FMNMX an
+    element, the abs an operand modifier): :func:`convert.e2m1x8_pack_unsat` of the clamped
+    magnitudes. For f32 values (whose ``|x|`` the fused kernels' amax also takes: the
+    ``FMUL.SAT`` form would materialize it) and as the saturating fallback of
+    ``_quantize_wide_ir._pack_fp4_unsat``. Any reciprocal (no ``recip / 8``); NVFP4's +inf
+    one: :func:`_nan_product_signs`."""
     words_h = [sign_words(xs, p) for xs, p in zip(xs_h, pairs_h)]
     if not k.fmt.is_mx:  # MX: recip = 2^(127-b) is finite, y is never NaN
         words_h = _nan_product_signs(recip, words_h)
@@ -359,8 +382,66 @@ def _pack_fp4_all(k: _Ctx, xs_h: list[list[ir.Value]], recip: ir.Value, sd: ir.V
             xs_h = [[arith.bitcast(B.f32(), v) for w in ws
                      for v in (arith.shli(w, _c32(16)), arith.andi(w, _c32(-65536)))]
                     for ws in words_h]
-    return [C.e2m1x8_pack_fast([arith.mulf(x, recip) for x in xs], w)
-            for xs, w in zip(xs_h, words_h)]
+    six = _cf(6.0)
+    return [C.e2m1x8_pack_unsat([arith.minnumf(mmath.absf(arith.mulf(x, recip)), six)
+                                 for x in xs], w) for xs, w in zip(xs_h, words_h)]
+
+
+#: NVFP4 reciprocals below this take :func:`_rare_recip_words`' rescaled path: ``recip / 8``
+#: is then not always exact (``recip < 2^-123``; only with tensor_sf < ~2^-114)
+RECIP_RESCALE_BELOW = 2.0 ** -96
+#: the power of two the rare path moves from ``x`` to ``recip``
+RECIP_RESCALE_LOG2 = 24
+
+
+def _rare_recip(recip: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(is +inf, rare) of an NVFP4 reciprocal, rare = +inf or in (0, 2^-96)."""
+    inf = arith.cmpf(arith.CmpFPredicate.OEQ, recip, _cf(np.inf))
+    tiny = arith.andi(arith.cmpf(arith.CmpFPredicate.OLT, recip, _cf(RECIP_RESCALE_BELOW)),
+                      arith.cmpf(arith.CmpFPredicate.OGT, recip, _cf(0.0)))
+    return inf, arith.ori(inf, tiny)
+
+
+def _rescaled_r8(recip: ir.Value, inf: ir.Value, r8: ir.Value) -> ir.Value:
+    """``recip * 2^24 / 8`` (exact, every positive f32 times 2^21 is), ``r8`` for +inf."""
+    return arith.select(inf, r8, arith.mulf(recip, _cf(2.0 ** (RECIP_RESCALE_LOG2 - 3))))
+
+
+def _rare_recip_words(recip: ir.Value, r8: ir.Value, words_h: list[list[ir.Value]]
+                      ) -> tuple[list[list[ir.Value]], ir.Value]:
+    """The bf16-pair words and ``recip / 8`` for :func:`convert.e2m1x8_pack_fast`, fixed in a
+    rarely taken, per-block uniform branch (no register cost in the hot path):
+
+    * recip = +inf (NVFP4: ``sd * (1/tsf)`` underflowed): ``y = ±0 * inf`` is NaN, E2M1 code
+      0x7 with the sign cleared; every other ``y`` is ±inf, code 7. ±0 halves become +2^-133
+      (the least bf16 subnormal): ``u = sat(2^-133 * inf) = 1``, code 7, sign +;
+    * 0 < recip < 2^-96 (only with tensor_sf < ~2^-114): ``recip / 8`` could round (below
+      2^-123), so ``x`` moves 2^24 into the reciprocal: halves with an exponent field > 24
+      lose 24 from it (exact), the others (``|x| < 2^-102``, ``|y| < 2^-198``: code 0) keep
+      only their sign; ``x * 2^-24 * (recip * 2^21) = x * recip / 8`` exactly."""
+    flat = [w for ws in words_h for w in ws]
+    inf, rare = _rare_recip(recip)
+    br = B.if_(rare, [B.i32()] * len(flat) + [B.f32()])
+    with br.then():
+        fixed = []
+        for w in flat:
+            halves = []
+            for sh in (0, 16):
+                h = arith.andi(arith.shrui(w, _c32(sh)) if sh else w, _c32(0xFFFF))
+                zero = arith.cmpi(arith.CmpIPredicate.eq, arith.andi(h, _c32(0x7FFF)), _c32(0))
+                big = arith.cmpi(arith.CmpIPredicate.ugt, arith.andi(h, _c32(0x7F80)),
+                                 _c32(RECIP_RESCALE_LOG2 << 7))
+                scaled = arith.select(big, arith.subi(h, _c32(RECIP_RESCALE_LOG2 << 7)),
+                                      arith.andi(h, _c32(0x8000)))
+                h = arith.select(inf, arith.select(zero, _c32(1), h), scaled)
+                halves.append(arith.shli(h, _c32(sh)) if sh else h)
+            fixed.append(arith.ori(halves[0], halves[1]))
+        br.yield_(*fixed, _rescaled_r8(recip, inf, r8))
+    with br.else_():
+        br.yield_(*flat, r8)
+    res = list(br.results)
+    n = len(words_h[0])
+    return [res[i * n:(i + 1) * n] for i in range(len(words_h))], res[-1]
 
 
 def sign_words(xs: list[ir.Value], pairs: ir.Value | None) -> list[ir.Value]:
@@ -376,9 +457,10 @@ def sign_words(xs: list[ir.Value], pairs: ir.Value | None) -> list[ir.Value]:
 
 def _nan_product_signs(recip: ir.Value, words_h: list[list[ir.Value]]) -> list[list[ir.Value]]:
     """NVFP4 with recip = +inf (sd * (1/tsf) underflowing): x = ±0 gives y = 0 * inf = NaN,
-    whose E2M1 code is 0x7 with the sign cleared (the fast form already gives magnitude 7 for
-    NaN, min(NaN, 6) = 6). So clear the sign bit of -0 halves in the sign words: a rarely
-    taken, per-block uniform branch that only touches these words (no register cost)."""
+    whose E2M1 code is 0x7 with the sign cleared (:func:`_pack_fp4_min` already gives
+    magnitude 7 for NaN, min(NaN, 6) = 6). So clear the sign bit of -0 halves in the sign
+    words: a rarely taken, per-block uniform branch that only touches these words (no
+    register cost)."""
     flat = [w for ws in words_h for w in ws]
     br = B.if_(arith.cmpf(arith.CmpFPredicate.OEQ, recip, _cf(np.inf)), [B.i32()] * len(flat))
     with br.then():

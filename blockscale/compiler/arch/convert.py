@@ -23,7 +23,7 @@ import enum
 from collections.abc import Callable
 
 from mlir import ir
-from mlir.dialects import arith, nvvm, rocdl
+from mlir.dialects import arith, llvm, nvvm, rocdl
 from mlir.dialects import math as mmath
 
 from blockscale.compiler.arch import nvvm as NV
@@ -123,70 +123,99 @@ def e2m1_from_f32_sw(x: ir.Value) -> ir.Value:
     return arith.ori(code, sign)
 
 
-#: the mantissa offset of :func:`e2m1x8_pack_fast`'s rounded sum: with the exponent term of
-#: the code extraction (``+ 2 (149 + e)``) it makes ``214 + 298 = 512``, zero in the low byte
-_E2M1_OFFSET = 214
-#: f32 multiplier of its grid rounding: the binade marker ``T = 2^(3+e)`` times it is exactly
-#: ``2^(22+e) + 214 * 2^(e-1)`` (24 significant bits)
-_E2M1_MAGIC = 2.0 ** 19 + _E2M1_OFFSET / 16
+#: the grid rounding constants (``t`` bias, multiplier of the binade marker ``T``) of the fast
+#: E2M1 packings, by the domain of their values: ``"u" = |y| / 8`` (:func:`e2m1x8_pack_fast`;
+#: ``T = 2^(e-3)``, ``T * magic = 2^(19+e) + 220 * 2^(e-4)``, binade exponent field ``146 +
+#: e``) and ``"y" = |y|`` (:func:`e2m1x8_pack_unsat`; ``T = 2^(3+e)``, ``T * magic = 2^(22+e)
+#: + 214 * 2^(e-1)``, field ``149 + e``). Each magic is exact in f32, and each mantissa offset
+#: plus twice the field's base is 512 (220 + 292, 214 + 298): zero in the code's low byte.
+_E2M1_GRID = {"u": (12.0 / 64, 2.0 ** 22 + 220 / 2), "y": (12.0, 2.0 ** 19 + 214 / 16)}
 
 
-def e2m1x8_pack_fast(ys: list[ir.Value], sign_words: list[ir.Value], *,
-                     saturate: bool = True) -> ir.Value:
-    """Eight f32 -> one i32 of packed E2M1 codes (element 2j in the low nibble of byte j), RNE,
-    satfinite, bit-identical to :func:`e2m1_from_f32_sw` for every non-NaN input. CUDA only
-    (the signs are gathered with ``prmt``).
+def saturate_f32(x: ir.Value) -> ir.Value:
+    """``cvt.sat.f32.f32``: ``x`` clamped to [0, 1], NaN -> +0 (ptxas folds it into the
+    producing ``FMUL`` / ``FFMA`` as ``.SAT``). CUDA only."""
+    return llvm.call_intrinsic(x.type, "llvm.nvvm.saturate.f", [x], [], [])
+
+
+def e2m1x8_pack_fast(xs: list[ir.Value], recip8: ir.Value, sign_words: list[ir.Value]
+                     ) -> ir.Value:
+    """Eight f32 ``x`` -> one i32 of the packed E2M1 codes of ``y = x * (8 recip8)`` (element
+    2j in the low nibble of byte j), RNE, satfinite, bit-identical to :func:`e2m1_from_f32_sw`
+    of ``fl(x * recip)`` when ``recip8 = recip / 8`` exactly and ``x * recip8`` does not
+    underflow where it matters (the caller's job: ``recip8`` normal, or ``x`` and ``recip8``
+    rescaled). CUDA only (the signs are gathered with ``prmt``).
 
     ``sign_words[i]`` holds the signs of elements 2i (bit 15) and 2i+1 (bit 31), e.g. the raw
-    bf16 pair word the values were widened from (the caller guarantees sign(y) = sign(x):
-    true for ``y = x * recip`` with ``recip >= +0`` unless ``y`` is NaN, i.e. ``recip == +inf``
-    and ``x == ±0``: a NaN ``y`` gets magnitude 7 here, and the caller clears its sign bit in
-    ``sign_words``, which gives the software form's NaN code 0x7). ``saturate=False`` leaves
-    out ``min(|y|, 6)``: valid only when every ``|y| < 7`` (the caller checks the chunk).
+    bf16 pair word the values were widened from (sign(y) = sign(x) as ``recip8 >= +0``).
 
-    Magnitude, per element, 3-4 FMA-pipe + 1 ALU instructions and 1.5 for the packing:
+    Magnitude, per element, 3 FMA-pipe + 1 ALU instructions and ~1.5 for the packing:
 
-    * ``a = min(|y|, 6)`` (saturation; Inf -> 6);
-    * the grid step of E2M1 around ``a`` is 0.5 below 2, 1 in [2, 4), 2 in [4, 6]. ``t = fma(a,
-      a, 12)`` lies in [12, 16) for a < 2, [16, 32) for 2 <= a < ~4.47 and [32, 48] above, so
-      ``T = bits(t) & 0x7F800000`` is 2^(3+e) for step 2^(e-1). The step boundaries may sit
-      anywhere in [1.75, 2.25] and [3.5, 4.5]: there both grids round to the same value;
-    * ``s = fma(T, 2^19 + 214/16, a)`` adds ``K = 2^(22+e) + 214 step``, whose ulp is the step:
-      one RNE rounding of ``a`` to the grid, ties to the even multiple ``d`` (``214 + d`` is
-      the mantissa field, even with ``d``), exactly E2M1's tie rule, since in each step range
-      E2M1 code parity is the parity of ``d``; the code is ``d + 2e``;
-    * ``bits(s) = (149 + e) << 23 | (214 + d)``, so ``bits(s) + (bits(s) >> 22)`` has the low
-      byte ``214 + d + 298 + 2e = 512 + code``: the code. An element pair's byte is
+    * ``u = sat(|x| * recip8)``: ``fl(|y|) / 8`` clamped to 1 (one ``FMUL.SAT``; the abs is an
+      operand modifier; a NaN product gives 0), so ``a = 8u`` is ``|y|`` saturated at 8;
+    * the grid step of E2M1 around ``a`` is 0.5 below 2, 1 in [2, 4), 2 in [4, 6], 4 above
+      (a binade that only holds the overflow). ``t = fma(u, u, 12 / 64)`` lies in [3/16, 1/4)
+      for a < 2, [1/4, 1/2) for 2 <= a < ~4.47, [1/2, 1) up to ~7.2 and [1, 19/16] above, so
+      ``T = bits(t) & 0x7F800000`` is ``2^(e-3)`` for the step ``2^(e-1)`` of ``a``. The step
+      boundaries may sit anywhere in [1.75, 2.25] and [3.5, 4.5]: there both grids round to
+      the same value;
+    * ``s = fma(T, 2^22 + 110, u)`` adds ``K = 2^(19+e) + 220 step / 8``, whose ulp is the
+      step of ``u``: one RNE rounding to the grid, ties to the even multiple ``d`` (``220 +
+      d`` is the mantissa field), exactly E2M1's tie rule, since in each step range E2M1
+      code parity is the parity of ``d``; the code is ``d + 2e``, 0..7 up to ``a < 7`` and
+      8 from there to 8;
+    * ``bits(s) = (146 + e) << 23 | (220 + d)``, so ``bits(s) + (bits(s) >> 22)`` has the low
+      byte ``220 + d + 292 + 2e = 512 + code``: the code. An element pair's byte is
       ``lo + (lo >> 22) + (hi << 4) + (hi >> 18)`` (its low byte: ``code_lo | code_hi << 4``;
       three shift-adds), and three ``prmt`` gather the four pair bytes;
+    * the saturation: ``w - ((w >> 3) & 0x11111111)`` turns each nibble 8 into 7 (three ALU
+      instructions a word instead of a ``min(|y|, 6)`` an element);
     * then the signs (:func:`e2m1x8_merge_signs`).
     """
-    if len(ys) != 8 or len(sign_words) != 4:
+    if len(xs) != 8 or len(sign_words) != 4:
         raise ValueError("e2m1x8_pack_fast takes 8 values and 4 sign words")
+    us = [saturate_f32(arith.mulf(mmath.absf(x), recip8)) for x in xs]
+    word = _e2m1x8_grid_codes(us, "u")
+    word = arith.subi(word, arith.andi(arith.shrui(word, const_like(_i32(), 3)),
+                                       const_like(_i32(), 0x11111111)))
+    return e2m1x8_merge_signs(word, sign_words)
+
+
+def e2m1x8_pack_unsat(ys: list[ir.Value], sign_words: list[ir.Value]) -> ir.Value:
+    """:func:`e2m1x8_pack_fast` of eight f32 ``y`` (already ``x * recip``) without the
+    saturation, valid only when every ``|y| < 7`` (not NaN; the caller checks the chunk's
+    ``fl(amax * recip)``, so ``y`` needs no exact ``recip / 8``). The grid rounding runs on
+    ``|y|`` itself (``t = fma(y, y, 12)``, ``s = fma(T, 2^19 + 214/16, |y|)``, the abs an
+    operand modifier; :data:`_E2M1_GRID` ``"y"``): 3 FMA-pipe + 1 ALU instructions an
+    element before the packing, and no nibble-8 fix (|y| < 7 gives codes <= 7)."""
+    if len(ys) != 8 or len(sign_words) != 4:
+        raise ValueError("e2m1x8_pack_unsat takes 8 values and 4 sign words")
+    return e2m1x8_merge_signs(_e2m1x8_grid_codes(ys, "y"), sign_words)
+
+
+def _e2m1x8_grid_codes(vals: list[ir.Value], domain: str) -> ir.Value:
+    """The E2M1 magnitudes (0..8) of eight values of ``domain`` (:data:`_E2M1_GRID`), packed:
+    ``t = fma(v, v, bias)``, ``T = bits(t) & 0x7F800000``, ``s = fma(T, magic, |v|)``, the
+    pair bytes ``lo + (lo >> 22) + (hi << 4) + (hi >> 18)`` and three ``prmt``."""
     f32, i32 = _f32(), _i32()
-    six, twelve = const_like(f32, 6.0), const_like(f32, 12.0)
-    magic = const_like(f32, _E2M1_MAGIC)
+    bias, magic = (const_like(f32, c) for c in _E2M1_GRID[domain])
     exp_mask = const_like(i32, 0x7F800000)
 
-    def grid_bits(y: ir.Value) -> ir.Value:
-        a = mmath.absf(y)
-        if saturate:
-            a = arith.minnumf(a, six)
-        t = mmath.fma(a, a, twelve)
+    def grid_bits(v: ir.Value) -> ir.Value:
+        t = mmath.fma(v, v, bias)
         tb = arith.bitcast(f32, arith.andi(_bits(t), exp_mask))
-        return _bits(mmath.fma(tb, magic, a))
+        return _bits(mmath.fma(tb, magic, mmath.absf(v)))
 
     def shr(v: ir.Value, n: int) -> ir.Value:
         return arith.shrui(v, const_like(i32, n))
 
     pair_bytes = []
     for j in range(4):
-        lo, hi = grid_bits(ys[2 * j]), grid_bits(ys[2 * j + 1])
+        lo, hi = grid_bits(vals[2 * j]), grid_bits(vals[2 * j + 1])
         hi_part = arith.addi(arith.shli(hi, const_like(i32, 4)), shr(hi, 18))
         pair_bytes.append(arith.addi(arith.addi(lo, shr(lo, 22)), hi_part))
-    word = NV.byte_perm(NV.byte_perm(pair_bytes[0], pair_bytes[1], 0x0040),
+    return NV.byte_perm(NV.byte_perm(pair_bytes[0], pair_bytes[1], 0x0040),
                         NV.byte_perm(pair_bytes[2], pair_bytes[3], 0x0040), 0x5410)
-    return e2m1x8_merge_signs(word, sign_words)
 
 
 def e2m1x8_merge_signs(word: ir.Value, sign_words: list[ir.Value]) -> ir.Value:

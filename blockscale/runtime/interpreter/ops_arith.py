@@ -353,8 +353,15 @@ _reg("arith.fptosi", lambda o, a: dtypes.float_to_int(a, o.dt, False))
 _reg("arith.fptoui", lambda o, a: dtypes.float_to_int(a, o.dt, True))
 
 
-#: ``llvm.call_intrinsic`` names the interpreter models, by the name before the type suffix
-_INTRINSICS: dict[str, Callable[[np.ndarray], np.ndarray]] = {"llvm.fabs": np.abs}
+def _saturate(a: np.ndarray) -> np.ndarray:
+    """PTX ``cvt.sat`` / ``.sat``: clamp to [0, 1], NaN -> +0."""
+    return np.where(np.isnan(a), np.zeros_like(a), np.clip(a, 0, 1))
+
+
+#: ``llvm.call_intrinsic`` names the interpreter models (overloaded ones without their type
+#: suffix)
+_INTRINSICS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "llvm.fabs": np.abs, "llvm.nvvm.saturate.f": _saturate}
 
 
 @handles("llvm.call_intrinsic")
@@ -362,9 +369,8 @@ def _call_intrinsic(op: Any, c: Compiler):
     from mlir import ir
 
     name = ir.StringAttr(op.attributes["intrin"]).value
-    base = ".".join(name.split(".")[:2])  # "llvm.fabs.v8bf16" -> "llvm.fabs"
-    if base not in _INTRINSICS:
+    fn = _INTRINSICS.get(name) or _INTRINSICS.get(name.rsplit(".", 1)[0])  # "...fabs.v8bf16"
+    if fn is None:
         raise NotImplementedError(f"interpreter: intrinsic {name!r} is not modeled")
-    fn = _INTRINSICS[base]
     return _elementwise(lambda o, *args: fn(*args))(op, c)
 
