@@ -727,7 +727,7 @@ def _pack_fp4_unsat(k: QI._Ctx, xs_h: list[list[ir.Value]], recip: ir.Value, sd:
     tests/test_quantize_moe_bulk.py). It needs no saturation, no nibble-8 fix and no ``|x|``
     beside the amax's (the fused kernels' amax and ``sat(|x| * recip / 8)`` would share one
     materialized abs). The others (a saturating scale, an E4M3-subnormal scale, ``recip =
-    +inf`` or below 2^-96: NaN / Inf products compare false) take the saturating path."""
+    +inf``: NaN / Inf products compare false) take :func:`quantize_ir._pack_fp4_min`."""
     f32, i32 = B.f32(), B.i32()
     bound = arith.mulf(arith.bitcast(f32, amax_bits), recip)
     fast = arith.cmpf(arith.CmpFPredicate.OLT, bound, QI._cf(E2M1_UNSAT_BOUND))

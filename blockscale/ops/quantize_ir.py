@@ -394,19 +394,6 @@ RECIP_RESCALE_BELOW = 2.0 ** -96
 RECIP_RESCALE_LOG2 = 24
 
 
-def _rare_recip(recip: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """(is +inf, rare) of an NVFP4 reciprocal, rare = +inf or in (0, 2^-96)."""
-    inf = arith.cmpf(arith.CmpFPredicate.OEQ, recip, _cf(np.inf))
-    tiny = arith.andi(arith.cmpf(arith.CmpFPredicate.OLT, recip, _cf(RECIP_RESCALE_BELOW)),
-                      arith.cmpf(arith.CmpFPredicate.OGT, recip, _cf(0.0)))
-    return inf, arith.ori(inf, tiny)
-
-
-def _rescaled_r8(recip: ir.Value, inf: ir.Value, r8: ir.Value) -> ir.Value:
-    """``recip * 2^24 / 8`` (exact, every positive f32 times 2^21 is), ``r8`` for +inf."""
-    return arith.select(inf, r8, arith.mulf(recip, _cf(2.0 ** (RECIP_RESCALE_LOG2 - 3))))
-
-
 def _rare_recip_words(recip: ir.Value, r8: ir.Value, words_h: list[list[ir.Value]]
                       ) -> tuple[list[list[ir.Value]], ir.Value]:
     """The bf16-pair words and ``recip / 8`` for :func:`convert.e2m1x8_pack_fast`, fixed in a
@@ -420,8 +407,10 @@ def _rare_recip_words(recip: ir.Value, r8: ir.Value, words_h: list[list[ir.Value
       lose 24 from it (exact), the others (``|x| < 2^-102``, ``|y| < 2^-198``: code 0) keep
       only their sign; ``x * 2^-24 * (recip * 2^21) = x * recip / 8`` exactly."""
     flat = [w for ws in words_h for w in ws]
-    inf, rare = _rare_recip(recip)
-    br = B.if_(rare, [B.i32()] * len(flat) + [B.f32()])
+    inf = arith.cmpf(arith.CmpFPredicate.OEQ, recip, _cf(np.inf))
+    tiny = arith.andi(arith.cmpf(arith.CmpFPredicate.OLT, recip, _cf(RECIP_RESCALE_BELOW)),
+                      arith.cmpf(arith.CmpFPredicate.OGT, recip, _cf(0.0)))
+    br = B.if_(arith.ori(inf, tiny), [B.i32()] * len(flat) + [B.f32()])
     with br.then():
         fixed = []
         for w in flat:
@@ -436,7 +425,9 @@ def _rare_recip_words(recip: ir.Value, r8: ir.Value, words_h: list[list[ir.Value
                 h = arith.select(inf, arith.select(zero, _c32(1), h), scaled)
                 halves.append(arith.shli(h, _c32(sh)) if sh else h)
             fixed.append(arith.ori(halves[0], halves[1]))
-        br.yield_(*fixed, _rescaled_r8(recip, inf, r8))
+        # recip * 2^24 / 8: exact (every positive f32 times 2^21 is)
+        br.yield_(*fixed, arith.select(inf, r8, arith.mulf(
+            recip, _cf(2.0 ** (RECIP_RESCALE_LOG2 - 3)))))
     with br.else_():
         br.yield_(*flat, r8)
     res = list(br.results)

@@ -182,12 +182,13 @@ def e2m1x8_pack_fast(xs: list[ir.Value], recip8: ir.Value, sign_words: list[ir.V
 
 
 def e2m1x8_pack_unsat(ys: list[ir.Value], sign_words: list[ir.Value]) -> ir.Value:
-    """:func:`e2m1x8_pack_fast` of eight f32 ``y`` (already ``x * recip``) without the
-    saturation, valid only when every ``|y| < 7`` (not NaN; the caller checks the chunk's
-    ``fl(amax * recip)``, so ``y`` needs no exact ``recip / 8``). The grid rounding runs on
-    ``|y|`` itself (``t = fma(y, y, 12)``, ``s = fma(T, 2^19 + 214/16, |y|)``, the abs an
-    operand modifier; :data:`_E2M1_GRID` ``"y"``): 3 FMA-pipe + 1 ALU instructions an
-    element before the packing, and no nibble-8 fix (|y| < 7 gives codes <= 7)."""
+    """:func:`e2m1x8_pack_fast` of eight f32 ``y`` (already ``x * recip``, so no exact
+    ``recip / 8`` is needed) without the saturation, valid only when every ``|y| < 7`` and
+    no ``y`` is NaN: the caller checks the chunk's ``fl(amax * recip)`` or passes ``min(|y|,
+    6)``. The grid rounding runs on ``|y|`` itself (``t = fma(y, y, 12)``, ``s = fma(T, 2^19
+    + 214/16, |y|)``, the abs an operand modifier; :data:`_E2M1_GRID` ``"y"``): 3 FMA-pipe +
+    1 ALU instructions an element before the packing, and no nibble-8 fix (|y| < 7 gives
+    codes <= 7)."""
     if len(ys) != 8 or len(sign_words) != 4:
         raise ValueError("e2m1x8_pack_unsat takes 8 values and 4 sign words")
     return e2m1x8_merge_signs(_e2m1x8_grid_codes(ys, "y"), sign_words)
