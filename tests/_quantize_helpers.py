@@ -30,3 +30,21 @@ def group_offsets(counts) -> tuple[np.ndarray, np.ndarray]:
     es = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
     aligned = np.concatenate([[0], np.cumsum(-(-counts // 128))])
     return es, (aligned[:-1] - es[:-1] // 128).astype(np.int32)
+
+
+def e2m1_grid_codes_numpy(v: np.ndarray, domain: str) -> np.ndarray:
+    """numpy model of ``convert._e2m1x8_grid_codes`` per element for f32 values ``v >= 0`` of
+    ``domain`` (``"u" = |y| / 8`` or ``"y" = |y|``): ``t = fma(v, v, bias)`` (v * v + bias is
+    exact in f64, so one rounding to f32 is the fma), ``T = bits(t) & 0x7F800000``, ``s =
+    fma(T, magic, v)`` (T * magic exact in f64: one rounding), the code as the low byte of
+    ``bits(s) + (bits(s) >> 22)``; asserts the pair formula's high-nibble byte agrees."""
+    from blockscale.compiler.arch import convert as C
+
+    bias, magic = C._E2M1_GRID[domain]
+    v = np.asarray(v, np.float32).astype(np.float64)
+    t = (v * v + bias).astype(np.float32)
+    tb = (t.view(np.uint32) & np.uint32(0x7F800000)).view(np.float32).astype(np.float64)
+    sb = (tb * magic + v).astype(np.float32).view(np.uint32).astype(np.uint64)
+    code = (sb + (sb >> 22)) & 0xFF  # the low element of a pair
+    assert np.array_equal(((sb << 4) + (sb >> 18)) & 0xFF, code << 4)  # the high element
+    return code

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _quantize_helpers import e2m1_grid_codes_numpy
 
 from blockscale import formats as F
 
@@ -142,19 +143,13 @@ def test_native_instructions_in_asm():
 
 
 def _e2m1_fast_numpy(y: np.ndarray) -> np.ndarray:
-    """numpy model of :func:`C.e2m1x8_pack_fast`'s per-element steps on ``y = x * recip``
-    (``u = sat(fl(|y|) / 8)``: the product ``|x| * (recip / 8)`` is ``fl(|y|) / 8`` exactly in
-    the normal range; fma emulated in f64: every product is exact in f64, and the sums are
-    exact wherever f32 rounding could tie), its code extraction from the bits of ``s`` and
-    the nibble-8 saturation."""
+    """numpy model of :func:`C.e2m1x8_pack_fast` on ``y = x * recip``: ``u = sat(fl(|y|) /
+    8)`` (the product ``|x| * (recip / 8)`` is ``fl(|y|) / 8`` exactly in the normal range),
+    the grid codes, the nibble-8 saturation and the sign."""
     y = np.asarray(y, np.float32)
-    u = np.minimum(np.abs(y) / np.float32(8), np.float32(1)).astype(np.float64)
-    t = (u * u + C._E2M1_GRID["u"][0]).astype(np.float32)
-    m = (t.view(np.uint32) & 0x7F800000).view(np.float32).astype(np.float64) * C._E2M1_GRID["u"][1]
-    sb = (m + u).astype(np.float32).view(np.uint32).astype(np.uint64)
-    code = (sb + (sb >> 22)) & 0xFF  # the low element of a pair
+    u = np.minimum(np.abs(y) / np.float32(8), np.float32(1))
+    code = e2m1_grid_codes_numpy(u, "u")
     assert code.max(initial=0) <= 8
-    assert np.array_equal(((sb << 4) + (sb >> 18)) & 0xFF, code << 4)  # the high element
     code -= code >> 3  # 8 (|y| in [7, 8]) -> 7
     return (code | ((y.view(np.uint32) >> 31) << 3)).astype(np.uint8)
 

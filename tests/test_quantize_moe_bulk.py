@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _quantize_helpers import group_offsets
+from _quantize_helpers import e2m1_grid_codes_numpy, group_offsets
 from test_quantize_moe_rows import (
     COUNTS,
     IDS,
@@ -136,17 +136,8 @@ def test_fused_amax_keeps_subnormals():
 
 def _e2m1_unsat_model(a: np.ndarray) -> np.ndarray:
     """The code of ``convert.e2m1x8_pack_unsat`` (``_quantize_wide_ir._pack_fp4_unsat``)
-    for f32 ``a >= 0`` in numpy: ``t = fma(a, a, 12)`` (a*a + 12 is exact in f64 for a < 8,
-    so one rounding to f32 is the fma), ``s = fma(T, magic, a)`` (T * magic exact: one
-    rounding), then the low byte of ``bits(s) + (bits(s) >> 22)``."""
-    from blockscale.compiler.arch import convert as C
-
-    a = a.astype(np.float32)
-    t = (a.astype(np.float64) ** 2 + 12.0).astype(np.float32)
-    tb = (t.view(np.uint32) & np.uint32(0x7F800000)).view(np.float32)
-    m = tb.astype(np.float64) * C._E2M1_GRID["y"][1]  # exact in f64
-    sb = (m + a.astype(np.float64)).astype(np.float32).view(np.uint32)  # one rounding
-    return (sb + (sb >> np.uint32(22))) & np.uint32(0xFF)
+    for f32 ``a >= 0``."""
+    return e2m1_grid_codes_numpy(a, "y")
 
 
 def test_e2m1_unsat_exhaustive():
