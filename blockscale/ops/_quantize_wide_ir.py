@@ -99,8 +99,9 @@ Session 11 (runs BR-BT), two ALU cuts for the kernels that saturate in the hot p
 E2M1 packing as ``sat(|x| * recip / 8)`` (``FMUL.SAT``, saturation at 8) with a nibble-8 fix
 a word (:func:`convert.e2m1x8_pack_fast`; ``min(|y|, 6)`` gone; recip +inf or below 2^-96 take
 ``quantize_ir._rare_recip_words``). Grouped NVFP4 ``wide_bulk2_x2`` hot path 471 -> 454 SASS,
-ALU 254 -> 205 per 32 elements: 16384 x 8192 0.1126 -> 0.1082 ms (79 % of the same-bytes copy;
-ncu: ALU pipe 71.5 -> 66.8 %, issue 74 %: now both bound it), 16384 x 2880 0.0577 -> 0.0558.
+ALU 254 -> 205 per 32 elements: 16384 x 8192 0.1126 -> 0.1081-0.1097 ms across runs (78-79 % of
+the same-bytes copy; ncu: ALU pipe 71.5 -> 66.8 %, issue 74 %: now both bound it), 16384 x 2880
+0.0577 -> 0.0558 (``wide4`` stays faster there).
 The unsaturated kernels (``wide4``, fused ``wide_bulk2_lut``: :func:`_pack_fp4_unsat`) keep
 their packing: there the ``FMUL.SAT`` form cost a nibble fix without saving a ``min``, and the
 fused amax and the packing would share one materialized ``|x|`` (run BS: fused 3.6 % slower).
