@@ -28,6 +28,8 @@ _MEM = {"LDG", "STG", "LDS", "STS", "LDL", "STL", "SHFL", "LD", "ST", "LDC", "LD
         "RED", "LDSM"}
 _CTRL = {"BRA", "EXIT", "BSSY", "BSYNC", "CALL", "RET", "BAR", "WARPSYNC", "NOP", "JMP",
          "ENDCOLLECTIVE"}
+#: a branch and its target address (an optional predicate operand, an optional label)
+_BRA = re.compile(r"BRA (?:!?U?P\w+, )?(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)")
 _CONV = {"F2I", "I2F", "F2F", "I2FP", "F2FP", "FRND", "F2IP"}
 
 
@@ -58,7 +60,7 @@ def loops(ins: list[tuple[int, str]]) -> list[tuple[int, int, collections.Counte
     """(start, end, per-pipe counts) of every backward branch's range."""
     out = []
     for addr, text in ins:
-        m = re.search(r"BRA (?:!?U?P\w+, )?(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
+        m = _BRA.search(text)
         if m and int(m.group(1), 16) < addr:
             lo = int(m.group(1), 16)
             out.append((lo, addr, collections.Counter(pipe(t) for a, t in ins if lo <= a <= addr)))
@@ -89,12 +91,12 @@ def _quantize(elems: float) -> None:
 
 
 def hot_path(text: str) -> tuple[int, int, collections.Counter]:
-    """(instructions, local loads/stores, per-pipe counts) of the hot path of the longest loop: minus forward
-    branches over store-free code holding a loop (the grouped kernels' group search), the cold
-    branches
-    after an ``FSETP ... +INF`` (the NVFP4 NaN-sign fix), an ``LDS`` (the wide kernels'
-    table miss) or an ``FSETP.GEU ... 7`` (the fused bulk kernels' saturating NVFP4 packing)
-    and the div.rn slow-path calls."""
+    """(instructions, local loads/stores, per-pipe counts) of the hot path of the longest loop:
+    minus forward branches over store-free code holding a loop (the grouped kernels' group
+    search), the cold branches within 12 instructions after an ``FSETP ... +INF`` (the NVFP4
+    NaN-sign fix and rare-reciprocal branches) or an ``LDS`` (the wide kernels' table miss),
+    those after an ``FSETP.GEU ... 7`` (the fused bulk kernels' saturating NVFP4 packing) and
+    the div.rn slow-path calls."""
     ins = parse(text)
     prev = {a: ins[i - 1][1] for i, (a, _) in enumerate(ins) if i}
     # not a loop: an out-of-line block's jump back (an unconditional BRA right after a
@@ -105,7 +107,7 @@ def hot_path(text: str) -> tuple[int, int, collections.Counter]:
     inner = [(a, b) for a, b, _ in lps if (a, b) != (lo, hi) and lo <= a and b <= hi]
     skip, around = [], {}
     for i, (addr, text_i) in enumerate(ins):
-        m = re.search(r"BRA (?:!?U?P\w+, )?(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text_i)
+        m = _BRA.search(text_i)
         if lo <= addr <= hi and m and int(m.group(1), 16) > addr:
             tgt = int(m.group(1), 16)
             # the outermost forward branch around each inner loop that stores nothing (the
@@ -122,8 +124,7 @@ def hot_path(text: str) -> tuple[int, int, collections.Counter]:
                 for _, t in ins[max(0, i - 48):i])
             if sat:  # the branch jumps to the saturating copy; the fast one falls through
                 # to a BRA over it: skip [target, that BRA's target)
-                jm = re.match(r"BRA (?:!?U?P\w+, )?(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)",
-                              dict(ins).get(tgt - 0x10, ""))
+                jm = _BRA.match(dict(ins).get(tgt - 0x10, ""))
                 if jm:
                     skip.append((tgt - 0x10, int(jm.group(1), 16)))
             elif any(("FSETP" in t and "+INF" in t) or "LDS" in t

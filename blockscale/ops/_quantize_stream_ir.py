@@ -99,15 +99,6 @@ def capped_module(k: QI._Ctx, spec: MoeQuantizeSpec, register_cap: int,
         return kb.module
 
 
-def _widen(words: ir.Value) -> list[ir.Value]:
-    """The f32 bit patterns of the 8 bf16 in a vector<4xi32> (element 2i = ``w << 16``)."""
-    out = []
-    for i in range(CHUNK // 2):
-        w = B.extract(words, i)
-        out += [arith.shli(w, _c32(16)), arith.andi(w, _c32(-65536))]
-    return out
-
-
 def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
     spec = k.spec
     i64, i32 = B.i64(), B.i32()
@@ -209,9 +200,9 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
             okh = col_ok if h == 0 else arith.cmpi(arith.CmpIPredicate.ult, colh, ncols)
             if silu:
                 gw, uw = words[h], words[nh + h]
-                halves.append((colh, okh, (_widen(gw), _widen(uw)), gw))
+                halves.append((colh, okh, (QI.widen_vector(gw), QI.widen_vector(uw)), gw))
             else:
-                halves.append((colh, okh, _widen(words[h]), words[h]))
+                halves.append((colh, okh, QI.widen_vector(words[h]), words[h]))
         QM._quantize(k, a, co, halves, arith.extui(i64, drow), row_ok, active, tsf, inv_tsf,
                      tile_soff, s_jpart, rr)
         return st

@@ -626,11 +626,11 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
             sigs = QM._lut_sigs(k, gw) if k.lut is not None else [None] * CHUNK
             bits = [arith.bitcast(i32, act(k, arith.bitcast(B.f32(), gv),
                                            arith.bitcast(B.f32(), uv), sg))
-                    for gv, uv, sg in zip(QS._widen(gw), QS._widen(uw), sigs)]
+                    for gv, uv, sg in zip(QI.widen_vector(gw), QI.widen_vector(uw), sigs)]
             halves.append((bits, None))
         amax = _amax_f32(k, [b for hb, _ in halves for b in hb])
     else:
-        halves = [(QS._widen(wv), wv) for wv in words]
+        halves = [(QI.widen_vector(wv), wv) for wv in words]
         amax = QI._block_amax_bits(k, [b for hb, _ in halves for b in hb], list(words))
     nonfinite = arith.cmpi(arith.CmpIPredicate.uge, amax, _c32(0x7F800000))
     safe_amax = arith.select(nonfinite, _c32(0), amax)

@@ -146,11 +146,7 @@ def _read_chunk(tile: ir.Value, r: ir.Value, c: int) -> tuple[list[ir.Value], ir
     op = vector.LoadOp(B.vec(8, B.bf16()), tile, [B.as_index(r), B.as_index(col)])
     op.attributes["alignment"] = ir.IntegerAttr.get(B.i64(), 16)
     words = vector.bitcast(B.vec(4, i32), op.result)
-    out = []
-    for i in range(4):
-        w = B.extract(words, i)
-        out += [arith.shli(w, _c32(16)), arith.andi(w, _c32(-65536))]
-    return out, words
+    return QI.widen_vector(words), words
 
 
 def _quantize_block(k: QI._Ctx, bits: list[ir.Value], tsf: ir.Value, inv_tsf: ir.Value,

@@ -36,8 +36,9 @@ that 85% of the copy bandwidth needs (2.56 bytes moved per element). Now (dense,
 NVFP4 16.6, MXFP4 ~17, MXFP8 ~10 instructions per element (ALU ~7.2 / 7.7 / 4.3), from the
 fast E2M1 (:func:`convert.e2m1x8_pack_fast`, ~8.8 per element incl. the multiply and the
 sign/nibble packing; ~7.6 since session 10, trading FMA-pipe for ALU work), 16 elements per
-thread (one scale computation and no shuffle per NVFP4 block), the u16x2 amax, the shared reciprocal table (NVFP4) / exact power-of-two reciprocal
-(MX) instead of a decode + div.rn per block. At the ~65% issue efficiency measured before,
+thread (one scale computation and no shuffle per NVFP4 block), the u16x2 amax (bf16x2 since
+session 11), the shared reciprocal table (NVFP4) / exact power-of-two reciprocal (MX) instead
+of a decode + div.rn per block. At the ~65% issue efficiency measured before,
 that is ~1.3 T elements/s for FP4, at the roofline. Memory side (Little's law, ~1 us latency:
 ~30 KB in flight per SM): 40 registers -> 6 blocks x 256 threads x 32 bytes = 48 KB per SM,
 and one wave of 792 blocks (the former 2048 blocks were 2.6-3.1 waves, the last one running
@@ -184,11 +185,7 @@ def _load_chunk(k: _Ctx, buf: ir.Value, row_off: ir.Value, col0: ir.Value,
         words = vector.bitcast(B.vec(CHUNK // 2, i32), v)
         if load_ok is not None:
             words = arith.select(load_ok, words, C.const_like(words.type, 0))
-        out = []
-        for i in range(CHUNK // 2):
-            w = B.extract(words, i)
-            out += [arith.shli(w, _c32(16)), arith.andi(w, _c32(-65536))]
-        return out, words
+        return widen_vector(words), words
     out = []
     for e in range(CHUNK):
         col = arith.addi(col0, _c64(e))
@@ -217,6 +214,17 @@ def _activation(spec: QuantizeSpec, g: ir.Value, u: ir.Value) -> ir.Value:
 
 
 # ---- per-chunk quantization -------------------------------------------------------------------
+
+
+def widen_words(words: list[ir.Value]) -> list[ir.Value]:
+    """The f32 bit patterns of the bf16 pairs in i32 ``words`` (element 2i = ``w << 16``,
+    2i + 1 = ``w & 0xFFFF0000``)."""
+    return [v for w in words for v in (arith.shli(w, _c32(16)), arith.andi(w, _c32(-65536)))]
+
+
+def widen_vector(words: ir.Value) -> list[ir.Value]:
+    """:func:`widen_words` of a vector of i32 bf16-pair words."""
+    return [v for i in range(words.type.shape[0]) for v in widen_words([B.extract(words, i)])]
 
 
 def _block_amax_bits(k: _Ctx, bits: list[ir.Value], words: list[ir.Value] | None = None
@@ -355,14 +363,11 @@ def _pack_fp4_all(k: _Ctx, xs_h: list[list[ir.Value]], recip: ir.Value, sd: ir.V
         return out
     if not all(p is not None for p in pairs_h):  # f32 values (the fused kernels)
         return _pack_fp4_min(k, xs_h, recip, pairs_h)
-    words_h = [[B.extract(p, i) for i in range(CHUNK // 2)] for p in pairs_h]
+    words_h = [sign_words(xs, p) for xs, p in zip(xs_h, pairs_h)]
     r8 = arith.mulf(recip, _cf(0.125))  # exact: recip is a power of two (MX) or >= 2^-96
     if not k.fmt.is_mx:  # MX: recip = 2^(127-b) >= 2^-127, recip / 8 is exact, y never NaN
         words_h, r8 = _rare_recip_words(recip, r8, words_h)
-        # x re-widened from the (possibly) rescaled words
-        xs_h = [[arith.bitcast(B.f32(), v) for w in ws
-                 for v in (arith.shli(w, _c32(16)), arith.andi(w, _c32(-65536)))]
-                for ws in words_h]
+        xs_h = _rewiden(words_h)  # from the (possibly) rescaled words
     return [C.e2m1x8_pack_fast(xs, r8, w) for xs, w in zip(xs_h, words_h)]
 
 
@@ -379,12 +384,15 @@ def _pack_fp4_min(k: _Ctx, xs_h: list[list[ir.Value]], recip: ir.Value,
         words_h = _nan_product_signs(recip, words_h)
         if all(p is not None for p in pairs_h):
             # x is re-widened from the (possibly) fixed words: -0 -> +0 still gives NaN.
-            xs_h = [[arith.bitcast(B.f32(), v) for w in ws
-                     for v in (arith.shli(w, _c32(16)), arith.andi(w, _c32(-65536)))]
-                    for ws in words_h]
+            xs_h = _rewiden(words_h)
     six = _cf(6.0)
     return [C.e2m1x8_pack_unsat([arith.minnumf(mmath.absf(arith.mulf(x, recip)), six)
                                  for x in xs], w) for xs, w in zip(xs_h, words_h)]
+
+
+def _rewiden(words_h: list[list[ir.Value]]) -> list[list[ir.Value]]:
+    """The f32 values of each sub-chunk's bf16-pair words (after a rare branch changed them)."""
+    return [[arith.bitcast(B.f32(), v) for v in widen_words(ws)] for ws in words_h]
 
 
 #: NVFP4 reciprocals below this take :func:`_rare_recip_words`' rescaled path: ``recip / 8``

@@ -32,15 +32,6 @@ from blockscale.ops import quantize_ir as Q
 _c32, _c64 = Q._c32, Q._c64
 
 
-def _widen(words: ir.Value) -> list[ir.Value]:
-    """The f32 bit patterns of the 8 bf16 in a vector<4xi32> (element 2i = ``w << 16``)."""
-    out = []
-    for i in range(Q.CHUNK // 2):
-        w = B.extract(words, i)
-        out += [arith.shli(w, _c32(16)), arith.andi(w, _c32(-65536))]
-    return out
-
-
 def build_body(k: Q._Ctx, kb: B.KernelBuilder) -> None:
     """The pipelined dense kernel body (module docstring)."""
     spec = k.spec
@@ -133,7 +124,7 @@ def _quantize_row(k: Q._Ctx, a, m32, tsf, inv_tsf, j, lane0, chunk_ok, col0, col
     the data (one vector store) and, from the block's first lane, the scale byte."""
     i32, i64 = B.i32(), B.i64()
     row_ok = arith.cmpi(arith.CmpIPredicate.slt, row, m32)
-    halves = [_widen(w) for w in words]
+    halves = [Q.widen_vector(w) for w in words]
     bits = halves[0] + halves[1]
     amax = Q._block_amax_bits(k, bits, words)
     nonfinite = arith.cmpi(arith.CmpIPredicate.uge, amax, _c32(0x7F800000))

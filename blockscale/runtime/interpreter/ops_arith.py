@@ -373,4 +373,3 @@ def _call_intrinsic(op: Any, c: Compiler):
     if fn is None:
         raise NotImplementedError(f"interpreter: intrinsic {name!r} is not modeled")
     return _elementwise(lambda o, *args: fn(*args))(op, c)
-
