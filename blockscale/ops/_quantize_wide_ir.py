@@ -152,13 +152,16 @@ class _Chunk:
         ncols = a("k")
         j = arith.shrui(c, _c64(k.lanes_log2))
         col0 = arith.muli(c, _c64(k.chunk))
-        self.col_ok = arith.cmpi(arith.CmpIPredicate.ult, col0, ncols)
-        self.chunk_ok = arith.cmpi(arith.CmpIPredicate.ult, c, a("chunks_row"))
+        # the bounds as i32 compares: the loop re-evaluates them (predicate registers are few)
+        col32, k32 = arith.trunci(i32, col0), arith.trunci(i32, ncols)
+        self.col_ok = arith.cmpi(arith.CmpIPredicate.ult, col32, k32)
+        self.chunk_ok = arith.cmpi(arith.CmpIPredicate.ult, arith.trunci(i32, c),
+                                   arith.trunci(i32, a("chunks_row")))
         # the sub-chunks' load columns (a sub-chunk past K re-reads a valid one of its block)
         self.ld_cols = [arith.trunci(i32, v)
                         for v in QM.subchunk_columns(k, j, col0, self.col_ok, ncols)]
         self.okh = [self.col_ok] + [
-            arith.cmpi(arith.CmpIPredicate.ult, arith.addi(col0, _c64(CHUNK * h)), ncols)
+            arith.cmpi(arith.CmpIPredicate.ult, arith.addi(col32, _c32(CHUNK * h)), k32)
             for h in range(1, k.chunk // CHUNK)]
         j32 = arith.trunci(i32, j)
         self.s_jpart = arith.addi(arith.shli(arith.shrui(j32, _c32(2)), _c32(9)),
@@ -262,6 +265,9 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
     state_types = [i32] * 4 + ([B.f32(), B.f32()] if nvfp4 else []) + ([i32] if table else [])
     state0 = QS.group_state(k, a, g0)
     k.recip_table = None
+    # the table holds QI.code_recip's form where the packing is the saturating fast one
+    k.coded_recip = (table and spec.mode == "grouped" and QI._fast_e2m1(k)
+                     and not _unsat_room(spec))
     if table:  # D2's reciprocals of the block's first groups (module docstring)
         k.recip_table = _fill_recip_table(k, kb, a, tid, g0)
         state0.append(_c32(0))
@@ -279,6 +285,8 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
         """``rg`` if it is in the block's share, else its last row group (valid, unused)."""
         return arith.select(arith.cmpi(arith.CmpIPredicate.ult, rg, hi), rg,
                             arith.subi(hi, _c64(1)))
+
+    k16_now = [k16]  # the k16 the loop being built sees (a constant in each copy)
 
     def visit(rg: ir.Value, cur: list[list[ir.Value]], state: list[ir.Value],
               noff: ir.Value | None) -> tuple[list[ir.Value], list[ir.Value]]:
@@ -304,7 +312,7 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
                           arith.shli(arith.shrui(rr, _c64(5)), _c64(2)))
         srow_base = arith.addi(arith.shli(arith.muli(tile, d1), _c64(9)), rpart)
         drow_base = arith.muli(arith.extui(i64, drow), row_bytes)
-        row = _Row(row_ok, active, tsf, inv_tsf, srow_base, drow_base, lane0, k16)
+        row = _Row(row_ok, active, tsf, inv_tsf, srow_base, drow_base, lane0, k16_now[0])
         row.slot = st[6] if table else None
         nxt = []
         for ch, words in zip(chunks, cur):
@@ -314,42 +322,55 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
         return nxt, st
 
     depth = spec.unroll  # rows whose loads are in flight ahead of the math
-    if ring is not None:
-        if spec.lut:
-            ring.wait_table()
-        with B.for_range(lo, hi, carry=state0) as loop:
-            rg = B.cast_int(loop.iv, i64)
-            cur = ring.take(arith.subi(rg, lo))
-            _, st = visit(rg, cur, list(loop.carried), None)
-            loop.yield_(*st)
-    elif depth == 1:
-        with B.for_range(lo, hi, carry=[wv for ws in first for wv in ws] + state0) as loop:
-            rg = B.cast_int(loop.iv, i64)
-            cur = [list(loop.carried[v * nw:(v + 1) * nw]) for v in range(w)]
-            nxt, st = visit(rg, cur, list(loop.carried[w * nw:]),
-                            row_off(clamp(arith.addi(rg, _c64(1)))))
-            loop.yield_(*([wv for ws in nxt for wv in ws] + st))
-    else:
-        # depth 2, unrolled by 2 (the buffers rotate without register moves): sub-step d
-        # quantizes row group rg + d from the buffers loaded two row groups earlier and
-        # loads row group rg + d + 2 into them; the second sub-step runs when rg + 1 < hi
-        # (block-uniform), its loads after its math
-        second = [load(row_off(clamp(arith.addi(lo, _c64(1)))), ch) for ch in chunks]
-        flat = [wv for ws in first + second for wv in ws]
-        with B.for_range(lo, hi, 2, carry=flat + state0) as loop:
-            rg = B.cast_int(loop.iv, i64)
-            bufs = [list(loop.carried[v * nw:(v + 1) * nw]) for v in range(2 * w)]
-            state = list(loop.carried[2 * w * nw:])
-            nxt0, st = visit(rg, bufs[:w], state, row_off(clamp(arith.addi(rg, _c64(2)))))
-            rg1 = arith.addi(rg, _c64(1))
-            sb = B.if_(arith.cmpi(arith.CmpIPredicate.ult, rg1, hi), state_types)
-            with sb.then():
-                sb.yield_(*visit(rg1, bufs[w:], st, None)[1])
-            with sb.else_():
-                sb.yield_(*st)
-            noff1 = row_off(clamp(arith.addi(rg, _c64(3))))
-            nxt1 = [load(noff1, ch) for ch in chunks]
-            loop.yield_(*([wv for ws in nxt0 + nxt1 for wv in ws] + list(sb.results)))
+
+    def row_loop() -> None:
+        """The loop over the block's row groups [lo, hi): from the bulk ring, or with
+        ``depth`` (1 or 2) row groups' register loads in flight."""
+        if ring is not None:
+            with B.for_range(lo, hi, carry=state0) as loop:
+                rg = B.cast_int(loop.iv, i64)
+                cur = ring.take(arith.subi(rg, lo))
+                _, st = visit(rg, cur, list(loop.carried), None)
+                loop.yield_(*st)
+        elif depth == 1:
+            with B.for_range(lo, hi, carry=[wv for ws in first for wv in ws] + state0) as loop:
+                rg = B.cast_int(loop.iv, i64)
+                cur = [list(loop.carried[v * nw:(v + 1) * nw]) for v in range(w)]
+                nxt, st = visit(rg, cur, list(loop.carried[w * nw:]),
+                                row_off(clamp(arith.addi(rg, _c64(1)))))
+                loop.yield_(*([wv for ws in nxt for wv in ws] + st))
+        else:
+            # depth 2, unrolled by 2 (the buffers rotate without register moves): sub-step d
+            # quantizes row group rg + d from the buffers loaded two row groups earlier and
+            # loads row group rg + d + 2 into them; the second sub-step runs when rg + 1 < hi
+            # (block-uniform), its loads after its math
+            second = [load(row_off(clamp(arith.addi(lo, _c64(1)))), ch) for ch in chunks]
+            flat = [wv for ws in first + second for wv in ws]
+            with B.for_range(lo, hi, 2, carry=flat + state0) as loop:
+                rg = B.cast_int(loop.iv, i64)
+                bufs = [list(loop.carried[v * nw:(v + 1) * nw]) for v in range(2 * w)]
+                state = list(loop.carried[2 * w * nw:])
+                nxt0, st = visit(rg, bufs[:w], state, row_off(clamp(arith.addi(rg, _c64(2)))))
+                rg1 = arith.addi(rg, _c64(1))
+                sb = B.if_(arith.cmpi(arith.CmpIPredicate.ult, rg1, hi), state_types)
+                with sb.then():
+                    sb.yield_(*visit(rg1, bufs[w:], st, None)[1])
+                with sb.else_():
+                    sb.yield_(*st)
+                noff1 = row_off(clamp(arith.addi(rg, _c64(3))))
+                nxt1 = [load(noff1, ch) for ch in chunks]
+                loop.yield_(*([wv for ws in nxt0 + nxt1 for wv in ws] + list(sb.results)))
+
+    if ring is not None and spec.lut:
+        ring.wait_table()
+    # the row loop twice, for K % 16 == 0 (one store a chunk) and not (one a sub-chunk), so
+    # that neither copy carries the other's store predicates (a grid-uniform branch)
+    k16_branch = B.if_(k16, [])
+    for copy in (k16_branch.then, k16_branch.else_):
+        with copy():
+            k16_now[0] = B.const(copy == k16_branch.then, B.i1())
+            row_loop()
+            k16_branch.yield_()
     # the padding scale words after the data (the stream kernel zeroes them first: ~2 more
     # dependent L2 round trips before the first math, with only the first loads in flight)
     QS._padding(k, kb, _Tid(tid), d1, share)
@@ -502,7 +523,8 @@ def _fill_recip_table(k: QI._Ctx, kb: B.KernelBuilder, a, tid: ir.Value,
                       g0: ir.Value) -> ir.Value:
     """Shared f32[TABLE_GROUPS * 128]: entry ``s * 128 + b`` is D2's reciprocal for scale
     byte ``b`` under group ``g0 + s``'s tensor scale, computed as the group state computes
-    it (:func:`_quantize_stream_ir.group_state`: the same bits); one barrier."""
+    it (:func:`_quantize_stream_ir.group_state`: the same bits; ``k.coded_recip``: as
+    :func:`quantize_ir.code_recip`); one barrier."""
     from blockscale.compiler.arch import tma
 
     i32 = B.i32()
@@ -519,7 +541,8 @@ def _fill_recip_table(k: QI._Ctx, kb: B.KernelBuilder, a, tid: ir.Value,
         tsf = arith.divf(QI._cf(1.0), v) if k.spec.mode == "silu" else v
         inv_tsf = arith.divf(QI._cf(1.0), tsf)
         byte = arith.trunci(i32, arith.andi(e, _c64(127)))
-        B.store(QI._nvfp4_recip(byte, QI._e4m3_decode(k, byte), inv_tsf), buf, e)
+        recip = QI._nvfp4_recip(byte, QI._e4m3_decode(k, byte), inv_tsf)
+        B.store(QI.code_recip(recip) if k.coded_recip else recip, buf, e)
     B.barrier()
     return buf
 
@@ -528,7 +551,9 @@ def _scale_and_recip_table(k: QI._Ctx, amax_bits: ir.Value, row: _Row
                            ) -> tuple[ir.Value, ir.Value, ir.Value]:
     """NVFP4 (scale byte, reciprocal, decoded scale) of D2 as :func:`quantize_ir.
     _scale_and_recip`, the reciprocal read from the block's table when the row's group has a
-    slot there (else div.rn, as the stream kernel)."""
+    slot there (else div.rn, as the stream kernel); ``k.coded_recip``: in
+    :func:`quantize_ir.code_recip`'s form. ``amax_bits`` may be non-finite (the caller
+    replaces the byte and zeroes the data)."""
     from blockscale.compiler.arch import convert as C
     from blockscale.formats import RECIP_E2M1_MAX
 
@@ -539,10 +564,13 @@ def _scale_and_recip_table(k: QI._Ctx, amax_bits: ir.Value, row: _Row
     sd = QI._e4m3_decode(k, byte)
     br = B.if_(arith.cmpi(arith.CmpIPredicate.ult, row.slot, _c32(TABLE_GROUPS)), [f32])
     with br.then():
-        idx = arith.addi(arith.shli(row.slot, _c32(7)), byte)
+        # satfinite E4M3 of s >= +0 or NaN is <= 0x7F; the mask keeps the index in the
+        # table whatever tensor_sf the device holds
+        idx = arith.addi(arith.shli(row.slot, _c32(7)), arith.andi(byte, _c32(0x7F)))
         br.yield_(B.load(k.recip_table, arith.extui(B.i64(), idx)))
     with br.else_():
-        br.yield_(QI._nvfp4_recip(byte, sd, row.inv_tsf))
+        recip = QI._nvfp4_recip(byte, sd, row.inv_tsf)
+        br.yield_(QI.code_recip(recip) if k.coded_recip else recip)
     return byte, br.results[0], sd
 
 
@@ -620,13 +648,17 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
     if spec.mode == "silu":
         act = QM._activation_lut if k.lut is not None else (
             lambda _k, g, u, _s: QI._activation(spec, g, u))
+        # SILU (no clamps): a non-finite gate or up element makes its product, so its scale
+        # block, non-finite (zeroed): the upper halves may widen on the FMA pipe
+        hi_fma = k.target.name == "sm_90a" and spec.activation == "silu"
         halves = []
         for h in range(nh):
             gw, uw = words[h], words[nh + h]
             sigs = QM._lut_sigs(k, gw) if k.lut is not None else [None] * CHUNK
             bits = [arith.bitcast(i32, act(k, arith.bitcast(B.f32(), gv),
                                            arith.bitcast(B.f32(), uv), sg))
-                    for gv, uv, sg in zip(QI.widen_vector(gw), QI.widen_vector(uw), sigs)]
+                    for gv, uv, sg in zip(QI.widen_vector(gw, hi_fma), QI.widen_vector(uw, hi_fma),
+                                          sigs)]
             halves.append((bits, None))
         amax = _amax_f32(k, [b for hb, _ in halves for b in hb])
     else:
@@ -634,8 +666,8 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
         amax = QI._block_amax_bits(k, [b for hb, _ in halves for b in hb], list(words))
     nonfinite = arith.cmpi(arith.CmpIPredicate.uge, amax, _c32(0x7F800000))
     safe_amax = arith.select(nonfinite, _c32(0), amax)
-    if k.recip_table is not None:
-        byte, recip, sd = _scale_and_recip_table(k, safe_amax, row)
+    if k.recip_table is not None:  # any amax (the byte is replaced, the data zeroed)
+        byte, recip, sd = _scale_and_recip_table(k, amax, row)
     else:
         byte, recip, sd = QI._scale_and_recip(k, safe_amax, row.tsf, row.inv_tsf)
     byte = arith.select(nonfinite, _c32(0xFF if k.fmt.is_mx else 0x7F), byte)
@@ -652,7 +684,8 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
         packed = [[wd] for wd in _pack_fp4_unsat(k, xs_h, recip, sd, safe_amax,
                                              [wv for _, wv in halves])]
     elif k.fmt.is_fp4:
-        packed = [[wd] for wd in QI._pack_fp4_all(k, xs_h, recip, sd, [wv for _, wv in halves])]
+        packed = [[wd] for wd in QI._pack_fp4_all(k, xs_h, recip, sd, [wv for _, wv in halves],
+                                                  coded=k.coded_recip)]
     else:
         packed = [QI._pack_e4m3(k, xs, recip) for xs in xs_h]
     zero = arith.ori(nonfinite, arith.xori(row.active, B.const(True, B.i1())))
