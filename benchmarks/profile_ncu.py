@@ -11,7 +11,7 @@ Cases (the shapes of bench_matmul / bench_quantize_moe / bench_moe):
   / ``store="staged"``;
 * ``grouped_quantize`` / ``silu_quantize``: NVFP4, T=8192, K=4096, 64 experts, the default
   schedule; ``grouped_quantize_large`` / ``grouped_quantize_large_mxfp4``: NVFP4 / MXFP4 at
-  T=16384, K=8192 (the size rule's "wide_bulk2_x2");
+  T=16384, K=8192 (the size rule's "wide_bulk2_x2"); ``silu_quantize_large``: NVFP4 there;
 * ``dense_decode_m1`` / ``dense_decode_m16`` / ``dense_decode_m1_shot``: NVFP4 M x 5760 x 2880
   through the dispatch (``ops.block_scaled_matmul``), the last one ``mma_shot`` called directly;
 * ``moe_decode`` / ``moe_decode_t1`` / ``moe_prefill``: gpt-oss-120b gate_up NVFP4 at T=128 /
@@ -119,6 +119,7 @@ CASES: dict[str, Callable[[Any], Callable[[], Any]]] = {
     "grouped_quantize_large": lambda d: _quantize(d, "grouped_quantize", rows=16384, k=8192),
     "grouped_quantize_large_mxfp4": lambda d: _quantize(d, "grouped_quantize", "mxfp4", 16384,
                                                         8192),
+    "silu_quantize_large": lambda d: _quantize(d, "fused_silu_quantize", rows=16384, k=8192),
     "dense_decode_m1": lambda d: _dense_decode(d, 1),
     "dense_decode_m16": lambda d: _dense_decode(d, 16),
     "dense_decode_m1_shot": lambda d: _dense_decode(d, 1, "mma_shot"),

@@ -152,16 +152,13 @@ class _Chunk:
         ncols = a("k")
         j = arith.shrui(c, _c64(k.lanes_log2))
         col0 = arith.muli(c, _c64(k.chunk))
-        # the bounds as i32 compares: the loop re-evaluates them (predicate registers are few)
-        col32, k32 = arith.trunci(i32, col0), arith.trunci(i32, ncols)
-        self.col_ok = arith.cmpi(arith.CmpIPredicate.ult, col32, k32)
-        self.chunk_ok = arith.cmpi(arith.CmpIPredicate.ult, arith.trunci(i32, c),
-                                   arith.trunci(i32, a("chunks_row")))
+        self.col_ok = arith.cmpi(arith.CmpIPredicate.ult, col0, ncols)
+        self.chunk_ok = arith.cmpi(arith.CmpIPredicate.ult, c, a("chunks_row"))
         # the sub-chunks' load columns (a sub-chunk past K re-reads a valid one of its block)
         self.ld_cols = [arith.trunci(i32, v)
                         for v in QM.subchunk_columns(k, j, col0, self.col_ok, ncols)]
         self.okh = [self.col_ok] + [
-            arith.cmpi(arith.CmpIPredicate.ult, arith.addi(col32, _c32(CHUNK * h)), k32)
+            arith.cmpi(arith.CmpIPredicate.ult, arith.addi(col0, _c64(CHUNK * h)), ncols)
             for h in range(1, k.chunk // CHUNK)]
         j32 = arith.trunci(i32, j)
         self.s_jpart = arith.addi(arith.shli(arith.shrui(j32, _c32(2)), _c32(9)),
@@ -192,6 +189,8 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
     chunks = [_Chunk(k, a, arith.ori(arith.shli(arith.addi(arith.shli(bx, _c64(lw)),
                                                            _c64(v)), cbt), ci))
               for v in range(w)]
+    for v, ch in enumerate(chunks):
+        ch.v = v
     in_stride = arith.shli(ncols, _c64(1)) if silu else ncols
     d1 = arith.shrui(kblocks_row, _c64(2))
     m32 = arith.trunci(i32, a("m"))
@@ -234,10 +233,13 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
         return out
 
     ring = None
+    k.scale_stage = None
     if spec.bulk:  # the ring's first S row groups are in flight before the prologue
         ring = _BulkRing(k, kb, tid, ci, ri, cbt, lo, hi, in_stride, chunks,
                          lambda rg: row_off(rg))
         first = []
+        if stages_scales(spec):
+            k.scale_stage = _ScaleStage(k, kb, a, tid, bx, ci, ri, cbt, lw, rpb_log2)
     else:
         off0 = row_off(lo)
         first = [load(off0, ch) for ch in chunks]  # out before the table fill and lookups
@@ -265,9 +267,6 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
     state_types = [i32] * 4 + ([B.f32(), B.f32()] if nvfp4 else []) + ([i32] if table else [])
     state0 = QS.group_state(k, a, g0)
     k.recip_table = None
-    # the table holds QI.code_recip's form where the packing is the saturating fast one
-    k.coded_recip = (table and spec.mode == "grouped" and QI._fast_e2m1(k)
-                     and not _unsat_room(spec))
     if table:  # D2's reciprocals of the block's first groups (module docstring)
         k.recip_table = _fill_recip_table(k, kb, a, tid, g0)
         state0.append(_c32(0))
@@ -285,8 +284,6 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
         """``rg`` if it is in the block's share, else its last row group (valid, unused)."""
         return arith.select(arith.cmpi(arith.CmpIPredicate.ult, rg, hi), rg,
                             arith.subi(hi, _c64(1)))
-
-    k16_now = [k16]  # the k16 the loop being built sees (a constant in each copy)
 
     def visit(rg: ir.Value, cur: list[list[ir.Value]], state: list[ir.Value],
               noff: ir.Value | None) -> tuple[list[ir.Value], list[ir.Value]]:
@@ -312,7 +309,9 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
                           arith.shli(arith.shrui(rr, _c64(5)), _c64(2)))
         srow_base = arith.addi(arith.shli(arith.muli(tile, d1), _c64(9)), rpart)
         drow_base = arith.muli(arith.extui(i64, drow), row_bytes)
-        row = _Row(row_ok, active, tsf, inv_tsf, srow_base, drow_base, lane0, k16_now[0])
+        row = _Row(row_ok, active, tsf, inv_tsf, srow_base, drow_base, lane0, k16)
+        if k.scale_stage is not None:
+            k.scale_stage.put_row(row_ok, srow_base)
         row.slot = st[6] if table else None
         nxt = []
         for ch, words in zip(chunks, cur):
@@ -322,55 +321,62 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
         return nxt, st
 
     depth = spec.unroll  # rows whose loads are in flight ahead of the math
-
-    def row_loop() -> None:
-        """The loop over the block's row groups [lo, hi): from the bulk ring, or with
-        ``depth`` (1 or 2) row groups' register loads in flight."""
-        if ring is not None:
+    if ring is not None:
+        if spec.lut:
+            ring.wait_table()
+        stage = k.scale_stage
+        if stage is None:
             with B.for_range(lo, hi, carry=state0) as loop:
                 rg = B.cast_int(loop.iv, i64)
                 cur = ring.take(arith.subi(rg, lo))
                 _, st = visit(rg, cur, list(loop.carried), None)
                 loop.yield_(*st)
-        elif depth == 1:
-            with B.for_range(lo, hi, carry=[wv for ws in first for wv in ws] + state0) as loop:
-                rg = B.cast_int(loop.iv, i64)
-                cur = [list(loop.carried[v * nw:(v + 1) * nw]) for v in range(w)]
-                nxt, st = visit(rg, cur, list(loop.carried[w * nw:]),
-                                row_off(clamp(arith.addi(rg, _c64(1)))))
-                loop.yield_(*([wv for ws in nxt for wv in ws] + st))
-        else:
-            # depth 2, unrolled by 2 (the buffers rotate without register moves): sub-step d
-            # quantizes row group rg + d from the buffers loaded two row groups earlier and
-            # loads row group rg + d + 2 into them; the second sub-step runs when rg + 1 < hi
-            # (block-uniform), its loads after its math
-            second = [load(row_off(clamp(arith.addi(lo, _c64(1)))), ch) for ch in chunks]
-            flat = [wv for ws in first + second for wv in ws]
-            with B.for_range(lo, hi, 2, carry=flat + state0) as loop:
-                rg = B.cast_int(loop.iv, i64)
-                bufs = [list(loop.carried[v * nw:(v + 1) * nw]) for v in range(2 * w)]
-                state = list(loop.carried[2 * w * nw:])
-                nxt0, st = visit(rg, bufs[:w], state, row_off(clamp(arith.addi(rg, _c64(2)))))
-                rg1 = arith.addi(rg, _c64(1))
-                sb = B.if_(arith.cmpi(arith.CmpIPredicate.ult, rg1, hi), state_types)
-                with sb.then():
-                    sb.yield_(*visit(rg1, bufs[w:], st, None)[1])
-                with sb.else_():
-                    sb.yield_(*st)
-                noff1 = row_off(clamp(arith.addi(rg, _c64(3))))
-                nxt1 = [load(noff1, ch) for ch in chunks]
-                loop.yield_(*([wv for ws in nxt0 + nxt1 for wv in ws] + list(sb.results)))
-
-    if ring is not None and spec.lut:
-        ring.wait_table()
-    # the row loop twice, for K % 16 == 0 (one store a chunk) and not (one a sub-chunk), so
-    # that neither copy carries the other's store predicates (a grid-uniform branch)
-    k16_branch = B.if_(k16, [])
-    for copy in (k16_branch.then, k16_branch.else_):
-        with copy():
-            k16_now[0] = B.const(copy == k16_branch.then, B.i1())
-            row_loop()
-            k16_branch.yield_()
+        else:  # periods of F visits, each followed by its scale bytes' write
+            f = arith.extui(i64, arith.shli(_c32(1), stage.f_log2))
+            n = arith.subi(hi, lo)
+            periods = arith.shrui(arith.addi(n, arith.subi(f, _c64(1))),
+                                  arith.extui(i64, stage.f_log2))
+            with B.for_range(_c64(0), periods, carry=state0) as outer:
+                p = B.cast_int(outer.iv, i64)
+                it0 = arith.muli(p, f)
+                cnt = arith.minui(f, arith.subi(n, it0))
+                with B.for_range(_c64(0), cnt, carry=list(outer.carried)) as loop:
+                    j = B.cast_int(loop.iv, i64)  # the visit in the period
+                    it = arith.addi(it0, j)
+                    cur = ring.take(it)
+                    stage.begin(arith.trunci(i32, p), arith.trunci(i32, j))
+                    _, st = visit(arith.addi(lo, it), cur, list(loop.carried), None)
+                    loop.yield_(*st)
+                stage.flush(arith.trunci(i32, p), arith.trunci(i32, cnt))
+                outer.yield_(*loop.results)
+    elif depth == 1:
+        with B.for_range(lo, hi, carry=[wv for ws in first for wv in ws] + state0) as loop:
+            rg = B.cast_int(loop.iv, i64)
+            cur = [list(loop.carried[v * nw:(v + 1) * nw]) for v in range(w)]
+            nxt, st = visit(rg, cur, list(loop.carried[w * nw:]),
+                            row_off(clamp(arith.addi(rg, _c64(1)))))
+            loop.yield_(*([wv for ws in nxt for wv in ws] + st))
+    else:
+        # depth 2, unrolled by 2 (the buffers rotate without register moves): sub-step d
+        # quantizes row group rg + d from the buffers loaded two row groups earlier and
+        # loads row group rg + d + 2 into them; the second sub-step runs when rg + 1 < hi
+        # (block-uniform), its loads after its math
+        second = [load(row_off(clamp(arith.addi(lo, _c64(1)))), ch) for ch in chunks]
+        flat = [wv for ws in first + second for wv in ws]
+        with B.for_range(lo, hi, 2, carry=flat + state0) as loop:
+            rg = B.cast_int(loop.iv, i64)
+            bufs = [list(loop.carried[v * nw:(v + 1) * nw]) for v in range(2 * w)]
+            state = list(loop.carried[2 * w * nw:])
+            nxt0, st = visit(rg, bufs[:w], state, row_off(clamp(arith.addi(rg, _c64(2)))))
+            rg1 = arith.addi(rg, _c64(1))
+            sb = B.if_(arith.cmpi(arith.CmpIPredicate.ult, rg1, hi), state_types)
+            with sb.then():
+                sb.yield_(*visit(rg1, bufs[w:], st, None)[1])
+            with sb.else_():
+                sb.yield_(*st)
+            noff1 = row_off(clamp(arith.addi(rg, _c64(3))))
+            nxt1 = [load(noff1, ch) for ch in chunks]
+            loop.yield_(*([wv for ws in nxt0 + nxt1 for wv in ws] + list(sb.results)))
     # the padding scale words after the data (the stream kernel zeroes them first: ~2 more
     # dependent L2 round trips before the first math, with only the first loads in flight)
     QS._padding(k, kb, _Tid(tid), d1, share)
@@ -515,6 +521,122 @@ class _BulkRing:
         return out
 
 
+#: rows of scale bytes a bulk kernel collects in shared memory before writing them
+SCALE_STAGE_ROWS = 8
+#: most rows a row group has (256 threads x 2 chunks over a block row of >= 4 chunks)
+MAX_GROUP_ROWS = 128
+
+
+def stages_scales(spec: MoeQuantizeSpec) -> bool:
+    """Whether the bulk kernel of ``spec`` writes its scale bytes through :class:`_ScaleStage`
+    (NVFP4: a byte a thread's chunk; two stages, the default schedules': with three or four
+    the 10 KB would cost a resident block)."""
+    return spec.bulk == 2 and spec.fmt == "nvfp4" and spec.wide == 2
+
+
+def scale_stage_bytes(spec: MoeQuantizeSpec) -> int:
+    """Static shared bytes of :class:`_ScaleStage` (0 where the kernel has none)."""
+    if not stages_scales(spec):
+        return 0
+    return 2 * SCALE_STAGE_ROWS * BLOCK_THREADS * spec.wide + 2 * MAX_GROUP_ROWS * 8
+
+
+class _ScaleStage:
+    """The NVFP4 bulk kernels' scale bytes, written through shared memory: a thread's byte of
+    chunk ``j`` goes straight to its 5-D place ``(j >> 2) * 512 + 16 * (r & 31) + 4 * (r >> 5)
+    + (j & 3)``, so a warp's byte store (32 chunks of one row) touched 8 lines of 4 bytes each;
+    the measured cost of these stores was 6 % of the grouped kernel's time (run E: 0.1087 ms
+    with them, 0.1020 without). Instead each visit stores its bytes to a shared record (the
+    row group's rows x the block's chunks), and every ``F = max(1, 8 / rows per group)``
+    visits (``SCALE_STAGE_ROWS`` rows; the row loop runs in periods of F visits) the block
+    passes a barrier and writes the period's bytes as 4-byte words, the 32 lanes of a store
+    over consecutive rows of one word column: 8 rows' words of one 512-byte atom share a
+    line. Two record sets alternate (period parity), so the next period's puts do not wait
+    for the write; the set a period reuses was written before the previous period's
+    barrier. Per row the record keeps its scale base (-1: past M)."""
+
+    def __init__(self, k: QI._Ctx, kb: B.KernelBuilder, a, tid: ir.Value, bx: ir.Value,
+                 ci: ir.Value, ri: ir.Value, cbt: ir.Value, lw: int, rpb_log2: ir.Value
+                 ) -> None:
+        from blockscale.compiler.arch import tma
+
+        i32 = B.i32()
+        w = k.spec.wide
+        self.rec = BLOCK_THREADS * w  # bytes a visit records
+        self.set_bytes = SCALE_STAGE_ROWS * self.rec
+        self.buf = tma.shared_buffer(kb, f"{2 * self.set_bytes}xi8", align=16)
+        self.bases = tma.shared_buffer(kb, f"{2 * MAX_GROUP_ROWS}xi64", align=16)
+        self.scales, self.d1 = a("scales"), arith.trunci(i32, arith.shrui(a("kblocks_row"),
+                                                                         B.const(2, B.i64())))
+        self.tid = arith.trunci(i32, tid)
+        cbt32 = arith.trunci(i32, cbt)
+        self.j_log2 = arith.addi(cbt32, _c32(lw))  # chunks (bytes) of a row in the block
+        self.j40 = arith.trunci(i32, arith.shrui(arith.shli(bx, _wide(self.j_log2)),
+                                                 B.const(2, B.i64())))  # first word column
+        self.rpb_log2 = rpb_log2
+        self.f_log2 = arith.select(arith.cmpi(arith.CmpIPredicate.slt, rpb_log2, _c32(3)),
+                                   arith.subi(_c32(3), rpb_log2), _c32(0))
+        self.rows_log2 = arith.addi(self.f_log2, rpb_log2)  # rows of a period
+        self.ri = ri  # i32
+        self.row_lead = arith.cmpi(arith.CmpIPredicate.eq, ci, B.const(0, B.i64()))
+        # this thread's byte of chunk v in a record: row-major (row, chunk of the block row)
+        self.own = arith.addi(arith.shli(self.ri, self.j_log2), arith.trunci(i32, ci))
+        self.cbt = cbt32
+
+    def begin(self, period: ir.Value, slot: ir.Value) -> None:
+        """Visit ``slot`` of ``period`` (i32): point the puts at its record."""
+        parity = arith.andi(period, _c32(1))
+        self.rec_off = arith.addi(arith.muli(parity, _c32(self.set_bytes)),
+                                  arith.muli(slot, _c32(self.rec)))
+        self.row_idx = arith.addi(arith.muli(parity, _c32(MAX_GROUP_ROWS)),
+                                  arith.addi(arith.shli(slot, self.rpb_log2), self.ri))
+
+    def put_row(self, row_ok: ir.Value, srow_base: ir.Value) -> None:
+        """The visit's row's scale base (-1 past M), from the row's first thread."""
+        with B.when(self.row_lead):
+            B.store(arith.select(row_ok, srow_base, B.const(-1, B.i64())), self.bases,
+                    _wide(self.row_idx))
+
+    def put(self, v: int, byte: ir.Value) -> None:
+        """This thread's scale byte (i8) of its chunk ``v``."""
+        idx = arith.addi(self.rec_off, arith.addi(self.own, arith.shli(_c32(v), self.cbt)))
+        B.store(byte, self.buf, _wide(idx))
+
+    def flush(self, period: ir.Value, slots: ir.Value) -> None:
+        """After a block barrier, write the first ``slots`` visits of ``period``: word ``n``
+        of the period is row ``n % rows`` (rows = F x rows per group), word column ``n /
+        rows``."""
+        B.barrier()
+        v4 = B.vec(4, B.i8())
+        parity = arith.andi(period, _c32(1))
+        rows_m1 = arith.subi(arith.shli(_c32(1), self.rows_log2), _c32(1))
+        valid_rows = arith.shli(slots, self.rpb_log2)
+        cols_log2 = arith.subi(self.j_log2, _c32(2))  # word columns of a row
+        words = arith.shli(_c32(1), arith.addi(self.rows_log2, cols_log2))
+        # a period holds at most SCALE_STAGE_ROWS x rec bytes (F = 8 / rows per group)
+        for s_ in range(SCALE_STAGE_ROWS * self.rec // 4 // BLOCK_THREADS):
+            n = arith.addi(_c32(s_ * BLOCK_THREADS), self.tid)
+            r = arith.andi(n, rows_m1)
+            q = arith.shrui(n, self.rows_log2)
+            ok = arith.andi(arith.cmpi(arith.CmpIPredicate.ult, n, words),
+                            arith.cmpi(arith.CmpIPredicate.ult, r, valid_rows))
+            j4 = arith.addi(self.j40, q)
+            ok = arith.andi(ok, arith.cmpi(arith.CmpIPredicate.ult, j4, self.d1))
+            with B.when(ok):
+                slot = arith.shrui(r, self.rpb_log2)
+                rin = arith.andi(r, arith.subi(arith.shli(_c32(1), self.rpb_log2), _c32(1)))
+                src = arith.addi(arith.addi(arith.muli(parity, _c32(self.set_bytes)),
+                                            arith.muli(slot, _c32(self.rec))),
+                                 arith.addi(arith.shli(rin, self.j_log2), arith.shli(q, _c32(2))))
+                base = B.load(self.bases, _wide(arith.addi(arith.muli(parity,
+                                                                      _c32(MAX_GROUP_ROWS)), r)))
+                with B.when(arith.cmpi(arith.CmpIPredicate.sge, base, B.const(0, B.i64()))):
+                    word = B.vector_load(v4, self.buf, _wide(src), alignment=4)
+                    B.vector_store(word, self.scales,
+                                   arith.addi(base, arith.shli(_wide(j4), B.const(9, B.i64()))),
+                                   alignment=4)
+
+
 #: groups (from the block's first) whose NVFP4 reciprocals the shared table holds
 TABLE_GROUPS = 4
 
@@ -523,8 +645,7 @@ def _fill_recip_table(k: QI._Ctx, kb: B.KernelBuilder, a, tid: ir.Value,
                       g0: ir.Value) -> ir.Value:
     """Shared f32[TABLE_GROUPS * 128]: entry ``s * 128 + b`` is D2's reciprocal for scale
     byte ``b`` under group ``g0 + s``'s tensor scale, computed as the group state computes
-    it (:func:`_quantize_stream_ir.group_state`: the same bits; ``k.coded_recip``: as
-    :func:`quantize_ir.code_recip`); one barrier."""
+    it (:func:`_quantize_stream_ir.group_state`: the same bits); one barrier."""
     from blockscale.compiler.arch import tma
 
     i32 = B.i32()
@@ -541,8 +662,7 @@ def _fill_recip_table(k: QI._Ctx, kb: B.KernelBuilder, a, tid: ir.Value,
         tsf = arith.divf(QI._cf(1.0), v) if k.spec.mode == "silu" else v
         inv_tsf = arith.divf(QI._cf(1.0), tsf)
         byte = arith.trunci(i32, arith.andi(e, _c64(127)))
-        recip = QI._nvfp4_recip(byte, QI._e4m3_decode(k, byte), inv_tsf)
-        B.store(QI.code_recip(recip) if k.coded_recip else recip, buf, e)
+        B.store(QI._nvfp4_recip(byte, QI._e4m3_decode(k, byte), inv_tsf), buf, e)
     B.barrier()
     return buf
 
@@ -551,9 +671,7 @@ def _scale_and_recip_table(k: QI._Ctx, amax_bits: ir.Value, row: _Row
                            ) -> tuple[ir.Value, ir.Value, ir.Value]:
     """NVFP4 (scale byte, reciprocal, decoded scale) of D2 as :func:`quantize_ir.
     _scale_and_recip`, the reciprocal read from the block's table when the row's group has a
-    slot there (else div.rn, as the stream kernel); ``k.coded_recip``: in
-    :func:`quantize_ir.code_recip`'s form. ``amax_bits`` may be non-finite (the caller
-    replaces the byte and zeroes the data)."""
+    slot there (else div.rn, as the stream kernel)."""
     from blockscale.compiler.arch import convert as C
     from blockscale.formats import RECIP_E2M1_MAX
 
@@ -564,13 +682,10 @@ def _scale_and_recip_table(k: QI._Ctx, amax_bits: ir.Value, row: _Row
     sd = QI._e4m3_decode(k, byte)
     br = B.if_(arith.cmpi(arith.CmpIPredicate.ult, row.slot, _c32(TABLE_GROUPS)), [f32])
     with br.then():
-        # satfinite E4M3 of s >= +0 or NaN is <= 0x7F; the mask keeps the index in the
-        # table whatever tensor_sf the device holds
-        idx = arith.addi(arith.shli(row.slot, _c32(7)), arith.andi(byte, _c32(0x7F)))
+        idx = arith.addi(arith.shli(row.slot, _c32(7)), byte)
         br.yield_(B.load(k.recip_table, arith.extui(B.i64(), idx)))
     with br.else_():
-        recip = QI._nvfp4_recip(byte, sd, row.inv_tsf)
-        br.yield_(QI.code_recip(recip) if k.coded_recip else recip)
+        br.yield_(QI._nvfp4_recip(byte, sd, row.inv_tsf))
     return byte, br.results[0], sd
 
 
@@ -648,17 +763,13 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
     if spec.mode == "silu":
         act = QM._activation_lut if k.lut is not None else (
             lambda _k, g, u, _s: QI._activation(spec, g, u))
-        # SILU (no clamps): a non-finite gate or up element makes its product, so its scale
-        # block, non-finite (zeroed): the upper halves may widen on the FMA pipe
-        hi_fma = k.target.name == "sm_90a" and spec.activation == "silu"
         halves = []
         for h in range(nh):
             gw, uw = words[h], words[nh + h]
             sigs = QM._lut_sigs(k, gw) if k.lut is not None else [None] * CHUNK
             bits = [arith.bitcast(i32, act(k, arith.bitcast(B.f32(), gv),
                                            arith.bitcast(B.f32(), uv), sg))
-                    for gv, uv, sg in zip(QI.widen_vector(gw, hi_fma), QI.widen_vector(uw, hi_fma),
-                                          sigs)]
+                    for gv, uv, sg in zip(QI.widen_vector(gw), QI.widen_vector(uw), sigs)]
             halves.append((bits, None))
         amax = _amax_f32(k, [b for hb, _ in halves for b in hb])
     else:
@@ -666,8 +777,8 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
         amax = QI._block_amax_bits(k, [b for hb, _ in halves for b in hb], list(words))
     nonfinite = arith.cmpi(arith.CmpIPredicate.uge, amax, _c32(0x7F800000))
     safe_amax = arith.select(nonfinite, _c32(0), amax)
-    if k.recip_table is not None:  # any amax (the byte is replaced, the data zeroed)
-        byte, recip, sd = _scale_and_recip_table(k, amax, row)
+    if k.recip_table is not None:
+        byte, recip, sd = _scale_and_recip_table(k, safe_amax, row)
     else:
         byte, recip, sd = QI._scale_and_recip(k, safe_amax, row.tsf, row.inv_tsf)
     byte = arith.select(nonfinite, _c32(0xFF if k.fmt.is_mx else 0x7F), byte)
@@ -684,8 +795,7 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
         packed = [[wd] for wd in _pack_fp4_unsat(k, xs_h, recip, sd, safe_amax,
                                              [wv for _, wv in halves])]
     elif k.fmt.is_fp4:
-        packed = [[wd] for wd in QI._pack_fp4_all(k, xs_h, recip, sd, [wv for _, wv in halves],
-                                                  coded=k.coded_recip)]
+        packed = [[wd] for wd in QI._pack_fp4_all(k, xs_h, recip, sd, [wv for _, wv in halves])]
     else:
         packed = [QI._pack_e4m3(k, xs, recip) for xs in xs_h]
     zero = arith.ori(nonfinite, arith.xori(row.active, B.const(True, B.i1())))
@@ -711,6 +821,9 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
               arith.addi(base, arith.muli(half_bytes, _c64(h))) if h else base, ok)
     has_data = arith.andi(arith.andi(row.row_ok, ch.col_ok), row.active)
     sval = arith.trunci(B.i8(), arith.select(has_data, byte, _c32(0)))
+    if k.scale_stage is not None:
+        k.scale_stage.put(ch.v, sval)
+        return
     with B.when(arith.andi(arith.andi(row.lane0, ch.chunk_ok), row.row_ok)):
         B.store(sval, a("scales"), arith.addi(row.srow_base, _wide(ch.s_jpart)))
 

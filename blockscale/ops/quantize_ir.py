@@ -156,8 +156,6 @@ class _Ctx:
         self.target = GPUTarget.parse(spec.target)
         #: shared f32[128] of the dense NVFP4 reciprocal per scale byte (set by _body)
         self.recip_table: ir.Value | None = None
-        #: whether that table holds code_recip's form (the grouped wide kernels set it)
-        self.coded_recip = False
 
 
 # ---- loading a chunk --------------------------------------------------------------------------
@@ -224,44 +222,9 @@ def widen_words(words: list[ir.Value]) -> list[ir.Value]:
     return [v for w in words for v in (arith.shli(w, _c32(16)), arith.andi(w, _c32(-65536)))]
 
 
-def widen_vector(words: ir.Value, high_fma: bool = False) -> list[ir.Value]:
-    """:func:`widen_words` of a vector of i32 bf16-pair words; ``high_fma``: the odd elements
-    by :func:`high_half_fma` (FMA pipe) where the even one is finite, else garbage."""
-    out = []
-    for i in range(words.type.shape[0]):
-        w = B.extract(words, i)
-        out += [arith.shli(w, _c32(16)), high_half_fma(w) if high_fma else
-                arith.andi(w, _c32(-65536))]
-    return out
-
-
-def high_half_fma(w: ir.Value) -> ir.Value:
-    """``w & 0xFFFF0000`` (the f32 bits of the pair word's upper bf16) as ``fma.rn.bf16x2(w,
-    [0, 1], [+0, -0])`` (sm_90a: one ``HFMA2.BF16_V2`` on the FMA pipe instead of a ``LOP3``):
-    the upper half is ``x * 1 + -0 = x`` (-0, subnormals, and NaN-ness kept), the lower ``x *
-    0 + +0 = +0`` for a finite lower element; a NaN / Inf one leaves a NaN there (callers use
-    it only where such an element makes its whole scale block non-finite, i.e. zeroed).
-
-    The addend is ``0x80000000 * gridDim.z`` (the wide kernels' grids have z = 1): a constant
-    addend lets ptxas split the lanes (``x * 1 + -0`` is the identity) and rebuild the word
-    with ``PRMT``s, more ALU work than the ``LOP3`` it replaces."""
-    bf2, i32 = B.vec(2, B.bf16()), B.i32()
-
-    def pair(word: ir.Value) -> ir.Value:
-        return vector.bitcast(bf2, vector.from_elements(B.vec(1, i32), [word]))
-
-    gz = arith.index_cast(i32, B.grid_dim("z"))
-    r = llvm.call_intrinsic(bf2, "llvm.fma.v2bf16",
-                            [pair(w), _bf16_pair(0.0, 1.0),
-                             pair(arith.muli(gz, _c32(-0x80000000)))], [], [])
-    return vector.extract(vector.bitcast(B.vec(1, i32), r), [], [0])
-
-
-def _bf16_pair(lo: float, hi: float) -> ir.Value:
-    """A vector<2xbf16> constant (element 0 the low half of its i32 word)."""
-    bf2 = B.vec(2, B.bf16())
-    return arith.constant(bf2, ir.DenseElementsAttr.get(
-        [ir.FloatAttr.get(B.bf16(), lo), ir.FloatAttr.get(B.bf16(), hi)], bf2))
+def widen_vector(words: ir.Value) -> list[ir.Value]:
+    """:func:`widen_words` of a vector of i32 bf16-pair words."""
+    return [v for i in range(words.type.shape[0]) for v in widen_words([B.extract(words, i)])]
 
 
 def _block_amax_bits(k: _Ctx, bits: list[ir.Value], words: list[ir.Value] | None = None
@@ -380,10 +343,8 @@ def _pack_fp4(k: _Ctx, xs: list[ir.Value], recip: ir.Value, sd: ir.Value,
 
 
 def _pack_fp4_all(k: _Ctx, xs_h: list[list[ir.Value]], recip: ir.Value, sd: ir.Value,
-                  pairs_h: list[ir.Value | None], coded: bool = False) -> list[ir.Value]:
-    """:func:`_pack_fp4` of each 8-value sub-chunk of one scale block. ``coded``: ``recip`` is
-    :func:`code_recip`'s form (NVFP4 sm_90a with bf16 words: the packing's ``recip / 8``, or
-    the negated reciprocal where the rare branch must fix it)."""
+                  pairs_h: list[ir.Value | None]) -> list[ir.Value]:
+    """:func:`_pack_fp4` of each 8-value sub-chunk of one scale block."""
     name = k.target.name
     if name == "gfx950" and k.fmt.is_mx:
         return [C.fp4x8_from_f32_scaled_gfx950(xs, sd) for xs in xs_h]
@@ -403,14 +364,9 @@ def _pack_fp4_all(k: _Ctx, xs_h: list[list[ir.Value]], recip: ir.Value, sd: ir.V
     if not all(p is not None for p in pairs_h):  # f32 values (the fused kernels)
         return _pack_fp4_min(k, xs_h, recip, pairs_h)
     words_h = [sign_words(xs, p) for xs, p in zip(xs_h, pairs_h)]
-    if coded:  # one compare: the rare reciprocals are the negative codes
-        r8, rare = recip, arith.cmpf(arith.CmpFPredicate.OLT, recip, _cf(0.0))
-        recip = arith.negf(recip)  # the reciprocal where rare (used only there)
-    else:
-        r8 = arith.mulf(recip, _cf(0.125))  # exact: recip is a power of two (MX) or >= 2^-96
-        rare = _rare_recip(recip)
+    r8 = arith.mulf(recip, _cf(0.125))  # exact: recip is a power of two (MX) or >= 2^-96
     if not k.fmt.is_mx:  # MX: recip = 2^(127-b) >= 2^-127, recip / 8 is exact, y never NaN
-        words_h, r8 = _rare_recip_words(recip, r8, words_h, rare)
+        words_h, r8 = _rare_recip_words(recip, r8, words_h)
         xs_h = _rewiden(words_h)  # from the (possibly) rescaled words
     return [C.e2m1x8_pack_fast(xs, r8, w) for xs, w in zip(xs_h, words_h)]
 
@@ -446,28 +402,10 @@ RECIP_RESCALE_BELOW = 2.0 ** -96
 RECIP_RESCALE_LOG2 = 24
 
 
-def _rare_recip(recip: ir.Value) -> ir.Value:
-    """Whether NVFP4's ``recip`` takes :func:`_rare_recip_words`' branch: +inf or in (0,
-    2^-96)."""
-    inf = arith.cmpf(arith.CmpFPredicate.OEQ, recip, _cf(np.inf))
-    tiny = arith.andi(arith.cmpf(arith.CmpFPredicate.OLT, recip, _cf(RECIP_RESCALE_BELOW)),
-                      arith.cmpf(arith.CmpFPredicate.OGT, recip, _cf(0.0)))
-    return arith.ori(inf, tiny)
-
-
-def code_recip(recip: ir.Value) -> ir.Value:
-    """The reciprocal as :func:`_pack_fp4_all` takes it with ``coded=True``: ``recip / 8``
-    (exact), or ``-recip`` where :func:`_rare_recip` holds, so that the hot path tests one
-    sign instead of three compares and multiplies by nothing (``recip >= +0``; a NaN stays
-    NaN and, as uncoded, not rare)."""
-    return arith.select(_rare_recip(recip), arith.negf(recip), arith.mulf(recip, _cf(0.125)))
-
-
-def _rare_recip_words(recip: ir.Value, r8: ir.Value, words_h: list[list[ir.Value]],
-                      rare: ir.Value) -> tuple[list[list[ir.Value]], ir.Value]:
+def _rare_recip_words(recip: ir.Value, r8: ir.Value, words_h: list[list[ir.Value]]
+                      ) -> tuple[list[list[ir.Value]], ir.Value]:
     """The bf16-pair words and ``recip / 8`` for :func:`convert.e2m1x8_pack_fast`, fixed in a
-    rarely taken, per-block uniform branch where ``rare`` (:func:`_rare_recip`; no register
-    cost in the hot path):
+    rarely taken, per-block uniform branch (no register cost in the hot path):
 
     * recip = +inf (NVFP4: ``sd * (1/tsf)`` underflowed): ``y = ±0 * inf`` is NaN, E2M1 code
       0x7 with the sign cleared; every other ``y`` is ±inf, code 7. ±0 halves become +2^-133
@@ -477,9 +415,11 @@ def _rare_recip_words(recip: ir.Value, r8: ir.Value, words_h: list[list[ir.Value
       lose 24 from it (exact), the others (``|x| < 2^-102``, ``|y| < 2^-198``: code 0) keep
       only their sign; ``x * 2^-24 * (recip * 2^21) = x * recip / 8`` exactly."""
     flat = [w for ws in words_h for w in ws]
-    br = B.if_(rare, [B.i32()] * len(flat) + [B.f32()])
+    inf = arith.cmpf(arith.CmpFPredicate.OEQ, recip, _cf(np.inf))
+    tiny = arith.andi(arith.cmpf(arith.CmpFPredicate.OLT, recip, _cf(RECIP_RESCALE_BELOW)),
+                      arith.cmpf(arith.CmpFPredicate.OGT, recip, _cf(0.0)))
+    br = B.if_(arith.ori(inf, tiny), [B.i32()] * len(flat) + [B.f32()])
     with br.then():
-        inf = arith.cmpf(arith.CmpFPredicate.OEQ, recip, _cf(np.inf))
         fixed = []
         for w in flat:
             halves = []
@@ -494,7 +434,7 @@ def _rare_recip_words(recip: ir.Value, r8: ir.Value, words_h: list[list[ir.Value
                 halves.append(arith.shli(h, _c32(sh)) if sh else h)
             fixed.append(arith.ori(halves[0], halves[1]))
         # recip * 2^24 / 8: exact (every positive f32 times 2^21 is)
-        br.yield_(*fixed, arith.select(inf, recip, arith.mulf(
+        br.yield_(*fixed, arith.select(inf, r8, arith.mulf(
             recip, _cf(2.0 ** (RECIP_RESCALE_LOG2 - 3)))))
     with br.else_():
         br.yield_(*flat, r8)

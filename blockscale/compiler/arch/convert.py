@@ -168,17 +168,17 @@ def e2m1x8_pack_fast(xs: list[ir.Value], recip8: ir.Value, sign_words: list[ir.V
       byte ``220 + d + 292 + 2e = 512 + code``: the code. An element pair's byte is
       ``lo + (lo >> 22) + (hi << 4) + (hi >> 18)`` (its low byte: ``code_lo | code_hi << 4``;
       three shift-adds), and three ``prmt`` gather the four pair bytes;
-    * the saturation: ``w - ((w >> 3) & 0x11111111)`` turns each nibble 8 into 7 (a shift and
-      an and a word instead of a ``min(|y|, 6)`` an element); the signs
-      (:func:`e2m1x8_sign_bits`) are added in the same three-input ``IADD3``: the fixed
-      nibbles have bits 3 / 7 clear, so adding them is or-ing them.
+    * the saturation: ``w - ((w >> 3) & 0x11111111)`` turns each nibble 8 into 7 (three ALU
+      instructions a word instead of a ``min(|y|, 6)`` an element);
+    * then the signs (:func:`e2m1x8_merge_signs`).
     """
     if len(xs) != 8 or len(sign_words) != 4:
         raise ValueError("e2m1x8_pack_fast takes 8 values and 4 sign words")
     us = [saturate_f32(arith.mulf(mmath.absf(x), recip8)) for x in xs]
     word = _e2m1x8_grid_codes(us, "u")
-    fix = arith.andi(arith.shrui(word, const_like(_i32(), 3)), const_like(_i32(), 0x11111111))
-    return arith.addi(arith.subi(word, fix), e2m1x8_sign_bits(sign_words))
+    word = arith.subi(word, arith.andi(arith.shrui(word, const_like(_i32(), 3)),
+                                       const_like(_i32(), 0x11111111)))
+    return e2m1x8_merge_signs(word, sign_words)
 
 
 def e2m1x8_pack_unsat(ys: list[ir.Value], sign_words: list[ir.Value]) -> ir.Value:
@@ -219,24 +219,18 @@ def _e2m1x8_grid_codes(vals: list[ir.Value], domain: str) -> ir.Value:
                         NV.byte_perm(pair_bytes[2], pair_bytes[3], 0x0040), 0x5410)
 
 
-def e2m1x8_sign_bits(sign_words: list[ir.Value]) -> ir.Value:
-    """The sign bits of eight packed E2M1 codes (element 2j: bit 3 of byte j, 2j+1: bit 7)
-    from ``sign_words`` (element 2i: bit 15 of word i, element 2i+1: bit 31): two ``prmt``
-    gather sign-replicated bytes, two ``prmt`` sort them even / odd, two ``lop3`` mask and
-    merge them. CUDA only."""
+def e2m1x8_merge_signs(word: ir.Value, sign_words: list[ir.Value]) -> ir.Value:
+    """Eight E2M1 magnitudes packed in ``word`` (bits 3 and 7 of each byte clear) with the
+    signs of ``sign_words`` (element 2i: bit 15 of word i, element 2i+1: bit 31): two ``prmt``
+    gather sign-replicated bytes, two ``prmt`` sort them even / odd, two ``lop3`` merge them
+    into bits 3 / 7 of each byte. CUDA only."""
     i32 = _i32()
     q0 = NV.byte_perm(sign_words[0], sign_words[1], 0xFDB9)  # [s0, s1, s2, s3] as 0x00/0xFF
     q1 = NV.byte_perm(sign_words[2], sign_words[3], 0xFDB9)  # [s4, s5, s6, s7]
     even = NV.byte_perm(q0, q1, 0x6420)  # [s0, s2, s4, s6]
     odd = NV.byte_perm(q0, q1, 0x7531)   # [s1, s3, s5, s7]
-    return arith.ori(arith.andi(even, const_like(i32, 0x08080808)),
-                     arith.andi(odd, const_like(i32, 0x80808080)))
-
-
-def e2m1x8_merge_signs(word: ir.Value, sign_words: list[ir.Value]) -> ir.Value:
-    """Eight E2M1 magnitudes packed in ``word`` (bits 3 and 7 of each byte clear) or-ed with
-    the signs of ``sign_words`` (:func:`e2m1x8_sign_bits`). CUDA only."""
-    return arith.ori(word, e2m1x8_sign_bits(sign_words))
+    word = arith.ori(word, arith.andi(even, const_like(i32, 0x08080808)))
+    return arith.ori(word, arith.andi(odd, const_like(i32, 0x80808080)))
 
 
 def e2m1x2_from_f32_nvvm(lo: ir.Value, hi: ir.Value) -> ir.Value:

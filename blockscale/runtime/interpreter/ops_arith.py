@@ -359,7 +359,7 @@ def _saturate(a: np.ndarray) -> np.ndarray:
 
 
 #: ``llvm.call_intrinsic`` names the interpreter models (overloaded ones without their type
-#: suffix; ``llvm.fma.*`` as ``math.fma``)
+#: suffix)
 _INTRINSICS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "llvm.fabs": np.abs, "llvm.nvvm.saturate.f": _saturate}
 
@@ -369,8 +369,6 @@ def _call_intrinsic(op: Any, c: Compiler):
     from mlir import ir
 
     name = ir.StringAttr(op.attributes["intrin"]).value
-    if name.rsplit(".", 1)[0] == "llvm.fma":  # "llvm.fma.v2bf16": one rounding, as math.fma
-        return _elementwise(_fma)(op, c)
     fn = _INTRINSICS.get(name) or _INTRINSICS.get(name.rsplit(".", 1)[0])  # "...fabs.v8bf16"
     if fn is None:
         raise NotImplementedError(f"interpreter: intrinsic {name!r} is not modeled")
