@@ -118,6 +118,7 @@ from mlir.dialects import math as mmath
 from blockscale.compiler import ir as B
 from blockscale.compiler.arch.convert import e2m1x8_pack_unsat
 from blockscale.ops import _quantize_stream_ir as QS
+from blockscale.ops import quantize_grouped as QG
 from blockscale.ops import quantize_ir as QI
 from blockscale.ops import quantize_moe_ir as QM
 from blockscale.ops.quantize_ir import CHUNK, _c32, _c64
@@ -238,7 +239,7 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
         ring = _BulkRing(k, kb, tid, ci, ri, cbt, lo, hi, in_stride, chunks,
                          lambda rg: row_off(rg))
         first = []
-        if stages_scales(spec):
+        if QG.stages_scales(spec):
             k.scale_stage = _ScaleStage(k, kb, a, tid, bx, ci, ri, cbt, lw, rpb_log2)
     else:
         off0 = row_off(lo)
@@ -521,26 +522,6 @@ class _BulkRing:
         return out
 
 
-#: rows of scale bytes a bulk kernel collects in shared memory before writing them
-SCALE_STAGE_ROWS = 8
-#: most rows a row group has (256 threads x 2 chunks over a block row of >= 4 chunks)
-MAX_GROUP_ROWS = 128
-
-
-def stages_scales(spec: MoeQuantizeSpec) -> bool:
-    """Whether the bulk kernel of ``spec`` writes its scale bytes through :class:`_ScaleStage`
-    (NVFP4: a byte a thread's chunk; two stages, the default schedules': with three or four
-    the 10 KB would cost a resident block)."""
-    return spec.bulk == 2 and spec.fmt == "nvfp4" and spec.wide == 2
-
-
-def scale_stage_bytes(spec: MoeQuantizeSpec) -> int:
-    """Static shared bytes of :class:`_ScaleStage` (0 where the kernel has none)."""
-    if not stages_scales(spec):
-        return 0
-    return 2 * SCALE_STAGE_ROWS * BLOCK_THREADS * spec.wide + 2 * MAX_GROUP_ROWS * 8
-
-
 class _ScaleStage:
     """The NVFP4 bulk kernels' scale bytes, written through shared memory: a thread's byte of
     chunk ``j`` goes straight to its 5-D place ``(j >> 2) * 512 + 16 * (r & 31) + 4 * (r >> 5)
@@ -548,7 +529,7 @@ class _ScaleStage:
     the measured cost of these stores was 6 % of the grouped kernel's time (run E: 0.1087 ms
     with them, 0.1020 without). Instead each visit stores its bytes to a shared record (the
     row group's rows x the block's chunks), and every ``F = max(1, 8 / rows per group)``
-    visits (``SCALE_STAGE_ROWS`` rows; the row loop runs in periods of F visits) the block
+    visits (``quantize_grouped.SCALE_STAGE_ROWS`` rows; the row loop runs in periods of F visits) the block
     passes a barrier and writes the period's bytes as 4-byte words, the 32 lanes of a store
     over consecutive rows of one word column: 8 rows' words of one 512-byte atom share a
     line. Two record sets alternate (period parity), so the next period's puts do not wait
@@ -563,9 +544,9 @@ class _ScaleStage:
         i32 = B.i32()
         w = k.spec.wide
         self.rec = BLOCK_THREADS * w  # bytes a visit records
-        self.set_bytes = SCALE_STAGE_ROWS * self.rec
+        self.set_bytes = QG.SCALE_STAGE_ROWS * self.rec
         self.buf = tma.shared_buffer(kb, f"{2 * self.set_bytes}xi8", align=16)
-        self.bases = tma.shared_buffer(kb, f"{2 * MAX_GROUP_ROWS}xi64", align=16)
+        self.bases = tma.shared_buffer(kb, f"{2 * QG.MAX_GROUP_ROWS}xi64", align=16)
         self.scales, self.d1 = a("scales"), arith.trunci(i32, arith.shrui(a("kblocks_row"),
                                                                          B.const(2, B.i64())))
         self.tid = arith.trunci(i32, tid)
@@ -588,7 +569,7 @@ class _ScaleStage:
         parity = arith.andi(period, _c32(1))
         self.rec_off = arith.addi(arith.muli(parity, _c32(self.set_bytes)),
                                   arith.muli(slot, _c32(self.rec)))
-        self.row_idx = arith.addi(arith.muli(parity, _c32(MAX_GROUP_ROWS)),
+        self.row_idx = arith.addi(arith.muli(parity, _c32(QG.MAX_GROUP_ROWS)),
                                   arith.addi(arith.shli(slot, self.rpb_log2), self.ri))
 
     def put_row(self, row_ok: ir.Value, srow_base: ir.Value) -> None:
@@ -614,7 +595,7 @@ class _ScaleStage:
         cols_log2 = arith.subi(self.j_log2, _c32(2))  # word columns of a row
         words = arith.shli(_c32(1), arith.addi(self.rows_log2, cols_log2))
         # a period holds at most SCALE_STAGE_ROWS x rec bytes (F = 8 / rows per group)
-        for s_ in range(SCALE_STAGE_ROWS * self.rec // 4 // BLOCK_THREADS):
+        for s_ in range(QG.SCALE_STAGE_ROWS * self.rec // 4 // BLOCK_THREADS):
             n = arith.addi(_c32(s_ * BLOCK_THREADS), self.tid)
             r = arith.andi(n, rows_m1)
             q = arith.shrui(n, self.rows_log2)
@@ -629,7 +610,7 @@ class _ScaleStage:
                                             arith.muli(slot, _c32(self.rec))),
                                  arith.addi(arith.shli(rin, self.j_log2), arith.shli(q, _c32(2))))
                 base = B.load(self.bases, _wide(arith.addi(arith.muli(parity,
-                                                                      _c32(MAX_GROUP_ROWS)), r)))
+                                                                      _c32(QG.MAX_GROUP_ROWS)), r)))
                 with B.when(arith.cmpi(arith.CmpIPredicate.sge, base, B.const(0, B.i64()))):
                     word = B.vector_load(v4, self.buf, _wide(src), alignment=4)
                     B.vector_store(word, self.scales,

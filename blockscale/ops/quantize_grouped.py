@@ -139,13 +139,33 @@ def wide_register_cap(spec: MoeQuantizeSpec) -> int:
     return WIDE_REGISTER_CAPS[(spec.mode, spec.wide, spec.lut)]
 
 
+#: rows of scale bytes an NVFP4 bulk kernel collects in shared memory before writing them
+#: (``_quantize_wide_ir._ScaleStage``)
+SCALE_STAGE_ROWS = 8
+#: most rows a wide kernel's row group has (256 threads x 2 chunks, >= 4 chunks a block row)
+MAX_GROUP_ROWS = 128
+
+
+def stages_scales(spec: MoeQuantizeSpec) -> bool:
+    """Whether the bulk kernel of ``spec`` writes its scale bytes through shared memory
+    (``_quantize_wide_ir._ScaleStage``; NVFP4: a byte a thread's chunk; two ring stages, the
+    default schedules': with three or four its 10 KB would cost a resident block)."""
+    return spec.bulk == 2 and spec.fmt == "nvfp4" and spec.wide == 2
+
+
+def scale_stage_bytes(spec: MoeQuantizeSpec) -> int:
+    """Static shared bytes of the scale stage of ``spec``'s kernel (0 where it has none):
+    two sets of SCALE_STAGE_ROWS rows' records and row bases."""
+    if not stages_scales(spec):
+        return 0
+    return 2 * SCALE_STAGE_ROWS * 256 * spec.wide + 2 * MAX_GROUP_ROWS * 8
+
+
 def bulk_blocks_per_sm(spec: MoeQuantizeSpec) -> int:
     """Resident blocks per SM of a bulk-schedule kernel: its ring, mbarriers and static
     tables (NVFP4 reciprocals 2 KB and staged scales 10 KB, the sigmoid table 32 KB) in
     SM_SHARED_BYTES, at most
     BULK_MAX_BLOCKS."""
-    from blockscale.ops._quantize_wide_ir import scale_stage_bytes
-
     static = ((4 * 128 * 4 if spec.fmt == "nvfp4" else 0) + (4 * 8192 if spec.lut else 0)
               + scale_stage_bytes(spec))
     per = spec.dynamic_shared_bytes + static + BLOCK_RESERVED_SHARED
