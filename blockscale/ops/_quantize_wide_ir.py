@@ -344,12 +344,13 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
                 with B.for_range(_c64(0), cnt, carry=list(outer.carried)) as loop:
                     j = B.cast_int(loop.iv, i64)  # the visit in the period
                     it = arith.addi(it0, j)
-                    cur = ring.take(it)
+                    cur = ring.take(it)  # (a block barrier)
                     stage.begin(arith.trunci(i32, p), arith.trunci(i32, j))
                     _, st = visit(arith.addi(lo, it), cur, list(loop.carried), None)
                     loop.yield_(*st)
-                stage.flush(arith.trunci(i32, p), arith.trunci(i32, cnt))
                 outer.yield_(*loop.results)
+            stage.finish(arith.trunci(i32, periods), arith.trunci(
+                i32, arith.subi(n, arith.muli(arith.subi(periods, _c64(1)), f))))
     elif depth == 1:
         with B.for_range(lo, hi, carry=[wv for ws in first for wv in ws] + state0) as loop:
             rg = B.cast_int(loop.iv, i64)
@@ -528,13 +529,15 @@ class _ScaleStage:
     + (j & 3)``, so a warp's byte store (32 chunks of one row) touched 8 lines of 4 bytes each;
     the measured cost of these stores was 6 % of the grouped kernel's time (run E: 0.1087 ms
     with them, 0.1020 without). Instead each visit stores its bytes to a shared record (the
-    row group's rows x the block's chunks), and every ``F = max(1, 8 / rows per group)``
-    visits (``quantize_grouped.SCALE_STAGE_ROWS`` rows; the row loop runs in periods of F visits) the block
-    passes a barrier and writes the period's bytes as 4-byte words, the 32 lanes of a store
-    over consecutive rows of one word column: 8 rows' words of one 512-byte atom share a
-    line. Two record sets alternate (period parity), so the next period's puts do not wait
-    for the write; the set a period reuses was written before the previous period's
-    barrier. Per row the record keeps its scale base (-1: past M)."""
+    row group's rows x the block's chunks); the row loop runs in periods of ``F = max(1, 8 /
+    rows per group)`` visits (``quantize_grouped.SCALE_STAGE_ROWS`` rows), and visit ``s`` of
+    a period, right after the ring's barrier, writes slice ``s`` of the previous period's
+    bytes as 4-byte words (one word for each of the first ``rec / 4`` threads), the 32 lanes
+    of a store over 8 consecutive rows x 4 word columns: 8 rows' words of one 512-byte atom
+    share a line. Two record sets alternate (period parity): a set is rewritten only after
+    the barrier that ends the period writing it. The end of the loop: a barrier, the rest.
+    Per row the record keeps its scale base (-1: past M). (Writing a whole period at once
+    after its own barrier was 7 % slower than the direct stores: run F.)"""
 
     def __init__(self, k: QI._Ctx, kb: B.KernelBuilder, a, tid: ir.Value, bx: ir.Value,
                  ci: ir.Value, ri: ir.Value, cbt: ir.Value, lw: int, rpb_log2: ir.Value
@@ -558,6 +561,7 @@ class _ScaleStage:
         self.f_log2 = arith.select(arith.cmpi(arith.CmpIPredicate.slt, rpb_log2, _c32(3)),
                                    arith.subi(_c32(3), rpb_log2), _c32(0))
         self.rows_log2 = arith.addi(self.f_log2, rpb_log2)  # rows of a period
+        self.period_rows = arith.shli(_c32(1), self.rows_log2)
         self.ri = ri  # i32
         self.row_lead = arith.cmpi(arith.CmpIPredicate.eq, ci, B.const(0, B.i64()))
         # this thread's byte of chunk v in a record: row-major (row, chunk of the block row)
@@ -565,7 +569,14 @@ class _ScaleStage:
         self.cbt = cbt32
 
     def begin(self, period: ir.Value, slot: ir.Value) -> None:
-        """Visit ``slot`` of ``period`` (i32): point the puts at its record."""
+        """Visit ``slot`` of ``period`` (i32), after the ring's barrier: write slice ``slot``
+        of the previous period's words (every put of it is before that barrier), then point
+        the puts at this visit's record."""
+        with B.when(arith.cmpi(arith.CmpIPredicate.sgt, period, _c32(0))):
+            prev = arith.subi(period, _c32(1))
+            with B.when(arith.cmpi(arith.CmpIPredicate.ult, self.tid, _c32(self.rec // 4))):
+                self._write(prev, arith.addi(arith.muli(slot, _c32(self.rec // 4)), self.tid),
+                            self.period_rows)
         parity = arith.andi(period, _c32(1))
         self.rec_off = arith.addi(arith.muli(parity, _c32(self.set_bytes)),
                                   arith.muli(slot, _c32(self.rec)))
@@ -583,39 +594,50 @@ class _ScaleStage:
         idx = arith.addi(self.rec_off, arith.addi(self.own, arith.shli(_c32(v), self.cbt)))
         B.store(byte, self.buf, _wide(idx))
 
-    def flush(self, period: ir.Value, slots: ir.Value) -> None:
-        """After a block barrier, write the first ``slots`` visits of ``period``: word ``n``
-        of the period is row ``n % rows`` (rows = F x rows per group), word column ``n /
-        rows``."""
+    def finish(self, periods: ir.Value, last_visits: ir.Value) -> None:
+        """After the loop (``periods`` >= 0 periods, the last of ``last_visits`` visits): a
+        barrier, the slices of the second-to-last period the last one did not write, then
+        the last period's words."""
         B.barrier()
-        v4 = B.vec(4, B.i8())
+        words = arith.muli(_c32(self.rec // 4), arith.shli(_c32(1), self.f_log2))
+        last = arith.subi(periods, _c32(1))
+        done = arith.muli(last_visits, _c32(self.rec // 4))  # words of last - 1 written
+        with B.when(arith.cmpi(arith.CmpIPredicate.sgt, periods, _c32(0))):
+            for s_ in range(QG.SCALE_STAGE_ROWS * self.rec // 4 // BLOCK_THREADS):
+                n = arith.addi(_c32(s_ * BLOCK_THREADS), self.tid)
+                in_period = arith.cmpi(arith.CmpIPredicate.ult, n, words)
+                rest = arith.andi(in_period, arith.andi(
+                    arith.cmpi(arith.CmpIPredicate.uge, n, done),
+                    arith.cmpi(arith.CmpIPredicate.sgt, last, _c32(0))))
+                with B.when(rest):
+                    self._write(arith.subi(last, _c32(1)), n, self.period_rows)
+                with B.when(in_period):
+                    self._write(last, n, arith.shli(last_visits, self.rpb_log2))
+
+    def _write(self, period: ir.Value, n: ir.Value, valid_rows: ir.Value) -> None:
+        """Word ``n`` of ``period``'s records (row ``n % rows``, word column ``n / rows``,
+        rows = F x rows per group) to its scale place, if its row is below ``valid_rows``,
+        in the matrix (base >= 0) and its column in the scale row."""
         parity = arith.andi(period, _c32(1))
         rows_m1 = arith.subi(arith.shli(_c32(1), self.rows_log2), _c32(1))
-        valid_rows = arith.shli(slots, self.rpb_log2)
-        cols_log2 = arith.subi(self.j_log2, _c32(2))  # word columns of a row
-        words = arith.shli(_c32(1), arith.addi(self.rows_log2, cols_log2))
-        # a period holds at most SCALE_STAGE_ROWS x rec bytes (F = 8 / rows per group)
-        for s_ in range(QG.SCALE_STAGE_ROWS * self.rec // 4 // BLOCK_THREADS):
-            n = arith.addi(_c32(s_ * BLOCK_THREADS), self.tid)
-            r = arith.andi(n, rows_m1)
-            q = arith.shrui(n, self.rows_log2)
-            ok = arith.andi(arith.cmpi(arith.CmpIPredicate.ult, n, words),
-                            arith.cmpi(arith.CmpIPredicate.ult, r, valid_rows))
-            j4 = arith.addi(self.j40, q)
-            ok = arith.andi(ok, arith.cmpi(arith.CmpIPredicate.ult, j4, self.d1))
-            with B.when(ok):
-                slot = arith.shrui(r, self.rpb_log2)
-                rin = arith.andi(r, arith.subi(arith.shli(_c32(1), self.rpb_log2), _c32(1)))
-                src = arith.addi(arith.addi(arith.muli(parity, _c32(self.set_bytes)),
-                                            arith.muli(slot, _c32(self.rec))),
-                                 arith.addi(arith.shli(rin, self.j_log2), arith.shli(q, _c32(2))))
-                base = B.load(self.bases, _wide(arith.addi(arith.muli(parity,
-                                                                      _c32(QG.MAX_GROUP_ROWS)), r)))
-                with B.when(arith.cmpi(arith.CmpIPredicate.sge, base, B.const(0, B.i64()))):
-                    word = B.vector_load(v4, self.buf, _wide(src), alignment=4)
-                    B.vector_store(word, self.scales,
-                                   arith.addi(base, arith.shli(_wide(j4), B.const(9, B.i64()))),
-                                   alignment=4)
+        r = arith.andi(n, rows_m1)
+        q = arith.shrui(n, self.rows_log2)
+        j4 = arith.addi(self.j40, q)
+        ok = arith.andi(arith.cmpi(arith.CmpIPredicate.ult, r, valid_rows),
+                        arith.cmpi(arith.CmpIPredicate.ult, j4, self.d1))
+        with B.when(ok):
+            slot = arith.shrui(r, self.rpb_log2)
+            rin = arith.andi(r, arith.subi(arith.shli(_c32(1), self.rpb_log2), _c32(1)))
+            src = arith.addi(arith.addi(arith.muli(parity, _c32(self.set_bytes)),
+                                        arith.muli(slot, _c32(self.rec))),
+                             arith.addi(arith.shli(rin, self.j_log2), arith.shli(q, _c32(2))))
+            base = B.load(self.bases, _wide(arith.addi(
+                arith.muli(parity, _c32(QG.MAX_GROUP_ROWS)), r)))
+            with B.when(arith.cmpi(arith.CmpIPredicate.sge, base, B.const(0, B.i64()))):
+                word = B.vector_load(B.vec(4, B.i8()), self.buf, _wide(src), alignment=4)
+                B.vector_store(word, self.scales,
+                               arith.addi(base, arith.shli(_wide(j4), B.const(9, B.i64()))),
+                               alignment=4)
 
 
 #: groups (from the block's first) whose NVFP4 reciprocals the shared table holds
