@@ -66,6 +66,28 @@ def test_grouped_bulk_long_rows(fmt, monkeypatch):
              np.asarray([0.3, 1.0, 2.0, 40.0, 1.0], np.float32) if fmt == "nvfp4" else None)
 
 
+@pytest.mark.parametrize("counts", [[5, 0, 11, 3, 8], [2, 3]], ids=["periods4", "partial"])
+@pytest.mark.parametrize("op", ["grouped", "fused"])
+def test_nvfp4_scale_stage_periods(op, counts, monkeypatch):
+    """NVFP4 wide_bulk2 (the scale bytes staged in shared memory, written a period later,
+    quantize_grouped.stages_scales): 4096 columns (2 rows a row group: periods of 4 visits),
+    one block over 27 rows: 14 row groups = 4 periods, both record sets reused, the last
+    period partial (2 visits, its last row past M), rows of an unused expert, group changes
+    inside periods; over 5 rows: one partial period (3 visits; the set's other slots never
+    written)."""
+    monkeypatch.setattr(QG, "NUM_SMS", 1)
+    monkeypatch.setattr(QG, "BULK_MAX_BLOCKS", 1)
+    ids = [0, 3, -1, 2, 1][:len(counts)]
+    if op == "grouped":
+        _grouped("nvfp4", "sm_90a", "wide_bulk2", counts, ids, 4096, 21,
+                 np.asarray([0.3, 1.0, 2.0, 40.0], np.float32))
+    else:
+        es, offs = group_offsets(counts)
+        gu = _edges(int(es[-1]), 2 * 4096, 22)
+        check_fused_formats(gu, es, offs, ids, "wide_bulk2_lut", "silu", 4, "stage",
+                            fmts=("nvfp4",))
+
+
 def test_grouped_bulk_nvfp4_blocks_over_many_groups(monkeypatch):
     """NVFP4 rows of many groups (each its own tensor scale) past the reciprocal table."""
     monkeypatch.setattr(QG, "NUM_SMS", 1)

@@ -64,13 +64,14 @@ def test_grouped_stream_gather_and_empty_groups(schedule, sms):
 
 
 def check_fused_formats(gu, es, offs, ids, schedule: str, activation: str, isc_len: int,
-                        what: str, target: str = "sm_90a") -> None:
+                        what: str, target: str = "sm_90a",
+                        fmts: tuple[str, ...] = ("nvfp4", "mxfp4", "mxfp8")) -> None:
     """``fused_silu_quantize`` of ``gu`` (groups ``es`` / ``offs`` / ``ids``) with
     ``schedule`` in the interpreter == blockscale.reference's, byte for byte, for NVFP4
-    (input scales 2, 0.5, 1e-38 repeated to ``isc_len``), MXFP4 and MXFP8; ``what`` names
-    the case in a failure."""
+    (input scales 2, 0.5, 1e-38 repeated to ``isc_len``), MXFP4 and MXFP8 (or ``fmts``);
+    ``what`` names the case in a failure."""
     ids32 = np.asarray(ids, np.int32)
-    for fmt in ("nvfp4", "mxfp4", "mxfp8"):
+    for fmt in fmts:
         isc = (np.resize(np.asarray([2.0, 0.5, 1e-38], np.float32), isc_len)
                if fmt == "nvfp4" else None)
         dd, ss = QS.fused_silu_quantize(gu, fmt, es, offs, ids32, isc, activation=activation,

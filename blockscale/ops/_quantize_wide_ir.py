@@ -105,6 +105,16 @@ the same-bytes copy; ncu: ALU pipe 71.5 -> 66.8 %, issue 74 %: now both bound it
 The unsaturated kernels (``wide4``, fused ``wide_bulk2_lut``: :func:`_pack_fp4_unsat`) keep
 their packing: there the ``FMUL.SAT`` form cost a nibble fix without saving a ``min``, and the
 fused amax and the packing would share one materialized ``|x|`` (run BS: fused 3.6 % slower).
+
+Session 12 (runs BX-CE): fewer instructions stopped paying. A further 7.5 % off the grouped
+NVFP4 hot path (454 -> 420 SASS: reciprocal table entries pre-divided by 8 with the rare ones
+negated, the sign merge in the nibble fix's ``IADD3``, a loop copy for K % 16 == 0, i32 chunk
+bounds) left its time unchanged (0.1088 vs 0.1090 ms), and 32 fewer ALU instructions in the
+fused kernel (upper bf16 halves widened by ``HFMA2``) made it 0.7 % slower; ncu: issue 66-73 %,
+DRAM 66 %, stalls spread over not-selected / wait / long-scoreboard. Dropped. What did pay:
+the NVFP4 scale bytes through shared memory (:class:`_ScaleStage`; without any scale store the
+kernel ran 6 % faster): grouped ``wide_bulk2_x2`` 16384 x 8192 0.1088 -> 0.1048-0.1056 ms
+(78.9 -> 81.4-81.9 % of the same-bytes copy).
 """
 
 from __future__ import annotations
@@ -527,17 +537,18 @@ class _ScaleStage:
     """The NVFP4 bulk kernels' scale bytes, written through shared memory: a thread's byte of
     chunk ``j`` goes straight to its 5-D place ``(j >> 2) * 512 + 16 * (r & 31) + 4 * (r >> 5)
     + (j & 3)``, so a warp's byte store (32 chunks of one row) touched 8 lines of 4 bytes each;
-    the measured cost of these stores was 6 % of the grouped kernel's time (run E: 0.1087 ms
-    with them, 0.1020 without). Instead each visit stores its bytes to a shared record (the
+    the measured cost of these stores was 6 % of the grouped kernel's time (RESULTS run CB,
+    16384 x 8192: 0.1087 ms with them, 0.1020 without). Instead each visit stores its bytes to a shared record (the
     row group's rows x the block's chunks); the row loop runs in periods of ``F = max(1, 8 /
     rows per group)`` visits (``quantize_grouped.SCALE_STAGE_ROWS`` rows), and visit ``s`` of
     a period, right after the ring's barrier, writes slice ``s`` of the previous period's
     bytes as 4-byte words (one word for each of the first ``rec / 4`` threads), the 32 lanes
-    of a store over 8 consecutive rows x 4 word columns: 8 rows' words of one 512-byte atom
-    share a line. Two record sets alternate (period parity): a set is rewritten only after
+    of a store over the period's consecutive rows (8, or a row group's) and so few word
+    columns: 8 rows' words of one 512-byte atom share a line (run CD: 0.1048 / 0.1056 vs
+    0.1088 ms, 81.6 % of the same-bytes copy; the fused kernel unchanged). Two record sets alternate (period parity): a set is rewritten only after
     the barrier that ends the period writing it. The end of the loop: a barrier, the rest.
     Per row the record keeps its scale base (-1: past M). (Writing a whole period at once
-    after its own barrier was 7 % slower than the direct stores: run F.)"""
+    after a barrier of its own was 7 % slower than the direct stores: run CC.)"""
 
     def __init__(self, k: QI._Ctx, kb: B.KernelBuilder, a, tid: ir.Value, bx: ir.Value,
                  ci: ir.Value, ri: ir.Value, cbt: ir.Value, lw: int, rpb_log2: ir.Value
