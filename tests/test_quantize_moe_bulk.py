@@ -134,6 +134,13 @@ def test_bulk_schedule_choice_and_plan():
     assert f2.lut and f2.bulk == 2 and f2.stage_bytes == 32768
     assert f2.dynamic_shared_bytes == 2 * (32768 + 8) + 8  # + the sigmoid table's mbarrier
     assert QG.bulk_blocks_per_sm(f2) == 2 and QG.wide_register_cap(f2) == 128
+    # NVFP4's staged scale bytes (10 KB, two ring stages only) cost no resident block
+    x2 = QG.with_schedule(base, "wide_bulk2_x2")
+    n2 = QG.with_schedule(QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "silu"),
+                          "wide_bulk2_lut")
+    assert QG.scale_stage_bytes(x2) == QG.scale_stage_bytes(n2) == 10240
+    assert QG.scale_stage_bytes(b3) == 0 and QG.scale_stage_bytes(f2) == 0
+    assert QG.bulk_blocks_per_sm(x2) == 4 and QG.bulk_blocks_per_sm(n2) == 2
     with pytest.raises(ValueError, match="bulk"):
         QG.MoeQuantizeSpec("mxfp4", "sm_90a", "up", "tcgen5d", True, "grouped", wide=4, bulk=2)
     names = {s.kernel_name for s in QG.bundle_specs("sm_90a") + QS.bundle_specs("sm_90a")}

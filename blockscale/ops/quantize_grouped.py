@@ -164,8 +164,7 @@ def scale_stage_bytes(spec: MoeQuantizeSpec) -> int:
 def bulk_blocks_per_sm(spec: MoeQuantizeSpec) -> int:
     """Resident blocks per SM of a bulk-schedule kernel: its ring, mbarriers and static
     tables (NVFP4 reciprocals 2 KB and staged scales 10 KB, the sigmoid table 32 KB) in
-    SM_SHARED_BYTES, at most
-    BULK_MAX_BLOCKS."""
+    SM_SHARED_BYTES, at most BULK_MAX_BLOCKS."""
     static = ((4 * 128 * 4 if spec.fmt == "nvfp4" else 0) + (4 * 8192 if spec.lut else 0)
               + scale_stage_bytes(spec))
     per = spec.dynamic_shared_bytes + static + BLOCK_RESERVED_SHARED
