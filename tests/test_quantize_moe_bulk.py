@@ -102,7 +102,7 @@ def _fused(schedule: str, activation: str, counts, ids, d: int, seed: int) -> No
 
 
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
-@pytest.mark.parametrize("schedule", ["wide_bulk2_lut", "wide_bulk2"])
+@pytest.mark.parametrize("schedule", ["wide_bulk2_lut", "wide_bulk2", "wide_bulk2_lut_x2"])
 def test_fused_bulk_max_cases(schedule, activation):
     for counts, ids, d in MAX_CASES:
         _fused(schedule, activation, counts, ids, d, d)
@@ -143,6 +143,14 @@ def test_bulk_schedule_choice_and_plan():
     assert QG.bulk_blocks_per_sm(x2) == 4 and QG.bulk_blocks_per_sm(n2) == 2
     with pytest.raises(ValueError, match="bulk"):
         QG.MoeQuantizeSpec("mxfp4", "sm_90a", "up", "tcgen5d", True, "grouped", wide=4, bulk=2)
+    # the fused op from 2^26 output elements: NVFP4 / MXFP8 on two waves (run CF), MXFP4 not
+    big = QG.LARGE_GROUPED_ELEMENTS
+    assert [QS.silu_default(f, big) for f in ("nvfp4", "mxfp4", "mxfp8")] == [
+        "wide_bulk2_lut_x2", "wide_bulk2_lut", "wide_bulk2_lut_x2"]
+    assert QS.silu_default("nvfp4", big - 1) == QS.DEFAULT_SILU_SCHEDULE
+    l2 = QG.with_schedule(silu, "wide_bulk2_lut_x2")
+    assert l2.waves == 2 and l2.bulk == 2 and l2.lut
+    assert QG.wide_plan(l2, 16384, 4096, 192)[0][1] == 2 * QG.wide_plan(f2, 16384, 4096, 192)[0][1]
     names = {s.kernel_name for s in QG.bundle_specs("sm_90a") + QS.bundle_specs("sm_90a")}
     assert {"grouped_quantize_dynamic_scaled_nvfp4_rn_5d_v_wide2_bulk2",
             "grouped_quantize_dynamic_scaled_mxfp8_up_5d_v_gather_wide2_bulk4",

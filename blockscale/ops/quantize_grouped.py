@@ -50,10 +50,11 @@ BULK_SCHEDULES = ("wide_bulk2", "wide_bulk2_lut", "wide_bulk3", "wide_bulk3_lut"
 #: block walks a W times shorter contiguous share of the row groups; blocks that finish
 #: early are replaced by waiting ones, so SMs that the memory system serves faster take
 #: more of the work, at the cost of W times the blocks' prologues). Also accepted by the
-#: ops, not in SCHEDULES. Only the MXFP8 grouped default is left: the other "_x2" / "_x4"
-#: forms and the fused op's "*_plut" product tables were removed in session 6 (measured
-#: slower: runs T / U)
-WAVE_SCHEDULES = ("wide_bulk2_x2",)
+#: ops, not in SCHEDULES. The grouped op's large-input default and (session 12, run CF) the
+#: fused op's for NVFP4 / MXFP8 from 2^26 output elements; the other "_x2" / "_x4" forms and
+#: the fused op's "*_plut" product tables were removed in session 6 (measured slower: runs T /
+#: U)
+WAVE_SCHEDULES = ("wide_bulk2_x2", "wide_bulk2_lut_x2")
 #: launch waves a "_x<W>" schedule may ask for
 WAVES = (1, 2)
 #: shared memory an SM gives its blocks (H200: 228 KB, 1 KB of it reserved per block)

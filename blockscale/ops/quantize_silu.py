@@ -20,6 +20,7 @@ from blockscale.formats import Format
 from blockscale.ops.quantize import QuantizeSpec, check_input
 from blockscale.ops.quantize_grouped import (
     BULK_SCHEDULES,
+    LARGE_GROUPED_ELEMENTS,
     SCHEDULES,
     STREAM_SCHEDULES,
     WIDE_SCHEDULES,
@@ -102,11 +103,26 @@ def _lut_buffer(dev: Any, key: tuple, host: bool) -> Any:
 #: ms vs wide_lut 0.0357 / 0.0329 / 0.0317.
 DEFAULT_SILU_SCHEDULE = "wide_bulk2_lut"
 SILU_SCHEDULE_TARGETS = ("sm_90a",)
+#: from LARGE_GROUPED_ELEMENTS output elements (rows x D) on, these formats run the same kernel
+#: on two resident waves of blocks. Run CF (H200, T=16384, D=4096, E=64, ms, two runs):
+#: NVFP4 0.0967 / 0.0961 vs 0.0988 / 0.0987, MXFP8 0.0969 / 0.0964 vs 0.1008 / 0.1002; MXFP4
+#: slower there (0.0947 / 0.0944 vs 0.0916 / 0.0915)
+LARGE_SILU_SCHEDULE, LARGE_SILU_FORMATS = "wide_bulk2_lut_x2", ("nvfp4", "mxfp8")
+
+
+def silu_default(fmt: str, elements: int = 0) -> str:
+    """The fused op's schedule for format ``fmt`` and ``elements`` output elements (rows x
+    D) on SILU_SCHEDULE_TARGETS when none is given."""
+    if elements >= LARGE_GROUPED_ELEMENTS and fmt in LARGE_SILU_FORMATS:
+        return LARGE_SILU_SCHEDULE
+    return DEFAULT_SILU_SCHEDULE
 
 
 def _spec(fmt: Format, target: str, act: GatedActivation, aligned: bool,
-          schedule: str | None = None, num_groups: int | None = None) -> QuantizeSpec:
-    schedule = default_schedule(schedule, target, DEFAULT_SILU_SCHEDULE, SILU_SCHEDULE_TARGETS)
+          schedule: str | None = None, num_groups: int | None = None,
+          elements: int = 0) -> QuantizeSpec:
+    schedule = default_schedule(schedule, target, silu_default(fmt.name, elements),
+                                SILU_SCHEDULE_TARGETS)
     return with_schedule(QuantizeSpec(fmt.name, target, None, "tcgen5d", aligned, "silu",
                                       False, act.kind, float(act.alpha), float(act.limit),
                                       name="fused_silu_quantize"), schedule, num_groups)
@@ -144,7 +160,7 @@ def fused_silu_quantize(gate_up: Any, fmt: Format | str, expert_start: Any, scal
     check_groups(expert_start, scales_offsets, expert_ids, t, num_scale_tiles)
     scales = expert_scales_arg(fmt, input_scales, "input_scales", expert_ids)
     dev, tgt = device_and_target(device, target)
-    spec = _spec(fmt, tgt, act, d % 8 == 0, schedule, ng)
+    spec = _spec(fmt, tgt, act, d % 8 == 0, schedule, ng, t * d)
     buffers = {"x": gate_up, "expert_start": _i32(expert_start),
                "scales_offsets": _i32(search_offsets(expert_start, scales_offsets)),
                "expert_ids": _i32(expert_ids),
@@ -173,7 +189,8 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
     """Fused SiLU / SwiGLU-OAI quantize specs for the GPU tests and benchmarks (every format
     and schedule)."""
     return [_spec(Format.from_name(f), target, a, True, sch)
-            for sch in (SCHEDULES + STREAM_SCHEDULES + WIDE_SCHEDULES[:2] + BULK_SCHEDULES[1:2])
+            for sch in (SCHEDULES + STREAM_SCHEDULES + WIDE_SCHEDULES[:2] + BULK_SCHEDULES[1:2]
+                        + (LARGE_SILU_SCHEDULE,))
             for f in ("nvfp4", "mxfp4", "mxfp8")
             for a in (GatedActivation.SILU, GatedActivation.SWIGLU_OAI)]
 
