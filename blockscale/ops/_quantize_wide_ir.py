@@ -158,8 +158,9 @@ class _Chunk:
     """Loop-invariant facts of one of a thread's chunks: columns and offsets as i32 (K and
     the scale row < 2^31; widened where added to a row's i64 offset: fewer registers)."""
 
-    def __init__(self, k: QI._Ctx, a, c: ir.Value) -> None:
+    def __init__(self, k: QI._Ctx, a, c: ir.Value, v: int) -> None:
         i32 = B.i32()
+        self.v = v  # the thread's chunk index in a visit
         ncols = a("k")
         j = arith.shrui(c, _c64(k.lanes_log2))
         col0 = arith.muli(c, _c64(k.chunk))
@@ -198,10 +199,8 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
     ci = arith.andi(tid, arith.subi(arith.shli(_c64(1), cbt), _c64(1)))
     lane0 = arith.cmpi(arith.CmpIPredicate.eq, arith.andi(ci, _c64(k.lanes - 1)), _c64(0))
     chunks = [_Chunk(k, a, arith.ori(arith.shli(arith.addi(arith.shli(bx, _c64(lw)),
-                                                           _c64(v)), cbt), ci))
+                                                           _c64(v)), cbt), ci), v)
               for v in range(w)]
-    for v, ch in enumerate(chunks):
-        ch.v = v
     in_stride = arith.shli(ncols, _c64(1)) if silu else ncols
     d1 = arith.shrui(kblocks_row, _c64(2))
     m32 = arith.trunci(i32, a("m"))
@@ -534,21 +533,24 @@ class _BulkRing:
 
 
 class _ScaleStage:
-    """The NVFP4 bulk kernels' scale bytes, written through shared memory: a thread's byte of
-    chunk ``j`` goes straight to its 5-D place ``(j >> 2) * 512 + 16 * (r & 31) + 4 * (r >> 5)
-    + (j & 3)``, so a warp's byte store (32 chunks of one row) touched 8 lines of 4 bytes each;
-    the measured cost of these stores was 6 % of the grouped kernel's time (RESULTS run CB,
-    16384 x 8192: 0.1087 ms with them, 0.1020 without). Instead each visit stores its bytes to a shared record (the
-    row group's rows x the block's chunks); the row loop runs in periods of ``F = max(1, 8 /
-    rows per group)`` visits (``quantize_grouped.SCALE_STAGE_ROWS`` rows), and visit ``s`` of
-    a period, right after the ring's barrier, writes slice ``s`` of the previous period's
-    bytes as 4-byte words (one word for each of the first ``rec / 4`` threads), the 32 lanes
-    of a store over the period's consecutive rows (8, or a row group's) and so few word
-    columns: 8 rows' words of one 512-byte atom share a line (run CD: 0.1048 / 0.1056 vs
-    0.1088 ms, 81.6 % of the same-bytes copy; the fused kernel unchanged). Two record sets alternate (period parity): a set is rewritten only after
-    the barrier that ends the period writing it. The end of the loop: a barrier, the rest.
-    Per row the record keeps its scale base (-1: past M). (Writing a whole period at once
-    after a barrier of its own was 7 % slower than the direct stores: run CC.)"""
+    """The NVFP4 bulk kernels' scale bytes, written through shared memory. Stored directly, a
+    thread's byte of chunk ``j`` goes to its 5-D place ``(j >> 2) * 512 + 16 * (r & 31) + 4 *
+    (r >> 5) + (j & 3)``: a warp's byte store (32 chunks of one row) touches 8 lines, 4 bytes
+    each; those stores cost 6 % of the grouped kernel's time (RESULTS run CB, 16384 x 8192:
+    0.1087 ms with them, 0.1020 without).
+
+    Instead each visit stores its bytes to a shared record (the row group's rows x the block's
+    chunks). The row loop runs in periods of ``F = max(1, 8 / rows per group)`` visits
+    (``quantize_grouped.SCALE_STAGE_ROWS`` rows); visit ``s`` of a period, right after the
+    ring's barrier, writes slice ``s`` of the previous period's bytes as 4-byte words (a word
+    for each of the first ``rec / 4`` threads), the 32 lanes of a store over the period's
+    consecutive rows (8, or a row group's) and so few word columns: 8 rows' words of one
+    512-byte atom share a line. Two record sets alternate (period parity): a set is rewritten
+    only after the barrier that ends the period writing it. After the loop: a barrier, the
+    rest. Per row the record keeps its scale base (-1: past M). Run CD: 0.1048 / 0.1056 vs
+    0.1088 ms (81.9 / 81.4 % of the same-bytes copy), the fused kernel unchanged; writing a
+    whole period at once after a barrier of its own was 7 % slower than the direct stores
+    (run CC)."""
 
     def __init__(self, k: QI._Ctx, kb: B.KernelBuilder, a, tid: ir.Value, bx: ir.Value,
                  ci: ir.Value, ri: ir.Value, cbt: ir.Value, lw: int, rpb_log2: ir.Value
@@ -569,8 +571,10 @@ class _ScaleStage:
         self.j40 = arith.trunci(i32, arith.shrui(arith.shli(bx, _wide(self.j_log2)),
                                                  B.const(2, B.i64())))  # first word column
         self.rpb_log2 = rpb_log2
-        self.f_log2 = arith.select(arith.cmpi(arith.CmpIPredicate.slt, rpb_log2, _c32(3)),
-                                   arith.subi(_c32(3), rpb_log2), _c32(0))
+        rows_log2 = QG.SCALE_STAGE_ROWS.bit_length() - 1
+        self.f_log2 = arith.select(  # visits a period
+            arith.cmpi(arith.CmpIPredicate.slt, rpb_log2, _c32(rows_log2)),
+            arith.subi(_c32(rows_log2), rpb_log2), _c32(0))
         self.rows_log2 = arith.addi(self.f_log2, rpb_log2)  # rows of a period
         self.period_rows = arith.shli(_c32(1), self.rows_log2)
         self.ri = ri  # i32
