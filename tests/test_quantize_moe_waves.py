@@ -77,14 +77,17 @@ def test_waves_plan_and_names():
     names = {s.kernel_name for s in QG.bundle_specs("sm_90a") + QS.bundle_specs("sm_90a")}
     assert {f"grouped_quantize_dynamic_scaled_{f}_5d_v_wide2_bulk2_x2"
             for f in ("nvfp4_rn", "mxfp4_up", "mxfp8_up")} <= names
-    assert not any(n.endswith(("_x4", "_plut", "_plut_x2", "_lut_x2")) for n in names)
+    assert not any(n.endswith(("_x4", "_plut", "_plut_x2")) for n in names)
+    # the fused two-wave table kernels (session 12): bundled, on the table kernel's names
+    assert {n for n in names if n.endswith("_lut_x2")} == {
+        f"fused_silu_quantize_{f}_5d_v_{a}_wide2_bulk2_lut_x2"
+        for f in ("nvfp4_rn", "mxfp4_up", "mxfp8_up") for a in ("silu", "swiglu_oai")}
     with pytest.raises(ValueError, match="waves must be one of"):
         QG.MoeQuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "grouped", wide=2, waves=4)
     with pytest.raises(ValueError, match="wide schedules only"):
         QG.MoeQuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "grouped", stream=True,
                            waves=2)
-    for removed in ("wide_x2", "wide_x4", "wide4_x2", "wide4_x4", "wide_bulk2_lut_x2",
-                    "wide_bulk2_lut_x4", "wide_plut", "wide_bulk2_plut", "wide_bulk2_plut_x2"):
+    for removed in ("wide_x2", "wide_x4", "wide4_x2", "wide4_x4", "wide_bulk2_lut_x4", "wide_plut", "wide_bulk2_plut", "wide_bulk2_plut_x2"):
         with pytest.raises(ValueError, match="schedule"):
             QG.with_schedule(base, removed)
 
