@@ -249,7 +249,7 @@ def _body(k: QI._Ctx, kb: B.KernelBuilder) -> None:
                          lambda rg: row_off(rg))
         first = []
         if QG.stages_scales(spec):
-            k.scale_stage = _ScaleStage(k, kb, a, tid, bx, ci, ri, cbt, lw, rpb_log2)
+            k.scale_stage = _ScaleStage(k, kb, a, tid, bx, ci, ri, cbt, lw, rpb_log2, d1)
     else:
         off0 = row_off(lo)
         first = [load(off0, ch) for ch in chunks]  # out before the table fill and lookups
@@ -553,8 +553,8 @@ class _ScaleStage:
     (run CC)."""
 
     def __init__(self, k: QI._Ctx, kb: B.KernelBuilder, a, tid: ir.Value, bx: ir.Value,
-                 ci: ir.Value, ri: ir.Value, cbt: ir.Value, lw: int, rpb_log2: ir.Value
-                 ) -> None:
+                 ci: ir.Value, ri: ir.Value, cbt: ir.Value, lw: int, rpb_log2: ir.Value,
+                 d1: ir.Value) -> None:
         from blockscale.compiler.arch import tma
 
         i32 = B.i32()
@@ -563,8 +563,9 @@ class _ScaleStage:
         self.set_bytes = QG.SCALE_STAGE_ROWS * self.rec
         self.buf = tma.shared_buffer(kb, f"{2 * self.set_bytes}xi8", align=16)
         self.bases = tma.shared_buffer(kb, f"{2 * QG.MAX_GROUP_ROWS}xi64", align=16)
-        self.scales, self.d1 = a("scales"), arith.trunci(i32, arith.shrui(a("kblocks_row"),
-                                                                         B.const(2, B.i64())))
+        # the shared bytes the launch plan reserves for the stage (its blocks per SM)
+        assert 2 * self.set_bytes + 2 * QG.MAX_GROUP_ROWS * 8 == QG.scale_stage_bytes(k.spec)
+        self.scales, self.d1 = a("scales"), arith.trunci(i32, d1)  # d1: word columns a row
         self.tid = arith.trunci(i32, tid)
         cbt32 = arith.trunci(i32, cbt)
         self.j_log2 = arith.addi(cbt32, _c32(lw))  # chunks (bytes) of a row in the block
@@ -577,6 +578,7 @@ class _ScaleStage:
             arith.subi(_c32(rows_log2), rpb_log2), _c32(0))
         self.rows_log2 = arith.addi(self.f_log2, rpb_log2)  # rows of a period
         self.period_rows = arith.shli(_c32(1), self.rows_log2)
+        self.rpb_m1 = arith.subi(arith.shli(_c32(1), rpb_log2), _c32(1))
         self.ri = ri  # i32
         self.row_lead = arith.cmpi(arith.CmpIPredicate.eq, ci, B.const(0, B.i64()))
         # this thread's byte of chunk v in a record: row-major (row, chunk of the block row)
@@ -634,15 +636,14 @@ class _ScaleStage:
         rows = F x rows per group) to its scale place, if its row is below ``valid_rows``,
         in the matrix (base >= 0) and its column in the scale row."""
         parity = arith.andi(period, _c32(1))
-        rows_m1 = arith.subi(arith.shli(_c32(1), self.rows_log2), _c32(1))
-        r = arith.andi(n, rows_m1)
+        r = arith.andi(n, arith.subi(self.period_rows, _c32(1)))
         q = arith.shrui(n, self.rows_log2)
         j4 = arith.addi(self.j40, q)
         ok = arith.andi(arith.cmpi(arith.CmpIPredicate.ult, r, valid_rows),
                         arith.cmpi(arith.CmpIPredicate.ult, j4, self.d1))
         with B.when(ok):
             slot = arith.shrui(r, self.rpb_log2)
-            rin = arith.andi(r, arith.subi(arith.shli(_c32(1), self.rpb_log2), _c32(1)))
+            rin = arith.andi(r, self.rpb_m1)
             src = arith.addi(arith.addi(arith.muli(parity, _c32(self.set_bytes)),
                                         arith.muli(slot, _c32(self.rec))),
                              arith.addi(arith.shli(rin, self.j_log2), arith.shli(q, _c32(2))))
