@@ -195,3 +195,21 @@ def test_e2m1_unsat_exhaustive():
     np.testing.assert_array_equal(_e2m1_unsat_model(a), encode_e2m1(a) & 7)
     assert int(_e2m1_unsat_model(np.array([7.0], np.float32))[0]) == 8  # not a code: bound
 
+
+
+def test_patched_register_cap_gets_its_own_kernel_key(monkeypatch):
+    """The tests above patch BULK_MAX_BLOCKS (register cap 64 -> 128): the kernel key holds the
+    cap (``MoeQuantizeSpec.build_facts``), so their kernels never stand in, from the kernel
+    cache, for the unpatched ones the ops and bundles launch (a 128-register kernel where the
+    plan counts 4 blocks an SM)."""
+    from blockscale.ops import _core
+    from blockscale.ops.quantize import QuantizeSpec
+
+    spec = QG.with_schedule(QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "grouped",
+                                         name="grouped_quantize_dynamic_scaled"), "wide_bulk2")
+    key = _core.kernel_key(spec)
+    assert spec.build_facts() == {"maxnreg": 64}
+    monkeypatch.setattr(QG, "BULK_MAX_BLOCKS", 1)
+    assert spec.build_facts() == {"maxnreg": 128} and _core.kernel_key(spec) != key
+    monkeypatch.undo()
+    assert _core.kernel_key(spec) == key

@@ -141,28 +141,34 @@ def _spec_fields(spec: Any) -> Any:
 
 def kernel_key(spec: Any) -> str:
     """A hex key of the compiled kernel for ``spec``, computed without importing MLIR: hash of
-    the spec's type and fields, the generator's (and compiler's) source bytes, and the
-    package version. Memoized per spec (an op call computes it on every launch)."""
+    the spec's type and fields, its ``build_facts()`` where it has them (what the generator
+    reads from module-level tunables rather than the fields, e.g. a register cap; a test that
+    patches a tunable must not share the kernel of the unpatched one), the generator's (and
+    compiler's) source bytes, and the package version. Memoized per spec and facts (an op
+    call computes it on every launch)."""
+    facts = spec.build_facts() if hasattr(spec, "build_facts") else None
+    memo = (spec, json.dumps(facts, sort_keys=True))
     try:
-        return _KEYS[spec]
+        return _KEYS[memo]
     except (KeyError, TypeError):  # TypeError: an unhashable spec, computed every time
         pass
     h = hashlib.sha256()
     h.update(json.dumps({"type": f"{type(spec).__module__}.{type(spec).__qualname__}",
                          "op": getattr(spec, "op", ""), "fields": _spec_fields(spec),
-                         "version": _package_version()}, sort_keys=True).encode())
+                         "build": facts, "version": _package_version()},
+                        sort_keys=True).encode())
     for rel, digest in _source_digests(type(spec).__module__):
         h.update(rel.encode())
         h.update(digest.encode())
     key = f"{getattr(spec, 'op', 'kernel')}-{h.hexdigest()[:32]}"
     try:
-        _KEYS[spec] = key
+        _KEYS[memo] = key
     except TypeError:
         pass
     return key
 
 
-_KEYS: dict[Any, str] = {}
+_KEYS: dict[tuple[Any, str], str] = {}
 
 
 @functools.cache

@@ -216,6 +216,12 @@ class MoeQuantizeSpec(QuantizeSpec):
         sigmoid table copy's; 0 without a ring."""
         return self.bulk * (self.stage_bytes + 8) + 8 * self.lut if self.bulk else 0
 
+    def build_facts(self) -> dict[str, int]:
+        """What the wide kernels' generator reads from this module's tunables (the register
+        cap, from BULK_MAX_BLOCKS and the shared budget) rather than the fields: part of the
+        kernel key, so a test that patches them compiles (and caches) a kernel of its own."""
+        return {"maxnreg": wide_register_cap(self)} if self.wide else {}
+
     def args(self) -> tuple[Any, ...]:
         from blockscale.launch import KernelArg
 
