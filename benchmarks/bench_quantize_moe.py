@@ -9,7 +9,8 @@ checked byte for byte against ``blockscale.reference`` for the first set), its k
 are recorded, and the replayed launches are timed with CUDA events (median), so host work is
 excluded. Every kernel schedule of the ops (``quantize_grouped.SCHEDULES``: "tiles", "rows",
 "rows2", "stream", "stream2", "wide", and for the fused op "rows_lut", "rows2_lut",
-"stream_lut", "stream2_lut", "wide_lut", "wide_bulk2_lut"; grouped only: "wide4", "wide_deep",
+"stream_lut", "stream2_lut", "wide_lut", "wide_bulk2_lut", the two-wave "wide_bulk2_lut_x2" and
+the one-chunk-a-visit "wide1_bulk2_lut" / "wide1_bulk2_lut_x2"; grouped only: "wide4", "wide_deep",
 "wide_bulk2" / "wide_bulk3" / "wide_bulk4" and the 2-wave "wide_bulk2_x2") gets its own row
 (``--schedules`` picks some; the other "_x2" / "_x4" grids and the fused "*_plut" tables were
 removed in session 6, measured slower: runs T / U). Bytes moved = bf16 input read + packed
@@ -42,7 +43,8 @@ from benchmarks.common import (
 OPS = ("grouped_quantize", "fused_silu_quantize")
 SCHEDULES = ("tiles", "rows", "rows2", "rows_lut", "rows2_lut", "stream", "stream2",
              "stream_lut", "stream2_lut", "wide", "wide4", "wide_deep", "wide_lut",
-             "wide_bulk2", "wide_bulk3", "wide_bulk4", "wide_bulk2_lut", "wide_bulk2_x2")
+             "wide_bulk2", "wide_bulk3", "wide_bulk4", "wide_bulk2_lut", "wide_bulk2_x2",
+             "wide_bulk2_lut_x2", "wide1_bulk2_lut", "wide1_bulk2_lut_x2")
 #: schedules benchmarked for the grouped op only
 GROUPED_ONLY = ("wide4", "wide_deep", "wide_bulk2", "wide_bulk3", "wide_bulk4", "wide_bulk2_x2")
 

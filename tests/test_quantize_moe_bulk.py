@@ -67,14 +67,14 @@ def test_grouped_bulk_long_rows(fmt, monkeypatch):
 
 
 @pytest.mark.parametrize("counts", [[5, 0, 11, 3, 8], [2, 3]], ids=["periods4", "partial"])
-@pytest.mark.parametrize("op", ["grouped", "fused"])
+@pytest.mark.parametrize("op", ["grouped", "fused", "fused_wide1"])
 def test_nvfp4_scale_stage_periods(op, counts, monkeypatch):
     """NVFP4 wide_bulk2 (the scale bytes staged in shared memory, written a period later,
     quantize_grouped.stages_scales): 4096 columns (2 rows a row group: periods of 4 visits),
     one block over 27 rows: 14 row groups = 4 periods, both record sets reused, the last
     period partial (2 visits, its last row past M), rows of an unused expert, group changes
     inside periods; over 5 rows: one partial period (3 visits; the set's other slots never
-    written)."""
+    written). ``fused_wide1``: one row a row group, periods of 8 visits (27 rows: 8, 8, 8, 3)."""
     monkeypatch.setattr(QG, "NUM_SMS", 1)
     monkeypatch.setattr(QG, "BULK_MAX_BLOCKS", 1)
     ids = [0, 3, -1, 2, 1][:len(counts)]
@@ -84,8 +84,8 @@ def test_nvfp4_scale_stage_periods(op, counts, monkeypatch):
     else:
         es, offs = group_offsets(counts)
         gu = _edges(int(es[-1]), 2 * 4096, 22)
-        check_fused_formats(gu, es, offs, ids, "wide_bulk2_lut", "silu", 4, "stage",
-                            fmts=("nvfp4",))
+        check_fused_formats(gu, es, offs, ids, "wide1_bulk2_lut" if op == "fused_wide1"
+                            else "wide_bulk2_lut", "silu", 4, "stage", fmts=("nvfp4",))
 
 
 def test_grouped_bulk_nvfp4_blocks_over_many_groups(monkeypatch):
@@ -102,15 +102,17 @@ def _fused(schedule: str, activation: str, counts, ids, d: int, seed: int) -> No
 
 
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
-@pytest.mark.parametrize("schedule", ["wide_bulk2_lut", "wide_bulk2", "wide_bulk2_lut_x2"])
+@pytest.mark.parametrize("schedule", ["wide_bulk2_lut", "wide_bulk2", "wide_bulk2_lut_x2",
+                                      "wide1_bulk2_lut"])
 def test_fused_bulk_max_cases(schedule, activation):
     for counts, ids, d in MAX_CASES:
         _fused(schedule, activation, counts, ids, d, d)
 
 
+@pytest.mark.parametrize("schedule", ["wide_bulk3_lut", "wide1_bulk2_lut"])
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
-def test_fused_bulk_edges(activation, sms):
-    _fused("wide_bulk3_lut", activation, COUNTS, IDS, 72, 12)
+def test_fused_bulk_edges(activation, schedule, sms):
+    _fused(schedule, activation, COUNTS, IDS, 72, 12)
 
 
 def test_bulk_schedule_choice_and_plan():
@@ -143,11 +145,19 @@ def test_bulk_schedule_choice_and_plan():
     assert QG.bulk_blocks_per_sm(x2) == 4 and QG.bulk_blocks_per_sm(n2) == 2
     with pytest.raises(ValueError, match="bulk"):
         QG.MoeQuantizeSpec("mxfp4", "sm_90a", "up", "tcgen5d", True, "grouped", wide=4, bulk=2)
-    # the fused op from 2^26 output elements: NVFP4 / MXFP8 on two waves (run CF), MXFP4 not
+    # the fused op: NVFP4 / MXFP8 on one chunk a visit (3 blocks an SM, run CI), from 2^26
+    # output elements on two waves (runs CF, CI); MXFP4 on two chunks, one wave
     big = QG.LARGE_GROUPED_ELEMENTS
     assert [QS.silu_default(f, big) for f in ("nvfp4", "mxfp4", "mxfp8")] == [
-        "wide_bulk2_lut_x2", "wide_bulk2_lut", "wide_bulk2_lut_x2"]
-    assert QS.silu_default("nvfp4", big - 1) == QS.DEFAULT_SILU_SCHEDULE
+        "wide1_bulk2_lut_x2", "wide_bulk2_lut", "wide1_bulk2_lut_x2"]
+    assert [QS.silu_default(f, big - 1) for f in ("nvfp4", "mxfp4", "mxfp8")] == [
+        "wide1_bulk2_lut", QS.DEFAULT_SILU_SCHEDULE, "wide1_bulk2_lut"]
+    n1 = QG.with_schedule(QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "silu"),
+                          "wide1_bulk2_lut")
+    assert (n1.wide, n1.bulk, n1.stage_bytes) == (1, 2, 16384)
+    assert QG.scale_stage_bytes(n1) == 2 * 8 * 256 + 2 * 128 * 8
+    assert QG.bulk_blocks_per_sm(n1) == 3 and QG.wide_register_cap(n1) == 80
+    assert QG.wide_plan(n1, 16384, 4096, 192)[0] == (1, 396, 1)  # 1 row a visit, 132 x 3
     l2 = QG.with_schedule(silu, "wide_bulk2_lut_x2")
     assert l2.waves == 2 and l2.bulk == 2 and l2.lut
     assert QG.wide_plan(l2, 16384, 4096, 192)[0][1] == 2 * QG.wide_plan(f2, 16384, 4096, 192)[0][1]

@@ -78,10 +78,16 @@ def test_waves_plan_and_names():
     assert {f"grouped_quantize_dynamic_scaled_{f}_5d_v_wide2_bulk2_x2"
             for f in ("nvfp4_rn", "mxfp4_up", "mxfp8_up")} <= names
     assert not any(n.endswith(("_x4", "_plut", "_plut_x2")) for n in names)
-    # the fused two-wave table kernels (session 12): bundled, on the table kernel's names
+    # the fused two-wave table kernels (session 12; one chunk a visit: session 13): bundled,
+    # on the table kernel's names
     assert {n for n in names if n.endswith("_lut_x2")} == {
-        f"fused_silu_quantize_{f}_5d_v_{a}_wide2_bulk2_lut_x2"
-        for f in ("nvfp4_rn", "mxfp4_up", "mxfp8_up") for a in ("silu", "swiglu_oai")}
+        f"fused_silu_quantize_{f}_5d_v_{a}_wide{w}_bulk2_lut_x2"
+        for f in ("nvfp4_rn", "mxfp4_up", "mxfp8_up") for a in ("silu", "swiglu_oai")
+        for w in (1, 2)}
+    with pytest.raises(ValueError, match="fused op's"):  # one chunk a visit: fused only
+        QG.with_schedule(base, "wide1_bulk2_lut_x2")
+    with pytest.raises(ValueError, match="1: fused bulk kernels"):
+        QG.MoeQuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "silu", wide=1)
     with pytest.raises(ValueError, match="waves must be one of"):
         QG.MoeQuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "grouped", wide=2, waves=4)
     with pytest.raises(ValueError, match="wide schedules only"):

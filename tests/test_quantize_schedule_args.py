@@ -52,7 +52,7 @@ def test_grouped_op_schedule(target, schedule, want, monkeypatch):
 
 
 @pytest.mark.parametrize("target,schedule,want", [
-    ("sm_90a", None, QS.DEFAULT_SILU_SCHEDULE), ("sm_100a", None, QG.DEFAULT_SCHEDULE),
+    ("sm_90a", None, QS.silu_default("mxfp8")), ("sm_100a", None, QG.DEFAULT_SCHEDULE),
     ("sm_90a", "rows2", "rows2")])
 def test_fused_op_schedule(target, schedule, want, monkeypatch):
     specs = _capture(monkeypatch, QS)

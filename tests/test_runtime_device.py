@@ -226,3 +226,16 @@ def test_buffer_dtype_checks():
     check_buffer_dtype("k", KernelArg("y", "buffer", "bfloat16"), np.dtype(ml_dtypes.bfloat16))
     with pytest.raises(TypeError, match="arg 'y': expected a float32 buffer, got int32"):
         check_buffer_dtype("k", KernelArg("y", "buffer", "float32"), np.dtype(np.int32))
+
+
+def test_shared_memory_opt_in_counts_static_bytes():
+    """MAX_DYNAMIC_SHARED_SIZE_BYTES is raised where static + dynamic shared memory passes
+    48 KiB, also with less than 48 KiB dynamic (the fused quantize kernels' tables + ring)."""
+    from blockscale.runtime.cuda import needs_smem_opt_in
+
+    kib = 1024
+    assert not needs_smem_opt_in(0, 40 * kib)
+    assert not needs_smem_opt_in(8 * kib, 40 * kib)
+    assert needs_smem_opt_in(8 * kib + 16, 40 * kib)
+    assert needs_smem_opt_in(32 * kib, 40 * kib)
+    assert needs_smem_opt_in(49 * kib, 0)

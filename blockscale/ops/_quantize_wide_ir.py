@@ -157,8 +157,8 @@ def build(spec: MoeQuantizeSpec) -> ir.Module:
     if k.chunk <= CHUNK:
         raise ValueError(f"the wide schedule needs an aligned spec (K % 8 == 0), got "
                          f"aligned={spec.aligned}")
-    if spec.wide not in (2, 4):
-        raise ValueError(f"spec.wide must be 2 or 4 chunks per visit, got {spec.wide!r}")
+    if spec.wide not in (1, 2, 4):
+        raise ValueError(f"spec.wide must be 1, 2 or 4 chunks per visit, got {spec.wide!r}")
     return QS.capped_module(k, spec, wide_register_cap(spec), _body)
 
 

@@ -42,9 +42,12 @@ STREAM_SCHEDULES = ("stream", "stream2", "stream_lut", "stream2_lut")
 WIDE_SCHEDULES = ("wide", "wide_lut", "wide4", "wide4_lut", "wide_deep", "wide_deep_lut")
 #: the "wide_bulk<S>" schedules (sm_90a: the wide kernel fed by a shared ring of S row groups
 #: filled with ``cp.async.bulk`` row spans, :func:`blockscale.ops._quantize_wide_ir._bulk_body`);
-#: "*_lut" as for the others. Also accepted by the ops, not in SCHEDULES
+#: "*_lut" as for the others. Also accepted by the ops, not in SCHEDULES. "wide1_bulk2_lut"
+#: (fused op only): one chunk a thread visit, half the stage bytes and registers, so 3
+#: resident blocks an SM at 80 registers instead of 2 at 128 (the grouped kernel, already at
+#: 4 blocks, was 4-12 % slower with one chunk at 5 or 6 blocks: run CJ)
 BULK_SCHEDULES = ("wide_bulk2", "wide_bulk2_lut", "wide_bulk3", "wide_bulk3_lut",
-                  "wide_bulk4", "wide_bulk4_lut")
+                  "wide_bulk4", "wide_bulk4_lut", "wide1_bulk2_lut")
 #: the "<wide schedule>_x<W>" schedules: the same kernel as the wide / bulk schedule before the
 #: suffix, launched with W times its resident wave of blocks (``MoeQuantizeSpec.waves``: each
 #: block walks a W times shorter contiguous share of the row groups; blocks that finish
@@ -54,7 +57,7 @@ BULK_SCHEDULES = ("wide_bulk2", "wide_bulk2_lut", "wide_bulk3", "wide_bulk3_lut"
 #: fused op's for NVFP4 / MXFP8 from 2^26 output elements; the other "_x2" / "_x4" forms and
 #: the fused op's "*_plut" product tables were removed in session 6 (measured slower: runs T /
 #: U)
-WAVE_SCHEDULES = ("wide_bulk2_x2", "wide_bulk2_lut_x2")
+WAVE_SCHEDULES = ("wide_bulk2_x2", "wide_bulk2_lut_x2", "wide1_bulk2_lut_x2")
 #: launch waves a "_x<W>" schedule may ask for
 WAVES = (1, 2)
 #: shared memory an SM gives its blocks (H200: 228 KB, 1 KB of it reserved per block)
@@ -151,7 +154,7 @@ def stages_scales(spec: MoeQuantizeSpec) -> bool:
     """Whether the bulk kernel of ``spec`` writes its scale bytes through shared memory
     (``_quantize_wide_ir._ScaleStage``; NVFP4: a byte a thread's chunk; two ring stages, the
     default schedules': with three or four its 10 KB would cost a resident block)."""
-    return spec.bulk == 2 and spec.fmt == "nvfp4" and spec.wide == 2
+    return spec.bulk == 2 and spec.fmt == "nvfp4" and spec.wide in (1, 2)
 
 
 def scale_stage_bytes(spec: MoeQuantizeSpec) -> int:
@@ -235,13 +238,15 @@ class MoeQuantizeSpec(QuantizeSpec):
                              f"got {self.mode!r}")
         if self.unroll not in (1, 2):
             raise ValueError(f"unroll must be 1 or 2, got {self.unroll!r}")
-        if self.wide not in (0, 2, 4):
-            raise ValueError(f"wide must be 0, 2 or 4, got {self.wide!r}")
+        if self.wide not in (0, 1, 2, 4) or (self.wide == 1 and not (
+                self.bulk and self.mode == "silu")):
+            raise ValueError(f"wide must be 0, 2 or 4 (1: fused bulk kernels), got "
+                             f"wide={self.wide!r} mode={self.mode!r} bulk={self.bulk!r}")
         if self.lut and self.mode != "silu":
             raise ValueError(f"lut needs mode 'silu', got mode {self.mode!r}")
-        if self.bulk not in (0, 2, 3, 4) or (self.bulk and (self.wide != 2 or self.unroll != 1
-                                                            or self.target != "sm_90a")):
-            raise ValueError(f"bulk must be 0 or 2-4 ring stages of a wide (2 chunks, unroll 1) "
+        if self.bulk not in (0, 2, 3, 4) or (self.bulk and (
+                self.wide not in (1, 2) or self.unroll != 1 or self.target != "sm_90a")):
+            raise ValueError(f"bulk must be 0 or 2-4 ring stages of a wide (1-2 chunks, unroll 1) "
                              f"sm_90a kernel, got bulk={self.bulk!r} wide={self.wide!r} "
                              f"unroll={self.unroll!r} target={self.target!r}")
         if self.waves not in WAVES or (self.waves != 1 and not self.wide):
@@ -291,6 +296,9 @@ def with_schedule(spec: QuantizeSpec, schedule: str | None, num_groups: int | No
     if schedule in WAVE_SCHEDULES:
         schedule, w = schedule.rsplit("_x", 1)
         waves = int(w)
+    if schedule.startswith("wide1") and spec.mode != "silu":
+        raise ValueError(f"schedule {schedule!r} is the fused op's (fused_silu_quantize) only, "
+                         f"got it for mode {spec.mode!r}")
     wide = schedule.startswith("wide")
     stream = schedule.startswith("stream")
     if schedule == "tiles" or ((stream or wide) and not spec.aligned) or (
@@ -299,11 +307,12 @@ def with_schedule(spec: QuantizeSpec, schedule: str | None, num_groups: int | No
     fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(QuantizeSpec)}
     if wide:
         base = schedule.removesuffix("_lut")
-        bulk = int(base[-1]) if base.startswith("wide_bulk") else 0
+        bulk = int(base[-1]) if base.startswith(("wide_bulk", "wide1_bulk")) else 0
         if bulk and spec.target != "sm_90a":
             return spec  # the ring is sm_90a's cp.async.bulk: the tile kernel elsewhere
         return MoeQuantizeSpec(**fields, lut=schedule.endswith("_lut") and spec.mode == "silu",
-                               wide=4 if base == "wide4" else 2,
+                               wide=4 if base == "wide4" else 1 if base.startswith("wide1")
+                               else 2,
                                unroll=2 if base == "wide_deep" else 1, bulk=bulk, waves=waves)
     return MoeQuantizeSpec(**fields, unroll=2 if schedule.removesuffix("_lut")[-1] == "2"
                            else 1, lut=schedule.endswith("_lut") and spec.mode == "silu",
@@ -582,6 +591,12 @@ def grouped_quantize_dynamic_scaled_fp4_async_kernel(fmt: Format | str = "nvfp4"
     return grouped_quantize_dynamic_scaled_kernel(fmt, target, aligned=aligned, gather=gather)
 
 
+def _grouped_only(schedules: tuple[str, ...]) -> tuple[str, ...]:
+    """The schedules of ``schedules`` that differ for the grouped op (not the fused op's
+    "*_lut" table forms: the same grouped kernel, or none)."""
+    return tuple(s for s in schedules if "lut" not in s)
+
+
 def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
     """Grouped quantize specs the GPU tests and benchmarks use (every kernel schedule)."""
     return [with_schedule(QuantizeSpec(f, target, None, "tcgen5d", a, "grouped", gather=g,
@@ -590,11 +605,11 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
             for g in (False, True)] + [
         with_schedule(QuantizeSpec(f, target, None, "tcgen5d", True, "grouped", gather=g,
                                    name="grouped_quantize_dynamic_scaled"), sch)
-        for sch in STREAM_SCHEDULES[:2] + WIDE_SCHEDULES[::2] + BULK_SCHEDULES[::2]
+        for sch in STREAM_SCHEDULES[:2] + WIDE_SCHEDULES[::2] + _grouped_only(BULK_SCHEDULES)
         for f in ("nvfp4", "mxfp4", "mxfp8") for g in (False, True)] + [
         with_schedule(QuantizeSpec(f, target, None, "tcgen5d", True, "grouped",
                                    name="grouped_quantize_dynamic_scaled"), sch)
-        for sch in WAVE_SCHEDULES for f in ("nvfp4", "mxfp4", "mxfp8")] + [
+        for sch in _grouped_only(WAVE_SCHEDULES) for f in ("nvfp4", "mxfp4", "mxfp8")] + [
         # the per-format and large-input defaults in every form the op launches (aligned or
         # not, gathered or not)
         with_schedule(QuantizeSpec(f, target, None, "tcgen5d", a, "grouped", gather=g,

@@ -103,11 +103,18 @@ def _lut_buffer(dev: Any, key: tuple, host: bool) -> Any:
 #: ms vs wide_lut 0.0357 / 0.0329 / 0.0317.
 DEFAULT_SILU_SCHEDULE = "wide_bulk2_lut"
 SILU_SCHEDULE_TARGETS = ("sm_90a",)
-#: from LARGE_GROUPED_ELEMENTS output elements (rows x D) on, these formats run the same kernel
+#: per-format overrides of DEFAULT_SILU_SCHEDULE: one chunk a thread visit, 3 resident blocks
+#: an SM instead of 2 (session 13, run CI, T=8192 D=2048 E=64, ms, two runs): NVFP4 0.0327 /
+#: 0.0326 vs 0.0348 / 0.0343, MXFP8 0.0300 / 0.0304 vs 0.0310 / 0.0314; MXFP4 slower (0.0312 /
+#: 0.0311 vs 0.0303 / 0.0306), kept
+SILU_SCHEDULE_BY_FORMAT = {"nvfp4": "wide1_bulk2_lut", "mxfp8": "wide1_bulk2_lut"}
+#: from LARGE_GROUPED_ELEMENTS output elements (rows x D) on, these formats run their kernel
 #: on two resident waves of blocks. Run CF (H200, T=16384, D=4096, E=64, ms, two runs):
 #: NVFP4 0.0967 / 0.0961 vs 0.0988 / 0.0987, MXFP8 0.0969 / 0.0964 vs 0.1008 / 0.1002; MXFP4
-#: slower there (0.0947 / 0.0944 vs 0.0916 / 0.0915)
-LARGE_SILU_SCHEDULE, LARGE_SILU_FORMATS = "wide_bulk2_lut_x2", ("nvfp4", "mxfp8")
+#: slower there (0.0947 / 0.0944 vs 0.0916 / 0.0915). Run CI (one chunk a visit, session 13):
+#: NVFP4 0.0937 / 0.0931 (run CJ 0.0935) vs two chunks 0.0969 / 0.0960, MXFP8 0.0939 / 0.0931
+#: vs 0.0955 / 0.0946; MXFP4 0.0919 / 0.0912 vs one wave of two chunks 0.0914 / 0.0912, kept
+LARGE_SILU_SCHEDULE, LARGE_SILU_FORMATS = "wide1_bulk2_lut_x2", ("nvfp4", "mxfp8")
 
 
 def silu_default(fmt: str, elements: int = 0) -> str:
@@ -115,7 +122,7 @@ def silu_default(fmt: str, elements: int = 0) -> str:
     D) on SILU_SCHEDULE_TARGETS when none is given."""
     if elements >= LARGE_GROUPED_ELEMENTS and fmt in LARGE_SILU_FORMATS:
         return LARGE_SILU_SCHEDULE
-    return DEFAULT_SILU_SCHEDULE
+    return SILU_SCHEDULE_BY_FORMAT.get(fmt, DEFAULT_SILU_SCHEDULE)
 
 
 def _spec(fmt: Format, target: str, act: GatedActivation, aligned: bool,
@@ -190,7 +197,7 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
     and schedule)."""
     return [_spec(Format.from_name(f), target, a, True, sch)
             for sch in (SCHEDULES + STREAM_SCHEDULES + WIDE_SCHEDULES[:2] + BULK_SCHEDULES[1:2]
-                        + (LARGE_SILU_SCHEDULE,))
+                        + ("wide1_bulk2_lut", "wide_bulk2_lut_x2", LARGE_SILU_SCHEDULE))
             for f in ("nvfp4", "mxfp4", "mxfp8")
             for a in (GatedActivation.SILU, GatedActivation.SWIGLU_OAI)]
 

@@ -29,6 +29,13 @@ __all__ = ["CudaDevice", "CudaError", "Event", "Stream", "check", "cuda_unavaila
 
 #: Dynamic shared memory a kernel may use without opting in.
 DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
+
+
+def needs_smem_opt_in(dynamic_bytes: int, static_bytes: int) -> bool:
+    """Whether a launch with ``dynamic_bytes`` of dynamic shared memory, in a function with
+    ``static_bytes`` of static shared memory, needs MAX_DYNAMIC_SHARED_SIZE_BYTES raised: a
+    block's shared memory past 48 KiB in all is opt-in."""
+    return dynamic_bytes > 0 and dynamic_bytes + static_bytes > DEFAULT_DYNAMIC_SMEM_LIMIT
 #: encoded tensor maps kept on the device (a map depends only on its key, so reuse is exact).
 TENSORMAP_CACHE_SIZE = 4096
 _TENSORMAP_DTYPES = {"bfloat16": "BFLOAT16", "float32": "FLOAT32", "int32": "INT32",
@@ -312,11 +319,20 @@ class CudaDevice(GpuDevice):
                      "cuModuleGetFunction", kernel.name)
 
     def _set_dynamic_smem_limit(self, function: Any, kernel: KernelBinary) -> None:
-        """Opt in to more than 48 KiB of dynamic shared memory (cuFuncSetAttribute)."""
-        if kernel.dynamic_shared_bytes <= DEFAULT_DYNAMIC_SMEM_LIMIT:
+        """Opt in (cuFuncSetAttribute) where the kernel's static plus dynamic shared memory
+        passes 48 KiB: without it such a launch fails with CUDA_ERROR_INVALID_VALUE, also
+        when the dynamic part alone is below 48 KiB (e.g. a 40 KiB static table + a 32 KiB
+        ring)."""
+        if not kernel.dynamic_shared_bytes:
             return
         drv = _driver()
         self.activate()
+        if kernel.dynamic_shared_bytes <= DEFAULT_DYNAMIC_SMEM_LIMIT:
+            static = check(drv.cuFuncGetAttribute(
+                drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function),
+                "cuFuncGetAttribute(SHARED_SIZE_BYTES)", kernel.name)
+            if not needs_smem_opt_in(kernel.dynamic_shared_bytes, int(static)):
+                return
         attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         check(drv.cuFuncSetAttribute(function, attr, kernel.dynamic_shared_bytes),
               "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", kernel.name)
