@@ -123,6 +123,13 @@ of the packed words a chunk put them back): fused ``wide_bulk2_lut_x2`` NVFP4 0.
 ms (80.0 % of the same-bytes copy), MXFP8 -1.6 %, fused MXFP4 -1.5 %, grouped unchanged. Timed
 by removal in the same run: the sigmoid-table gathers' conflicts cost nothing (all lanes on two
 addresses: same time), the fused kernel's data stores 1 % (two waves) to 5 % (one wave).
+``spec.wide = 1`` (``wide1_bulk2_lut``, fused op only; runs CI-CK): one chunk a thread visit
+(one row a row group at D = 4096), so 16 KB stages and 78 registers: 3 resident blocks an SM
+instead of 2 (hot path 28.3 vs 25.0 SASS an NVFP4 element). Fused NVFP4 16384 x 4096 on two
+waves 0.0960-0.0969 -> 0.0931-0.0937 ms (81.0-81.5 % of the same-bytes copy), MXFP8 0.0946-0.0955
+-> 0.0931-0.0939; the NVFP4 / MXFP8 default (quantize_silu.SILU_SCHEDULE_BY_FORMAT). The
+grouped kernel (already 4 blocks at 64 registers) was 4-12 % slower with one chunk at 5-6
+blocks (run CJ): the grouped op refuses it.
 """
 
 from __future__ import annotations
