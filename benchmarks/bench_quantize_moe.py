@@ -10,8 +10,9 @@ are recorded, and the replayed launches are timed with CUDA events (median), so 
 excluded. Every kernel schedule of the ops (``quantize_grouped.SCHEDULES``: "tiles", "rows",
 "rows2", "stream", "stream2", "wide", and for the fused op "rows_lut", "rows2_lut",
 "stream_lut", "stream2_lut", "wide_lut", "wide_bulk2_lut", the two-wave "wide_bulk2_lut_x2" and
-the one-chunk-a-visit "wide1_bulk2_lut" / "wide1_bulk2_lut_x2"; grouped only: "wide4", "wide_deep",
-"wide_bulk2" / "wide_bulk3" / "wide_bulk4" and the 2-wave "wide_bulk2_x2") gets its own row
+the one-chunk-a-visit "wide1_bulk2_lut" / "_x2" / "_x4"; grouped only: "wide4", "wide_deep",
+"wide_bulk2" / "wide_bulk3" / "wide_bulk4" and the 2- / 3- / 4-wave "wide_bulk2_x2" / "_x3" / "_x4")
+gets its own row
 (``--schedules`` picks some; the other "_x2" / "_x4" grids and the fused "*_plut" tables were
 removed in session 6, measured slower: runs T / U). Bytes moved = bf16 input read + packed
 data + scales written; the ceilings are a
@@ -44,9 +45,11 @@ OPS = ("grouped_quantize", "fused_silu_quantize")
 SCHEDULES = ("tiles", "rows", "rows2", "rows_lut", "rows2_lut", "stream", "stream2",
              "stream_lut", "stream2_lut", "wide", "wide4", "wide_deep", "wide_lut",
              "wide_bulk2", "wide_bulk3", "wide_bulk4", "wide_bulk2_lut", "wide_bulk2_x2",
-             "wide_bulk2_lut_x2", "wide1_bulk2_lut", "wide1_bulk2_lut_x2")
+             "wide_bulk2_lut_x2", "wide1_bulk2_lut", "wide1_bulk2_lut_x2", "wide1_bulk2_lut_x4",
+             "wide_bulk2_x3", "wide_bulk2_x4")
 #: schedules benchmarked for the grouped op only
-GROUPED_ONLY = ("wide4", "wide_deep", "wide_bulk2", "wide_bulk3", "wide_bulk4", "wide_bulk2_x2")
+GROUPED_ONLY = ("wide4", "wide_deep", "wide_bulk2", "wide_bulk3", "wide_bulk4", "wide_bulk2_x2",
+                "wide_bulk2_x3", "wide_bulk2_x4")
 
 
 def _groups(rng: np.random.Generator, rows: int, experts: int) -> tuple[np.ndarray, ...]:

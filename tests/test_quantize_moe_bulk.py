@@ -103,7 +103,7 @@ def _fused(schedule: str, activation: str, counts, ids, d: int, seed: int) -> No
 
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
 @pytest.mark.parametrize("schedule", ["wide_bulk2_lut", "wide_bulk2", "wide_bulk2_lut_x2",
-                                      "wide1_bulk2_lut"])
+                                      "wide1_bulk2_lut", "wide1_bulk2_lut_x4"])
 def test_fused_bulk_max_cases(schedule, activation):
     for counts, ids, d in MAX_CASES:
         _fused(schedule, activation, counts, ids, d, d)
@@ -146,10 +146,10 @@ def test_bulk_schedule_choice_and_plan():
     with pytest.raises(ValueError, match="bulk"):
         QG.MoeQuantizeSpec("mxfp4", "sm_90a", "up", "tcgen5d", True, "grouped", wide=4, bulk=2)
     # the fused op: NVFP4 / MXFP8 on one chunk a visit (3 blocks an SM, run CI), from 2^26
-    # output elements on two waves (runs CF, CI); MXFP4 on two chunks, one wave
+    # output elements on several waves (runs CF, CI, CL); MXFP4 on two chunks, one wave
     big = QG.LARGE_GROUPED_ELEMENTS
     assert [QS.silu_default(f, big) for f in ("nvfp4", "mxfp4", "mxfp8")] == [
-        "wide1_bulk2_lut_x2", "wide_bulk2_lut", "wide1_bulk2_lut_x2"]
+        "wide1_bulk2_lut_x2", "wide_bulk2_lut", "wide1_bulk2_lut_x4"]  # MXFP8: 4 waves, run CL
     assert [QS.silu_default(f, big - 1) for f in ("nvfp4", "mxfp4", "mxfp8")] == [
         "wide1_bulk2_lut", QS.DEFAULT_SILU_SCHEDULE, "wide1_bulk2_lut"]
     n1 = QG.with_schedule(QuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "silu"),

@@ -1,5 +1,5 @@
 """The rows, stream, wide, bulk-ring wide (also one chunk a visit, "wide1_bulk2_lut") and multi-wave
-("wide_bulk2_x2", "wide_bulk2_lut_x2", "wide1_bulk2_lut_x2") schedules of grouped and fused-SiLU quantize on an NVIDIA GPU
+("wide_bulk2_x2" / "_x3" / "_x4", "wide_bulk2_lut_x2", "wide1_bulk2_lut_x2" / "_x4") schedules of grouped and fused-SiLU quantize on an NVIDIA GPU
 (sm_90a), byte for byte against the reference: MAX's grouped cases, the bench shape's routing, every bf16 gate
 through the sigmoid-table kernels, edge values. Kernels come from the bundle
 (``make gpu-bundle``) or are compiled here. Run with
@@ -19,10 +19,10 @@ from blockscale.reference import grouped as RG
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
 ROWS = ("rows", "rows2", "stream", "stream2", "wide", "wide4", "wide_deep", "wide_bulk2",
-        "wide_bulk3", "wide_bulk4", "wide_bulk2_x2")
+        "wide_bulk3", "wide_bulk4", "wide_bulk2_x2", "wide_bulk2_x3", "wide_bulk2_x4")
 FUSED = ("rows", "rows2", "rows_lut", "rows2_lut", "stream", "stream2", "stream_lut",
          "stream2_lut", "wide", "wide_lut", "wide_bulk2_lut", "wide_bulk2_lut_x2",
-         "wide1_bulk2_lut", "wide1_bulk2_lut_x2")
+         "wide1_bulk2_lut", "wide1_bulk2_lut_x2", "wide1_bulk2_lut_x4")
 
 
 def _routing(rows: int, experts: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -4,7 +4,8 @@ contiguous share of the row groups) in the interpreter, byte for byte against
 blockscale.reference: edge values, MAX's grouped cases, gathers and empty groups, NVFP4 rows
 over many groups, with one resident wave and with one SM (NUM_SMS = 1: the waves decide how
 many blocks share the rows), and the plan / spec facts (grid, kernel names, bundle entries,
-bad and removed waves: the other "_x2" / "_x4" forms were removed in session 6)."""
+bad and removed waves: the other "_x2" / "_x4" forms were removed in session 6; the bulk
+kernels' "_x3" / "_x4" came back in session 13, run CL, as the large MX defaults)."""
 
 from __future__ import annotations
 
@@ -33,10 +34,11 @@ def sms(request, monkeypatch):
     return request.param
 
 
+@pytest.mark.parametrize("schedule", [SCHEDULE, "wide_bulk2_x3", "wide_bulk2_x4"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
-def test_grouped_waves_edges(fmt, sms):
+def test_grouped_waves_edges(fmt, schedule, sms):
     """Ties, NaN / Inf / -0, near-zero rows, an unused expert, K = 72 (a half-valid chunk)."""
-    _grouped(fmt, "sm_90a", SCHEDULE, COUNTS, IDS, 72, 11)
+    _grouped(fmt, "sm_90a", schedule, COUNTS, IDS, 72, 11)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
@@ -77,7 +79,17 @@ def test_waves_plan_and_names():
     names = {s.kernel_name for s in QG.bundle_specs("sm_90a") + QS.bundle_specs("sm_90a")}
     assert {f"grouped_quantize_dynamic_scaled_{f}_5d_v_wide2_bulk2_x2"
             for f in ("nvfp4_rn", "mxfp4_up", "mxfp8_up")} <= names
-    assert not any(n.endswith(("_x4", "_plut", "_plut_x2")) for n in names)
+    assert not any(n.endswith(("_plut", "_plut_x2")) for n in names)
+    # more waves (session 13, run CL): grouped MXFP4 x3 / MXFP8 x4, fused MXFP8 x4 defaults
+    assert {n for n in names if n.endswith(("_x3", "_x4"))} == {
+        f"grouped_quantize_dynamic_scaled_{f}_5d_v_wide2_bulk2_x{w}"
+        for f in ("nvfp4_rn", "mxfp4_up", "mxfp8_up") for w in (3, 4)} | {
+        "grouped_quantize_dynamic_scaled_mxfp4_up_5d_v_gather_wide2_bulk2_x3",  # the defaults'
+        "grouped_quantize_dynamic_scaled_mxfp8_up_5d_v_gather_wide2_bulk2_x4"} | {  # gathers
+        f"fused_silu_quantize_{f}_5d_v_{a}_wide1_bulk2_lut_x4"
+        for f in ("nvfp4_rn", "mxfp4_up", "mxfp8_up") for a in ("silu", "swiglu_oai")}
+    assert QG.wide_plan(QG.with_schedule(base, "wide_bulk2_x4"), 8192, 4096, 128)[0] == (
+        1, 4 * 132 * per_sm, 1)
     # the fused two-wave table kernels (session 12; one chunk a visit: session 13): bundled,
     # on the table kernel's names
     assert {n for n in names if n.endswith("_lut_x2")} == {
@@ -89,7 +101,7 @@ def test_waves_plan_and_names():
     with pytest.raises(ValueError, match="1: fused bulk kernels"):
         QG.MoeQuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "silu", wide=1)
     with pytest.raises(ValueError, match="waves must be one of"):
-        QG.MoeQuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "grouped", wide=2, waves=4)
+        QG.MoeQuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "grouped", wide=2, waves=5)
     with pytest.raises(ValueError, match="wide schedules only"):
         QG.MoeQuantizeSpec("nvfp4", "sm_90a", None, "tcgen5d", True, "grouped", stream=True,
                            waves=2)
@@ -119,12 +131,14 @@ def test_grouped_default_by_format(monkeypatch):
 
 def test_grouped_default_by_size(monkeypatch):
     """From LARGE_GROUPED_ELEMENTS input elements (rows x K, the gathered rows with indices)
-    on, every format runs LARGE_GROUPED_SCHEDULE; below, its per-format default."""
+    on, every format runs the bulk kernel on several waves (LARGE_GROUPED_SCHEDULE, or its
+    LARGE_GROUPED_SCHEDULE_BY_FORMAT entry); below, its per-format default."""
     import ml_dtypes
 
     big = QG.LARGE_GROUPED_ELEMENTS
+    assert [QG.grouped_default(f, big) for f in ("nvfp4", "mxfp4", "mxfp8")] == [
+        QG.LARGE_GROUPED_SCHEDULE, "wide_bulk2_x3", "wide_bulk2_x4"]
     for fmt in ("nvfp4", "mxfp4", "mxfp8"):
-        assert QG.grouped_default(fmt, big) == QG.LARGE_GROUPED_SCHEDULE
         assert QG.grouped_default(fmt, big - 1) == QG.grouped_default(fmt)
     assert QG.grouped_default("nvfp4") != QG.LARGE_GROUPED_SCHEDULE  # the rule changes something
     seen = []

@@ -57,9 +57,10 @@ BULK_SCHEDULES = ("wide_bulk2", "wide_bulk2_lut", "wide_bulk3", "wide_bulk3_lut"
 #: fused op's for NVFP4 / MXFP8 from 2^26 output elements; the other "_x2" / "_x4" forms and
 #: the fused op's "*_plut" product tables were removed in session 6 (measured slower: runs T /
 #: U)
-WAVE_SCHEDULES = ("wide_bulk2_x2", "wide_bulk2_lut_x2", "wide1_bulk2_lut_x2")
+WAVE_SCHEDULES = ("wide_bulk2_x2", "wide_bulk2_lut_x2", "wide1_bulk2_lut_x2",
+                  "wide_bulk2_x3", "wide_bulk2_x4", "wide1_bulk2_lut_x4")
 #: launch waves a "_x<W>" schedule may ask for
-WAVES = (1, 2)
+WAVES = (1, 2, 3, 4)
 #: shared memory an SM gives its blocks (H200: 228 KB, 1 KB of it reserved per block)
 SM_SHARED_BYTES, BLOCK_RESERVED_SHARED = 228 * 1024, 1024
 #: most blocks per SM of a bulk kernel (its register cap is 65536 / (256 x blocks))
@@ -93,15 +94,21 @@ DEFAULT_GROUPED_SCHEDULE_BY_FORMAT: dict[str, str] = {"nvfp4": "wide4", "mxfp8":
 #: K=2880 (47 M) NVFP4 wide4 0.0520 vs x2 0.0602, MXFP4 wide 0.0522 / x2 0.0499, MXFP8 x2 0.0454
 LARGE_GROUPED_ELEMENTS = 1 << 26
 LARGE_GROUPED_SCHEDULE = "wide_bulk2_x2"
+#: per-format overrides of LARGE_GROUPED_SCHEDULE: the same kernel on more resident waves.
+#: Run CL (session 13, T=16384 K=8192, ms, two runs): MXFP4 x3 0.0942 / 0.0941 vs x2 0.0972 /
+#: 0.0968 (x4 0.0948 / 0.0944), MXFP8 x4 0.1109 / 0.1107 vs x2 0.1148 / 0.1143 (x3 0.1128 /
+#: 0.1124); NVFP4 best on x2 (x3 0.1074 / 0.1066, x4 0.1094 / 0.1095 vs 0.1056 / 0.1050)
+LARGE_GROUPED_SCHEDULE_BY_FORMAT: dict[str, str] = {"mxfp4": "wide_bulk2_x3",
+                                                    "mxfp8": "wide_bulk2_x4"}
 
 
 def grouped_default(fmt: str, elements: int = 0) -> str:
     """The grouped op's schedule for format ``fmt`` and an input of ``elements`` (rows x K) on
-    GROUPED_SCHEDULE_TARGETS when none is given: LARGE_GROUPED_SCHEDULE from
-    LARGE_GROUPED_ELEMENTS on, else its DEFAULT_GROUPED_SCHEDULE_BY_FORMAT entry, else
-    DEFAULT_GROUPED_SCHEDULE."""
+    GROUPED_SCHEDULE_TARGETS when none is given: from LARGE_GROUPED_ELEMENTS on its
+    LARGE_GROUPED_SCHEDULE_BY_FORMAT entry, else LARGE_GROUPED_SCHEDULE; below, its
+    DEFAULT_GROUPED_SCHEDULE_BY_FORMAT entry, else DEFAULT_GROUPED_SCHEDULE."""
     if elements >= LARGE_GROUPED_ELEMENTS:
-        return LARGE_GROUPED_SCHEDULE
+        return LARGE_GROUPED_SCHEDULE_BY_FORMAT.get(fmt, LARGE_GROUPED_SCHEDULE)
     return DEFAULT_GROUPED_SCHEDULE_BY_FORMAT.get(fmt, DEFAULT_GROUPED_SCHEDULE)
 
 
@@ -624,6 +631,7 @@ __all__ = [
     "DEFAULT_SCHEDULE",
     "LARGE_GROUPED_ELEMENTS",
     "LARGE_GROUPED_SCHEDULE",
+    "LARGE_GROUPED_SCHEDULE_BY_FORMAT",
     "SCHEDULES",
     "STREAM_SCHEDULES",
     "WAVE_SCHEDULES",
