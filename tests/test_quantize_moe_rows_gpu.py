@@ -1,9 +1,9 @@
-"""The rows, stream, wide, bulk-ring wide (also one chunk a visit, "wide1_bulk2_lut") and multi-wave
-("wide_bulk2_x2" / "_x3" / "_x4", "wide_bulk2_lut_x2", "wide1_bulk2_lut_x2" / "_x4") schedules of grouped and fused-SiLU quantize on an NVIDIA GPU
-(sm_90a), byte for byte against the reference: MAX's grouped cases, the bench shape's routing, every bf16 gate
-through the sigmoid-table kernels, edge values. Kernels come from the bundle
-(``make gpu-bundle``) or are compiled here. Run with
-``pytest -m gpu tests/test_quantize_moe_rows_gpu.py``.
+"""The rows, stream, wide, bulk-ring wide (also one chunk a visit, "wide1_bulk2_lut") and
+multi-wave ("wide_bulk2_x2" / "_x3" / "_x4", "wide_bulk2_lut_x2", "wide1_bulk2_lut_x2" / "_x4")
+schedules of grouped and fused-SiLU quantize on an NVIDIA GPU (sm_90a), byte for byte against
+the reference: MAX's grouped cases, the bench shape's routing, every bf16 gate through the
+sigmoid-table kernels, edge values. Kernels come from the bundle (``make gpu-bundle``) or are
+compiled here. Run with ``pytest -m gpu tests/test_quantize_moe_rows_gpu.py``.
 """
 
 from __future__ import annotations

@@ -859,7 +859,7 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
         packed = [QI._pack_e4m3(k, xs, recip) for xs in xs_h]
     zero = arith.ori(nonfinite, arith.xori(row.active, B.const(True, B.i1())))
     out = [arith.select(zero, _c32(0), wd) for ws in packed for wd in ws]
-    if getattr(k, "half_swap", None) is not None:  # the halves came from the ring in this lane's order
+    if getattr(k, "half_swap", None) is not None:  # the ring gave the halves in lane order
         per = len(packed[0])
         out = [w for ws in _swapped(k.half_swap, [out[:per], out[per:]]) for w in ws]
     base = arith.addi(row.drow_base, _wide(ch.dcol))

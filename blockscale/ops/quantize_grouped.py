@@ -56,7 +56,7 @@ BULK_SCHEDULES = ("wide_bulk2", "wide_bulk2_lut", "wide_bulk3", "wide_bulk3_lut"
 #: ops, not in SCHEDULES. The grouped op's large-input default and (session 12, run CF) the
 #: fused op's for NVFP4 / MXFP8 from 2^26 output elements; the other "_x2" / "_x4" forms and
 #: the fused op's "*_plut" product tables were removed in session 6 (measured slower: runs T /
-#: U)
+#: U). Session 13 (run CL): the bulk kernels' "_x3" / "_x4" (large MX defaults)
 WAVE_SCHEDULES = ("wide_bulk2_x2", "wide_bulk2_lut_x2", "wide1_bulk2_lut_x2",
                   "wide_bulk2_x3", "wide_bulk2_x4", "wide1_bulk2_lut_x4")
 #: launch waves a "_x<W>" schedule may ask for

@@ -36,6 +36,8 @@ def needs_smem_opt_in(dynamic_bytes: int, static_bytes: int) -> bool:
     ``static_bytes`` of static shared memory, needs MAX_DYNAMIC_SHARED_SIZE_BYTES raised: a
     block's shared memory past 48 KiB in all is opt-in."""
     return dynamic_bytes > 0 and dynamic_bytes + static_bytes > DEFAULT_DYNAMIC_SMEM_LIMIT
+
+
 #: encoded tensor maps kept on the device (a map depends only on its key, so reuse is exact).
 TENSORMAP_CACHE_SIZE = 4096
 _TENSORMAP_DTYPES = {"bfloat16": "BFLOAT16", "float32": "FLOAT32", "int32": "INT32",
