@@ -118,7 +118,7 @@ kernel ran 6 % faster): grouped ``wide_bulk2_x2`` 16384 x 8192 0.1088 -> 0.1048-
 
 Session 13 (run CH): the ring reads had 2-way bank conflicts (a lane's chunk is 32 bytes, so a
 quarter warp's ``LDS.128`` at a 32-byte lane stride covers each bank twice). Lanes 4-7 of
-every 8 now read their two 16-byte halves in the other order (:data:`HALF_SWAP`; two selects
+every 8 now read their two 16-byte halves in the other order (``_BulkRing.swap``; two selects
 of the packed words a chunk put them back): fused ``wide_bulk2_lut_x2`` NVFP4 0.0965 -> 0.0952
 ms (80.0 % of the same-bytes copy), MXFP8 -1.6 %, fused MXFP4 -1.5 %, grouped unchanged. Timed
 by removal in the same run: the sigmoid-table gathers' conflicts cost nothing (all lanes on two
@@ -194,18 +194,9 @@ class _Chunk:
         self.dcol = arith.trunci(i32, arith.shrui(col0, _c64(per_byte - 1)))  # data bytes
 
 
-#: bulk kernels: each lane reads its chunk's 16-byte halves from the ring in an order that
-#: keeps a quarter warp's reads free of bank conflicts (_BulkRing)
-HALF_SWAP = True
-
-
-def _swapped(swap: ir.Value, pair: list):
-    """``pair`` (two values, or two equal-length lists of values) in the other order where
-    ``swap`` (i1) holds: one select per value."""
-    a, b = pair
-    if isinstance(a, list):
-        return [list(x) for x in zip(*(_swapped(swap, [u, v]) for u, v in zip(a, b)))]
-    return [arith.select(swap, b, a), arith.select(swap, a, b)]
+def _swapped(swap: ir.Value, a: ir.Value, b: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """``(a, b)``, or ``(b, a)`` where ``swap`` (i1) holds: two selects."""
+    return arith.select(swap, b, a), arith.select(swap, a, b)
 
 
 def _wide(v: ir.Value) -> ir.Value:
@@ -474,9 +465,9 @@ class _BulkRing:
         rowoff = arith.muli(ri, self.row_bytes)
         # lanes 4-7 of every 8 read their chunk's two 16-byte halves in the other order: a
         # quarter warp's LDS.128 then covers all 32 banks once (32-byte lane stride: 2-way
-        # conflicts otherwise); _chunk swaps the packed halves back (HALF_SWAP)
+        # conflicts otherwise); _chunk swaps the packed halves back
         self.swap = None
-        if HALF_SWAP and k.chunk == 2 * CHUNK:
+        if k.chunk == 2 * CHUNK:
             self.swap = arith.cmpi(arith.CmpIPredicate.ne,
                                    arith.andi(ci, _c64(4)), _c64(0))
         self.reads = []
@@ -487,7 +478,7 @@ class _BulkRing:
                 rel = arith.select(arith.cmpi(arith.CmpIPredicate.slt, rel, _c64(0)), _c64(0), rel)
                 offs.append(arith.addi(rowoff, arith.trunci(i32, arith.shli(rel, _c64(1)))))
             if self.swap is not None:
-                offs = _swapped(self.swap, offs)
+                offs = list(_swapped(self.swap, *offs))
             self.reads.append(offs)
         self.nfull = self.stages + (1 if spec.lut else 0)  # + the sigmoid table's
         with B.when(self.is0):
@@ -859,11 +850,12 @@ def _chunk(k: QI._Ctx, a, ch: _Chunk, row: _Row, words: list[ir.Value]) -> None:
         packed = [QI._pack_e4m3(k, xs, recip) for xs in xs_h]
     zero = arith.ori(nonfinite, arith.xori(row.active, B.const(True, B.i1())))
     out = [arith.select(zero, _c32(0), wd) for ws in packed for wd in ws]
-    if getattr(k, "half_swap", None) is not None:  # the ring gave the halves in lane order
-        per = len(packed[0])
-        out = [w for ws in _swapped(k.half_swap, [out[:per], out[per:]]) for w in ws]
-    base = arith.addi(row.drow_base, _wide(ch.dcol))
     per_half = len(packed[0])
+    if k.half_swap is not None:  # the ring gave this lane its halves in swapped order
+        pairs = [_swapped(k.half_swap, lo, hi)
+                 for lo, hi in zip(out[:per_half], out[per_half:])]
+        out = [p[0] for p in pairs] + [p[1] for p in pairs]
+    base = arith.addi(row.drow_base, _wide(ch.dcol))
     data = a("data")
 
     def store(words: list[ir.Value], off: ir.Value, ok: ir.Value) -> None:

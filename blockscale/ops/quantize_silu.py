@@ -119,6 +119,12 @@ SILU_SCHEDULE_BY_FORMAT = {"nvfp4": "wide1_bulk2_lut", "mxfp8": "wide1_bulk2_lut
 LARGE_SILU_SCHEDULE_BY_FORMAT = {"nvfp4": "wide1_bulk2_lut_x2", "mxfp8": "wide1_bulk2_lut_x4"}
 
 
+def _default_schedules() -> tuple[str, ...]:
+    """The schedules :func:`silu_default` picks for some format and size (bundled)."""
+    return tuple(dict.fromkeys((*SILU_SCHEDULE_BY_FORMAT.values(),
+                                *LARGE_SILU_SCHEDULE_BY_FORMAT.values())))
+
+
 def silu_default(fmt: str, elements: int = 0) -> str:
     """The fused op's schedule for format ``fmt`` and ``elements`` output elements (rows x
     D) on SILU_SCHEDULE_TARGETS when none is given."""
@@ -199,8 +205,7 @@ def bundle_specs(target: str = "sm_90a") -> list[QuantizeSpec]:
     and schedule)."""
     return [_spec(Format.from_name(f), target, a, True, sch)
             for sch in (SCHEDULES + STREAM_SCHEDULES + WIDE_SCHEDULES[:2] + BULK_SCHEDULES[1:2]
-                        + ("wide1_bulk2_lut", "wide_bulk2_lut_x2")
-                        + tuple(LARGE_SILU_SCHEDULE_BY_FORMAT.values()))
+                        + ("wide_bulk2_lut_x2",) + _default_schedules())
             for f in ("nvfp4", "mxfp4", "mxfp8")
             for a in (GatedActivation.SILU, GatedActivation.SWIGLU_OAI)]
 
