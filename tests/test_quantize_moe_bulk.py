@@ -57,7 +57,7 @@ def test_grouped_bulk_gather_and_empty_groups(schedule, sms):
     check_gather_and_empty_groups(schedule, "sm_90a")
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
 def test_grouped_bulk_long_rows(fmt, monkeypatch):
     """K = 4096 (8 KB span copies, one row a row group) over group changes, two blocks."""
     monkeypatch.setattr(QG, "NUM_SMS", 1)
@@ -86,6 +86,18 @@ def test_nvfp4_scale_stage_periods(op, counts, monkeypatch):
         gu = _edges(int(es[-1]), 2 * 4096, 22)
         check_fused_formats(gu, es, offs, ids, "wide1_bulk2_lut" if op == "fused_wide1"
                             else "wide_bulk2_lut", "silu", 4, "stage", fmts=("nvfp4",))
+
+
+@pytest.mark.parametrize("schedule", ["wide_bulk2_lut", "wide1_bulk2_lut"])
+def test_fused_bulk_long_rows_mx(schedule, monkeypatch):
+    """D = 4096 (>= 8 chunk lanes a row: the lanes that read their ring halves swapped,
+    ``_BulkRing.swap``, hold distinct halves) for the MX formats, one block."""
+    monkeypatch.setattr(QG, "NUM_SMS", 1)
+    monkeypatch.setattr(QG, "BULK_MAX_BLOCKS", 1)
+    es, offs = group_offsets([2, 3])
+    gu = _edges(int(es[-1]), 2 * 4096, 23)
+    check_fused_formats(gu, es, offs, [1, 0], schedule, "silu", 2, "long",
+                        fmts=("mxfp4", "mxfp8"))
 
 
 def test_grouped_bulk_nvfp4_blocks_over_many_groups(monkeypatch):
