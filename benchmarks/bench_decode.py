@@ -71,7 +71,8 @@ from benchmarks.common import (
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
             "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4",
             "mma_c8d2", "mma_c8w", "mma_c8r", "mma_c8r4", "mma_shot", "mma_shot7k",
-            "mma_shot16", "mma_shot32", "mma_shot6", "mma_shot1")
+            "mma_shot16", "mma_shot32", "mma_shot6", "mma_shot1", "mma_lean_t8_n4",
+            "mma_lean_t8_n6", "mma_lean_t16_n4", "mma_lean_t16_n6")
 T_VALUES = (1, 16, 128)
 DENSE = ((5760, 2880), (4096, 7168))
 #: variants bundled for the grouped (MoE) kernels only
@@ -132,11 +133,16 @@ def _set_split(split: Split | int | None) -> None:
         matmul_decode.SPLIT_K_P_CTAS, matmul_decode.SPLIT_K_MIN_STEPS = split
 
 
-def _fits(v: str, k: int) -> bool:
-    """False for a one-shot variant whose shared rows cannot hold K (its row is skipped)."""
+def _fits(v: str, k: int, m: int = 1, grouped: bool = False) -> bool:
+    """False for a one-shot variant whose shared rows cannot hold K, or a lean (dense-only)
+    variant that does not take the case (its row is skipped)."""
     from blockscale.ops import matmul_decode
 
-    return k <= matmul_decode.SHOT_KCAP.get(v, k)
+    try:
+        matmul_decode.check_shot_k(v, k, m)
+    except ValueError:
+        return False
+    return not (grouped and v in matmul_decode.LEAN_VARIANTS)
 
 
 def _label(v: str, ctas: int, k: int) -> str:
@@ -172,7 +178,7 @@ def bench_moe_decode(dev: Any, copy: float | None, *, t_values: Sequence[int] = 
                     a = random_data(rng, fmt, (r.rows, fmt.data_cols(shape.k)))
                     a_sc2d, a_sc5 = grouped_activation_scales(rng, fmt, r, shape.k)
                     sets.append((r, a, a_sc2d, dev.to_device(a), dev.to_device(a_sc5)))
-                for v, sc in _runs([v for v in variants if _fits(v, shape.k)], split_ctas,
+                for v, sc in _runs([v for v in variants if _fits(v, shape.k, grouped=True)], split_ctas,
                                    stream_ctas):
                     _set_split(sc)
                     if budget is not None and budget.over(f"{case} decode-{v}"):
@@ -204,6 +210,25 @@ def bench_moe_decode(dev: Any, copy: float | None, *, t_values: Sequence[int] = 
             del w
 
 
+def _fp8_rowwise_row(torch: Any, m: int, n: int, k: int, copy: float | None) -> None:
+    """cuBLAS FP8 row-wise (``torch._scaled_mm``, e4m3 operands, f32 row / column scales,
+    bf16 out) on rotated weights: what FP4 checkpoints converted to FP8 give."""
+    try:
+        f8 = torch.float8_e4m3fn
+        mp = -(-m // 16) * 16  # (cuBLAS FP8 wants 16-row multiples)
+        x = torch.randn(mp, k, device="cuda").to(f8)
+        wts = [torch.randn(n, k, device="cuda").to(f8) for _ in range(rotation_count(1.0 * n * k))]
+        sa = torch.ones(mp, 1, device="cuda")
+        sb = torch.ones(1, n, device="cuda")
+        tm = time_ms(lambda i: torch._scaled_mm(x, wts[i % len(wts)].T, scale_a=sa,
+                                                scale_b=sb, out_dtype=torch.bfloat16))
+        print(_row(f"dense M={m} N={n} K={k}", "torch FP8 rowwise (_scaled_mm)", tm.ms,
+                   1.0 * n * k, copy, f"fp8 weights, {mp} rows"), flush=True)
+    except Exception as e:  # noqa: BLE001 - an older torch / cuBLAS without it
+        print(_row(f"dense M={m} N={n} K={k}", "torch FP8 rowwise (_scaled_mm)", None,
+                   1.0 * n * k, copy, f"FAIL/ERROR: {short_error(e)}"), flush=True)
+
+
 def bench_dense_decode(dev: Any, copy: float | None, *, ms_values: Sequence[int] = (1, 16),
                        fmts: Sequence[str] = ("nvfp4", "mxfp4"), dense=DENSE,
                        variants: Sequence[str] = VARIANTS, budget: Budget | None = None,
@@ -230,6 +255,7 @@ def bench_dense_decode(dev: Any, copy: float | None, *, ms_values: Sequence[int]
                 tm = time_ms(lambda i, x=x, wts=wts: x @ wts[i % len(wts)].T)
                 print(_row(f"dense M={m} N={n} K={k}", "torch bf16 (cuBLAS)", tm.ms,
                            2.0 * n * k, copy, "bf16 weights"), flush=True)
+                _fp8_rowwise_row(torch, m, n, k, copy)
             for f in fmts:
                 fmt = Format.from_name(f)
                 a = random_data(rng, fmt, (m, fmt.data_cols(k)))
@@ -249,7 +275,7 @@ def bench_dense_decode(dev: Any, copy: float | None, *, ms_values: Sequence[int]
                 abs_sum = np.abs(ad).astype(np.float64) @ np.abs(bd).astype(np.float64).T
                 nbytes = b.nbytes + sb.nbytes
                 for v, sc in _runs([v for v in variants
-                                    if v not in GROUPED_ONLY and _fits(v, k)], split_ctas):
+                                    if v not in GROUPED_ONLY and _fits(v, k, m)], split_ctas):
                     _set_split(sc)
                     case = f"dense M={m} N={n} K={k} {f}"
                     if budget is not None and budget.over(f"{case} decode-{v}"):

@@ -24,8 +24,9 @@ def _ops(sass: str) -> list[str]:
 
 
 SIMT = [s for s in matmul_decode.bundle_specs("sm_90a") if s.variant == "simt"]
-MMA = [s for s in matmul_decode.bundle_specs("sm_90a")  # (one-shot variants: their own
-       if s.variant != "simt" and s.variant not in matmul_decode.SHOT_KCAP]  # test file)
+MMA = [s for s in matmul_decode.bundle_specs("sm_90a")  # (one-shot and lean variants: their
+       if s.variant != "simt" and s.variant not in matmul_decode.SHOT_KCAP  # own test files)
+       and s.variant not in matmul_decode.LEAN_VARIANTS]
 
 
 @pytest.mark.parametrize("spec", SIMT, ids=lambda s: s.kernel_name)

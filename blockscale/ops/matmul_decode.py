@@ -67,7 +67,7 @@ from blockscale.ops import matmul_grouped as _grouped
 
 KERNEL_SOURCES = ("blockscale.ops._decode_ir", "blockscale.ops._decode_mma_ir",
                   "blockscale.ops._matmul_ir", "blockscale.ops._mma_ir",
-                  "blockscale.ops._decode_shot_ir")
+                  "blockscale.ops._decode_shot_ir", "blockscale.ops._decode_lean_ir")
 #: targets the dispatch uses it on (the IR is portable to every 32-lane target)
 TARGETS = ("sm_90a",)
 IR_TARGETS = ("sm_90a", "sm_100a")
@@ -114,6 +114,27 @@ VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c
             "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w", "mma_c8r",
             "mma_c8r4", "mma_shot", "mma_shot7k", "mma_shot16", "mma_shot32", "mma_shot6",
             "mma_shot1")
+#: the lean dense variants "mma_lean_t<T>_n<NT>" (NVFP4, dense, M <= T; _decode_lean_ir):
+#: the tokens on the MMA's M side, NT n8-tiles of weight rows a CTA (8 NT columns), the block
+#: scales folded into f16 operands, every weight byte loaded into registers at the start;
+#: 8 warps on K units of 64 codes, at most LEAN_UPW units a warp (K <= 512 LEAN_UPW)
+LEAN_TOKENS = (8, 16)
+LEAN_NTILES = (2, 3, 4, 5, 6, 8)
+LEAN_UPW = 6
+#: the SMs of the H200 (the lean grids give every CTA its own SM)
+SMS = 132
+#: K codes of a lean unit (a lane's 16 codes are one NVFP4 block; _decode_lean_ir.UNIT)
+UNIT_CODES = 64
+LEAN_VARIANTS = tuple(f"mma_lean_t{t}_n{n}" for t in LEAN_TOKENS for n in LEAN_NTILES)
+VARIANTS += LEAN_VARIANTS
+
+
+def lean_shape(variant: str) -> tuple[int, int]:
+    """(tokens, n-tiles) of a lean variant name."""
+    t, n = variant.removeprefix("mma_lean_t").split("_n")
+    return int(t), int(n)
+
+
 #: the one-shot variants' largest K (their shared weight rows hold K / 2 bytes): "mma_shot"
 #: 4 CTAs per SM (gpt-oss, dense N=5760 K=2944), "mma_shot7k" 2 of 256 threads (DeepSeek-V3
 #: K = 7168; 8 warps on K eighths: 16 warps per SM),
@@ -163,17 +184,20 @@ SPLIT_VARIANTS = ("mma_psk",)
 #: threads and output columns per CTA of each variant
 VARIANT_THREADS = {"simt": THREADS, "mma": 128, "mma2": 128, "mma_p": 128, "mma_p5": 128,
                    "mma_psk": 128, **dict.fromkeys(STAGING, 128),
-                   **{v: 32 * w for v, w in SHOT_WARPS.items()}}
+                   **{v: 32 * w for v, w in SHOT_WARPS.items()},
+                   **dict.fromkeys(LEAN_VARIANTS, 256)}
 VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_p": 64, "mma_p5": 64, "mma_psk": 64,
                 **dict.fromkeys(STAGING, 64), **{v: 64 * j for v, j in SLICES.items()},
-                **dict.fromkeys(SHOT_KCAP, 16), "mma_shot32": 32}
+                **dict.fromkeys(SHOT_KCAP, 16), "mma_shot32": 32,
+                **{v: 8 * lean_shape(v)[1] for v in LEAN_VARIANTS}}
 #: register cap (nvvm.maxnreg) per variant: simt 2 x 256 threads, mma 4 x 128, mma2 3 x 128,
 #: mma_p5 5 x 128 (5 x 42 KB of shared memory: fits the H200's 228 KB)
 VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_p": 128, "mma_p5": 96,
                      "mma_psk": 128, "mma_c": 128, "mma_c8": 128, "mma_c85": 96,
                      "mma_c86": 80, "mma_c8t": 128, "mma_c8s2": 128, "mma_c8s4": 128,
                      "mma_c8d2": 168, "mma_c8w": 128, "mma_c8r": 128, "mma_c8r4": 128,
-                     **dict.fromkeys(SHOT_KCAP, 128), "mma_shot6": 112}
+                     **dict.fromkeys(SHOT_KCAP, 128), "mma_shot6": 112,
+                     **dict.fromkeys(LEAN_VARIANTS, 255)}
 #: mma_psk: split K until the grid has about two waves of CTAs (4 per SM of 132 SMs, twice)
 SPLIT_K_P_CTAS = 2 * 4 * 132
 #: mma_psk: at least this many K steps (512 FP4 elements) per split (one step is loaded
@@ -209,7 +233,14 @@ WAVE_CTAS = 4 * 132
 #: scheduler, its K chain 4.6 k instructions long). So the dense dispatch runs "mma_shot"
 #: (:func:`shot_variant` by K and rows; :data:`SHOT_FALLBACK` past every one-shot K cap):
 #: deterministic and within the fp32 bound, not bit-identical to the portable kernel
-DEFAULT_VARIANT = "mma_shot"
+#: Session 14 (run CO, H200, dense N = 5760, K = 2880, weight sets rotated past the L2, ms):
+#: the lean kernels, M = 16 mma_lean_t16_n6 0.0125 vs mma_shot16 0.0177 (K = 2944: 0.0120 vs
+#: 0.0171), M = 8 0.0117 vs mma_shot 0.0143, M = 1 mma_lean_t8_n6 0.0121 vs 0.0124; N = 4096
+#: K = 2048 M = 1 / 8 / 16 mma_lean_t*_n4 0.0084 / 0.0086 / 0.0092 vs 0.0088 / 0.0093 / 0.0115.
+#: So the dense NVFP4 dispatch runs :func:`lean_variant` where it takes the case (the
+#: dispatch-only :data:`LEAN_AUTO`), else the one-shot kernels
+LEAN_AUTO = "mma_lean"
+DEFAULT_VARIANT = LEAN_AUTO
 #: the dense dispatch's variant where no one-shot kernel holds K (K > 7168)
 SHOT_FALLBACK = "mma_c8"
 #: the grouped (MoE) decode's default: run Q (2026-11-30, H200), mma_c8 -> mma_c8t (the last K
@@ -273,6 +304,9 @@ class DecodeSpec(FormatSpec):
         if self.variant != "simt" and not self.format.is_fp4:
             raise ValueError(f"variant {self.variant!r} needs an FP4 format (nvfp4, mxfp4), "
                              f"got {self.fmt}")
+        if self.variant in LEAN_VARIANTS and (self.fmt != "nvfp4" or self.mode != "dense"):
+            raise ValueError(f"variant {self.variant!r} is for the dense mode and nvfp4 only, "
+                             f"got mode {self.mode!r}, {self.fmt}")
         if self.variant in STREAM_VARIANTS and self.mode != "grouped":
             raise ValueError(f"variant {self.variant!r} is for the grouped mode only, got "
                              f"mode {self.mode!r}")
@@ -352,8 +386,27 @@ def shot_variant(k: int, rows: int = 1) -> str | None:
     return fits[0] if fits else None
 
 
-def check_shot_k(variant: str, k: int) -> None:
-    """ValueError when a one-shot ``variant``'s shared rows cannot hold K."""
+def lean_variant(m: int, n: int, k: int) -> str | None:
+    """The lean variant for a dense (M, N, K), or None where none takes it (K not a multiple
+    of 64 or past the register cap, M > 16): 8 or 16 tokens by M, and the fewest n-tiles that
+    give every CTA its own SM (``ceil(N / 8 NT) <= SMS``; NT = 8 past that)."""
+    if k % UNIT_CODES or k > 8 * UNIT_CODES * LEAN_UPW or not 0 < m <= max(LEAN_TOKENS):
+        return None
+    tokens = min(t for t in LEAN_TOKENS if m <= t)
+    nt = next((j for j in LEAN_NTILES if -(-n // (8 * j)) <= SMS), LEAN_NTILES[-1])
+    return f"mma_lean_t{tokens}_n{nt}"
+
+
+def check_shot_k(variant: str, k: int, m: int = 0) -> None:
+    """ValueError when a one-shot ``variant``'s shared rows cannot hold K, or a lean
+    variant's registers cannot hold K (or its M-tile ``m`` rows)."""
+    if variant in LEAN_VARIANTS:
+        tokens, cap = lean_shape(variant)[0], 8 * UNIT_CODES * LEAN_UPW
+        if k % UNIT_CODES or k > cap:
+            raise ValueError(f"k must be a multiple of {UNIT_CODES} and <= {cap} for variant "
+                             f"{variant!r}, got {k}")
+        if m > tokens:
+            raise ValueError(f"m must be <= {tokens} for variant {variant!r}, got {m}")
     cap = SHOT_KCAP.get(variant)
     if cap is not None and k > cap:
         raise ValueError(f"k must be <= {cap} for variant {variant!r} (its shared weight rows "
@@ -387,6 +440,12 @@ def build(spec: DecodeSpec) -> Any:
                                  mtiles=spec.cols // 16, warps=SHOT_WARPS[spec.variant],
                                  layout=shot_layout(spec.fmt, spec.variant),
                                  sliced=SHOT_SLICED[spec.variant])
+    elif spec.variant in LEAN_VARIANTS:
+        import blockscale.ops._decode_lean_ir as DL
+        tokens, ntiles = lean_shape(spec.variant)
+
+        def emit(*args: Any, **kw: Any) -> None:
+            DL.emit_decode_lean(*args, **kw, ntiles=ntiles, tokens=tokens, upw=LEAN_UPW)
     elif spec.variant in SPLIT_VARIANTS:
         def emit(*args: Any, **kw: Any) -> None:
             DM.emit_decode_mma_split_k(*args, **kw, workspace=kb.arg("workspace"),
@@ -659,7 +718,9 @@ def dispatch_variant(fmt: Format, grouped: bool = False) -> str:
     "simt" for MXFP8 (ValueError for an unknown name; :data:`AUTO_VARIANT` is resolved per
     launch)."""
     v = os.environ.get(VARIANT_ENV, GROUPED_DEFAULT_VARIANT if grouped else DEFAULT_VARIANT)
-    H.check_choice(v, (*VARIANTS, AUTO_VARIANT), VARIANT_ENV)
+    H.check_choice(v, (*VARIANTS, AUTO_VARIANT, LEAN_AUTO), VARIANT_ENV)
+    if grouped and (v == LEAN_AUTO or v in LEAN_VARIANTS):  # (dense-only kernels)
+        v = GROUPED_DEFAULT_VARIANT
     return v if fmt.is_fp4 else "simt"
 
 
@@ -719,7 +780,12 @@ def dense_fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype:
     if target not in TARGETS or not enabled() or epilogue is not None or m == 0 or n == 0 \
             or m > MAX_ROWS or not k_supported(fmt, k):
         return None
-    variant = _shot_or_default(dispatch_variant(fmt), k, SHOT_FALLBACK, m)
+    variant = dispatch_variant(fmt)
+    if variant == LEAN_AUTO or variant in LEAN_VARIANTS:
+        lean = lean_variant(m, n, k) if fmt.name == "nvfp4" else None
+        ok = lean is not None and (variant == LEAN_AUTO or lean_shape(variant)[0] >= m)
+        variant = (lean if variant == LEAN_AUTO else variant) if ok else "mma_shot"
+    variant = _shot_or_default(variant, k, SHOT_FALLBACK, m)
     if variant == AUTO_VARIANT:
         variant = slices_variant(grid(n, 1, 64)[0])
     # mma_p5 / mma_c85 / mma_c86 are bundled for the grouped kernels only: dense grids run
@@ -787,7 +853,7 @@ def block_scaled_matmul_decode(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format |
     if not k_supported(fmt, d.k):
         raise ValueError(f"k must be a positive multiple of {32 if fmt.is_fp4 else 16} for "
                          f"the decode kernel ({fmt.name}), got {d.k}")
-    check_shot_k(variant, d.k)
+    check_shot_k(variant, d.k, d.m)
     dev, tgt = H.device_and_target(device, target)
     spec = DecodeSpec(fmt.name, "dense", out_dtype, False, tgt, variant)
     buffers = {"a": a, "b": b, "sfa": sfa, "sfb": sfb}
@@ -820,6 +886,8 @@ def bundle_specs(target: str = "sm_90a") -> list[DecodeSpec]:
         if v not in DENSE_EQUIVALENT:  # (more CTAs per SM: for the MoE grids)
             specs += [DecodeSpec(f, "dense", o, False, target, v)
                       for f in ("nvfp4", "mxfp4") for o in ("bfloat16", "float32")]
+    specs += [DecodeSpec("nvfp4", "dense", o, False, target, v)
+              for v in LEAN_VARIANTS for o in ("bfloat16", "float32")]
     return specs
 
 
