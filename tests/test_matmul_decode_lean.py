@@ -17,12 +17,12 @@ from test_matmul_common import (
     exact_dense,
     f32_error_bound,
 )
-from test_matmul_decode_mma import record_variants
 from test_matmul_decode_psk import _case
+from test_matmul_decode_shot import dense_dispatch_launch
 
 from blockscale import layouts
 from blockscale.formats import MXFP4, NVFP4
-from blockscale.ops import matmul, matmul_decode
+from blockscale.ops import matmul_decode
 
 pytestmark = pytest.mark.interp
 
@@ -99,21 +99,10 @@ def test_dense_lean_rejects_what_it_does_not_take():
 def test_dispatch_picks_lean(monkeypatch, env, fmt, m, n, k, want):
     """The dense dispatch's lean picks (:func:`matmul_decode.lean_variant`; a named lean
     variant where its M-tile holds M, else the one-shot pick) and the kernels they launch."""
-    if env is None:
-        monkeypatch.delenv(matmul_decode.VARIANT_ENV, raising=False)
-    else:
-        monkeypatch.setenv(matmul_decode.VARIANT_ENV, env)
     if n > 100:  # the pick only (no interpreter run at this size)
         assert matmul_decode.lean_variant(m, n, k) == want
         return
-    launched = record_variants(monkeypatch)
-    a, b, sfa, sfb = _case(fmt, m, n, k, seed=k)
-    got = matmul.block_scaled_matmul(a, b, layouts.interleave(sfa), layouts.interleave(sfb),
-                                     fmt, k=k, out_dtype="float32", device="interp",
-                                     target="sm_90a")
-    assert launched[0] == want
-    exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k)
-    assert_f32_within_bound(got, exact, f32_error_bound(abs_sum, fmt, k, n_mul=1))
+    assert dense_dispatch_launch(monkeypatch, env, fmt, m, n, k) == want
 
 
 def test_grouped_dispatch_never_lean(monkeypatch):

@@ -160,18 +160,25 @@ def test_dispatch_env_shot_picks_by_k(monkeypatch, env, m, k, want):
     holds K ("mma_shot16" for 9..16 rows), and SHOT_FALLBACK where none does (never a kernel
     that cannot); a named one-shot variant runs where it holds K. The default (env unset):
     the lean kernel where it takes K (K % 64 == 0, K <= 3072), else the same one-shot pick."""
+    assert dense_dispatch_launch(monkeypatch, env, NVFP4, m, 16, k) == want
+
+
+def dense_dispatch_launch(monkeypatch, env, fmt, m, n, k):
+    """The decode variant the dense dispatch launches under BLOCKSCALE_DECODE_VARIANT=``env``
+    (None: unset, the default) for an (M, N, K) case, its result checked against the fp32
+    bound (interpreter)."""
     launched = record_variants(monkeypatch)
     if env is None:  # the default (DEFAULT_VARIANT "mma_lean")
         monkeypatch.delenv(matmul_decode.VARIANT_ENV, raising=False)
     else:
         monkeypatch.setenv(matmul_decode.VARIANT_ENV, env)
-    a, b, sfa, sfb = _case(NVFP4, m, 16, k, seed=k)
+    a, b, sfa, sfb = _case(fmt, m, n, k, seed=k)
     got = matmul.block_scaled_matmul(a, b, layouts.interleave(sfa), layouts.interleave(sfb),
-                                     NVFP4, k=k, out_dtype="float32", device="interp",
+                                     fmt, k=k, out_dtype="float32", device="interp",
                                      target="sm_90a")
-    assert launched[0] == want
-    exact, abs_sum = exact_dense(a, b, sfa, sfb, NVFP4, k)
-    assert_f32_within_bound(got, exact, f32_error_bound(abs_sum, NVFP4, k, n_mul=1))
+    exact, abs_sum = exact_dense(a, b, sfa, sfb, fmt, k)
+    assert_f32_within_bound(got, exact, f32_error_bound(abs_sum, fmt, k, n_mul=1))
+    return launched[0]
 
 
 def test_grouped_dispatch_env_shot(monkeypatch):

@@ -26,6 +26,9 @@ over grid.z), the conflict-free "mma_c*" family and its per-tile-overhead varian
 "mma_c8t" / "mma_c8s2" / "mma_c8s4" / "mma_c8d2", the persistent grouped "mma_c8w" /
 "mma_c8r" / "mma_c8r4" (one wave of CTAs walking work units; the last two with a TMA ring of
 weights), see :data:`VARIANTS`; the dispatch-only
+:data:`LEAN_AUTO` (the dense default) runs the lean NVFP4 kernels "mma_lean_t<T>_n<NT>"
+(:func:`lean_variant`; :mod:`blockscale.ops._decode_lean_ir`) where they take the case, else
+the one-shot ones; the dispatch-only
 :data:`AUTO_VARIANT` picks among "mma_c8t" / "mma_c8s2" / "mma_c8s4" by the grid. The
 dispatch runs ``BLOCKSCALE_DECODE_VARIANT`` (default :data:`DEFAULT_VARIANT`, grouped
 :data:`GROUPED_DEFAULT_VARIANT`) for FP4; with "mma_p", grids of at most
@@ -233,7 +236,7 @@ WAVE_CTAS = 4 * 132
 #: scheduler, its K chain 4.6 k instructions long). So the dense dispatch runs "mma_shot"
 #: (:func:`shot_variant` by K and rows; :data:`SHOT_FALLBACK` past every one-shot K cap):
 #: deterministic and within the fp32 bound, not bit-identical to the portable kernel
-#: Session 14 (run CO, H200, dense N = 5760, K = 2880, weight sets rotated past the L2, ms):
+#: Session 14 (run CN, H200, dense N = 5760, K = 2880, weight sets rotated past the L2, ms):
 #: the lean kernels, M = 16 mma_lean_t16_n6 0.0125 vs mma_shot16 0.0177 (K = 2944: 0.0120 vs
 #: 0.0171), M = 8 0.0117 vs mma_shot 0.0143, M = 1 mma_lean_t8_n6 0.0121 vs 0.0124; N = 4096
 #: K = 2048 M = 1 / 8 / 16 mma_lean_t*_n4 0.0084 / 0.0086 / 0.0092 vs 0.0088 / 0.0093 / 0.0115.
