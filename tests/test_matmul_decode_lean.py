@@ -40,9 +40,13 @@ def _run(a, b, sfa, sfb, k, variant, alpha=1.0, out="float32"):
         out_dtype=out, device="interp", variant=variant)
 
 
+@pytest.mark.parametrize("form", ["", "b"], ids=["registers", "bulk"])
 @pytest.mark.parametrize(("m", "n", "k", "variant"), CASES,
                          ids=lambda x: x if isinstance(x, str) else str(x))
-def test_dense_lean_within_bound(m, n, k, variant):
+def test_dense_lean_within_bound(m, n, k, variant, form):
+    """Both forms: the rows loaded into registers ("mma_lean_*") or copied into shared
+    memory by cp.async.bulk ("mma_leanb_*", 16 warps: one, two or three units a warp)."""
+    variant = variant.replace("mma_lean_", f"mma_lean{form}_")
     a, b, sfa, sfb = _case(NVFP4, m, n, k, seed=m + n + k)
     got = _run(a, b, sfa, sfb, k, variant, alpha=0.375)
     assert got.dtype == np.float32 and got.shape == (m, n)
@@ -52,17 +56,18 @@ def test_dense_lean_within_bound(m, n, k, variant):
     assert np.array_equal(got.view(np.uint32), again.view(np.uint32))
 
 
-def test_dense_lean_bf16_and_nan_scales():
+@pytest.mark.parametrize("variant", ["mma_lean_t8_n3", "mma_leanb_t8_n3"])
+def test_dense_lean_bf16_and_nan_scales(variant):
     """bf16 output within the bound (alpha 1.5); a NaN weight scale (0x7F) gives a NaN
     column, a NaN activation scale a NaN row, whichever warp's units they fall in."""
     m, n, k = 5, 24, 2880
     a, b, sfa, sfb = _case(NVFP4, m, n, k, seed=7)
-    got = _run(a, b, sfa, sfb, k, "mma_lean_t8_n3", 1.5, "bfloat16")
+    got = _run(a, b, sfa, sfb, k, variant, 1.5, "bfloat16")
     exact, abs_sum = exact_dense(a, b, sfa, sfb, NVFP4, k, 1.5)
     assert_bf16_consistent(got, exact, f32_error_bound(abs_sum, NVFP4, k, n_mul=2))
     sfb.view(np.uint8)[17, k // 16 - 1] = 0x7F  # the last warp's last unit
     sfa.view(np.uint8)[1, 2] = 0xFF  # warp 0's first unit (the sign bit ignored: D3)
-    got = _run(a, b, sfa, sfb, k, "mma_lean_t8_n3")
+    got = _run(a, b, sfa, sfb, k, variant)
     nan = np.isnan(got)
     assert nan[:, 17].all() and nan[1].all() and nan.sum() == m + n - 1
 
@@ -85,14 +90,18 @@ def test_dense_lean_rejects_what_it_does_not_take():
     with pytest.raises(ValueError, match="dense mode and nvfp4 only"):
         matmul_decode.DecodeSpec(NVFP4.name, "grouped", variant="mma_lean_t8_n2")
     assert matmul_decode.lean_shape("mma_lean_t16_n5") == (16, 5)
+    assert matmul_decode.lean_shape("mma_leanb_t8_n3") == (8, 3)
+    assert matmul_decode.lean_bulk("mma_leanb_t8_n3") and not matmul_decode.lean_bulk(
+        "mma_lean_t8_n3")
     assert matmul_decode.VARIANT_COLS["mma_lean_t16_n5"] == 40
 
 
 @pytest.mark.parametrize(("env", "fmt", "m", "n", "k", "want"), [
-    (None, NVFP4, 16, 5760, 2880, "mma_lean_t16_n6"), (None, NVFP4, 1, 5760, 2944,
-                                                        "mma_lean_t8_n6"),
-    (None, NVFP4, 9, 4096, 2048, "mma_lean_t16_n4"), (None, NVFP4, 1, 40, 64, "mma_lean_t8_n2"),
-    (None, NVFP4, 2, 9000, 128, "mma_lean_t8_n8"), (None, MXFP4, 1, 40, 1024, "mma_shot"),
+    (None, NVFP4, 16, 5760, 2880, "mma_leanb_t16_n6"), (None, NVFP4, 1, 5760, 2944,
+                                                         "mma_leanb_t8_n6"),
+    (None, NVFP4, 9, 4096, 2048, "mma_leanb_t16_n4"),
+    (None, NVFP4, 1, 40, 64, "mma_leanb_t8_n2"), (None, NVFP4, 2, 9000, 128, "mma_leanb_t8_n8"),
+    (None, MXFP4, 1, 40, 1024, "mma_shot"),
     ("mma_lean_t8_n3", NVFP4, 5, 40, 128, "mma_lean_t8_n3"),
     ("mma_lean_t8_n3", NVFP4, 12, 40, 128, "mma_shot16")],
     ids=lambda x: getattr(x, "name", x if isinstance(x, str) else str(x)))
@@ -114,6 +123,7 @@ def test_grouped_dispatch_never_lean(monkeypatch):
             matmul_decode.GROUPED_DEFAULT_VARIANT
     assert matmul_decode.lean_variant(17, 64, 64) is None
     assert matmul_decode.lean_variant(1, 64, 96) is None
+    assert matmul_decode.lean_variant(3, 64, 3072, bulk=False) == "mma_lean_t8_n2"
 
 
 @pytest.mark.lower
@@ -139,3 +149,25 @@ def test_lean_sass(variant):
     assert meta["spill_stores"] == 0 and meta["spill_loads"] == 0, meta
     assert 0 < meta["registers"] <= 255
     assert meta["static_shared_bytes"] <= 32 * 1024
+
+
+@pytest.mark.lower
+@pytest.mark.parametrize("variant", ["mma_leanb_t16_n6", "mma_leanb_t8_n4"])
+def test_lean_bulk_sass(variant):
+    """The bulk form's sm_90a SASS: the rows by ``cp.async.bulk`` (UBLKCP) completing on
+    mbarriers (SYNCS), one ``LDS.64`` a row a unit (8 bytes a lane), 4 HMMAs a unit and
+    n-tile, no spill at the 128-register cap (16 warps on one SM), no static shared memory
+    (the rows, the mbarriers and the partials in the dynamic bytes)."""
+    tokens, nt = matmul_decode.lean_shape(variant)
+    upw = -(-matmul_decode.LEAN_BULK_KCAP // 64 // matmul_decode.LEAN_BULK_WARPS)
+    spec = matmul_decode.DecodeSpec("nvfp4", "dense", "bfloat16", variant=variant)
+    kernel = matmul_decode.kernel(spec)
+    ops = [m.group(1) for line in kernel.asm["sass"].splitlines()
+           if (m := re.match(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", line))]
+    assert ops.count("HMMA.16816.F32") == 4 * nt * upw
+    assert ops.count("LDS.64") == (nt + tokens // 8) * upw
+    assert "UBLKCP.S.G" in ops and any(o.startswith("SYNCS.PHASECHK") for o in ops)
+    meta = kernel.meta
+    assert meta["spill_stores"] == 0 and meta["spill_loads"] == 0, meta
+    assert 0 < meta["registers"] <= 128 and meta["static_shared_bytes"] == 0
+    assert meta["dynamic_shared_bytes"] == spec.dynamic_shared_bytes

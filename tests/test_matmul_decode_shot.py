@@ -153,7 +153,7 @@ def test_shot_k_limit_rejected():
     ("mma_shot", 1, 1024, "mma_shot"), ("mma_shot", 1, 3104, "mma_shot7k"),
     ("mma_shot", 1, 7200, matmul_decode.SHOT_FALLBACK), ("mma_shot", 12, 512, "mma_shot16"),
     ("mma_shot32", 1, 512, "mma_shot32"), ("mma_shot32", 1, 3104, "mma_shot7k"),
-    (None, 1, 1024, "mma_lean_t8_n2"), (None, 16, 512, "mma_lean_t16_n2"),
+    (None, 1, 1024, "mma_leanb_t8_n2"), (None, 16, 512, "mma_leanb_t16_n2"),
     (None, 1, 1056, "mma_shot"), (None, 16, 3136, "mma_shot7k"), (None, 3, 7200, "mma_c8")])
 def test_dispatch_env_shot_picks_by_k(monkeypatch, env, m, k, want):
     """BLOCKSCALE_DECODE_VARIANT=mma_shot: the dense dispatch runs the one-shot kernel that

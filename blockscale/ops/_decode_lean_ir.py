@@ -1,4 +1,4 @@
-"""IR of the "lean" dense decode variants (``variant="mma_lean_t<T>_n<NT>"``, NVFP4, M <= 16).
+"""IR of the "lean" dense decode variants (``"mma_lean[b]_t<T>_n<NT>"``, NVFP4, M <= 16).
 
 Imports MLIR: only :func:`blockscale.ops.matmul_decode.build` imports this module.
 
@@ -7,8 +7,8 @@ Why
 The one-shot kernels (:mod:`blockscale.ops._decode_shot_ir`) put the weights on the MMA's M
 side and re-decode the activation fragment for every 16 weight rows, fold every NVFP4 block
 with an FFMA per accumulator, and read the weights back from shared memory: ~4.2 (M <= 8)
-and ~6.1 (M <= 16) SASS instructions per weight element, so the M = 16 problem (N = 5760, K =
-2880) runs ~3x longer than its 9.3 MB take at copy speed. Here:
+and ~6.1 (M <= 16) SASS instructions per weight element (M = 16, N = 5760, K = 2880: 4.5 M
+warp instructions, 17.7 us). Here:
 
 * the tokens are the M side of ``mma.sync.m16n8k16`` (16 rows, one M-tile: M <= 16) and the
   weight rows (output columns) the N side, ``NT`` n8-tiles per CTA (``8 NT`` columns, one
@@ -18,9 +18,8 @@ and ~6.1 (M <= 16) SASS instructions per weight element, so the M = 16 problem (
   <= 6 significant bits, >= 2^-17: the f16 subnormals the tensor core handles exactly, as the
   grouped prefill's f16 path does), so the MMAs chain across blocks in fp32 and no per-block
   fold is needed; the result is ``2^14`` times the accumulator;
-* every weight byte of the CTA is loaded straight into registers at the kernel's start
-  (``ld.global.v2`` of 8 bytes a lane and unit, all issued before the first MMA; ~100 KB
-  in flight per SM), no shared-memory staging.
+* every byte of the CTA is requested at the kernel's start (two forms, below), so all of it
+  is in flight before the first MMA.
 
 K order (the same for both operands, so the dot product is unchanged)
 ----------------------------------------------------------------------
@@ -34,26 +33,34 @@ fragment (rows g / g + 8) and in the B fragment (column g) alike.
 
 Work split and reduction (deterministic)
 -----------------------------------------
-8 warps; warp ``w`` takes units ``[w U / 8, (w + 1) U / 8)`` (``U = K / 64``; at most
-``upw`` each, unrolled), all ``NT`` tiles. Every warp stores its fp32 partials to shared
-memory; warp ``nt`` adds tile ``nt``'s in warp order 0..7 and stores the outputs (times
-2^14, then the caller's ``store``: alpha, cast). The fp32 bound of tests/test_matmul_common.py
+W warps (8 registers form, 16 bulk); warp ``w`` takes units ``[w U / W, (w + 1) U / W)``
+(``U = K / 64``; unrolled up to the form's cap), all ``NT`` tiles. Every warp stores its
+fp32 partials to shared memory; warp ``nt`` adds tile ``nt``'s in warp order 0, 1, .. and
+stores the outputs (times 2^14, then the caller's ``store``: alpha, cast). The fp32 bound of tests/test_matmul_common.py
 holds (one rounding per add of the MMA chain and of the warp sum); the bits are not the
 portable kernel's, and they are the same from run to run.
 
-Measured (H200, RESULTS runs CN-CP) and what bounds it
+Two forms
+---------
+Registers ("mma_lean_*", :func:`emit_decode_lean`): every weight byte of the CTA loaded
+into registers at the start (``LDG.E.64`` at immediate offsets, 8 warps, <= 255 registers).
+Bulk ("mma_leanb_*", :func:`emit_decode_lean_bulk`, the dispatch's): the CTA's rows copied
+into shared memory by ``cp.async.bulk`` (a copy a row and K quarter, an mbarrier a quarter;
+token rows past M not copied), 16 warps on K at 96 registers, ``LDS.64`` fragment reads.
+
+Measured (H200, RESULTS runs CN-CS) and what bounds it
 ------------------------------------------------------
-Dense N = 5760, K = 2880: M = 16 ``t16_n6`` 0.0121-0.0125 ms (``mma_shot16`` 0.0177-0.0181,
-cuBLAS bf16 0.0140), M = 1 ``t8_n6`` 0.0121-0.0122 (``mma_shot`` 0.0124-0.0126). sm_90a SASS
-``t16_n6``: 2456 instructions (96 loads, 144 HMMA, ~1190 ALU: the E2M1 decode is ~9-11 ALU
-ops a word), 212 registers. ncu (run CO): 0.36 issued warps a scheduler and cycle at 2 warps a
-scheduler (5.6 cycles an instruction: long scoreboard 1.7, wait 0.7), DRAM 17 %: the loads
-are all issued first, but a warp's ``LDG.E.64`` touches one 32-byte sector of each of 8 rows,
-so far fewer bytes are in flight per SM than requested. Next: the CTA's rows by
-``cp.async.bulk`` into shared memory (a whole row a copy, the TMA engine keeps them in flight;
-rows of 1440 bytes give conflict-free ``LDS.64`` fragment reads), which also frees the load
-registers for 16 warps a CTA (128 registers: 4 warps a scheduler to hide the MMA / decode
-latencies).
+Dense N = 5760, K = 2880 (ms, weight sets rotated past the L2): bulk M = 1 / 8 / 16
+0.0116 / 0.0115 / 0.0119, registers 0.0121 / 0.0124 / 0.0127, the one-shot kernels 0.0126 /
+0.0144 / 0.0173, cuBLAS bf16 ~0.014, FP8 rowwise ~0.0155. In the same harness a torch
+read-only sum of 9.4 MB (the FP4 weights and scales) takes 0.0111 ms, a copy of 4.7 MB
+(9.4 MB moved) 0.0090, an empty launch of these kernels 0.0041-0.0044 (a tiny torch kernel
+0.0037); without the decode and the MMAs (run CR, a removal variant) the bulk kernel takes
+0.0081: the stream of this size, not the instructions, is most of the time, and the compute
+(~2.8 M warp instructions, ~48 % of issue slots) adds ~3 us on top. So the M = 16 goals of
+issue 9 (1/3 of bf16 = ~4.7 us, 1/2 of FP8 = ~7.7 us) are below what a plain device read or
+copy of the same bytes costs at this size. ncu (run CO, registers form): 0.36 issued warps a
+scheduler and cycle at 2 warps a scheduler, DRAM 17 %.
 """
 
 from __future__ import annotations
@@ -62,7 +69,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlir import ir
-from mlir.dialects import arith, vector
+from mlir.dialects import arith, memref, vector
 
 import blockscale.ops._matmul_ir as mir
 from blockscale.compiler import ir as bir
@@ -70,6 +77,7 @@ from blockscale.compiler.arch import mma, tma
 from blockscale.formats import Format
 from blockscale.layouts import SF_ATOM_BYTES, SF_ATOM_ROWS
 from blockscale.ops._decode_mma_ir import _f16x2, _i32c, fp4_word_to_f16_pairs
+from blockscale.ops.matmul_decode import bulk_layout, bulk_row_stride
 
 Value = ir.Value
 
@@ -172,36 +180,55 @@ def emit_decode_lean(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
         lives.append(live)
 
     zero = bir.const(0.0, f32)
-    zpair = _f16x2(_i32c(0))
     accs = [zero] * (4 * ntiles)
     for (bw, bs, aw, as_), live in zip(loads, lives):
-        br = bir.if_(live, [f32] * (4 * ntiles))
-        with br.then():
-            apairs = [_scaled_pairs(aw[h], _scale_pair(as_[h])) for h in range(halves)]
-            out = list(accs)
-            for nt in range(ntiles):
-                bp = _scaled_pairs(bw[nt], _scale_pair(bs[nt]))
-                for i in range(4):
-                    hi_a = apairs[1][i] if halves == 2 else [zpair, zpair]
-                    afr = [apairs[0][i][0], hi_a[0], apairs[0][i][1], hi_a[1]]
-                    out[4 * nt:4 * nt + 4] = mma.mma_m16n8k16(
-                        afr, bp[i], out[4 * nt:4 * nt + 4], input_type="f16")
-            br.yield_(*out)
-        with br.else_():
-            br.yield_(*accs)
-        accs = list(br.results)
+        accs = _unit(live, accs, bw, bs, aw, as_)
+    _reduce_store(red, accs, WARPS, lane, warp, g, t, start, end, n0, n_count, store)
 
-    # ---- partials -> shared; warp nt sums tile nt in warp order and stores it
+
+def _unit(live: Value, accs: list[Value], bw: list[list[Value]], bs: list[Value],
+          aw: list[list[Value]], as_: list[Value]) -> list[Value]:
+    """``accs`` (4 per n-tile) plus one unit's 4 MMAs per n-tile where ``live`` (uniform):
+    ``bw[nt]`` / ``bs[nt]`` the lane's two weight words and scale byte of n-tile nt,
+    ``aw[h]`` / ``as_[h]`` those of token row ``g + 8 h`` (one or two halves; the second
+    zero when absent)."""
+    f32 = bir.f32()
+    zpair = _f16x2(_i32c(0))
+    br = bir.if_(live, [f32] * len(accs))
+    with br.then():
+        apairs = [_scaled_pairs(w_, _scale_pair(s_)) for w_, s_ in zip(aw, as_)]
+        out = list(accs)
+        for nt in range(len(bw)):
+            bp = _scaled_pairs(bw[nt], _scale_pair(bs[nt]))
+            for i in range(4):
+                hi_a = apairs[1][i] if len(apairs) == 2 else [zpair, zpair]
+                afr = [apairs[0][i][0], hi_a[0], apairs[0][i][1], hi_a[1]]
+                out[4 * nt:4 * nt + 4] = mma.mma_m16n8k16(
+                    afr, bp[i], out[4 * nt:4 * nt + 4], input_type="f16")
+        br.yield_(*out)
+    with br.else_():
+        br.yield_(*accs)
+    return list(br.results)
+
+
+def _reduce_store(red: Value, accs: list[Value], warps: int, lane: Value, warp: Value, g: Value,
+                  t: Value, start: Value, end: Value, n0: Value, n_count: Value,
+                  store: Callable[[Value, Value, Value], None]) -> None:
+    """Every warp's partials (4 a lane and n-tile) to the f32 shared
+    buffer ``red``; a barrier; warp ``nt`` (and ``nt + warps``, ..) adds tile nt's partials
+    in warp order 0, 1, .., times 2^14, and stores the outputs (rows < end, columns < N)."""
+    f32 = bir.f32()
+    ntiles = len(accs) // 4
     for nt in range(ntiles):
         bir.vector_store(bir.from_elements(bir.vec(4, f32), accs[4 * nt:4 * nt + 4]), red,
                          bir.mul(bir.add(bir.mul(bir.add(bir.mul(warp, ntiles), nt), 32),
                                          lane), 4), alignment=16)
     bir.barrier()
-    for nt0 in range(0, ntiles, WARPS):
+    for nt0 in range(0, ntiles, warps):
         nt = bir.add(warp, nt0)
         with bir.when(bir.ult(nt, ntiles)):
             tot = None
-            for wi in range(WARPS):
+            for wi in range(warps):
                 p = bir.vector_load(bir.vec(4, f32), red, bir.mul(bir.add(bir.mul(
                     bir.add(nt, wi * ntiles), 32), lane), 4), alignment=16)
                 vals = [bir.extract(p, i) for i in range(4)]
@@ -211,3 +238,133 @@ def emit_decode_lean(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
                 col = bir.add(n0, bir.add(bir.mul(nt, 8), bir.add(bir.mul(t, 2), i & 1)))
                 with bir.when(bir.logical_and(bir.ult(tok, end), bir.ult(col, n_count))):
                     store(arith.mulf(tot[i], bir.const(UNSCALE, f32)), tok, col)
+
+
+def emit_decode_lean_bulk(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
+                          n_count: Value, k: Value, a_srow: Callable[[Value], Value],
+                          store: Callable[[Value, Value, Value], None], ntiles: int,
+                          tokens: int, kcap: int, warps: int = 16, slices: int = 4) -> None:
+    """:func:`emit_decode_lean` with the rows through shared memory: the CTA's 8 ntiles
+    weight rows and ``tokens`` activation rows are copied by ``cp.async.bulk`` (one copy a
+    row and K slice: ``slices`` slices of ``warps / slices`` warps' units, each on its own
+    mbarrier, slice-major), so all its bytes are in flight at once without load registers,
+    and ``warps`` warps (16: 4 a scheduler) split K; a warp waits for its slice, reads its
+    fragments with ``LDS.64`` and runs :func:`_unit`'s MMAs. ``k <= kcap``, a multiple of 64
+    (the host checks)."""
+    from blockscale.compiler.arch import cpasync
+    from blockscale.compiler.arch import wgmma as W
+
+    if fmt.name != "nvfp4":
+        raise ValueError(f"the lean decode kernel is NVFP4 only, got {fmt.name}")
+    if tokens not in (8, 16) or not 1 <= ntiles <= 8 or warps % slices:
+        raise ValueError(f"tokens must be 8 or 16, ntiles 1..8, warps a multiple of slices, "
+                         f"got {tokens}, {ntiles}, {warps}, {slices}")
+    f32, i32 = bir.f32(), bir.i32()
+    halves = tokens // 8
+    stride = bulk_row_stride(kcap)
+    lay = bulk_layout(kcap, ntiles, tokens, warps, slices)
+    assert warps * ntiles * 32 * 16 <= lay["bars"]  # the partials fit in the rows' bytes
+    upw = -(-kcap // UNIT // warps)  # units a warp at most
+    nrows = 8 * ntiles + tokens
+    buf = tma.extern_shared_buffer(kb, lay["total"], align=128)
+    base = W.shared_address(buf)
+    space = ir.MemRefType(buf.type).memory_space
+    red = memref.view(ir.MemRefType.get([warps * ntiles * 32 * 4], f32, memory_space=space),
+                      buf, bir.const(lay["rows"]), [])
+    a, w, sfa, sfb = (kb.arg(x) for x in ("a", "w" if "w" in kb.values else "b", "sfa", "sfb"))
+
+    def bar(c: Value) -> Value:
+        return arith.addi(base, bir.as_i64(bir.add(bir.mul(c, 8), lay["bars"])))
+
+    tid = bir.thread_idx("x")
+    lane, warp = bir.urem(tid, 32), bir.udiv(tid, 32)
+    g, t = bir.udiv(lane, 4), bir.urem(lane, 4)
+    row_bytes = bir.udiv(k, 2)
+    units = bir.udiv(k, UNIT)
+    d1 = bir.ceil_div(bir.ceil_div(k, fmt.block_size), 4)
+    n0 = bir.mul(bir.block_idx("x"), 8 * ntiles)
+    e = bir.as_index(expert)
+    n_last = bir.sub(n_count, 1)
+    b_srow0 = bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS)
+
+    def w_lo(wi: Value) -> Value:  # the first unit of warp wi (wi = warps: the end)
+        return bir.udiv(bir.mul(wi, units), warps)
+
+    lo, hi = w_lo(warp), w_lo(bir.add(warp, 1))
+    wps = warps // slices
+
+    def slice_units(c: Value) -> tuple[Value, Value]:
+        return w_lo(bir.mul(c, wps)), w_lo(bir.mul(bir.add(c, 1), wps))
+
+    with bir.when(bir.ult(tid, slices)):
+        cpasync.mbarrier_init(bar(tid), 1)
+        tma.fence_mbarrier_init()
+    bir.barrier()
+    # the token rows past M are not copied (a clamped copy of row M - 1 per missing row
+    # would send 120 CTAs x (T - M) requests to the same lines): their fragments read row M - 1
+    m_rows = bir.umin(bir.sub(end, start), tokens)
+    copied = bir.add(m_rows, 8 * ntiles)
+    with bir.when(bir.ult(tid, slices)):
+        ulo, uhi = slice_units(tid)
+        cpasync.mbarrier_arrive_expect_tx_n(
+            bar(tid), bir.as_i32(bir.mul(bir.mul(bir.sub(uhi, ulo), 32), copied)))
+    threads = 32 * warps
+    for it in range(-(-nrows * slices // threads)):  # slice-major: slice 0's rows first
+        idx = bir.add(tid, it * threads)
+        c, r = bir.udiv(idx, nrows), bir.urem(idx, nrows)
+        ulo, uhi = slice_units(c)
+        with bir.when(bir.logical_and(bir.logical_and(bir.ult(idx, nrows * slices),
+                                                      bir.ult(ulo, uhi)), bir.ult(r, copied))):
+            is_w = bir.ult(r, 8 * ntiles)
+            wrow = bir.add(bir.mul(e, n_count), bir.umin(bir.add(n0, r), n_last))
+            arow = bir.umin(bir.add(start, bir.sub(r, 8 * ntiles)), bir.sub(end, 1))
+            col = bir.mul(ulo, 32)
+            src = arith.addi(arith.select(is_w, cpasync.global_address(w),
+                                          cpasync.global_address(a)),
+                             bir.as_i64(bir.add(bir.mul(bir.select(is_w, wrow, arow),
+                                                        row_bytes), col)))
+            dst = arith.addi(base, bir.as_i64(bir.add(bir.mul(r, stride), col)))
+            cpasync.bulk_copy_n(dst, src, bir.as_i32(bir.mul(bir.sub(uhi, ulo), 32)), bar(c))
+
+    # the lane's scale bytes (block 4u + t of its rows) for its units, before the wait
+    cols = [bir.umin(bir.add(n0, bir.add(g, 8 * nt)), n_last) for nt in range(ntiles)]
+    toks = [bir.umin(bir.add(start, bir.add(g, 8 * h)), bir.sub(end, 1)) for h in range(halves)]
+    sunit0 = bir.add(bir.mul(lo, SF_ATOM_BYTES), t)
+    sbase = [bir.add(mir.tcgen_row_offset(bir.add(b_srow0, c), d1), sunit0) for c in cols]
+    sabase = [bir.add(mir.tcgen_row_offset(a_srow(r), d1), sunit0) for r in toks]
+    lives, scales = [], []
+    for j in range(upw):
+        live = bir.ult(bir.add(lo, j), hi)
+        br = bir.if_(live, [i32] * (ntiles + halves))
+        with br.then():
+            br.yield_(*[mir.load_byte_i32(sfb, bir.add(b, SF_ATOM_BYTES * j)) for b in sbase],
+                      *[mir.load_byte_i32(sfa, bir.add(b, SF_ATOM_BYTES * j)) for b in sabase])
+        with br.else_():
+            br.yield_(*[_i32c(0)] * (ntiles + halves))
+        lives.append(live)
+        scales.append(list(br.results))
+
+    cpasync.mbarrier_wait(bar(bir.udiv(warp, wps)), _i32c(0))
+    lane_off = bir.add(bir.mul(lo, 32), bir.mul(t, 8))
+    wrows = [bir.add(bir.mul(bir.add(g, 8 * nt), stride), lane_off) for nt in range(ntiles)]
+    arows = [bir.add(bir.mul(bir.add(bir.umin(bir.add(g, 8 * h), bir.sub(m_rows, 1)),
+                                     8 * ntiles), stride), lane_off) for h in range(halves)]
+
+    def words(off: Value) -> list[Value]:
+        v = vector.bitcast(bir.vec(2, i32), bir.vector_load(bir.vec(8, bir.i8()), buf, off,
+                                                            alignment=8))
+        return [bir.extract(v, 0), bir.extract(v, 1)]
+
+    accs = [bir.const(0.0, f32)] * (4 * ntiles)
+    for j, (live, sc) in enumerate(zip(lives, scales)):
+        br = bir.if_(live, [i32] * (2 * (ntiles + halves)))
+        with br.then():
+            br.yield_(*[x for r in wrows + arows for x in words(bir.add(r, 32 * j))])
+        with br.else_():
+            br.yield_(*[_i32c(0)] * (2 * (ntiles + halves)))
+        ws = list(br.results)
+        bw = [ws[2 * nt:2 * nt + 2] for nt in range(ntiles)]
+        aw = [ws[2 * (ntiles + h):2 * (ntiles + h) + 2] for h in range(halves)]
+        accs = _unit(live, accs, bw, sc[:ntiles], aw, sc[ntiles:])
+    bir.barrier()  # every warp's fragment reads done: the partials reuse the rows' bytes
+    _reduce_store(red, accs, warps, lane, warp, g, t, start, end, n0, n_count, store)
