@@ -71,8 +71,7 @@ from benchmarks.common import (
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
             "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4",
             "mma_c8d2", "mma_c8w", "mma_c8r", "mma_c8r4", "mma_shot", "mma_shot7k",
-            "mma_shot16", "mma_shot32", "mma_shot6", "mma_shot1", "mma_lean_t8_n4",
-            "mma_lean_t8_n6", "mma_lean_t16_n4", "mma_lean_t16_n6", "mma_leanb_t8_n4",
+            "mma_shot16", "mma_shot32", "mma_shot6", "mma_shot1", "mma_leanb_t8_n4",
             "mma_leanb_t8_n6", "mma_leanb_t16_n4", "mma_leanb_t16_n6")
 T_VALUES = (1, 16, 128)
 DENSE = ((5760, 2880), (4096, 7168))

@@ -14,9 +14,8 @@ Cases (the shapes of bench_matmul / bench_quantize_moe / bench_moe):
   T=16384, K=8192 (the size rule's "wide_bulk2_x2"); ``silu_quantize_large``: NVFP4 there;
 * ``dense_decode_m1`` / ``dense_decode_m16`` / ``dense_decode_m1_shot``: NVFP4 M x 5760 x 2880
   through the dispatch (``ops.block_scaled_matmul``), the last one ``mma_shot`` called directly;
-  ``dense_decode_m16_shot16`` / ``dense_decode_m1_lean`` / ``dense_decode_m16_lean`` /
-  ``dense_decode_m16_leanb``: the ``mma_shot16`` / ``mma_lean_t8_n6`` / ``mma_lean_t16_n6`` /
-  ``mma_leanb_t16_n6`` kernels called directly;
+  ``dense_decode_m16_shot16`` / ``dense_decode_m1_lean`` / ``dense_decode_m16_lean``: the
+  ``mma_shot16`` / ``mma_leanb_t8_n6`` / ``mma_leanb_t16_n6`` kernels called directly;
 * ``moe_decode`` / ``moe_decode_t1`` / ``moe_prefill``: gpt-oss-120b gate_up NVFP4 at T=128 /
   1 / 4096 (the
   dispatch); ``moe_prefill_tma`` / ``moe_prefill_ae``: T=4096, the producer-dequant kernel
@@ -127,9 +126,8 @@ CASES: dict[str, Callable[[Any], Callable[[], Any]]] = {
     "dense_decode_m16": lambda d: _dense_decode(d, 16),
     "dense_decode_m1_shot": lambda d: _dense_decode(d, 1, "mma_shot"),
     "dense_decode_m16_shot16": lambda d: _dense_decode(d, 16, "mma_shot16"),
-    "dense_decode_m1_lean": lambda d: _dense_decode(d, 1, "mma_lean_t8_n6"),
-    "dense_decode_m16_lean": lambda d: _dense_decode(d, 16, "mma_lean_t16_n6"),
-    "dense_decode_m16_leanb": lambda d: _dense_decode(d, 16, "mma_leanb_t16_n6"),
+    "dense_decode_m1_lean": lambda d: _dense_decode(d, 1, "mma_leanb_t8_n6"),
+    "dense_decode_m16_lean": lambda d: _dense_decode(d, 16, "mma_leanb_t16_n6"),
     "moe_decode": lambda d: _moe(d, 128),
     "moe_decode_t1": lambda d: _moe(d, 1),
     "moe_prefill": lambda d: _moe(d, 4096),

@@ -1,4 +1,4 @@
-"""The lean dense decode variants (``variant="mma_lean_t<T>_n<NT>"``, NVFP4, M <= T;
+"""The lean dense decode variants (``variant="mma_leanb_t<T>_n<NT>"``, NVFP4, M <= T;
 blockscale/ops/_decode_lean_ir.py) run by the numpy interpreter: within the fp32 bound of
 test_matmul_common (f32 and bf16 outputs, alpha), the same bits from run to run, NaN scales
 (D5), every unit split of K over the 8 warps (warps without units, a unit each, the register
@@ -28,10 +28,10 @@ pytestmark = pytest.mark.interp
 
 # (M, N, K, variant): one unit (warps 0-6 idle), 3 units, 9 units (8 warps, one with 2), the
 # register cap (6 units a warp), N tails of every n-tile count, M = 1 / 8 / 9 / 16
-CASES = [(1, 5, 64, "mma_lean_t8_n2"), (3, 40, 192, "mma_lean_t8_n4"),
-         (8, 21, 576, "mma_lean_t8_n3"), (9, 48, 1024, "mma_lean_t16_n6"),
-         (16, 33, 3072, "mma_lean_t16_n5"), (2, 70, 2880, "mma_lean_t8_n8"),
-         (16, 16, 640, "mma_lean_t16_n2")]
+CASES = [(1, 5, 64, "mma_leanb_t8_n2"), (3, 40, 192, "mma_leanb_t8_n4"),
+         (8, 21, 576, "mma_leanb_t8_n3"), (9, 48, 1024, "mma_leanb_t16_n6"),
+         (16, 33, 3072, "mma_leanb_t16_n5"), (2, 70, 2880, "mma_leanb_t8_n8"),
+         (16, 16, 640, "mma_leanb_t16_n2")]
 
 
 def _run(a, b, sfa, sfb, k, variant, alpha=1.0, out="float32"):
@@ -40,13 +40,10 @@ def _run(a, b, sfa, sfb, k, variant, alpha=1.0, out="float32"):
         out_dtype=out, device="interp", variant=variant)
 
 
-@pytest.mark.parametrize("form", ["", "b"], ids=["registers", "bulk"])
 @pytest.mark.parametrize(("m", "n", "k", "variant"), CASES,
                          ids=lambda x: x if isinstance(x, str) else str(x))
-def test_dense_lean_within_bound(m, n, k, variant, form):
-    """Both forms: the rows loaded into registers ("mma_lean_*") or copied into shared
-    memory by cp.async.bulk ("mma_leanb_*", 16 warps: one, two or three units a warp)."""
-    variant = variant.replace("mma_lean_", f"mma_lean{form}_")
+def test_dense_lean_within_bound(m, n, k, variant):
+    """16 warps: one, two or three units a warp, or none; token rows past M not copied."""
     a, b, sfa, sfb = _case(NVFP4, m, n, k, seed=m + n + k)
     got = _run(a, b, sfa, sfb, k, variant, alpha=0.375)
     assert got.dtype == np.float32 and got.shape == (m, n)
@@ -56,7 +53,7 @@ def test_dense_lean_within_bound(m, n, k, variant, form):
     assert np.array_equal(got.view(np.uint32), again.view(np.uint32))
 
 
-@pytest.mark.parametrize("variant", ["mma_lean_t8_n3", "mma_leanb_t8_n3"])
+@pytest.mark.parametrize("variant", ["mma_leanb_t8_n3", "mma_leanb_t16_n3"])
 def test_dense_lean_bf16_and_nan_scales(variant):
     """bf16 output within the bound (alpha 1.5); a NaN weight scale (0x7F) gives a NaN
     column, a NaN activation scale a NaN row, whichever warp's units they fall in."""
@@ -77,23 +74,21 @@ def test_dense_lean_rejects_what_it_does_not_take():
     the grouped mode: ValueError naming the argument, the limit and the value."""
     a, b, sfa, sfb = _case(NVFP4, 1, 8, 96, seed=3)
     with pytest.raises(ValueError, match=r"k must be a multiple of 64 and <= 3072 for "
-                                         r"variant 'mma_lean_t8_n2', got 96"):
-        _run(a, b, sfa, sfb, 96, "mma_lean_t8_n2")
+                                         r"variant 'mma_leanb_t8_n2', got 96"):
+        _run(a, b, sfa, sfb, 96, "mma_leanb_t8_n2")
     a, b, sfa, sfb = _case(NVFP4, 1, 8, 3136, seed=3)
     with pytest.raises(ValueError, match=r"<= 3072 .*got 3136"):
-        _run(a, b, sfa, sfb, 3136, "mma_lean_t16_n2")
+        _run(a, b, sfa, sfb, 3136, "mma_leanb_t16_n2")
     a, b, sfa, sfb = _case(NVFP4, 9, 8, 128, seed=3)
-    with pytest.raises(ValueError, match=r"m must be <= 8 for variant 'mma_lean_t8_n2', got 9"):
-        _run(a, b, sfa, sfb, 128, "mma_lean_t8_n2")
+    with pytest.raises(ValueError, match=r"m must be <= 8 for variant 'mma_leanb_t8_n2', got 9"):
+        _run(a, b, sfa, sfb, 128, "mma_leanb_t8_n2")
     with pytest.raises(ValueError, match="dense mode and nvfp4 only"):
-        matmul_decode.DecodeSpec(MXFP4.name, "dense", variant="mma_lean_t8_n2")
+        matmul_decode.DecodeSpec(MXFP4.name, "dense", variant="mma_leanb_t8_n2")
     with pytest.raises(ValueError, match="dense mode and nvfp4 only"):
-        matmul_decode.DecodeSpec(NVFP4.name, "grouped", variant="mma_lean_t8_n2")
-    assert matmul_decode.lean_shape("mma_lean_t16_n5") == (16, 5)
-    assert matmul_decode.lean_shape("mma_leanb_t8_n3") == (8, 3)
-    assert matmul_decode.lean_bulk("mma_leanb_t8_n3") and not matmul_decode.lean_bulk(
-        "mma_lean_t8_n3")
-    assert matmul_decode.VARIANT_COLS["mma_lean_t16_n5"] == 40
+        matmul_decode.DecodeSpec(NVFP4.name, "grouped", variant="mma_leanb_t8_n2")
+    assert matmul_decode.lean_shape("mma_leanb_t16_n5") == (16, 5)
+    assert "mma_lean_t8_n3" not in matmul_decode.VARIANTS  # (the register form: removed)
+    assert matmul_decode.VARIANT_COLS["mma_leanb_t16_n5"] == 40
 
 
 @pytest.mark.parametrize(("env", "fmt", "m", "n", "k", "want"), [
@@ -102,8 +97,8 @@ def test_dense_lean_rejects_what_it_does_not_take():
     (None, NVFP4, 9, 4096, 2048, "mma_leanb_t16_n4"),
     (None, NVFP4, 1, 40, 64, "mma_leanb_t8_n2"), (None, NVFP4, 2, 9000, 128, "mma_leanb_t8_n8"),
     (None, MXFP4, 1, 40, 1024, "mma_shot"),
-    ("mma_lean_t8_n3", NVFP4, 5, 40, 128, "mma_lean_t8_n3"),
-    ("mma_lean_t8_n3", NVFP4, 12, 40, 128, "mma_shot16")],
+    ("mma_leanb_t8_n3", NVFP4, 5, 40, 128, "mma_leanb_t8_n3"),
+    ("mma_leanb_t8_n3", NVFP4, 12, 40, 128, "mma_shot16")],
     ids=lambda x: getattr(x, "name", x if isinstance(x, str) else str(x)))
 def test_dispatch_picks_lean(monkeypatch, env, fmt, m, n, k, want):
     """The dense dispatch's lean picks (:func:`matmul_decode.lean_variant`; a named lean
@@ -117,49 +112,24 @@ def test_dispatch_picks_lean(monkeypatch, env, fmt, m, n, k, want):
 def test_grouped_dispatch_never_lean(monkeypatch):
     """BLOCKSCALE_DECODE_VARIANT naming the dense-only lean kernels: the grouped dispatch
     keeps its default."""
-    for v in ("mma_lean", "mma_lean_t16_n4"):
+    for v in ("mma_lean", "mma_leanb_t16_n4"):
         monkeypatch.setenv(matmul_decode.VARIANT_ENV, v)
         assert matmul_decode.dispatch_variant(NVFP4, grouped=True) == \
             matmul_decode.GROUPED_DEFAULT_VARIANT
     assert matmul_decode.lean_variant(17, 64, 64) is None
     assert matmul_decode.lean_variant(1, 64, 96) is None
-    assert matmul_decode.lean_variant(3, 64, 3072, bulk=False) == "mma_lean_t8_n2"
-
-
-@pytest.mark.lower
-@pytest.mark.parametrize("variant", ["mma_lean_t16_n6", "mma_lean_t8_n6", "mma_lean_t16_n2"])
-def test_lean_sass(variant):
-    """sm_90a SASS: every weight / activation load (LDG.E.64, 8 bytes a lane and unit) and
-    scale byte load before the first HMMA (all of a CTA's bytes in flight at once), 4 HMMAs a
-    unit and n-tile (f16 operands, f32 accumulators), no spill, one CTA of 256 threads per SM
-    at most 255 registers, the 8 warps' partials through <= 32 KB of static shared memory."""
-    tokens, nt = matmul_decode.lean_shape(variant)
-    upw = matmul_decode.LEAN_UPW
-    kernel = matmul_decode.kernel(matmul_decode.DecodeSpec("nvfp4", "dense", "bfloat16",
-                                                           variant=variant))
-    ops = [m.group(1) for line in kernel.asm["sass"].splitlines()
-           if (m := re.match(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", line))]
-    hmma = [i for i, o in enumerate(ops) if o == "HMMA.16816.F32"]
-    loads = [i for i, o in enumerate(ops) if o.startswith("LDG")]
-    assert len(hmma) == 4 * nt * upw
-    assert ops.count("LDG.E.64") == (nt + tokens // 8) * upw
-    assert ops.count("LDG.E.U8") == (nt + tokens // 8) * upw
-    assert max(loads) < min(hmma)
-    meta = kernel.meta
-    assert meta["spill_stores"] == 0 and meta["spill_loads"] == 0, meta
-    assert 0 < meta["registers"] <= 255
-    assert meta["static_shared_bytes"] <= 32 * 1024
+    assert matmul_decode.lean_variant(3, 64, 3072) == "mma_leanb_t8_n2"
 
 
 @pytest.mark.lower
 @pytest.mark.parametrize("variant", ["mma_leanb_t16_n6", "mma_leanb_t8_n4"])
-def test_lean_bulk_sass(variant):
-    """The bulk form's sm_90a SASS: the rows by ``cp.async.bulk`` (UBLKCP) completing on
+def test_lean_sass(variant):
+    """sm_90a SASS: the rows by ``cp.async.bulk`` (UBLKCP) completing on
     mbarriers (SYNCS), one ``LDS.64`` a row a unit (8 bytes a lane), 4 HMMAs a unit and
     n-tile, no spill at the 128-register cap (16 warps on one SM), no static shared memory
     (the rows, the mbarriers and the partials in the dynamic bytes)."""
     tokens, nt = matmul_decode.lean_shape(variant)
-    upw = -(-matmul_decode.LEAN_BULK_KCAP // 64 // matmul_decode.LEAN_BULK_WARPS)
+    upw = -(-matmul_decode.LEAN_KCAP // 64 // matmul_decode.LEAN_WARPS)
     spec = matmul_decode.DecodeSpec("nvfp4", "dense", "bfloat16", variant=variant)
     kernel = matmul_decode.kernel(spec)
     ops = [m.group(1) for line in kernel.asm["sass"].splitlines()

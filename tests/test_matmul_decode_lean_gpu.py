@@ -27,10 +27,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
 @pytest.mark.parametrize("nk", [(5760, 2944), (5760, 2880), (4096, 2048), (2880, 3072),
                                 (40, 64)], ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("m", [1, 8, 9, 16])
-@pytest.mark.parametrize("form", ["", "b"], ids=["registers", "bulk"])
-def test_dense_lean_within_bound_gpu(m, nk, form):
+def test_dense_lean_within_bound_gpu(m, nk):
     n, k = nk
-    variant = matmul_decode.lean_variant(m, n, k, bulk=form == "b")
+    variant = matmul_decode.lean_variant(m, n, k)
     args, cols, exact, abs_sum = _dense(NVFP4, m, n, k, seed=m + n + k)
 
     def run(out="float32", alpha=0.5):
@@ -48,8 +47,7 @@ def test_dense_lean_within_bound_gpu(m, nk, form):
                            f32_error_bound(1.5 * abs_sum, NVFP4, k, n_mul=2))
 
 
-@pytest.mark.parametrize("form", ["", "b"], ids=["registers", "bulk"])
-def test_dense_lean_nan_scales_gpu(form):
+def test_dense_lean_nan_scales_gpu():
     """A NaN weight scale gives a NaN column, a NaN activation scale a NaN row (D5)."""
     m, n, k = 16, 5760, 2880
     a, b, sfa, sfb, _sfa5, _sfb5 = random_dense_case(np.random.default_rng(5), NVFP4, m, n, k)
@@ -58,6 +56,6 @@ def test_dense_lean_nan_scales_gpu(form):
     out = matmul_decode.block_scaled_matmul_decode(
         a, b, layouts.interleave(sfa), layouts.interleave(sfb), NVFP4, k=k,
         out_dtype="float32", device="cuda",
-        variant=matmul_decode.lean_variant(m, n, k, bulk=form == "b"))
+        variant=matmul_decode.lean_variant(m, n, k))
     nan = np.isnan(out)
     assert nan[:, 4000].all() and nan[3].all() and nan.sum() == m + n - 1

@@ -1,4 +1,4 @@
-"""IR of the "lean" dense decode variants (``"mma_lean[b]_t<T>_n<NT>"``, NVFP4, M <= 16).
+"""IR of the "lean" dense decode variants (``"mma_leanb_t<T>_n<NT>"``, NVFP4, M <= 16).
 
 Imports MLIR: only :func:`blockscale.ops.matmul_decode.build` imports this module.
 
@@ -18,8 +18,10 @@ warp instructions, 17.7 us). Here:
   <= 6 significant bits, >= 2^-17: the f16 subnormals the tensor core handles exactly, as the
   grouped prefill's f16 path does), so the MMAs chain across blocks in fp32 and no per-block
   fold is needed; the result is ``2^14`` times the accumulator;
-* every byte of the CTA is requested at the kernel's start (two forms, below), so all of it
-  is in flight before the first MMA.
+* the CTA's rows are copied into shared memory by ``cp.async.bulk`` at the kernel's start (a
+  copy a row and K quarter, an mbarrier a quarter; token rows past M not copied), so all of
+  its bytes are in flight before the first MMA without load registers, and 16 warps (4 a
+  scheduler, 96 registers) split K, reading their fragments with ``LDS.64``.
 
 K order (the same for both operands, so the dot product is unchanged)
 ----------------------------------------------------------------------
@@ -33,20 +35,16 @@ fragment (rows g / g + 8) and in the B fragment (column g) alike.
 
 Work split and reduction (deterministic)
 -----------------------------------------
-W warps (8 registers form, 16 bulk); warp ``w`` takes units ``[w U / W, (w + 1) U / W)``
-(``U = K / 64``; unrolled up to the form's cap), all ``NT`` tiles. Every warp stores its
+W warps (16); warp ``w`` takes units ``[w U / W, (w + 1) U / W)`` (``U = K / 64``; unrolled
+up to ``kcap``'s share), all ``NT`` tiles. Every warp stores its
 fp32 partials to shared memory; warp ``nt`` adds tile ``nt``'s in warp order 0, 1, .. and
-stores the outputs (times 2^14, then the caller's ``store``: alpha, cast). The fp32 bound of tests/test_matmul_common.py
-holds (one rounding per add of the MMA chain and of the warp sum); the bits are not the
+stores the outputs (times 2^14, then the caller's ``store``: alpha, cast). The fp32 bound of
+tests/test_matmul_common.py holds (one rounding per add of the MMA chain and of the warp sum); the bits are not the
 portable kernel's, and they are the same from run to run.
 
-Two forms
----------
-Registers ("mma_lean_*", :func:`emit_decode_lean`): every weight byte of the CTA loaded
-into registers at the start (``LDG.E.64`` at immediate offsets, 8 warps, <= 255 registers).
-Bulk ("mma_leanb_*", :func:`emit_decode_lean_bulk`, the dispatch's): the CTA's rows copied
-into shared memory by ``cp.async.bulk`` (a copy a row and K quarter, an mbarrier a quarter;
-token rows past M not copied), 16 warps on K at 96 registers, ``LDS.64`` fragment reads.
+A first form (session 14, "mma_lean_*", removed) loaded every weight byte of the CTA into
+registers instead (``LDG.E.64`` at immediate offsets, 8 warps, 212 registers): slower at
+every measured M (below); a warp's 8-byte loads touch one 32-byte sector of 8 rows each.
 
 Measured (H200, RESULTS runs CN-CS) and what bounds it
 ------------------------------------------------------
@@ -56,11 +54,11 @@ Dense N = 5760, K = 2880 (ms, weight sets rotated past the L2): bulk M = 1 / 8 /
 read-only sum of 9.4 MB (the FP4 weights and scales) takes 0.0111 ms, a copy of 4.7 MB
 (9.4 MB moved) 0.0090, an empty launch of these kernels 0.0041-0.0044 (a tiny torch kernel
 0.0037); without the decode and the MMAs (run CR, a removal variant) the bulk kernel takes
-0.0081: the stream of this size, not the instructions, is most of the time, and the compute
+0.0081 (the register form 0.0098): the stream of this size, not the instructions, is most of the time, and the compute
 (~2.8 M warp instructions, ~48 % of issue slots) adds ~3 us on top. So the M = 16 goals of
 issue 9 (1/3 of bf16 = ~4.7 us, 1/2 of FP8 = ~7.7 us) are below what a plain device read or
-copy of the same bytes costs at this size. ncu (run CO, registers form): 0.36 issued warps a
-scheduler and cycle at 2 warps a scheduler, DRAM 17 %.
+copy of the same bytes costs at this size. ncu (run CR): 11.1 us, DRAM 17.6 %, issue 48 % of
+active cycles; stalls long scoreboard 1.8, wait 1.1, not-selected 1.0, math-pipe throttle 1.0.
 """
 
 from __future__ import annotations
@@ -81,7 +79,6 @@ from blockscale.ops.matmul_decode import bulk_layout, bulk_row_stride
 
 Value = ir.Value
 
-WARPS = 8
 #: K codes per unit (a lane's 16 codes = one NVFP4 block, 4 lanes of a quad)
 UNIT = 64
 #: the f16 operands are ``x * 2^-7`` (decode 2^-14 times scale 2^7), their products 2^-14
@@ -102,88 +99,6 @@ def _scaled_pairs(words: tuple[Value, Value], scale: Value) -> list[list[Value]]
     word 1 pair i), times ``scale`` (f16x2)."""
     p0, p1 = (fp4_word_to_f16_pairs(w) for w in words)
     return [[arith.mulf(p0[i], scale), arith.mulf(p1[i], scale)] for i in range(4)]
-
-
-def emit_decode_lean(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
-                     n_count: Value, k: Value, a_srow: Callable[[Value], Value],
-                     store: Callable[[Value, Value, Value], None], ntiles: int,
-                     tokens: int, upw: int) -> None:
-    """The body for columns ``[8 ntiles block_idx.x, +8 ntiles)`` of rows ``[start, end)``
-    (``end - start <= tokens``, the host checks) with the interface of
-    :func:`blockscale.ops._decode_ir.emit_decode`; ``k`` a multiple of 64 with at most
-    ``upw`` units a warp (``k <= 512 upw``, the host checks); ``tokens``: 8 (one fragment row
-    half, the other zero) or 16."""
-    if fmt.name != "nvfp4":
-        raise ValueError(f"the lean decode kernel is NVFP4 only, got {fmt.name}")
-    if tokens not in (8, 16) or not 1 <= ntiles <= 8 or upw < 1:
-        raise ValueError(f"tokens must be 8 or 16, ntiles 1..8, upw >= 1, got {tokens}, "
-                         f"{ntiles}, {upw}")
-    f32, i32 = bir.f32(), bir.i32()
-    halves = tokens // 8
-    red = tma.shared_buffer(kb, f"{WARPS * ntiles * 32 * 4}xf32", align=16)
-    a, w, sfa, sfb = (kb.arg(x) for x in ("a", "w" if "w" in kb.values else "b", "sfa", "sfb"))
-
-    tid = bir.thread_idx("x")
-    lane, warp = bir.urem(tid, 32), bir.udiv(tid, 32)
-    g, t = bir.udiv(lane, 4), bir.urem(lane, 4)
-    row_bytes = bir.udiv(k, 2)
-    units = bir.udiv(k, UNIT)
-    d1 = bir.ceil_div(bir.ceil_div(k, fmt.block_size), 4)
-    n0 = bir.mul(bir.block_idx("x"), 8 * ntiles)
-    e = bir.as_index(expert)
-    lo = bir.udiv(bir.mul(warp, units), WARPS)
-    hi = bir.udiv(bir.mul(bir.add(warp, 1), units), WARPS)
-    b_srow0 = bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS)
-    lane_off = bir.mul(t, 8)
-
-    def words(buf: Value, base: Value, j: int) -> list[Value]:
-        """The lane's 8 bytes of the warp's unit ``lo + j`` of the row at ``base`` (two
-        i32)."""
-        v = vector.bitcast(bir.vec(2, i32), bir.vector_load(
-            bir.vec(8, bir.i8()), buf, bir.add(base, 32 * j), alignment=8))
-        return [bir.extract(v, 0), bir.extract(v, 1)]
-
-    def scale_byte(buf: Value, base: Value, j: int) -> Value:
-        """The lane's block scale byte (block ``4 (lo + j) + t``) of the row at ``base``."""
-        return mir.load_byte_i32(buf, bir.add(base, SF_ATOM_BYTES * j))
-
-    n_last = bir.sub(n_count, 1)
-    cols = [bir.umin(bir.add(n0, bir.add(g, 8 * nt)), n_last) for nt in range(ntiles)]
-    toks = [bir.umin(bir.add(start, bir.add(g, 8 * h)), bir.sub(end, 1)) for h in range(halves)]
-    # the rows' offsets at unit lo (a slot j adds 32 j / 512 j: immediate load offsets)
-    unit0 = bir.add(bir.mul(lo, 32), lane_off)
-    sunit0 = bir.add(bir.mul(lo, SF_ATOM_BYTES), t)
-    wbase = [bir.add(bir.mul(bir.add(bir.mul(e, n_count), c), row_bytes), unit0) for c in cols]
-    sbbase = [bir.add(mir.tcgen_row_offset(bir.add(b_srow0, c), d1), sunit0) for c in cols]
-    abase = [bir.add(bir.mul(r, row_bytes), unit0) for r in toks]
-    sabase = [bir.add(mir.tcgen_row_offset(a_srow(r), d1), sunit0) for r in toks]
-    nvals = 3 * ntiles + 3 * halves
-
-    # ---- every load of the warp's units first (a slot past the warp's units: zeros)
-    loads, lives = [], []
-    for j in range(upw):
-        live = bir.ult(bir.add(lo, j), hi)
-        br = bir.if_(live, [i32] * nvals)
-        with br.then():
-            vals = [x for b in wbase for x in words(w, b, j)]
-            vals += [scale_byte(sfb, b, j) for b in sbbase]
-            vals += [x for b in abase for x in words(a, b, j)]
-            vals += [scale_byte(sfa, b, j) for b in sabase]
-            br.yield_(*vals)
-        with br.else_():
-            br.yield_(*[_i32c(0)] * nvals)
-        r = list(br.results)
-        bw = [r[2 * nt:2 * nt + 2] for nt in range(ntiles)]
-        bs = r[2 * ntiles:3 * ntiles]
-        aw = [r[3 * ntiles + 2 * h:3 * ntiles + 2 * h + 2] for h in range(halves)]
-        loads.append((bw, bs, aw, r[3 * ntiles + 2 * halves:]))
-        lives.append(live)
-
-    zero = bir.const(0.0, f32)
-    accs = [zero] * (4 * ntiles)
-    for (bw, bs, aw, as_), live in zip(loads, lives):
-        accs = _unit(live, accs, bw, bs, aw, as_)
-    _reduce_store(red, accs, WARPS, lane, warp, g, t, start, end, n0, n_count, store)
 
 
 def _unit(live: Value, accs: list[Value], bw: list[list[Value]], bs: list[Value],
@@ -240,12 +155,13 @@ def _reduce_store(red: Value, accs: list[Value], warps: int, lane: Value, warp: 
                     store(arith.mulf(tot[i], bir.const(UNSCALE, f32)), tok, col)
 
 
-def emit_decode_lean_bulk(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
-                          n_count: Value, k: Value, a_srow: Callable[[Value], Value],
-                          store: Callable[[Value, Value, Value], None], ntiles: int,
-                          tokens: int, kcap: int, warps: int = 16, slices: int = 4) -> None:
-    """:func:`emit_decode_lean` with the rows through shared memory: the CTA's 8 ntiles
-    weight rows and ``tokens`` activation rows are copied by ``cp.async.bulk`` (one copy a
+def emit_decode_lean(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
+                     n_count: Value, k: Value, a_srow: Callable[[Value], Value],
+                     store: Callable[[Value, Value, Value], None], ntiles: int,
+                     tokens: int, kcap: int, warps: int = 16, slices: int = 4) -> None:
+    """The body for columns ``[8 ntiles block_idx.x, +8 ntiles)`` of rows ``[start, end)``
+    (``end - start <= tokens``, the host checks) with the interface of
+    :func:`blockscale.ops._decode_ir.emit_decode`: the CTA's 8 ntiles weight rows and ``tokens`` activation rows are copied by ``cp.async.bulk`` (one copy a
     row and K slice: ``slices`` slices of ``warps / slices`` warps' units, each on its own
     mbarrier, slice-major), so all its bytes are in flight at once without load registers,
     and ``warps`` warps (16: 4 a scheduler) split K; a warp waits for its slice, reads its
@@ -262,7 +178,7 @@ def emit_decode_lean_bulk(kb: Any, fmt: Format, *, start: Value, end: Value, exp
     f32, i32 = bir.f32(), bir.i32()
     halves = tokens // 8
     stride = bulk_row_stride(kcap)
-    lay = bulk_layout(kcap, ntiles, tokens, warps, slices)
+    lay = bulk_layout(kcap, ntiles, tokens, slices)
     assert warps * ntiles * 32 * 16 <= lay["bars"]  # the partials fit in the rows' bytes
     upw = -(-kcap // UNIT // warps)  # units a warp at most
     nrows = 8 * ntiles + tokens

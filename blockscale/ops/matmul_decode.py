@@ -26,7 +26,7 @@ over grid.z), the conflict-free "mma_c*" family and its per-tile-overhead varian
 "mma_c8t" / "mma_c8s2" / "mma_c8s4" / "mma_c8d2", the persistent grouped "mma_c8w" /
 "mma_c8r" / "mma_c8r4" (one wave of CTAs walking work units; the last two with a TMA ring of
 weights), see :data:`VARIANTS`; the dispatch-only
-:data:`LEAN_AUTO` (the dense default) runs the lean NVFP4 kernels "mma_lean_t<T>_n<NT>"
+:data:`LEAN_AUTO` (the dense default) runs the lean NVFP4 kernels "mma_leanb_t<T>_n<NT>"
 (:func:`lean_variant`; :mod:`blockscale.ops._decode_lean_ir`) where they take the case, else
 the one-shot ones; the dispatch-only
 :data:`AUTO_VARIANT` picks among "mma_c8t" / "mma_c8s2" / "mma_c8s4" by the grid. The
@@ -117,37 +117,29 @@ VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c
             "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w", "mma_c8r",
             "mma_c8r4", "mma_shot", "mma_shot7k", "mma_shot16", "mma_shot32", "mma_shot6",
             "mma_shot1")
-#: the lean dense variants "mma_lean_t<T>_n<NT>" (NVFP4, dense, M <= T; _decode_lean_ir):
+#: the lean dense variants "mma_leanb_t<T>_n<NT>" (NVFP4, dense, M <= T; _decode_lean_ir):
 #: the tokens on the MMA's M side, NT n8-tiles of weight rows a CTA (8 NT columns), the block
-#: scales folded into f16 operands, every weight byte loaded into registers at the start;
-#: 8 warps on K units of 64 codes, at most LEAN_UPW units a warp (K <= 512 LEAN_UPW)
+#: scales folded into f16 operands, the CTA's rows copied into shared memory by cp.async.bulk
+#: (a copy a row and K quarter, an mbarrier a quarter), 16 warps on K units of 64 codes
+#: (128 registers), K <= LEAN_KCAP. (The "b" is the bulk copies: session 14's first form
+#: "mma_lean_*" loaded the rows into registers; slower everywhere, removed.)
 LEAN_TOKENS = (8, 16)
 LEAN_NTILES = (2, 3, 4, 5, 6, 8)
-LEAN_UPW = 6
+LEAN_WARPS = 16
+LEAN_SLICES = 4
+LEAN_KCAP = 3072
 #: the SMs of the H200 (the lean grids give every CTA its own SM)
 SMS = 132
 #: K codes of a lean unit (a lane's 16 codes are one NVFP4 block; _decode_lean_ir.UNIT)
 UNIT_CODES = 64
-#: "mma_leanb_t<T>_n<NT>": the same with the rows copied into shared memory by
-#: cp.async.bulk (a copy a row and K quarter, an mbarrier a quarter) and 16 warps on K
-#: (LEAN_BULK_WARPS; 128 registers), K <= LEAN_BULK_KCAP
-LEAN_BULK_WARPS = 16
-LEAN_BULK_SLICES = 4
-LEAN_BULK_KCAP = 3072
-LEAN_VARIANTS = tuple(f"mma_lean{b}_t{t}_n{n}" for b in ("", "b") for t in LEAN_TOKENS
-                      for n in LEAN_NTILES)
+LEAN_VARIANTS = tuple(f"mma_leanb_t{t}_n{n}" for t in LEAN_TOKENS for n in LEAN_NTILES)
 VARIANTS += LEAN_VARIANTS
 
 
 def lean_shape(variant: str) -> tuple[int, int]:
     """(tokens, n-tiles) of a lean variant name."""
-    t, n = variant.removeprefix("mma_lean").removeprefix("b").removeprefix("_t").split("_n")
+    t, n = variant.removeprefix("mma_leanb_t").split("_n")
     return int(t), int(n)
-
-
-def lean_bulk(variant: str) -> bool:
-    """Whether a lean variant copies its rows into shared memory ("mma_leanb_*")."""
-    return variant.startswith("mma_leanb_")
 
 
 #: the one-shot variants' largest K (their shared weight rows hold K / 2 bytes): "mma_shot"
@@ -200,8 +192,7 @@ SPLIT_VARIANTS = ("mma_psk",)
 VARIANT_THREADS = {"simt": THREADS, "mma": 128, "mma2": 128, "mma_p": 128, "mma_p5": 128,
                    "mma_psk": 128, **dict.fromkeys(STAGING, 128),
                    **{v: 32 * w for v, w in SHOT_WARPS.items()},
-                   **{v: 32 * LEAN_BULK_WARPS if lean_bulk(v) else 256
-                      for v in LEAN_VARIANTS}}
+                   **dict.fromkeys(LEAN_VARIANTS, 32 * LEAN_WARPS)}
 VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_p": 64, "mma_p5": 64, "mma_psk": 64,
                 **dict.fromkeys(STAGING, 64), **{v: 64 * j for v, j in SLICES.items()},
                 **dict.fromkeys(SHOT_KCAP, 16), "mma_shot32": 32,
@@ -213,7 +204,7 @@ VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_p": 128, "mma_p5
                      "mma_c86": 80, "mma_c8t": 128, "mma_c8s2": 128, "mma_c8s4": 128,
                      "mma_c8d2": 168, "mma_c8w": 128, "mma_c8r": 128, "mma_c8r4": 128,
                      **dict.fromkeys(SHOT_KCAP, 128), "mma_shot6": 112,
-                     **{v: 128 if lean_bulk(v) else 255 for v in LEAN_VARIANTS}}
+                     **dict.fromkeys(LEAN_VARIANTS, 128)}
 #: mma_psk: split K until the grid has about two waves of CTAs (4 per SM of 132 SMs, twice)
 SPLIT_K_P_CTAS = 2 * 4 * 132
 #: mma_psk: at least this many K steps (512 FP4 elements) per split (one step is loaded
@@ -249,16 +240,13 @@ WAVE_CTAS = 4 * 132
 #: scheduler, its K chain 4.6 k instructions long). So the dense dispatch runs "mma_shot"
 #: (:func:`shot_variant` by K and rows; :data:`SHOT_FALLBACK` past every one-shot K cap):
 #: deterministic and within the fp32 bound, not bit-identical to the portable kernel
-#: Session 14 (run CN, H200, dense N = 5760, K = 2880, weight sets rotated past the L2, ms):
-#: the lean kernels, M = 16 mma_lean_t16_n6 0.0125 vs mma_shot16 0.0177 (K = 2944: 0.0120 vs
-#: 0.0171), M = 8 0.0117 vs mma_shot 0.0143, M = 1 mma_lean_t8_n6 0.0121 vs 0.0124; N = 4096
-#: K = 2048 M = 1 / 8 / 16 mma_lean_t*_n4 0.0084 / 0.0086 / 0.0092 vs 0.0088 / 0.0093 / 0.0115.
-#: Run CS (the bulk form "mma_leanb_*", token rows past M not copied; ms): N = 5760 K = 2880
-#: M = 1 / 4 / 8 / 9 / 16 t*_n6 0.0116 / 0.0110 / 0.0115 / 0.0113 / 0.0119 (register form
-#: 0.0121 / 0.0116 / 0.0124 / 0.0120 / 0.0127; one-shot 0.0126 / 0.0132 / 0.0144 / 0.0163 /
-#: 0.0173); N = 4096 K = 2048 t*_n4 0.0085 / 0.0082 / 0.0087 / 0.0085 / 0.0093. So the dense
-#: NVFP4 dispatch runs :func:`lean_variant`'s bulk form where it takes the case (the
-#: dispatch-only :data:`LEAN_AUTO`), else the one-shot kernels
+#: Session 14 (run CS, H200, weight sets rotated past the L2, ms): the lean kernels at N =
+#: 5760 K = 2880, M = 1 / 4 / 8 / 9 / 16, t*_n6: 0.0116 / 0.0110 / 0.0115 / 0.0113 / 0.0119
+#: (their removed register form 0.0121 / 0.0116 / 0.0124 / 0.0120 / 0.0127; the one-shot
+#: kernels 0.0126 / 0.0132 / 0.0144 / 0.0163 / 0.0173); N = 4096 K = 2048 t*_n4 0.0085 /
+#: 0.0082 / 0.0087 / 0.0085 / 0.0093 (one-shot 0.0090 / 0.0094 / 0.0100 / 0.0108 / 0.0120).
+#: So the dense NVFP4 dispatch runs :func:`lean_variant`'s kernel where it takes the case
+#: (the dispatch-only :data:`LEAN_AUTO`), else the one-shot kernels
 LEAN_AUTO = "mma_lean"
 DEFAULT_VARIANT = LEAN_AUTO
 #: the dense dispatch's variant where no one-shot kernel holds K (K > 7168)
@@ -303,11 +291,9 @@ class DecodeSpec(FormatSpec):
         CUDA runtime opts in, static + dynamic being > 48 KB in any case)."""
         if self.variant in SHOT_KCAP:  # all the one-shot variants' shared buffers
             return shot_layout(self.fmt, self.variant)["total"]
-        if self.variant in LEAN_VARIANTS:  # the bulk form's rows and mbarriers
-            if not lean_bulk(self.variant):
-                return 0
+        if self.variant in LEAN_VARIANTS:  # the rows and the mbarriers
             t, nt = lean_shape(self.variant)
-            return bulk_layout(LEAN_BULK_KCAP, nt, t, LEAN_BULK_WARPS, LEAN_BULK_SLICES)["total"]
+            return bulk_layout(LEAN_KCAP, nt, t, LEAN_SLICES)["total"]
         ring = RING.get(self.variant, 0)
         return ring * 64 * 256 + 1024 if ring else 0
 
@@ -366,15 +352,15 @@ class DecodeSpec(FormatSpec):
 
 
 def bulk_row_stride(kcap: int) -> int:
-    """The lean bulk form's shared row (bytes): ``kcap / 2`` rounded up to 32 plus 32 where needed
-    so that it is 32 or 96 mod 128: a half warp's ``LDS.64`` (4 rows x 32 bytes) then hits
-    32 distinct banks."""
+    """The lean kernels' shared row (bytes): ``kcap / 2`` rounded up to 32, plus 32 where
+    needed so that it is 32 or 96 mod 128: a half warp's ``LDS.64`` (4 rows x 32 bytes) then
+    hits 32 distinct banks."""
     rb = -(-kcap // 64) * 32
     return rb + (32 if rb % 128 in (0, 64) else 0)
 
 
-def bulk_layout(kcap: int, ntiles: int, tokens: int, warps: int, slices: int) -> dict[str, int]:
-    """Byte offsets of the lean bulk form's dynamic shared memory: "rows" (the CTA's 8 ntiles
+def bulk_layout(kcap: int, ntiles: int, tokens: int, slices: int) -> dict[str, int]:
+    """Byte offsets of the lean kernels' dynamic shared memory: "rows" (the CTA's 8 ntiles
     weight rows, then its ``tokens`` activation rows, :func:`bulk_row_stride` bytes each;
     after the MMAs the warps' f32 partials reuse it), "bars" (an mbarrier per copy slice),
     "total"."""
@@ -428,25 +414,22 @@ def shot_variant(k: int, rows: int = 1) -> str | None:
     return fits[0] if fits else None
 
 
-def lean_variant(m: int, n: int, k: int, bulk: bool = True) -> str | None:
-    """The lean variant (``bulk``: the shared-memory form "mma_leanb_*", the dispatch's; else
-    the register form) for a dense (M, N, K), or None where none takes it (K not a multiple
-    of 64 or past the cap, M > 16): 8 or 16 tokens by M, and the fewest n-tiles that give
-    every CTA its own SM (``ceil(N / 8 NT) <= SMS``; NT = 8 past that)."""
-    cap = LEAN_BULK_KCAP if bulk else 8 * UNIT_CODES * LEAN_UPW
-    if k % UNIT_CODES or k > cap or not 0 < m <= max(LEAN_TOKENS):
+def lean_variant(m: int, n: int, k: int) -> str | None:
+    """The lean variant for a dense (M, N, K), or None where none takes it (K not a multiple
+    of 64 or past :data:`LEAN_KCAP`, M > 16): 8 or 16 tokens by M, and the fewest n-tiles
+    that give every CTA its own SM (``ceil(N / 8 NT) <= SMS``; NT = 8 past that)."""
+    if k % UNIT_CODES or k > LEAN_KCAP or not 0 < m <= max(LEAN_TOKENS):
         return None
     tokens = min(t for t in LEAN_TOKENS if m <= t)
     nt = next((j for j in LEAN_NTILES if -(-n // (8 * j)) <= SMS), LEAN_NTILES[-1])
-    return f"mma_lean{'b' if bulk else ''}_t{tokens}_n{nt}"
+    return f"mma_leanb_t{tokens}_n{nt}"
 
 
 def check_shot_k(variant: str, k: int, m: int = 0) -> None:
     """ValueError when a one-shot ``variant``'s shared rows cannot hold K, or a lean
-    variant's registers cannot hold K (or its M-tile ``m`` rows)."""
+    variant's cannot (or its M-tile the ``m`` rows)."""
     if variant in LEAN_VARIANTS:
-        tokens = lean_shape(variant)[0]
-        cap = LEAN_BULK_KCAP if lean_bulk(variant) else 8 * UNIT_CODES * LEAN_UPW
+        tokens, cap = lean_shape(variant)[0], LEAN_KCAP
         if k % UNIT_CODES or k > cap:
             raise ValueError(f"k must be a multiple of {UNIT_CODES} and <= {cap} for variant "
                              f"{variant!r}, got {k}")
@@ -490,12 +473,8 @@ def build(spec: DecodeSpec) -> Any:
         tokens, ntiles = lean_shape(spec.variant)
 
         def emit(*args: Any, **kw: Any) -> None:
-            if lean_bulk(spec.variant):
-                DL.emit_decode_lean_bulk(*args, **kw, ntiles=ntiles, tokens=tokens,
-                                         kcap=LEAN_BULK_KCAP, warps=LEAN_BULK_WARPS,
-                                         slices=LEAN_BULK_SLICES)
-            else:
-                DL.emit_decode_lean(*args, **kw, ntiles=ntiles, tokens=tokens, upw=LEAN_UPW)
+            DL.emit_decode_lean(*args, **kw, ntiles=ntiles, tokens=tokens, kcap=LEAN_KCAP,
+                                warps=LEAN_WARPS, slices=LEAN_SLICES)
     elif spec.variant in SPLIT_VARIANTS:
         def emit(*args: Any, **kw: Any) -> None:
             DM.emit_decode_mma_split_k(*args, **kw, workspace=kb.arg("workspace"),
