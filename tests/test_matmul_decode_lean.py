@@ -1,8 +1,9 @@
 """The lean dense decode variants (``variant="mma_leanb_t<T>_n<NT>"``, NVFP4, M <= T;
 blockscale/ops/_decode_lean_ir.py) run by the numpy interpreter: within the fp32 bound of
 test_matmul_common (f32 and bf16 outputs, alpha), the same bits from run to run, NaN scales
-(D5), every unit split of K over the 8 warps (warps without units, a unit each, the register
-cap), N tails, and clear errors for what the variants do not take.
+(D5), every unit split of K over the 16 warps (warps without units, one to three units each:
+the K cap), N tails, token rows past M (not copied), and clear errors for what the variants
+do not take.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from blockscale.ops import matmul_decode
 
 pytestmark = pytest.mark.interp
 
-# (M, N, K, variant): one unit (warps 0-6 idle), 3 units, 9 units (8 warps, one with 2), the
-# register cap (6 units a warp), N tails of every n-tile count, M = 1 / 8 / 9 / 16
+# (M, N, K, variant): one unit (warps 0-14 idle), 3 units, 9 units, 16 / 45 units (one / two
+# or three a warp), the K cap (48 units: three a warp), N tails of every n-tile count, M = 1 /
+# 2 / 3 / 8 / 9 / 16
 CASES = [(1, 5, 64, "mma_leanb_t8_n2"), (3, 40, 192, "mma_leanb_t8_n4"),
          (8, 21, 576, "mma_leanb_t8_n3"), (9, 48, 1024, "mma_leanb_t16_n6"),
          (16, 33, 3072, "mma_leanb_t16_n5"), (2, 70, 2880, "mma_leanb_t8_n8"),
