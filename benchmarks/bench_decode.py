@@ -139,7 +139,7 @@ def _fits(v: str, k: int, m: int = 1, grouped: bool = False) -> bool:
     from blockscale.ops import matmul_decode
 
     try:
-        matmul_decode.check_shot_k(v, k, m)
+        matmul_decode.check_variant_shape(v, k, m)
     except ValueError:
         return False
     return not (grouped and v in matmul_decode.LEAN_VARIANTS)

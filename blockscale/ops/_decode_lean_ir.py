@@ -129,23 +129,26 @@ def _unit(live: Value, accs: list[Value], bw: list[list[Value]], bs: list[Value]
 def _reduce_store(red: Value, accs: list[Value], warps: int, lane: Value, warp: Value, g: Value,
                   t: Value, start: Value, end: Value, n0: Value, n_count: Value,
                   store: Callable[[Value, Value, Value], None]) -> None:
-    """Every warp's partials (4 a lane and n-tile) to the f32 shared
-    buffer ``red``; a barrier; warp ``nt`` (and ``nt + warps``, ..) adds tile nt's partials
+    """Every warp's partials (4 a lane and n-tile) to the f32 shared buffer ``red``; a
+    barrier; warp ``nt`` (and ``nt + warps``, ..) adds tile nt's partials
     in warp order 0, 1, .., times 2^14, and stores the outputs (rows < end, columns < N)."""
     f32 = bir.f32()
     ntiles = len(accs) // 4
+
+    def slot(wi: Value | int, nt: Value | int) -> Value:  # warp wi's 4 partials of tile nt
+        wi = bir.const(wi) if isinstance(wi, int) else wi
+        return bir.mul(bir.add(bir.mul(bir.add(bir.mul(wi, ntiles), nt), 32), lane), 4)
+
     for nt in range(ntiles):
         bir.vector_store(bir.from_elements(bir.vec(4, f32), accs[4 * nt:4 * nt + 4]), red,
-                         bir.mul(bir.add(bir.mul(bir.add(bir.mul(warp, ntiles), nt), 32),
-                                         lane), 4), alignment=16)
+                         slot(warp, nt), alignment=16)
     bir.barrier()
     for nt0 in range(0, ntiles, warps):
         nt = bir.add(warp, nt0)
         with bir.when(bir.ult(nt, ntiles)):
             tot = None
             for wi in range(warps):
-                p = bir.vector_load(bir.vec(4, f32), red, bir.mul(bir.add(bir.mul(
-                    bir.add(nt, wi * ntiles), 32), lane), 4), alignment=16)
+                p = bir.vector_load(bir.vec(4, f32), red, slot(wi, nt), alignment=16)
                 vals = [bir.extract(p, i) for i in range(4)]
                 tot = vals if tot is None else [arith.addf(x, y) for x, y in zip(tot, vals)]
             for i in range(4):
@@ -161,8 +164,8 @@ def emit_decode_lean(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
                      tokens: int, kcap: int, warps: int = 16, slices: int = 4) -> None:
     """The body for columns ``[8 ntiles block_idx.x, +8 ntiles)`` of rows ``[start, end)``
     (``end - start <= tokens``, the host checks) with the interface of
-    :func:`blockscale.ops._decode_ir.emit_decode`: the CTA's 8 ntiles weight rows and ``tokens`` activation rows are copied by ``cp.async.bulk`` (one copy a
-    row and K slice: ``slices`` slices of ``warps / slices`` warps' units, each on its own
+    :func:`blockscale.ops._decode_ir.emit_decode`: the CTA's 8 ntiles weight rows and
+    ``tokens`` activation rows are copied by ``cp.async.bulk`` (one copy a row and K slice: ``slices`` slices of ``warps / slices`` warps' units, each on its own
     mbarrier, slice-major), so all its bytes are in flight at once without load registers,
     and ``warps`` warps (16: 4 a scheduler) split K; a warp waits for its slice, reads its
     fragments with ``LDS.64`` and runs :func:`_unit`'s MMAs. ``k <= kcap``, a multiple of 64

@@ -414,25 +414,31 @@ def shot_variant(k: int, rows: int = 1) -> str | None:
     return fits[0] if fits else None
 
 
+def lean_takes_k(k: int) -> bool:
+    """Whether the lean kernels take K: a multiple of 64 (whole units), <= :data:`LEAN_KCAP`
+    (their shared rows)."""
+    return k % UNIT_CODES == 0 and k <= LEAN_KCAP
+
+
 def lean_variant(m: int, n: int, k: int) -> str | None:
     """The lean variant for a dense (M, N, K), or None where none takes it (K not a multiple
     of 64 or past :data:`LEAN_KCAP`, M > 16): 8 or 16 tokens by M, and the fewest n-tiles
     that give every CTA its own SM (``ceil(N / 8 NT) <= SMS``; NT = 8 past that)."""
-    if k % UNIT_CODES or k > LEAN_KCAP or not 0 < m <= max(LEAN_TOKENS):
+    if not lean_takes_k(k) or not 0 < m <= max(LEAN_TOKENS):
         return None
     tokens = min(t for t in LEAN_TOKENS if m <= t)
     nt = next((j for j in LEAN_NTILES if -(-n // (8 * j)) <= SMS), LEAN_NTILES[-1])
     return f"mma_leanb_t{tokens}_n{nt}"
 
 
-def check_shot_k(variant: str, k: int, m: int = 0) -> None:
+def check_variant_shape(variant: str, k: int, m: int = 0) -> None:
     """ValueError when a one-shot ``variant``'s shared rows cannot hold K, or a lean
     variant's cannot (or its M-tile the ``m`` rows)."""
     if variant in LEAN_VARIANTS:
-        tokens, cap = lean_shape(variant)[0], LEAN_KCAP
-        if k % UNIT_CODES or k > cap:
-            raise ValueError(f"k must be a multiple of {UNIT_CODES} and <= {cap} for variant "
-                             f"{variant!r}, got {k}")
+        tokens = lean_shape(variant)[0]
+        if not lean_takes_k(k):
+            raise ValueError(f"k must be a multiple of {UNIT_CODES} and <= {LEAN_KCAP} for "
+                             f"variant {variant!r}, got {k}")
         if m > tokens:
             raise ValueError(f"m must be <= {tokens} for variant {variant!r}, got {m}")
     cap = SHOT_KCAP.get(variant)
@@ -810,10 +816,12 @@ def dense_fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype:
             or m > MAX_ROWS or not k_supported(fmt, k):
         return None
     variant = dispatch_variant(fmt)
-    if variant == LEAN_AUTO or variant in LEAN_VARIANTS:
+    if variant == LEAN_AUTO or variant in LEAN_VARIANTS:  # (else the one-shot pick)
         lean = lean_variant(m, n, k) if fmt.name == "nvfp4" else None
-        ok = lean is not None and (variant == LEAN_AUTO or lean_shape(variant)[0] >= m)
-        variant = (lean if variant == LEAN_AUTO else variant) if ok else "mma_shot"
+        if variant == LEAN_AUTO:
+            variant = lean or "mma_shot"
+        elif lean is None or lean_shape(variant)[0] < m:  # the named kernel does not take it
+            variant = "mma_shot"
     variant = _shot_or_default(variant, k, SHOT_FALLBACK, m)
     if variant == AUTO_VARIANT:
         variant = slices_variant(grid(n, 1, 64)[0])
@@ -854,7 +862,7 @@ def grouped_matmul_decode(hidden: Any, weight: Any, a_scales: Any, b_scales: Any
             if not k_supported(f, kk):
                 raise ValueError(f"k must be a positive multiple of {32 if f.is_fp4 else 16} "
                                  f"for the decode kernel ({f.name}), got {kk}")
-            check_shot_k(variant, kk)
+            check_variant_shape(variant, kk)
             spec = DecodeSpec(f.name, "grouped", "bfloat16", rs, tgt, variant)
             return _launch_grouped(spec, t, n, g, buffers, scalars, dev)
         return run
@@ -882,7 +890,7 @@ def block_scaled_matmul_decode(a: Any, b: Any, sfa: Any, sfb: Any, fmt: Format |
     if not k_supported(fmt, d.k):
         raise ValueError(f"k must be a positive multiple of {32 if fmt.is_fp4 else 16} for "
                          f"the decode kernel ({fmt.name}), got {d.k}")
-    check_shot_k(variant, d.k, d.m)
+    check_variant_shape(variant, d.k, d.m)
     dev, tgt = H.device_and_target(device, target)
     spec = DecodeSpec(fmt.name, "dense", out_dtype, False, tgt, variant)
     buffers = {"a": a, "b": b, "sfa": sfa, "sfb": sfb}
