@@ -1,9 +1,9 @@
-"""The lean dense decode variants (``variant="mma_leanb_t<T>_n<NT>"``, NVFP4, M <= T;
-blockscale/ops/_decode_lean_ir.py) run by the numpy interpreter: within the fp32 bound of
-test_matmul_common (f32 and bf16 outputs, alpha), the same bits from run to run, NaN scales
-(D5), every unit split of K over the 16 warps (warps without units, one to three units each:
-the K cap), N tails, token rows past M (not copied), and clear errors for what the variants
-do not take.
+"""The lean dense decode variants (``variant="mma_leanb_t<T>_n<NT>"``, K <= 3072, and
+``"..._k7168"``, K <= 7168; NVFP4, M <= T; blockscale/ops/_decode_lean_ir.py) run by the
+numpy interpreter: within the fp32 bound of test_matmul_common (f32 and bf16 outputs, alpha),
+the same bits from run to run, NaN scales (D5), every unit split of K over the 16 warps
+(warps without units, one to seven units each: the K caps), N tails, token rows past M (not
+copied), the dispatch's picks, and clear errors for what the variants do not take.
 """
 
 from __future__ import annotations
@@ -29,11 +29,14 @@ pytestmark = pytest.mark.interp
 
 # (M, N, K, variant): one unit (warps 0-14 idle), 3 units, 9 units, 16 / 45 units (one / two
 # or three a warp), the K cap (48 units: three a warp), N tails of every n-tile count, M = 1 /
-# 2 / 3 / 8 / 9 / 16
+# 2 / 3 / 8 / 9 / 16; the long rows (_k7168): their K cap (112 units: seven a warp), one past
+# the short cap (49 units), K = 4096 (four a warp), K = 64 (one unit)
 CASES = [(1, 5, 64, "mma_leanb_t8_n2"), (3, 40, 192, "mma_leanb_t8_n4"),
          (8, 21, 576, "mma_leanb_t8_n3"), (9, 48, 1024, "mma_leanb_t16_n6"),
          (16, 33, 3072, "mma_leanb_t16_n5"), (2, 70, 2880, "mma_leanb_t8_n8"),
-         (16, 16, 640, "mma_leanb_t16_n2")]
+         (16, 16, 640, "mma_leanb_t16_n2"), (1, 40, 7168, "mma_leanb_t8_n5_k7168"),
+         (16, 20, 3136, "mma_leanb_t16_n2_k7168"), (9, 30, 4096, "mma_leanb_t16_n4_k7168"),
+         (3, 9, 64, "mma_leanb_t8_n3_k7168")]
 
 
 def _run(a, b, sfa, sfb, k, variant, alpha=1.0, out="float32"):
@@ -55,7 +58,8 @@ def test_dense_lean_within_bound(m, n, k, variant):
     assert np.array_equal(got.view(np.uint32), again.view(np.uint32))
 
 
-@pytest.mark.parametrize("variant", ["mma_leanb_t8_n3", "mma_leanb_t16_n3"])
+@pytest.mark.parametrize("variant", ["mma_leanb_t8_n3", "mma_leanb_t16_n3",
+                                     "mma_leanb_t16_n3_k7168"])
 def test_dense_lean_bf16_and_nan_scales(variant):
     """bf16 output within the bound (alpha 1.5); a NaN weight scale (0x7F) gives a NaN
     column, a NaN activation scale a NaN row, whichever warp's units they fall in."""
@@ -72,8 +76,8 @@ def test_dense_lean_bf16_and_nan_scales(variant):
 
 
 def test_dense_lean_rejects_what_it_does_not_take():
-    """K not a multiple of 64 or past the register cap, M past the M-tile rows, MXFP4 and
-    the grouped mode: ValueError naming the argument, the limit and the value."""
+    """K not a multiple of 64 or past the shared rows' cap, M past the M-tile rows, MXFP4
+    and the grouped mode: ValueError naming the argument, the limit and the value."""
     a, b, sfa, sfb = _case(NVFP4, 1, 8, 96, seed=3)
     with pytest.raises(ValueError, match=r"k must be a multiple of 64 and <= 3072 for "
                                          r"variant 'mma_leanb_t8_n2', got 96"):
@@ -81,6 +85,10 @@ def test_dense_lean_rejects_what_it_does_not_take():
     a, b, sfa, sfb = _case(NVFP4, 1, 8, 3136, seed=3)
     with pytest.raises(ValueError, match=r"<= 3072 .*got 3136"):
         _run(a, b, sfa, sfb, 3136, "mma_leanb_t16_n2")
+    a, b, sfa, sfb = _case(NVFP4, 1, 8, 7232, seed=3)
+    with pytest.raises(ValueError, match=r"<= 7168 for variant 'mma_leanb_t8_n2_k7168', got "
+                                         r"7232"):
+        _run(a, b, sfa, sfb, 7232, "mma_leanb_t8_n2_k7168")
     a, b, sfa, sfb = _case(NVFP4, 9, 8, 128, seed=3)
     with pytest.raises(ValueError, match=r"m must be <= 8 for variant 'mma_leanb_t8_n2', got 9"):
         _run(a, b, sfa, sfb, 128, "mma_leanb_t8_n2")
@@ -89,6 +97,9 @@ def test_dense_lean_rejects_what_it_does_not_take():
     with pytest.raises(ValueError, match="dense mode and nvfp4 only"):
         matmul_decode.DecodeSpec(NVFP4.name, "grouped", variant="mma_leanb_t8_n2")
     assert matmul_decode.lean_shape("mma_leanb_t16_n5") == (16, 5)
+    assert matmul_decode.lean_shape("mma_leanb_t16_n5_k7168") == (16, 5)
+    assert matmul_decode.lean_kcap("mma_leanb_t16_n5_k7168") == 7168
+    assert matmul_decode.lean_kcap("mma_leanb_t16_n5") == 3072
     assert "mma_lean_t8_n3" not in matmul_decode.VARIANTS  # (the register form: removed)
     assert matmul_decode.VARIANT_COLS["mma_leanb_t16_n5"] == 40
 
@@ -98,13 +109,19 @@ def test_dense_lean_rejects_what_it_does_not_take():
                                                          "mma_leanb_t8_n6"),
     (None, NVFP4, 9, 4096, 2048, "mma_leanb_t16_n4"),
     (None, NVFP4, 1, 40, 64, "mma_leanb_t8_n2"), (None, NVFP4, 2, 9000, 128, "mma_leanb_t8_n8"),
+    (None, NVFP4, 1, 4096, 7168, "mma_leanb_t8_n4_k7168"),
+    (None, NVFP4, 16, 4096, 3136, "mma_leanb_t16_n4_k7168"),
+    (None, NVFP4, 1, 40, 3136, "mma_leanb_t8_n2_k7168"),
     (None, MXFP4, 1, 40, 1024, "mma_shot"),
     ("mma_leanb_t8_n3", NVFP4, 5, 40, 128, "mma_leanb_t8_n3"),
-    ("mma_leanb_t8_n3", NVFP4, 12, 40, 128, "mma_shot16")],
+    ("mma_leanb_t8_n3", NVFP4, 12, 40, 128, "mma_shot16"),
+    ("mma_leanb_t8_n3", NVFP4, 1, 40, 3136, "mma_shot7k"),
+    ("mma_leanb_t8_n3_k7168", NVFP4, 1, 40, 3136, "mma_leanb_t8_n3_k7168")],
     ids=lambda x: getattr(x, "name", x if isinstance(x, str) else str(x)))
 def test_dispatch_picks_lean(monkeypatch, env, fmt, m, n, k, want):
     """The dense dispatch's lean picks (:func:`matmul_decode.lean_variant`; a named lean
-    variant where its M-tile holds M, else the one-shot pick) and the kernels they launch."""
+    variant where its M-tile holds M and its rows K, else the one-shot pick) and the kernels
+    they launch."""
     if n > 100:  # the pick only (no interpreter run at this size)
         assert matmul_decode.lean_variant(m, n, k) == want
         return
@@ -121,17 +138,20 @@ def test_grouped_dispatch_never_lean(monkeypatch):
     assert matmul_decode.lean_variant(17, 64, 64) is None
     assert matmul_decode.lean_variant(1, 64, 96) is None
     assert matmul_decode.lean_variant(3, 64, 3072) == "mma_leanb_t8_n2"
+    assert matmul_decode.lean_variant(1, 64, 7232) is None  # past the long rows
+    assert matmul_decode.lean_variant(1, 5760, 7168) is None  # > 132 CTAs at NT <= 5
 
 
 @pytest.mark.lower
-@pytest.mark.parametrize("variant", ["mma_leanb_t16_n6", "mma_leanb_t8_n4"])
+@pytest.mark.parametrize("variant", ["mma_leanb_t16_n6", "mma_leanb_t8_n4",
+                                     "mma_leanb_t16_n5_k7168", "mma_leanb_t8_n4_k7168"])
 def test_lean_sass(variant):
     """sm_90a SASS: the rows by ``cp.async.bulk`` (UBLKCP) completing on
     mbarriers (SYNCS), one ``LDS.64`` a row a unit (8 bytes a lane), 4 HMMAs a unit and
     n-tile, no spill at the 128-register cap (16 warps on one SM), no static shared memory
     (the rows, the mbarriers and the partials in the dynamic bytes)."""
     tokens, nt = matmul_decode.lean_shape(variant)
-    upw = -(-matmul_decode.LEAN_KCAP // 64 // matmul_decode.LEAN_WARPS)
+    upw = -(-matmul_decode.lean_kcap(variant) // 64 // matmul_decode.LEAN_WARPS)
     spec = matmul_decode.DecodeSpec("nvfp4", "dense", "bfloat16", variant=variant)
     kernel = matmul_decode.kernel(spec)
     ops = [m.group(1) for line in kernel.asm["sass"].splitlines()
@@ -142,4 +162,4 @@ def test_lean_sass(variant):
     meta = kernel.meta
     assert meta["spill_stores"] == 0 and meta["spill_loads"] == 0, meta
     assert 0 < meta["registers"] <= 128 and meta["static_shared_bytes"] == 0
-    assert meta["dynamic_shared_bytes"] == spec.dynamic_shared_bytes
+    assert meta["dynamic_shared_bytes"] == spec.dynamic_shared_bytes <= 227 * 1024

@@ -1,6 +1,7 @@
-"""The lean dense decode variants (``matmul_decode.lean_variant``'s picks, NVFP4, M <= 16)
-on an NVIDIA H100/H200: the fp32 bound at the dense decode shapes (f32 with alpha, bf16),
-the same bits from run to run (fixed warp order), NaN scales. Needs the bundle::
+"""The lean dense decode variants (``matmul_decode.lean_variant``'s picks, NVFP4, M <= 16;
+K <= 3072 and the ``_k7168`` rows) on an NVIDIA H100/H200: the fp32 bound at the dense decode
+shapes (f32 with alpha, bf16), the same bits from run to run (fixed warp order), NaN scales.
+Needs the bundle::
 
     BLOCKSCALE_BUNDLE_DIR=build/gpu pytest -m gpu tests/test_matmul_decode_lean_gpu.py
 """
@@ -25,11 +26,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
 
 
 @pytest.mark.parametrize("nk", [(5760, 2944), (5760, 2880), (4096, 2048), (2880, 3072),
-                                (40, 64)], ids=lambda s: f"{s[0]}x{s[1]}")
+                                (40, 64), (4096, 7168), (2048, 7168), (1000, 3136)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("m", [1, 8, 9, 16])
 def test_dense_lean_within_bound_gpu(m, nk):
     n, k = nk
     variant = matmul_decode.lean_variant(m, n, k)
+    assert variant is not None
     args, cols, exact, abs_sum = _dense(NVFP4, m, n, k, seed=m + n + k)
 
     def run(out="float32", alpha=0.5):

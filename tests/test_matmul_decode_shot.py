@@ -154,12 +154,14 @@ def test_shot_k_limit_rejected():
     ("mma_shot", 1, 7200, matmul_decode.SHOT_FALLBACK), ("mma_shot", 12, 512, "mma_shot16"),
     ("mma_shot32", 1, 512, "mma_shot32"), ("mma_shot32", 1, 3104, "mma_shot7k"),
     (None, 1, 1024, "mma_leanb_t8_n2"), (None, 16, 512, "mma_leanb_t16_n2"),
-    (None, 1, 1056, "mma_shot"), (None, 16, 3136, "mma_shot7k"), (None, 3, 7200, "mma_c8")])
+    (None, 1, 1056, "mma_shot"), (None, 16, 3136, "mma_leanb_t16_n2_k7168"),
+    (None, 16, 3104, "mma_shot7k"), (None, 3, 7200, "mma_c8")])
 def test_dispatch_env_shot_picks_by_k(monkeypatch, env, m, k, want):
     """BLOCKSCALE_DECODE_VARIANT=mma_shot: the dense dispatch runs the one-shot kernel that
     holds K ("mma_shot16" for 9..16 rows), and SHOT_FALLBACK where none does (never a kernel
     that cannot); a named one-shot variant runs where it holds K. The default (env unset):
-    the lean kernel where it takes K (K % 64 == 0, K <= 3072), else the same one-shot pick."""
+    the lean kernel where it takes K (K % 64 == 0, K <= 7168 with one CTA an SM), else the
+    same one-shot pick."""
     assert dense_dispatch_launch(monkeypatch, env, NVFP4, m, 16, k) == want
 
 

@@ -121,25 +121,46 @@ VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c
 #: the tokens on the MMA's M side, NT n8-tiles of weight rows a CTA (8 NT columns), the block
 #: scales folded into f16 operands, the CTA's rows copied into shared memory by cp.async.bulk
 #: (a copy a row and K quarter, an mbarrier a quarter), 16 warps on K units of 64 codes
-#: (128 registers), K <= LEAN_KCAP. (The "b" is the bulk copies: session 14's first form
-#: "mma_lean_*" loaded the rows into registers; slower everywhere, removed.)
+#: (128 registers), K <= LEAN_KCAP; "mma_leanb_t<T>_n<NT>_k7168" the same with shared rows
+#: of K <= LEAN_LONG_KCAP (DeepSeek-V3's K = 7168; NT <= 5: the rows of a CTA fit 227 KB).
+#: (The "b" is the bulk copies: session 14's first form "mma_lean_*" loaded the rows into
+#: registers; slower everywhere, removed.)
 LEAN_TOKENS = (8, 16)
 LEAN_NTILES = (2, 3, 4, 5, 6, 8)
+LEAN_LONG_NTILES = (2, 3, 4, 5)
 LEAN_WARPS = 16
 LEAN_SLICES = 4
 LEAN_KCAP = 3072
+LEAN_LONG_KCAP = 7168
 #: the SMs of the H200 (the lean grids give every CTA its own SM)
 SMS = 132
 #: K codes of a lean unit (a lane's 16 codes are one NVFP4 block; _decode_lean_ir.UNIT)
 UNIT_CODES = 64
-LEAN_VARIANTS = tuple(f"mma_leanb_t{t}_n{n}" for t in LEAN_TOKENS for n in LEAN_NTILES)
+
+
+def lean_name(tokens: int, ntiles: int, kcap: int = LEAN_KCAP) -> str:
+    """The lean variant of ``tokens`` M-tile rows, ``ntiles`` n8-tiles and shared rows of K
+    <= ``kcap``."""
+    return f"mma_leanb_t{tokens}_n{ntiles}" + ("" if kcap == LEAN_KCAP else f"_k{kcap}")
+
+
+LEAN_VARIANTS = tuple([lean_name(t, n) for t in LEAN_TOKENS for n in LEAN_NTILES]
+                      + [lean_name(t, n, LEAN_LONG_KCAP) for t in LEAN_TOKENS
+                         for n in LEAN_LONG_NTILES])
 VARIANTS += LEAN_VARIANTS
 
 
 def lean_shape(variant: str) -> tuple[int, int]:
     """(tokens, n-tiles) of a lean variant name."""
-    t, n = variant.removeprefix("mma_leanb_t").split("_n")
+    t, n = variant.removeprefix("mma_leanb_t").split("_k")[0].split("_n")
     return int(t), int(n)
+
+
+def lean_kcap(variant: str) -> int:
+    """The largest K of a lean variant's shared rows (:data:`LEAN_KCAP` without a ``_k``
+    suffix)."""
+    _, sep, cap = variant.partition("_k")
+    return int(cap) if sep else LEAN_KCAP
 
 
 #: the one-shot variants' largest K (their shared weight rows hold K / 2 bytes): "mma_shot"
@@ -246,7 +267,11 @@ WAVE_CTAS = 4 * 132
 #: kernels 0.0126 / 0.0132 / 0.0144 / 0.0163 / 0.0173); N = 4096 K = 2048 t*_n4 0.0085 /
 #: 0.0082 / 0.0087 / 0.0085 / 0.0093 (one-shot 0.0090 / 0.0094 / 0.0100 / 0.0108 / 0.0120).
 #: So the dense NVFP4 dispatch runs :func:`lean_variant`'s kernel where it takes the case
-#: (the dispatch-only :data:`LEAN_AUTO`), else the one-shot kernels
+#: (the dispatch-only :data:`LEAN_AUTO`), else the one-shot kernels. Session 15 (run CY), the
+#: ``_k7168`` rows against "mma_shot7k" (the one-shot pick there), M = 1 / 8 / 16: N = 4096
+#: K = 7168 t*_n4 0.0148 / 0.0147 / 0.0157 vs 0.0167 / 0.0181 / 0.0262 (cuBLAS bf16 ~0.022,
+#: FP8 rowwise ~0.023); N = 2048 K = 7168 t*_n2 0.0106 / 0.0109 / 0.0119 vs 0.0118 / 0.0127 /
+#: 0.0180; N = 4096 K = 4096 n4 0.0106 / 0.0115 / 0.0115 vs 0.0114 / 0.0137 / 0.0178
 LEAN_AUTO = "mma_lean"
 DEFAULT_VARIANT = LEAN_AUTO
 #: the dense dispatch's variant where no one-shot kernel holds K (K > 7168)
@@ -293,7 +318,7 @@ class DecodeSpec(FormatSpec):
             return shot_layout(self.fmt, self.variant)["total"]
         if self.variant in LEAN_VARIANTS:  # the rows and the mbarriers
             t, nt = lean_shape(self.variant)
-            return bulk_layout(LEAN_KCAP, nt, t, LEAN_SLICES)["total"]
+            return bulk_layout(lean_kcap(self.variant), nt, t, LEAN_SLICES)["total"]
         ring = RING.get(self.variant, 0)
         return ring * 64 * 256 + 1024 if ring else 0
 
@@ -414,30 +439,35 @@ def shot_variant(k: int, rows: int = 1) -> str | None:
     return fits[0] if fits else None
 
 
-def lean_takes_k(k: int) -> bool:
-    """Whether the lean kernels take K: a multiple of 64 (whole units), <= :data:`LEAN_KCAP`
-    (their shared rows)."""
-    return k % UNIT_CODES == 0 and k <= LEAN_KCAP
+def lean_takes_k(k: int, kcap: int = LEAN_LONG_KCAP) -> bool:
+    """Whether lean kernels with shared rows of ``kcap`` (default: the longest) take K: a
+    multiple of 64 (whole units), <= ``kcap``."""
+    return 0 < k <= kcap and k % UNIT_CODES == 0
 
 
 def lean_variant(m: int, n: int, k: int) -> str | None:
     """The lean variant for a dense (M, N, K), or None where none takes it (K not a multiple
-    of 64 or past :data:`LEAN_KCAP`, M > 16): 8 or 16 tokens by M, and the fewest n-tiles
-    that give every CTA its own SM (``ceil(N / 8 NT) <= SMS``; NT = 8 past that)."""
+    of 64 or past :data:`LEAN_LONG_KCAP`, M > 16, K > :data:`LEAN_KCAP` where no
+    :data:`LEAN_LONG_NTILES` count gives every CTA its own SM): 8 or 16 tokens by M, and the
+    fewest n-tiles that give every CTA its own SM (``ceil(N / 8 NT) <= SMS``; NT = 8 past
+    that for K <= :data:`LEAN_KCAP`); the ``_k7168`` rows for longer K."""
     if not lean_takes_k(k) or not 0 < m <= max(LEAN_TOKENS):
         return None
     tokens = min(t for t in LEAN_TOKENS if m <= t)
+    if k > LEAN_KCAP:
+        nt = next((j for j in LEAN_LONG_NTILES if -(-n // (8 * j)) <= SMS), None)
+        return None if nt is None else lean_name(tokens, nt, LEAN_LONG_KCAP)
     nt = next((j for j in LEAN_NTILES if -(-n // (8 * j)) <= SMS), LEAN_NTILES[-1])
-    return f"mma_leanb_t{tokens}_n{nt}"
+    return lean_name(tokens, nt)
 
 
 def check_variant_shape(variant: str, k: int, m: int = 0) -> None:
     """ValueError when a one-shot ``variant``'s shared rows cannot hold K, or a lean
     variant's cannot (or its M-tile the ``m`` rows)."""
     if variant in LEAN_VARIANTS:
-        tokens = lean_shape(variant)[0]
-        if not lean_takes_k(k):
-            raise ValueError(f"k must be a multiple of {UNIT_CODES} and <= {LEAN_KCAP} for "
+        tokens, kcap = lean_shape(variant)[0], lean_kcap(variant)
+        if not lean_takes_k(k, kcap):
+            raise ValueError(f"k must be a multiple of {UNIT_CODES} and <= {kcap} for "
                              f"variant {variant!r}, got {k}")
         if m > tokens:
             raise ValueError(f"m must be <= {tokens} for variant {variant!r}, got {m}")
@@ -479,7 +509,8 @@ def build(spec: DecodeSpec) -> Any:
         tokens, ntiles = lean_shape(spec.variant)
 
         def emit(*args: Any, **kw: Any) -> None:
-            DL.emit_decode_lean(*args, **kw, ntiles=ntiles, tokens=tokens, kcap=LEAN_KCAP,
+            DL.emit_decode_lean(*args, **kw, ntiles=ntiles, tokens=tokens,
+                                kcap=lean_kcap(spec.variant),
                                 warps=LEAN_WARPS, slices=LEAN_SLICES)
     elif spec.variant in SPLIT_VARIANTS:
         def emit(*args: Any, **kw: Any) -> None:
@@ -820,7 +851,8 @@ def dense_fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype:
         lean = lean_variant(m, n, k) if fmt.name == "nvfp4" else None
         if variant == LEAN_AUTO:
             variant = lean or "mma_shot"
-        elif lean is None or lean_shape(variant)[0] < m:  # the named kernel does not take it
+        elif lean is None or lean_shape(variant)[0] < m or not lean_takes_k(
+                k, lean_kcap(variant)):  # the named kernel does not take it
             variant = "mma_shot"
     variant = _shot_or_default(variant, k, SHOT_FALLBACK, m)
     if variant == AUTO_VARIANT:
