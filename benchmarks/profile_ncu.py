@@ -64,13 +64,14 @@ def _quantize(dev: Any, op: str, fmt: str = "nvfp4", rows: int = 8192, k: int = 
     return lambda: Q._call(op, x, fmt, groups, scales, dev)
 
 
-def _dense_decode(dev: Any, m: int, variant: str | None = None) -> Callable[[], Any]:
+def _dense_decode(dev: Any, m: int, variant: str | None = None, n: int = 5760,
+                  k: int = 2880) -> Callable[[], Any]:
     from benchmarks.common import random_data, random_scales
     from blockscale import layouts
     from blockscale.formats import Format
     from blockscale.ops import matmul_decode
 
-    fmt, (n, k) = Format.from_name("nvfp4"), (5760, 2880)
+    fmt = Format.from_name("nvfp4")
     rng = np.random.default_rng(0)
     a, b = random_data(rng, fmt, (m, fmt.data_cols(k))), random_data(rng, fmt, (n, fmt.data_cols(k)))
     sa, sb = (random_scales(rng, fmt, (r, fmt.kblocks(k))) for r in (m, n))
@@ -128,7 +129,10 @@ CASES: dict[str, Callable[[Any], Callable[[], Any]]] = {
     "dense_decode_m16_shot16": lambda d: _dense_decode(d, 16, "mma_shot16"),
     "dense_decode_m1_lean": lambda d: _dense_decode(d, 1, "mma_leanb_t8_n6"),
     "dense_decode_m16_lean": lambda d: _dense_decode(d, 16, "mma_leanb_t16_n6"),
+    "dense_decode_m16_lean_k7168": lambda d: _dense_decode(d, 16, "mma_leanb_t16_n4_k7168",
+                                                           4096, 7168),
     "moe_decode": lambda d: _moe(d, 128),
+    "moe_decode_t16": lambda d: _moe(d, 16),
     "moe_decode_t1": lambda d: _moe(d, 1),
     "moe_prefill": lambda d: _moe(d, 4096),
     "moe_prefill_tma": lambda d: _moe(d, 4096, b_source="tma"),
