@@ -19,9 +19,9 @@ warp instructions, 17.7 us). Here:
   grouped prefill's f16 path does), so the MMAs chain across blocks in fp32 and no per-block
   fold is needed; the result is ``2^14`` times the accumulator;
 * the CTA's rows are copied into shared memory by ``cp.async.bulk`` at the kernel's start (a
-  copy a row and K quarter, an mbarrier a quarter; token rows past M not copied), so all of
-  its bytes are in flight before the first MMA without load registers, and 16 warps (4 a
-  scheduler, 96 registers) split K, reading their fragments with ``LDS.64``.
+  copy a row and round of 16 units, an mbarrier a round; token rows past M not copied), so
+  all of its bytes are in flight before the first MMA without load registers, and 16 warps
+  (4 a scheduler, 96 registers) split K, reading their fragments with ``LDS.64``.
 
 K order (the same for both operands, so the dot product is unchanged)
 ----------------------------------------------------------------------
@@ -35,8 +35,11 @@ fragment (rows g / g + 8) and in the B fragment (column g) alike.
 
 Work split and reduction (deterministic)
 -----------------------------------------
-W warps (16); warp ``w`` takes units ``[w U / W, (w + 1) U / W)`` (``U = K / 64``; unrolled
-up to ``kcap``'s share), all ``NT`` tiles. Every warp stores its
+W warps (16); warp ``w`` takes unit ``j W + w`` of copy round j (``j < ceil(U / W)``,
+``U = K / 64``; unrolled up to ``kcap``'s rounds), all ``NT`` tiles, waiting for round j's
+mbarrier before its unit j: every warp computes while the later rounds land (session 14's
+form gave warp w the contiguous units ``[w U / W, (w + 1) U / W)`` on K-quarter copies, so
+the last quarter's warps did all their units after the last byte). Every warp stores its
 fp32 partials to shared memory; warp ``nt`` adds tile ``nt``'s in warp order 0, 1, .. and
 stores the outputs (times 2^14, then the caller's ``store``: alpha, cast). The fp32 bound of
 tests/test_matmul_common.py holds (one rounding per add of the MMA chain and of the warp sum); the bits are not the
@@ -75,7 +78,7 @@ from blockscale.compiler.arch import mma, tma
 from blockscale.formats import Format
 from blockscale.layouts import SF_ATOM_BYTES, SF_ATOM_ROWS
 from blockscale.ops._decode_mma_ir import _f16x2, _i32c, fp4_word_to_f16_pairs
-from blockscale.ops.matmul_decode import bulk_layout, bulk_row_stride
+from blockscale.ops.matmul_decode import bulk_layout, bulk_row_stride, lean_rounds
 
 Value = ir.Value
 
@@ -161,29 +164,30 @@ def _reduce_store(red: Value, accs: list[Value], warps: int, lane: Value, warp: 
 def emit_decode_lean(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
                      n_count: Value, k: Value, a_srow: Callable[[Value], Value],
                      store: Callable[[Value, Value, Value], None], ntiles: int,
-                     tokens: int, kcap: int, warps: int = 16, slices: int = 4) -> None:
+                     tokens: int, kcap: int, warps: int = 16) -> None:
     """The body for columns ``[8 ntiles block_idx.x, +8 ntiles)`` of rows ``[start, end)``
     (``end - start <= tokens``, the host checks) with the interface of
     :func:`blockscale.ops._decode_ir.emit_decode`: the CTA's 8 ntiles weight rows and
-    ``tokens`` activation rows are copied by ``cp.async.bulk`` (one copy a row and K slice: ``slices`` slices of ``warps / slices`` warps' units, each on its own
-    mbarrier, slice-major), so all its bytes are in flight at once without load registers,
-    and ``warps`` warps (16: 4 a scheduler) split K; a warp waits for its slice, reads its
-    fragments with ``LDS.64`` and runs :func:`_unit`'s MMAs. ``k <= kcap``, a multiple of 64
-    (the host checks)."""
+    ``tokens`` activation rows are copied by ``cp.async.bulk`` in rounds of ``warps`` units
+    (one copy a row and round, each round on its own mbarrier, round 0 first), so all its
+    bytes are in flight at once without load registers; warp w takes unit ``j warps + w`` of
+    round j, waits for round j's mbarrier, reads its fragments with ``LDS.64`` and runs
+    :func:`_unit`'s MMAs: every warp computes while the later rounds land, and after the
+    last byte only one unit a warp is left. ``k <= kcap``, a multiple of 64 (the host
+    checks)."""
     from blockscale.compiler.arch import cpasync
     from blockscale.compiler.arch import wgmma as W
 
     if fmt.name != "nvfp4":
         raise ValueError(f"the lean decode kernel is NVFP4 only, got {fmt.name}")
-    if tokens not in (8, 16) or not 1 <= ntiles <= 8 or warps % slices:
-        raise ValueError(f"tokens must be 8 or 16, ntiles 1..8, warps a multiple of slices, "
-                         f"got {tokens}, {ntiles}, {warps}, {slices}")
+    if tokens not in (8, 16) or not 1 <= ntiles <= 8:
+        raise ValueError(f"tokens must be 8 or 16, ntiles 1..8, got {tokens}, {ntiles}")
     f32, i32 = bir.f32(), bir.i32()
     halves = tokens // 8
     stride = bulk_row_stride(kcap)
-    lay = bulk_layout(kcap, ntiles, tokens, slices)
+    rounds = lean_rounds(kcap, warps)  # units a warp at most: one a round
+    lay = bulk_layout(kcap, ntiles, tokens, rounds)
     assert warps * ntiles * 32 * 16 <= lay["bars"]  # the partials fit in the rows' bytes
-    upw = -(-kcap // UNIT // warps)  # units a warp at most
     nrows = 8 * ntiles + tokens
     buf = tma.extern_shared_buffer(kb, lay["total"], align=128)
     base = W.shared_address(buf)
@@ -206,16 +210,11 @@ def emit_decode_lean(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
     n_last = bir.sub(n_count, 1)
     b_srow0 = bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS)
 
-    def w_lo(wi: Value) -> Value:  # the first unit of warp wi (wi = warps: the end)
-        return bir.udiv(bir.mul(wi, units), warps)
+    def round_units(c: Value) -> Value:  # the units of round c (0 past the last)
+        first = bir.umin(bir.mul(c, warps), units)
+        return bir.sub(bir.umin(bir.add(first, warps), units), first)
 
-    lo, hi = w_lo(warp), w_lo(bir.add(warp, 1))
-    wps = warps // slices
-
-    def slice_units(c: Value) -> tuple[Value, Value]:
-        return w_lo(bir.mul(c, wps)), w_lo(bir.mul(bir.add(c, 1), wps))
-
-    with bir.when(bir.ult(tid, slices)):
+    with bir.when(bir.ult(tid, rounds)):
         cpasync.mbarrier_init(bar(tid), 1)
         tma.fence_mbarrier_init()
     bir.barrier()
@@ -223,48 +222,47 @@ def emit_decode_lean(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
     # would send 120 CTAs x (T - M) requests to the same lines): their fragments read row M - 1
     m_rows = bir.umin(bir.sub(end, start), tokens)
     copied = bir.add(m_rows, 8 * ntiles)
-    with bir.when(bir.ult(tid, slices)):
-        ulo, uhi = slice_units(tid)
+    with bir.when(bir.logical_and(bir.ult(tid, rounds), bir.ult(bir.mul(tid, warps), units))):
         cpasync.mbarrier_arrive_expect_tx_n(
-            bar(tid), bir.as_i32(bir.mul(bir.mul(bir.sub(uhi, ulo), 32), copied)))
+            bar(tid), bir.as_i32(bir.mul(bir.mul(round_units(tid), 32), copied)))
     threads = 32 * warps
-    for it in range(-(-nrows * slices // threads)):  # slice-major: slice 0's rows first
+    for it in range(-(-nrows * rounds // threads)):  # round-major: round 0's rows first
         idx = bir.add(tid, it * threads)
         c, r = bir.udiv(idx, nrows), bir.urem(idx, nrows)
-        ulo, uhi = slice_units(c)
-        with bir.when(bir.logical_and(bir.logical_and(bir.ult(idx, nrows * slices),
-                                                      bir.ult(ulo, uhi)), bir.ult(r, copied))):
+        with bir.when(bir.logical_and(bir.logical_and(bir.ult(idx, nrows * rounds),
+                                                      bir.ult(bir.mul(c, warps), units)),
+                                      bir.ult(r, copied))):
             is_w = bir.ult(r, 8 * ntiles)
             wrow = bir.add(bir.mul(e, n_count), bir.umin(bir.add(n0, r), n_last))
             arow = bir.umin(bir.add(start, bir.sub(r, 8 * ntiles)), bir.sub(end, 1))
-            col = bir.mul(ulo, 32)
+            col = bir.mul(bir.mul(c, warps), 32)
             src = arith.addi(arith.select(is_w, cpasync.global_address(w),
                                           cpasync.global_address(a)),
                              bir.as_i64(bir.add(bir.mul(bir.select(is_w, wrow, arow),
                                                         row_bytes), col)))
             dst = arith.addi(base, bir.as_i64(bir.add(bir.mul(r, stride), col)))
-            cpasync.bulk_copy_n(dst, src, bir.as_i32(bir.mul(bir.sub(uhi, ulo), 32)), bar(c))
+            cpasync.bulk_copy_n(dst, src, bir.as_i32(bir.mul(round_units(c), 32)), bar(c))
 
-    # the lane's scale bytes (block 4u + t of its rows) for its units, before the wait
+    # the lane's scale bytes (block 4u + t of its rows) for its units, before the waits
     cols = [bir.umin(bir.add(n0, bir.add(g, 8 * nt)), n_last) for nt in range(ntiles)]
     toks = [bir.umin(bir.add(start, bir.add(g, 8 * h)), bir.sub(end, 1)) for h in range(halves)]
-    sunit0 = bir.add(bir.mul(lo, SF_ATOM_BYTES), t)
+    sunit0 = bir.add(bir.mul(warp, SF_ATOM_BYTES), t)
     sbase = [bir.add(mir.tcgen_row_offset(bir.add(b_srow0, c), d1), sunit0) for c in cols]
     sabase = [bir.add(mir.tcgen_row_offset(a_srow(r), d1), sunit0) for r in toks]
     lives, scales = [], []
-    for j in range(upw):
-        live = bir.ult(bir.add(lo, j), hi)
+    for j in range(rounds):
+        live = bir.ult(bir.add(warp, j * warps), units)
         br = bir.if_(live, [i32] * (ntiles + halves))
         with br.then():
-            br.yield_(*[mir.load_byte_i32(sfb, bir.add(b, SF_ATOM_BYTES * j)) for b in sbase],
-                      *[mir.load_byte_i32(sfa, bir.add(b, SF_ATOM_BYTES * j)) for b in sabase])
+            step = SF_ATOM_BYTES * warps * j
+            br.yield_(*[mir.load_byte_i32(sfb, bir.add(b, step)) for b in sbase],
+                      *[mir.load_byte_i32(sfa, bir.add(b, step)) for b in sabase])
         with br.else_():
             br.yield_(*[_i32c(0)] * (ntiles + halves))
         lives.append(live)
         scales.append(list(br.results))
 
-    cpasync.mbarrier_wait(bar(bir.udiv(warp, wps)), _i32c(0))
-    lane_off = bir.add(bir.mul(lo, 32), bir.mul(t, 8))
+    lane_off = bir.add(bir.mul(warp, 32), bir.mul(t, 8))
     wrows = [bir.add(bir.mul(bir.add(g, 8 * nt), stride), lane_off) for nt in range(ntiles)]
     arows = [bir.add(bir.mul(bir.add(bir.umin(bir.add(g, 8 * h), bir.sub(m_rows, 1)),
                                      8 * ntiles), stride), lane_off) for h in range(halves)]
@@ -277,8 +275,9 @@ def emit_decode_lean(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
     accs = [bir.const(0.0, f32)] * (4 * ntiles)
     for j, (live, sc) in enumerate(zip(lives, scales)):
         br = bir.if_(live, [i32] * (2 * (ntiles + halves)))
-        with br.then():
-            br.yield_(*[x for r in wrows + arows for x in words(bir.add(r, 32 * j))])
+        with br.then():  # round j landed: this warp's unit j warps + w
+            cpasync.mbarrier_wait(bar(bir.const(j)), _i32c(0))
+            br.yield_(*[x for r in wrows + arows for x in words(bir.add(r, 32 * warps * j))])
         with br.else_():
             br.yield_(*[_i32c(0)] * (2 * (ntiles + halves)))
         ws = list(br.results)

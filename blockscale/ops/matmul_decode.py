@@ -120,8 +120,9 @@ VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c
 #: the lean dense variants "mma_leanb_t<T>_n<NT>" (NVFP4, dense, M <= T; _decode_lean_ir):
 #: the tokens on the MMA's M side, NT n8-tiles of weight rows a CTA (8 NT columns), the block
 #: scales folded into f16 operands, the CTA's rows copied into shared memory by cp.async.bulk
-#: (a copy a row and K quarter, an mbarrier a quarter), 16 warps on K units of 64 codes
-#: (128 registers), K <= LEAN_KCAP; "mma_leanb_t<T>_n<NT>_k7168" the same with shared rows
+#: (a copy a row and round, an mbarrier a round: warp w takes unit 16 j + w of round j, so
+#: every warp computes while later rounds land; :func:`lean_rounds`), 16 warps on K units of
+#: 64 codes (128 registers), K <= LEAN_KCAP; "mma_leanb_t<T>_n<NT>_k7168" the same with rows
 #: of K <= LEAN_LONG_KCAP (DeepSeek-V3's K = 7168; NT <= 5: the rows of a CTA fit 227 KB).
 #: (The "b" is the bulk copies: session 14's first form "mma_lean_*" loaded the rows into
 #: registers; slower everywhere, removed.)
@@ -129,7 +130,6 @@ LEAN_TOKENS = (8, 16)
 LEAN_NTILES = (2, 3, 4, 5, 6, 8)
 LEAN_LONG_NTILES = (2, 3, 4, 5)
 LEAN_WARPS = 16
-LEAN_SLICES = 4
 LEAN_KCAP = 3072
 LEAN_LONG_KCAP = 7168
 #: the SMs of the H200 (the lean grids give every CTA its own SM)
@@ -318,7 +318,8 @@ class DecodeSpec(FormatSpec):
             return shot_layout(self.fmt, self.variant)["total"]
         if self.variant in LEAN_VARIANTS:  # the rows and the mbarriers
             t, nt = lean_shape(self.variant)
-            return bulk_layout(lean_kcap(self.variant), nt, t, LEAN_SLICES)["total"]
+            kcap = lean_kcap(self.variant)
+            return bulk_layout(kcap, nt, t, lean_rounds(kcap, LEAN_WARPS))["total"]
         ring = RING.get(self.variant, 0)
         return ring * 64 * 256 + 1024 if ring else 0
 
@@ -384,13 +385,19 @@ def bulk_row_stride(kcap: int) -> int:
     return rb + (32 if rb % 128 in (0, 64) else 0)
 
 
-def bulk_layout(kcap: int, ntiles: int, tokens: int, slices: int) -> dict[str, int]:
+def lean_rounds(kcap: int, warps: int) -> int:
+    """The copy rounds of a lean kernel with shared rows of ``kcap`` and ``warps`` warps:
+    one 64-code unit a warp a round (3 for K <= 3072 on 16 warps, 7 for K <= 7168)."""
+    return -(-kcap // UNIT_CODES // warps)
+
+
+def bulk_layout(kcap: int, ntiles: int, tokens: int, rounds: int) -> dict[str, int]:
     """Byte offsets of the lean kernels' dynamic shared memory: "rows" (the CTA's 8 ntiles
     weight rows, then its ``tokens`` activation rows, :func:`bulk_row_stride` bytes each;
-    after the MMAs the warps' f32 partials reuse it), "bars" (an mbarrier per copy slice),
+    after the MMAs the warps' f32 partials reuse it), "bars" (an mbarrier per copy round),
     "total"."""
     rows = (8 * ntiles + tokens) * bulk_row_stride(kcap)
-    return {"rows": 0, "bars": rows, "total": rows + 8 * slices}
+    return {"rows": 0, "bars": rows, "total": rows + 8 * rounds}
 
 
 def shot_row_stride(kcap: int) -> int:
@@ -511,7 +518,7 @@ def build(spec: DecodeSpec) -> Any:
         def emit(*args: Any, **kw: Any) -> None:
             DL.emit_decode_lean(*args, **kw, ntiles=ntiles, tokens=tokens,
                                 kcap=lean_kcap(spec.variant),
-                                warps=LEAN_WARPS, slices=LEAN_SLICES)
+                                warps=LEAN_WARPS)
     elif spec.variant in SPLIT_VARIANTS:
         def emit(*args: Any, **kw: Any) -> None:
             DM.emit_decode_mma_split_k(*args, **kw, workspace=kb.arg("workspace"),
