@@ -452,6 +452,12 @@ def lean_takes_k(k: int, kcap: int = LEAN_LONG_KCAP) -> bool:
     return 0 < k <= kcap and k % UNIT_CODES == 0
 
 
+def lean_fits(variant: str, k: int, m: int) -> bool:
+    """Whether the lean ``variant``'s shared rows hold K and its M-tile the ``m`` rows (the
+    conditions :func:`check_variant_shape` reports)."""
+    return lean_takes_k(k, lean_kcap(variant)) and m <= lean_shape(variant)[0]
+
+
 def lean_variant(m: int, n: int, k: int) -> str | None:
     """The lean variant for a dense (M, N, K), or None where none takes it (K not a multiple
     of 64 or past :data:`LEAN_LONG_KCAP`, M > 16, K > :data:`LEAN_KCAP` where no
@@ -858,8 +864,7 @@ def dense_fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype:
         lean = lean_variant(m, n, k) if fmt.name == "nvfp4" else None
         if variant == LEAN_AUTO:
             variant = lean or "mma_shot"
-        elif lean is None or lean_shape(variant)[0] < m or not lean_takes_k(
-                k, lean_kcap(variant)):  # the named kernel does not take it
+        elif lean is None or not lean_fits(variant, k, m):  # the named kernel does not take it
             variant = "mma_shot"
     variant = _shot_or_default(variant, k, SHOT_FALLBACK, m)
     if variant == AUTO_VARIANT:
