@@ -26,7 +26,8 @@ def _ops(sass: str) -> list[str]:
 SIMT = [s for s in matmul_decode.bundle_specs("sm_90a") if s.variant == "simt"]
 MMA = [s for s in matmul_decode.bundle_specs("sm_90a")  # (one-shot and lean variants: their
        if s.variant != "simt" and s.variant not in matmul_decode.SHOT_KCAP  # own test files)
-       and s.variant not in matmul_decode.LEAN_VARIANTS]
+       and s.variant not in matmul_decode.LEAN_VARIANTS  # (and the solo variant:
+       and s.variant not in matmul_decode.SOLO_VARIANTS]  # test_matmul_decode_solo.py)
 
 
 @pytest.mark.parametrize("spec", SIMT, ids=lambda s: s.kernel_name)

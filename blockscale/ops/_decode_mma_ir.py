@@ -134,6 +134,7 @@ from mlir import ir
 from mlir.dialects import arith, memref, nvvm, vector
 from mlir.dialects import math as mmath
 
+import blockscale.ops._decode_solo_ir as solo_ir
 import blockscale.ops._matmul_ir as mir
 from blockscale.compiler import ir as bir
 from blockscale.compiler.arch import mma
@@ -320,7 +321,8 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                     store: Callable[[Value, Value, Value], None], depth: int = 1,
                     step_range: tuple[Value, Value] | None = None,
                     decode: str = "lop3", staging: str = "v1", tail: bool = False,
-                    slices: int = 1, units: Any = None, ring: int = 0) -> None:
+                    slices: int = 1, units: Any = None, ring: int = 0,
+                    solo: bool = False) -> None:
     """The body for one (group, column slice) (the interface of
     :func:`blockscale.ops._decode_ir.emit_decode`; CTA of :data:`THREADS` threads, columns
     ``[COLS * block_idx.x, +COLS)``); ``depth``: steps whose loads are in flight while one
@@ -347,7 +349,11 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     units give them); ``ring`` (variant "mma_c8r", with ``units``): the weights stream
     through a shared ring of ``ring`` stages by ``cp.async.bulk`` (one 256-byte copy per
     row and step, ``ring - 1`` steps ahead across units; :func:`_walk_ring`), the scale
-    words and activations through registers one step ahead."""
+    words and activations through registers one step ahead; ``solo`` (variant "mma_c8t1",
+    NVFP4, with ``tail``, depth 1, "cf8", one slice): a pass a row, on
+    :mod:`blockscale.ops._decode_solo_ir`'s block-diagonal step (16 FFMA folds a step
+    instead of 128; within the fp32 bound, not the portable kernel's bits; a kernel of both
+    pass kinds spilled ~110-140 bytes around them, so the dispatch picks it per grid)."""
     if tail and step_range is not None:
         raise ValueError("tail needs no step_range")
     if slices < 1 or (slices > 1 and not (tail and depth == 1 and staging == "cf8")):
@@ -359,6 +365,10 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                          "step_range")
     if ring and (units is None or ring < 2):
         raise ValueError(f"ring needs units and >= 2 stages, got ring={ring}")
+    if solo and not (tail and depth == 1 and staging == "cf8" and slices == 1
+                     and units is None and not fmt.is_mx):
+        raise ValueError("solo needs NVFP4, tail, depth 1, staging 'cf8', one slice and no "
+                         "units")
     if depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {depth}")
     if decode not in ("lop3", "prmt"):
@@ -373,12 +383,19 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     f32, i32 = bir.f32(), bir.i32()
     v16 = bir.vec(16, bir.i8())
     # (ring: the TMA stages in dynamic shared memory, below; compute() reads ``wsm`` then)
-    wsm = None if ring else workgroup_buffer(kb, COLS * W_STRIDE, bir.i8())
-    # B fragments: [unit][token][t][2] i32 (f16 pairs)
-    bsm = workgroup_buffer(kb, st.b_words, i32)
+    wsm = None if ring else workgroup_buffer(
+        kb, COLS * (solo_ir.W_STRIDE if solo else W_STRIDE), bir.i8())
+    # B fragments: [unit][token][t][2] i32 (f16 pairs); solo: solo_ir's slots instead
+    bsm = None if solo else workgroup_buffer(kb, st.b_words, i32)
     # weight scales [block][warp][g][2] (rows 16 warp + g + 8h), f32
-    sbsm = workgroup_buffer(kb, lay.blocks * COLS, f32)
+    # (NVFP4 "cf8": block pairs 128 words apart; solo: 136, so that the four lanes t of a
+    # row reading pairs 4 s + t hit distinct banks)
+    sb_pair = solo_ir.SCALE_PAIR_WORDS if solo else 2 * COLS
+    sbsm = workgroup_buffer(kb, lay.blocks // 2 * sb_pair if lay.nv else lay.blocks * COLS, f32)
     sasm = None if lay.nv else workgroup_buffer(kb, lay.blocks * st.sa_stride, f32)
+    # solo: the block-diagonal B slots (their zeros written once)
+    sets = lay.blocks // solo_ir.SET_BLOCKS
+    bsolo = workgroup_buffer(kb, solo_ir.b_words(sets), i32) if solo else None
     a, w, sfa, sfb = (kb.arg(x) for x in ("a", "w" if "w" in kb.values else "b", "sfa", "sfb"))
 
     tid = bir.thread_idx("x")
@@ -475,16 +492,16 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             out += list(br.results)
         return out
 
+    def _sa_splats(sbytes: Value) -> list[Value]:
+        """NVFP4: |sA| of an activation chunk's two blocks as f16 splats (exact)."""
+        return [vector.broadcast(bir.vec(2, bir.f16()), arith.truncf(bir.f16(), _decode_scale_fast(
+            fmt, bir.bit_and(bir.shru(sbytes, _i32c(8 * s_)), 0xFF)))) for s_ in range(2)]
+
     def _stage_act(n: Value, c: Value, chunk: Value, sbytes: Value) -> None:
         """Activation chunk c of row n as B fragments (f16 pairs; NVFP4 times |sA|)."""
         words = vector.bitcast(bir.vec(4, i32), chunk)
         if lay.nv:  # |sA| of the chunk's two blocks as f16 splats (exact)
-            sp = []
-            for s_ in range(2):
-                sa = _decode_scale_fast(fmt, bir.bit_and(bir.shru(sbytes, _i32c(8 * s_)),
-                                                         0xFF))
-                sp.append(vector.broadcast(bir.vec(2, bir.f16()),
-                                           arith.truncf(bir.f16(), sa)))
+            sp = _sa_splats(sbytes)
         else:  # E8M0 activation scale of the chunk's block, for the fold
             bir.store(mir.decode_scale(fmt, sbytes), sasm,  # chunk c = block c of the step
                       bir.add(bir.mul(c, st.sa_stride), n))
@@ -534,12 +551,14 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     def stage(step: Value, regs: list[Value], rows: Value, full: bool = False) -> None:
         """Store fetched registers to shared memory (weights raw, scales decoded,
         activations as B fragments); ``full``: a step before the last one (every block of
-        it < kblocks: no scale byte to mask)."""
+        it < kblocks: no scale byte to mask). ``solo``: the weights raw in rows of
+        solo_ir.W_STRIDE, the activations into the block-diagonal B slots."""
         for it in range(wr):
             cid = bir.add(tid, it * THREADS)
             r = bir.udiv(cid, STEP_CHUNKS)
-            bir.vector_store(pair_pieces(regs[it]), wsm,
-                             bir.add(bir.mul(r, W_STRIDE), bir.mul(w_cs[it], 16)),
+            stride = solo_ir.W_STRIDE if solo else W_STRIDE
+            bir.vector_store(regs[it] if solo else pair_pieces(regs[it]), wsm,
+                             bir.add(bir.mul(r, stride), bir.mul(w_cs[it], 16)),
                              alignment=16)
         for it in range(s_iters if st.cf else 0):
             q = bir.add(bir.mul(step, lay.words), s_qs[it])
@@ -555,7 +574,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 if lay.nv:  # blocks 4q' + 2j, + 1 of the row: [pair 2q' + j][slot][2]
                     slot = st.nv_scale_slot(r)
                     for j in range(2):
-                        dst = bir.add(bir.mul(bir.add(bir.mul(s_qs[it], 2), j), 128), slot)
+                        dst = bir.add(bir.mul(bir.add(bir.mul(s_qs[it], 2), j), sb_pair), slot)
                         bir.vector_store(bir.from_elements(bir.vec(2, f32), svs[2 * j:2 * j + 2]),
                                          sbsm, dst, alignment=8)
                 else:
@@ -598,7 +617,12 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             # rows past the pass are not staged: their stale B columns only reach
             # their own (never stored) outputs (an MMA column is one row)
             with bir.when(bir.ult(n, rows)):
-                _stage_act(n, c, regs[base + 2 * it], regs[base + 2 * it + 1])
+                if solo:
+                    solo_ir.stage_act(bsolo, c, regs[base + 2 * it],
+                                      _sa_splats(regs[base + 2 * it + 1]),
+                                      fp4_word_to_f16_pairs)
+                else:
+                    _stage_act(n, c, regs[base + 2 * it], regs[base + 2 * it + 1])
 
     def fold(accs: list[Value], j: int, blk: list[list[Value]], sb: list[Value]) -> None:
         """accs += block j's MMA sums times the scales (one rounding each); ``sb``: the
@@ -664,7 +688,8 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             accs = list(accs)
             if lay.nv:  # weight scales of blocks 2q, 2q + 1, rows g, g + 8
                 sbv = bir.vector_load(bir.vec(4, f32), sbsm,
-                                      bir.add(bir.mul(warp, 32), bir.add(bir.mul(g, 4), q * 128)),
+                                      bir.add(bir.mul(warp, 32),
+                                              bir.add(bir.mul(g, 4), q * sb_pair)),
                                       alignment=16)
             else:  # block q
                 sbv = bir.vector_load(bir.vec(2, f32), sbsm,
@@ -725,13 +750,17 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     # B fragments (and MX activation scales) of rows past a pass are never staged: zero
     # them once (stale or zero, they only reach their own unstored MMA columns)
     vz = bir.const(0, bir.vec(4, i32))
-    for it in range(-(-st.b_words // 4 // THREADS)):
+    for it in range(0 if solo else -(-st.b_words // 4 // THREADS)):
         idx = bir.add(tid, it * THREADS)
         if (it + 1) * THREADS * 4 <= st.b_words:
             bir.vector_store(vz, bsm, bir.mul(idx, 4), alignment=16)
         else:
             with bir.when(bir.ult(idx, st.b_words // 4)):
                 bir.vector_store(vz, bsm, bir.mul(idx, 4), alignment=16)
+    for it in range(-(-solo_ir.b_words(sets) // 4 // THREADS) if solo else 0):
+        idx = bir.add(tid, it * THREADS)
+        with bir.when(bir.ult(idx, solo_ir.b_words(sets) // 4)):
+            bir.vector_store(vz, bsolo, bir.mul(idx, 4), alignment=16)
     if sasm is not None:
         for it in range(-(-lay.blocks * st.sa_stride // THREADS)):
             idx = bir.add(tid, it * THREADS)
@@ -800,9 +829,35 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 jl.yield_(*res[4:4 + n_f])
             bir.barrier()  # the next pass restages the shared buffers
         return
-    with bir.for_range(start, end, tokens) as pl:
-        r0 = pl.iv
-        rows = bir.umin(bir.sub(end, r0), tokens)
+    def one_row_pass(r0: Value) -> None:
+        """A pass of one row (``solo``): solo_ir's block-diagonal steps, the last peeled."""
+        one = bir.const(1)
+        init = fetch(bir.const(0), r0, one)
+
+        def body(step: Value, accs: list[Value], cur: list[Value], live: Value | None = None,
+                 nxt: Callable[[], list[Value]] = list) -> list[Value]:
+            bir.barrier()  # the previous step's shared reads are done
+            stage(step, cur, one, full=live is None)
+            bir.barrier()
+            regs = nxt()
+            return solo_ir.compute(accs, sets=sets, wsm=wsm, bsm=bsolo, sbsm=sbsm, warp=warp,
+                                   g=g, t=t, pairs=fp4_word_to_f16_pairs, live=live) + regs
+
+        with bir.for_range(0, bir.sub(steps, 1), carry=[zero] * 4 + init) as sl:
+            sl.yield_(*body(sl.iv, list(sl.carried[:4]), list(sl.carried[4:]),
+                            nxt=lambda sl=sl: fetch(bir.add(sl.iv, 1), r0, one)))
+        last = bir.sub(steps, 1)
+        live = bir.umin(bir.udiv(bir.sub(row_bytes, bir.mul(last, STEP_BYTES)), 16),
+                        UNITS // 2)  # 16-byte chunks of the last step; 4 a set
+        res = body(last, list(sl.results[:4]), list(sl.results[4:]),
+                   bir.ceil_div(live, solo_ir.SET_BLOCKS // 2))
+        for h, v in enumerate(solo_ir.row_totals(res[:4])):
+            col = bir.add(n0, bir.add(bir.mul(warp, 16), bir.add(g, 8 * h)))
+            with bir.when(bir.logical_and(bir.eq(t, 0), bir.ult(col, n_count))):
+                store(arith.mulf(v, bir.const(UNSCALE, f32)), r0, col)
+
+    def rows_pass(r0: Value, rows: Value) -> None:
+        """A pass of ``rows`` rows: the step loop of :func:`compute`."""
         two = bir.ult(bir.const(8), rows)
         s_lo, s_hi = (0, steps) if step_range is None else step_range
         init = [x for d in range(depth)
@@ -859,6 +914,13 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                 tok = bir.add(bir.mul(t, 2), nt * 8 + (i & 1))
                 with bir.when(bir.logical_and(bir.ult(tok, rows), bir.ult(col, n_count))):
                     store(totals[nt * 4 + i], bir.add(r0, tok), col)
+
+    with bir.for_range(start, end, 1 if solo else tokens) as pl:
+        r0 = pl.iv
+        if solo:
+            one_row_pass(r0)
+        else:
+            rows_pass(r0, bir.umin(bir.sub(end, r0), tokens))
         bir.barrier()  # the next pass restages the shared buffers
 
 

@@ -70,7 +70,8 @@ from blockscale.ops import matmul_grouped as _grouped
 
 KERNEL_SOURCES = ("blockscale.ops._decode_ir", "blockscale.ops._decode_mma_ir",
                   "blockscale.ops._matmul_ir", "blockscale.ops._mma_ir",
-                  "blockscale.ops._decode_shot_ir", "blockscale.ops._decode_lean_ir")
+                  "blockscale.ops._decode_shot_ir", "blockscale.ops._decode_lean_ir",
+                  "blockscale.ops._decode_solo_ir")
 #: targets the dispatch uses it on (the IR is portable to every 32-lane target)
 TARGETS = ("sm_90a",)
 IR_TARGETS = ("sm_90a", "sm_100a")
@@ -99,6 +100,10 @@ COLS = 32
 #: CTAs per SM, grouped; 6 / 22 spill reloads per step); _decode_mma_ir._Staging
 #: "mma_c8t" ("mma_c8" with the last K step peeled off the loop: no prefetch past the end,
 #: unit pairs past the row end skipped; K = 2880: 5.625 steps computed, not 6)
+#: "mma_c8t1" (NVFP4, grouped: "mma_c8t"'s step and tail in passes of one row each, 8 blocks
+#: on the MMA's N side on a block-diagonal B: one FFMA fold per accumulator and 8 blocks
+#: instead of one a block; _decode_solo_ir; within the fp32 bound, not the portable kernel's
+#: bits; the dispatch runs it where every group holds one row, :func:`one_row_groups`)
 #: "mma_c8s2" / "mma_c8s4" ("mma_c8t" over 2 / 4 column slices per CTA in turn, the next
 #: slice's first step fetched during the current slice's last step: 128 / 256 columns a CTA),
 #: "mma_c8d2" ("mma_c8t" with two steps in flight, 168 registers: 3 CTAs per SM; for grids
@@ -114,8 +119,8 @@ COLS = 32
 #: partials added in warp order: deterministic, not bit-identical to the portable kernel;
 #: K <= :data:`SHOT_KCAP`, passes of :data:`SHOT_TOKENS` rows; _decode_shot_ir)
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
-            "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w", "mma_c8r",
-            "mma_c8r4", "mma_shot", "mma_shot7k", "mma_shot16", "mma_shot32", "mma_shot6",
+            "mma_c86", "mma_c8t", "mma_c8t1", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w",
+            "mma_c8r", "mma_c8r4", "mma_shot", "mma_shot7k", "mma_shot16", "mma_shot32", "mma_shot6",
             "mma_shot1")
 #: the lean dense variants "mma_leanb_t<T>_n<NT>" (NVFP4, dense, M <= T; _decode_lean_ir):
 #: the tokens on the MMA's M side, NT n8-tiles of weight rows a CTA (8 NT columns), the block
@@ -187,16 +192,20 @@ SHOT_SLICED = {"mma_shot": True, "mma_shot7k": False, "mma_shot16": True, "mma_s
                "mma_shot6": True, "mma_shot1": False}
 #: the shared-memory staging of each "mma_c*" variant (_decode_mma_ir._Staging)
 STAGING = {"mma_c": "cf", "mma_c8": "cf8", "mma_c85": "cf8", "mma_c86": "cf8", "mma_c8t": "cf8",
+           "mma_c8t1": "cf8",
            "mma_c8s2": "cf8", "mma_c8s4": "cf8", "mma_c8d2": "cf8", "mma_c8w": "cf8",
            "mma_c8r": "cf8", "mma_c8r4": "cf8"}
 #: the variants with the last K step peeled (_decode_mma_ir.emit_decode_mma's ``tail``)
-TAIL_VARIANTS = ("mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w", "mma_c8r",
-                 "mma_c8r4")
+TAIL_VARIANTS = ("mma_c8t", "mma_c8t1", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w",
+                 "mma_c8r", "mma_c8r4")
+#: the variants of a pass a row on _decode_solo_ir's step (NVFP4 grouped only)
+SOLO_VARIANTS = ("mma_c8t1",)
 #: column slices of 64 per CTA (_decode_mma_ir.emit_decode_mma's ``slices``)
 SLICES = {"mma_c8s2": 2, "mma_c8s4": 4}
 #: grouped-only variants (more CTAs per SM) -> the variant the dense dispatch runs instead
 DENSE_EQUIVALENT = {"mma_p5": "mma_p", "mma_c85": "mma_c8", "mma_c86": "mma_c8",
-                    "mma_c8w": "mma_c8t", "mma_c8r": "mma_c8t", "mma_c8r4": "mma_c8t"}
+                    "mma_c8w": "mma_c8t", "mma_c8r": "mma_c8t", "mma_c8t1": "mma_c8t",
+                    "mma_c8r4": "mma_c8t"}
 #: the persistent (work-unit walking) variants: grouped only, grid (P, 1, 1), scalars
 #: ``list_len``, ``group_list`` = :func:`row_blocks` (_decode_stream_ir); their CTAs per SM
 #: (one wave of P =
@@ -222,7 +231,8 @@ VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_p": 64, "mma_p5": 64, 
 #: mma_p5 5 x 128 (5 x 42 KB of shared memory: fits the H200's 228 KB)
 VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_p": 128, "mma_p5": 96,
                      "mma_psk": 128, "mma_c": 128, "mma_c8": 128, "mma_c85": 96,
-                     "mma_c86": 80, "mma_c8t": 128, "mma_c8s2": 128, "mma_c8s4": 128,
+                     "mma_c86": 80, "mma_c8t": 128, "mma_c8t1": 128, "mma_c8s2": 128,
+                     "mma_c8s4": 128,
                      "mma_c8d2": 168, "mma_c8w": 128, "mma_c8r": 128, "mma_c8r4": 128,
                      **dict.fromkeys(SHOT_KCAP, 128), "mma_shot6": 112,
                      **dict.fromkeys(LEAN_VARIANTS, 128)}
@@ -343,6 +353,9 @@ class DecodeSpec(FormatSpec):
                              f"got {self.fmt}")
         if self.variant in LEAN_VARIANTS and (self.fmt != "nvfp4" or self.mode != "dense"):
             raise ValueError(f"variant {self.variant!r} is for the dense mode and nvfp4 only, "
+                             f"got mode {self.mode!r}, {self.fmt}")
+        if self.variant in SOLO_VARIANTS and (self.fmt != "nvfp4" or self.mode != "grouped"):
+            raise ValueError(f"variant {self.variant!r} is for the grouped mode and nvfp4 only, "
                              f"got mode {self.mode!r}, {self.fmt}")
         if self.variant in STREAM_VARIANTS and self.mode != "grouped":
             raise ValueError(f"variant {self.variant!r} is for the grouped mode only, got "
@@ -536,7 +549,8 @@ def build(spec: DecodeSpec) -> Any:
                                staging=STAGING.get(spec.variant, "v1"),
                                tail=spec.variant in TAIL_VARIANTS,
                                slices=SLICES.get(spec.variant, 1),
-                               ring=RING.get(spec.variant, 0))
+                               ring=RING.get(spec.variant, 0),
+                               solo=spec.variant in SOLO_VARIANTS)
     cols = spec.cols
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         from mlir import ir as mlir_ir
@@ -634,6 +648,14 @@ def group_list(expert_start: Any, num_groups: int) -> np.ndarray:
     return np.arange(num_groups, dtype=np.int32)
 
 
+def one_row_groups(expert_start: Any, groups: np.ndarray) -> bool:
+    """Whether every group of ``groups`` holds exactly one row (a numpy ``expert_start``;
+    False for one in device memory: its rows are not read back)."""
+    if not isinstance(expert_start, np.ndarray) or expert_start.size < 2:
+        return False
+    return bool((np.diff(expert_start.astype(np.int64))[groups] == 1).all())
+
+
 def split_k_p(ctas: int, k: int) -> int:
     """mma_psk: the K splits for a grid of ``ctas`` CTAs (per split) and K (FP4): as many as
     keep the grid within :data:`SPLIT_K_P_CTAS` CTAs (two waves: no third, partial one) and
@@ -725,13 +747,19 @@ def _with_split_k(spec: DecodeSpec, grid3: tuple[int, int, int], rows: int, n: i
 
 def _launch_grouped(spec: DecodeSpec, t: int, n: int, num_groups: int,
                     buffers: dict[str, Any], scalars: dict[str, Any], device: Any,
-                    auto_split: bool = False, auto_slices: bool = False) -> Any:
+                    auto_split: bool = False, auto_slices: bool = False,
+                    auto_solo: bool = False) -> Any:
     """Launch ``spec`` over the groups of :func:`group_list`; ``auto_split`` (the dispatch):
-    "mma_p" becomes :func:`split_variant`'s choice for the grid; ``auto_slices``
+    "mma_p" becomes :func:`split_variant`'s choice for the grid; ``auto_solo`` (the dispatch's
+    default variant): NVFP4 "mma_c8t" becomes the one-row pass kernel "mma_c8t1" where every
+    group of the grid holds one row (runs DE-DF: T = 1 -4 / -6 %); ``auto_slices``
     (:data:`AUTO_VARIANT`): the variant is :func:`slices_variant`'s for the grid."""
     groups = group_list(buffers["expert_start"], num_groups)
     if groups.size == 0:  # no rows at all (t == 0 is handled by the caller)
         groups = np.zeros(1, np.int32)
+    if auto_solo and spec.variant == "mma_c8t" and spec.fmt == "nvfp4" \
+            and one_row_groups(buffers["expert_start"], groups):
+        spec = _grouped_spec(spec, SOLO_VARIANTS[0])
     if auto_slices:
         spec = _grouped_spec(spec, slices_variant(grid(n, 1, 64)[0] * int(groups.size)))
     if auto_split and spec.variant == "mma_p":
@@ -800,6 +828,8 @@ def dispatch_variant(fmt: Format, grouped: bool = False) -> str:
     H.check_choice(v, (*VARIANTS, AUTO_VARIANT, LEAN_AUTO), VARIANT_ENV)
     if grouped and (v == LEAN_AUTO or v in LEAN_VARIANTS):  # (dense-only kernels)
         v = GROUPED_DEFAULT_VARIANT
+    if v in SOLO_VARIANTS and fmt.name != "nvfp4":  # (the one-row passes are NVFP4's)
+        v = "mma_c8t"
     return v if fmt.is_fp4 else "simt"
 
 
@@ -827,7 +857,8 @@ def grouped_fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_grou
     def run(buffers: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
         if max_group_rows(buffers["expert_start"], t) <= MAX_ROWS:
             return _launch_grouped(spec, t, n, num_groups, buffers, scalars, device,
-                                   auto_split=True, auto_slices=auto)
+                                   auto_split=True, auto_slices=auto,
+                                   auto_solo=VARIANT_ENV not in os.environ)
         for fast in _grouped.FAST_PATHS:  # hand over to the tiled kernels
             if fast is grouped_fast_path:
                 continue
@@ -962,7 +993,7 @@ def bundle_specs(target: str = "sm_90a") -> list[DecodeSpec]:
     # the tensor-core variant (FP4)
     for v in ("mma", "mma2", "mma_p", "mma_p5", "mma_psk", *STAGING, *SHOT_KCAP):  # (FP4)
         specs += [DecodeSpec(f, "grouped", "bfloat16", False, target, v)
-                  for f in ("nvfp4", "mxfp4")]
+                  for f in ("nvfp4", "mxfp4") if f == "nvfp4" or v not in SOLO_VARIANTS]
         specs.append(DecodeSpec("nvfp4", "grouped", "bfloat16", True, target, v))
         if v not in DENSE_EQUIVALENT:  # (more CTAs per SM: for the MoE grids)
             specs += [DecodeSpec(f, "dense", o, False, target, v)
