@@ -26,7 +26,7 @@ from test_matmul_common import (
 
 from blockscale import layouts
 from blockscale import reference as ref
-from blockscale.formats import FORMATS, MXFP8, NVFP4, Format
+from blockscale.formats import FORMATS, MXFP8, Format
 from blockscale.ops import matmul, matmul_decode, matmul_grouped
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
@@ -128,15 +128,16 @@ def test_dense_decode_gpu(fmt, nk, m):
 
 @pytest.mark.parametrize("tokens", [1, 16])
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_moe_decode_solo_gpu(model, tokens):
-    """"mma_c8t1" (NVFP4, a pass a row on a block-diagonal B; the dispatch's pick where
-    every group holds one row, as at T = 1) at both MoE shapes, within the bound."""
+@pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
+def test_moe_decode_solo_gpu(fmt, model, tokens):
+    """"mma_c8t1" (FP4, a pass a row on a block-diagonal B; the dispatch's pick where every
+    group holds one row, as at T = 1) at both MoE shapes, within the bound."""
     experts, top_k, k, n = MODELS[model]
     rng = np.random.default_rng(tokens * 13 + k)
-    case, a2d, w2d, esc = _moe_case(rng, NVFP4, experts, top_k, k, n, tokens)
-    out = matmul_decode.grouped_matmul_decode(**case, expert_scales=esc, fmt=NVFP4, k=k,
+    case, a2d, w2d, esc = _moe_case(rng, fmt, experts, top_k, k, n, tokens)
+    out = matmul_decode.grouped_matmul_decode(**case, expert_scales=esc, fmt=fmt, k=k,
                                               device="cuda", variant="mma_c8t1")
-    check_moe_output(out, case, a2d, w2d, esc, NVFP4, k, _columns(rng, n))
+    check_moe_output(out, case, a2d, w2d, esc, fmt, k, _columns(rng, n))
 
 
 @pytest.mark.parametrize("variant", ["mma", "mma2", "mma_p", "mma_p5", "mma_c", "mma_c8",

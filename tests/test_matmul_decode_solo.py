@@ -1,11 +1,11 @@
-"""The decode kernel's "mma_c8t1" variant (NVFP4, grouped: a pass a row on the
+"""The decode kernel's "mma_c8t1" variant (FP4, grouped: a pass a row on the
 block-diagonal step of blockscale/ops/_decode_solo_ir.py) run by the numpy interpreter:
 within the fp32 bound of test_matmul_common (bf16 outputs, expert and row scales), the same
 bits from run to run, on groups of one row and of 2..9 rows (a pass a row), id -1 groups
 (D8 zeros), K whose last step holds 1, 2, 10 and 16 chunks (1..4 live sets of 8 blocks), N
-tails; NaN scales (D5); the dispatch (its kernel where every group holds one row and the
-variant is the default, else "mma_c8t"; MXFP4 "mma_c8t"); its sm_90a SASS (the step loop:
-16 FFMAs instead of 128, no spill)."""
+tails, NVFP4 and MXFP4; NaN scales (D5); the dispatch (its kernel where every group holds
+one row and the variant is the default, else "mma_c8t"); its sm_90a SASS (the step loop:
+16 / 8 fold FFMAs (NVFP4 / MXFP4) instead of 128 / 64, no spill)."""
 
 from __future__ import annotations
 
@@ -50,15 +50,16 @@ def _case(case_id, seed, fmt=NVFP4):
 
 
 @pytest.mark.interp
+@pytest.mark.parametrize("fmt", [NVFP4, MXFP4], ids=lambda f: f.name)
 @pytest.mark.parametrize("case_id", range(len(CASES)))
-def test_grouped_solo_within_bound(case_id):
-    case, row_scales, w_scales, esc, k, rows = _case(case_id, 80 + case_id)
-    got = _run(case, esc, k, rows)
+def test_grouped_solo_within_bound(case_id, fmt):
+    case, row_scales, w_scales, esc, k, rows = _case(case_id, 80 + case_id, fmt)
+    got = _run(case, esc, k, rows, fmt=fmt)
     t, n = case["hidden"].shape[0], case["weight"].shape[1]
     assert got.shape == (t, n) and got.dtype == ml_dtypes.bfloat16
-    exact, abs_sum = exact_grouped(case, row_scales, w_scales, NVFP4, k, esc, rows)
-    assert_bf16_consistent(got, exact, f32_error_bound(abs_sum, NVFP4, k, n_mul=2))
-    again = _run(case, esc, k, rows)
+    exact, abs_sum = exact_grouped(case, row_scales, w_scales, fmt, k, esc, rows)
+    assert_bf16_consistent(got, exact, f32_error_bound(abs_sum, fmt, k, n_mul=2))
+    again = _run(case, esc, k, rows, fmt=fmt)
     assert np.array_equal(got.view(np.uint16), again.view(np.uint16))
     es = case["expert_start"].astype(np.int64)
     for g, e in enumerate(CASES[case_id][1]):
@@ -67,22 +68,23 @@ def test_grouped_solo_within_bound(case_id):
 
 
 @pytest.mark.interp
-def test_grouped_solo_nan_scales():
-    """D5: a NaN weight scale (0x7F) gives a NaN column for the rows of its expert's groups
-    only, a NaN activation scale (0xFF: the sign bit ignored, D3) a NaN row; in a solo pass
-    (group 1) and an 8-row one (group 0) alike; every other output unchanged."""
-    case, row_scales, w_scales, esc, k, rows = _case(4, 7)
-    base = _run(case, esc, k, rows)
+@pytest.mark.parametrize("fmt", [NVFP4, MXFP4], ids=lambda f: f.name)
+def test_grouped_solo_nan_scales(fmt):
+    """D5: a NaN weight scale (E4M3 0x7F, E8M0 0xFF) gives a NaN column for the rows of its
+    expert's groups only, a NaN activation scale (0xFF; NVFP4: the sign bit ignored, D3) a
+    NaN row; whatever the group's size; every other output unchanged."""
+    case, row_scales, w_scales, esc, k, rows = _case(4, 7, fmt)
+    base = _run(case, esc, k, rows, fmt=fmt)
     es = case["expert_start"].astype(np.int64)
     ws = w_scales[1].copy()
-    ws.view(np.uint8)[5, 40] = 0x7F  # expert 1 (groups 1, 2), column 5, block 40
+    ws.view(np.uint8)[5, 20] = 0x7F if fmt is NVFP4 else 0xFF  # expert 1 (groups 1, 2)
     case["b_scales"] = case["b_scales"].copy()
     case["b_scales"][1] = layouts.interleave(ws)
     rs = row_scales.copy()
-    rs.view(np.uint8)[es[1], 3] = 0xFF  # the solo group's row
-    rs.view(np.uint8)[2, 60] = 0xFF  # a row of the 9-row group
+    rs.view(np.uint8)[es[1], 3] = 0xFF  # the one-row group's row
+    rs.view(np.uint8)[2, 30] = 0xFF  # a row of the 9-row group
     case["a_scales"] = _padded_act_scales(case, rs)
-    got = _run(case, esc, k, rows).astype(np.float32)
+    got = _run(case, esc, k, rows, fmt=fmt).astype(np.float32)
     nan = np.zeros(got.shape, bool)
     nan[es[1]:es[3], 5] = True
     nan[[es[1], 2]] = True
@@ -105,8 +107,8 @@ def _padded_act_scales(case, row_scales):
 def test_dispatch_solo_variant(monkeypatch):
     """The grouped dispatch runs "mma_c8t1" where every group holds one row (a host
     ``expert_start``) and the variant is the default, "mma_c8t" where one holds two (or a
-    variant is named: BLOCKSCALE_DECODE_VARIANT); MXFP4 runs "mma_c8t" (the one-row step is
-    NVFP4's); the spec refuses MXFP4 and the dense mode, naming the variant."""
+    variant is named: BLOCKSCALE_DECODE_VARIANT), for NVFP4 and MXFP4; the spec refuses the
+    dense mode, naming the variant."""
     from blockscale.ops import matmul_grouped
 
     launched = []
@@ -119,39 +121,41 @@ def test_dispatch_solo_variant(monkeypatch):
     monkeypatch.setattr(matmul_decode.H, "launch", spy)
     monkeypatch.delenv(matmul_decode.VARIANT_ENV, raising=False)
     rng = np.random.default_rng(5)
-    for counts, ids, env, want in (([1, 0, 1], [0, 1, -1], None, VARIANT),
-                                   ([1, 2], [0, 1], None, "mma_c8t"),
-                                   ([1, 1], [1, 0], "mma_c8t", "mma_c8t")):
+    for fmt, counts, ids, env, want in ((NVFP4, [1, 0, 1], [0, 1, -1], None, VARIANT),
+                                        (MXFP4, [1, 1], [1, 0], None, VARIANT),
+                                        (NVFP4, [1, 2], [0, 1], None, "mma_c8t"),
+                                        (NVFP4, [1, 1], [1, 0], "mma_c8t", "mma_c8t")):
         if env:
             monkeypatch.setenv(matmul_decode.VARIANT_ENV, env)
-        case, row_scales, w_scales = make_grouped_case(rng, NVFP4, counts, ids, 2, 40, 544)
+        case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, 2, 40, 544)
         esc = np.array([1.5, 0.75], np.float32)
         launched.clear()
         got = matmul_grouped.grouped_matmul_block_scaled(**case, expert_scales=esc,
-                                                         fmt=NVFP4, k=544, device="interp")
+                                                         fmt=fmt, k=544, device="interp")
         assert launched == [want]
-        exact, abs_sum = exact_grouped(case, row_scales, w_scales, NVFP4, 544, esc)
-        assert_bf16_consistent(got, exact, f32_error_bound(abs_sum, NVFP4, 544, n_mul=1))
+        exact, abs_sum = exact_grouped(case, row_scales, w_scales, fmt, 544, esc)
+        assert_bf16_consistent(got, exact, f32_error_bound(abs_sum, fmt, 544, n_mul=1))
     assert not matmul_decode.one_row_groups(object(), np.zeros(1, np.int32))  # (device side)
     monkeypatch.setenv(matmul_decode.VARIANT_ENV, VARIANT)
     assert matmul_decode.dispatch_variant(NVFP4, grouped=True) == VARIANT
-    assert matmul_decode.dispatch_variant(MXFP4, grouped=True) == "mma_c8t"
-    with pytest.raises(ValueError, match="mma_c8t1.*nvfp4"):
-        matmul_decode.DecodeSpec("mxfp4", "grouped", variant=VARIANT)
+    assert matmul_decode.dispatch_variant(MXFP4, grouped=True) == VARIANT
     with pytest.raises(ValueError, match="mma_c8t1.*grouped"):
         matmul_decode.DecodeSpec("nvfp4", "dense", "float32", variant=VARIANT)
     specs = [s for s in matmul_decode.bundle_specs("sm_90a") if s.variant == VARIANT]
     assert {(s.fmt, s.mode, s.row_scales) for s in specs} == {("nvfp4", "grouped", False),
-                                                             ("nvfp4", "grouped", True)}
+                                                             ("nvfp4", "grouped", True),
+                                                             ("mxfp4", "grouped", False)}
 
 
 @pytest.mark.lower
-def test_solo_step_loop_sass():
-    """The step loop: 32 HMMAs, 16 FFMA folds (the "mma_c8t" loop: 128), <= 700
-    instructions ("mma_c8t": ~810), no spill anywhere at 128 registers."""
-    kernel = matmul_decode.kernel(matmul_decode.DecodeSpec("nvfp4", "grouped", "bfloat16",
+@pytest.mark.parametrize(("fmt", "folds"), [("nvfp4", 16), ("mxfp4", 8)])
+def test_solo_step_loop_sass(fmt, folds):
+    """The step loop: 32 HMMAs, one FFMA fold a set and accumulator (NVFP4 16, MXFP4 8;
+    the "mma_c8t" loops 128 / 64), <= 700 instructions ("mma_c8t": 809 / 921), no spill
+    anywhere at 128 registers."""
+    kernel = matmul_decode.kernel(matmul_decode.DecodeSpec(fmt, "grouped", "bfloat16",
                                                            False, "sm_90a", VARIANT))
     loop = _step_loop(kernel.asm["sass"])
     ops = collections.Counter(o.split(".")[0] for o in loop)
-    assert ops["HMMA"] == 32 and ops["FFMA"] == 16 and len(loop) <= 700, (ops, len(loop))
+    assert ops["HMMA"] == 32 and ops["FFMA"] == folds and len(loop) <= 700, (ops, len(loop))
     assert kernel.meta["registers"] <= 128 and kernel.meta["spill_stores"] == 0, kernel.meta

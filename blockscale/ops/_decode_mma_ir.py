@@ -366,9 +366,8 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     if ring and (units is None or ring < 2):
         raise ValueError(f"ring needs units and >= 2 stages, got ring={ring}")
     if solo and not (tail and depth == 1 and staging == "cf8" and slices == 1
-                     and units is None and not fmt.is_mx):
-        raise ValueError("solo needs NVFP4, tail, depth 1, staging 'cf8', one slice and no "
-                         "units")
+                     and units is None):
+        raise ValueError("solo needs tail, depth 1, staging 'cf8', one slice and no units")
     if depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {depth}")
     if decode not in ("lop3", "prmt"):
@@ -383,19 +382,21 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     f32, i32 = bir.f32(), bir.i32()
     v16 = bir.vec(16, bir.i8())
     # (ring: the TMA stages in dynamic shared memory, below; compute() reads ``wsm`` then)
+    sol = solo_ir.Layout(not lay.nv) if solo else None
     wsm = None if ring else workgroup_buffer(
-        kb, COLS * (solo_ir.W_STRIDE if solo else W_STRIDE), bir.i8())
+        kb, COLS * (sol.w_stride if sol else W_STRIDE), bir.i8())
     # B fragments: [unit][token][t][2] i32 (f16 pairs); solo: solo_ir's slots instead
     bsm = None if solo else workgroup_buffer(kb, st.b_words, i32)
     # weight scales [block][warp][g][2] (rows 16 warp + g + 8h), f32
-    # (NVFP4 "cf8": block pairs 128 words apart; solo: 136, so that the four lanes t of a
-    # row reading pairs 4 s + t hit distinct banks)
+    # (NVFP4 "cf8": block pairs 128 words apart, MXFP4 blocks 64; solo: 136 / 66, so that
+    # the four lanes t of a row reading blocks of their own hit distinct banks)
     sb_pair = solo_ir.SCALE_PAIR_WORDS if solo else 2 * COLS
-    sbsm = workgroup_buffer(kb, lay.blocks // 2 * sb_pair if lay.nv else lay.blocks * COLS, f32)
+    sb_block = solo_ir.SCALE_BLOCK_WORDS if solo else COLS
+    sbsm = workgroup_buffer(kb, lay.blocks // 2 * sb_pair if lay.nv else lay.blocks * sb_block,
+                            f32)
     sasm = None if lay.nv else workgroup_buffer(kb, lay.blocks * st.sa_stride, f32)
     # solo: the block-diagonal B slots (their zeros written once)
-    sets = lay.blocks // solo_ir.SET_BLOCKS
-    bsolo = workgroup_buffer(kb, solo_ir.b_words(sets), i32) if solo else None
+    bsolo = workgroup_buffer(kb, sol.b_words, i32) if sol else None
     a, w, sfa, sfb = (kb.arg(x) for x in ("a", "w" if "w" in kb.values else "b", "sfa", "sfb"))
 
     tid = bir.thread_idx("x")
@@ -552,11 +553,11 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         """Store fetched registers to shared memory (weights raw, scales decoded,
         activations as B fragments); ``full``: a step before the last one (every block of
         it < kblocks: no scale byte to mask). ``solo``: the weights raw in rows of
-        solo_ir.W_STRIDE, the activations into the block-diagonal B slots."""
+        solo_ir.Layout.w_stride, the activations into the block-diagonal B slots."""
         for it in range(wr):
             cid = bir.add(tid, it * THREADS)
             r = bir.udiv(cid, STEP_CHUNKS)
-            stride = solo_ir.W_STRIDE if solo else W_STRIDE
+            stride = sol.w_stride if sol else W_STRIDE
             bir.vector_store(regs[it] if solo else pair_pieces(regs[it]), wsm,
                              bir.add(bir.mul(r, stride), bir.mul(w_cs[it], 16)),
                              alignment=16)
@@ -583,7 +584,7 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                                                             bir.udiv(rr, 8)))
                     for i in range(4):
                         jl = bir.add(bir.mul(s_qs[it], 4), i)  # block within the step
-                        bir.store(svs[i], sbsm, bir.add(bir.mul(jl, COLS), slot))
+                        bir.store(svs[i], sbsm, bir.add(bir.mul(jl, sb_block), slot))
         for it in range(0 if st.cf else s_iters):
             word = regs[wr + it]
             r = s_rs[it]
@@ -618,8 +619,11 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             # their own (never stored) outputs (an MMA column is one row)
             with bir.when(bir.ult(n, rows)):
                 if solo:
-                    solo_ir.stage_act(bsolo, c, regs[base + 2 * it],
-                                      _sa_splats(regs[base + 2 * it + 1]),
+                    sb_ = regs[base + 2 * it + 1]
+                    if not lay.nv:  # E8M0 activation scale of block c, for the fold
+                        bir.store(mir.decode_scale(fmt, sb_), sasm, bir.mul(c, st.sa_stride))
+                    solo_ir.stage_act(sol, bsolo, c, regs[base + 2 * it],
+                                      _sa_splats(sb_) if lay.nv else None,
                                       fp4_word_to_f16_pairs)
                 else:
                     _stage_act(n, c, regs[base + 2 * it], regs[base + 2 * it + 1])
@@ -693,7 +697,8 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                                       alignment=16)
             else:  # block q
                 sbv = bir.vector_load(bir.vec(2, f32), sbsm,
-                                      bir.add(bir.mul(warp, 16), bir.add(bir.mul(g, 2), q * COLS)),
+                                      bir.add(bir.mul(warp, 16),
+                                              bir.add(bir.mul(g, 2), q * sb_block)),
                                       alignment=8)
             sbq = [bir.extract(sbv, i) for i in range(4 if lay.nv else 2)]
             bq = []
@@ -757,9 +762,9 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
         else:
             with bir.when(bir.ult(idx, st.b_words // 4)):
                 bir.vector_store(vz, bsm, bir.mul(idx, 4), alignment=16)
-    for it in range(-(-solo_ir.b_words(sets) // 4 // THREADS) if solo else 0):
+    for it in range(-(-sol.b_words // 4 // THREADS) if sol else 0):
         idx = bir.add(tid, it * THREADS)
-        with bir.when(bir.ult(idx, solo_ir.b_words(sets) // 4)):
+        with bir.when(bir.ult(idx, sol.b_words // 4)):
             bir.vector_store(vz, bsolo, bir.mul(idx, 4), alignment=16)
     if sasm is not None:
         for it in range(-(-lay.blocks * st.sa_stride // THREADS)):
@@ -840,21 +845,23 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             stage(step, cur, one, full=live is None)
             bir.barrier()
             regs = nxt()
-            return solo_ir.compute(accs, sets=sets, wsm=wsm, bsm=bsolo, sbsm=sbsm, warp=warp,
-                                   g=g, t=t, pairs=fp4_word_to_f16_pairs, live=live) + regs
+            return solo_ir.compute(sol, accs, wsm=wsm, bsm=bsolo, sbsm=sbsm, warp=warp, g=g,
+                                   t=t, pairs=fp4_word_to_f16_pairs, sasm=sasm,
+                                   sa_stride=st.sa_stride, unscale=4 * UNSCALE,
+                                   live=live) + regs
 
         with bir.for_range(0, bir.sub(steps, 1), carry=[zero] * 4 + init) as sl:
             sl.yield_(*body(sl.iv, list(sl.carried[:4]), list(sl.carried[4:]),
                             nxt=lambda sl=sl: fetch(bir.add(sl.iv, 1), r0, one)))
         last = bir.sub(steps, 1)
         live = bir.umin(bir.udiv(bir.sub(row_bytes, bir.mul(last, STEP_BYTES)), 16),
-                        UNITS // 2)  # 16-byte chunks of the last step; 4 a set
+                        UNITS // 2)  # 16-byte chunks of the last step; 4 / 8 a set
         res = body(last, list(sl.results[:4]), list(sl.results[4:]),
-                   bir.ceil_div(live, solo_ir.SET_BLOCKS // 2))
+                   bir.ceil_div(live, solo_ir.SET_BLOCKS * sol.blk_bytes // 16))
         for h, v in enumerate(solo_ir.row_totals(res[:4])):
             col = bir.add(n0, bir.add(bir.mul(warp, 16), bir.add(g, 8 * h)))
             with bir.when(bir.logical_and(bir.eq(t, 0), bir.ult(col, n_count))):
-                store(arith.mulf(v, bir.const(UNSCALE, f32)), r0, col)
+                store(arith.mulf(v, bir.const(UNSCALE, f32)) if lay.nv else v, r0, col)
 
     def rows_pass(r0: Value, rows: Value) -> None:
         """A pass of ``rows`` rows: the step loop of :func:`compute`."""

@@ -100,7 +100,7 @@ COLS = 32
 #: CTAs per SM, grouped; 6 / 22 spill reloads per step); _decode_mma_ir._Staging
 #: "mma_c8t" ("mma_c8" with the last K step peeled off the loop: no prefetch past the end,
 #: unit pairs past the row end skipped; K = 2880: 5.625 steps computed, not 6)
-#: "mma_c8t1" (NVFP4, grouped: "mma_c8t"'s step and tail in passes of one row each, 8 blocks
+#: "mma_c8t1" (FP4, grouped: "mma_c8t"'s step and tail in passes of one row each, 8 blocks
 #: on the MMA's N side on a block-diagonal B: one FFMA fold per accumulator and 8 blocks
 #: instead of one a block; _decode_solo_ir; within the fp32 bound, not the portable kernel's
 #: bits; the dispatch runs it where every group holds one row, :func:`one_row_groups`)
@@ -198,7 +198,7 @@ STAGING = {"mma_c": "cf", "mma_c8": "cf8", "mma_c85": "cf8", "mma_c86": "cf8", "
 #: the variants with the last K step peeled (_decode_mma_ir.emit_decode_mma's ``tail``)
 TAIL_VARIANTS = ("mma_c8t", "mma_c8t1", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w",
                  "mma_c8r", "mma_c8r4")
-#: the variants of a pass a row on _decode_solo_ir's step (NVFP4 grouped only)
+#: the variants of a pass a row on _decode_solo_ir's step (grouped only)
 SOLO_VARIANTS = ("mma_c8t1",)
 #: column slices of 64 per CTA (_decode_mma_ir.emit_decode_mma's ``slices``)
 SLICES = {"mma_c8s2": 2, "mma_c8s4": 4}
@@ -354,9 +354,9 @@ class DecodeSpec(FormatSpec):
         if self.variant in LEAN_VARIANTS and (self.fmt != "nvfp4" or self.mode != "dense"):
             raise ValueError(f"variant {self.variant!r} is for the dense mode and nvfp4 only, "
                              f"got mode {self.mode!r}, {self.fmt}")
-        if self.variant in SOLO_VARIANTS and (self.fmt != "nvfp4" or self.mode != "grouped"):
-            raise ValueError(f"variant {self.variant!r} is for the grouped mode and nvfp4 only, "
-                             f"got mode {self.mode!r}, {self.fmt}")
+        if self.variant in SOLO_VARIANTS and self.mode != "grouped":
+            raise ValueError(f"variant {self.variant!r} is for the grouped mode only, got mode "
+                             f"{self.mode!r}")
         if self.variant in STREAM_VARIANTS and self.mode != "grouped":
             raise ValueError(f"variant {self.variant!r} is for the grouped mode only, got "
                              f"mode {self.mode!r}")
@@ -751,14 +751,14 @@ def _launch_grouped(spec: DecodeSpec, t: int, n: int, num_groups: int,
                     auto_solo: bool = False) -> Any:
     """Launch ``spec`` over the groups of :func:`group_list`; ``auto_split`` (the dispatch):
     "mma_p" becomes :func:`split_variant`'s choice for the grid; ``auto_solo`` (the dispatch's
-    default variant): NVFP4 "mma_c8t" becomes the one-row pass kernel "mma_c8t1" where every
+    default variant): FP4 "mma_c8t" becomes the one-row pass kernel "mma_c8t1" where every
     group of the grid holds one row (runs DE-DF: T = 1 -4 / -6 %); ``auto_slices``
     (:data:`AUTO_VARIANT`): the variant is :func:`slices_variant`'s for the grid."""
     groups = group_list(buffers["expert_start"], num_groups)
     if groups.size == 0:  # no rows at all (t == 0 is handled by the caller)
         groups = np.zeros(1, np.int32)
-    if auto_solo and spec.variant == "mma_c8t" and spec.fmt == "nvfp4" \
-            and one_row_groups(buffers["expert_start"], groups):
+    if auto_solo and spec.variant == "mma_c8t" and one_row_groups(buffers["expert_start"],
+                                                                  groups):
         spec = _grouped_spec(spec, SOLO_VARIANTS[0])
     if auto_slices:
         spec = _grouped_spec(spec, slices_variant(grid(n, 1, 64)[0] * int(groups.size)))
@@ -828,8 +828,6 @@ def dispatch_variant(fmt: Format, grouped: bool = False) -> str:
     H.check_choice(v, (*VARIANTS, AUTO_VARIANT, LEAN_AUTO), VARIANT_ENV)
     if grouped and (v == LEAN_AUTO or v in LEAN_VARIANTS):  # (dense-only kernels)
         v = GROUPED_DEFAULT_VARIANT
-    if v in SOLO_VARIANTS and fmt.name != "nvfp4":  # (the one-row passes are NVFP4's)
-        v = "mma_c8t"
     return v if fmt.is_fp4 else "simt"
 
 
@@ -993,7 +991,7 @@ def bundle_specs(target: str = "sm_90a") -> list[DecodeSpec]:
     # the tensor-core variant (FP4)
     for v in ("mma", "mma2", "mma_p", "mma_p5", "mma_psk", *STAGING, *SHOT_KCAP):  # (FP4)
         specs += [DecodeSpec(f, "grouped", "bfloat16", False, target, v)
-                  for f in ("nvfp4", "mxfp4") if f == "nvfp4" or v not in SOLO_VARIANTS]
+                  for f in ("nvfp4", "mxfp4")]
         specs.append(DecodeSpec("nvfp4", "grouped", "bfloat16", True, target, v))
         if v not in DENSE_EQUIVALENT:  # (more CTAs per SM: for the MoE grids)
             specs += [DecodeSpec(f, "dense", o, False, target, v)
