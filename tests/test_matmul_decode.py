@@ -132,27 +132,41 @@ def test_dispatch_rules(monkeypatch):
     assert dp("sm_90a", NVFP4, 1, 128, 2880, "bfloat16", None) is None
 
 
-def test_dispatch_large_group_hands_over(monkeypatch):
-    """A group of 17 rows goes to the tensor-core kernel; groups of <= 16 to the decode one."""
+def spy_launches(monkeypatch, name, *hosts) -> list:
+    """``name(spec)`` of every launch through the ``H.launch`` of each module in ``hosts``
+    (appended to the returned list)."""
     launched = []
-    real = matmul_decode.H.launch
+    real = hosts[0].H.launch
 
     def spy(spec, *args, **kw):
-        launched.append(type(spec).__name__)
+        launched.append(name(spec))
         return real(spec, *args, **kw)
 
-    monkeypatch.setattr(matmul_decode.H, "launch", spy)
-    monkeypatch.setattr(matmul_grouped_sm90.H, "launch", spy)
+    for m in hosts:
+        monkeypatch.setattr(m.H, "launch", spy)
+    return launched
+
+
+def dispatched_within_bound(rng, fmt, counts, ids, n, k) -> None:
+    """The grouped op on the interpreter through its dispatch (2 experts), checked within
+    the fp32 bound."""
+    case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, 2, n, k)
+    esc = np.array([1.5, 0.75], np.float32)
+    got = matmul_grouped.grouped_matmul_block_scaled(**case, expert_scales=esc, fmt=fmt, k=k,
+                                                     device="interp")
+    exact, abs_sum = exact_grouped(case, row_scales, w_scales, fmt, k, esc)
+    assert_bf16_consistent(got, exact, f32_error_bound(abs_sum, fmt, k, n_mul=1))
+
+
+def test_dispatch_large_group_hands_over(monkeypatch):
+    """A group of 17 rows goes to the tensor-core kernel; groups of <= 16 to the decode one."""
+    launched = spy_launches(monkeypatch, lambda spec: type(spec).__name__, matmul_decode,
+                            matmul_grouped_sm90)
     rng = np.random.default_rng(9)
     for counts, want in (([17, 2], "Sm90GroupedSpec"), ([16, 2], "DecodeSpec")):
-        case, row_scales, w_scales = make_grouped_case(rng, NVFP4, counts, [0, 1], 2, 32, 64)
-        esc = np.array([1.5, 0.75], np.float32)
         launched.clear()
-        got = matmul_grouped.grouped_matmul_block_scaled(**case, expert_scales=esc,
-                                                         fmt=NVFP4, k=64, device="interp")
+        dispatched_within_bound(rng, NVFP4, counts, [0, 1], 32, 64)
         assert launched == [want]
-        exact, abs_sum = exact_grouped(case, row_scales, w_scales, NVFP4, 64, esc)
-        assert_bf16_consistent(got, exact, f32_error_bound(abs_sum, NVFP4, 64, n_mul=1))
 
 
 def test_bundle_specs_and_names():

@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from test_matmul_common import assert_bf16_consistent, f32_error_bound
+from test_matmul_decode import dispatched_within_bound, spy_launches
 from test_matmul_decode_lower import _step_loop
 from test_matmul_grouped import exact_grouped, make_grouped_case
 
@@ -109,16 +110,7 @@ def test_dispatch_solo_variant(monkeypatch):
     ``expert_start``) and the variant is the default, "mma_c8t" where one holds two (or a
     variant is named: BLOCKSCALE_DECODE_VARIANT), for NVFP4 and MXFP4; the spec refuses the
     dense mode, naming the variant."""
-    from blockscale.ops import matmul_grouped
-
-    launched = []
-    real = matmul_decode.H.launch
-
-    def spy(spec, *args, **kw):
-        launched.append(spec.variant)
-        return real(spec, *args, **kw)
-
-    monkeypatch.setattr(matmul_decode.H, "launch", spy)
+    launched = spy_launches(monkeypatch, lambda spec: spec.variant, matmul_decode)
     monkeypatch.delenv(matmul_decode.VARIANT_ENV, raising=False)
     rng = np.random.default_rng(5)
     for fmt, counts, ids, env, want in ((NVFP4, [1, 0, 1], [0, 1, -1], None, VARIANT),
@@ -127,14 +119,9 @@ def test_dispatch_solo_variant(monkeypatch):
                                         (NVFP4, [1, 1], [1, 0], "mma_c8t", "mma_c8t")):
         if env:
             monkeypatch.setenv(matmul_decode.VARIANT_ENV, env)
-        case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, 2, 40, 544)
-        esc = np.array([1.5, 0.75], np.float32)
         launched.clear()
-        got = matmul_grouped.grouped_matmul_block_scaled(**case, expert_scales=esc,
-                                                         fmt=fmt, k=544, device="interp")
+        dispatched_within_bound(rng, fmt, counts, ids, 40, 544)
         assert launched == [want]
-        exact, abs_sum = exact_grouped(case, row_scales, w_scales, fmt, 544, esc)
-        assert_bf16_consistent(got, exact, f32_error_bound(abs_sum, fmt, 544, n_mul=1))
     assert not matmul_decode.one_row_groups(object(), np.zeros(1, np.int32))  # (device side)
     monkeypatch.setenv(matmul_decode.VARIANT_ENV, VARIANT)
     assert matmul_decode.dispatch_variant(NVFP4, grouped=True) == VARIANT

@@ -350,10 +350,10 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     through a shared ring of ``ring`` stages by ``cp.async.bulk`` (one 256-byte copy per
     row and step, ``ring - 1`` steps ahead across units; :func:`_walk_ring`), the scale
     words and activations through registers one step ahead; ``solo`` (variant "mma_c8t1",
-    NVFP4, with ``tail``, depth 1, "cf8", one slice): a pass a row, on
-    :mod:`blockscale.ops._decode_solo_ir`'s block-diagonal step (16 FFMA folds a step
-    instead of 128; within the fp32 bound, not the portable kernel's bits; a kernel of both
-    pass kinds spilled ~110-140 bytes around them, so the dispatch picks it per grid)."""
+    with ``tail``, depth 1, "cf8", one slice): a pass a row, on
+    :mod:`blockscale.ops._decode_solo_ir`'s block-diagonal step (NVFP4: 16 FFMA folds a
+    step instead of 128; within the fp32 bound, not the portable kernel's bits; a kernel of
+    both pass kinds spilled ~110-140 bytes around them, so the dispatch picks it per grid)."""
     if tail and step_range is not None:
         raise ValueError("tail needs no step_range")
     if slices < 1 or (slices > 1 and not (tail and depth == 1 and staging == "cf8")):
@@ -495,8 +495,9 @@ def emit_decode_mma(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
 
     def _sa_splats(sbytes: Value) -> list[Value]:
         """NVFP4: |sA| of an activation chunk's two blocks as f16 splats (exact)."""
-        return [vector.broadcast(bir.vec(2, bir.f16()), arith.truncf(bir.f16(), _decode_scale_fast(
-            fmt, bir.bit_and(bir.shru(sbytes, _i32c(8 * s_)), 0xFF)))) for s_ in range(2)]
+        return [vector.broadcast(bir.vec(2, bir.f16()), arith.truncf(
+            bir.f16(), _decode_scale_fast(fmt, bir.bit_and(bir.shru(sbytes, _i32c(8 * s_)),
+                                                           0xFF)))) for s_ in range(2)]
 
     def _stage_act(n: Value, c: Value, chunk: Value, sbytes: Value) -> None:
         """Activation chunk c of row n as B fragments (f16 pairs; NVFP4 times |sA|)."""

@@ -54,10 +54,10 @@ to run, not the portable kernel's.
 Measured (H200, runs DE-DH, bench_moe's rotated routings, gate_up): T = 1 NVFP4 gpt-oss
 0.0204-0.0210 ms against "mma_c8t" 0.0212-0.0220 (-4-7 %), DeepSeek-V3 0.0468-0.0471
 against 0.0495-0.0504 (-6-7 %); MXFP4 (run DH) gpt-oss 0.0207 against 0.0216, DeepSeek-V3
-0.0465 against 0.0503 (-4 / -7 %). Predicted from the instruction count -15-20 %: ncu (run DD) shows the
-decode waiting on its global loads (long scoreboard, one step in flight a CTA) as much as
-on issue. At T = 16 / 128 (groups of 2+ rows) one launch each for the two kernels was
-within +-3 % of "mma_c8t" alone (run DF): not kept.
+0.0465 against 0.0503 (-4 / -7 %). Predicted from the instruction count: -15-20 %; ncu (run
+DD) shows the decode waiting on its global loads (long scoreboard, one step in flight a
+CTA) as much as on issue. At T = 16 / 128 (groups of 2+ rows) one launch each for the two
+kernels was within +-3 % of "mma_c8t" alone (run DF): not kept.
 """
 
 from __future__ import annotations

@@ -120,8 +120,8 @@ COLS = 32
 #: K <= :data:`SHOT_KCAP`, passes of :data:`SHOT_TOKENS` rows; _decode_shot_ir)
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
             "mma_c86", "mma_c8t", "mma_c8t1", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w",
-            "mma_c8r", "mma_c8r4", "mma_shot", "mma_shot7k", "mma_shot16", "mma_shot32", "mma_shot6",
-            "mma_shot1")
+            "mma_c8r", "mma_c8r4", "mma_shot", "mma_shot7k", "mma_shot16", "mma_shot32",
+            "mma_shot6", "mma_shot1")
 #: the lean dense variants "mma_leanb_t<T>_n<NT>" (NVFP4, dense, M <= T; _decode_lean_ir):
 #: the tokens on the MMA's M side, NT n8-tiles of weight rows a CTA (8 NT columns), the block
 #: scales folded into f16 operands, the CTA's rows copied into shared memory by cp.async.bulk
@@ -192,9 +192,8 @@ SHOT_SLICED = {"mma_shot": True, "mma_shot7k": False, "mma_shot16": True, "mma_s
                "mma_shot6": True, "mma_shot1": False}
 #: the shared-memory staging of each "mma_c*" variant (_decode_mma_ir._Staging)
 STAGING = {"mma_c": "cf", "mma_c8": "cf8", "mma_c85": "cf8", "mma_c86": "cf8", "mma_c8t": "cf8",
-           "mma_c8t1": "cf8",
-           "mma_c8s2": "cf8", "mma_c8s4": "cf8", "mma_c8d2": "cf8", "mma_c8w": "cf8",
-           "mma_c8r": "cf8", "mma_c8r4": "cf8"}
+           "mma_c8t1": "cf8", "mma_c8s2": "cf8", "mma_c8s4": "cf8", "mma_c8d2": "cf8",
+           "mma_c8w": "cf8", "mma_c8r": "cf8", "mma_c8r4": "cf8"}
 #: the variants with the last K step peeled (_decode_mma_ir.emit_decode_mma's ``tail``)
 TAIL_VARIANTS = ("mma_c8t", "mma_c8t1", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w",
                  "mma_c8r", "mma_c8r4")
@@ -752,16 +751,16 @@ def _launch_grouped(spec: DecodeSpec, t: int, n: int, num_groups: int,
     """Launch ``spec`` over the groups of :func:`group_list`; ``auto_split`` (the dispatch):
     "mma_p" becomes :func:`split_variant`'s choice for the grid; ``auto_solo`` (the dispatch's
     default variant): FP4 "mma_c8t" becomes the one-row pass kernel "mma_c8t1" where every
-    group of the grid holds one row (runs DE-DF: T = 1 -4 / -6 %); ``auto_slices``
+    group of the grid holds one row (runs DG-DH: T = 1 -4 to -7.5 %); ``auto_slices``
     (:data:`AUTO_VARIANT`): the variant is :func:`slices_variant`'s for the grid."""
     groups = group_list(buffers["expert_start"], num_groups)
     if groups.size == 0:  # no rows at all (t == 0 is handled by the caller)
         groups = np.zeros(1, np.int32)
+    if auto_slices:
+        spec = _grouped_spec(spec, slices_variant(grid(n, 1, 64)[0] * int(groups.size)))
     if auto_solo and spec.variant == "mma_c8t" and one_row_groups(buffers["expert_start"],
                                                                   groups):
         spec = _grouped_spec(spec, SOLO_VARIANTS[0])
-    if auto_slices:
-        spec = _grouped_spec(spec, slices_variant(grid(n, 1, 64)[0] * int(groups.size)))
     if auto_split and spec.variant == "mma_p":
         v = split_variant("mma_p", grid(n, 1, spec.cols)[0] * int(groups.size), scalars["k"])
         if v != spec.variant:
