@@ -134,6 +134,42 @@ def test_dispatch_solo_variant(monkeypatch):
                                                              ("mxfp4", "grouped", False)}
 
 
+@pytest.mark.interp
+@pytest.mark.parametrize("fmt", [NVFP4, MXFP4], ids=lambda f: f.name)
+def test_fused_swiglu_equals_chained_on_one_row_groups(fmt, monkeypatch):
+    """Where every group holds one row the chained path's matmul is "mma_c8t1" (not the
+    portable kernel's bits), so grouped_matmul_swiglu runs that kernel on the σ-permuted
+    weights with its un-permuting ``sigma_out`` store, then fused_silu_quantize: byte-equal
+    to grouped_matmul_block_scaled followed by fused_silu_quantize (NVFP4 with row scales)."""
+    from test_matmul_swiglu import swiglu_case
+
+    from blockscale import ops
+
+    launched = spy_launches(monkeypatch, lambda spec: getattr(spec, "variant", ""),
+                            matmul_decode)
+    monkeypatch.delenv(matmul_decode.VARIANT_ENV, raising=False)
+    counts, ids, d, k = [1, 0, 1, 1], [1, -1, 0, 1], 40, 544
+    case = swiglu_case(fmt, counts, ids, 2, d, k, seed=3)
+    grp = (case["expert_start"], case["a_scale_offsets"], case["expert_ids"])
+    esc = np.array([1.25, 0.625], np.float32)
+    isc = None if fmt.is_mx else np.array([0.4, 0.7], np.float32)
+    rows = None if fmt.is_mx else np.array([1.5, 0.75, 2.0], ml_dtypes.bfloat16)
+    data, scales = ops.grouped_matmul_swiglu(
+        case["hidden"], case["w_sigma"], case["a_scales"], case["sfb_sigma"], *grp, esc, isc,
+        fmt, k=k, a_row_scales=rows, device="interp", target="sm_90a")
+    assert launched == [VARIANT]
+    gate_up = ops.grouped_matmul_block_scaled(
+        case["hidden"], case["weight"], case["a_scales"], case["b_scales"], *grp, esc, fmt,
+        k=k, a_row_scales=rows, device="interp", target="sm_90a")
+    assert launched == [VARIANT, VARIANT]
+    c_data, c_scales = ops.fused_silu_quantize(gate_up, fmt, *grp, isc,
+                                               num_scale_tiles=case["a_scales"].shape[0],
+                                               device="interp", target="sm_90a")
+    assert np.array_equal(np.asarray(data).view(np.uint8), np.asarray(c_data).view(np.uint8))
+    assert np.array_equal(np.asarray(scales).view(np.uint8),
+                          np.asarray(c_scales).view(np.uint8))
+
+
 @pytest.mark.lower
 @pytest.mark.parametrize(("fmt", "folds"), [("nvfp4", 16), ("mxfp4", 8)])
 def test_solo_step_loop_sass(fmt, folds):

@@ -101,3 +101,15 @@ def test_unused_groups_and_max_test_case(record_property) -> None:
     for act in ("silu", "swiglu_oai"):
         run_three(max_test_case(), NVFP4, 256, np.ones(2, np.float32),
                   np.full(2, 0.5, np.float32), act, record_property)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fused_equals_chained_one_row_groups(fmt, record_property) -> None:
+    """Every group one row (a decode step of one token, gpt-oss-120b's gate_up shape): the
+    chained matmul runs the one-row decode kernel "mma_c8t1", so the fused op runs it too (on
+    the σ-permuted weights, its store un-permuting them) before fused_silu_quantize."""
+    f = Format.from_name(fmt)
+    case = swiglu_case(f, [1, 1, 1, 1], _ids(4, 8), 8, 2880, 2880, seed=11)
+    esc = (1 + (np.arange(8) + 1) / 8).astype(np.float32)
+    isc = None if f.is_mx else np.linspace(0.25, 1.0, 8).astype(np.float32)
+    run_three(case, f, 2880, esc, isc, "silu", record_property)

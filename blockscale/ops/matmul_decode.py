@@ -303,6 +303,9 @@ class DecodeSpec(FormatSpec):
         row_scales: grouped: whether the kernel reads ``a_row_scales``.
         target: a 32-lane GPUTarget name (sm_90a, sm_100a).
         variant: "simt" or "mma" (FP4 only), see :data:`VARIANTS`.
+        sigma_out: grouped: the weights are σ-permuted (row 2i gate i, row 2i + 1 up i, as
+            :func:`blockscale.ops.grouped_matmul_swiglu` takes them) and the output is stored
+            un-permuted (gate columns, then up columns), the fused op's chained path.
     """
 
     fmt: str
@@ -311,6 +314,7 @@ class DecodeSpec(FormatSpec):
     row_scales: bool = False
     target: str = "sm_90a"
     variant: str = "simt"
+    sigma_out: bool = False
 
     op: ClassVar[str] = "block_scaled_matmul_decode"
 
@@ -344,6 +348,8 @@ class DecodeSpec(FormatSpec):
                        else ("bfloat16", "float32"), "out_dtype")
         if self.row_scales and self.mode != "grouped":
             raise ValueError("row_scales is for the grouped mode only")
+        if self.sigma_out and self.mode != "grouped":
+            raise ValueError("sigma_out is for the grouped mode only")
         object.__setattr__(self, "target", H.target_name(self.target))
         H.check_choice(self.target, IR_TARGETS, "target")
         H.check_choice(self.variant, VARIANTS, "variant")
@@ -365,7 +371,8 @@ class DecodeSpec(FormatSpec):
         out = H.out_tag(self.out_dtype)
         rs = "_rowsc" if self.row_scales else ""
         var = "" if self.variant == "simt" else f"_{self.variant}"
-        return f"bs_decode_{self.mode}_{self.fmt}_{out}{rs}{var}"
+        sig = "_sig" if self.sigma_out else ""
+        return f"bs_decode_{self.mode}_{self.fmt}_{out}{rs}{var}{sig}"
 
     def args(self) -> tuple[KernelArg, ...]:
         """The portable kernel's parameters; grouped adds ``group_list`` (int32 ``[grid.y]``:
@@ -575,6 +582,12 @@ def build(spec: DecodeSpec) -> Any:
             emit(kb, fmt, start=None, end=None, expert=None, n_count=n_count, k=k,
                  a_srow=None, store=None, units=DS.Units(kb, n_count, spec.row_scales))
             return kb.module
+        def out_col(n: Any) -> Any:
+            """Weight row n's output column (``sigma_out``: σ-permuted rows un-permuted)."""
+            if not spec.sigma_out:
+                return n
+            return bir.add(bir.mul(bir.urem(n, 2), bir.udiv(n_count, 2)), bir.udiv(n, 2))
+
         g = bir.as_index(bir.load(kb.arg("group_list"), bir.block_idx("y")))
         es = kb.arg("expert_start")
         start = bir.as_index(bir.load(es, g))
@@ -594,7 +607,7 @@ def build(spec: DecodeSpec) -> Any:
                     v = arith.mulf(v, scale)
                     if spec.row_scales:  # D10: times the expert scale, then the row scale
                         v = arith.mulf(v, arith.extf(f32, bir.load(kb.arg("a_row_scales"), m)))
-                    mir.store_output(v, kb.arg("c"), bir.add(bir.mul(m, n_count), n),
+                    mir.store_output(v, kb.arg("c"), bir.add(bir.mul(m, n_count), out_col(n)),
                                      "bfloat16")
 
                 emit(kb, fmt, start=start, end=end, expert=expert, n_count=n_count,
@@ -611,7 +624,7 @@ def build(spec: DecodeSpec) -> Any:
                     n = bir.add(n0, bir.urem(zl.iv, cols))
                     with bir.when(bir.ult(n, n_count)):
                         mir.store_output(bir.const(0.0, f32), kb.arg("c"),
-                                         bir.add(bir.mul(m, n_count), n), "bfloat16")
+                                         bir.add(bir.mul(m, n_count), out_col(n)), "bfloat16")
                 br.yield_()
     return kb.module
 
@@ -645,6 +658,23 @@ def group_list(expert_start: Any, num_groups: int) -> np.ndarray:
         nonempty = np.nonzero(np.diff(expert_start.astype(np.int64)) > 0)[0]
         return nonempty.astype(np.int32)
     return np.arange(num_groups, dtype=np.int32)
+
+
+def solo_pick(variant: str, expert_start: Any, groups: np.ndarray) -> bool:
+    """Whether the grouped dispatch runs "mma_c8t1" instead of its ``variant``: the default
+    "mma_c8t" (no BLOCKSCALE_DECODE_VARIANT) where every group of ``groups`` holds one row."""
+    return variant == "mma_c8t" and VARIANT_ENV not in os.environ \
+        and one_row_groups(expert_start, groups)
+
+
+def grouped_variant(fmt: Format, k: int, expert_start: Any, num_groups: int) -> str:
+    """The decode variant the grouped dispatch picks for these groups (before its per-grid
+    split-K and slices choices, which keep the results): :func:`dispatch_variant`, a
+    one-shot name resolved for K, or "mma_c8t1" (:func:`solo_pick`)."""
+    v = _shot_or_default(dispatch_variant(fmt, grouped=True), k, GROUPED_DEFAULT_VARIANT)
+    v = "mma_c8t" if v == AUTO_VARIANT else v
+    return SOLO_VARIANTS[0] if solo_pick(v, expert_start, group_list(expert_start, num_groups)) \
+        else v
 
 
 def one_row_groups(expert_start: Any, groups: np.ndarray) -> bool:
@@ -758,8 +788,7 @@ def _launch_grouped(spec: DecodeSpec, t: int, n: int, num_groups: int,
         groups = np.zeros(1, np.int32)
     if auto_slices:
         spec = _grouped_spec(spec, slices_variant(grid(n, 1, 64)[0] * int(groups.size)))
-    if auto_solo and spec.variant == "mma_c8t" and one_row_groups(buffers["expert_start"],
-                                                                  groups):
+    if auto_solo and solo_pick(spec.variant, buffers["expert_start"], groups):
         spec = _grouped_spec(spec, SOLO_VARIANTS[0])
     if auto_split and spec.variant == "mma_p":
         v = split_variant("mma_p", grid(n, 1, spec.cols)[0] * int(groups.size), scalars["k"])
@@ -854,8 +883,7 @@ def grouped_fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_grou
     def run(buffers: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
         if max_group_rows(buffers["expert_start"], t) <= MAX_ROWS:
             return _launch_grouped(spec, t, n, num_groups, buffers, scalars, device,
-                                   auto_split=True, auto_slices=auto,
-                                   auto_solo=VARIANT_ENV not in os.environ)
+                                   auto_split=True, auto_slices=auto, auto_solo=True)
         for fast in _grouped.FAST_PATHS:  # hand over to the tiled kernels
             if fast is grouped_fast_path:
                 continue
@@ -997,6 +1025,10 @@ def bundle_specs(target: str = "sm_90a") -> list[DecodeSpec]:
                       for f in ("nvfp4", "mxfp4") for o in ("bfloat16", "float32")]
     specs += [DecodeSpec("nvfp4", "dense", o, False, target, v)
               for v in LEAN_VARIANTS for o in ("bfloat16", "float32")]
+    # the fused grouped matmul + SwiGLU's chained path where the dispatch runs "mma_c8t1"
+    specs += [DecodeSpec(f, "grouped", "bfloat16", rs, target, v, sigma_out=True)
+              for v in SOLO_VARIANTS for f, rs in (("nvfp4", False), ("nvfp4", True),
+                                                   ("mxfp4", False))]
     return specs
 
 

@@ -25,13 +25,15 @@ rounds inside the tensor core, so the fused kernel must issue the very same MMAs
 runs :class:`SwigluMmaSpec`, whose IR (:mod:`blockscale.ops._matmul_swiglu_mma_ir`, the
 argument in its docstring) calls the chained kernel's mainloop and adds this op's epilogue.
 FP4 block sums are exact, so FP4 keeps the portable K loop on every target, except where the
-chained matmul runs the sm_90a grouped wgmma fast path (prefill, "wgmma": HGMMA's fp32
-accumulation is not the portable kernel's): there the op runs that fast path's kernel (the
-grouped producer-dequant kernel for ``matmul_grouped_wgmma.PDQ_FORMATS``, NVFP4 and MXFP4,
-``matmul_grouped_pdq.dispatch_spec``; the grouped wgmma kernel with
-``BLOCKSCALE_SM90_GROUPED_PDQ=0``) on the σ-permuted weights with its σ output store
-(un-permuted gate | up columns), then :func:`blockscale.ops.fused_silu_quantize`, i.e. the
-chained computation itself.
+chained matmul's kernel does not sum as the portable kernel does: the one-row decode kernel
+("mma_c8t1", where every group holds one row: the chained path run by :func:`_run_chain`
+with that kernel's ``sigma_out`` store) and the sm_90a grouped wgmma fast path (prefill,
+"wgmma": HGMMA's fp32 accumulation is not the portable kernel's): there the op runs that
+fast path's kernel (the grouped producer-dequant kernel for
+``matmul_grouped_wgmma.PDQ_FORMATS``, NVFP4 and MXFP4, ``matmul_grouped_pdq.dispatch_spec``;
+the grouped wgmma kernel with ``BLOCKSCALE_SM90_GROUPED_PDQ=0``) on the σ-permuted weights
+with its σ output store (un-permuted gate | up columns), then
+:func:`blockscale.ops.fused_silu_quantize`, i.e. the chained computation itself.
 """
 
 from __future__ import annotations
@@ -329,23 +331,31 @@ def grouped_matmul_swiglu(hidden: Any, weight: Any, a_scales: Any, b_scales: Any
             chained_mainloop(tgt, fmt, t, n, k, ng, expert_start, aligned=aligned) == "mma":
         return _run_mma(SwigluMmaSpec(fmt.name, tgt, act.kind, float(act.alpha),
                                       float(act.limit)), buffers, t, d, num_tiles, ng, k, dev)
-    if fmt.is_fp4 and t > 0 and chained_mainloop(tgt, fmt, t, n, k, ng, expert_start,
-                                                 a_row_scales is not None, aligned) == "wgmma":
-        return _run_wgmma_chain(buffers, fmt, act, t, n, k, ng, es, offs, ids, num_tiles,
-                                a_row_scales is not None, tgt, dev)
+    chain = chained_mainloop(tgt, fmt, t, n, k, ng, expert_start, a_row_scales is not None,
+                             aligned) if fmt.is_fp4 and t > 0 else "portable"
+    if chain == "decode":
+        from blockscale.ops import matmul_decode as MD
+
+        chain = "solo" if MD.grouped_variant(fmt, k, expert_start, ng) in MD.SOLO_VARIANTS \
+            else chain
+    if chain in ("wgmma", "solo"):
+        return _run_chain(chain, buffers, fmt, act, t, n, k, ng, es, offs, ids, num_tiles,
+                          a_row_scales is not None, tgt, dev)
     spec = _spec(fmt, tgt, act, a_row_scales is not None, d % 8 == 0)
     return QG.run_grouped(spec, hidden, d, t, num_tiles, buffers,  # type: ignore[arg-type]
                           {"num_groups": ng, "kdim": k}, dev)
 
 
-def _run_wgmma_chain(buffers: dict[str, Any], fmt: Format, act: GatedActivation, t: int,
-                     n: int, k: int, num_groups: int, es: Any, offs: Any, ids: Any,
-                     num_tiles: int, row_scales: bool, target: str, device: Any
-                     ) -> tuple[Any, Any]:
-    """The chained path where it runs the grouped wgmma fast path: its kernel (the grouped
+def _run_chain(kind: str, buffers: dict[str, Any], fmt: Format, act: GatedActivation, t: int,
+               n: int, k: int, num_groups: int, es: Any, offs: Any, ids: Any, num_tiles: int,
+               row_scales: bool, target: str, device: Any) -> tuple[Any, Any]:
+    """The chained path itself where the chained matmul's kernel does not sum as the
+    portable kernel does: ``kind`` "wgmma" (the grouped wgmma fast path: the grouped
     producer-dequant kernel where :func:`~blockscale.ops.matmul_grouped_wgmma.uses_pdq`, else
-    the grouped wgmma kernel) on the σ-permuted weights, stored un-permuted (``sigma_out``),
-    then ``fused_silu_quantize``."""
+    the grouped wgmma kernel) or "solo" (the one-row decode kernel "mma_c8t1", where every
+    group holds one row), run on the σ-permuted weights and stored un-permuted
+    (``sigma_out``), then ``fused_silu_quantize``."""
+    from blockscale.ops import matmul_decode as MD
     from blockscale.ops import matmul_grouped_pdq as GP
     from blockscale.ops import matmul_grouped_wgmma as GW
     from blockscale.ops.quantize_silu import fused_silu_quantize
@@ -354,7 +364,11 @@ def _run_wgmma_chain(buffers: dict[str, Any], fmt: Format, act: GatedActivation,
             if name not in ("scales_offsets", "input_scales")}
     bufs["a_scale_offsets"] = offs
     scalars = {"t": t, "n": n, "k": k, "num_groups": num_groups}
-    if GW.uses_pdq(fmt):
+    if kind == "solo":
+        spec = MD.DecodeSpec(fmt.name, "grouped", "bfloat16", row_scales, target,
+                             MD.SOLO_VARIANTS[0], sigma_out=True)
+        gate_up = MD._launch_grouped(spec, t, n, num_groups, bufs, scalars, device)
+    elif GW.uses_pdq(fmt):
         pdq = GP.dispatch_spec(fmt, n, row_scales, target, device, sigma_out=True,
                                rows_per_group=t / max(num_groups, 1))
         gate_up = GP.launch(pdq, t, n, num_groups, bufs, scalars, device)
