@@ -214,6 +214,9 @@ def emit_decode_lean(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
         first = bir.umin(bir.mul(c, warps), units)
         return bir.sub(bir.umin(bir.add(first, warps), units), first)
 
+    def round_live(c: Value) -> Value:  # round c holds units
+        return bir.ult(bir.mul(c, warps), units)
+
     with bir.when(bir.ult(tid, rounds)):
         cpasync.mbarrier_init(bar(tid), 1)
         tma.fence_mbarrier_init()
@@ -222,7 +225,7 @@ def emit_decode_lean(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
     # would send 120 CTAs x (T - M) requests to the same lines): their fragments read row M - 1
     m_rows = bir.umin(bir.sub(end, start), tokens)
     copied = bir.add(m_rows, 8 * ntiles)
-    with bir.when(bir.logical_and(bir.ult(tid, rounds), bir.ult(bir.mul(tid, warps), units))):
+    with bir.when(bir.logical_and(bir.ult(tid, rounds), round_live(tid))):
         cpasync.mbarrier_arrive_expect_tx_n(
             bar(tid), bir.as_i32(bir.mul(bir.mul(round_units(tid), 32), copied)))
     threads = 32 * warps
@@ -230,8 +233,7 @@ def emit_decode_lean(kb: Any, fmt: Format, *, start: Value, end: Value, expert: 
         idx = bir.add(tid, it * threads)
         c, r = bir.udiv(idx, nrows), bir.urem(idx, nrows)
         with bir.when(bir.logical_and(bir.logical_and(bir.ult(idx, nrows * rounds),
-                                                      bir.ult(bir.mul(c, warps), units)),
-                                      bir.ult(r, copied))):
+                                                      round_live(c)), bir.ult(r, copied))):
             is_w = bir.ult(r, 8 * ntiles)
             wrow = bir.add(bir.mul(e, n_count), bir.umin(bir.add(n0, r), n_last))
             arow = bir.umin(bir.add(start, bir.sub(r, 8 * ntiles)), bir.sub(end, 1))
