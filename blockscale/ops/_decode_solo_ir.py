@@ -113,20 +113,22 @@ class Layout:
         """Words of the block-diagonal B buffer (a step's sets)."""
         return self.sets * self.set_words
 
+    def _rot(self, n: Value) -> Value:
+        """Block n's chunk rotation: ``n // 2`` (NVFP4: a thread stages blocks 2c, 2c + 1)
+        / ``n`` (MXFP4)."""
+        return bir.udiv(n, 2) if not self.mx else n
+
     def chunk_pos(self, i: int | Value, n: Value) -> Value:
-        """Word offset in block n's slot of its chunk ``i`` (MMAs 2i, 2i + 1), rotated by
-        ``n // 2`` (NVFP4) / ``n`` (MXFP4) so that a quarter warp's stores and reads hit
-        distinct banks."""
-        rot = bir.udiv(n, 2) if not self.mx else n
-        return bir.mul(bir.urem(bir.add(rot, i), self.chunks), 4)
+        """Word offset in block n's slot of its chunk ``i`` (MMAs 2i, 2i + 1), rotated
+        (:meth:`_rot`) so that a quarter warp's stores and reads hit distinct banks."""
+        return bir.mul(bir.urem(bir.add(self._rot(n), i), self.chunks), 4)
 
     def read_bases(self, g: Value, t: Value) -> list[Value]:
         """Lane (g, t)'s word offsets (in set 0) of its B chunks: slot g's rotated chunk on
         the diagonal lanes, else 16 zero bytes on banks apart from the two diagonal lanes'
         of its quarter warp."""
         diag = arith.ori(bir.eq(g, t), bir.eq(g, bir.add(t, 4)))
-        even = bir.sub(g, bir.urem(g, 2))
-        rot = bir.udiv(even, 2) if not self.mx else even
+        rot = self._rot(bir.sub(g, bir.urem(g, 2)))  # (the quarter warp's first row)
         out = []
         for i in range(self.chunks):
             on = bir.add(bir.mul(g, self.slot_words), self.chunk_pos(i, g))

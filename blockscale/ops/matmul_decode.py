@@ -671,10 +671,16 @@ def grouped_variant(fmt: Format, k: int, expert_start: Any, num_groups: int) -> 
     """The decode variant the grouped dispatch picks for these groups (before its per-grid
     split-K and slices choices, which keep the results): :func:`dispatch_variant`, a
     one-shot name resolved for K, or "mma_c8t1" (:func:`solo_pick`)."""
-    v = _shot_or_default(dispatch_variant(fmt, grouped=True), k, GROUPED_DEFAULT_VARIANT)
+    v = _grouped_base_variant(fmt, k)
     v = "mma_c8t" if v == AUTO_VARIANT else v
     return SOLO_VARIANTS[0] if solo_pick(v, expert_start, group_list(expert_start, num_groups)) \
         else v
+
+
+def _grouped_base_variant(fmt: Format, k: int) -> str:
+    """The grouped dispatch's variant before its per-grid choices: :func:`dispatch_variant`
+    with a one-shot name resolved for K (:data:`AUTO_VARIANT` kept)."""
+    return _shot_or_default(dispatch_variant(fmt, grouped=True), k, GROUPED_DEFAULT_VARIANT)
 
 
 def one_row_groups(expert_start: Any, groups: np.ndarray) -> bool:
@@ -875,7 +881,7 @@ def grouped_fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_grou
     """The :data:`blockscale.ops.matmul_grouped.FAST_PATHS` hook (registered first)."""
     if target not in TARGETS or not enabled() or t == 0 or n == 0 or not k_supported(fmt, k):
         return None
-    variant = _shot_or_default(dispatch_variant(fmt, grouped=True), k, GROUPED_DEFAULT_VARIANT)
+    variant = _grouped_base_variant(fmt, k)
     auto = variant == AUTO_VARIANT
     spec = DecodeSpec(fmt.name, "grouped", "bfloat16", row_scales, target,
                       "mma_c8t" if auto else variant)
