@@ -8,7 +8,8 @@ Cases (the shapes of bench_matmul / bench_quantize_moe / bench_moe):
 
 * ``twophase``: NVFP4 8192 x 5760 x 2944 through the dispatch (phase 1 twice, phase 2);
 * ``twophase_persistent`` / ``twophase_staged``: the same pair with ``schedule="persistent"``
-  / ``store="staged"``;
+  / ``store="staged"``; ``twophase_staged_240`` / ``twophase_staged_192x240``: staged with
+  128 x 240 / 192 x 240 tiles;
 * ``grouped_quantize`` / ``silu_quantize``: NVFP4, T=8192, K=4096, 64 experts, the default
   schedule; ``grouped_quantize_large`` / ``grouped_quantize_large_mxfp4``: NVFP4 / MXFP4 at
   T=16384, K=8192 (the size rule's "wide_bulk2_x2"); ``silu_quantize_large``: NVFP4 there;
@@ -35,7 +36,8 @@ from typing import Any
 import numpy as np
 
 
-def _twophase(dev: Any, schedule: str, store: str = "direct") -> Callable[[], Any]:
+def _twophase(dev: Any, schedule: str, store: str = "direct", **tile: int
+              ) -> Callable[[], Any]:
     from blockscale import layouts
     from blockscale.formats import Format
     from blockscale.ops import matmul_twophase
@@ -49,7 +51,7 @@ def _twophase(dev: Any, schedule: str, store: str = "direct") -> Callable[[], An
     sa, sb = random_scales_2d(rng, fmt, m, k), random_scales_2d(rng, fmt, n, k)
     args = [dev.to_device(x) for x in (a, b, layouts.interleave(sa), layouts.interleave(sb))]
     return lambda: matmul_twophase.block_scaled_matmul_twophase(
-        *args, fmt, k=k, device=dev, schedule=schedule, store=store)
+        *args, fmt, k=k, device=dev, schedule=schedule, store=store, **tile)
 
 
 def _quantize(dev: Any, op: str, fmt: str = "nvfp4", rows: int = 8192, k: int = 4096
@@ -117,6 +119,8 @@ CASES: dict[str, Callable[[Any], Callable[[], Any]]] = {
     "twophase": lambda d: _twophase(d, "tiles"),
     "twophase_persistent": lambda d: _twophase(d, "persistent"),
     "twophase_staged": lambda d: _twophase(d, "tiles", "staged"),
+    "twophase_staged_240": lambda d: _twophase(d, "tiles", "staged", bn=240),
+    "twophase_staged_192x240": lambda d: _twophase(d, "tiles", "staged", bm=192, bn=240),
     "grouped_quantize": lambda d: _quantize(d, "grouped_quantize"),
     "silu_quantize": lambda d: _quantize(d, "fused_silu_quantize"),
     "grouped_quantize_large": lambda d: _quantize(d, "grouped_quantize", rows=16384, k=8192),

@@ -416,7 +416,8 @@ def test_spec_validation_and_bundle():
     specs = TP.bundle_specs("sm_90a")
     assert len(specs) == (2 * 5 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 + 2 * 2 * 4 + 2
                           + 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2
-                          + 2 * 2 * 2 + 2 * 2)  # cluster=2: staged bf16 / f32, + pdl bf16
+                          + 2 * 2 * 2 + 2 * 2  # cluster=2: staged bf16 / f32, + pdl bf16
+                          + 2 * 2 * 3 + 2 * 2 * 2)  # 192-row staged at 3 widths, + pdl
     with pytest.raises(ValueError, match="schedule must be one of"):
         TP.TwophaseMatmulSpec("nvfp4", schedule="stream-k")
     with pytest.raises(ValueError, match="ctas must be a positive int"):

@@ -147,6 +147,70 @@ def test_dispatch_runs_the_chosen_width(monkeypatch):
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
 
 
+def test_height_model():
+    """Time per SM = waves x (bm + TILE_OVERHEAD_ROWS) tile rows, minimized; ties to 128."""
+    assert TP.TILE_OVERHEAD_ROWS == 9
+    assert [TP.waves(8192, 5760, 132, bm, 240) for bm in (128, 192)] == [12, 8]
+    assert TP.wave_bm(8192, 5760, 132, 240) == 192  # 8 x 201 = 1608 < 12 x 137 = 1644
+    assert TP.wave_bm(1024, 5760, 132, 224) == 128  # 2 waves either way
+    assert TP.wave_bm(8192, 4096, 132, 256) == 128  # 8 x 137 = 1096 < 6 x 201 = 1206
+    assert TP.wave_bm(8192, 5760, 132, 240, candidates=(128,)) == 128
+    assert TP.wave_bm(8192, 5760, 132, 240, overhead=0) == 128  # 1536 each: the tie to 128
+    with pytest.raises(ValueError, match="sms must be a positive int"):
+        TP.wave_bm(8192, 5760, 0)
+    with pytest.raises(ValueError, match="candidates must be"):
+        TP.wave_bm(8192, 5760, 132, candidates=(256,))
+    s = TP.TwophaseMatmulSpec("nvfp4", bm=192, bn=240, store="staged")
+    assert (s.stages, s.block) == (4, (384, 1, 1))
+    assert s.kernel_name == "bs_twophase_nvfp4_192x240_k64_s4_bf16_st"
+
+
+def test_dispatch_height_choice(monkeypatch):
+    """DISPATCH_BM ("auto" since run DJ) or BLOCKSCALE_SM90_TWOPHASE_BM."""
+    from blockscale.runtime import get_device
+
+    dev = get_device("interp")
+    monkeypatch.delenv(TP.ENV_BM, raising=False)
+    assert TP.DISPATCH_BM == "auto" and TP.dispatch_bm(8192, 5760, 240, dev) == 192
+    monkeypatch.setenv(TP.ENV_BM, "128")
+    assert TP.dispatch_bm(8192, 5760, 240, dev) == 128
+    monkeypatch.setenv(TP.ENV_BM, "auto")
+    assert TP.dispatch_bm(1024, 5760, 224, dev) == 128
+    for bad in ("256", "tall"):
+        monkeypatch.setenv(TP.ENV_BM, bad)
+        with pytest.raises(ValueError, match="BLOCKSCALE_SM90_TWOPHASE_BM"):
+            TP.dispatch_bm(8192, 5760, 240, dev)
+
+
+@pytest.mark.interp
+def test_dispatch_runs_the_chosen_height(monkeypatch):
+    """Where the model picks 192-row tiles (here 4 SMs: 576 rows are 2 waves of 128-row
+    tiles, 1 of 192) the dispatch runs them (both workspaces from the one-launch phase 1 at
+    that height), with ``pdl`` too, and returns the 128 x 256 pair's bytes; in 2-CTA
+    clusters it keeps 128."""
+    from blockscale.ops import matmul
+
+    m, n, k = 576, 256, 64
+    fmt = NVFP4
+    a, b, _, _, sfa5, sfb5 = random_dense_case(np.random.default_rng(6), fmt, m, n, k)
+    want = TP.block_scaled_matmul_twophase(a, b, sfa5, sfb5, fmt, alpha=0.5, device="interp")
+    monkeypatch.setattr(TP, "SM_COUNTS", {"sm_90a": 4})
+    for env in (TP.ENV_BN, TP.ENV_BM, TP.ENV_PDL, TP.ENV_CLUSTER):
+        monkeypatch.delenv(env, raising=False)
+    launched = []
+    real = TP._run
+    monkeypatch.setattr(TP, "_run", lambda spec, *x: launched.append(spec) or real(spec, *x))
+    for pdl, cluster in (("0", "1"), ("1", "1"), ("0", "2")):
+        monkeypatch.setenv(TP.ENV_PDL, pdl)
+        monkeypatch.setenv(TP.ENV_CLUSTER, cluster)
+        got = matmul.block_scaled_matmul(a, b, sfa5, sfb5, fmt, alpha=0.5, device="interp",
+                                         target="sm_90a")
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    assert [(s.bm, s.bn, s.store, s.pdl, s.cluster) for s in launched] == [
+        (192, 256, "staged", False, 1), (192, 256, "staged", True, 1),
+        (128, 256, "staged", False, 2)]
+
+
 @pytest.mark.gpu
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", TP.FORMATS)
@@ -161,4 +225,32 @@ def test_gpu_width(shape, out_dtype, fmt, bn, swizzle):
     m, n, k = shape
     got, want = _pair(fmt, m, n, k, m + n + k, device="cuda", bn=bn, store="staged",
                       out_dtype=out_dtype, swizzle=swizzle)
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    ("nvfp4", (200, 504, 224), 240, "bfloat16"),  # M tail 8 in the 2nd tile, N tail 24
+    ("mxfp4", (130, 448, 160), 224, "float32"),  # one 192-row tile, 2 column tiles
+], ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}-bn{c[2]}-{c[3]}")
+def test_interp_height(case):
+    """192 x ``bn`` staged tiles (three consumer warpgroups, the dispatch's pick at large M)
+    write the 128 x 256 direct pair's bytes (the same k16 order per element)."""
+    fmt, (m, n, k), bn, out_dtype = case
+    got, want = _pair(fmt, m, n, k, m + n, bm=192, bn=bn, store="staged", out_dtype=out_dtype)
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", TP.FORMATS)
+@pytest.mark.parametrize("shape", [(8192, 5760, 2944), (777, 2560, 8192), (300, 504, 512)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("bn", [240, 256, 224])
+def test_gpu_height(shape, out_dtype, fmt, bn):
+    """On the H200: the staged 192 x ``bn`` pair writes the 128 x 256 direct pair's bytes."""
+    m, n, k = shape
+    got, want = _pair(fmt, m, n, k, m + n + k, device="cuda", bm=192, bn=bn, store="staged",
+                      out_dtype=out_dtype)
     assert np.array_equal(got.view(np.uint8), want.view(np.uint8))

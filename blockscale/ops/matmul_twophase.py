@@ -50,9 +50,12 @@ Kernels (:mod:`blockscale.ops._twophase_ir`):
   bytes. Not the dispatch default until measured (:data:`DISPATCH_CLUSTER`;
   ``BLOCKSCALE_SM90_TWOPHASE_CLUSTER=2`` turns it on).
 
-Tile width (issue #9): the dispatch's ``bn`` is :data:`DISPATCH_BN` (256) unless
-``BLOCKSCALE_SM90_TWOPHASE_BN`` says "auto" (:func:`wave_bn`: e.g. 240 at 8192 x 5760 on
-132 SMs, where 256 pads N to 23 column tiles) or a width. Any width gives the same bytes.
+Tile width (issue #9): the dispatch's ``bn`` is :data:`DISPATCH_BN` ("auto": :func:`wave_bn`,
+e.g. 240 at 8192 x 5760 on 132 SMs, where 256 pads N to 23 column tiles) unless
+``BLOCKSCALE_SM90_TWOPHASE_BN`` names a width. Tile height: with the staged store (and no
+cluster) :data:`DISPATCH_BM` ("auto": :func:`wave_bm`, waves x (bm + a tile's fixed cost),
+e.g. 192 at 8192 x 5760: 8 waves of 192-row tiles for 12 of 128, 2.2 % faster on the H200,
+run DJ) unless ``BLOCKSCALE_SM90_TWOPHASE_BM`` names one. Any tile gives the same bytes.
 
 Workspace: ``2 k_pad (M_pad + N_pad)`` bytes of device memory (``dev.alloc`` per call,
 stream-ordered), e.g. 82.9 MB at 8192 x 5760 x 2944.
@@ -114,6 +117,19 @@ TILES = (128, 192, 224, 240, 256)
 #: parity by divisions by 5: its K loop 147 SASS vs 122). 240: 12 waves of 368 rows (4416),
 #: 4 stages (127 SASS), 146 registers
 WAVE_BNS = (256, 240, 224)
+#: the tile heights the dispatch's wave model (:func:`wave_bm`) chooses from (staged stores)
+WAVE_BMS = (128, 192)
+#: :func:`wave_bm`'s fixed cost of a tile (CTA launch, the ring's first fill, the staged
+#: epilogue) in rows of its K loop. Fitted on the H200 (run DJ, 2026-12-02, NVFP4 8192 x 5760
+#: x 2944, bn 240, staged, phase 2 alone): 128-row tiles 0.3924 ms over 12 waves, 192-row
+#: tiles 0.3838 ms over 8, so ~2.15 us a tile against ~0.239 us a row of the K loop
+TILE_OVERHEAD_ROWS = 9
+#: the dispatch's tile height for staged stores: an int of :data:`WAVE_BMS`, or "auto"
+#: (:func:`wave_bm`); BLOCKSCALE_SM90_TWOPHASE_BM overrides it. "auto" since run DJ (H200,
+#: 8192 x 5760 x 2944: the pair NVFP4 0.4107 vs 0.4198 ms, MXFP4 0.4023-0.4046 vs 0.4091);
+#: in 2-CTA clusters the dispatch keeps 128
+DISPATCH_BM: int | str = "auto"
+ENV_BM = "BLOCKSCALE_SM90_TWOPHASE_BM"
 #: :func:`wave_bn` keeps the wider tile unless a narrower one saves more than this fraction
 #: of the columns per SM (per-tile prologue / epilogue costs the model does not count)
 WAVE_TOLERANCE = 0.02
@@ -421,6 +437,40 @@ def wave_bn(m: int, n: int, sms: int, bm: int = BM,
     return max(bn for bn, c in cost.items() if c <= best * (1 + tolerance))
 
 
+def wave_bm(m: int, n: int, sms: int, bn: int = BN,
+            candidates: tuple[int, ...] = WAVE_BMS,
+            overhead: int = TILE_OVERHEAD_ROWS) -> int:
+    """The tile height of ``candidates`` of the least time per SM in lock-step waves of one
+    CTA per SM: ``waves * (bm + overhead)``, a tile's K loop in rows plus its fixed cost
+    (:data:`TILE_OVERHEAD_ROWS`); ties to the lower height. 8192 x 5760 (bn 240) on 132 SMs:
+    128 -> 12 x 137 = 1644, 192 -> 8 x 201 = 1608 (chosen; measured 2.2 % faster, run DJ);
+    1024 x 5760: 2 waves either way, 128 (274 against 402)."""
+    if type(sms) is not int or sms < 1:
+        raise ValueError(f"sms must be a positive int, got {sms!r}")
+    if not candidates or any(c not in BMS for c in candidates):
+        raise ValueError(f"candidates must be a non-empty subset of {list(BMS)}, got "
+                         f"{candidates!r}")
+    cost = {bm: waves(m, n, sms, bm, bn) * (bm + overhead) for bm in sorted(candidates)}
+    return min(cost, key=lambda bm: (cost[bm], bm))
+
+
+def dispatch_bm(m: int, n: int, bn: int, dev: Any, target: str = "sm_90a") -> int:
+    """The dispatch's tile height for the staged store: :data:`ENV_BM` if set ("auto" or a
+    height of :data:`WAVE_BMS`), else :data:`DISPATCH_BM`; "auto": :func:`wave_bm` at the
+    device's :func:`sm_count`."""
+    choice = os.environ.get(ENV_BM) or DISPATCH_BM
+    if str(choice) == "auto":
+        return wave_bm(m, n, sm_count(dev, target), bn)
+    try:
+        bm = int(choice)
+    except ValueError:
+        bm = None
+    if bm not in WAVE_BMS:
+        raise ValueError(f"{ENV_BM} / DISPATCH_BM must be 'auto' or one of {list(WAVE_BMS)}, "
+                         f"got {choice!r}")
+    return bm
+
+
 def sm_count(dev: Any, target: str = "sm_90a") -> int:
     """The device's SM count (``dev.sm_count``), else :data:`SM_COUNTS` of ``target`` (the
     interpreter), else :data:`SM_COUNT`."""
@@ -695,7 +745,7 @@ def _run(spec: TwophaseMatmulSpec, d: Any, a: Any, b: Any, sfa: Any, sfb: Any, a
     host = all(isinstance(v, np.ndarray) for v in (*ops.values(), *extra.values()))
     if host:  # keep the workspaces on the device between the phases
         ops = {n: dev.to_device(np.ascontiguousarray(v)) for n, v in ops.items()}
-    if spec.swizzle == "none" and bm == BM:  # phase 1 for A and B in one launch (run U)
+    if spec.swizzle == "none":  # phase 1 for A and B in one launch (run U)
         from blockscale.ops import matmul_twophase_p1 as P1  # (it imports this module)
 
         wa, wb = P1.launch(P1.BothSpec(spec.fmt, bm, bn, pdl=spec.pdl, target=spec.target),
@@ -732,9 +782,10 @@ def fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype: str,
             device: Any) -> Any:
         store = S.dispatch_store(out_dtype, n)
         bn = dispatch_bn(m, n, device, target) if store == "staged" else BN
-        spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, target,
-                                  store=store, bn=bn, pdl=dispatch_pdl(),
-                                  cluster=dispatch_cluster())
+        pdl, cluster = dispatch_pdl(), dispatch_cluster()
+        bm = dispatch_bm(m, n, bn, device, target) if store == "staged" and cluster == 1 else BM
+        spec = TwophaseMatmulSpec(fmt.name, out_dtype, epilogue, target, bm=bm,
+                                  store=store, bn=bn, pdl=pdl, cluster=cluster)
         return _run(spec, dims, a, b, sfa, sfb, alpha, extra, device)
     return run
 
@@ -752,8 +803,9 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     """Both phases for NVFP4 / MXFP4, bf16 / f32 out: 128 x 256 tiles with kstep 64 / 4
     stages and 32 / 9, 192 x 256 tiles with kstep 64 / 4; the 128B-swizzled pair (kstep 64,
     4 stages) for both tile heights; the persistent 128 x 256 kernels; the staged-store
-    kernels (kstep 64) at every width of :data:`BNS` (224 / 192 also with 4 stages, bf16)
-    and 128B-swizzled at 240, with ``pdl`` at 256 and 240, and in 2-CTA clusters
+    kernels (kstep 64) at every width of :data:`BNS` (224 / 192 also with 4 stages, bf16),
+    192-row at every width of :data:`WAVE_BNS`, and 128B-swizzled at 240, with ``pdl`` at
+    256 and 240 (both heights), and in 2-CTA clusters
     (``cluster=2``, also with ``pdl`` for bf16) at 256 and 240 (none off sm_90a). Phase 1 for every tile of :data:`TILES` and
     both layouts, and with ``pdl`` for B at 256 and 240."""
     if target not in TARGETS:
@@ -772,6 +824,9 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
               for f in FORMATS for o in _matmul.OUT_DTYPES for bn in BNS]
     specs += [TwophaseMatmulSpec(f, "bfloat16", None, target, 64, None, BM, "none",
                                  "persistent", "staged") for f in FORMATS]
+    # 192-row staged tiles (three consumer warpgroups; a third fewer tiles per SM)
+    specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, 192, store="staged", bn=bn)
+              for f in FORMATS for o in _matmul.OUT_DTYPES for bn in WAVE_BNS]
     specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, BM, "128b", store="staged",
                                  bn=240) for f in FORMATS for o in _matmul.OUT_DTYPES]
     # 4-stage rings at the 5-stage widths (bench_matmul: what the divisions by 5 cost)
@@ -779,9 +834,10 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
               for f in FORMATS for bn in (224, 192)]
     # programmatic dependent launch: B's phase 1 (triggers) and the staged phase 2 (waits)
     specs += [DequantSpec(f, target, bn, "none", True) for f in FORMATS for bn in WAVE_BNS[:2]]
-    specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, BM, store="staged", bn=bn,
+    specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, bm, store="staged", bn=bn,
                                  pdl=True)
-              for f in FORMATS for o in _matmul.OUT_DTYPES for bn in WAVE_BNS[:2]]
+              for f in FORMATS for o in _matmul.OUT_DTYPES for bn in WAVE_BNS[:2]
+              for bm in WAVE_BMS]
     # 2-CTA clusters sharing B (multicast), staged, at 256 / 240; with pdl for bf16
     specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, BM, store="staged", bn=bn,
                                  cluster=2)

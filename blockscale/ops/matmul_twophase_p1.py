@@ -198,7 +198,8 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     """NVFP4 / MXFP4, bm 128 with bn 256 / 240, every :data:`PIECES`, order "reversed", with
     and without ``pdl``; the "rows" order at the default pieces; the default pieces at the
     other widths the dense dispatch may pick (224, 192: ``matmul_twophase._run`` runs this
-    phase 1 for bm 128) (none off sm_90a)."""
+    phase 1 for its no-swizzle pairs); bm 192 at the dispatch's widths with and without
+    ``pdl`` (none off sm_90a)."""
     if H.target_name(target) not in TARGETS:
         return []
     specs = [BothSpec(f, TP.BM, bn, p, DEFAULT_ORDER, pdl, target) for f in FORMATS
@@ -207,6 +208,8 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
               for bn in (256, 240)]
     specs += [BothSpec(f, TP.BM, bn, DEFAULT_PIECES, DEFAULT_ORDER, pdl, target)
               for f in FORMATS for bn in (224, 192) for pdl in (False, True)]
+    specs += [BothSpec(f, 192, bn, DEFAULT_PIECES, DEFAULT_ORDER, pdl, target)
+              for f in FORMATS for bn in TP.WAVE_BNS for pdl in (False, True)]
     return sorted(specs, key=lambda s: s.kernel_name)
 
 
