@@ -592,40 +592,44 @@ def build(spec: DecodeSpec) -> Any:
         es = kb.arg("expert_start")
         start = bir.as_index(bir.load(es, g))
         end = bir.as_index(bir.load(es, bir.add(g, 1)))
-        with bir.when(bir.ult(start, end)):
-            expert = bir.load(kb.arg("expert_ids"), g)
-            active = arith.cmpi(arith.CmpIPredicate.sge, expert, bir.const(0, bir.i32()))
-            br = bir.if_(active, [])
-            with br.then():
-                e = bir.as_index(expert)
-                scale = bir.load(kb.arg("expert_scales"), e)
-                tile0 = bir.add(bir.udiv(start, SF_ATOM_ROWS),
-                                bir.as_index(bir.load(kb.arg("a_scale_offsets"), g)))
-                srow0 = bir.sub(bir.mul(tile0, SF_ATOM_ROWS), start)
+        # the group's id loads with its bounds and both decide the one branch (one L2 round
+        # trip after g's, not two more behind nested branches: the CTA's prologue is a
+        # chain of dependent loads before its first weight fetch)
+        expert = bir.load(kb.arg("expert_ids"), g)
+        nonempty = bir.ult(start, end)
+        active = bir.logical_and(nonempty, arith.cmpi(arith.CmpIPredicate.sge, expert,
+                                                      bir.const(0, bir.i32())))
+        br = bir.if_(active, [])
+        with br.then():
+            e = bir.as_index(expert)
+            scale = bir.load(kb.arg("expert_scales"), e)
+            tile0 = bir.add(bir.udiv(start, SF_ATOM_ROWS),
+                            bir.as_index(bir.load(kb.arg("a_scale_offsets"), g)))
+            srow0 = bir.sub(bir.mul(tile0, SF_ATOM_ROWS), start)
 
-                def store_g(v: Any, m: Any, n: Any) -> None:
-                    v = arith.mulf(v, scale)
-                    if spec.row_scales:  # D10: times the expert scale, then the row scale
-                        v = arith.mulf(v, arith.extf(f32, bir.load(kb.arg("a_row_scales"), m)))
-                    mir.store_output(v, kb.arg("c"), bir.add(bir.mul(m, n_count), out_col(n)),
-                                     "bfloat16")
+            def store_g(v: Any, m: Any, n: Any) -> None:
+                v = arith.mulf(v, scale)
+                if spec.row_scales:  # D10: times the expert scale, then the row scale
+                    v = arith.mulf(v, arith.extf(f32, bir.load(kb.arg("a_row_scales"), m)))
+                mir.store_output(v, kb.arg("c"), bir.add(bir.mul(m, n_count), out_col(n)),
+                                 "bfloat16")
 
-                emit(kb, fmt, start=start, end=end, expert=expert, n_count=n_count,
-                              k=k, a_srow=lambda m: bir.add(srow0, m), store=store_g)
-                br.yield_()
-            with br.else_():  # D8: an unused group's rows are zeros
-                n0 = bir.mul(bir.block_idx("x"), cols)
-                rows = bir.sub(end, start)
-                tid = bir.thread_idx("x")
-                if spec.variant in SPLIT_VARIANTS:  # split 0 writes the zeros
-                    rows = bir.select(bir.eq(bir.block_idx("z"), 0), rows, bir.const(0))
-                with bir.for_range(tid, bir.mul(rows, cols), spec.block[0]) as zl:
-                    m = bir.add(start, bir.udiv(zl.iv, cols))
-                    n = bir.add(n0, bir.urem(zl.iv, cols))
-                    with bir.when(bir.ult(n, n_count)):
-                        mir.store_output(bir.const(0.0, f32), kb.arg("c"),
-                                         bir.add(bir.mul(m, n_count), out_col(n)), "bfloat16")
-                br.yield_()
+            emit(kb, fmt, start=start, end=end, expert=expert, n_count=n_count,
+                 k=k, a_srow=lambda m: bir.add(srow0, m), store=store_g)
+            br.yield_()
+        with br.else_():  # D8: an unused group's rows are zeros (an empty group: none)
+            n0 = bir.mul(bir.block_idx("x"), cols)
+            rows = bir.select(nonempty, bir.sub(end, start), bir.const(0))
+            tid = bir.thread_idx("x")
+            if spec.variant in SPLIT_VARIANTS:  # split 0 writes the zeros
+                rows = bir.select(bir.eq(bir.block_idx("z"), 0), rows, bir.const(0))
+            with bir.for_range(tid, bir.mul(rows, cols), spec.block[0]) as zl:
+                m = bir.add(start, bir.udiv(zl.iv, cols))
+                n = bir.add(n0, bir.urem(zl.iv, cols))
+                with bir.when(bir.ult(n, n_count)):
+                    mir.store_output(bir.const(0.0, f32), kb.arg("c"),
+                                     bir.add(bir.mul(m, n_count), out_col(n)), "bfloat16")
+            br.yield_()
     return kb.module
 
 
