@@ -803,7 +803,7 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     """Both phases for NVFP4 / MXFP4, bf16 / f32 out: 128 x 256 tiles with kstep 64 / 4
     stages and 32 / 9, 192 x 256 tiles with kstep 64 / 4; the 128B-swizzled pair (kstep 64,
     4 stages) for both tile heights; the persistent 128 x 256 kernels; the staged-store
-    kernels (kstep 64) at every width of :data:`BNS` (224 / 192 also with 4 stages, bf16),
+    kernels (kstep 64) at every width of :data:`BNS` (224 / 192 also with 5 stages, bf16),
     192-row at every width of :data:`WAVE_BNS`, and 128B-swizzled at 240, with ``pdl`` at
     256 and 240 (both heights), and in 2-CTA clusters
     (``cluster=2``, also with ``pdl`` for bf16) at 256 and 240 (none off sm_90a). Phase 1 for every tile of :data:`TILES` and
@@ -829,8 +829,9 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
               for f in FORMATS for o in _matmul.OUT_DTYPES for bn in WAVE_BNS]
     specs += [TwophaseMatmulSpec(f, o, None, target, 64, None, BM, "128b", store="staged",
                                  bn=240) for f in FORMATS for o in _matmul.OUT_DTYPES]
-    # 4-stage rings at the 5-stage widths (bench_matmul: what the divisions by 5 cost)
-    specs += [TwophaseMatmulSpec(f, "bfloat16", None, target, 64, 4, BM, store="staged", bn=bn)
+    # 5-stage rings at the widths where 5 fit (the default is 4 there; bench_matmul: what
+    # the divisions by 5 cost)
+    specs += [TwophaseMatmulSpec(f, "bfloat16", None, target, 64, 5, BM, store="staged", bn=bn)
               for f in FORMATS for bn in (224, 192)]
     # programmatic dependent launch: B's phase 1 (triggers) and the staged phase 2 (waits)
     specs += [DequantSpec(f, target, bn, "none", True) for f in FORMATS for bn in WAVE_BNS[:2]]
