@@ -217,13 +217,16 @@ def test_dispatch_runs_the_chosen_height(monkeypatch):
 @pytest.mark.parametrize("shape", [(8192, 5760, 2944), (777, 2560, 8192), (300, 504, 512)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("bn,swizzle", [(240, "none"), (224, "none"), (240, "128b")],
-                         ids=lambda v: f"bn{v}" if isinstance(v, int) else v)
-def test_gpu_width(shape, out_dtype, fmt, bn, swizzle):
-    """On the H200: the staged 128 x ``bn`` pair writes the 128 x 256 direct pair's bytes
-    (the same HGMMA k16 order per element), N tails included (504 = 2 x 240 + 24)."""
+@pytest.mark.parametrize("bm,bn,swizzle", [(128, 240, "none"), (128, 224, "none"),
+                                           (128, 240, "128b"), (192, 240, "none"),
+                                           (192, 256, "none"), (192, 224, "none")],
+                         ids=lambda v: str(v))
+def test_gpu_width(shape, out_dtype, fmt, bm, bn, swizzle):
+    """On the H200: the staged ``bm`` x ``bn`` pair (192 rows: three consumer warpgroups)
+    writes the 128 x 256 direct pair's bytes (the same HGMMA k16 order per element), M and N
+    tails included (504 = 2 x 240 + 24)."""
     m, n, k = shape
-    got, want = _pair(fmt, m, n, k, m + n + k, device="cuda", bn=bn, store="staged",
+    got, want = _pair(fmt, m, n, k, m + n + k, device="cuda", bm=bm, bn=bn, store="staged",
                       out_dtype=out_dtype, swizzle=swizzle)
     assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
 
@@ -238,19 +241,4 @@ def test_interp_height(case):
     write the 128 x 256 direct pair's bytes (the same k16 order per element)."""
     fmt, (m, n, k), bn, out_dtype = case
     got, want = _pair(fmt, m, n, k, m + n, bm=192, bn=bn, store="staged", out_dtype=out_dtype)
-    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
-
-
-@pytest.mark.gpu
-@pytest.mark.cuda
-@pytest.mark.parametrize("fmt", TP.FORMATS)
-@pytest.mark.parametrize("shape", [(8192, 5760, 2944), (777, 2560, 8192), (300, 504, 512)],
-                         ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("bn", [240, 256, 224])
-def test_gpu_height(shape, out_dtype, fmt, bn):
-    """On the H200: the staged 192 x ``bn`` pair writes the 128 x 256 direct pair's bytes."""
-    m, n, k = shape
-    got, want = _pair(fmt, m, n, k, m + n + k, device="cuda", bm=192, bn=bn, store="staged",
-                      out_dtype=out_dtype)
     assert np.array_equal(got.view(np.uint8), want.view(np.uint8))

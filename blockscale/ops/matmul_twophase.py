@@ -458,17 +458,25 @@ def dispatch_bm(m: int, n: int, bn: int, dev: Any, target: str = "sm_90a") -> in
     """The dispatch's tile height for the staged store: :data:`ENV_BM` if set ("auto" or a
     height of :data:`WAVE_BMS`), else :data:`DISPATCH_BM`; "auto": :func:`wave_bm` at the
     device's :func:`sm_count`."""
-    choice = os.environ.get(ENV_BM) or DISPATCH_BM
+    choice = _tile_choice(ENV_BM, DISPATCH_BM, WAVE_BMS)
+    return wave_bm(m, n, sm_count(dev, target), bn) if choice == "auto" else choice
+
+
+def _tile_choice(env: str, default: int | str, choices: tuple[int, ...]) -> int | str:
+    """A dispatch tile size: the ``env`` variable if set, else ``default``; "auto" or an int
+    of ``choices`` (anything else: ValueError naming both)."""
+    choice = os.environ.get(env) or default
     if str(choice) == "auto":
-        return wave_bm(m, n, sm_count(dev, target), bn)
+        return "auto"
     try:
-        bm = int(choice)
+        size = int(choice)
     except ValueError:
-        bm = None
-    if bm not in WAVE_BMS:
-        raise ValueError(f"{ENV_BM} / DISPATCH_BM must be 'auto' or one of {list(WAVE_BMS)}, "
+        size = None
+    if size not in choices:
+        name = "DISPATCH_" + env.rsplit("_", 1)[1]
+        raise ValueError(f"{env} / {name} must be 'auto' or one of {list(choices)}, "
                          f"got {choice!r}")
-    return bm
+    return size
 
 
 def sm_count(dev: Any, target: str = "sm_90a") -> int:
@@ -502,17 +510,8 @@ def dispatch_pdl() -> bool:
 def dispatch_bn(m: int, n: int, dev: Any, target: str = "sm_90a") -> int:
     """The dispatch's tile width: :data:`ENV_BN` if set, else :data:`DISPATCH_BN`; "auto":
     :func:`wave_bn` at the device's :func:`sm_count`."""
-    choice = os.environ.get(ENV_BN) or DISPATCH_BN
-    if str(choice) == "auto":
-        return wave_bn(m, n, sm_count(dev, target))
-    try:
-        bn = int(choice)
-    except ValueError:
-        bn = None
-    if bn not in WAVE_BNS:
-        raise ValueError(f"{ENV_BN} / DISPATCH_BN must be 'auto' or one of {list(WAVE_BNS)}, "
-                         f"got {choice!r}")
-    return bn
+    choice = _tile_choice(ENV_BN, DISPATCH_BN, WAVE_BNS)
+    return wave_bn(m, n, sm_count(dev, target)) if choice == "auto" else choice
 
 
 def grid(m: int, n: int, bm: int = BM, schedule: str = "tiles",
