@@ -92,6 +92,17 @@ def test_fused_equals_chained_mxfp8(counts, act, record_property) -> None:
     run_three(case, f, 1024, None, None, act, record_property)
 
 
+def test_fused_equals_chained_mxfp8_decode(record_property) -> None:
+    """MXFP8 groups of <= 16 rows: the chained matmul runs the decode kernel "mma_x8", so the
+    fused op runs it too (its σ store), then fused_silu_quantize: byte-equal by construction."""
+    f = Format.from_name("mxfp8")
+    counts = [1, 3, 8, 16]
+    case = swiglu_case(f, counts, _ids(len(counts), 4), 4, 1440, 2880, seed=5)
+    es = case["expert_start"]
+    assert SW.chained_mainloop("sm_90a", f, int(es[-1]), 2880, 2880, len(counts), es) == "decode"
+    run_three(case, f, 2880, None, None, "silu", record_property)
+
+
 def test_unused_groups_and_max_test_case(record_property) -> None:
     """counts [0, 3, 1, 2] with ids [-1, 2, -1, 0]; then MAX's own fused SwiGLU test."""
     case = swiglu_case(NVFP4, [0, 3, 1, 2], [-1, 2, -1, 0], 3, 2048, 1024, seed=1)

@@ -71,7 +71,7 @@ from blockscale.ops import matmul_grouped as _grouped
 KERNEL_SOURCES = ("blockscale.ops._decode_ir", "blockscale.ops._decode_mma_ir",
                   "blockscale.ops._matmul_ir", "blockscale.ops._mma_ir",
                   "blockscale.ops._decode_shot_ir", "blockscale.ops._decode_lean_ir",
-                  "blockscale.ops._decode_solo_ir")
+                  "blockscale.ops._decode_solo_ir", "blockscale.ops._decode_mx8_ir")
 #: targets the dispatch uses it on (the IR is portable to every 32-lane target)
 TARGETS = ("sm_90a",)
 IR_TARGETS = ("sm_90a", "sm_100a")
@@ -121,7 +121,10 @@ COLS = 32
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
             "mma_c86", "mma_c8t", "mma_c8t1", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w",
             "mma_c8r", "mma_c8r4", "mma_shot", "mma_shot7k", "mma_shot16", "mma_shot32",
-            "mma_shot6", "mma_shot1")
+            "mma_shot6", "mma_shot1", "mma_x8")
+#: the MXFP8 tensor-core variant ("mma_x8": swap-AB mma.sync on E4M3 -> f16 operands, 64
+#: columns a CTA, passes of 8 rows, K steps of 256; _decode_mx8_ir)
+MX8_VARIANTS = ("mma_x8",)
 #: the lean dense variants "mma_leanb_t<T>_n<NT>" (NVFP4, dense, M <= T; _decode_lean_ir):
 #: the tokens on the MMA's M side, NT n8-tiles of weight rows a CTA (8 NT columns), the block
 #: scales folded into f16 operands, the CTA's rows copied into shared memory by cp.async.bulk
@@ -221,11 +224,13 @@ SPLIT_VARIANTS = ("mma_psk",)
 VARIANT_THREADS = {"simt": THREADS, "mma": 128, "mma2": 128, "mma_p": 128, "mma_p5": 128,
                    "mma_psk": 128, **dict.fromkeys(STAGING, 128),
                    **{v: 32 * w for v, w in SHOT_WARPS.items()},
-                   **dict.fromkeys(LEAN_VARIANTS, 32 * LEAN_WARPS)}
+                   **dict.fromkeys(LEAN_VARIANTS, 32 * LEAN_WARPS),
+                   **dict.fromkeys(MX8_VARIANTS, 128)}
 VARIANT_COLS = {"simt": COLS, "mma": 64, "mma2": 64, "mma_p": 64, "mma_p5": 64, "mma_psk": 64,
                 **dict.fromkeys(STAGING, 64), **{v: 64 * j for v, j in SLICES.items()},
                 **dict.fromkeys(SHOT_KCAP, 16), "mma_shot32": 32,
-                **{v: 8 * lean_shape(v)[1] for v in LEAN_VARIANTS}}
+                **{v: 8 * lean_shape(v)[1] for v in LEAN_VARIANTS},
+                **dict.fromkeys(MX8_VARIANTS, 64)}
 #: register cap (nvvm.maxnreg) per variant: simt 2 x 256 threads, mma 4 x 128, mma2 3 x 128,
 #: mma_p5 5 x 128 (5 x 42 KB of shared memory: fits the H200's 228 KB)
 VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_p": 128, "mma_p5": 96,
@@ -234,7 +239,8 @@ VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_p": 128, "mma_p5
                      "mma_c8s4": 128,
                      "mma_c8d2": 168, "mma_c8w": 128, "mma_c8r": 128, "mma_c8r4": 128,
                      **dict.fromkeys(SHOT_KCAP, 128), "mma_shot6": 112,
-                     **dict.fromkeys(LEAN_VARIANTS, 128)}
+                     **dict.fromkeys(LEAN_VARIANTS, 128),
+                     **dict.fromkeys(MX8_VARIANTS, 128)}
 #: mma_psk: split K until the grid has about two waves of CTAs (4 per SM of 132 SMs, twice)
 SPLIT_K_P_CTAS = 2 * 4 * 132
 #: mma_psk: at least this many K steps (512 FP4 elements) per split (one step is loaded
@@ -245,8 +251,16 @@ SPLIT_K_MIN_STEPS = 2
 #: is measured faster). ``BLOCKSCALE_DECODE_SPLIT_K`` (an int) overrides it.
 SPLIT_K_MAX_CTAS = 0
 SPLIT_K_ENV = "BLOCKSCALE_DECODE_SPLIT_K"
-#: BLOCKSCALE_DECODE_VARIANT: the variant the dispatch uses for FP4 (MXFP8: always "simt")
+#: BLOCKSCALE_DECODE_VARIANT: the variant the dispatch uses for FP4 (MXFP8: MX8_VARIANT_ENV)
 VARIANT_ENV = "BLOCKSCALE_DECODE_VARIANT"
+#: the MXFP8 variant of the dispatch (BLOCKSCALE_DECODE_MX8_VARIANT = "simt" | "mma_x8"
+#: overrides it). H200 run DR (gpt-oss-120b gate_up, ms): simt -> mma_x8 T=1 0.0433 -> 0.0291,
+#: T=16 0.451 -> 0.264, T=128 2.285 -> 0.659 (77.9 % of copy; torch FP8 grouped 0.797); dense
+#: 5760 x 2880 M=16 0.0955 -> 0.0318, but M=1 0.0175 -> 0.0197 (90 CTAs: the SIMT kernel's
+#: 180 hide more latency), so dense M <= DENSE_MX8_SIMT_MAX_M keeps "simt"
+DEFAULT_MX8_VARIANT = "mma_x8"
+DENSE_MX8_SIMT_MAX_M = 1
+MX8_VARIANT_ENV = "BLOCKSCALE_DECODE_MX8_VARIANT"
 #: a dispatch-only choice (BLOCKSCALE_DECODE_VARIANT / DEFAULT_VARIANT): "mma_c8t",
 #: "mma_c8s2" or "mma_c8s4" by the grid's 64-column tiles (:func:`slices_variant`)
 AUTO_VARIANT = "mma_c8a"
@@ -353,7 +367,9 @@ class DecodeSpec(FormatSpec):
         object.__setattr__(self, "target", H.target_name(self.target))
         H.check_choice(self.target, IR_TARGETS, "target")
         H.check_choice(self.variant, VARIANTS, "variant")
-        if self.variant != "simt" and not self.format.is_fp4:
+        if self.variant in MX8_VARIANTS and self.fmt != "mxfp8":
+            raise ValueError(f"variant {self.variant!r} is for mxfp8 only, got {self.fmt}")
+        if self.variant not in ("simt", *MX8_VARIANTS) and not self.format.is_fp4:
             raise ValueError(f"variant {self.variant!r} needs an FP4 format (nvfp4, mxfp4), "
                              f"got {self.fmt}")
         if self.variant in LEAN_VARIANTS and (self.fmt != "nvfp4" or self.mode != "dense"):
@@ -527,6 +543,10 @@ def build(spec: DecodeSpec) -> Any:
     fmt = spec.format
     if spec.variant == "simt":
         emit = D.emit_decode
+    elif spec.variant in MX8_VARIANTS:
+        import blockscale.ops._decode_mx8_ir as DX
+
+        emit = DX.emit_decode_mx8
     elif spec.variant in SHOT_KCAP:
         import blockscale.ops._decode_shot_ir as DS1
 
@@ -860,13 +880,17 @@ def slices_variant(tiles: int) -> str:
 def dispatch_variant(fmt: Format, grouped: bool = False) -> str:
     """The variant the dispatch runs for ``fmt``: ``BLOCKSCALE_DECODE_VARIANT`` (else
     :data:`DEFAULT_VARIANT`, :data:`GROUPED_DEFAULT_VARIANT` for the grouped op) for FP4,
-    "simt" for MXFP8 (ValueError for an unknown name; :data:`AUTO_VARIANT` is resolved per
-    launch)."""
+    ``BLOCKSCALE_DECODE_MX8_VARIANT`` (else :data:`DEFAULT_MX8_VARIANT`) for MXFP8
+    (ValueError for an unknown name; :data:`AUTO_VARIANT` is resolved per launch)."""
+    if not fmt.is_fp4:
+        v = os.environ.get(MX8_VARIANT_ENV, DEFAULT_MX8_VARIANT)
+        H.check_choice(v, ("simt", *MX8_VARIANTS), MX8_VARIANT_ENV)
+        return v
     v = os.environ.get(VARIANT_ENV, GROUPED_DEFAULT_VARIANT if grouped else DEFAULT_VARIANT)
     H.check_choice(v, (*VARIANTS, AUTO_VARIANT, LEAN_AUTO), VARIANT_ENV)
     if grouped and (v == LEAN_AUTO or v in LEAN_VARIANTS):  # (dense-only kernels)
         v = GROUPED_DEFAULT_VARIANT
-    return v if fmt.is_fp4 else "simt"
+    return v
 
 
 def _shot_or_default(variant: str, k: int, default: str, rows: int = 1) -> str:
@@ -926,6 +950,9 @@ def dense_fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype:
             or m > MAX_ROWS or not k_supported(fmt, k):
         return None
     variant = dispatch_variant(fmt)
+    if variant in MX8_VARIANTS and m <= DENSE_MX8_SIMT_MAX_M \
+            and MX8_VARIANT_ENV not in os.environ:
+        variant = "simt"
     if variant == LEAN_AUTO or variant in LEAN_VARIANTS:  # (else the one-shot pick)
         lean = lean_variant(m, n, k) if fmt.name == "nvfp4" else None
         if variant == LEAN_AUTO:
@@ -1035,6 +1062,13 @@ def bundle_specs(target: str = "sm_90a") -> list[DecodeSpec]:
                       for f in ("nvfp4", "mxfp4") for o in ("bfloat16", "float32")]
     specs += [DecodeSpec("nvfp4", "dense", o, False, target, v)
               for v in LEAN_VARIANTS for o in ("bfloat16", "float32")]
+    # MXFP8 on the tensor cores (the dispatch's default for MXFP8)
+    specs += [DecodeSpec("mxfp8", "grouped", "bfloat16", False, target, v)
+              for v in MX8_VARIANTS]
+    specs += [DecodeSpec("mxfp8", "dense", o, False, target, v)
+              for v in MX8_VARIANTS for o in ("bfloat16", "float32")]
+    specs += [DecodeSpec("mxfp8", "grouped", "bfloat16", False, target, v, sigma_out=True)
+              for v in MX8_VARIANTS]  # (the fused SwiGLU op's chained path)
     # the fused grouped matmul + SwiGLU's chained path where the dispatch runs "mma_c8t1"
     specs += [DecodeSpec(f, "grouped", "bfloat16", rs, target, v, sigma_out=True)
               for v in SOLO_VARIANTS for f, rs in (("nvfp4", False), ("nvfp4", True),

@@ -24,6 +24,9 @@ MXFP8 on sm_90a (issue #10): where the chained grouped matmul runs the tensor-co
 rounds inside the tensor core, so the fused kernel must issue the very same MMAs: there it
 runs :class:`SwigluMmaSpec`, whose IR (:mod:`blockscale.ops._matmul_swiglu_mma_ir`, the
 argument in its docstring) calls the chained kernel's mainloop and adds this op's epilogue.
+Where the chained matmul runs the MXFP8 tensor-core decode kernel ("mma_x8", groups of <= 16
+rows) the op runs the chained path itself (:func:`_run_chain`, that kernel with its
+``sigma_out`` store, then :func:`blockscale.ops.fused_silu_quantize`).
 FP4 block sums are exact, so FP4 keeps the portable K loop on every target, except where the
 chained matmul's kernel does not sum as the portable kernel does: the one-row decode kernel
 ("mma_c8t1", where every group holds one row: the chained path run by :func:`_run_chain`
@@ -332,13 +335,13 @@ def grouped_matmul_swiglu(hidden: Any, weight: Any, a_scales: Any, b_scales: Any
         return _run_mma(SwigluMmaSpec(fmt.name, tgt, act.kind, float(act.alpha),
                                       float(act.limit)), buffers, t, d, num_tiles, ng, k, dev)
     chain = chained_mainloop(tgt, fmt, t, n, k, ng, expert_start, a_row_scales is not None,
-                             aligned) if fmt.is_fp4 and t > 0 else "portable"
+                             aligned) if t > 0 else "portable"
     if chain == "decode":
         from blockscale.ops import matmul_decode as MD
 
-        chain = "solo" if MD.grouped_variant(fmt, k, expert_start, ng) in MD.SOLO_VARIANTS \
-            else chain
-    if chain in ("wgmma", "solo"):
+        v = MD.grouped_variant(fmt, k, expert_start, ng)
+        chain = "solo" if v in MD.SOLO_VARIANTS else "mx8" if v in MD.MX8_VARIANTS else chain
+    if chain in ("wgmma", "solo", "mx8"):
         return _run_chain(chain, buffers, fmt, act, t, n, k, ng, es, offs, ids, num_tiles,
                           a_row_scales is not None, tgt, dev)
     spec = _spec(fmt, tgt, act, a_row_scales is not None, d % 8 == 0)
@@ -352,8 +355,9 @@ def _run_chain(kind: str, buffers: dict[str, Any], fmt: Format, act: GatedActiva
     """The chained path itself where the chained matmul's kernel does not sum as the
     portable kernel does: ``kind`` "wgmma" (the grouped wgmma fast path: the grouped
     producer-dequant kernel where :func:`~blockscale.ops.matmul_grouped_wgmma.uses_pdq`, else
-    the grouped wgmma kernel) or "solo" (the one-row decode kernel "mma_c8t1", where every
-    group holds one row), run on the σ-permuted weights and stored un-permuted
+    the grouped wgmma kernel), "solo" (the one-row decode kernel "mma_c8t1", where every
+    group holds one row) or "mx8" (the MXFP8 decode kernel of the dispatch, "mma_x8"), run
+    on the σ-permuted weights and stored un-permuted
     (``sigma_out``), then ``fused_silu_quantize``."""
     from blockscale.ops import matmul_decode as MD
     from blockscale.ops import matmul_grouped_pdq as GP
@@ -364,9 +368,10 @@ def _run_chain(kind: str, buffers: dict[str, Any], fmt: Format, act: GatedActiva
             if name not in ("scales_offsets", "input_scales")}
     bufs["a_scale_offsets"] = offs
     scalars = {"t": t, "n": n, "k": k, "num_groups": num_groups}
-    if kind == "solo":
-        spec = MD.DecodeSpec(fmt.name, "grouped", "bfloat16", row_scales, target,
-                             MD.SOLO_VARIANTS[0], sigma_out=True)
+    if kind in ("solo", "mx8"):
+        variant = MD.SOLO_VARIANTS[0] if kind == "solo" else MD.dispatch_variant(fmt, True)
+        spec = MD.DecodeSpec(fmt.name, "grouped", "bfloat16", row_scales, target, variant,
+                             sigma_out=True)
         gate_up = MD._launch_grouped(spec, t, n, num_groups, bufs, scalars, device)
     elif GW.uses_pdq(fmt):
         pdq = GP.dispatch_spec(fmt, n, row_scales, target, device, sigma_out=True,
