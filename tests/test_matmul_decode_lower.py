@@ -27,7 +27,23 @@ SIMT = [s for s in matmul_decode.bundle_specs("sm_90a") if s.variant == "simt"]
 MMA = [s for s in matmul_decode.bundle_specs("sm_90a")  # (one-shot and lean variants: their
        if s.variant != "simt" and s.variant not in matmul_decode.SHOT_KCAP  # own test files)
        and s.variant not in matmul_decode.LEAN_VARIANTS  # (and the solo variant:
-       and s.variant not in matmul_decode.SOLO_VARIANTS]  # test_matmul_decode_solo.py)
+       and s.variant not in matmul_decode.SOLO_VARIANTS  # test_matmul_decode_solo.py;
+       and s.variant not in matmul_decode.MX8_VARIANTS]  # MXFP8: test_mx8_sass)
+MX8 = [s for s in matmul_decode.bundle_specs("sm_90a") if s.variant in matmul_decode.MX8_VARIANTS]
+
+
+@pytest.mark.parametrize("spec", MX8, ids=lambda s: s.kernel_name)
+def test_mx8_sass(spec):
+    """mma_x8: per K step 8 blocks x 2 HMMA.16816.F32 on f16 operands from the hardware E4M3
+    unpack (F2FP ... E4M3), at most 128 registers, no spill inside the step loop."""
+    kernel = matmul_decode.kernel(spec)
+    meta, ops = kernel.meta, _ops(kernel.asm["sass"])
+    assert 0 < meta["registers"] <= matmul_decode.MAX_REGISTERS, meta
+    assert sum(o.startswith("HMMA.16816.F32") for o in ops) >= 16
+    assert any(o.startswith("F2FP") and "E4M3" in o for o in ops)
+    loop = _step_loop(kernel.asm["sass"])
+    assert sum(o.startswith("HMMA.16816.F32") for o in loop) >= 16
+    assert not [o for o in loop if o.startswith(("STL", "LDL"))], "spill in the step loop"
 
 
 @pytest.mark.parametrize("spec", SIMT, ids=lambda s: s.kernel_name)

@@ -138,7 +138,7 @@ def test_variant_choice(monkeypatch):
     assert matmul_decode.grid(5760, 4, spec.cols) == (90, 4, 1)
     monkeypatch.setenv(matmul_decode.VARIANT_ENV, "mma")
     assert matmul_decode.dispatch_variant(NVFP4) == "mma"
-    assert matmul_decode.dispatch_variant(MXFP8) == "simt"
+    assert matmul_decode.dispatch_variant(MXFP8) == matmul_decode.DEFAULT_MX8_VARIANT
     monkeypatch.setenv(matmul_decode.VARIANT_ENV, "bogus")
     with pytest.raises(ValueError, match=matmul_decode.VARIANT_ENV):
         matmul_decode.dispatch_variant(NVFP4)

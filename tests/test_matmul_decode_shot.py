@@ -185,7 +185,7 @@ def dense_dispatch_launch(monkeypatch, env, fmt, m, n, k):
 
 def test_grouped_dispatch_env_shot(monkeypatch):
     """The grouped dispatch with BLOCKSCALE_DECODE_VARIANT=mma_shot launches "mma_shot";
-    MXFP8 keeps "simt"."""
+    MXFP8 keeps its own variant (BLOCKSCALE_DECODE_MX8_VARIANT)."""
     launched = record_variants(monkeypatch)
     monkeypatch.setenv(matmul_decode.VARIANT_ENV, "mma_shot")
     rng = np.random.default_rng(8)
@@ -196,7 +196,8 @@ def test_grouped_dispatch_env_shot(monkeypatch):
     assert launched[0] == "mma_shot"
     exact, abs_sum = exact_grouped(case, row_scales, w_scales, NVFP4, 512, esc)
     assert_bf16_consistent(got, exact, f32_error_bound(abs_sum, NVFP4, 512, n_mul=2))
-    assert matmul_decode.dispatch_variant(MXFP8, grouped=True) == "simt"
+    assert matmul_decode.dispatch_variant(MXFP8, grouped=True) == \
+        matmul_decode.DEFAULT_MX8_VARIANT
 
 
 def test_shot_bundled_and_sized():

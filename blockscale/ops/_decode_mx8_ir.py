@@ -62,7 +62,7 @@ COLS = 16 * WARPS
 #: activation rows a pass (the MMA's N side: one n8-tile)
 TOKENS = 8
 #: K elements (= weight bytes a row) a step: 8 blocks of 32 (steps of 128, a quarter fewer
-#: registers and no spill, were 5-25 % slower on the H200: run DR)
+#: registers and no spill, were 5-40 % slower on the H200: run DS)
 STEP = 256
 BLOCK = 32
 
