@@ -176,9 +176,10 @@ def test_bundle_specs_and_names():
     # mma_c85, mma_c86, mma_c8w, mma_c8r, mma_c8r4 (grouped only: 3 each), the 12 + 8 dense
     # NVFP4 lean variants (K <= 3072 and K <= 7168; 2 each: bf16 and f32 out), mma_c8t1
     # (grouped only: 3, and 3 with sigma_out for the fused SwiGLU op's chained path), the
-    # MXFP8 mma_x8 (4: grouped plain and sigma_out, dense bf16 / f32)
+    # MXFP8 mma_x8 (grouped plain and sigma_out, dense bf16 / f32) and mma_x8n2 (grouped plain,
+    # dense bf16 / f32)
     assert len({s.kernel_name for s in specs}) == len(specs) == \
-        10 + 16 * 7 + 7 * 3 + 20 * 2 + 3 + 4
+        10 + 16 * 7 + 7 * 3 + 20 * 2 + 3 + 7
     assert matmul_decode.bundle_specs("gfx942") == []
     with pytest.raises(ValueError):
         matmul_decode.DecodeSpec("nvfp4", "dense", row_scales=True)

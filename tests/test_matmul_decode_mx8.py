@@ -25,7 +25,7 @@ from test_matmul_grouped import exact_grouped, make_grouped_case
 
 from blockscale import layouts
 from blockscale.formats import MXFP8
-from blockscale.ops import matmul, matmul_decode, matmul_grouped
+from blockscale.ops import matmul, matmul_decode, matmul_grouped, matmul_grouped_sm90
 
 pytestmark = pytest.mark.interp
 
@@ -35,19 +35,21 @@ GROUPED = [  # (counts, expert ids, num experts, N, K)
     ([1, 1, 1, 1], [3, 0, 2, 1], 4, 70, 272),
     ([12, 2], [1, 0], 2, 64, 560),
     ([16], [1], 2, 130, 1040),
+    ([40, 0, 7], [0, 1, 1], 2, 64, 288),  # n4: two passes of 32 rows
 ]
 
 
+@pytest.mark.parametrize("variant", matmul_decode.MX8_VARIANTS)
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("case_id", range(len(GROUPED)))
-def test_grouped_within_bound(case_id, target):
+def test_grouped_within_bound(case_id, target, variant):
     counts, ids, e_count, n, k = GROUPED[case_id]
     rng = np.random.default_rng(70 + case_id)
     case, row_scales, w_scales = make_grouped_case(rng, MXFP8, counts, ids, e_count, n, k)
     esc = (1 + (np.arange(e_count) + 1) / e_count).astype(np.float32)
     t = case["hidden"].shape[0]
     got = matmul_decode.grouped_matmul_decode(**case, expert_scales=esc, fmt=MXFP8, k=k,
-                                              device="interp", target=target, variant=VARIANT)
+                                              device="interp", target=target, variant=variant)
     assert got.shape == (t, n) and got.dtype == ml_dtypes.bfloat16
     exact, abs_sum = exact_grouped(case, row_scales, w_scales, MXFP8, k, esc)
     assert_bf16_consistent(got, exact, f32_error_bound(abs_sum, MXFP8, k, n_mul=1))
@@ -57,16 +59,17 @@ def test_grouped_within_bound(case_id, target):
             assert not got[es[g]:es[g + 1]].view(np.uint16).any()  # D8: zero rows
 
 
+@pytest.mark.parametrize("variant", matmul_decode.MX8_VARIANTS)
 @pytest.mark.parametrize("mnk", [(1, 40, 64), (5, 70, 272), (9, 64, 560), (16, 33, 1040)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_dense_within_bound(mnk):
+def test_dense_within_bound(mnk, variant):
     m, n, k = mnk
     rng = np.random.default_rng(sum(mnk))
     a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, MXFP8, m, n, k)
     exact, abs_sum = exact_dense(a, b, sfa, sfb, MXFP8, k, 0.375)
     got = matmul_decode.block_scaled_matmul_decode(a, b, sfa5, sfb5, MXFP8, k=k, alpha=0.375,
                                                    out_dtype="float32", device="interp",
-                                                   variant=VARIANT)
+                                                   variant=variant)
     assert_f32_within_bound(got, exact, f32_error_bound(abs_sum, MXFP8, k, n_mul=1))
 
 
@@ -116,10 +119,13 @@ def test_nan_makes_nan(where):
 
 
 def test_dispatch_runs_it(monkeypatch):
-    """MXFP8 decode-sized calls (dense 1 < M <= 16, groups <= 16 rows) run "mma_x8", dense
-    M = 1 the SIMT kernel (faster there: run DR); with BLOCKSCALE_DECODE_MX8_VARIANT=simt
-    the SIMT kernel everywhere; a bad name is a ValueError."""
-    launched = spy_launches(monkeypatch, lambda spec: spec.variant, matmul_decode)
+    """MXFP8 decode-sized calls run the tensor-core kernel: groups <= 16 rows "mma_x8" (17:
+    the tiled kernel), dense M = 1 the SIMT kernel (faster there: runs DS / DT), M <= 8
+    "mma_x8", 9..16 "mma_x8n2"; with BLOCKSCALE_DECODE_MX8_VARIANT=simt the SIMT kernel;
+    a bad name is a ValueError."""
+    launched = spy_launches(monkeypatch,
+                            lambda spec: getattr(spec, "variant", type(spec).__name__),
+                            matmul_decode, matmul_grouped_sm90)
     rng = np.random.default_rng(5)
     a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, MXFP8, 2, 64, 96)
     exact, abs_sum = exact_dense(a, b, sfa, sfb, MXFP8, 96, 1.0)
@@ -136,11 +142,20 @@ def test_dispatch_runs_it(monkeypatch):
     matmul.block_scaled_matmul(a[:1], b, layouts.interleave(sfa[:1]), sfb5, MXFP8, k=96,
                                device="interp", target="sm_90a")
     assert launched == ["simt"]
+    for m, want in ((8, "mma_x8"), (9, "mma_x8n2"), (16, "mma_x8n2")):
+        a, b, sfa, sfb, sfa5, sfb5 = random_dense_case(rng, MXFP8, m, 64, 96)
+        launched.clear()
+        matmul.block_scaled_matmul(a, b, sfa5, sfb5, MXFP8, k=96, device="interp",
+                                   target="sm_90a")
+        assert launched == [want], m
     launched.clear()
-    case, _rs, _ws = make_grouped_case(rng, MXFP8, [3, 0, 5], [0, 1, 1], 2, 64, 96)
-    matmul_grouped.grouped_matmul_block_scaled(**case, expert_scales=np.ones(2, np.float32),
-                                               fmt=MXFP8, k=96, device="interp")
-    assert launched == [VARIANT]
+    for counts, want in (([3, 0, 5], "mma_x8"), ([12, 2], "mma_x8"), ([17, 3], "Sm90GroupedSpec")):
+        case, _rs, _ws = make_grouped_case(rng, MXFP8, counts, [0, 1, 1][:len(counts)], 2, 64,
+                                           96)
+        launched.clear()
+        matmul_grouped.grouped_matmul_block_scaled(**case, expert_scales=np.ones(2, np.float32),
+                                                   fmt=MXFP8, k=96, device="interp")
+        assert launched == [want], counts
     monkeypatch.setenv(matmul_decode.MX8_VARIANT_ENV, "mma_c8t")
     with pytest.raises(ValueError, match=matmul_decode.MX8_VARIANT_ENV):
         matmul_decode.dispatch_variant(MXFP8)

@@ -65,6 +65,9 @@ TOKENS = 8
 #: registers and no spill, were 5-40 % slower on the H200: run DS)
 STEP = 256
 BLOCK = 32
+#: n8-tiles a pass ("mma_x8": 1, "mma_x8n2": 2; 4, a pass of 32 rows at 168 registers, was
+#: 4 % faster than the tiled mma.sync kernel at gpt-oss T = 1024 and far slower below: run DT)
+NTILES = (1, 2)
 
 
 def _halves(x: Value) -> tuple[Value, Value]:
@@ -92,23 +95,28 @@ def _load_words(buf: Value, off: Value, nbytes: int) -> list[Value]:
 
 def emit_decode_mx8(kb: Any, fmt: Format, *, start: Value, end: Value, expert: Value,
                     n_count: Value, k: Value, a_srow: Callable[[Value], Value],
-                    store: Callable[[Value, Value, Value], None]) -> None:
+                    store: Callable[[Value, Value, Value], None], ntiles: int = 1) -> None:
     """The body for columns ``[COLS block_idx.x, +COLS)`` of rows ``[start, end)`` with the
     interface of :func:`blockscale.ops._decode_ir.emit_decode` (MXFP8 only; K % 16 == 0, the
-    host checks): passes of :data:`TOKENS` rows, each streaming the CTA's weight rows once."""
+    host checks): passes of ``ntiles`` x :data:`TOKENS` rows (``ntiles`` n8-tiles sharing
+    each weight fragment), each streaming the CTA's weight rows once."""
     if fmt.name != "mxfp8":
         raise ValueError(f"the mma_x8 decode kernel is MXFP8 only, got {fmt.name}")
+    if ntiles not in NTILES:
+        raise ValueError(f"ntiles must be one of {NTILES}, got {ntiles}")
+    rows = TOKENS * ntiles  # activation rows a pass
     step = STEP
     step_blocks = step // BLOCK
     atoms = step_blocks // SF_ATOM_KBLOCKS  # 5-D scale atoms (4 blocks) a weight row and step
     # the staged activation row: ``step`` f16 plus 8 (a stride of 16 mod 128 bytes: the 16-byte
     # reads of 8 tokens at one K offset fall in distinct bank groups)
     act_row_words = (step + 8) // 2
-    act_words = TOKENS * act_row_words
+    act_words = rows * act_row_words
     stage_bytes = TOKENS * step // THREADS  # activation bytes a staging thread loads a step
     f32, i32 = bir.f32(), bir.i32()
     act = workgroup_buffer(kb, 2 * act_words, i32)
-    sact = workgroup_buffer(kb, 2 * step_blocks * TOKENS, f32)
+    sact = workgroup_buffer(kb, 2 * step_blocks * rows, f32)
+    sc_words = step_blocks * rows  # the staged scales a step
     a, w, sfa, sfb = (kb.arg(x) for x in ("a", "w" if "w" in kb.values else "b", "sfa", "sfb"))
 
     tid = bir.thread_idx("x")
@@ -126,16 +134,16 @@ def emit_decode_mx8(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
     b_srow0 = bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS)
     sfb_rows = [mir.tcgen_row_offset(bir.add(b_srow0, n), d1) for n in ns_c]
     last8 = bir.sub(k, 8)
-    # staging: thread tid loads stage_bytes of token tid // 16's step row; threads < 64
-    # one activation scale (token tid // 8, block tid % 8)
-    st_tok = bir.udiv(tid, step // stage_bytes)
+    # staging: thread tid loads stage_bytes of tokens tid // 16 + 8 i's step rows (i <
+    # ntiles) and the activation scales idx = tid + THREADS u (token idx // 8, block idx % 8)
+    st_toks = [bir.add(bir.udiv(tid, step // stage_bytes), TOKENS * i) for i in range(ntiles)]
     st_col = bir.mul(bir.urem(tid, step // stage_bytes), stage_bytes)
-    sc_tok, sc_blk = bir.udiv(tid, step_blocks), bir.urem(tid, step_blocks)
-    n_fetch = 2 * step_blocks * 2 + 2 * atoms + stage_bytes // 4 + 1
+    sc_idx = [bir.add(tid, THREADS * u) for u in range(-(-sc_words // THREADS))]
+    n_fetch = 2 * step_blocks * 2 + 2 * atoms + ntiles * stage_bytes // 4 + len(sc_idx)
 
-    with bir.for_range(start, end, TOKENS) as rl:
+    with bir.for_range(start, end, rows) as rl:
         r0 = rl.iv
-        rows_c = bir.umin(bir.sub(end, r0), TOKENS)
+        rows_c = bir.umin(bir.sub(end, r0), rows)
 
         def fetch(s: Value) -> list[Value]:
             """Step ``s``'s registers (zeros from step ``steps`` on): per weight row h and
@@ -160,89 +168,105 @@ def emit_decode_mx8(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
                             sw.yield_(_i32c(0))
                         out.append(sw.results[0])
                 col = bir.add(bir.mul(s, step), st_col)
-                ab = bir.if_(bir.logical_and(bir.ult(st_tok, rows_c), bir.ult(col, k)),
-                             [i32] * (stage_bytes // 4))
-                with ab.then():
-                    ab.yield_(*_load_words(a, bir.add(bir.mul(bir.add(r0, st_tok), k), col),
-                                           stage_bytes))
-                with ab.else_():
-                    ab.yield_(*[_i32c(0)] * (stage_bytes // 4))
-                out += list(ab.results)
-                gb = bir.add(bir.mul(s, step_blocks), sc_blk)
-                sb = bir.if_(bir.logical_and(bir.logical_and(bir.ult(tid, TOKENS * step_blocks),
-                                                             bir.ult(sc_tok, rows_c)),
-                                             bir.ult(gb, kblocks)), [i32])
-                with sb.then():
-                    off = bir.add(mir.tcgen_row_offset(a_srow(bir.add(r0, sc_tok)), d1),
-                                  mir.tcgen_kblock_offset(gb))
-                    sb.yield_(mir.load_byte_i32(sfa, off))
-                with sb.else_():
-                    sb.yield_(_i32c(0))
-                out.append(sb.results[0])
+                for st_tok in st_toks:
+                    ab = bir.if_(bir.logical_and(bir.ult(st_tok, rows_c), bir.ult(col, k)),
+                                 [i32] * (stage_bytes // 4))
+                    with ab.then():
+                        ab.yield_(*_load_words(a, bir.add(bir.mul(bir.add(r0, st_tok), k), col),
+                                               stage_bytes))
+                    with ab.else_():
+                        ab.yield_(*[_i32c(0)] * (stage_bytes // 4))
+                    out += list(ab.results)
+                for idx in sc_idx:
+                    sc_tok = bir.udiv(idx, step_blocks)
+                    gb = bir.add(bir.mul(s, step_blocks), bir.urem(idx, step_blocks))
+                    sb = bir.if_(bir.logical_and(bir.logical_and(bir.ult(idx, sc_words),
+                                                                 bir.ult(sc_tok, rows_c)),
+                                                 bir.ult(gb, kblocks)), [i32])
+                    with sb.then():
+                        off = bir.add(mir.tcgen_row_offset(a_srow(bir.add(r0, sc_tok)), d1),
+                                      mir.tcgen_kblock_offset(gb))
+                        sb.yield_(mir.load_byte_i32(sfa, off))
+                    with sb.else_():
+                        sb.yield_(_i32c(0))
+                    out.append(sb.results[0])
                 br.yield_(*out)
             with br.else_():
                 br.yield_(*[_i32c(0)] * n_fetch)
             return list(br.results)
 
         zero = bir.const(0.0, f32)
-        with bir.for_range(0, steps, carry=[zero] * 4 + fetch(bir.const(0))) as sl:
+        nacc = 4 * ntiles
+        with bir.for_range(0, steps, carry=[zero] * nacc + fetch(bir.const(0))) as sl:
             s = sl.iv
-            accs, cur = list(sl.carried[:4]), list(sl.carried[4:])
-            nw = 4 * step_blocks
+            accs, cur = list(sl.carried[:nacc]), list(sl.carried[nacc:])
+            nw, na = 4 * step_blocks, ntiles * stage_bytes // 4
             wwords, swords = cur[:nw], cur[nw:nw + 2 * atoms]
-            awords, abyte = cur[nw + 2 * atoms:-1], cur[-1]
+            awords = cur[nw + 2 * atoms:nw + 2 * atoms + na]
+            abytes = cur[nw + 2 * atoms + na:]
             q = bir.urem(s, 2)
             # stage step s: buffer q was last read at step s - 2, before step s - 1's barrier
-            pairs = [_as_i32(p) for x in awords for p in _e4m3_pairs(x)]
-            dst = bir.add(bir.mul(q, act_words),
-                          bir.add(bir.mul(st_tok, act_row_words), bir.udiv(st_col, 2)))
-            for i in range(0, len(pairs), 4):
-                bir.vector_store(bir.from_elements(bir.vec(4, i32), pairs[i:i + 4]), act,
-                                 bir.add(dst, i), alignment=16)
-            with bir.when(bir.ult(tid, TOKENS * step_blocks)):
-                sv = bir.select(bir.ult(sc_tok, rows_c), mir.decode_scale(fmt, abyte),
-                                bir.const(0.0, f32))
-                bir.store(sv, sact, bir.add(bir.mul(q, step_blocks * TOKENS),
-                                            bir.add(bir.mul(sc_blk, TOKENS), sc_tok)))
+            per = stage_bytes // 4
+            for i, st_tok in enumerate(st_toks):
+                pairs = [_as_i32(p) for x in awords[i * per:(i + 1) * per]
+                         for p in _e4m3_pairs(x)]
+                dst = bir.add(bir.mul(q, act_words),
+                              bir.add(bir.mul(st_tok, act_row_words), bir.udiv(st_col, 2)))
+                for c in range(0, len(pairs), 4):
+                    bir.vector_store(bir.from_elements(bir.vec(4, i32), pairs[c:c + 4]), act,
+                                     bir.add(dst, c), alignment=16)
+            for idx, abyte in zip(sc_idx, abytes):
+                sc_tok, sc_blk = bir.udiv(idx, step_blocks), bir.urem(idx, step_blocks)
+                with bir.when(bir.ult(idx, sc_words)):
+                    sv = bir.select(bir.ult(sc_tok, rows_c), mir.decode_scale(fmt, abyte),
+                                    bir.const(0.0, f32))
+                    bir.store(sv, sact, bir.add(bir.mul(q, sc_words),
+                                                bir.add(bir.mul(sc_blk, rows), sc_tok)))
             bir.barrier()
             nxt = fetch(bir.add(s, 1))
             for j in range(step_blocks):
                 live = bir.ult(bir.add(bir.mul(s, step_blocks), j), kblocks)  # CTA-uniform
-                br = bir.if_(live, [f32] * 4)
+                br = bir.if_(live, [f32] * nacc)
                 with br.then():
-                    words = bir.vector_load(bir.vec(4, i32), act, bir.add(
-                        bir.mul(q, act_words), bir.add(bir.mul(g, act_row_words),
-                                                       bir.add(16 * j, bir.mul(t, 4)))),
-                        alignment=16)
-                    bw = [_f16x2(bir.extract(words, i)) for i in range(4)]
-                    d = [zero] * 4
-                    for i in range(2):  # the block's two MMAs: bytes 4i .. 4i + 3
+                    afr = []  # the block's two MMAs' A fragments: bytes 4i .. 4i + 3
+                    for i in range(2):
                         lo_g, hi_g = _e4m3_pairs(wwords[2 * j + i])
                         lo_g8, hi_g8 = _e4m3_pairs(wwords[2 * step_blocks + 2 * j + i])
-                        d = list(mma.mma_m16n8k16([lo_g, lo_g8, hi_g, hi_g8],
-                                                  bw[2 * i:2 * i + 2], d, input_type="f16"))
-                    sa = bir.vector_load(bir.vec(2, f32), sact, bir.add(
-                        bir.mul(q, step_blocks * TOKENS), bir.add(j * TOKENS, bir.mul(t, 2))),
-                        alignment=8)
-                    sas = [bir.extract(sa, i) for i in range(2)]
+                        afr.append([lo_g, lo_g8, hi_g, hi_g8])
+                    sbv = [mir.decode_scale(fmt, bir.bit_and(bir.shru(
+                        swords[atoms * h + j // SF_ATOM_KBLOCKS],
+                        _i32c(8 * (j % SF_ATOM_KBLOCKS))), 0xFF)) for h in range(2)]
                     new = []
-                    for h in range(2):  # D: (row g, tokens 2t, 2t + 1), (row g + 8, ...)
-                        byte = bir.bit_and(bir.shru(swords[atoms * h + j // SF_ATOM_KBLOCKS],
-                                                    _i32c(8 * (j % SF_ATOM_KBLOCKS))), 0xFF)
-                        sbv = mir.decode_scale(fmt, byte)
-                        for c in range(2):
-                            new.append(mmath.fma(d[2 * h + c], arith.mulf(sas[c], sbv),
-                                                 accs[2 * h + c]))
+                    for nt in range(ntiles):
+                        words = bir.vector_load(bir.vec(4, i32), act, bir.add(
+                            bir.mul(q, act_words), bir.add(
+                                bir.mul(bir.add(g, TOKENS * nt), act_row_words),
+                                bir.add(16 * j, bir.mul(t, 4)))), alignment=16)
+                        bw = [_f16x2(bir.extract(words, i)) for i in range(4)]
+                        d = [zero] * 4
+                        for i in range(2):
+                            d = list(mma.mma_m16n8k16(afr[i], bw[2 * i:2 * i + 2], d,
+                                                      input_type="f16"))
+                        sa = bir.vector_load(bir.vec(2, f32), sact, bir.add(
+                            bir.mul(q, sc_words),
+                            bir.add(j * rows + TOKENS * nt, bir.mul(t, 2))), alignment=8)
+                        sas = [bir.extract(sa, i) for i in range(2)]
+                        for h in range(2):  # D: (row g, tokens 2t, 2t + 1), (row g + 8, ..)
+                            for c in range(2):
+                                new.append(mmath.fma(d[2 * h + c], arith.mulf(sas[c], sbv[h]),
+                                                     accs[4 * nt + 2 * h + c]))
                     br.yield_(*new)
                 with br.else_():
                     br.yield_(*accs)
                 accs = list(br.results)
             sl.yield_(*accs, *nxt)
-        totals = list(sl.results[:4])
-        for h in range(2):
-            for c in range(2):
-                tok = bir.add(bir.mul(t, 2), c)
-                with bir.when(bir.logical_and(bir.ult(tok, rows_c), bir.ult(ns[h], n_count))):
-                    store(totals[2 * h + c], bir.add(r0, tok), ns[h])
+        totals = list(sl.results[:nacc])
+        for nt in range(ntiles):
+            for h in range(2):
+                for c in range(2):
+                    tok = bir.add(bir.mul(t, 2), TOKENS * nt + c)
+                    with bir.when(bir.logical_and(bir.ult(tok, rows_c),
+                                                  bir.ult(ns[h], n_count))):
+                        store(totals[4 * nt + 2 * h + c], bir.add(r0, tok), ns[h])
         bir.barrier()  # the next pass restages the shared buffers
 

@@ -123,10 +123,12 @@ COLS = 32
 VARIANTS = ("simt", "mma", "mma2", "mma_p", "mma_p5", "mma_psk", "mma_c", "mma_c8", "mma_c85",
             "mma_c86", "mma_c8t", "mma_c8t1", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w",
             "mma_c8r", "mma_c8r4", "mma_shot", "mma_shot7k", "mma_shot16", "mma_shot32",
-            "mma_shot6", "mma_shot1", "mma_x8")
-#: the MXFP8 tensor-core variant ("mma_x8": swap-AB mma.sync on E4M3 -> f16 operands, 64
-#: columns a CTA, passes of 8 rows, K steps of 256; _decode_mx8_ir)
-MX8_VARIANTS = ("mma_x8",)
+            "mma_shot6", "mma_shot1", "mma_x8", "mma_x8n2")
+#: the MXFP8 tensor-core variants ("mma_x8": swap-AB mma.sync on E4M3 -> f16 operands, 64
+#: columns a CTA, passes of 8 rows, K steps of 256; "mma_x8n2": passes of 16 rows, 2 n8-tiles
+#: sharing each weight fragment, 168 registers; _decode_mx8_ir) and their n-tiles
+MX8_VARIANTS = ("mma_x8", "mma_x8n2")
+MX8_NTILES = {"mma_x8": 1, "mma_x8n2": 2}
 #: the lean dense variants "mma_leanb_t<T>_n<NT>" (NVFP4, dense, M <= T; _decode_lean_ir):
 #: the tokens on the MMA's M side, NT n8-tiles of weight rows a CTA (8 NT columns), the block
 #: scales folded into f16 operands, the CTA's rows copied into shared memory by cp.async.bulk
@@ -242,7 +244,7 @@ VARIANT_REGISTERS = {"simt": 128, "mma": 128, "mma2": 168, "mma_p": 128, "mma_p5
                      "mma_c8d2": 168, "mma_c8w": 128, "mma_c8r": 128, "mma_c8r4": 128,
                      **dict.fromkeys(SHOT_KCAP, 128), "mma_shot6": 112,
                      **dict.fromkeys(LEAN_VARIANTS, 128),
-                     **dict.fromkeys(MX8_VARIANTS, 128)}
+                     "mma_x8": 128, "mma_x8n2": 168}
 #: mma_psk: split K until the grid has about two waves of CTAs (4 per SM of 132 SMs, twice)
 SPLIT_K_P_CTAS = 2 * 4 * 132
 #: mma_psk: at least this many K steps (512 FP4 elements) per split (one step is loaded
@@ -255,14 +257,21 @@ SPLIT_K_MAX_CTAS = 0
 SPLIT_K_ENV = "BLOCKSCALE_DECODE_SPLIT_K"
 #: BLOCKSCALE_DECODE_VARIANT: the variant the dispatch uses for FP4 (MXFP8: MX8_VARIANT_ENV)
 VARIANT_ENV = "BLOCKSCALE_DECODE_VARIANT"
-#: the MXFP8 variant of the dispatch (BLOCKSCALE_DECODE_MX8_VARIANT = "simt" | "mma_x8"
-#: overrides it). H200 run DR (gpt-oss-120b gate_up, ms): simt -> mma_x8 T=1 0.0433 -> 0.0291,
-#: T=16 0.451 -> 0.264, T=128 2.285 -> 0.659 (77.9 % of copy; torch FP8 grouped 0.797); dense
-#: 5760 x 2880 M=16 0.0955 -> 0.0318, but M=1 0.0175 -> 0.0197 (90 CTAs: the SIMT kernel's
-#: 180 hide more latency), so dense M <= DENSE_MX8_SIMT_MAX_M keeps "simt"
-DEFAULT_MX8_VARIANT = "mma_x8"
-DENSE_MX8_SIMT_MAX_M = 1
+#: the MXFP8 variant of the dispatch (BLOCKSCALE_DECODE_MX8_VARIANT = "simt" | one of
+#: MX8_VARIANTS | MX8_AUTO overrides it)
 MX8_VARIANT_ENV = "BLOCKSCALE_DECODE_MX8_VARIANT"
+#: a dispatch-only MXFP8 choice (:func:`mx8_variant`): grouped "mma_x8"; dense "simt" at M =
+#: 1, "mma_x8" up to 8 rows, "mma_x8n2" above. H200 runs DS / DT, ms: gpt-oss-120b gate_up simt
+#: -> mma_x8 T=1 0.0433 -> 0.0293, T=16 0.466 -> 0.280, T=128 2.287 -> 0.661 (76.6 % of copy;
+#: torch FP8 grouped 0.788); DeepSeek-V3 T=1 0.113 -> 0.080, T=16 1.430 -> 0.919 (81.7 %);
+#: the grouped mma_x8n2 (3 CTAs an SM) slower at T=16 / 128 (0.331 / 0.774) even where groups
+#: hold 9-16 rows (two passes of mma_x8), and 4 n-tiles (32 rows a pass, groups up to 64
+#: rows) 2.046 ms at T=1024 against the tiled mma.sync kernel's 2.137: not kept. Dense 5760 x
+#: 2880: M=1 simt 0.0176 / mma_x8 0.0197 (90 CTAs: the SIMT kernel's 180 hide more latency),
+#: M=8 0.0514 / 0.0197, M=16 0.0956 / 0.0319 / mma_x8n2 0.0208
+MX8_AUTO = "mma_x8a"
+DEFAULT_MX8_VARIANT = MX8_AUTO
+DENSE_MX8_SIMT_MAX_M = 1
 #: a dispatch-only choice (BLOCKSCALE_DECODE_VARIANT / DEFAULT_VARIANT): "mma_c8t",
 #: "mma_c8s2" or "mma_c8s4" by the grid's 64-column tiles (:func:`slices_variant`)
 AUTO_VARIANT = "mma_c8a"
@@ -548,7 +557,8 @@ def build(spec: DecodeSpec) -> Any:
     elif spec.variant in MX8_VARIANTS:
         import blockscale.ops._decode_mx8_ir as DX
 
-        emit = DX.emit_decode_mx8
+        def emit(*args: Any, **kw: Any) -> None:
+            DX.emit_decode_mx8(*args, **kw, ntiles=MX8_NTILES[spec.variant])
     elif spec.variant in SHOT_KCAP:
         import blockscale.ops._decode_shot_ir as DS1
 
@@ -696,9 +706,12 @@ def solo_pick(variant: str, expert_start: Any, groups: np.ndarray) -> bool:
 def grouped_variant(fmt: Format, k: int, expert_start: Any, num_groups: int) -> str:
     """The decode variant the grouped dispatch picks for these groups (before its per-grid
     split-K and slices choices, which keep the results): :func:`dispatch_variant`, a
-    one-shot name resolved for K, or "mma_c8t1" (:func:`solo_pick`)."""
+    one-shot name resolved for K, :func:`mx8_variant`'s grouped pick, or "mma_c8t1"
+    (:func:`solo_pick`)."""
     v = _grouped_base_variant(fmt, k)
     v = "mma_c8t" if v == AUTO_VARIANT else v
+    if v == MX8_AUTO:
+        return mx8_variant(MAX_ROWS, grouped=True)
     return SOLO_VARIANTS[0] if solo_pick(v, expert_start, group_list(expert_start, num_groups)) \
         else v
 
@@ -707,6 +720,15 @@ def _grouped_base_variant(fmt: Format, k: int) -> str:
     """The grouped dispatch's variant before its per-grid choices: :func:`dispatch_variant`
     with a one-shot name resolved for K (:data:`AUTO_VARIANT` kept)."""
     return _shot_or_default(dispatch_variant(fmt, grouped=True), k, GROUPED_DEFAULT_VARIANT)
+
+
+def mx8_variant(rows: int, grouped: bool = False) -> str:
+    """The kernel of :data:`MX8_AUTO` for ``rows`` (dense M; grouped: any group of <=
+    :data:`MAX_ROWS` rows): grouped "mma_x8"; dense "simt" up to :data:`DENSE_MX8_SIMT_MAX_M`
+    rows, "mma_x8" up to 8, else "mma_x8n2" (measured: see :data:`MX8_AUTO`)."""
+    if grouped:
+        return "mma_x8"
+    return "simt" if rows <= DENSE_MX8_SIMT_MAX_M else "mma_x8" if rows <= 8 else "mma_x8n2"
 
 
 def one_row_groups(expert_start: Any, groups: np.ndarray) -> bool:
@@ -886,7 +908,7 @@ def dispatch_variant(fmt: Format, grouped: bool = False) -> str:
     (ValueError for an unknown name; :data:`AUTO_VARIANT` is resolved per launch)."""
     if not fmt.is_fp4:
         v = os.environ.get(MX8_VARIANT_ENV, DEFAULT_MX8_VARIANT)
-        H.check_choice(v, ("simt", *MX8_VARIANTS), MX8_VARIANT_ENV)
+        H.check_choice(v, ("simt", *MX8_VARIANTS, MX8_AUTO), MX8_VARIANT_ENV)
         return v
     v = os.environ.get(VARIANT_ENV, GROUPED_DEFAULT_VARIANT if grouped else DEFAULT_VARIANT)
     H.check_choice(v, (*VARIANTS, AUTO_VARIANT, LEAN_AUTO), VARIANT_ENV)
@@ -914,7 +936,8 @@ def grouped_fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_grou
     variant = _grouped_base_variant(fmt, k)
     auto = variant == AUTO_VARIANT
     spec = DecodeSpec(fmt.name, "grouped", "bfloat16", row_scales, target,
-                      "mma_c8t" if auto else variant)
+                      "mma_c8t" if auto else mx8_variant(MAX_ROWS, grouped=True)
+                      if variant == MX8_AUTO else variant)
 
     def run(buffers: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
         if max_group_rows(buffers["expert_start"], t) <= MAX_ROWS:
@@ -952,9 +975,8 @@ def dense_fast_path(target: str, fmt: Format, m: int, n: int, k: int, out_dtype:
             or m > MAX_ROWS or not k_supported(fmt, k):
         return None
     variant = dispatch_variant(fmt)
-    if variant in MX8_VARIANTS and m <= DENSE_MX8_SIMT_MAX_M \
-            and MX8_VARIANT_ENV not in os.environ:
-        variant = "simt"
+    if variant == MX8_AUTO:
+        variant = mx8_variant(m)
     if variant == LEAN_AUTO or variant in LEAN_VARIANTS:  # (else the one-shot pick)
         lean = lean_variant(m, n, k) if fmt.name == "nvfp4" else None
         if variant == LEAN_AUTO:
@@ -1064,13 +1086,12 @@ def bundle_specs(target: str = "sm_90a") -> list[DecodeSpec]:
                       for f in ("nvfp4", "mxfp4") for o in ("bfloat16", "float32")]
     specs += [DecodeSpec("nvfp4", "dense", o, False, target, v)
               for v in LEAN_VARIANTS for o in ("bfloat16", "float32")]
-    # MXFP8 on the tensor cores (the dispatch's default for MXFP8)
-    specs += [DecodeSpec("mxfp8", "grouped", "bfloat16", False, target, v)
-              for v in MX8_VARIANTS]
+    # MXFP8 on the tensor cores (the dispatch's default for MXFP8; dense M <= 16: 1 or 2
+    # n-tiles), grouped also with sigma_out (the fused SwiGLU op's chained path)
+    specs += [DecodeSpec("mxfp8", "grouped", "bfloat16", False, target, v, sigma_out=sg)
+              for v in MX8_VARIANTS for sg in ((False, True) if v == "mma_x8" else (False,))]
     specs += [DecodeSpec("mxfp8", "dense", o, False, target, v)
               for v in MX8_VARIANTS for o in ("bfloat16", "float32")]
-    specs += [DecodeSpec("mxfp8", "grouped", "bfloat16", False, target, v, sigma_out=True)
-              for v in MX8_VARIANTS]  # (the fused SwiGLU op's chained path)
     # the fused grouped matmul + SwiGLU's chained path where the dispatch runs "mma_c8t1"
     specs += [DecodeSpec(f, "grouped", "bfloat16", rs, target, v, sigma_out=True)
               for v in SOLO_VARIANTS for f, rs in (("nvfp4", False), ("nvfp4", True),

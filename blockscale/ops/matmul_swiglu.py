@@ -369,7 +369,8 @@ def _run_chain(kind: str, buffers: dict[str, Any], fmt: Format, act: GatedActiva
     bufs["a_scale_offsets"] = offs
     scalars = {"t": t, "n": n, "k": k, "num_groups": num_groups}
     if kind in ("solo", "mx8"):
-        variant = MD.SOLO_VARIANTS[0] if kind == "solo" else MD.dispatch_variant(fmt, True)
+        variant = MD.SOLO_VARIANTS[0] if kind == "solo" else \
+            MD.grouped_variant(fmt, k, es, num_groups)
         spec = MD.DecodeSpec(fmt.name, "grouped", "bfloat16", row_scales, target, variant,
                              sigma_out=True)
         gate_up = MD._launch_grouped(spec, t, n, num_groups, bufs, scalars, device)
