@@ -140,27 +140,18 @@ def test_moe_decode_solo_gpu(fmt, model, tokens):
     check_moe_output(out, case, a2d, w2d, esc, fmt, k, _columns(rng, n))
 
 
-@pytest.mark.parametrize("variant", matmul_decode.MX8_VARIANTS)
-@pytest.mark.parametrize("tokens", [1, 16, 128])
-def test_moe_decode_mx8_gpu(tokens, variant):
-    """The MXFP8 tensor-core variants at gpt-oss-120b gate_up, T up to 128, within the bound."""
-    experts, top_k, k, n = MODELS["gpt-oss-120b"]
-    rng = np.random.default_rng(tokens * 17 + 3)
-    case, a2d, w2d, esc = _moe_case(rng, MXFP8, experts, top_k, k, n, tokens)
-    if matmul_decode.max_group_rows(case["expert_start"], 0) > matmul_decode.MAX_ROWS:
-        pytest.skip("a group of > 16 rows in this routing")
-    out = matmul_decode.grouped_matmul_decode(**case, expert_scales=esc, fmt=MXFP8, k=k,
-                                              device="cuda", variant=variant)
-    check_moe_output(out, case, a2d, w2d, esc, MXFP8, k, _columns(rng, n))
+#: (format, variant) of the tensor-core decode kernels: FP4's and MXFP8's
+MMA_CASES = [(f, v) for f in FORMATS[:2]
+             for v in ("mma", "mma2", "mma_p", "mma_p5", "mma_c", "mma_c8", "mma_c85", "mma_c86",
+                       "mma_c8t", "mma_c8s2", "mma_c8s4", "mma_c8d2", "mma_c8w", "mma_c8r",
+                       "mma_c8r4")] + [(MXFP8, v) for v in matmul_decode.MX8_VARIANTS]
 
 
-@pytest.mark.parametrize("variant", ["mma", "mma2", "mma_p", "mma_p5", "mma_c", "mma_c8",
-                                     "mma_c85", "mma_c86", "mma_c8t", "mma_c8s2", "mma_c8s4",
-                                     "mma_c8d2", "mma_c8w", "mma_c8r", "mma_c8r4"])
 @pytest.mark.parametrize("tokens", [1, 16, 128])
-@pytest.mark.parametrize("fmt", FORMATS[:2], ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt,variant", MMA_CASES, ids=lambda x: getattr(x, "name", x))
 def test_moe_decode_mma_gpu(fmt, tokens, variant):
-    """The mma variant (FP4) at gpt-oss-120b gate_up, T up to 128 (groups <= 16 rows)."""
+    """The tensor-core variants (FP4, MXFP8) at gpt-oss-120b gate_up, T up to 128 (groups <=
+    16 rows)."""
     experts, top_k, k, n = MODELS["gpt-oss-120b"]
     rng = np.random.default_rng(tokens * 11 + 1)
     case, a2d, w2d, esc = _moe_case(rng, fmt, experts, top_k, k, n, tokens)
