@@ -16,8 +16,9 @@ and why it meets the fp32 bound of tests/test_matmul_common.py.
 * Dense (§4.1): the portable dense kernel's arguments (no epilogue); one group.
 
 Variants (``DecodeSpec.variant``, the ``variant=`` keyword of the direct calls):
-``"simt"`` (above; every format), ``"mma_x8"`` (MXFP8: swap-AB ``mma.sync`` on E4M3 -> f16
-operands, the dispatch's MXFP8 kernel but for dense M = 1; :mod:`blockscale.ops._decode_mx8_ir`)
+``"simt"`` (above; every format), ``"mma_x8"`` / ``"mma_x8n2"`` (MXFP8: swap-AB ``mma.sync``
+on E4M3 -> f16 operands, one / two n8-tiles a pass; the dispatch's MXFP8 kernels but for dense
+M = 1, :func:`mx8_variant`; :mod:`blockscale.ops._decode_mx8_ir`)
 and ``"mma"`` (FP4: swap-AB ``mma.sync`` with the weights as
 the MMA's M side, 64 columns per 128-thread CTA, weights streamed a 256-byte step ahead
 through registers into shared memory; cost per weight byte independent of the rows, result
