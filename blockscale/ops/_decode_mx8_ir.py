@@ -82,10 +82,6 @@ def _e4m3_pairs(x: Value) -> tuple[Value, Value]:
     return mma.cvt_e4m3x2_to_f16x2(lo), mma.cvt_e4m3x2_to_f16x2(hi)
 
 
-def _as_i32(pair: Value) -> Value:
-    return vector.extract(vector.bitcast(bir.vec(1, bir.i32()), pair), [], [0])
-
-
 def _load_words(buf: Value, off: Value, nbytes: int) -> list[Value]:
     """``nbytes`` (4, 8 or 16) bytes of an i8 buffer at ``off`` (aligned) as i32 words."""
     v = bir.vector_load(bir.vec(nbytes, bir.i8()), buf, off, alignment=nbytes)
@@ -208,7 +204,7 @@ def emit_decode_mx8(kb: Any, fmt: Format, *, start: Value, end: Value, expert: V
             # stage step s: buffer q was last read at step s - 2, before step s - 1's barrier
             per = stage_bytes // 4
             for i, st_tok in enumerate(st_toks):
-                pairs = [_as_i32(p) for x in awords[i * per:(i + 1) * per]
+                pairs = [mma.pack_i32(p) for x in awords[i * per:(i + 1) * per]
                          for p in _e4m3_pairs(x)]
                 dst = bir.add(bir.mul(q, act_words),
                               bir.add(bir.mul(st_tok, act_row_words), bir.udiv(st_col, 2)))
