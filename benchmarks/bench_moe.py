@@ -18,7 +18,8 @@ matmul outputs on sampled rows against the float64 product of the operands dequa
 torch baselines on sampled rows against the float64 product of their own operands (normwise
 relative error <= 1e-2). Each rotation set (see benchmarks/common.py) is checked.
 
-Usage: ``python benchmarks/bench_moe.py [--quick]`` (or through benchmarks/run.py).
+Usage: ``python benchmarks/bench_moe.py [--quick]`` (or through benchmarks/run.py);
+``--gate-up mxfp8,mxfp4 --t 1024,4096 --shapes gpt-oss-120b``: only those gate_up rows.
 """
 
 from __future__ import annotations
@@ -657,9 +658,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--gate-up", metavar="FMTS", default=None,
+                   help="only the gate_up benchmark, these formats (e.g. mxfp8,mxfp4)")
+    p.add_argument("--t", default=",".join(map(str, T_VALUES)), help="gate_up token counts")
+    p.add_argument("--shapes", default=",".join(s.name for s in GATE_UP),
+                   help="gate_up shapes by name")
     ns = p.parse_args(argv)
     kernel_keys_without_mlir()
     dev = runtime.get_device("cuda")
+    if ns.gate_up is not None:
+        shapes = [s for s in GATE_UP if s.name in ns.shapes.split(",")]
+        bench_gate_up(dev, Budget(600), t_values=[int(x) for x in ns.t.split(",")],
+                      fmts=ns.gate_up.split(","), shapes=shapes)
+        return 0
     copy = ceilings.copy_tbps([ceilings.copy_bandwidth(dev)])
     run(dev, Budget(600), copy, quick=ns.quick)
     return 0

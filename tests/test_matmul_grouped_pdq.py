@@ -176,8 +176,8 @@ def test_interp_p2(case):
 @pytest.mark.ir
 def test_spec_checks():
     assert GP.GroupedPdqSpec("nvfp4").stages == GP.MAX_STAGES
-    with pytest.raises(ValueError, match="fmt"):
-        GP.GroupedPdqSpec("mxfp8")
+    with pytest.raises(ValueError, match="fmt|format"):
+        GP.GroupedPdqSpec("fp6")
     with pytest.raises(ValueError, match="row_scales"):
         GP.GroupedPdqSpec("mxfp4", row_scales=True)
     with pytest.raises(TypeError, match="prefetch"):
@@ -195,10 +195,14 @@ def test_spec_checks():
     p2 = GP.GroupedPdqSpec("nvfp4", True, prefetch=True, producers=2, bn=192)
     assert p2.block == (512, 1, 1) and p2.kernel_name.endswith("_128x192_k64_s5_pf_p2_rowsc")
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
-    specs = GP.bundle_specs("sm_90a")
+    every = GP.bundle_specs("sm_90a")
+    assert len(every) == len({s.kernel_name for s in every})
+    # MXFP8's 7 (tests/test_matmul_grouped_pdq_mx8.py), then the FP4 ones:
+    assert sum(getattr(s, "fmt", "") == "mxfp8" for s in every) == 7
+    specs = [s for s in every if getattr(s, "fmt", "") != "mxfp8"]
     # 124 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH; 28 f16 / paired-fence
     # ones) + 3 wgmma references
-    assert len(specs) == len({s.kernel_name for s in specs}) == 124 + 3
+    assert len(specs) == 124 + 3
     assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 124
     assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 100
     assert sum(getattr(s, "bm", 128) == 256 for s in specs) == 21

@@ -1,4 +1,4 @@
-"""IR of the grouped (MoE prefill) phase 1: the routed rows' packed FP4 A -> one bf16 workspace
+"""IR of the grouped (MoE prefill) phase 1: the routed rows' packed FP4 (or MXFP8) A -> one bf16 workspace
 of per-(group, 128-row tile) tiles (:mod:`blockscale.ops.matmul_grouped_p1`, issue #10).
 
 Imports MLIR: only :func:`blockscale.ops.matmul_grouped_p1.build` imports it.
@@ -23,10 +23,11 @@ Grid: ``(ceil(128 * ceil(pieces / P) / 256), ceil(T / 128) + G)``; block ``y`` f
 item ``t = 256 x + tid`` is local row ``t % 128`` and ``P`` consecutive 64-element pieces
 ``P (t // 128) ..`` of it (consecutive threads, consecutive rows: every 16-byte store of a
 warp writes 512 contiguous bytes). Per thread first every load (per piece and 32-element half
-one 16-byte load of packed FP4 and its scale bytes, zero-extended), then per half the
+one 16-byte load of packed FP4, 32 bytes of MXFP8, and its scale bytes), then per half the
 conversion (:func:`blockscale.ops._twophase_p1_ir.dequant_chunks`: the bits of
 ``_wgmma_ir._dequant_row`` "lut" with ``_wgmma_ir._scale_values`` folded in, the same as
-phase 1 and the producer) and four 16-byte stores.
+phase 1 and the producer; MXFP8: :func:`blockscale.ops._mx8_window_ir.chunks`) and four
+16-byte stores.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ def _chunks(data: Value, scales: Value, fmt: str, dtype: str) -> list[Value]:
     """A 32-element half's four 16-byte chunks: bf16 (``dequant_chunks`` with the
     ``_scale_values`` splats) or f16 (:mod:`blockscale.ops._f16_dequant_ir`)."""
     nscales = ir.VectorType(scales.type).shape[0]
+    if fmt == "mxfp8":  # E4M3 codes times the block's power of two
+        from blockscale.ops import _mx8_window_ir as MW
+
+        b = arith.extui(bir.i32(), vector.extract(scales, [], [0]))
+        return MW.chunks(data, MW.block_factor(b))
     if dtype == "f16":
         from blockscale.ops import _f16_dequant_ir as F16
 
@@ -115,10 +121,11 @@ def emit(kb: Any, fmt: str, p: int, dtype: str = "bf16", kperm: bool = False) ->
         with bir.when(live):
             m = bir.add(bir.add(start, bir.mul(tile, TILE)), r)
             row_ok = bir.ult(m, end)
-            rbase = bir.mul(m, bir.udiv(k, 2))
+            per = 32 if fmt == "mxfp8" else 16  # packed bytes of a 32-element half
+            rbase = bir.mul(m, k if fmt == "mxfp8" else bir.udiv(k, 2))
             sbase = tcgen_row_offset(bir.add(bir.mul(w, TILE), r), bir.ceil_div(
                 bir.ceil_div(k, block), 4))
-            vd, vs = bir.vec(16, bir.i8()), bir.vec(nscales, bir.i8())
+            vd, vs = bir.vec(per, bir.i8()), bir.vec(nscales, bir.i8())
             loaded = []
             for i in range(p):  # every load first
                 pc = bir.add(bir.mul(grp, p), i)
@@ -128,7 +135,7 @@ def emit(kb: Any, fmt: str, p: int, dtype: str = "bf16", kperm: bool = False) ->
                     br = bir.if_(ok, [vd, vs])
                     with br.then():
                         data = bir.vector_load(vd, kb.arg("a"),
-                                               bir.add(rbase, bir.mul(half, 16)), alignment=16)
+                                               bir.add(rbase, bir.mul(half, per)), alignment=16)
                         j = bir.mul(half, nscales)
                         off = bir.add(sbase, bir.add(bir.mul(bir.udiv(j, 4), SF_ATOM_BYTES),
                                                      bir.urem(j, 4)))
@@ -148,5 +155,5 @@ def emit(kb: Any, fmt: str, p: int, dtype: str = "bf16", kperm: bool = False) ->
                     base = bir.add(tbase, bir.add(bir.mul(bir.mul(pc, 8), 16 * TILE),
                                                   bir.mul(r, 16)))
                     for c, v in enumerate(chunks):
-                        bir.vector_store(vector.bitcast(vd, v), kb.arg("ws"),
+                        bir.vector_store(vector.bitcast(bir.vec(16, bir.i8()), v), kb.arg("ws"),
                                          bir.add(base, 16 * TILE * c), alignment=16)

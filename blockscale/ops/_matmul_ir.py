@@ -22,6 +22,7 @@ for the bound this gives).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from mlir import ir
 from mlir.dialects import arith
@@ -43,6 +44,37 @@ def tcgen_row_offset(r: Value, kblock_tiles: Value) -> Value:
     tile = bir.mul(bir.mul(bir.udiv(r, SF_ATOM_ROWS), kblock_tiles), SF_ATOM_BYTES)
     inner = bir.add(bir.mul(bir.urem(r, 32), 16), bir.mul(bir.udiv(bir.urem(r, 128), 32), 4))
     return bir.add(tile, inner)
+
+
+def grouped_row_group(kb: Any, m: Value, groups: Value) -> tuple[Value, Value, Value]:
+    """(group, active, expert id) of routed row ``m`` of a grouped kernel (args
+    ``expert_start``, ``expert_ids``): the group counts the group ends ``expert_start[1..G]``
+    that are <= m (clamped to G - 1); active: m lies in a group (m < expert_start[G]) whose
+    expert id is >= 0."""
+    es = kb.arg("expert_start")
+    with bir.for_range(1, bir.add(groups, 1), carry=[bir.const(0)]) as gl:
+        end = bir.as_index(bir.load(es, gl.iv))
+        gl.yield_(bir.add(gl.carried[0], bir.select(bir.ule(end, m), bir.const(1), 0)))
+    g = gl.results[0]
+    g_safe = bir.umin(g, bir.sub(groups, 1))
+    expert = bir.load(kb.arg("expert_ids"), g_safe)
+    active = bir.logical_and(bir.ult(g, groups), arith.cmpi(
+        arith.CmpIPredicate.sge, expert, bir.const(0, bir.i32())))
+    return g_safe, active, expert
+
+
+def grouped_a_scale_row(kb: Any, m: Value, g: Value) -> Value:
+    """Routed row ``m``'s 5-D scale row in group ``g``'s padded tiles (SEMANTICS §5:
+    ``(start // 128 + a_scale_offsets[g]) * 128 + m - start``)."""
+    start = bir.as_index(bir.load(kb.arg("expert_start"), g))
+    tile0 = bir.add(bir.udiv(start, SF_ATOM_ROWS),
+                    bir.as_index(bir.load(kb.arg("a_scale_offsets"), g)))
+    return bir.add(bir.mul(tile0, SF_ATOM_ROWS), bir.sub(m, start))
+
+
+def grouped_b_scale_row(e: Value, n: Value, n_count: Value) -> Value:
+    """Weight row ``(e, n)``'s 6-D scale row: expert e's ``ceil(N / 128)`` tiles, row n."""
+    return bir.add(bir.mul(bir.mul(e, bir.ceil_div(n_count, SF_ATOM_ROWS)), SF_ATOM_ROWS), n)
 
 
 def tcgen_kblock_offset(j: Value) -> Value:

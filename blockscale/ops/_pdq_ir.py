@@ -218,8 +218,20 @@ class PackedRows:
 BSource = PackedRows
 
 
+def _data_bytes(fmt: str) -> int:
+    """Packed bytes of a 32-element half: 16 (FP4), 32 (MXFP8)."""
+    return 32 if fmt == "mxfp8" else 16
+
+
+def _data_offset(src: PackedRows, row: Value, p: Value, fmt: str) -> Value:
+    """The first packed byte of half ``p`` of ``src``'s global row ``row``."""
+    per = _data_bytes(fmt)
+    row_bytes = src.k if fmt == "mxfp8" else bir.udiv(src.k, 2)
+    return bir.add(bir.mul(row, row_bytes), bir.mul(p, per))
+
+
 def _types(ops: list[PackedRows], fmt: str) -> list[ir.Type]:
-    per = [bir.vec(16, bir.i8()), bir.i32()] * 2  # data, scale bytes (_scale_word)
+    per = [bir.vec(_data_bytes(fmt), bir.i8()), bir.i32()] * 2  # data, scales (_scale_word)
     return per * sum(op.per_thread for op in ops)
 
 
@@ -230,10 +242,9 @@ def _load_step(ops: list[PackedRows], pt: Value, t: Value, fmt: str) -> list[Val
     access)."""
     block = 16 if fmt == "nvfp4" else 32
     nscales = 32 // block
-    vd, vs = bir.vec(16, bir.i8()), bir.i32()
+    vd, vs = bir.vec(_data_bytes(fmt), bir.i8()), bir.i32()
     out = []
     for src in ops:
-        half_k = bir.udiv(src.k, 2)
         for j in range(src.per_thread):
             r = bir.add(pt, j * PRODUCER_THREADS)
             row_ok = bir.ult(r, src.rows_valid)
@@ -243,8 +254,8 @@ def _load_step(ops: list[PackedRows], pt: Value, t: Value, fmt: str) -> list[Val
                 p = bir.add(bir.mul(t, 2), half)
                 br = bir.if_(bir.logical_and(row_ok, bir.ult(bir.mul(p, 32), src.k)), [vd, vs])
                 with br.then():
-                    data = bir.vector_load(vd, src.x, bir.add(bir.mul(grow, half_k),
-                                                              bir.mul(p, 16)), alignment=16)
+                    data = bir.vector_load(vd, src.x, _data_offset(src, grow, p, fmt),
+                                           alignment=16)
                     jb = bir.mul(p, nscales)
                     off = bir.add(srow, bir.add(bir.mul(bir.udiv(jb, 4), SF_ATOM_BYTES),
                                                 bir.urem(jb, 4)))
@@ -378,12 +389,17 @@ def _dequant_lut(codes: Value, splats: tuple[Value, ...], block: int,
 
 def _dequant(ring: _PdqRing, data: Value, scales: Value, fmt: str) -> list[Value]:
     """A 32-element half's four 16-byte chunks (``vector<4xi32>``) in the ring's operand
-    type: bf16 :func:`_dequant_lut` with :func:`_splats`, or f16
+    type: bf16 :func:`_dequant_lut` with :func:`_splats` (MXFP8: 32 E4M3 codes times the
+    block's power of two, :func:`blockscale.ops._mx8_window_ir.chunks`), or f16
     (:mod:`blockscale.ops._f16_dequant_ir`, NVFP4: values times 2^-7)."""
     if ring.dtype == "f16":
         from blockscale.ops import _f16_dequant_ir as F16
 
         return F16.dequant_chunks(data, F16.splats(scales))
+    if fmt == "mxfp8":  # E4M3 codes times the block's power of two (_mx8_window_ir)
+        from blockscale.ops import _mx8_window_ir as MW
+
+        return MW.chunks(data, MW.block_factor(scales))
     return _dequant_lut(data, _splats(scales, fmt), 16 if fmt == "nvfp4" else 32, ring.lut)
 
 
@@ -435,7 +451,7 @@ def _units(ops: list[PackedRows], pt: Value, nthreads: int) -> list[_Unit]:
 
 
 def _unit_types(units: list[_Unit], fmt: str) -> list[ir.Type]:
-    return [bir.vec(16, bir.i8()), bir.i32()] * len(units)
+    return [bir.vec(_data_bytes(fmt), bir.i8()), bir.i32()] * len(units)
 
 
 def _load_units(units: list[_Unit], t: Value, fmt: str) -> list[Value]:
@@ -443,7 +459,7 @@ def _load_units(units: list[_Unit], t: Value, fmt: str) -> list[Value]:
     k-step ``t``, zeros past the rows, K or the units."""
     block = 16 if fmt == "nvfp4" else 32
     nscales = 32 // block
-    vd, vs = bir.vec(16, bir.i8()), bir.i32()
+    vd, vs = bir.vec(_data_bytes(fmt), bir.i8()), bir.i32()
     out = []
     for un in units:
         src = un.src
@@ -453,9 +469,8 @@ def _load_units(units: list[_Unit], t: Value, fmt: str) -> list[Value]:
             ok = bir.logical_and(un.valid, ok)
         br = bir.if_(ok, [vd, vs])
         with br.then():
-            data = bir.vector_load(vd, src.x, bir.add(bir.mul(bir.add(src.row0, un.row),
-                                                              bir.udiv(src.k, 2)),
-                                                      bir.mul(p, 16)), alignment=16)
+            data = bir.vector_load(vd, src.x, _data_offset(src, bir.add(src.row0, un.row), p,
+                                                           fmt), alignment=16)
             jb = bir.mul(p, nscales)
             off = bir.add(src.scale_row(un.row),
                           bir.add(bir.mul(bir.udiv(jb, 4), SF_ATOM_BYTES), bir.urem(jb, 4)))

@@ -342,19 +342,16 @@ def fold_undo_fast(value: Value, row: Value, col: Value) -> Value:
     return arith.mulf(value, arith.bitcast(bir.f32(), arith.addi(row, col)))
 
 
-def emit_fixup(kb: Any, flags: Value, m_count: Value, n_count: Value, k: Value,
-               finish: Callable[[Value, Value, Value], None]) -> None:
-    """Recompute the outputs of flagged rows: CTA ``b`` reads flags ``256 b + tid`` (rows of A
-    below ``m_count``, then rows of B), keeps them in shared memory, and only if one is set
-    walks them: a flagged A row ``m`` -> ``finish(acc, m, n)`` for CTA ``y``'s share of the ``n``
-    (``tid + 256 y``, strided by ``256 FIXUP_SPLIT``), a flagged B row ``n`` -> its share of
-    the ``m``; ``acc`` is the portable kernel's fp32 dot product."""
-    a, b, sfa, sfb = (kb.arg(x) for x in ("a", "b", "sfa", "sfb"))
+def for_flagged_rows(kb: Any, flags: Value, total: Value,
+                     on_row: Callable[[Value, Value, int], None]) -> None:
+    """The fixups' walk: CTA ``b`` reads flags ``256 b + tid`` (of ``total``), keeps them in
+    shared memory and only if one is set calls ``on_row(row, lane0, stride)`` for each set
+    one: the FIXUP_SPLIT CTAs of grid.y share a flagged row's outputs, thread tid of CTA y
+    taking outputs ``lane0 = tid + THREADS y``, then every ``stride = THREADS FIXUP_SPLIT``."""
     s_flags = tma.shared_buffer(kb, f"{THREADS}xi32", align=16)
     s_warps = tma.shared_buffer(kb, f"{THREADS // 32}xi32", align=16)
     tid = bir.thread_idx("x")
     first = bir.mul(bir.block_idx("x"), THREADS)
-    total = bir.add(m_count, n_count)
     r = bir.add(first, tid)
     fl = bir.if_(bir.ult(r, total), [bir.i32()])
     with fl.then():
@@ -372,11 +369,20 @@ def emit_fixup(kb: Any, flags: Value, m_count: Value, n_count: Value, k: Value,
     any_set = _i32(0)
     for w in range(THREADS // 32):
         any_set = arith.ori(any_set, bir.load(s_warps, w))
-    kblocks = bir.udiv(k, 32)
-    # the FIXUP_SPLIT CTAs of grid.y share a flagged row's outputs: thread tid of CTA y
-    # takes outputs tid + THREADS y, then every THREADS FIXUP_SPLIT
     lane0 = bir.add(tid, bir.mul(bir.block_idx("y"), THREADS))
-    stride = THREADS * FIXUP_SPLIT
+    with (bir.when(bir.ne(any_set, _i32(0))), bir.for_range(0, THREADS) as rows,
+          bir.when(bir.ne(bir.load(s_flags, rows.iv), _i32(0)))):
+        on_row(bir.add(first, rows.iv), lane0, THREADS * FIXUP_SPLIT)
+
+
+def emit_fixup(kb: Any, flags: Value, m_count: Value, n_count: Value, k: Value,
+               finish: Callable[[Value, Value, Value], None]) -> None:
+    """Recompute the outputs of flagged rows (:func:`for_flagged_rows`; flags of the rows of A
+    below ``m_count``, then of the rows of B): a flagged A row ``m`` -> ``finish(acc, m, n)``
+    for CTA ``y``'s share of the ``n``, a flagged B row ``n`` -> its share of the ``m``;
+    ``acc`` is the portable kernel's fp32 dot product."""
+    a, b, sfa, sfb = (kb.arg(x) for x in ("a", "b", "sfa", "sfb"))
+    kblocks = bir.udiv(k, 32)
 
     def dot(m: Value, n: Value) -> Value:
         sfa_off, sfb_off = mir.scale_offsets("tcgen5d", m, n, kblocks)
@@ -384,13 +390,13 @@ def emit_fixup(kb: Any, flags: Value, m_count: Value, n_count: Value, k: Value,
                                          b_row=bir.mul(n, k), sfa=sfa, sfa_offset=sfa_off,
                                          sfb=sfb, sfb_offset=sfb_off, k=k)
 
-    with bir.when(bir.ne(any_set, _i32(0))), bir.for_range(0, THREADS) as rows:
-        rr = bir.add(first, rows.iv)
-        with bir.when(bir.ne(bir.load(s_flags, rows.iv), _i32(0))):
-            with (bir.when(bir.ult(rr, m_count)),  # a row of A: a row of C
-                  bir.for_range(lane0, n_count, stride) as cols):
-                finish(dot(rr, cols.iv), rr, cols.iv)
-            with bir.when(bir.ule(m_count, rr)):  # a row of B: a column of C
-                n = bir.sub(rr, m_count)
-                with bir.for_range(lane0, m_count, stride) as ms:
-                    finish(dot(ms.iv, n), ms.iv, n)
+    def on_row(rr: Value, lane0: Value, stride: int) -> None:
+        with (bir.when(bir.ult(rr, m_count)),  # a row of A: a row of C
+              bir.for_range(lane0, n_count, stride) as cols):
+            finish(dot(rr, cols.iv), rr, cols.iv)
+        with bir.when(bir.ule(m_count, rr)):  # a row of B: a column of C
+            n = bir.sub(rr, m_count)
+            with bir.for_range(lane0, m_count, stride) as ms:
+                finish(dot(ms.iv, n), ms.iv, n)
+
+    for_flagged_rows(kb, flags, bir.add(m_count, n_count), on_row)

@@ -113,20 +113,10 @@ def build(spec: GroupedMatmulSpec) -> Any:
         f32 = bir.f32()
         t_count, n_count, k, groups = (bir.as_index(kb.arg(x))
                                        for x in ("t", "n", "k", "num_groups"))
-        es = kb.arg("expert_start")
         n = bir.add(bir.mul(bir.block_idx("x"), BLOCK[0]), bir.thread_idx("x"))
         m = bir.add(bir.mul(bir.block_idx("y"), BLOCK[1]), bir.thread_idx("y"))
         with bir.when(bir.logical_and(bir.ult(m, t_count), bir.ult(n, n_count))):
-            # group of row m: the number of group ends expert_start[1..G] that are <= m
-            with bir.for_range(1, bir.add(groups, 1), carry=[bir.const(0)]) as gl:
-                end = bir.as_index(bir.load(es, gl.iv))
-                gl.yield_(bir.add(gl.carried[0], bir.select(bir.ule(end, m), bir.const(1), 0)))
-            g = gl.results[0]
-            in_group = bir.ult(g, groups)
-            g_safe = bir.umin(g, bir.sub(groups, 1))
-            expert = bir.load(kb.arg("expert_ids"), g_safe)
-            active = bir.logical_and(
-                in_group, arith.cmpi(arith.CmpIPredicate.sge, expert, bir.const(0, bir.i32())))
+            g, active, expert = mir.grouped_row_group(kb, m, groups)
             br = bir.if_(active, [f32])
             with br.then():
                 e = bir.as_index(expert)
@@ -135,12 +125,8 @@ def build(spec: GroupedMatmulSpec) -> Any:
                 w_row = bir.add(bir.mul(e, n_count), n)  # row of W viewed as [E*N, K]
                 if spec.scale_layout == "tcgen5d":
                     d1 = bir.ceil_div(kblocks, 4)
-                    start = bir.as_index(bir.load(es, g))
-                    tile0 = bir.add(bir.udiv(start, SF_ATOM_ROWS),
-                                    bir.as_index(bir.load(kb.arg("a_scale_offsets"), g)))
-                    a_srow = bir.add(bir.mul(tile0, SF_ATOM_ROWS), bir.sub(m, start))
-                    n_tiles = bir.ceil_div(n_count, SF_ATOM_ROWS)
-                    b_srow = bir.add(bir.mul(bir.mul(e, n_tiles), SF_ATOM_ROWS), n)
+                    a_srow = mir.grouped_a_scale_row(kb, m, g)
+                    b_srow = mir.grouped_b_scale_row(e, n, n_count)
                 else:
                     d1, a_srow, b_srow = None, m, w_row
                 sfa_off, sfb_off = mir.scale_offsets(spec.scale_layout, a_srow, b_srow,

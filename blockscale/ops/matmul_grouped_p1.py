@@ -25,12 +25,13 @@ from blockscale.launch import KernelArg
 
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
 KERNEL_SOURCES = ("blockscale.ops._grouped_p1_ir", "blockscale.ops._f16_dequant_ir",
+                  "blockscale.ops._mx8_window_ir",
                   "blockscale.ops._grouped_wgmma_ir",
                   "blockscale.ops._twophase_p1_ir", "blockscale.ops._twophase_ir",
                   "blockscale.ops._wgmma_ir", "blockscale.ops._mma_ir",
                   "blockscale.ops._matmul_ir")
 TARGETS = ("sm_90a",)
-FORMATS = ("nvfp4", "mxfp4")
+FORMATS = ("nvfp4", "mxfp4", "mxfp8")
 #: threads per block, rows per workspace tile, pieces per thread (= _grouped_p1_ir's)
 THREADS, TILE, PIECES = 256, 128, (1, 2)
 DEFAULT_PIECES = 2
@@ -45,7 +46,8 @@ class GroupedP1Spec(FormatSpec):
     """The grouped phase-1 kernel.
 
     Attributes:
-        fmt: "nvfp4" | "mxfp4".
+        fmt: "nvfp4" | "mxfp4" | "mxfp8" (E4M3 times the block's power of two, exact inside
+            the window of :mod:`blockscale.ops._mx8_window_ir`).
         target: "sm_90a".
         pieces: 64-element pieces of a row per thread (:data:`PIECES`).
         dtype: the workspace's type, "bf16", or "f16" (NVFP4: values times 2^-7, the
@@ -210,9 +212,10 @@ def dequantize_grouped_a(hidden: Any, a_scales: Any, expert_start: Any, a_scale_
     H.check_choice(fmt.name, FORMATS, "fmt")
     t, cols = H.shape_of(hidden, "hidden", 2)
     H.check_dtype(hidden, fmt.elem_dtype, "hidden", fmt)
-    k = 2 * cols if k is None else k
+    k = (cols if fmt.name == "mxfp8" else 2 * cols) if k is None else k
     if k % 32 or fmt.data_cols(k) != cols:
-        raise ValueError(f"the grouped phase 1 takes k % 32 == 0 and hidden.shape[1] == k / 2, "
+        raise ValueError(f"the grouped phase 1 takes k % 32 == 0 and hidden.shape[1] == "
+                         f"{'k' if fmt.name == 'mxfp8' else 'k / 2'}, "
                          f"got k={k}, hidden.shape[1]={cols}")
     es, offs, ids = _grouped.group_vectors(expert_start, a_scale_offsets, expert_ids, t,
                                            2 ** 31 - 1)

@@ -1,5 +1,5 @@
 """Warp-specialized "producer-dequant" sm_90a grouped (MoE prefill) block-scaled matmul: NVFP4,
-MXFP4 (issue #10).
+MXFP4, MXFP8 (issue #10).
 
 Same contract as :func:`blockscale.ops.matmul_grouped_wgmma.grouped_matmul_block_scaled_wgmma`
 (SEMANTICS §5, D8, D10): 5-D A scales with per-group padded tiles (``a_scale_offsets``), 6-D B
@@ -45,6 +45,11 @@ paired skip items (:data:`DISPATCH_A_SOURCE`, :data:`DISPATCH_DTYPE`, :data:`DIS
 :data:`DISPATCH_SKIP`, :data:`DISPATCH_PAIR`: the fastest measured on the H200, runs AA / AB /
 AM / AQ / AR); ``BLOCKSCALE_SM90_GROUPED_PDQ_A=packed``, ``..._DTYPE=bf16``,
 ``..._BM=128|192|256``, ``..._SKIP=0`` and ``..._PAIR=0`` select the others (both ops).
+MXFP8 (:mod:`blockscale.ops.matmul_grouped_pdq_mx8`): the same kernel on exact bf16 operands
+(E4M3 x 2^(b - 127) inside a fixed scale window; phase 1 and the producer convert 32 bytes
+a half), bf16 items only (no f16, no TMA B, no paired fence), between a flag kernel and a
+fixup that recomputes the rows a scale outside the window touches (:func:`launch`). Its
+output is within the fp32 bound of the exact value, not the bytes of another kernel.
 Importing this module does not import MLIR.
 """
 
@@ -64,6 +69,7 @@ from blockscale.ops._staged_store_ir import check_store
 
 #: modules whose source shapes the kernel (part of the kernel key, see ops/_core.py)
 KERNEL_SOURCES = ("blockscale.ops._pdq_ir", "blockscale.ops._pdq_tall_ir",
+                  "blockscale.ops._mx8_window_ir",
                   "blockscale.ops._pdq_tri_ir", "blockscale.ops._f16_dequant_ir",
                   "blockscale.ops._pdq_tma_ir", "blockscale.ops._pdq_tma",
                   "blockscale.ops._wgmma_ws_ir", "blockscale.ops._wgmma_ws",
@@ -74,7 +80,9 @@ KERNEL_SOURCES = ("blockscale.ops._pdq_ir", "blockscale.ops._pdq_tall_ir",
                   "blockscale.ops.matmul_sm90", "blockscale.ops.matmul_grouped",
                   "blockscale.ops.matmul_grouped_sm90")
 TARGETS = ("sm_90a",)
-FORMATS = ("nvfp4", "mxfp4")
+FORMATS = ("nvfp4", "mxfp4", "mxfp8")
+#: the FP4 formats (every variant below; MXFP8: B from global memory, bf16, no paired fence)
+FP4_FORMATS = ("nvfp4", "mxfp4")
 #: the work item's tile and the CTA (= matmul_pdq's)
 BM, BN, THREADS, MAX_STAGES = _pdq.BM, _pdq.BN, _pdq.THREADS, _pdq.MAX_STAGES
 LOOPS, STORES, PRODUCERS, BNS = _pdq.LOOPS, _pdq.STORES, _pdq.PRODUCERS, _pdq.BNS
@@ -149,7 +157,7 @@ class GroupedPdqSpec(FormatSpec):
     """What one grouped producer-dequant kernel is specialised on (bf16 output).
 
     Attributes:
-        fmt: "nvfp4" | "mxfp4".
+        fmt: "nvfp4" | "mxfp4" | "mxfp8" (launched with its flag and fixup kernels).
         row_scales: whether the kernel reads ``a_row_scales`` (bf16 ``[T]``, NVFP4).
         target: "sm_90a".
         stages: shared stages (2 .. ``matmul_pdq.max_stages(bn)``); None: the most.
@@ -265,6 +273,9 @@ class GroupedPdqSpec(FormatSpec):
         _pdq.check_depth(self.depth, self.prefetch)
         H.check_choice(self.a_source, A_SOURCES, "a_source")
         H.check_choice(self.b_source, B_SOURCES, "b_source")
+        if self.fmt == "mxfp8" and self.b_source != "global":
+            raise ValueError(f"MXFP8 reads B from global memory (b_source='global'), got "
+                             f"b_source={self.b_source!r}")
         if self.a_early and (self.a_source, self.bm) != ("workspace", BM):
             raise ValueError(f"a_early needs a_source='workspace' and bm={BM}, got "
                              f"a_source={self.a_source!r}, bm={self.bm}")
@@ -402,7 +413,9 @@ def build(spec: GroupedPdqSpec) -> Any:
                 b = P.PackedRows(kb.arg("w"), kb.arg("sfb"),
                                  bir.add(bir.mul(e, n_count), n0), bir.sub(n_count, n0), k,
                                  lambda r: tcgen_row_offset(bir.add(b_srow0, r), d1), bn)
-                fix = X.accumulator_scale("lut", spec.fmt, "fold")
+                # (MXFP8: exact operands, no fold; matmul_grouped_pdq_mx8)
+                fix = 1.0 if spec.fmt == "mxfp8" else X.accumulator_scale("lut", spec.fmt,
+                                                                          "fold")
                 if spec.dtype == "f16":  # both operands times 2^-7 (exact)
                     from blockscale.ops._f16_dequant_ir import ACC_SCALE
 
@@ -475,8 +488,9 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
     ``pair``
     (:class:`GroupedPdqSpec`; ``bm=256`` with
     ``bn=128``). Raises ValueError for K % 32 != 0, a format other
-    than NVFP4 / MXFP4, a staged store with N % 8 != 0, ``sigma_out`` with an odd N (staged:
-    N % 16 != 0), or (workspace A) scale tiles not placed as D8 says."""
+    than NVFP4 / MXFP4 / MXFP8, a staged store with N % 8 != 0, ``sigma_out`` with an odd N (staged:
+    N % 16 != 0), or (workspace A) scale tiles not placed as D8 says. MXFP8 runs its flag
+    and fixup kernels around it (:mod:`blockscale.ops.matmul_grouped_pdq_mx8`)."""
     fmt = Format.from_name(fmt)
     H.check_choice(fmt.name, FORMATS, "fmt")
     t, n, k, g_count, buffers = _grouped.tiled_grouped_operands(
@@ -507,6 +521,8 @@ def launch(spec: GroupedPdqSpec, t: int, n: int, num_groups: int, buffers: dict[
     ``[T, N]``. A workspace spec launches the grouped phase 1 first (the workspace stays on
     the device)."""
     empty = t == 0 or n == 0
+    if spec.fmt == "mxfp8" and not empty:
+        return _launch_mx8(spec, t, n, num_groups, buffers, scalars, device)
     if spec.a_source == "packed" or empty:
         return H.launch(spec, grid(t, n, num_groups, spec.bn, spec.bm), (t, n), "bfloat16", buffers,
                         scalars, device, empty=empty)
@@ -521,6 +537,34 @@ def launch(spec: GroupedPdqSpec, t: int, n: int, num_groups: int, buffers: dict[
                                                  scalars["k"])}
     out = H.launch(spec, grid(t, n, num_groups, spec.bn, spec.bm), (t, n), "bfloat16", bufs,
                    scalars, device)
+    return device.to_host(out) if host else out
+
+
+def _launch_mx8(spec: GroupedPdqSpec, t: int, n: int, num_groups: int,
+                buffers: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
+    """MXFP8 (:mod:`blockscale.ops.matmul_grouped_pdq_mx8`): the flag kernel, ``spec`` (its
+    phase 1 first with the workspace A), then the fixup of the flagged rows, in place."""
+    import numpy as np
+
+    from blockscale.ops import matmul_grouped_pdq_mx8 as MX8
+
+    host = all(isinstance(v, np.ndarray) for v in buffers.values())
+    if host:  # keep every intermediate on the device
+        _p1.check_tile_placement(buffers["expert_start"], buffers["a_scale_offsets"],
+                                 buffers["expert_ids"], int(buffers["sfa"].shape[0]))
+        buffers = {x: device.to_device(np.ascontiguousarray(v)) for x, v in buffers.items()}
+    k, experts = scalars["k"], int(buffers["w"].shape[0])
+    flags = MX8.flags(buffers, t, n, k, num_groups, experts, spec.target, device)
+    if spec.a_source == "packed":
+        out = H.launch(spec, grid(t, n, num_groups, spec.bn, spec.bm), (t, n), "bfloat16",
+                       buffers, scalars, device)
+    else:
+        bufs, _ = _p1.with_workspace(_p1.GroupedP1Spec("mxfp8", spec.target), buffers, t, k,
+                                     num_groups, device)
+        out = H.launch(spec, grid(t, n, num_groups, spec.bn, spec.bm), (t, n), "bfloat16",
+                       bufs, scalars, device)
+    MX8.fixup(out, flags, buffers, t, n, k, num_groups, experts, spec.sigma_out, spec.target,
+              device)
     return device.to_host(out) if host else out
 
 
@@ -565,6 +609,7 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
         dtype == "bf16" and rows_per_group is not None
         and rows_per_group >= TRI_MIN_GROUP_ROWS) else 128
     pair = os.environ.get(PAIR_ENV, "1" if DISPATCH_PAIR else "0") not in ("0", "false", "off")
+    pair = pair and fmt.name != "mxfp8"  # (MXFP8: 32-byte halves, four steps of registers)
     if bm == 256 and (a_source, store) == ("workspace", "staged"):  # (bf16: not measured)
         return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
                               store=store, sigma_out=sigma_out, a_source=a_source, bm=256,
@@ -600,7 +645,8 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
 
     if target not in TARGETS:
         return []
-    variants = [(f, rs) for f in FORMATS for rs in ((False, True) if f == "nvfp4" else (False,))]
+    variants = [(f, rs) for f in FP4_FORMATS
+                for rs in ((False, True) if f == "nvfp4" else (False,))]
     specs: list[Any] = [GroupedPdqSpec(f, rs, target, None, pf) for f, rs in variants
                         for pf in (False, True)]
     specs += [GroupedPdqSpec(f, rs, target, None, True, "split", "staged")
@@ -675,7 +721,20 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
                                                {"skip": True, "sigma_out": True})]
     specs += [GroupedWgmmaSpec(f, rs, 128, 256, target, dequant="lut", kstep=64,
                                scaling="fold") for f, rs in variants]
+    specs += _mx8_bundle_specs(target)
     return sorted(specs, key=lambda s: s.kernel_name)
+
+
+def _mx8_bundle_specs(target: str) -> list[Any]:
+    """MXFP8's: the dispatch's (192 x 192 and 128-row skip items, workspace A, staged, plain
+    and σ; the workspace A with direct stores, plain and σ) and the packed-A staged one its
+    GPU test compares with."""
+    kw = {"prefetch": True, "a_source": "workspace"}
+    specs = [GroupedPdqSpec("mxfp8", False, target, store="staged", sigma_out=sg, **kw, **it)
+             for sg in (False, True) for it in ({"bm": 192, "bn": TRI_BN}, {"skip": True})]
+    specs += [GroupedPdqSpec("mxfp8", False, target, store="direct", sigma_out=sg, **kw)
+              for sg in (False, True)]
+    return [*specs, GroupedPdqSpec("mxfp8", False, target, prefetch=True, store="staged")]
 
 
 _core.attach_kernel_api((grouped_matmul_block_scaled_pdq,), kernel, build)

@@ -34,7 +34,8 @@ grouped kernel, for NVFP4 / MXFP4, K % 32 == 0 and at least :data:`MIN_ROWS` rou
 turns it off. :func:`blockscale.ops.matmul_swiglu.chained_mainloop` reports it as "wgmma"
 and the fused SwiGLU op then runs this kernel with its σ output store
 (:attr:`GroupedWgmmaSpec.sigma_out`) followed by ``fused_silu_quantize``, so fused ==
-chained still holds byte for byte. For :data:`PDQ_FORMATS` (NVFP4, MXFP4) the dispatch runs
+chained still holds byte for byte. For :data:`PDQ_FORMATS` (NVFP4, MXFP4; and MXFP8, which
+this kernel does not run) the dispatch runs
 the grouped producer-dequant kernel (:mod:`blockscale.ops.matmul_grouped_pdq`) instead (and
 the fused op its σ store): the same bf16 operands and HGMMA k16 order as this kernel's lut /
 k64 / fold variant, byte-equal to it on the H200; ``BLOCKSCALE_SM90_GROUPED_PDQ=0`` brings
@@ -62,7 +63,8 @@ KERNEL_SOURCES = ("blockscale.ops._grouped_wgmma_ir", "blockscale.ops._wgmma_ir"
                   "blockscale.ops.matmul_sm90", "blockscale.ops.matmul_grouped",
                   "blockscale.ops.matmul_grouped_sm90")
 TARGETS = ("sm_90a",)
-#: formats of this kernel (MXFP8 stays on mma.sync: its dense wgmma path was slower)
+#: formats of this kernel (MXFP8 prefill: only through the grouped producer-dequant kernel,
+#: :data:`PDQ_FORMATS`; with BLOCKSCALE_SM90_GROUPED_PDQ=0 it stays on mma.sync)
 FORMATS = ("nvfp4", "mxfp4")
 #: CTA tiles (bm, bn): the dense kernel's 128-row ones, and 64 x 256 (one warpgroup, for
 #: groups of <= 64 rows: a third less dequantization per tile than 128 x 256; not dispatched
@@ -77,8 +79,10 @@ MIN_ROWS = 1024
 #: ms, T=4096 2.129 vs 2.809 ms; run Q, with the staged epilogue (N % 8 == 0): 1.335 / 1.915
 #: ms. NVFP4: staged pdq 1.655 / 2.370 vs this kernel's "shift" default 1.632 / 2.566, but pdq
 #: equals the "lut" variant, so the fused SwiGLU op runs the grouped pdq kernel too, with its σ
-#: store (matmul_grouped_pdq.dispatch_spec): switched (issue #10)
-PDQ_FORMATS = ("mxfp4", "nvfp4")
+#: store (matmul_grouped_pdq.dispatch_spec): switched (issue #10). MXFP8 (exact bf16 operands
+#: in a scale window, flag + fixup kernels: matmul_grouped_pdq_mx8) instead of the mma.sync
+#: grouped kernel: H200 numbers in benchmarks/RESULTS.md (run DW)
+PDQ_FORMATS = ("mxfp4", "nvfp4", "mxfp8")
 #: BLOCKSCALE_SM90_GROUPED_PDQ=0: the dispatch (and the fused SwiGLU op) run this kernel's
 #: default variant for every format instead of the producer-dequant kernel
 PDQ_ENV_SWITCH = "BLOCKSCALE_SM90_GROUPED_PDQ"
@@ -215,7 +219,8 @@ def spec_for(fmt: Format, t: int, n: int, num_groups: int, row_scales: bool = Fa
 
 def applies(target: str, fmt: Format, t: int, n: int, k: int) -> bool:
     """Whether the dispatch sends these operands to this kernel (see the module docstring)."""
-    return (target in TARGETS and enabled() and fmt.name in FORMATS and k % 32 == 0
+    ours = fmt.name in FORMATS or (fmt.name == "mxfp8" and uses_pdq(fmt))
+    return (target in TARGETS and enabled() and ours and k % 32 == 0
             and t >= MIN_ROWS and n > 0)
 
 

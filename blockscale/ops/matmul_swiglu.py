@@ -19,7 +19,10 @@ helpers, same ``exp``) on every target, and to :func:`blockscale.reference.group
 wherever the kernel's fp32 accumulation rounds to the same bf16 as the reference's exact sum.
 The IR is in :mod:`blockscale.ops._matmul_swiglu_ir`. Importing this module does not import MLIR.
 
-MXFP8 on sm_90a (issue #10): where the chained grouped matmul runs the tensor-core kernel
+MXFP8 on sm_90a (issue #10): prefill (the grouped wgmma fast path's "wgmma": the grouped
+producer-dequant kernel with its flag and fixup kernels,
+:mod:`blockscale.ops.matmul_grouped_pdq_mx8`) runs the chained path itself as FP4 does
+(below); where the chained grouped matmul runs the mma.sync tensor-core kernel
 (:mod:`blockscale.ops.matmul_grouped_sm90`, see :func:`chained_mainloop`), an E4M3 block sum
 rounds inside the tensor core, so the fused kernel must issue the very same MMAs: there it
 runs :class:`SwigluMmaSpec`, whose IR (:mod:`blockscale.ops._matmul_swiglu_mma_ir`, the
