@@ -197,8 +197,8 @@ def test_spec_checks():
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     every = GP.bundle_specs("sm_90a")
     assert len(every) == len({s.kernel_name for s in every})
-    # MXFP8's 7 (tests/test_matmul_grouped_pdq_mx8.py), then the FP4 ones:
-    assert sum(getattr(s, "fmt", "") == "mxfp8" for s in every) == 7
+    # MXFP8's 11 (tests/test_matmul_grouped_pdq_mx8.py), then the FP4 ones:
+    assert sum(getattr(s, "fmt", "") == "mxfp8" for s in every) == 11
     specs = [s for s in every if getattr(s, "fmt", "") != "mxfp8"]
     # 124 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH; 28 f16 / paired-fence
     # ones) + 3 wgmma references

@@ -31,7 +31,6 @@ from blockscale.ops import matmul_grouped as G
 from blockscale.ops import matmul_grouped_pdq as GP
 from blockscale.ops import matmul_grouped_pdq_mx8 as MX8
 from blockscale.ops import matmul_grouped_wgmma as gw
-from blockscale.ops._mx8_window_ir import WINDOW_HI, WINDOW_LO
 
 
 def _esc(e_count):
@@ -74,8 +73,10 @@ def test_interp_cases(case_id, variant):
 
 
 @pytest.mark.interp
-def test_interp_tri_items():
-    """The 192 x 192 items (three consumer warpgroups, A from two workspace tiles)."""
+@pytest.mark.parametrize("depth", [1, 2])
+def test_interp_tri_items(depth):
+    """The 192 x 192 items (three consumer warpgroups, A from two workspace tiles), prefetch
+    distance 1 and 2."""
     counts, ids, e_count, n, k = [200, 0, 70], [1, -1, 0], 2, 208, 96
     case, rows, w_scales = make_grouped_case(np.random.default_rng(5), MXFP8, counts, ids,
                                              e_count, n, k)
@@ -83,7 +84,7 @@ def test_interp_tri_items():
     out = GP.grouped_matmul_block_scaled_pdq(**case, expert_scales=esc, fmt=MXFP8, k=k,
                                              prefetch=True, loop="lockstep", store="staged",
                                              a_source="workspace", bm=192, bn=GP.TRI_BN,
-                                             device="interp")
+                                             depth=depth, device="interp")
     _check_bound(out, case, rows, w_scales, k, esc)
     _zeros_of_unused(out, case, ids)
 
@@ -129,6 +130,8 @@ def _scale_rows(case, k):
 def _flag_model(case, k):
     """The flag rule in numpy: rows of A (in a used group) and of B with a block whose scale
     exponent lies outside [WINDOW_LO, WINDOW_HI] (not 0xFF) and a nonzero-magnitude code."""
+    from blockscale.ops._mx8_window_ir import WINDOW_HI, WINDOW_LO  # (imports MLIR)
+
     es = case["expert_start"].astype(np.int64)
     ids = case["expert_ids"]
     offs = case["a_scale_offsets"].astype(np.int64)
@@ -161,6 +164,8 @@ def test_interp_out_of_window(a_source):
     """Scales outside the window: flagged rows bit-equal to the portable kernel, the flag
     kernel equal to the rule's model, zero blocks with far scales unflagged, NaN scales
     NaN where the portable kernel's are; everything else within the bound."""
+    from blockscale.ops._mx8_window_ir import WINDOW_HI, WINDOW_LO  # (imports MLIR)
+
     counts, ids, e_count, n, k = [40, 0, 30, 9], [1, -1, 0, 1], 2, 24, 128
     case, _, _ = make_grouped_case(np.random.default_rng(8), MXFP8, counts, ids, e_count, n, k)
     a = np.ascontiguousarray(case["hidden"]).view(np.uint8)
@@ -168,12 +173,13 @@ def test_interp_out_of_window(a_source):
     case["hidden"] = a.view(case["hidden"].dtype)
     es = case["expert_start"].astype(np.int64)
     srow = (lambda m, g: (es[g] // 128 + int(case["a_scale_offsets"][g])) * 128 + m - es[g])
-    _set_scale(case, "a_scales", srow(5, 0), 1, 10)    # 2^-117: row 5 flagged
+    for j in range(k // 32):  # row 5 and expert 1's row 5: 2^-127 everywhere (flagged; the
+        _set_scale(case, "a_scales", srow(5, 0), j, 0)  # pdq kernel's clamped 2^-126 alone
+        _set_scale(case, "b_scales", (1, 5), j, 0)      # would give twice the value)
     _set_scale(case, "a_scales", srow(7, 0), 0, 3)     # zero block: not flagged
     _set_scale(case, "a_scales", srow(50, 2), 3, 200)  # 2^73: row 50 flagged
     _set_scale(case, "a_scales", srow(60, 2), 2, 0xFF)  # NaN row 60
     _set_scale(case, "b_scales", (0, 3), 2, 250)       # expert 0 row 3: flagged
-    _set_scale(case, "b_scales", (1, 5), 0, 0)         # expert 1 row 5 (2^-127): flagged
     _set_scale(case, "b_scales", (1, 9), 3, 0xFF)      # NaN column 9 of expert 1's rows
     for r in range(k // 32):  # the window's edges: rows 20 (2^-54) and 21 (2^43), unflagged
         _set_scale(case, "a_scales", srow(20, 0), r, 127 + WINDOW_LO)
@@ -197,10 +203,15 @@ def test_interp_out_of_window(a_source):
     assert set(np.flatnonzero(flags[t:])) == want_b
 
     esc = _esc(e_count)
-    out = GP.grouped_matmul_block_scaled_pdq(**case, expert_scales=esc, fmt=MXFP8, k=k,
-                                             prefetch=True, loop="lockstep",
-                                             a_source=a_source, device="interp")
+    kw = {"expert_scales": esc, "fmt": MXFP8, "k": k, "prefetch": True, "loop": "lockstep",
+          "a_source": a_source, "device": "interp"}
+    out = GP.grouped_matmul_block_scaled_pdq(**case, **kw)
     port = _portable(case, esc, k, "interp")
+    with pytest.MonkeyPatch.context() as mp:  # the control: without the fixup they differ
+        mp.setattr(MX8, "fixup", lambda *a, **kw: None)
+        raw = GP.grouped_matmul_block_scaled_pdq(**case, **kw)
+    assert not np.array_equal(raw[5].view(np.uint16), port[5].view(np.uint16))
+    assert not np.array_equal(raw[:40, 5].view(np.uint16), port[:40, 5].view(np.uint16))
     fixed = np.zeros(out.shape, bool)
     fixed[sorted(want_a)] = True
     for g, e in enumerate(ids):  # B rows: the columns of their expert's groups
@@ -238,6 +249,14 @@ def test_dispatch(monkeypatch):
                                       rows_per_group=85 / 3)]
     assert specs[0].fmt == "mxfp8" and not specs[0].pair
     _check_bound(out, case, rows, w_scales, k, esc)
+    from blockscale.runtime import get_device  # device weights, numpy group vectors (mixed)
+
+    dev = get_device("interp")
+    mixed = {**case, "weight": dev.to_device(case["weight"]),
+             "b_scales": dev.to_device(np.ascontiguousarray(case["b_scales"]))}
+    got = grouped_matmul_block_scaled(**mixed, expert_scales=esc, fmt=MXFP8, k=k, device=dev,
+                                      target="sm_90a")
+    assert np.array_equal(dev.to_host(got).view(np.uint16), out.view(np.uint16))
     monkeypatch.setenv(gw.PDQ_ENV_SWITCH, "0")
     assert gw.fast_path("sm_90a", MXFP8, 85, n, k, 3, False) is None
 
@@ -253,10 +272,14 @@ def test_spec_checks():
     with pytest.raises(ValueError, match="dtype"):
         GP.GroupedPdqSpec("mxfp8", a_source="workspace", dtype="f16")
     names = {s.kernel_name for s in GP.bundle_specs() if getattr(s, "fmt", "") == "mxfp8"}
-    for sg in (False, True):
-        for rpg in (10.0, 200.0):
-            spec = GP.dispatch_spec(MXFP8, 5760, False, "sm_90a", "interp", sg, rpg)
-            assert dataclasses.replace(spec, loop="split").kernel_name in names  # the GPU's
+    for depth in ("1", "2"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(GP.MX8_DEPTH_ENV, depth)
+            for sg in (False, True):
+                for rpg in (10.0, 200.0):
+                    spec = GP.dispatch_spec(MXFP8, 5760, False, "sm_90a", "interp", sg, rpg)
+                    assert spec.depth == int(depth) and not spec.pair
+                    assert dataclasses.replace(spec, loop="split").kernel_name in names
     assert {s.kernel_name for s in MX8.bundle_specs()} == {
         "bs_grouped_mx8_flags", "bs_grouped_mx8_fixup", "bs_grouped_mx8_fixup_sigma"}
 
@@ -280,12 +303,20 @@ def test_gpu_gpt_oss():
     out = grouped_matmul_block_scaled(**case, expert_scales=esc, fmt=MXFP8, k=k, device="cuda")
     _check_bound(out, case, rows, w_scales, k, esc)
     _zeros_of_unused(out, case, ids)
+    from blockscale.runtime import get_device  # device weights, numpy group vectors (mixed)
+
+    dev = get_device("cuda")
+    mixed = {**case, "weight": dev.to_device(case["weight"]),
+             "b_scales": dev.to_device(np.ascontiguousarray(case["b_scales"]))}
+    got = grouped_matmul_block_scaled(**mixed, expert_scales=esc, fmt=MXFP8, k=k, device=dev)
+    assert np.array_equal(dev.to_host(got).view(np.uint16), out.view(np.uint16))
     es = case["expert_start"].astype(np.int64)
     g = int(np.flatnonzero(np.diff(es) > 2)[0])
     m = int(es[g])  # the first row of a used group
     srow = (es[g] // 128 + int(case["a_scale_offsets"][g])) * 128
-    _set_scale(case, "a_scales", srow, 5, 12)
-    _set_scale(case, "b_scales", (int(ids[g]), 100), 7, 240)
+    for j in range(k // 32):  # 2^-127 everywhere: flagged (the clamped 2^-126 would double)
+        _set_scale(case, "a_scales", srow, j, 0)
+        _set_scale(case, "b_scales", (int(ids[g]), 100), j, 0)
     out = grouped_matmul_block_scaled(**case, expert_scales=esc, fmt=MXFP8, k=k, device="cuda")
     port = _portable(case, esc, k, "cuda")
     assert np.array_equal(out[m].view(np.uint16), port[m].view(np.uint16))
@@ -305,3 +336,40 @@ def _portable(case, esc, k, device):
     spec = G.GroupedMatmulSpec("mxfp8", "tcgen5d", "bfloat16", False, "sm_90a")
     return H.launch(spec, G.grid(t, n), (t, n), "bfloat16", bufs,
                     {"t": t, "n": n, "k": k, "num_groups": g_count}, get_device(device))
+
+
+@pytest.mark.interp
+def test_interp_swiglu_flagged(monkeypatch):
+    """The fused SwiGLU op on MXFP8 prefill (MIN_ROWS lowered) with flagged rows of A and B:
+    its σ fixup writes the chained path's bytes (data and scales equal)."""
+    from test_matmul_swiglu import swiglu_case
+
+    from blockscale.ops import fused_silu_quantize
+    from blockscale.ops import matmul_swiglu as SW
+
+    monkeypatch.setattr(gw, "MIN_ROWS", 1)
+    d, k = 24, 96
+    counts, ids = [40, 0, 25], [1, -1, 0]
+    sc = swiglu_case(MXFP8, counts, ids, 2, d, k, seed=12)
+    es = sc["expert_start"].astype(np.int64)
+    srow = (es[2] // 128 + int(sc["a_scale_offsets"][2])) * 128 + 45 - es[2]
+    for j in range(k // 32):  # 2^-127 (flagged): row 45 (expert 0), up row 3 of expert 1
+        _set_scale(sc, "a_scales", srow, j, 0)
+        for key, row in (("b_scales", 3 + d), ("sfb_sigma", 2 * 3 + 1)):
+            _set_scale(sc, key, (1, row), j, 0)
+    grp = (sc["expert_start"], sc["a_scale_offsets"], sc["expert_ids"])
+    data, scales = SW.grouped_matmul_swiglu(sc["hidden"], sc["w_sigma"], sc["a_scales"],
+                                            sc["sfb_sigma"], *grp, None, None, MXFP8, k=k,
+                                            device="interp", target="sm_90a")
+    gate_up = grouped_matmul_block_scaled(sc["hidden"], sc["weight"], sc["a_scales"],
+                                          sc["b_scales"], *grp, None, MXFP8, k=k,
+                                          device="interp", target="sm_90a")
+    port = _portable(sc, np.ones(2, np.float32), k, "interp")
+    assert np.array_equal(gate_up[45].view(np.uint16), port[45].view(np.uint16))
+    assert np.array_equal(gate_up[:40, d + 3].view(np.uint16), port[:40, d + 3].view(np.uint16))
+    c_data, c_scales = fused_silu_quantize(gate_up, MXFP8, *grp, None,
+                                           num_scale_tiles=sc["a_scales"].shape[0],
+                                           device="interp", target="sm_90a")
+    for got, want in ((data, c_data), (scales, c_scales)):
+        assert np.array_equal(np.ascontiguousarray(got).view(np.uint8),
+                              np.ascontiguousarray(want).view(np.uint8))

@@ -5,7 +5,8 @@ PDQ_FORMATS``: NVFP4 and MXFP4 prefill on sm_90a), ``grouped_matmul_swiglu`` run
 kernel on the σ-permuted weights with its σ store (``GroupedPdqSpec.sigma_out``), then
 ``fused_silu_quantize``. interp: the fused op's data and scale bytes equal the chained
 path's (pdq matmul on the un-permuted weights, then ``fused_silu_quantize``) on small grouped
-shapes with empty groups, expert id -1, groups ending mid-tile and N tails, both formats,
+shapes with empty groups, expert id -1, groups ending mid-tile and N tails, NVFP4, MXFP4 and
+MXFP8 (its flag and fixup kernels around the pdq kernel, the fixup with the σ store),
 SILU and SWIGLU_OAI, row scales; the σ store (direct, staged) equals the plain store with
 its columns un-permuted. GPU (``make gpu-bundle`` first)::
 
@@ -20,7 +21,7 @@ import pytest
 from test_matmul_grouped import make_grouped_case
 from test_matmul_swiglu import swiglu_case
 
-from blockscale.formats import MXFP4, NVFP4, Format
+from blockscale.formats import MXFP4, MXFP8, NVFP4, Format
 from blockscale.ops import fused_silu_quantize, grouped_matmul_block_scaled
 from blockscale.ops import matmul_grouped_pdq as GP
 from blockscale.ops import matmul_grouped_wgmma as gw
@@ -79,6 +80,8 @@ CASES = [
     (MXFP4, [17, 0, 12], [1, -1, 0], 2, 136, 64, "silu", False, True),  # 2 column tiles
     (NVFP4, [17, 0, 12], [1, -1, 0], 2, 12, 64, "silu", True, True),  # N % 16 = 8: direct σ
     (NVFP4, [65, 129], [0, 1], 2, 16, 64, "swiglu_oai", False, False),  # direct stores
+    (MXFP8, [130, 0, 5], [1, -1, 0], 2, 16, 96, "silu", False, True),  # MXFP8: 192 x 192
+    (MXFP8, [17, 0, 12], [1, -1, 0], 2, 136, 64, "swiglu_oai", False, True),  # skip items
 ]
 
 
@@ -166,7 +169,7 @@ def test_sigma_checks():
 
 @pytest.mark.gpu
 @pytest.mark.cuda
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
 @pytest.mark.parametrize("act", ["silu", "swiglu_oai"])
 def test_gpu_gpt_oss(fmt, act, monkeypatch):
     """gpt-oss-120b gate_up (E=128, top-4, D=2880, K=2880) at T=1024 tokens, unused experts

@@ -125,6 +125,11 @@ DISPATCH_SKIP = True
 SKIP_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_SKIP"
 #: the prefetch distance of the dispatch's skip items (1 or 2; both bundled, plain and σ)
 DISPATCH_DEPTH = 1
+#: MXFP8's prefetch distance, skip and 192 x 192 items (its paired fence spills: four steps of
+#: 32-byte halves): 2, so a step's fence does not wait for the next step's loads;
+#: BLOCKSCALE_SM90_GROUPED_PDQ_MX8_DEPTH=1|2 overrides it
+MX8_DISPATCH_DEPTH = 2
+MX8_DEPTH_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_MX8_DEPTH"
 #: where the producer reads B's packed bytes and scales: "global" (``ld.global``, prefetched
 #: a step ahead in registers) or "tma" (a TMA ring of packed bytes and scale atoms in shared
 #: memory, :mod:`blockscale.ops._pdq_tma_ir`, filled 3-6 steps ahead: no global load in
@@ -614,13 +619,16 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
         return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
                               store=store, sigma_out=sigma_out, a_source=a_source, bm=256,
                               bn=TALL_BN, unroll=TALL_UNROLL)
+    mx8_depth = int(os.environ.get(MX8_DEPTH_ENV, str(MX8_DISPATCH_DEPTH)))
+    H.check_choice(mx8_depth, (1, 2), MX8_DEPTH_ENV)
     if bm == 192 and (a_source, store) == ("workspace", "staged"):
         return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
                               store=store, sigma_out=sigma_out, a_source=a_source, bm=192,
-                              bn=TRI_BN, dtype=dtype)
+                              bn=TRI_BN, dtype=dtype,
+                              depth=mx8_depth if fmt.name == "mxfp8" else 1)
     skip = os.environ.get(SKIP_ENV, "1" if DISPATCH_SKIP else "0") not in ("0", "false", "off")
     skip = skip and a_source == "workspace" and store == "staged"
-    depth = DISPATCH_DEPTH if skip else 1
+    depth = (mx8_depth if fmt.name == "mxfp8" else DISPATCH_DEPTH) if skip else 1
     return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop, store=store,
                           sigma_out=sigma_out, a_source=a_source, skip=skip, depth=depth,
                           dtype=dtype if skip else "bf16", pair=pair and skip and depth == 1)
@@ -727,11 +735,13 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
 
 def _mx8_bundle_specs(target: str) -> list[Any]:
     """MXFP8's: the dispatch's (192 x 192 and 128-row skip items, workspace A, staged, plain
-    and σ; the workspace A with direct stores, plain and σ) and the packed-A staged one its
+    and σ, prefetch distance 1 and 2; the workspace A with direct stores, plain and σ) and the packed-A staged one its
     GPU test compares with."""
     kw = {"prefetch": True, "a_source": "workspace"}
-    specs = [GroupedPdqSpec("mxfp8", False, target, store="staged", sigma_out=sg, **kw, **it)
-             for sg in (False, True) for it in ({"bm": 192, "bn": TRI_BN}, {"skip": True})]
+    specs = [GroupedPdqSpec("mxfp8", False, target, store="staged", sigma_out=sg, depth=d,
+                            **kw, **it)
+             for sg in (False, True) for it in ({"bm": 192, "bn": TRI_BN}, {"skip": True})
+             for d in (1, 2)]
     specs += [GroupedPdqSpec("mxfp8", False, target, store="direct", sigma_out=sg, **kw)
               for sg in (False, True)]
     return [*specs, GroupedPdqSpec("mxfp8", False, target, prefetch=True, store="staged")]

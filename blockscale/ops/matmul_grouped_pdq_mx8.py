@@ -143,7 +143,8 @@ def flags(buffers: dict[str, Any], t: int, n: int, k: int, num_groups: int, num_
     ins = {x: buffers[x] for x in ("a", "w", "sfa", "sfb", "expert_start", "a_scale_offsets",
                                    "expert_ids")}
     rows = t + num_experts * n
-    _, out = _core.launch_op(FlagSpec("mxfp8", target), _rows_grid(rows),
+    threads = t + num_experts * -(-n // 128) * 32  # (A: a row each, B: four rows each)
+    _, out = _core.launch_op(FlagSpec("mxfp8", target), _rows_grid(threads),
                              (("flags", (rows,), np.dtype(np.int32)),), ins,
                              _scalars(t, n, k, num_groups, num_experts), device)
     return out["flags"]
@@ -156,12 +157,20 @@ def _scalars(t: int, n: int, k: int, num_groups: int, num_experts: int) -> dict[
 def fixup(c: Any, flag_rows: Any, buffers: dict[str, Any], t: int, n: int, k: int,
           num_groups: int, num_experts: int, sigma_out: bool, target: str,
           device: Any) -> None:
-    """Recompute the flagged rows' outputs in ``c`` (a device array, written in place)."""
+    """Recompute the flagged rows' outputs in ``c`` (a device array, written in place); the
+    other ``buffers`` as the grouped op passes them (numpy ones are copied to ``device``,
+    other device memory borrowed, as :func:`blockscale.ops._core.launch_op` does)."""
     from blockscale.ops.matmul_twophase_mx8 import _launch_inplace
 
+    spec = FixupSpec("mxfp8", target, sigma_out)
     bufs = {x: buffers[x] for x in ("a", "w", "sfa", "sfb", "expert_start", "a_scale_offsets",
                                     "expert_ids", "expert_scales")}
-    _launch_inplace(FixupSpec("mxfp8", target, sigma_out),
+    foreign = _core._checked_foreign(bufs, device)
+    if foreign and hasattr(device, "check_foreign_memory"):  # e.g. torch tensors
+        bufs = _core._borrowed(bufs, foreign, device, _core.get_kernel(spec))
+    bufs = {x: device.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+            for x, v in bufs.items()}
+    _launch_inplace(spec,
                     _rows_grid(t + num_experts * n, FIXUP_SPLIT),
                     {**bufs, "flags": flag_rows, "c": c},
                     _scalars(t, n, k, num_groups, num_experts), device)
