@@ -3,9 +3,11 @@
 
 Imports MLIR: only that module's ``build`` imports it.
 
-* :func:`emit_flags`: one thread per row of A (the routed tokens ``m < T``), then one per
-  four rows of B (the weight rows ``e N + n`` sharing the 16-byte words of the 6-D scales,
-  :func:`_b_quad_flags`: H200 run DW, gpt-oss gate_up, 58 us with a thread a row); it walks
+* :func:`emit_flags`: :data:`FLAG_LANES` threads per row of A (the routed tokens ``m < T``,
+  :func:`_a_lane_flags`), then one per four rows of B (the weight rows ``e N + n`` sharing
+  the 16-byte words of the 6-D scales, :func:`_b_quad_flags`; H200 runs DW / DX, gpt-oss
+  gate_up: 58 us with a thread a row of A scanning its 90 blocks one byte load after the
+  other, the B scan's layout alone changed nothing); it walks
   the rows' K-blocks (5-D A scales in the group's padded tiles, 6-D B scales) and sets
   ``flags[row]`` to 1 when a block whose scale lies outside the exact window
   (:func:`blockscale.ops._mx8_window_ir.out_of_window`) holds a nonzero element (its 32 data
@@ -39,22 +41,28 @@ from blockscale.ops._twophase_mx8_ir import THREADS, for_flagged_rows
 Value = ir.Value
 
 
-def _row_flag(x: Value, sfx: Value, row_base: Value, srow: Value, k: Value) -> Value:
-    """i32 1 when a K-block of the row (data from ``row_base``, scales of 5-D row ``srow``)
-    lies outside the window with a nonzero element, else 0."""
-    kblocks = bir.udiv(k, 32)
-    row0 = mir.tcgen_row_offset(srow, bir.ceil_div(kblocks, 4))
-    with bir.for_range(0, kblocks, carry=[bir.const(0, bir.i32())]) as jl:
-        b = mir.load_byte_i32(sfx, bir.add(row0, mir.tcgen_kblock_offset(jl.iv)))
-        br = bir.if_(MW.out_of_window(b), [bir.i32()])
-        with br.then():
-            data = bir.vector_load(bir.vec(32, bir.i8()), x,
-                                   bir.add(row_base, bir.mul(jl.iv, 32)), alignment=16)
-            br.yield_(arith.extui(bir.i32(), MW.nonzero32(data)))
-        with br.else_():
-            br.yield_(bir.const(0, bir.i32()))
-        jl.yield_(arith.ori(jl.carried[0], br.results[0]))
-    return jl.results[0]
+#: lanes that scan one row of A (its 4-byte scale words ``sub, sub + FLAG_LANES, ...``)
+FLAG_LANES = 8
+
+
+def _far_block(x: Value, row_byte0: Value, j: Value, b: Value, ok: Value) -> Value:
+    """i32 1 where ``ok`` and K-block ``j`` (scale byte ``b``, i32) of the data row at byte
+    ``row_byte0`` of ``x`` lies outside the window with a nonzero element (its 32 bytes
+    loaded only then), else 0."""
+    br = bir.if_(bir.logical_and(ok, MW.out_of_window(b)), [bir.i32()])
+    with br.then():
+        data = bir.vector_load(bir.vec(32, bir.i8()), x, bir.add(row_byte0, bir.mul(j, 32)),
+                               alignment=16)
+        br.yield_(arith.extui(bir.i32(), MW.nonzero32(data)))
+    with br.else_():
+        br.yield_(bir.const(0, bir.i32()))
+    return br.results[0]
+
+
+def a_threads(t: Value) -> Value:
+    """Threads of the A scan: :data:`FLAG_LANES` a row, padded to whole warps (the lanes of a
+    warp all reach its shuffles)."""
+    return bir.mul(bir.ceil_div(bir.mul(t, FLAG_LANES), 32), 32)
 
 
 def emit_flags(kb: Any) -> None:
@@ -63,21 +71,51 @@ def emit_flags(kb: Any) -> None:
     t, n_count, k, groups, experts = (bir.as_index(kb.arg(x)) for x in (
         "t", "n", "k", "num_groups", "num_experts"))
     r = bir.add(bir.mul(bir.block_idx("x"), THREADS), bir.thread_idx("x"))
-    flags = kb.arg("flags")
-    with bir.when(bir.ult(r, t)):  # a routed row of A
-        g, active, _ = mir.grouped_row_group(kb, r, groups)
-        br = bir.if_(active, [bir.i32()])
-        with br.then():
-            br.yield_(_row_flag(kb.arg("a"), kb.arg("sfa"), bir.mul(r, k),
-                                mir.grouped_a_scale_row(kb, r, g), k))
-        with br.else_():
-            br.yield_(bir.const(0, bir.i32()))
-        bir.store(br.results[0], flags, r)
+    first_b = a_threads(t)
+    with bir.when(bir.ult(r, first_b)):  # rows of A (warp-uniform)
+        _a_lane_flags(kb, r, t, k, groups)
     tiles = bir.ceil_div(n_count, SF_ATOM_ROWS)
-    rb = bir.sub(r, bir.umin(r, t))
-    with bir.when(bir.logical_and(bir.ule(t, r), bir.ult(rb, bir.mul(experts, bir.mul(
+    rb = bir.sub(r, bir.umin(r, first_b))
+    with bir.when(bir.logical_and(bir.ule(first_b, r), bir.ult(rb, bir.mul(experts, bir.mul(
             tiles, 32))))):
         _b_quad_flags(kb, rb, tiles, n_count, k, t)
+
+
+def _a_lane_flags(kb: Any, r: Value, t: Value, k: Value, groups: Value) -> None:
+    """Lane ``sub = r % FLAG_LANES`` of routed row ``m = r // FLAG_LANES``: its scale words
+    ``sub, sub + FLAG_LANES, ...`` (4 K-blocks each) in the group's padded tiles; the row's
+    flag by shuffles, stored by lane 0 (rows past T: none)."""
+    from blockscale.compiler.arch import nvvm
+
+    m, sub = bir.udiv(r, FLAG_LANES), bir.urem(r, FLAG_LANES)
+    valid = bir.ult(m, t)
+    m_safe = bir.umin(m, bir.sub(t, 1))
+    g, active, _ = mir.grouped_row_group(kb, m_safe, groups)
+    kblocks = bir.udiv(k, 32)
+    d1 = bir.ceil_div(kblocks, 4)
+    live = bir.logical_and(valid, active)
+    i32 = bir.i32()
+    scan = bir.if_(live, [i32])
+    with scan.then():
+        row0 = mir.tcgen_row_offset(mir.grouped_a_scale_row(kb, m_safe, g), d1)
+        with bir.for_range(sub, d1, FLAG_LANES, carry=[bir.const(0, i32)]) as wl:
+            word = bir.vector_load(bir.vec(4, bir.i8()), kb.arg("sfa"),
+                                   bir.add(row0, bir.mul(wl.iv, SF_ATOM_BYTES)), alignment=4)
+            flag = wl.carried[0]
+            for c in range(4):
+                j = bir.add(bir.mul(wl.iv, 4), c)
+                b = arith.extui(i32, vector.extract(word, [], [c]))
+                flag = arith.ori(flag, _far_block(kb.arg("a"), bir.mul(m_safe, k), j, b,
+                                                  bir.ult(j, kblocks)))
+            wl.yield_(flag)
+        scan.yield_(wl.results[0])
+    with scan.else_():
+        scan.yield_(bir.const(0, i32))
+    flag = scan.results[0]
+    for lanes in (1, 2, 4):  # the row's FLAG_LANES consecutive lanes
+        flag = arith.ori(flag, nvvm.shfl_xor(flag, lanes))
+    with bir.when(bir.logical_and(valid, bir.eq(sub, 0))):
+        bir.store(flag, kb.arg("flags"), m)
 
 
 def _b_quad_flags(kb: Any, q: Value, tiles: Value, n_count: Value, k: Value, t: Value) -> None:
@@ -103,17 +141,9 @@ def _b_quad_flags(kb: Any, q: Value, tiles: Value, n_count: Value, k: Value, t: 
             for c in range(4):  # byte 4 i + c: row n, K-block 4 w + c
                 j = bir.add(bir.mul(wl.iv, 4), c)
                 b = arith.extui(i32, vector.extract(word, [], [4 * i + c]))
-                far = bir.logical_and(MW.out_of_window(b), bir.logical_and(
-                    bir.ult(j, kblocks), bir.ult(n, n_count)))
-                br = bir.if_(far, [i32])
-                with br.then():
-                    row = bir.add(bir.mul(e, n_count), n)
-                    data = bir.vector_load(bir.vec(32, bir.i8()), w, bir.add(
-                        bir.mul(row, k), bir.mul(j, 32)), alignment=16)
-                    br.yield_(arith.extui(i32, MW.nonzero32(data)))
-                with br.else_():
-                    br.yield_(zero)
-                flag = arith.ori(flag, br.results[0])
+                row = bir.add(bir.mul(e, n_count), n)
+                flag = arith.ori(flag, _far_block(w, bir.mul(row, k), j, b, bir.logical_and(
+                    bir.ult(j, kblocks), bir.ult(n, n_count))))
             out.append(flag)
         wl.yield_(*out)
     for i, n in enumerate(rows):

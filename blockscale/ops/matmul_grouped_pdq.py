@@ -126,9 +126,11 @@ SKIP_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_SKIP"
 #: the prefetch distance of the dispatch's skip items (1 or 2; both bundled, plain and σ)
 DISPATCH_DEPTH = 1
 #: MXFP8's prefetch distance, skip and 192 x 192 items (its paired fence spills: four steps of
-#: 32-byte halves): 2, so a step's fence does not wait for the next step's loads;
-#: BLOCKSCALE_SM90_GROUPED_PDQ_MX8_DEPTH=1|2 overrides it
-MX8_DISPATCH_DEPTH = 2
+#: 32-byte halves, 8 LDL / STL in the loop): 1. Distance 2 (the next loads issued after a
+#: step's fence, 606 SASS a step, no spills) was predicted faster and measured slower (H200
+#: run DX, gpt-oss gate_up, the main kernel: T=1024 skip items 1.549 vs 1.290 ms, T=4096
+#: 192 x 192 2.149 vs 1.771); BLOCKSCALE_SM90_GROUPED_PDQ_MX8_DEPTH=1|2 overrides it
+MX8_DISPATCH_DEPTH = 1
 MX8_DEPTH_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_MX8_DEPTH"
 #: where the producer reads B's packed bytes and scales: "global" (``ld.global``, prefetched
 #: a step ahead in registers) or "tma" (a TMA ring of packed bytes and scale atoms in shared

@@ -41,6 +41,8 @@ KERNEL_SOURCES = ("blockscale.ops._grouped_mx8_ir", "blockscale.ops._mx8_window_
 TARGETS = ("sm_90a",)
 #: threads per CTA of both kernels; CTAs (grid.y) sharing a flagged row's outputs
 THREADS, FIXUP_SPLIT = 256, 8
+#: threads of the flag kernel per row of A (= _grouped_mx8_ir.FLAG_LANES)
+FLAG_LANES = 8
 
 
 def _operand_args() -> list[KernelArg]:
@@ -118,7 +120,7 @@ def build(spec: FlagSpec | FixupSpec) -> Any:
     import blockscale.ops._twophase_mx8_ir as MX
     from blockscale.compiler import ir as bir
 
-    if (GX.THREADS, MX.FIXUP_SPLIT) != (THREADS, FIXUP_SPLIT):
+    if (GX.THREADS, MX.FIXUP_SPLIT, GX.FLAG_LANES) != (THREADS, FIXUP_SPLIT, FLAG_LANES):
         raise AssertionError("matmul_grouped_pdq_mx8's constants disagree with the IR's")
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         if isinstance(spec, FlagSpec):
@@ -143,7 +145,8 @@ def flags(buffers: dict[str, Any], t: int, n: int, k: int, num_groups: int, num_
     ins = {x: buffers[x] for x in ("a", "w", "sfa", "sfb", "expert_start", "a_scale_offsets",
                                    "expert_ids")}
     rows = t + num_experts * n
-    threads = t + num_experts * -(-n // 128) * 32  # (A: a row each, B: four rows each)
+    # A: FLAG_LANES a row in whole warps, B: four rows each (_grouped_mx8_ir)
+    threads = -(-FLAG_LANES * t // 32) * 32 + num_experts * -(-n // 128) * 32
     _, out = _core.launch_op(FlagSpec("mxfp8", target), _rows_grid(threads),
                              (("flags", (rows,), np.dtype(np.int32)),), ins,
                              _scalars(t, n, k, num_groups, num_experts), device)
