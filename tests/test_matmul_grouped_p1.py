@@ -113,14 +113,17 @@ def test_checks():
     with pytest.raises(ValueError, match="k % 32"):
         G1.dequantize_grouped_a(*args, case["a_scale_offsets"], case["expert_ids"], NVFP4,
                                 k=48, device="interp")
-    with pytest.raises(ValueError, match="fmt"):
-        G1.GroupedP1Spec("mxfp8")
+    with pytest.raises(ValueError, match="fmt|format"):
+        G1.GroupedP1Spec("fp6")
+    with pytest.raises(ValueError, match="NVFP4 only"):
+        G1.GroupedP1Spec("mxfp8", dtype="f16")
     with pytest.raises(ValueError, match="pieces"):
         G1.GroupedP1Spec("nvfp4", pieces=3)
     assert G1.grid(4096 * 4, 2880, 128) == (12, 256, 1)  # 45 pieces: 23 pairs x 128 rows
     assert [s.kernel_name for s in G1.bundle_specs("sm_90a")] == [
         "bs_grouped_p1_nvfp4_t128_p1", "bs_grouped_p1_nvfp4_t128_p2",
         "bs_grouped_p1_mxfp4_t128_p1", "bs_grouped_p1_mxfp4_t128_p2",
+        "bs_grouped_p1_mxfp8_t128_p1", "bs_grouped_p1_mxfp8_t128_p2",
         "bs_grouped_p1_nvfp4_t128_p2_f16", "bs_grouped_p1_nvfp4_t128_p2_f16_kp"]
     assert G1.bundle_specs("gfx942") == []
 
@@ -128,11 +131,13 @@ def test_checks():
 @pytest.mark.lower
 @pytest.mark.parametrize("spec", G1.bundle_specs("sm_90a"), ids=lambda s: s.kernel_name)
 def test_kernel_sass(spec):
-    """16-byte loads of the packed rows, four 16-byte stores per half, no local memory."""
+    """16-byte loads of the packed rows (one a half, MXFP8 two), four 16-byte stores per half,
+    no local memory."""
     kernel = G1.kernel(spec)
     sass = kernel.asm["sass"]
     assert len(re.findall(r"STG\.E\.128", sass)) == 8 * spec.pieces
-    assert len(re.findall(r"LDG\.E\.128", sass)) == 2 * spec.pieces
+    per_half = 2 if spec.fmt == "mxfp8" else 1
+    assert len(re.findall(r"LDG\.E\.128", sass)) == 2 * per_half * spec.pieces
     assert kernel.meta["spill_stores"] == 0 and kernel.meta["spill_loads"] == 0
 
 

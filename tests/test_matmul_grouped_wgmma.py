@@ -98,10 +98,15 @@ def test_dispatch(monkeypatch):
     t = gw.MIN_ROWS
     assert gw.fast_path("sm_90a", NVFP4, t, 64, 128, 4, False) is not None
     assert gw.fast_path("sm_90a", MXFP4, t, 64, 128, 4, False) is not None
-    for args in (("sm_90a", NVFP4, t - 1, 64, 128), ("sm_90a", MXFP8, t, 64, 128),
+    # MXFP8: only through the grouped pdq kernel (tests/test_matmul_grouped_pdq_mx8.py)
+    assert gw.fast_path("sm_90a", MXFP8, t, 64, 128, 4, False) is not None
+    for args in (("sm_90a", NVFP4, t - 1, 64, 128), ("sm_90a", MXFP8, t - 1, 64, 128),
                  ("sm_90a", NVFP4, t, 64, 112), ("sm_100a", NVFP4, t, 64, 128),
                  ("sm_90a", NVFP4, t, 0, 128)):
         assert gw.fast_path(*args, 4, False) is None
+    monkeypatch.setenv(gw.PDQ_ENV_SWITCH, "0")
+    assert gw.fast_path("sm_90a", MXFP8, t, 64, 128, 4, False) is None
+    monkeypatch.delenv(gw.PDQ_ENV_SWITCH)
     monkeypatch.setenv(gw.ENV_SWITCH, "0")
     assert gw.fast_path("sm_90a", NVFP4, t, 64, 128, 4, False) is None
     monkeypatch.delenv(gw.ENV_SWITCH)
