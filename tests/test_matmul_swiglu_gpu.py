@@ -25,6 +25,7 @@ from test_matmul_swiglu import max_test_case, swiglu_case
 from blockscale import reference as ref
 from blockscale.formats import NVFP4, Format
 from blockscale.ops import fused_silu_quantize, grouped_matmul_block_scaled
+from blockscale.ops import matmul_grouped_wgmma as gw
 from blockscale.ops import matmul_swiglu as SW
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
@@ -87,8 +88,11 @@ def test_fused_equals_chained_nvfp4(counts, e_count, n, k, record_property) -> N
 def test_fused_equals_chained_mxfp8(counts, act, record_property) -> None:
     f = Format.from_name("mxfp8")
     case = swiglu_case(f, counts, _ids(len(counts), 4), 4, 1024, 1024, seed=len(counts))
-    es = case["expert_start"]  # the chained path runs the tensor-core kernel: so does fused
-    assert SW.chained_mainloop("sm_90a", f, int(es[-1]), 2048, 1024, len(counts), es) == "mma"
+    es = case["expert_start"]  # the chained path's kernel, which the fused op runs too: the
+    # mma.sync tensor-core kernel below MIN_ROWS routed rows, the grouped pdq kernel (its flag
+    # and fixup kernels, matmul_grouped_pdq_mx8) from there on
+    want = "wgmma" if int(es[-1]) >= gw.MIN_ROWS else "mma"
+    assert SW.chained_mainloop("sm_90a", f, int(es[-1]), 2048, 1024, len(counts), es) == want
     run_three(case, f, 1024, None, None, act, record_property)
 
 

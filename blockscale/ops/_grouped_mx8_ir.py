@@ -5,9 +5,9 @@ Imports MLIR: only that module's ``build`` imports it.
 
 * :func:`emit_flags`: :data:`FLAG_LANES` threads per row of A (the routed tokens ``m < T``,
   :func:`_a_lane_flags`), then one per four rows of B (the weight rows ``e N + n`` sharing
-  the 16-byte words of the 6-D scales, :func:`_b_quad_flags`; H200 runs DW / DX, gpt-oss
-  gate_up: 58 us with a thread a row of A scanning its 90 blocks one byte load after the
-  other, the B scan's layout alone changed nothing); it walks
+  the 16-byte words of the 6-D scales, :func:`_b_quad_flags`; H200 runs DW-DY, gpt-oss
+  gate_up: 58 us with a thread a row of A and of B, 57 us with the B quads, 60 us with the A
+  lanes too: neither the scale reads nor the rows of A bound it; not profiled yet); it walks
   the rows' K-blocks (5-D A scales in the group's padded tiles, 6-D B scales) and sets
   ``flags[row]`` to 1 when a block whose scale lies outside the exact window
   (:func:`blockscale.ops._mx8_window_ir.out_of_window`) holds a nonzero element (its 32 data

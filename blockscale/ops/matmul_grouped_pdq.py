@@ -594,7 +594,8 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     the staged store skip idle warpgroups' wgmmas where :data:`DISPATCH_SKIP` (or
     :data:`SKIP_ENV`; direct stores: the rare unaligned widths, no skip, the same bytes) and
     then, at prefetch distance 1, pair their producer fences where :data:`DISPATCH_PAIR` (or
-    :data:`PAIR_ENV`). Every choice gives the same bytes."""
+    :data:`PAIR_ENV`). Every choice gives the same bytes. MXFP8: bf16, never paired (the
+    pair spills), prefetch distance :data:`MX8_DISPATCH_DEPTH` (or :data:`MX8_DEPTH_ENV`)."""
     import os
 
     from blockscale.ops._staged_store_ir import dispatch_store
