@@ -161,19 +161,13 @@ def fixup(c: Any, flag_rows: Any, buffers: dict[str, Any], t: int, n: int, k: in
           num_groups: int, num_experts: int, sigma_out: bool, target: str,
           device: Any) -> None:
     """Recompute the flagged rows' outputs in ``c`` (a device array, written in place); the
-    other ``buffers`` as the grouped op passes them (numpy ones are copied to ``device``,
-    other device memory borrowed, as :func:`blockscale.ops._core.launch_op` does)."""
+    other ``buffers`` as the grouped op passes them (numpy or device memory:
+    :func:`blockscale.ops.matmul_twophase_mx8._launch_inplace`)."""
     from blockscale.ops.matmul_twophase_mx8 import _launch_inplace
 
-    spec = FixupSpec("mxfp8", target, sigma_out)
     bufs = {x: buffers[x] for x in ("a", "w", "sfa", "sfb", "expert_start", "a_scale_offsets",
                                     "expert_ids", "expert_scales")}
-    foreign = _core._checked_foreign(bufs, device)
-    if foreign and hasattr(device, "check_foreign_memory"):  # e.g. torch tensors
-        bufs = _core._borrowed(bufs, foreign, device, _core.get_kernel(spec))
-    bufs = {x: device.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
-            for x, v in bufs.items()}
-    _launch_inplace(spec,
+    _launch_inplace(FixupSpec("mxfp8", target, sigma_out),
                     _rows_grid(t + num_experts * n, FIXUP_SPLIT),
                     {**bufs, "flags": flag_rows, "c": c},
                     _scalars(t, n, k, num_groups, num_experts), device)

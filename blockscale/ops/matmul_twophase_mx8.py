@@ -77,6 +77,7 @@ from blockscale.ops.matmul_epilogue import Epilogue, EpilogueInput
 
 #: modules whose source shapes the kernels (part of the kernel key, see ops/_core.py)
 KERNEL_SOURCES = ("blockscale.ops._twophase_mx8_ir", "blockscale.ops._twophase_ir",
+                  "blockscale.ops._mx8_window_ir",
                   "blockscale.ops._matmul_ir", "blockscale.ops.matmul_epilogue")
 TARGETS = ("sm_90a",)
 #: = _twophase_mx8_ir.HEADROOM, WINDOW, THREADS, FOLD_LANES, FIXUP_SPLIT, FOLD_A, FOLD_B
@@ -364,8 +365,17 @@ def _check_epilogue(epilogue: Epilogue | None) -> None:
 
 def _launch_inplace(spec: Any, grid: tuple[int, int, int], buffers: dict[str, Any],
                     scalars: dict[str, Any], dev: Any) -> None:
-    """Launch ``spec`` with device ``buffers`` as they are (``c`` is read and written)."""
+    """Launch ``spec`` on ``buffers`` in place (its "inout" buffers, ``dev``'s arrays, are
+    read and written as they are); numpy inputs are copied to ``dev`` and other device memory
+    (torch, ...) is borrowed, as :func:`blockscale.ops._core.launch_op` does."""
     kernel = _core.get_kernel(spec)
+    inout = {a.name for a in kernel.args if a.role == "inout"}
+    ins = {n: v for n, v in buffers.items() if n not in inout}
+    foreign = _core._checked_foreign(ins, dev)
+    if foreign and hasattr(dev, "check_foreign_memory"):
+        ins = _core._borrowed(ins, foreign, dev, kernel)
+    buffers = {**buffers, **{n: dev.to_device(np.ascontiguousarray(v))
+                             if isinstance(v, np.ndarray) else v for n, v in ins.items()}}
     args = [buffers[a.name] if a.kind == "buffer" else scalars[a.name] for a in kernel.args]
     pick = getattr(dev, "launch_stream", None)
     if pick is None:
