@@ -49,6 +49,7 @@ from blockscale.compiler import ir as bir
 from blockscale.compiler.arch import mma, nvvm, tma
 from blockscale.formats import MXFP8
 from blockscale.ops import _matmul_ir as mir
+from blockscale.ops import _mx8_window_ir as MW
 from blockscale.ops._twophase_ir import KPAD, ws_offset
 
 Value = ir.Value
@@ -142,17 +143,10 @@ def emit_fold(kb: Any, m: Value, n: Value, k: Value, shift: Value) -> None:
     bmax = scan.results[0]
     for lanes in (1, 2, 4):  # the row's lanes: FOLD_LANES consecutive lanes of a warp
         bmax = arith.maxui(bmax, nvvm.shfl_xor(bmax, lanes))
-    v16, v2 = bir.vec(16, bir.i8()), bir.vec(2, bir.i64())
-    mag = bir.const(0x7F7F7F7F7F7F7F7F, bir.i64())
 
     def nonzero(x: Value, base: Value) -> list[Value]:  # any nonzero magnitude in 32 bytes
-        bits = bir.const(0, bir.i64())
-        for h in range(2):
-            words = vector.bitcast(v2, bir.vector_load(v16, x, bir.add(base, 16 * h),
-                                                       alignment=16))
-            for i in range(2):
-                bits = arith.ori(bits, vector.extract(words, [], [i]))
-        return [arith.extui(bir.i32(), bir.ne(arith.andi(bits, mag), bir.const(0, bir.i64())))]
+        data = bir.vector_load(bir.vec(32, bir.i8()), x, base, alignment=16)
+        return [arith.extui(bir.i32(), MW.nonzero32(data))]
 
     with bir.for_range(sub, d1, FOLD_LANES, carry=[_i32(0)]) as blocks:
         flag, w = blocks.carried[0], word(blocks.iv)
