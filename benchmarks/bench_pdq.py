@@ -17,7 +17,8 @@ rows must equal their chained row byte for byte.
 
 Usage: ``python benchmarks/bench_pdq.py [--m 8192,1024] [--t 1024,4096] [--fmt nvfp4,mxfp4]
 [--suite dense,grouped,fused] [--impls SUBSTR,...] [--shape gpt-oss-120b|deepseek-v3]`` (only
-the rows whose label contains one of the substrings, plus the references; ``--shape``: the
+the rows whose label contains one of the substrings, or is one given as ``=LABEL``, plus the
+references; ``--shape``: the
 grouped / fused suites' gate_up shape); kernels from the bundle (``make gpu-bundle``). The
 "ws" rows take A from the grouped phase-1 workspace (issue #10; both launches timed).
 """
@@ -202,6 +203,20 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                  ("grouped pdq pf staged ws skip d2", "pdq",
                   {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
                    "depth": 2}),
+                 # the dispatch's items with warp-coalesced producer loads (a warp reads
+                 # whole k64 steps of 16 / 8 rows: full sectors)
+                 ("grouped pdq pf staged ws skip co", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
+                   "coalesce": True}),
+                 ("grouped pdq pf staged ws skip pr co", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
+                   "pair": True, "coalesce": True}),
+                 ("grouped pdq pf staged ws skip f16 pr co", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
+                   "dtype": "f16", "pair": True, "coalesce": True}),
+                 ("grouped pdq pf staged ws 192x192 co", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "bm": 192,
+                   "bn": 192, "coalesce": True}),
                  # the register-A kernel (NVFP4: the weights converted into the wgmma's A
                  # registers by the consumers; matmul_grouped_rs), its depths and stages
                  ("grouped rs", "rs", {}),
@@ -230,10 +245,15 @@ FUSED_IMPLS = (("chained pdq + silu-quantize", False, "1", "packed", "128", "0")
 
 
 def _select(impls: tuple, only: Sequence[str] | None) -> tuple:
-    """The reference (first) row and those whose label contains one of ``only``."""
+    """The reference (first) row and those whose label contains one of ``only`` (one
+    starting with "=": the label itself)."""
     if not only:
         return impls
-    return impls[:1] + tuple(i for i in impls[1:] if any(x in i[0] for x in only))
+
+    def picked(label: str) -> bool:
+        return any(label == x[1:] if x.startswith("=") else x in label for x in only)
+
+    return impls[:1] + tuple(i for i in impls[1:] if picked(i[0]))
 
 
 def bench_dense(dev: Any, m_values: Sequence[int], fmts: Sequence[str], n: int = 5760,

@@ -36,7 +36,8 @@ from blockscale.ops import matmul_grouped_wgmma as gw
 def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=False,
          stages=None, seed=0, device="interp", check_exact=True, store="direct", producers=1,
          bn=256, depth=1, every_scale=False, a_source="packed", sigma_out=False, bm=128, unroll=1,
-         skip=False, b_source="global", a_early=False, dtype="bf16", pair=False):
+         skip=False, b_source="global", a_early=False, dtype="bf16", pair=False,
+         coalesce=False):
     rng = np.random.default_rng(300 + seed)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
     if every_scale:  # every scale byte (E4M3 subnormals and NaN, E8M0 0x00 and 0xFF)
@@ -53,7 +54,8 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
                                              a_source=a_source, sigma_out=sigma_out, bm=bm,
                                              unroll=unroll, skip=skip,
                                              b_source=b_source, a_early=a_early,
-                                             dtype=dtype, pair=pair, device=device)
+                                             dtype=dtype, pair=pair, coalesce=coalesce,
+                                             device=device)
     if sigma_out:  # gate | up columns back to the σ order (the plain store's)
         out = _unsigma(out)
     assert out.dtype == ml_dtypes.bfloat16 and out.shape == (sum(counts), n)
@@ -197,21 +199,22 @@ def test_spec_checks():
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     every = GP.bundle_specs("sm_90a")
     assert len(every) == len({s.kernel_name for s in every})
-    # MXFP8's 11 (tests/test_matmul_grouped_pdq_mx8.py), then the FP4 ones:
-    assert sum(getattr(s, "fmt", "") == "mxfp8" for s in every) == 11
+    # MXFP8's 15 (tests/test_matmul_grouped_pdq_mx8.py), then the FP4 ones:
+    assert sum(getattr(s, "fmt", "") == "mxfp8" for s in every) == 15
     specs = [s for s in every if getattr(s, "fmt", "") != "mxfp8"]
-    # 124 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH; 28 f16 / paired-fence
-    # ones) + 3 wgmma references
-    assert len(specs) == 124 + 3
-    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 124
-    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 100
+    # 132 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH; 28 f16 / paired-fence
+    # ones; 8 coalesced) + 3 wgmma references
+    assert len(specs) == 132 + 3
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 132
+    assert sum(getattr(s, "coalesce", False) for s in specs) == 8
+    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 108
     assert sum(getattr(s, "bm", 128) == 256 for s in specs) == 21
     assert sum(getattr(s, "unroll", 1) == 2 for s in specs) == 18
-    assert sum(getattr(s, "skip", False) for s in specs) == 46
-    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 103
-    assert sum(getattr(s, "sigma_out", False) for s in specs) == 49
-    assert sum(getattr(s, "pair", False) for s in specs) == 18
-    assert sum(getattr(s, "dtype", "") == "f16" for s in specs) == 18
+    assert sum(getattr(s, "skip", False) for s in specs) == 52
+    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 111
+    assert sum(getattr(s, "sigma_out", False) for s in specs) == 53
+    assert sum(getattr(s, "pair", False) for s in specs) == 24
+    assert sum(getattr(s, "dtype", "") == "f16" for s in specs) == 22
     for f in (NVFP4, MXFP4):  # the dispatch's specs on the GPU (plain and σ) are bundled
         for sg in (False, True):
             assert GP.dispatch_spec(f, 5760, f is NVFP4, "sm_90a", "interp", sg).kernel_name \
@@ -693,6 +696,54 @@ def test_interp_pair(case):
 
 
 @pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    (NVFP4, 1, "split", {"skip": True, "dtype": "f16", "pair": True}),  # the dispatch's
+    (MXFP4, 2, "lockstep", {"skip": True, "pair": True, "sigma_out": True}),
+    (MXFP4, 3, "lockstep", {"bm": 192, "bn": 192}),  # 6 units a thread
+    (NVFP4, 0, "lockstep", {"bm": 256, "bn": 128, "unroll": 2}),  # tile 128: 2 units
+    (NVFP4, 4, "split", {"producers": 2, "bn": 192, "a_source": "packed", "store": "direct"}),
+], ids=lambda c: f"{c[0].name}-case{c[1]}-{c[2]}-{c[3].get('bm', 128)}x{c[3].get('bn', 256)}")
+def test_interp_coalesce(case):
+    """Warp-coalesced producer loads (``coalesce``: a warp reads 16 rows' whole k64 steps):
+    the grouped wgmma kernel's bytes (:func:`_run`), A packed and from the workspace, one
+    and two producer warpgroups, every item shape."""
+    fmt, case_id, loop, extra = case
+    counts, ids, e_count, n, k = CASES[case_id]
+    kw = {"rows": fmt == NVFP4, "loop": loop, "prefetch": True, "seed": case_id,
+          "store": "staged", "check_exact": False, "a_source": "workspace", **extra}
+    if kw["store"] == "staged" and n % (16 if kw.get("sigma_out") else 8):
+        pytest.skip("the staged store needs 16-byte rows")
+    _run(fmt, counts, ids, e_count, n, k, coalesce=True, **kw)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+def test_coalesce_dispatch_bundled(fmt, monkeypatch):
+    """With COALESCE_ENV=1 the dispatch's skip and 192 x 192 items (plain and σ) are the
+    bundled coalesced kernels."""
+    monkeypatch.setenv(GP.COALESCE_ENV, "1")
+    names = {s.kernel_name for s in GP.bundle_specs("sm_90a")}
+    f = Format.from_name(fmt)
+    for rpg in (32, 128):
+        for sg in (False, True):
+            spec = GP.dispatch_spec(f, 5760, False, "sm_90a", "interp", sg, rows_per_group=rpg)
+            name = spec.kernel_name.replace("_lockstep", "")  # (the GPU's: "split")
+            assert spec.coalesce and name in names, name
+    monkeypatch.setenv(GP.COALESCE_ENV, "0")
+    assert not GP.dispatch_spec(f, 5760, False, "sm_90a", "interp", False).coalesce
+
+
+def test_coalesce_spec_checks():
+    spec = GP.GroupedPdqSpec("mxfp8", prefetch=True, store="staged", a_source="workspace",
+                             skip=True, coalesce=True)
+    assert spec.kernel_name.endswith("_ws_sk_co")
+    with pytest.raises(ValueError, match="coalesce reads B from global memory"):
+        GP.GroupedPdqSpec("nvfp4", store="staged", a_source="workspace", skip=True,
+                          b_source="tma", coalesce=True)
+    with pytest.raises(TypeError, match="coalesce"):
+        GP.GroupedPdqSpec("nvfp4", prefetch=True, coalesce=1)
+
+
+@pytest.mark.interp
 def test_interp_tma_b_f16():
     """f16 operands with B through the TMA ring (skip items): byte-equal to the bf16 kernel."""
     counts, ids, e_count, n, k = CASES[1]
@@ -813,6 +864,22 @@ def test_gpu_pair(dtype, case):
           "store": "staged", "a_source": "workspace", "prefetch": True, "dtype": dtype,
           "pair": True, **items}
     _gpu_case(NVFP4, case.removesuffix("-skip"), kw, seed=7)
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", ["gpt-oss-4096", "gpt-oss-4096-sigma", "deepseek",
+                                  "every-scale"])
+@pytest.mark.parametrize("item", ["nvfp4-f16-skip", "mxfp4-skip", "mxfp4-192"])
+def test_gpu_coalesce(item, case):
+    """The bundled warp-coalesced items (the dispatch's with ``COALESCE_ENV``) on the H200:
+    the grouped wgmma kernel's bytes."""
+    fmt = NVFP4 if item.startswith("nvfp4") else MXFP4
+    items = {"bm": 192, "bn": 192} if item.endswith("192") else {"skip": True, "pair": True}
+    kw = {"rows": fmt == NVFP4, "loop": "split", "device": "cuda", "check_exact": False,
+          "store": "staged", "a_source": "workspace", "prefetch": True, "coalesce": True,
+          "dtype": "f16" if "f16" in item else "bf16", **items}
+    _gpu_case(fmt, case, kw, seed=7)
 
 
 # ---- 256 x 128 work items (bm=256, issue #10 step 2) ----------------------------------------

@@ -57,7 +57,8 @@ def _zeros_of_unused(out, case, ids):
 @pytest.mark.parametrize("variant", [
     {"a_source": "packed"},
     {"a_source": "workspace", "store": "staged", "skip": True},
-], ids=["packed", "ws-skip"])
+    {"a_source": "workspace", "store": "staged", "skip": True, "coalesce": True},
+], ids=["packed", "ws-skip", "ws-skip-co"])
 def test_interp_cases(case_id, variant):
     counts, ids, e_count, n, k = CASES[case_id]
     if variant.get("store") == "staged" and n % 8:
@@ -73,10 +74,10 @@ def test_interp_cases(case_id, variant):
 
 
 @pytest.mark.interp
-@pytest.mark.parametrize("depth", [1, 2])
-def test_interp_tri_items(depth):
+@pytest.mark.parametrize("depth,coalesce", [(1, False), (2, False), (1, True)])
+def test_interp_tri_items(depth, coalesce):
     """The 192 x 192 items (three consumer warpgroups, A from two workspace tiles), prefetch
-    distance 1 and 2."""
+    distance 1 and 2, and the warp-coalesced producer loads (16-element quarters)."""
     counts, ids, e_count, n, k = [200, 0, 70], [1, -1, 0], 2, 208, 96
     case, rows, w_scales = make_grouped_case(np.random.default_rng(5), MXFP8, counts, ids,
                                              e_count, n, k)
@@ -84,7 +85,7 @@ def test_interp_tri_items(depth):
     out = GP.grouped_matmul_block_scaled_pdq(**case, expert_scales=esc, fmt=MXFP8, k=k,
                                              prefetch=True, loop="lockstep", store="staged",
                                              a_source="workspace", bm=192, bn=GP.TRI_BN,
-                                             depth=depth, device="interp")
+                                             depth=depth, coalesce=coalesce, device="interp")
     _check_bound(out, case, rows, w_scales, k, esc)
     _zeros_of_unused(out, case, ids)
 
@@ -322,6 +323,29 @@ def test_gpu_gpt_oss():
     assert np.array_equal(out[m].view(np.uint16), port[m].view(np.uint16))
     col = slice(es[g], es[g + 1])
     assert np.array_equal(out[col, 100].view(np.uint16), port[col, 100].view(np.uint16))
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("t", [1024, 4096])
+@pytest.mark.parametrize("items", ["skip", "192"])
+def test_gpu_coalesce(items, t):
+    """The warp-coalesced producer loads (``coalesce``) on the H200, gpt-oss gate_up: the
+    bytes of the same items without them (plain and σ); at T=1024 within the bound."""
+    counts, ids = _gpt_oss(t, 5)
+    n, k, e_count = 5760, 2880, 128
+    case, rows, w_scales = make_grouped_case(np.random.default_rng(6), MXFP8, counts, ids,
+                                             e_count, n, k)
+    esc = _esc(e_count)
+    kw = {"skip": True} if items == "skip" else {"bm": 192, "bn": GP.TRI_BN}
+    for sg in (True, False):
+        outs = [GP.grouped_matmul_block_scaled_pdq(
+            **case, expert_scales=esc, fmt=MXFP8, k=k, prefetch=True, store="staged",
+            a_source="workspace", sigma_out=sg, coalesce=co, device="cuda", **kw)
+            for co in (False, True)]
+        assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
+    if t == 1024:
+        _check_bound(outs[1], case, rows, w_scales, k, esc)
 
 
 def _portable(case, esc, k, device):

@@ -3,7 +3,7 @@
 # installs carried wheels (.whl/) for whatever python3 lacks, and points blockscale at build/gpu.
 # Usage: source tools/gpu_env.sh
 need=()
-python3 -c "import pytest" 2>/dev/null || need+=(pytest pluggy iniconfig packaging)
+python3 -c "import pytest" 2>/dev/null || need+=(pytest pluggy iniconfig packaging pygments)
 python3 -c "import ml_dtypes" 2>/dev/null || need+=(ml_dtypes)
 python3 -c "from cuda.bindings import driver" 2>/dev/null || need+=(cuda_bindings cuda_pathfinder)
 if [ ${#need[@]} -gt 0 ]; then

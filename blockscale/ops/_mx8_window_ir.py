@@ -43,14 +43,15 @@ def block_factor(b: Value) -> Value:
 
 
 def chunks(data: Value, factor: Value) -> list[Value]:
-    """A 32-element block (``vector<32xi8>`` E4M3 codes) times ``factor`` (f32) -> its four
-    16-byte chunks of 8 bf16 (``vector<4xi32>``): per code pair ``cvt.rn.f16x2.e4m3x2``
-    (exact), the f32 widening, one multiply per element and the bf16 pack (exact inside the
-    window)."""
-    pairs = vector.bitcast(bir.vec(16, bir.i16()), data)
+    """E4M3 codes of one block (``vector<32xi8>``, or 16 of them) times ``factor`` (f32) ->
+    their 16-byte chunks of 8 bf16 (``vector<4xi32>``; four, or two): per code pair
+    ``cvt.rn.f16x2.e4m3x2`` (exact), the f32 widening, one multiply per element and the
+    bf16 pack (exact inside the window)."""
+    n = ir.VectorType(data.type).shape[0]
+    pairs = vector.bitcast(bir.vec(n // 2, bir.i16()), data)
     splat = vector.broadcast(bir.vec(2, bir.f32()), factor)
     out = []
-    for c in range(4):
+    for c in range(n // 8):
         words = []
         for q in range(4):
             f16x2 = mma.cvt_e4m3x2_to_f16x2(vector.extract(pairs, [], [4 * c + q]))

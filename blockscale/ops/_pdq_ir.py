@@ -425,53 +425,86 @@ def _store_step(ring: _PdqRing, stage0: Value, ops: list[PackedRows], vals: list
 
 
 class _Unit(NamedTuple):
-    """One 32-element half (``half``) of tile row ``row`` of operand ``src`` that a producer
-    thread converts every step, where ``valid`` (None: always)."""
+    """One part ``part`` (of ``parts`` a k64 step: 2, 32-element halves; 4, 16-element
+    quarters) of tile row ``row`` of operand ``src`` that a producer thread converts every
+    step, where ``valid`` (None: always)."""
 
     src: PackedRows
     row: Value
-    half: Value
+    part: Value
     valid: Value | None
+    parts: int = 2
 
 
-def _units(ops: list[PackedRows], pt: Value, nthreads: int) -> list[_Unit]:
-    """Producer thread ``pt``'s units of ``nthreads`` producers: per operand the ``2 tile``
-    row halves, half-major (unit ``u``: row ``u % tile``, half ``u // tile``), unit
-    ``pt + nthreads i`` for ``i < ceil(2 tile / nthreads)`` (the last one where it exists:
-    tile 192 over 256 threads, threads 0 .. 127 take two of B, the others one). A warp's 32
-    units share their half (tile and nthreads multiples of 32)."""
+def unit_parts(fmt: str, coalesce: bool) -> int:
+    """Parts of a tile row's k64 step a :class:`_Unit` is (:func:`_units`): 2 (32-element
+    halves), or, ``coalesce`` with MXFP8, 4 (16-element quarters: a 16-byte load each)."""
+    return 4 if coalesce and fmt == "mxfp8" else 2
+
+
+def _units(ops: list[PackedRows], pt: Value, nthreads: int, parts: int = 2,
+           coalesce: bool = False) -> list[_Unit]:
+    """Producer thread ``pt``'s units of ``nthreads`` producers: per operand the ``parts
+    tile`` row parts, unit ``u = pt + nthreads i`` for ``i < ceil(parts tile / nthreads)``
+    (the last one where it exists: tile 192 over 256 threads, threads 0 .. 127 take two of
+    B, the others one). Without ``coalesce`` part-major (row ``u % tile``, part ``u //
+    tile``): a warp's 32 units share their part, 32 rows, each lane's 16-byte load half a
+    32-byte sector of its own row (ncu: 13.3 of 32 bytes a sector used, MXFP8). With it a
+    warp's units are ``R = 32 / parts`` consecutive rows times the ``parts`` parts (part
+    ``(u // R) % parts``, row ``(u // 32) R + u % R``): one warp load reads R rows' whole
+    k64 step (full sectors); the 8 lanes of a quarter warp still store one part of 8
+    consecutive rows (128 contiguous bytes: no bank conflict). tile and nthreads multiples
+    of 32."""
     out = []
+    rows_w = 32 // parts
     for src in ops:
-        n = 2 * src.tile
+        n = parts * src.tile
         for i in range(-(-n // nthreads)):
             u = bir.add(pt, i * nthreads)
             valid = None if (i + 1) * nthreads <= n else bir.ult(u, n)
-            out.append(_Unit(src, bir.urem(u, src.tile), bir.udiv(u, src.tile), valid))
+            if coalesce:
+                row = bir.add(bir.mul(bir.udiv(u, 32), rows_w), bir.urem(u, rows_w))
+                part = bir.urem(bir.udiv(u, rows_w), parts)
+            else:
+                row, part = bir.urem(u, src.tile), bir.udiv(u, src.tile)
+            out.append(_Unit(src, row, part, valid, parts))
     return out
 
 
+def _unit_elems(un: _Unit) -> int:
+    return KSTEP // un.parts
+
+
+def _unit_bytes(un: _Unit, fmt: str) -> int:
+    """Packed bytes of a unit: its elements (MXFP8) or half of them (FP4)."""
+    return _unit_elems(un) if fmt == "mxfp8" else _unit_elems(un) // 2
+
+
 def _unit_types(units: list[_Unit], fmt: str) -> list[ir.Type]:
-    return [bir.vec(_data_bytes(fmt), bir.i8()), bir.i32()] * len(units)
+    return [t for un in units for t in (bir.vec(_unit_bytes(un, fmt), bir.i8()), bir.i32())]
 
 
 def _load_units(units: list[_Unit], t: Value, fmt: str) -> list[Value]:
-    """:func:`_load_step` over :func:`_units`: each unit's 16 data bytes and scale bytes of
-    k-step ``t``, zeros past the rows, K or the units."""
+    """:func:`_load_step` over :func:`_units`: each unit's data bytes (16, or 32 for an
+    MXFP8 half) and scale bytes of k-step ``t``, zeros past the rows, K or the units."""
     block = 16 if fmt == "nvfp4" else 32
-    nscales = 32 // block
-    vd, vs = bir.vec(_data_bytes(fmt), bir.i8()), bir.i32()
     out = []
     for un in units:
-        src = un.src
-        p = bir.add(bir.mul(t, 2), un.half)
-        ok = bir.logical_and(bir.ult(un.row, src.rows_valid), bir.ult(bir.mul(p, 32), src.k))
+        src, elems = un.src, _unit_elems(un)
+        nscales = max(1, elems // block)
+        vd, vs = bir.vec(_unit_bytes(un, fmt), bir.i8()), bir.i32()
+        p = bir.add(bir.mul(t, un.parts), un.part)  # the unit's index along the row
+        ok = bir.logical_and(bir.ult(un.row, src.rows_valid), bir.ult(bir.mul(p, elems), src.k))
         if un.valid is not None:
             ok = bir.logical_and(un.valid, ok)
         br = bir.if_(ok, [vd, vs])
         with br.then():
-            data = bir.vector_load(vd, src.x, _data_offset(src, bir.add(src.row0, un.row), p,
-                                                           fmt), alignment=16)
-            jb = bir.mul(p, nscales)
+            grow = bir.add(src.row0, un.row)
+            row_bytes = src.k if fmt == "mxfp8" else bir.udiv(src.k, 2)
+            off = bir.add(bir.mul(grow, row_bytes), bir.mul(p, _unit_bytes(un, fmt)))
+            data = bir.vector_load(vd, src.x, off, alignment=16)
+            # the unit's first K block
+            jb = bir.mul(p, nscales) if elems >= block else bir.udiv(p, block // elems)
             off = bir.add(src.scale_row(un.row),
                           bir.add(bir.mul(bir.udiv(jb, 4), SF_ATOM_BYTES), bir.urem(jb, 4)))
             br.yield_(data, _scale_word(src.sfx, off, nscales))
@@ -483,17 +516,19 @@ def _load_units(units: list[_Unit], t: Value, fmt: str) -> list[Value]:
 
 def _store_units(ring: _PdqRing, stage0: Value, units: list[_Unit], vals: list[Value],
                  fmt: str) -> None:
-    """:func:`_store_step` over :func:`_units`: chunk ``c`` of unit (row, half) at
-    ``span + (4 half + c) tile 16 + row 16``; units past the operand store nothing."""
+    """:func:`_store_step` over :func:`_units`: chunk ``c`` of unit (row, part) at
+    ``span + (8 / parts * part + c) tile 16 + row 16``; units past the operand store
+    nothing."""
     vd = bir.vec(16, bir.i8())
     for i, un in enumerate(units):
         data, scales = vals[2 * i], vals[2 * i + 1]
         tile = un.src.tile
+        per = 8 // un.parts  # 16-byte chunks a unit
 
         def store(un: _Unit = un, data: Value = data, scales: Value = scales,
-                  tile: int = tile) -> None:
+                  tile: int = tile, per: int = per) -> None:
             base = bir.add(bir.add(stage0, un.src.span),
-                           bir.add(bir.mul(un.row, 16), bir.mul(un.half, 4 * tile * 16)))
+                           bir.add(bir.mul(un.row, 16), bir.mul(un.part, per * tile * 16)))
             for c, v in enumerate(_dequant(ring, data, scales, fmt)):
                 bir.vector_store(vector.bitcast(vd, v), ring.smem,
                                  bir.add(base, c * tile * 16), alignment=16)
@@ -583,7 +618,7 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                   depth: int = 1, a_tile: Value | None = None, tall: Any = None,
                   unroll: int = SPLIT_UNROLL, skip: Any = None,
                   b_tma: tuple[Value, Value] | None = None, a_early: bool = False,
-                  dtype: str = "bf16", pair: bool = False) -> None:
+                  dtype: str = "bf16", pair: bool = False, coalesce: bool = False) -> None:
     """The producer / consumer K loop (module docstring) of the ``bm x bn`` tile of A rows
     ``a`` and B rows ``b`` (``b.tile == bn``), then ``epilogue(acc, wg, writers)``: the
     warpgroup's final accumulator struct and index. Without ``all_threads`` it runs in the
@@ -627,7 +662,10 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     iteration's start. The fence (SASS MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, also in its
     one-way ``sync_restrict`` form) waits for the thread's global loads still in flight, so
     with a fence per step the loads issued at a step's start bound the step by their
-    latency; here they have two steps' conversion to land (four steps of registers)."""
+    latency; here they have two steps' conversion to land (four steps of registers).
+    ``coalesce``: the producer's row parts are dealt as warp-coalesced units
+    (:func:`_units`; MXFP8 16-element quarters, :func:`unit_parts`), any tile (not with
+    ``b_tma``)."""
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {list(LOOPS)}, got {loop!r}")
     if producers not in PRODUCERS:
@@ -675,9 +713,11 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         ring.descriptors()
     else:
         tall.descriptors(ring)
-    units = None if (producers, bn) == (1, BN) or (
-        tall is not None and not tall.units) else _units(
-        ops, ring.pt, PRODUCER_THREADS * producers)
+    if coalesce and raw is not None:
+        raise ValueError("coalesce reads B from global memory (not with b_tma)")
+    units = None if not coalesce and ((producers, bn) == (1, BN) or (
+        tall is not None and not tall.units)) else _units(
+        ops, ring.pt, PRODUCER_THREADS * producers, unit_parts(fmt, coalesce), coalesce)
     if depth not in (1, 2) or (depth == 2 and not prefetch):
         raise ValueError(f"depth must be 1 or 2 (2 with the prefetch), got {depth!r}")
     if units is None:

@@ -157,6 +157,10 @@ DTYPE_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_DTYPE"
 #: BLOCKSCALE_SM90_GROUPED_PDQ_PAIR=1|0 overrides it
 DISPATCH_PAIR = True
 PAIR_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_PAIR"
+#: whether the dispatch's 128-row skip and 192 x 192 items load B warp-coalesced
+#: (``coalesce``); BLOCKSCALE_SM90_GROUPED_PDQ_COALESCE=1|0 overrides it
+DISPATCH_COALESCE = False
+COALESCE_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_COALESCE"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +206,10 @@ class GroupedPdqSpec(FormatSpec):
             proxy fence, the next two steps' loads issued at the pair's start
             (:func:`blockscale.ops._pdq_ir.emit_mainloop`); the lockstep loop ignores it.
             Same bytes.
+        coalesce: the producer's loads warp-coalesced (:func:`blockscale.ops._pdq_ir._units`:
+            a warp reads whole k64 steps of 16 (FP4) or 8 (MXFP8, 16-element quarters) rows,
+            full 32-byte sectors, instead of half a sector of each of 32 rows); B from
+            global memory. Same bytes.
     """
 
     fmt: str
@@ -223,6 +231,7 @@ class GroupedPdqSpec(FormatSpec):
     a_early: bool = False
     dtype: str = "bf16"
     pair: bool = False
+    coalesce: bool = False
 
     op: ClassVar[str] = "grouped_matmul_block_scaled_pdq"
     out_dtype: ClassVar[str] = "bfloat16"
@@ -233,7 +242,8 @@ class GroupedPdqSpec(FormatSpec):
         H.check_choice(self.fmt, FORMATS, "fmt")
         H.check_choice(H.target_name(self.target), TARGETS, "target")
         object.__setattr__(self, "target", H.target_name(self.target))
-        for name in ("row_scales", "prefetch", "sigma_out", "skip", "a_early", "pair"):
+        for name in ("row_scales", "prefetch", "sigma_out", "skip", "a_early", "pair",
+                     "coalesce"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got "
                                 f"{type(getattr(self, name)).__name__}")
@@ -280,6 +290,9 @@ class GroupedPdqSpec(FormatSpec):
         _pdq.check_depth(self.depth, self.prefetch)
         H.check_choice(self.a_source, A_SOURCES, "a_source")
         H.check_choice(self.b_source, B_SOURCES, "b_source")
+        if self.coalesce and self.b_source != "global":
+            raise ValueError(f"coalesce reads B from global memory (b_source='global'), got "
+                             f"b_source={self.b_source!r}")
         if self.fmt == "mxfp8" and self.b_source != "global":
             raise ValueError(f"MXFP8 reads B from global memory (b_source='global'), got "
                              f"b_source={self.b_source!r}")
@@ -327,6 +340,7 @@ class GroupedPdqSpec(FormatSpec):
         ws += "_ae" if self.a_early else ""
         ws += "_f16" if self.dtype == "f16" else ""
         ws += "_pr" if self.pair else ""
+        ws += "_co" if self.coalesce else ""
         return (f"bs_grouped_pdq_{self.fmt}_{self.bm}x{self.bn}_k64_s{self.stages}{pf}{lp}{st}"
                 f"{pr}{rs}{sg}{ws}")
 
@@ -461,7 +475,7 @@ def build(spec: GroupedPdqSpec) -> Any:
                                 skip=TL.Skip(bir.sub(end, m0)) if spec.skip else None,
                                 b_tma=(bir.udiv(b_srow0, SF_ATOM_ROWS), d1)
                                 if spec.b_source == "tma" else None, a_early=spec.a_early,
-                                dtype=spec.dtype, pair=spec.pair)
+                                dtype=spec.dtype, pair=spec.pair, coalesce=spec.coalesce)
                 br.yield_()
             with br.else_():  # expert id -1: zeros (D8), by the consumer warpgroups' rows
                 tid = bir.thread_idx("x")
@@ -487,14 +501,12 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
                                     bm: int = BM, unroll: int = 1, skip: bool = False,
                                     b_source: str = "global", a_early: bool = False,
                                     dtype: str = "bf16", pair: bool = False,
-                                    device: Any = None) -> Any:
+                                    coalesce: bool = False, device: Any = None) -> Any:
     """The kernel called directly (no dispatch), e.g. by tests and benchmarks. Arguments as
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
     ``prefetch``, ``loop``, ``store``, ``producers``, ``bn``, ``depth``, ``sigma_out``,
-    ``a_source``, ``bm``, ``unroll``, ``skip``, ``b_source``, ``a_early``, ``dtype`` and
-    ``pair``
-    (:class:`GroupedPdqSpec`; ``bm=256`` with
-    ``bn=128``). Raises ValueError for K % 32 != 0, a format other
+    ``a_source``, ``bm``, ``unroll``, ``skip``, ``b_source``, ``a_early``, ``dtype``,
+    ``pair`` and ``coalesce`` (:class:`GroupedPdqSpec`; ``bm=256`` with ``bn=128``). Raises ValueError for K % 32 != 0, a format other
     than NVFP4 / MXFP4 / MXFP8, a staged store with N % 8 != 0, ``sigma_out`` with an odd N (staged:
     N % 16 != 0), or (workspace A) scale tiles not placed as D8 says. MXFP8 runs its flag
     and fixup kernels around it (:mod:`blockscale.ops.matmul_grouped_pdq_mx8`)."""
@@ -506,7 +518,7 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
                           store, producers, bn, depth, sigma_out, a_source, bm, unroll, skip,
-                          b_source, a_early, dtype, pair)
+                          b_source, a_early, dtype, pair, coalesce)
     check_sigma_store(spec, n)
     return launch(spec, t, n, g_count, buffers, {"t": t, "n": n, "k": k, "num_groups": g_count},
                   dev)
@@ -624,17 +636,21 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
                               bn=TALL_BN, unroll=TALL_UNROLL)
     mx8_depth = int(os.environ.get(MX8_DEPTH_ENV, str(MX8_DISPATCH_DEPTH)))
     H.check_choice(mx8_depth, (1, 2), MX8_DEPTH_ENV)
+    co = os.environ.get(COALESCE_ENV, "1" if DISPATCH_COALESCE else "0") not in (
+        "0", "false", "off")
     if bm == 192 and (a_source, store) == ("workspace", "staged"):
+        depth = mx8_depth if fmt.name == "mxfp8" else 1
         return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
                               store=store, sigma_out=sigma_out, a_source=a_source, bm=192,
-                              bn=TRI_BN, dtype=dtype,
-                              depth=mx8_depth if fmt.name == "mxfp8" else 1)
+                              bn=TRI_BN, dtype=dtype, depth=depth, coalesce=co and depth == 1)
     skip = os.environ.get(SKIP_ENV, "1" if DISPATCH_SKIP else "0") not in ("0", "false", "off")
     skip = skip and a_source == "workspace" and store == "staged"
     depth = (mx8_depth if fmt.name == "mxfp8" else DISPATCH_DEPTH) if skip else 1
+    pair = pair and skip and depth == 1
     return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop, store=store,
                           sigma_out=sigma_out, a_source=a_source, skip=skip, depth=depth,
-                          dtype=dtype if skip else "bf16", pair=pair and skip and depth == 1)
+                          dtype=dtype if skip else "bf16", pair=pair,
+                          coalesce=co and skip and depth == 1)
 
 
 def kernel(spec: GroupedPdqSpec) -> Any:
@@ -733,7 +749,22 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
     specs += [GroupedWgmmaSpec(f, rs, 128, 256, target, dequant="lut", kstep=64,
                                scaling="fold") for f, rs in variants]
     specs += _mx8_bundle_specs(target)
+    specs += _coalesced_bundle_specs(target)
     return sorted(specs, key=lambda s: s.kernel_name)
+
+
+def _coalesced_bundle_specs(target: str) -> list[Any]:
+    """The dispatch's 128-row skip items (NVFP4 f16, MXFP4 bf16: paired fence; MXFP8) and
+    192 x 192 items (MXFP4, MXFP8), plain and σ, with the warp-coalesced producer loads
+    (:data:`COALESCE_ENV`)."""
+    kw = {"prefetch": True, "a_source": "workspace", "store": "staged", "coalesce": True}
+    skip = {"nvfp4": {"skip": True, "dtype": "f16", "pair": True},
+            "mxfp4": {"skip": True, "pair": True}, "mxfp8": {"skip": True}}
+    tri = {"bm": 192, "bn": TRI_BN}
+    return [GroupedPdqSpec(f, rs, target, sigma_out=sg, **kw, **it)
+            for f in FORMATS for rs in ((False, True) if f == "nvfp4" else (False,))
+            for it in ((skip[f],) if f == "nvfp4" else (skip[f], tri))
+            for sg in (False, True)]
 
 
 def _mx8_bundle_specs(target: str) -> list[Any]:
