@@ -31,7 +31,8 @@ lint: $(STAMP)
 # Precompile every kernel the GPU tests and benchmarks need into $(BUNDLE) (no GPU needed).
 gpu-bundle: $(STAMP)
 	$(PY) -m blockscale.tools.bundle --out $(BUNDLE) --strip-mlir --prune --extra benchmarks.fuzz_gpu:fuzz_specs \
-		--extra benchmarks.run:extra_specs --extra benchmarks.sanitize_matmuls:specs
+		--extra benchmarks.run:extra_specs --extra benchmarks.sanitize_matmuls:specs \
+		--extra benchmarks.bench_pdq:extra_specs
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

@@ -80,6 +80,8 @@ DENSE_IMPLS = (("twophase k64", None),
                                                "depth": 2}),
                ("pdq packed pf staged p2 192 d2", {"a_source": "packed", "store": "staged",
                                                    "producers": 2, "bn": 192, "depth": 2}))
+#: the L2 prefetch distances of the coalesced items' rows (:func:`extra_specs` bundles them)
+L2_AHEAD = (2, 4)
 #: grouped (label, kind, kwargs)
 GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequant": "lut",
                                                      "kstep": 64, "scaling": "fold"}),
@@ -217,6 +219,14 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                  ("grouped pdq pf staged ws 192x192 co", "pdq",
                   {"prefetch": True, "store": "staged", "a_source": "workspace", "bm": 192,
                    "bn": 192, "coalesce": True}),
+                 # ... and step t + L's B rows brought into L2 at step t (prefetch.global.L2)
+                 *((f"grouped pdq pf staged ws {it} co l2p{d}", "pdq",
+                    {"prefetch": True, "store": "staged", "a_source": "workspace",
+                     "coalesce": True, "l2_ahead": d, **kw})
+                   for d in L2_AHEAD for it, kw in (
+                       ("skip", {"skip": True}), ("skip pr", {"skip": True, "pair": True}),
+                       ("skip f16 pr", {"skip": True, "dtype": "f16", "pair": True}),
+                       ("192x192", {"bm": 192, "bn": 192}))),
                  # the register-A kernel (NVFP4: the weights converted into the wgmma's A
                  # registers by the consumers; matmul_grouped_rs), its depths and stages
                  ("grouped rs", "rs", {}),
@@ -242,6 +252,24 @@ FUSED_IMPLS = (("chained pdq + silu-quantize", False, "1", "packed", "128", "0")
                ("chained pdq ws 256x128 + silu-quantize", False, "1", "workspace", "256", "0"),
                ("fused (pdq ws 256x128 sigma + silu-quantize)", True, "1", "workspace",
                 "256", "0"))
+
+
+def extra_specs(target: str = "sm_90a") -> list[Any]:
+    """The grouped rows' L2-prefetch kernels (``make gpu-bundle`` bundles them): the
+    dispatch's coalesced items (NVFP4 f16 paired skip, MXFP4 paired skip and 192 x 192,
+    MXFP8 skip and 192 x 192; plain store) at each :data:`L2_AHEAD`."""
+    from blockscale.ops import matmul_grouped_pdq as GP
+
+    if target != "sm_90a":
+        return []
+    fmts = {"skip": ("mxfp8",), "skip pr": ("mxfp4",), "skip f16 pr": ("nvfp4",),
+            "192x192": ("mxfp4", "mxfp8")}
+    out = []
+    for label, _, kw in GROUPED_IMPLS:
+        if " l2p" in label:
+            item = label.split(" ws ", 1)[1].split(" co ")[0]
+            out += [GP.GroupedPdqSpec(f, False, target, **kw) for f in fmts[item]]
+    return out
 
 
 def _select(impls: tuple, only: Sequence[str] | None) -> tuple:

@@ -37,7 +37,7 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
          stages=None, seed=0, device="interp", check_exact=True, store="direct", producers=1,
          bn=256, depth=1, every_scale=False, a_source="packed", sigma_out=False, bm=128, unroll=1,
          skip=False, b_source="global", a_early=False, dtype="bf16", pair=False,
-         coalesce=False):
+         coalesce=False, l2_ahead=0):
     rng = np.random.default_rng(300 + seed)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
     if every_scale:  # every scale byte (E4M3 subnormals and NaN, E8M0 0x00 and 0xFF)
@@ -55,7 +55,7 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
                                              unroll=unroll, skip=skip,
                                              b_source=b_source, a_early=a_early,
                                              dtype=dtype, pair=pair, coalesce=coalesce,
-                                             device=device)
+                                             l2_ahead=l2_ahead, device=device)
     if sigma_out:  # gate | up columns back to the σ order (the plain store's)
         out = _unsigma(out)
     assert out.dtype == ml_dtypes.bfloat16 and out.shape == (sum(counts), n)
@@ -702,11 +702,15 @@ def test_interp_pair(case):
     (MXFP4, 3, "lockstep", {"bm": 192, "bn": 192}),  # 6 units a thread
     (NVFP4, 0, "lockstep", {"bm": 256, "bn": 128, "unroll": 2}),  # tile 128: 2 units
     (NVFP4, 4, "split", {"producers": 2, "bn": 192, "a_source": "packed", "store": "direct"}),
-], ids=lambda c: f"{c[0].name}-case{c[1]}-{c[2]}-{c[3].get('bm', 128)}x{c[3].get('bn', 256)}")
+    (NVFP4, 3, "split", {"skip": True, "dtype": "f16", "pair": True, "l2_ahead": 2}),
+    (MXFP4, 1, "lockstep", {"bm": 192, "bn": 192, "l2_ahead": 4}),
+], ids=lambda c: f"{c[0].name}-case{c[1]}-{c[2]}-{c[3].get('bm', 128)}x{c[3].get('bn', 256)}"
+                 f"-l2p{c[3].get('l2_ahead', 0)}")
 def test_interp_coalesce(case):
     """Warp-coalesced producer loads (``coalesce``: a warp reads 16 rows' whole k64 steps):
     the grouped wgmma kernel's bytes (:func:`_run`), A packed and from the workspace, one
-    and two producer warpgroups, every item shape."""
+    and two producer warpgroups, every item shape; with the L2 prefetch of the rows
+    ``l2_ahead`` steps ahead (a hint: the same bytes)."""
     fmt, case_id, loop, extra = case
     counts, ids, e_count, n, k = CASES[case_id]
     kw = {"rows": fmt == NVFP4, "loop": loop, "prefetch": True, "seed": case_id,
@@ -736,11 +740,14 @@ def test_coalesce_spec_checks():
     spec = GP.GroupedPdqSpec("mxfp8", prefetch=True, store="staged", a_source="workspace",
                              skip=True, coalesce=True)
     assert spec.kernel_name.endswith("_ws_sk_co")
-    with pytest.raises(ValueError, match="coalesce reads B from global memory"):
+    with pytest.raises(ValueError, match="read B from global memory"):
         GP.GroupedPdqSpec("nvfp4", store="staged", a_source="workspace", skip=True,
                           b_source="tma", coalesce=True)
     with pytest.raises(TypeError, match="coalesce"):
         GP.GroupedPdqSpec("nvfp4", prefetch=True, coalesce=1)
+    with pytest.raises(ValueError, match="l2_ahead must be an int in"):
+        GP.GroupedPdqSpec("nvfp4", prefetch=True, l2_ahead=17)
+    assert GP.GroupedPdqSpec("nvfp4", prefetch=True, l2_ahead=3).kernel_name.endswith("_l2p3")
 
 
 @pytest.mark.interp
@@ -868,9 +875,10 @@ def test_gpu_pair(dtype, case):
 
 @pytest.mark.gpu
 @pytest.mark.cuda
-@pytest.mark.parametrize("case", ["gpt-oss-4096", "gpt-oss-4096-sigma", "deepseek",
-                                  "every-scale"])
-@pytest.mark.parametrize("item", ["nvfp4-f16-skip", "mxfp4-skip", "mxfp4-192"])
+@pytest.mark.parametrize("item,case", [
+    ("nvfp4-f16-skip", "gpt-oss-4096"), ("nvfp4-f16-skip", "every-scale"),
+    ("nvfp4-f16-skip", "deepseek"), ("mxfp4-skip", "gpt-oss-4096-sigma"),
+    ("mxfp4-skip", "every-scale"), ("mxfp4-192", "gpt-oss-4096"), ("mxfp4-192", "deepseek")])
 def test_gpu_coalesce(item, case):
     """The bundled warp-coalesced items (the dispatch's with ``COALESCE_ENV``) on the H200:
     the grouped wgmma kernel's bytes."""

@@ -540,6 +540,34 @@ def _store_units(ring: _PdqRing, stage0: Value, units: list[_Unit], vals: list[V
                 store()
 
 
+def _prefetch_l2(ops: list[PackedRows], pt: Value, t: Value, fmt: str) -> None:
+    """Bring k-step ``t``'s packed bytes and scale bytes of the operands' tile rows into L2
+    (``cp.async.bulk.prefetch.L2``, :func:`blockscale.compiler.arch.cpasync.bulk_prefetch_l2`:
+    a hint with no register and no completion): producer thread ``pt`` takes rows ``pt + 128 j``, per row
+    the step's bytes (32 FP4 / 64 MXFP8; fewer at the K tail) and the 16-byte line of its
+    scale bytes (5-D / 6-D layouts: rows r, r + 32, r + 64, r + 96 share one). Nothing past
+    the rows or K. The loads a step ahead (:func:`_load_step`, :func:`_load_units`) then
+    hit L2, and the proxy fence that waits for them (MEMBAR.ALL.CTA) waits for L2's latency,
+    not DRAM's."""
+    step = KSTEP if fmt == "mxfp8" else KSTEP // 2
+    nblocks = KSTEP // (16 if fmt == "nvfp4" else 32)
+    live = bir.ult(bir.mul(t, KSTEP), ops[0].k)
+    for src in ops:
+        row_bytes = src.k if fmt == "mxfp8" else bir.udiv(src.k, 2)
+        off0 = bir.mul(t, step)
+        nbytes = bir.as_i32(bir.umin(bir.sub(row_bytes, off0), step))
+        base, sbase = cpasync.global_address(src.x), cpasync.global_address(src.sfx)
+        jb = bir.mul(t, nblocks)
+        for j in range(-(-src.tile // PRODUCER_THREADS)):
+            r = bir.add(pt, j * PRODUCER_THREADS)
+            ok = bir.logical_and(live, bir.ult(r, bir.umin(src.rows_valid, src.tile)))
+            with bir.when(ok):
+                row = bir.mul(bir.add(src.row0, r), row_bytes)
+                cpasync.prefetch_l2(bir.add(base, bir.as_i64(bir.add(row, off0))))
+                soff = bir.add(src.scale_row(r), bir.mul(bir.udiv(jb, 4), SF_ATOM_BYTES))
+                cpasync.prefetch_l2(bir.add(sbase, bir.as_i64(soff)))
+
+
 def _stage(ring: _PdqRing, t: Value) -> tuple[Value, Value]:
     """(byte offset in the ring, full barrier) of step ``t``'s stage."""
     slot = bir.urem(t, ring.stages)
@@ -618,7 +646,8 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                   depth: int = 1, a_tile: Value | None = None, tall: Any = None,
                   unroll: int = SPLIT_UNROLL, skip: Any = None,
                   b_tma: tuple[Value, Value] | None = None, a_early: bool = False,
-                  dtype: str = "bf16", pair: bool = False, coalesce: bool = False) -> None:
+                  dtype: str = "bf16", pair: bool = False, coalesce: bool = False,
+                  l2_ahead: int = 0) -> None:
     """The producer / consumer K loop (module docstring) of the ``bm x bn`` tile of A rows
     ``a`` and B rows ``b`` (``b.tile == bn``), then ``epilogue(acc, wg, writers)``: the
     warpgroup's final accumulator struct and index. Without ``all_threads`` it runs in the
@@ -665,7 +694,9 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     latency; here they have two steps' conversion to land (four steps of registers).
     ``coalesce``: the producer's row parts are dealt as warp-coalesced units
     (:func:`_units`; MXFP8 16-element quarters, :func:`unit_parts`), any tile (not with
-    ``b_tma``)."""
+    ``b_tma``). ``l2_ahead`` (0: off): the producer brings step t + ``l2_ahead``'s packed
+    rows into L2 at step t (:func:`_prefetch_l2`; steps 0 .. l2_ahead - 1 before its loop),
+    so its register loads a step ahead hit L2 (not with ``b_tma``)."""
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {list(LOOPS)}, got {loop!r}")
     if producers not in PRODUCERS:
@@ -713,8 +744,10 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         ring.descriptors()
     else:
         tall.descriptors(ring)
-    if coalesce and raw is not None:
-        raise ValueError("coalesce reads B from global memory (not with b_tma)")
+    if (coalesce or l2_ahead) and raw is not None:
+        raise ValueError("coalesce and l2_ahead read B from global memory (not with b_tma)")
+    if type(l2_ahead) is not int or not 0 <= l2_ahead <= 16:
+        raise ValueError(f"l2_ahead must be an int in [0, 16], got {l2_ahead!r}")
     units = None if not coalesce and ((producers, bn) == (1, BN) or (
         tall is not None and not tall.units)) else _units(
         ops, ring.pt, PRODUCER_THREADS * producers, unit_parts(fmt, coalesce), coalesce)
@@ -769,6 +802,8 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         registers. ``early``: ``wait`` / ``wait_parity`` are step t + 1's, whose stage is
         waited for and its A copied before step t's fill (step t's A was copied a step
         earlier)."""
+        if l2_ahead:
+            _prefetch_l2(ops, ring.pt, bir.add(t, l2_ahead), fmt)
         nxt = load(bir.add(t, 1)) if prefetch and depth == 1 else []
         if early:
             with bir.when(bir.ult(bir.add(t, 1), steps)):
@@ -783,6 +818,11 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
             return regs[one:] + load(bir.add(t, 2))
         return nxt
 
+    def prefetch_first() -> None:
+        """Steps 0 .. l2_ahead - 1 into L2 (the loop's step t brings step t + l2_ahead)."""
+        for u in range(l2_ahead):
+            _prefetch_l2(ops, ring.pt, bir.const(u), fmt)
+
     nacc = 1 if tall is None else tall.nacc  # accumulators a consumer thread carries
     accs_t = [W.accumulator_type(bn)] * nacc
 
@@ -796,9 +836,13 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         if not prefetch or depth != 1 or a_early or raw is not None:
             raise ValueError("pair needs the prefetch at distance 1, no a_early and B from "
                              "global memory")
+        with bir.when(is_prod):
+            prefetch_first()
         with bir.when(is_prod), bir.for_range(0, steps, 2,
                                               carry=load(bir.const(0)) + load(bir.const(1))) as pl:
             regs, fulls = list(pl.carried), []
+            for j in range(2 if l2_ahead else 0):
+                _prefetch_l2(ops, ring.pt, bir.add(pl.iv, l2_ahead + j), fmt)
             nxt = load(bir.add(pl.iv, 2)) + load(bir.add(pl.iv, 3))  # in flight for two steps
             for j in range(2):
                 t = bir.add(pl.iv, j)
@@ -823,6 +867,8 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
             if a_early:  # step 0's A (its stage is free)
                 with bir.when(is_prod), bir.when(bir.ult(bir.const(0), steps)):
                     _copy_a(ring, src_a, bir.const(0))
+            with bir.when(is_prod):
+                prefetch_first()
             with bir.when(is_prod), bir.for_range(0, steps, unroll,
                                                   carry=first(bir.const(0))) as pl:
                 nxt = list(pl.carried)
@@ -858,6 +904,7 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     # lockstep: the producers fill steps 0 .. stages - 2 (all free), then one loop
     pro = bir.if_(is_prod, types)
     with pro.then():
+        prefetch_first()
         regs = first(bir.const(0))
         for p in range(stages - 1):
             regs = produce(bir.const(p), regs, None, None)

@@ -210,6 +210,10 @@ class GroupedPdqSpec(FormatSpec):
             a warp reads whole k64 steps of 16 (FP4) or 8 (MXFP8, 16-element quarters) rows,
             full 32-byte sectors, instead of half a sector of each of 32 rows); B from
             global memory. Same bytes.
+        l2_ahead: 0 (off) or the steps ahead (1 .. 16) the producer brings B's packed rows
+            and scales into L2 by ``cp.async.bulk.prefetch.L2`` (its register loads a step
+            ahead then hit L2, so the proxy fence that waits for them waits less); B from
+            global memory. Same bytes.
     """
 
     fmt: str
@@ -232,6 +236,7 @@ class GroupedPdqSpec(FormatSpec):
     dtype: str = "bf16"
     pair: bool = False
     coalesce: bool = False
+    l2_ahead: int = 0
 
     op: ClassVar[str] = "grouped_matmul_block_scaled_pdq"
     out_dtype: ClassVar[str] = "bfloat16"
@@ -290,9 +295,11 @@ class GroupedPdqSpec(FormatSpec):
         _pdq.check_depth(self.depth, self.prefetch)
         H.check_choice(self.a_source, A_SOURCES, "a_source")
         H.check_choice(self.b_source, B_SOURCES, "b_source")
-        if self.coalesce and self.b_source != "global":
-            raise ValueError(f"coalesce reads B from global memory (b_source='global'), got "
-                             f"b_source={self.b_source!r}")
+        if (self.coalesce or self.l2_ahead) and self.b_source != "global":
+            raise ValueError(f"coalesce and l2_ahead read B from global memory "
+                             f"(b_source='global'), got b_source={self.b_source!r}")
+        if type(self.l2_ahead) is not int or not 0 <= self.l2_ahead <= 16:
+            raise ValueError(f"l2_ahead must be an int in [0, 16], got {self.l2_ahead!r}")
         if self.fmt == "mxfp8" and self.b_source != "global":
             raise ValueError(f"MXFP8 reads B from global memory (b_source='global'), got "
                              f"b_source={self.b_source!r}")
@@ -341,6 +348,7 @@ class GroupedPdqSpec(FormatSpec):
         ws += "_f16" if self.dtype == "f16" else ""
         ws += "_pr" if self.pair else ""
         ws += "_co" if self.coalesce else ""
+        ws += f"_l2p{self.l2_ahead}" if self.l2_ahead else ""
         return (f"bs_grouped_pdq_{self.fmt}_{self.bm}x{self.bn}_k64_s{self.stages}{pf}{lp}{st}"
                 f"{pr}{rs}{sg}{ws}")
 
@@ -475,7 +483,8 @@ def build(spec: GroupedPdqSpec) -> Any:
                                 skip=TL.Skip(bir.sub(end, m0)) if spec.skip else None,
                                 b_tma=(bir.udiv(b_srow0, SF_ATOM_ROWS), d1)
                                 if spec.b_source == "tma" else None, a_early=spec.a_early,
-                                dtype=spec.dtype, pair=spec.pair, coalesce=spec.coalesce)
+                                dtype=spec.dtype, pair=spec.pair, coalesce=spec.coalesce,
+                                l2_ahead=spec.l2_ahead)
                 br.yield_()
             with br.else_():  # expert id -1: zeros (D8), by the consumer warpgroups' rows
                 tid = bir.thread_idx("x")
@@ -501,12 +510,14 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
                                     bm: int = BM, unroll: int = 1, skip: bool = False,
                                     b_source: str = "global", a_early: bool = False,
                                     dtype: str = "bf16", pair: bool = False,
-                                    coalesce: bool = False, device: Any = None) -> Any:
+                                    coalesce: bool = False, l2_ahead: int = 0,
+                                    device: Any = None) -> Any:
     """The kernel called directly (no dispatch), e.g. by tests and benchmarks. Arguments as
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
     ``prefetch``, ``loop``, ``store``, ``producers``, ``bn``, ``depth``, ``sigma_out``,
     ``a_source``, ``bm``, ``unroll``, ``skip``, ``b_source``, ``a_early``, ``dtype``,
-    ``pair`` and ``coalesce`` (:class:`GroupedPdqSpec`; ``bm=256`` with ``bn=128``). Raises ValueError for K % 32 != 0, a format other
+    ``pair``, ``coalesce`` and ``l2_ahead`` (:class:`GroupedPdqSpec`; ``bm=256`` with
+    ``bn=128``). Raises ValueError for K % 32 != 0, a format other
     than NVFP4 / MXFP4 / MXFP8, a staged store with N % 8 != 0, ``sigma_out`` with an odd N (staged:
     N % 16 != 0), or (workspace A) scale tiles not placed as D8 says. MXFP8 runs its flag
     and fixup kernels around it (:mod:`blockscale.ops.matmul_grouped_pdq_mx8`)."""
@@ -518,7 +529,7 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
     dev, tgt = H.device_and_target(device, "sm_90a")
     spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
                           store, producers, bn, depth, sigma_out, a_source, bm, unroll, skip,
-                          b_source, a_early, dtype, pair, coalesce)
+                          b_source, a_early, dtype, pair, coalesce, l2_ahead)
     check_sigma_store(spec, n)
     return launch(spec, t, n, g_count, buffers, {"t": t, "n": n, "k": k, "num_groups": g_count},
                   dev)

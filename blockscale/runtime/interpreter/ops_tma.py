@@ -271,9 +271,11 @@ def _try_wait_parity(op: Any, c: Compiler):
     return run
 
 
-@handles("nvvm.fence.mbarrier.init", "nvgpu.tma.prefetch.descriptor")
+@handles("nvvm.fence.mbarrier.init", "nvgpu.tma.prefetch.descriptor",
+         "nvvm.cp.async.bulk.prefetch", "nvvm.prefetch")
 def _no_effect(op: Any, c: Compiler):
-    """Ordering-only instructions (the model applies every write at once)."""
+    """Ordering-only instructions and cache hints (the model applies every write at once and
+    has no caches)."""
     return lambda f: None
 
 
