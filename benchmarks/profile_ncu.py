@@ -22,7 +22,8 @@ Cases (the shapes of bench_matmul / bench_quantize_moe / bench_moe):
   dispatch); ``moe_prefill_tma`` / ``moe_prefill_ae``: T=4096, the producer-dequant kernel
   with B by TMA / with A copied a step early; ``moe_prefill_tall``: its 256 x 128 items;
   ``moe_prefill_f16``: its 192 x 192 items on f16 operands; ``moe_prefill_rs``: the
-  register-A kernel (``matmul_grouped_rs``).
+  register-A kernel (``matmul_grouped_rs``); ``moe_prefill_mx8`` / ``moe_prefill_mx8_1024``:
+  MXFP8 at T=4096 / 1024 through the dispatch (flag kernel, phase 1, main kernel, fixup).
 
 The op runs once before the profiled call (compiles nothing: the bundle; loads the module).
 """
@@ -86,12 +87,12 @@ def _dense_decode(dev: Any, m: int, variant: str | None = None, n: int = 5760,
         *args, fmt, k=k, out_dtype="float32", device=dev, variant=variant)
 
 
-def _moe(dev: Any, tokens: int, **pdq: Any) -> Callable[[], Any]:
+def _moe(dev: Any, tokens: int, fmt_name: str = "nvfp4", **pdq: Any) -> Callable[[], Any]:
     from benchmarks import bench_moe as B
     from blockscale import ops
     from blockscale.formats import Format
 
-    fmt, shape = Format.from_name("nvfp4"), B.GATE_UP[0]
+    fmt, shape = Format.from_name(fmt_name), B.GATE_UP[0]
     rng = np.random.default_rng(0)
     w = B.make_weights(dev, rng, fmt, shape.experts, shape.n, shape.k)
     r = B.route(rng, tokens, shape.experts, shape.top_k)
@@ -144,6 +145,8 @@ CASES: dict[str, Callable[[Any], Callable[[], Any]]] = {
     "moe_prefill_f16": lambda d: _moe(d, 4096, prefetch=True, bm=192, bn=192, skip=False,
                                       dtype="f16"),
     "moe_prefill_rs": lambda d: _moe(d, 4096, rs=True),
+    "moe_prefill_mx8": lambda d: _moe(d, 4096, "mxfp8"),
+    "moe_prefill_mx8_1024": lambda d: _moe(d, 1024, "mxfp8"),
     "moe_prefill_tall": lambda d: _moe(d, 4096, prefetch=True, bm=256, bn=128, unroll=2,
                                              skip=False),
 }

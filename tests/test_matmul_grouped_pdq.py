@@ -199,22 +199,22 @@ def test_spec_checks():
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     every = GP.bundle_specs("sm_90a")
     assert len(every) == len({s.kernel_name for s in every})
-    # MXFP8's 15 (tests/test_matmul_grouped_pdq_mx8.py), then the FP4 ones:
-    assert sum(getattr(s, "fmt", "") == "mxfp8" for s in every) == 15
+    # MXFP8's 17 (tests/test_matmul_grouped_pdq_mx8.py), then the FP4 ones:
+    assert sum(getattr(s, "fmt", "") == "mxfp8" for s in every) == 17
     specs = [s for s in every if getattr(s, "fmt", "") != "mxfp8"]
-    # 132 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH; 28 f16 / paired-fence
-    # ones; 8 coalesced) + 3 wgmma references
-    assert len(specs) == 132 + 3
-    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 132
-    assert sum(getattr(s, "coalesce", False) for s in specs) == 8
-    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 108
+    # 154 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH; 28 f16 / paired-fence
+    # ones; 30 coalesced) + 3 wgmma references
+    assert len(specs) == 154 + 3
+    assert sum(isinstance(s, GP.GroupedPdqSpec) for s in specs) == 154
+    assert sum(getattr(s, "coalesce", False) for s in specs) == 30
+    assert sum(getattr(s, "a_source", "") == "workspace" for s in specs) == 130
     assert sum(getattr(s, "bm", 128) == 256 for s in specs) == 21
     assert sum(getattr(s, "unroll", 1) == 2 for s in specs) == 18
-    assert sum(getattr(s, "skip", False) for s in specs) == 52
-    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 111
-    assert sum(getattr(s, "sigma_out", False) for s in specs) == 53
-    assert sum(getattr(s, "pair", False) for s in specs) == 24
-    assert sum(getattr(s, "dtype", "") == "f16" for s in specs) == 22
+    assert sum(getattr(s, "skip", False) for s in specs) == 66
+    assert sum(getattr(s, "store", "") == "staged" for s in specs) == 133
+    assert sum(getattr(s, "sigma_out", False) for s in specs) == 64
+    assert sum(getattr(s, "pair", False) for s in specs) == 28
+    assert sum(getattr(s, "dtype", "") == "f16" for s in specs) == 30
     for f in (NVFP4, MXFP4):  # the dispatch's specs on the GPU (plain and σ) are bundled
         for sg in (False, True):
             assert GP.dispatch_spec(f, 5760, f is NVFP4, "sm_90a", "interp", sg).kernel_name \
@@ -727,13 +727,20 @@ def test_coalesce_dispatch_bundled(fmt, monkeypatch):
     monkeypatch.setenv(GP.COALESCE_ENV, "1")
     names = {s.kernel_name for s in GP.bundle_specs("sm_90a")}
     f = Format.from_name(fmt)
-    for rpg in (32, 128):
-        for sg in (False, True):
-            spec = GP.dispatch_spec(f, 5760, False, "sm_90a", "interp", sg, rows_per_group=rpg)
-            name = spec.kernel_name.replace("_lockstep", "")  # (the GPU's: "split")
-            assert spec.coalesce and name in names, name
+    for l2 in ("2", "0") if fmt == "mxfp8" else ("2",):  # (MXFP8's L2 prefetch: 2 or off)
+        monkeypatch.setenv(GP.MX8_L2_ENV, l2)
+        for rpg in (32, 128):
+            for sg in (False, True):
+                spec = GP.dispatch_spec(f, 5760, False, "sm_90a", "interp", sg,
+                                        rows_per_group=rpg)
+                name = spec.kernel_name.replace("_lockstep", "")  # (the GPU's: "split")
+                assert spec.coalesce and name in names, name
+                mx8_l2 = 2 if (fmt, l2) == ("mxfp8", "2") else 0
+                assert spec.l2_ahead == mx8_l2
+                assert spec.bm == (128 if rpg < 80 or mx8_l2 or fmt == "nvfp4" else 192)
     monkeypatch.setenv(GP.COALESCE_ENV, "0")
-    assert not GP.dispatch_spec(f, 5760, False, "sm_90a", "interp", False).coalesce
+    spec = GP.dispatch_spec(f, 5760, False, "sm_90a", "interp", False)
+    assert not spec.coalesce and not spec.l2_ahead
 
 
 def test_coalesce_spec_checks():

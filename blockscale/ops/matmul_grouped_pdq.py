@@ -158,9 +158,21 @@ DTYPE_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_DTYPE"
 DISPATCH_PAIR = True
 PAIR_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_PAIR"
 #: whether the dispatch's 128-row skip and 192 x 192 items load B warp-coalesced
-#: (``coalesce``); BLOCKSCALE_SM90_GROUPED_PDQ_COALESCE=1|0 overrides it
-DISPATCH_COALESCE = False
+#: (``coalesce``): on (H200 runs EA-EB, gpt-oss gate_up, the whole call, ms, T=1024 / 4096:
+#: NVFP4 f16 paired skip items 0.892 -> 0.865 / 1.481 -> 1.402; MXFP4 paired skip items
+#: 1.003 -> 0.937, 192 x 192 1.544 -> 1.431; MXFP8 skip items 1.408 -> 1.419 / 1.985 ->
+#: 1.962, 192 x 192 1.891 -> 1.844); BLOCKSCALE_SM90_GROUPED_PDQ_COALESCE=1|0 overrides it
+DISPATCH_COALESCE = True
 COALESCE_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_COALESCE"
+#: MXFP8's L2 prefetch distance (``l2_ahead``) of its coalesced skip items, which the
+#: dispatch then takes at every group size: step t + 2's rows brought into L2 at step t, the
+#: register loads a step ahead hit L2 and the proxy fence waits less (run EB, gpt-oss,
+#: ms: skip items T=1024 1.419 -> 1.220 (4: 1.237), T=4096 1.962 -> 1.842 (4: 1.881) against
+#: 192 x 192 items 1.844; 192 x 192 items with it, at 128 registers: 2.022 / 2.217 slower;
+#: NVFP4 / MXFP4 with paired fences 2-7 % slower with it). 0: off (the items by
+#: :data:`DISPATCH_BM`); BLOCKSCALE_SM90_GROUPED_PDQ_MX8_L2=0..16 overrides it
+MX8_DISPATCH_L2_AHEAD = 2
+MX8_L2_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_MX8_L2"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -617,8 +629,12 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     the staged store skip idle warpgroups' wgmmas where :data:`DISPATCH_SKIP` (or
     :data:`SKIP_ENV`; direct stores: the rare unaligned widths, no skip, the same bytes) and
     then, at prefetch distance 1, pair their producer fences where :data:`DISPATCH_PAIR` (or
-    :data:`PAIR_ENV`). Every choice gives the same bytes. MXFP8: bf16, never paired (the
-    pair spills), prefetch distance :data:`MX8_DISPATCH_DEPTH` (or :data:`MX8_DEPTH_ENV`)."""
+    :data:`PAIR_ENV`); the skip and 192 x 192 items load B warp-coalesced where
+    :data:`DISPATCH_COALESCE` (or :data:`COALESCE_ENV`). Every choice gives the same bytes.
+    MXFP8: bf16, never paired (the pair spills), prefetch distance :data:`MX8_DISPATCH_DEPTH`
+    (or :data:`MX8_DEPTH_ENV`); coalesced at distance 1, its skip items bring the rows
+    :data:`MX8_DISPATCH_L2_AHEAD` (or :data:`MX8_L2_ENV`) steps ahead into L2 and are taken
+    at every group size (the 192 x 192 items where that is 0)."""
     import os
 
     from blockscale.ops._staged_store_ir import dispatch_store
@@ -636,8 +652,16 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     H.check_choice(dtype, DTYPES, DTYPE_ENV)
     if (fmt.name, a_source, store) != ("nvfp4", "workspace", "staged"):
         dtype = "bf16"  # (f16 kernels are bundled for the staged skip and 192-row items)
+    co = os.environ.get(COALESCE_ENV, "1" if DISPATCH_COALESCE else "0") not in (
+        "0", "false", "off")
+    mx8_depth = int(os.environ.get(MX8_DEPTH_ENV, str(MX8_DISPATCH_DEPTH)))
+    H.check_choice(mx8_depth, (1, 2), MX8_DEPTH_ENV)
+    l2 = 0
+    if fmt.name == "mxfp8" and co and mx8_depth == 1:
+        l2 = int(os.environ.get(MX8_L2_ENV, str(MX8_DISPATCH_L2_AHEAD)))
+        H.check_choice(l2, range(17), MX8_L2_ENV)
     bm = int(bm_env) if bm_env != "auto" else 192 if (
-        dtype == "bf16" and rows_per_group is not None
+        dtype == "bf16" and rows_per_group is not None and not l2
         and rows_per_group >= TRI_MIN_GROUP_ROWS) else 128
     pair = os.environ.get(PAIR_ENV, "1" if DISPATCH_PAIR else "0") not in ("0", "false", "off")
     pair = pair and fmt.name != "mxfp8"  # (MXFP8: 32-byte halves, four steps of registers)
@@ -645,10 +669,6 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
         return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
                               store=store, sigma_out=sigma_out, a_source=a_source, bm=256,
                               bn=TALL_BN, unroll=TALL_UNROLL)
-    mx8_depth = int(os.environ.get(MX8_DEPTH_ENV, str(MX8_DISPATCH_DEPTH)))
-    H.check_choice(mx8_depth, (1, 2), MX8_DEPTH_ENV)
-    co = os.environ.get(COALESCE_ENV, "1" if DISPATCH_COALESCE else "0") not in (
-        "0", "false", "off")
     if bm == 192 and (a_source, store) == ("workspace", "staged"):
         depth = mx8_depth if fmt.name == "mxfp8" else 1
         return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
@@ -658,10 +678,11 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     skip = skip and a_source == "workspace" and store == "staged"
     depth = (mx8_depth if fmt.name == "mxfp8" else DISPATCH_DEPTH) if skip else 1
     pair = pair and skip and depth == 1
+    co = co and skip and depth == 1
     return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop, store=store,
                           sigma_out=sigma_out, a_source=a_source, skip=skip, depth=depth,
-                          dtype=dtype if skip else "bf16", pair=pair,
-                          coalesce=co and skip and depth == 1)
+                          dtype=dtype if skip else "bf16", pair=pair, coalesce=co,
+                          l2_ahead=l2 if co else 0)
 
 
 def kernel(spec: GroupedPdqSpec) -> Any:
@@ -765,17 +786,23 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
 
 
 def _coalesced_bundle_specs(target: str) -> list[Any]:
-    """The dispatch's 128-row skip items (NVFP4 f16, MXFP4 bf16: paired fence; MXFP8) and
-    192 x 192 items (MXFP4, MXFP8), plain and σ, with the warp-coalesced producer loads
-    (:data:`COALESCE_ENV`)."""
+    """What the dispatch picks with the warp-coalesced producer loads (:data:`COALESCE_ENV`)
+    under each of its knobs, plain and σ: the 128-row skip items (FP4: bf16 and NVFP4's f16
+    operands, with and without the paired fence; MXFP8 with and without its L2 prefetch,
+    :data:`MX8_DISPATCH_L2_AHEAD`) and the 192 x 192 items (FP4: bf16, NVFP4 f16; MXFP8)."""
     kw = {"prefetch": True, "a_source": "workspace", "store": "staged", "coalesce": True}
-    skip = {"nvfp4": {"skip": True, "dtype": "f16", "pair": True},
-            "mxfp4": {"skip": True, "pair": True}, "mxfp8": {"skip": True}}
     tri = {"bm": 192, "bn": TRI_BN}
+
+    def items(f: str) -> list[dict[str, Any]]:
+        if f == "mxfp8":
+            return [{"skip": True}, {"skip": True, "l2_ahead": MX8_DISPATCH_L2_AHEAD}, tri]
+        dts = ("bf16", "f16") if f == "nvfp4" else ("bf16",)
+        return [{"skip": True, "dtype": d, "pair": p} for d in dts for p in (False, True)] + [
+            {**tri, "dtype": d} for d in dts]
+
     return [GroupedPdqSpec(f, rs, target, sigma_out=sg, **kw, **it)
             for f in FORMATS for rs in ((False, True) if f == "nvfp4" else (False,))
-            for it in ((skip[f],) if f == "nvfp4" else (skip[f], tri))
-            for sg in (False, True)]
+            for it in items(f) for sg in (False, True)]
 
 
 def _mx8_bundle_specs(target: str) -> list[Any]:
