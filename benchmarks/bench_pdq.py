@@ -219,6 +219,9 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                  ("grouped pdq pf staged ws 192x192 co", "pdq",
                   {"prefetch": True, "store": "staged", "a_source": "workspace", "bm": 192,
                    "bn": 192, "coalesce": True}),
+                 ("grouped pdq pf staged ws 192x192 f16 co", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "bm": 192,
+                   "bn": 192, "dtype": "f16", "coalesce": True}),
                  # ... and step t + L's B rows brought into L2 at step t (prefetch.global.L2)
                  *((f"grouped pdq pf staged ws {it} co l2p{d}", "pdq",
                     {"prefetch": True, "store": "staged", "a_source": "workspace",
