@@ -199,8 +199,8 @@ def test_spec_checks():
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     every = GP.bundle_specs("sm_90a")
     assert len(every) == len({s.kernel_name for s in every})
-    # MXFP8's 17 (tests/test_matmul_grouped_pdq_mx8.py), then the FP4 ones:
-    assert sum(getattr(s, "fmt", "") == "mxfp8" for s in every) == 17
+    # MXFP8's 19 (tests/test_matmul_grouped_pdq_mx8.py), then the FP4 ones:
+    assert sum(getattr(s, "fmt", "") == "mxfp8" for s in every) == 19
     specs = [s for s in every if getattr(s, "fmt", "") != "mxfp8"]
     # 154 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH; 28 f16 / paired-fence
     # ones; 30 coalesced) + 3 wgmma references
@@ -737,7 +737,7 @@ def test_coalesce_dispatch_bundled(fmt, monkeypatch):
                 assert spec.coalesce and name in names, name
                 mx8_l2 = 2 if (fmt, l2) == ("mxfp8", "2") else 0
                 assert spec.l2_ahead == mx8_l2
-                assert spec.bm == (128 if rpg < 80 or mx8_l2 or fmt == "nvfp4" else 192)
+                assert spec.bm == (128 if rpg < 80 or fmt == "nvfp4" else 192)
     monkeypatch.setenv(GP.COALESCE_ENV, "0")
     spec = GP.dispatch_spec(f, 5760, False, "sm_90a", "interp", False)
     assert not spec.coalesce and not spec.l2_ahead

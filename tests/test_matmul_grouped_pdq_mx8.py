@@ -327,11 +327,13 @@ def test_gpu_gpt_oss():
 
 @pytest.mark.gpu
 @pytest.mark.cuda
+@pytest.mark.parametrize("l2_ahead", [0, GP.MX8_DISPATCH_L2_AHEAD])
 @pytest.mark.parametrize("items", ["skip", "192"])
-def test_gpu_coalesce(items):
+def test_gpu_coalesce(items, l2_ahead):
     """The warp-coalesced producer loads (``coalesce``) on the H200, gpt-oss gate_up's N and
     K on 16 experts, 128 rows a group on average (the 192 x 192 items' second A tiles): the
-    bytes of the same items without them (plain and σ), within the bound."""
+    bytes of the same items without them (plain and σ), within the bound; with and without
+    the L2 prefetch of the dispatch."""
     e_count, n, k = 16, 5760, 2880
     counts = list(np.random.default_rng(5).multinomial(2048, np.full(e_count, 1 / e_count)))
     ids = list(range(e_count))
@@ -342,8 +344,8 @@ def test_gpu_coalesce(items):
     for sg in (True, False):
         outs = [GP.grouped_matmul_block_scaled_pdq(
             **case, expert_scales=esc, fmt=MXFP8, k=k, prefetch=True, store="staged",
-            a_source="workspace", sigma_out=sg, coalesce=co, device="cuda", **kw)
-            for co in (False, True)]
+            a_source="workspace", sigma_out=sg, coalesce=co, l2_ahead=l2_ahead if co else 0,
+            device="cuda", **kw) for co in (False, True)]
         assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
     _check_bound(outs[1], case, rows, w_scales, k, esc)
 

@@ -164,13 +164,13 @@ PAIR_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_PAIR"
 #: 1.962, 192 x 192 1.891 -> 1.844); BLOCKSCALE_SM90_GROUPED_PDQ_COALESCE=1|0 overrides it
 DISPATCH_COALESCE = True
 COALESCE_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_COALESCE"
-#: MXFP8's L2 prefetch distance (``l2_ahead``) of its coalesced skip items, which the
-#: dispatch then takes at every group size: step t + 2's rows brought into L2 at step t, the
-#: register loads a step ahead hit L2 and the proxy fence waits less (run EB, gpt-oss,
-#: ms: skip items T=1024 1.419 -> 1.220 (4: 1.237), T=4096 1.962 -> 1.842 (4: 1.881) against
-#: 192 x 192 items 1.844; 192 x 192 items with it, at 128 registers: 2.022 / 2.217 slower;
-#: NVFP4 / MXFP4 with paired fences 2-7 % slower with it). 0: off (the items by
-#: :data:`DISPATCH_BM`); BLOCKSCALE_SM90_GROUPED_PDQ_MX8_L2=0..16 overrides it
+#: MXFP8's L2 prefetch distance (``l2_ahead``) of its coalesced skip and 192 x 192 items:
+#: step t + 2's rows brought into L2 at step t, the register loads a step ahead hit L2 and
+#: the proxy fence waits less (run EB, gpt-oss, ms: skip items T=1024 1.419 -> 1.220 (4:
+#: 1.237), T=4096 1.962 -> 1.842 (4: 1.881); run ED, the 192 x 192 items' rows clamped (no
+#: spills): 192 x 192 T=4096 1.787 -> 1.618 against skip items 1.955, T=1024 1.306 against
+#: 1.297; NVFP4 / MXFP4 with paired fences 2-7 % slower with it, run EB). 0: off;
+#: BLOCKSCALE_SM90_GROUPED_PDQ_MX8_L2=0..16 overrides it
 MX8_DISPATCH_L2_AHEAD = 2
 MX8_L2_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_MX8_L2"
 
@@ -496,7 +496,7 @@ def build(spec: GroupedPdqSpec) -> Any:
                                 b_tma=(bir.udiv(b_srow0, SF_ATOM_ROWS), d1)
                                 if spec.b_source == "tma" else None, a_early=spec.a_early,
                                 dtype=spec.dtype, pair=spec.pair, coalesce=spec.coalesce,
-                                l2_ahead=spec.l2_ahead)
+                                l2_ahead=spec.l2_ahead, clamp_rows=tri)
                 br.yield_()
             with br.else_():  # expert id -1: zeros (D8), by the consumer warpgroups' rows
                 tid = bir.thread_idx("x")
@@ -632,9 +632,8 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     :data:`PAIR_ENV`); the skip and 192 x 192 items load B warp-coalesced where
     :data:`DISPATCH_COALESCE` (or :data:`COALESCE_ENV`). Every choice gives the same bytes.
     MXFP8: bf16, never paired (the pair spills), prefetch distance :data:`MX8_DISPATCH_DEPTH`
-    (or :data:`MX8_DEPTH_ENV`); coalesced at distance 1, its skip items bring the rows
-    :data:`MX8_DISPATCH_L2_AHEAD` (or :data:`MX8_L2_ENV`) steps ahead into L2 and are taken
-    at every group size (the 192 x 192 items where that is 0)."""
+    (or :data:`MX8_DEPTH_ENV`); coalesced at distance 1, its items bring the rows
+    :data:`MX8_DISPATCH_L2_AHEAD` (or :data:`MX8_L2_ENV`) steps ahead into L2."""
     import os
 
     from blockscale.ops._staged_store_ir import dispatch_store
@@ -661,7 +660,7 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
         l2 = int(os.environ.get(MX8_L2_ENV, str(MX8_DISPATCH_L2_AHEAD)))
         H.check_choice(l2, range(17), MX8_L2_ENV)
     bm = int(bm_env) if bm_env != "auto" else 192 if (
-        dtype == "bf16" and rows_per_group is not None and not l2
+        dtype == "bf16" and rows_per_group is not None
         and rows_per_group >= TRI_MIN_GROUP_ROWS) else 128
     pair = os.environ.get(PAIR_ENV, "1" if DISPATCH_PAIR else "0") not in ("0", "false", "off")
     pair = pair and fmt.name != "mxfp8"  # (MXFP8: 32-byte halves, four steps of registers)
@@ -673,7 +672,8 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
         depth = mx8_depth if fmt.name == "mxfp8" else 1
         return GroupedPdqSpec(fmt.name, row_scales, target, prefetch=True, loop=loop,
                               store=store, sigma_out=sigma_out, a_source=a_source, bm=192,
-                              bn=TRI_BN, dtype=dtype, depth=depth, coalesce=co and depth == 1)
+                              bn=TRI_BN, dtype=dtype, depth=depth, coalesce=co and depth == 1,
+                              l2_ahead=l2 if depth == 1 else 0)
     skip = os.environ.get(SKIP_ENV, "1" if DISPATCH_SKIP else "0") not in ("0", "false", "off")
     skip = skip and a_source == "workspace" and store == "staged"
     depth = (mx8_depth if fmt.name == "mxfp8" else DISPATCH_DEPTH) if skip else 1
@@ -788,14 +788,15 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
 def _coalesced_bundle_specs(target: str) -> list[Any]:
     """What the dispatch picks with the warp-coalesced producer loads (:data:`COALESCE_ENV`)
     under each of its knobs, plain and σ: the 128-row skip items (FP4: bf16 and NVFP4's f16
-    operands, with and without the paired fence; MXFP8 with and without its L2 prefetch,
-    :data:`MX8_DISPATCH_L2_AHEAD`) and the 192 x 192 items (FP4: bf16, NVFP4 f16; MXFP8)."""
+    operands, with and without the paired fence) and the 192 x 192 items (FP4: bf16, NVFP4
+    f16); MXFP8's both with and without its L2 prefetch (:data:`MX8_DISPATCH_L2_AHEAD`)."""
     kw = {"prefetch": True, "a_source": "workspace", "store": "staged", "coalesce": True}
     tri = {"bm": 192, "bn": TRI_BN}
 
     def items(f: str) -> list[dict[str, Any]]:
         if f == "mxfp8":
-            return [{"skip": True}, {"skip": True, "l2_ahead": MX8_DISPATCH_L2_AHEAD}, tri]
+            return [{**it, "l2_ahead": d} for it in ({"skip": True}, tri)
+                    for d in (0, MX8_DISPATCH_L2_AHEAD)]
         dts = ("bf16", "f16") if f == "nvfp4" else ("bf16",)
         return [{"skip": True, "dtype": d, "pair": p} for d in dts for p in (False, True)] + [
             {**tri, "dtype": d} for d in dts]
