@@ -275,9 +275,15 @@ def test_kernel_sass(spec):
     assert "C7518" not in log and "C7517" not in log and "C7515" not in log
     assert meta["registers"] <= 65536 // spec.block[0]
     # a few spills at most (values kept across the producer's loop); none in a K loop of
-    # the staged kernels (the dispatch's; the direct MXFP4 one with the prefetch: 2 LDL)
+    # the staged kernels (the dispatch's; the direct MXFP4 one with the prefetch: 2 LDL),
+    # but for two coalesced ones: MXFP8's 192 x 192 items with the L2 prefetch at 128
+    # registers (2: the dispatch's all the same, the fastest MXFP8 items measured, run EE)
+    # and NVFP4's bf16 paired skip items (6: a DTYPE_ENV knob's, not the default)
     assert meta["spill_stores"] <= 48 and meta["spill_loads"] <= 48
-    assert loop_local(sass) <= (0 if staged else 2)
+    spilling = {("mxfp8", 192, "bf16", False): 2, ("nvfp4", 128, "bf16", True): 6}
+    allowed = spilling.get((spec.fmt, spec.bm, spec.dtype, spec.pair), 0) \
+        if spec.coalesce and (spec.l2_ahead or spec.fmt != "mxfp8") else 0
+    assert loop_local(sass) <= (allowed if staged else 2)
 
 
 @pytest.mark.gpu
