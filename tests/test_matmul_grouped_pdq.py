@@ -744,6 +744,11 @@ def test_coalesce_dispatch_bundled(fmt, monkeypatch):
                 mx8_l2 = 2 if (fmt, l2) == ("mxfp8", "2") else 0
                 assert spec.l2_ahead == mx8_l2
                 assert spec.bm == (128 if rpg < 80 or fmt == "nvfp4" else 192)
+    if fmt == "mxfp8":  # only the bundled distances
+        monkeypatch.setenv(GP.MX8_L2_ENV, "4")
+        with pytest.raises(ValueError, match=GP.MX8_L2_ENV):
+            GP.dispatch_spec(f, 5760, False, "sm_90a", "interp", False)
+        monkeypatch.delenv(GP.MX8_L2_ENV)
     monkeypatch.setenv(GP.COALESCE_ENV, "0")
     spec = GP.dispatch_spec(f, 5760, False, "sm_90a", "interp", False)
     assert not spec.coalesce and not spec.l2_ahead

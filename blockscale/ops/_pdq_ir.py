@@ -555,7 +555,8 @@ def _prefetch_l2(ops: list[PackedRows], pt: Value, t: Value, fmt: str) -> None:
     """Bring k-step ``t``'s packed bytes and scale bytes of the operands' tile rows into L2
     (``prefetch.global.L2``, :func:`blockscale.compiler.arch.cpasync.prefetch_l2`: SASS
     CCTL.E.PF2, a per-thread hint writing no register; the bulk ``cp.async.bulk.prefetch``
-    takes a uniform address, so ptxas loops it over the lanes): producer thread ``pt``
+    takes a uniform address, so ptxas loops it over the lanes, UBLKPF.L2 32 times a warp):
+    producer thread ``pt``
     takes rows ``pt + 128 j``, per row the line of the step's bytes (32 FP4 / 64 MXFP8) and
     of its scale bytes (5-D / 6-D layouts). Nothing past the rows or K. The loads a step
     ahead (:func:`_load_step`, :func:`_load_units`) then hit L2 (H200 run EB, MXFP8 at

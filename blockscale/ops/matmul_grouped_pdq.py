@@ -169,8 +169,8 @@ COALESCE_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_COALESCE"
 #: the proxy fence waits less (run EB, gpt-oss, ms: skip items T=1024 1.419 -> 1.220 (4:
 #: 1.237), T=4096 1.962 -> 1.842 (4: 1.881); run ED, the 192 x 192 items' rows clamped (no
 #: spills): 192 x 192 T=4096 1.787 -> 1.618 against skip items 1.955, T=1024 1.306 against
-#: 1.297; NVFP4 / MXFP4 with paired fences 2-7 % slower with it, run EB). 0: off;
-#: BLOCKSCALE_SM90_GROUPED_PDQ_MX8_L2=0..16 overrides it
+#: 1.297; NVFP4 / MXFP4 with paired fences 2-7 % slower with it, run EB);
+#: BLOCKSCALE_SM90_GROUPED_PDQ_MX8_L2=0 (off) | 2 overrides it
 MX8_DISPATCH_L2_AHEAD = 2
 MX8_L2_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_MX8_L2"
 
@@ -658,7 +658,7 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
     l2 = 0
     if fmt.name == "mxfp8" and co and mx8_depth == 1:
         l2 = int(os.environ.get(MX8_L2_ENV, str(MX8_DISPATCH_L2_AHEAD)))
-        H.check_choice(l2, range(17), MX8_L2_ENV)
+        H.check_choice(l2, (0, MX8_DISPATCH_L2_AHEAD), MX8_L2_ENV)  # (the bundled ones)
     bm = int(bm_env) if bm_env != "auto" else 192 if (
         dtype == "bf16" and rows_per_group is not None
         and rows_per_group >= TRI_MIN_GROUP_ROWS) else 128

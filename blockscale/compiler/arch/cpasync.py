@@ -63,18 +63,6 @@ def bulk_copy(dst_addr: ir.Value, src_addr: ir.Value, nbytes: int, mbar_addr: ir
                                                  _ptr(mbar_addr, 3), _i32c(nbytes))
 
 
-def bulk_prefetch_l2(src_addr: ir.Value, nbytes: ir.Value, *,
-                     loc: ir.Location | None = None) -> None:
-    """``cp.async.bulk.prefetch.L2.global``: bring ``nbytes`` (i32, a multiple of 16) from
-    global byte address ``src_addr`` (i64, 16-byte aligned) into L2. A hint: no completion
-    to wait for, no register written (so a later ``fence.proxy.async``'s MEMBAR does not
-    wait for it). One thread."""
-    from mlir.dialects import nvvm
-
-    with _loc(loc):
-        nvvm.cp_async_bulk_prefetch(_ptr(src_addr, 1), nbytes)
-
-
 def prefetch_l2(addr: ir.Value, *, loc: ir.Location | None = None) -> None:
     """``prefetch.global.L2 [addr]``: bring the line holding global byte address ``addr``
     (i64) into L2. A per-thread hint (no register written)."""

@@ -271,8 +271,7 @@ def _try_wait_parity(op: Any, c: Compiler):
     return run
 
 
-@handles("nvvm.fence.mbarrier.init", "nvgpu.tma.prefetch.descriptor",
-         "nvvm.cp.async.bulk.prefetch", "nvvm.prefetch")
+@handles("nvvm.fence.mbarrier.init", "nvgpu.tma.prefetch.descriptor", "nvvm.prefetch")
 def _no_effect(op: Any, c: Compiler):
     """Ordering-only instructions and cache hints (the model applies every write at once and
     has no caches)."""
