@@ -230,6 +230,17 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                        ("skip", {"skip": True}), ("skip pr", {"skip": True, "pair": True}),
                        ("skip f16 pr", {"skip": True, "dtype": "f16", "pair": True}),
                        ("192x192", {"bm": 192, "bn": 192}))),
+                 # the band split: the coalesced skip items for the groups outside (128, 192]
+                 # rows, their 192 x 192 twins for those inside (two launches, one output)
+                 ("grouped pdq pf staged ws skip pr co band", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
+                   "pair": True, "coalesce": True, "band": "split"}),
+                 ("grouped pdq pf staged ws skip f16 pr co band", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
+                   "dtype": "f16", "pair": True, "coalesce": True, "band": "split"}),
+                 ("grouped pdq pf staged ws skip co l2p2 band", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
+                   "coalesce": True, "l2_ahead": 2, "band": "split"}),
                  # the register-A kernel (NVFP4: the weights converted into the wgmma's A
                  # registers by the consumers; matmul_grouped_rs), its depths and stages
                  ("grouped rs", "rs", {}),
@@ -269,7 +280,7 @@ def extra_specs(target: str = "sm_90a") -> list[Any]:
             "192x192": ("mxfp4", "mxfp8")}
     out = []
     for label, _, kw in GROUPED_IMPLS:
-        if " l2p" in label:
+        if " l2p" in label and "band" not in kw:  # (the band rows: the dispatch's kernels)
             item = label.split(" ws ", 1)[1].split(" co ")[0]
             out += [GP.GroupedPdqSpec(f, False, target, **kw) for f in fmts[item]]
     return out

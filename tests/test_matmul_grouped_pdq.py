@@ -37,7 +37,7 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
          stages=None, seed=0, device="interp", check_exact=True, store="direct", producers=1,
          bn=256, depth=1, every_scale=False, a_source="packed", sigma_out=False, bm=128, unroll=1,
          skip=False, b_source="global", a_early=False, dtype="bf16", pair=False,
-         coalesce=False, l2_ahead=0):
+         coalesce=False, l2_ahead=0, band="all"):
     rng = np.random.default_rng(300 + seed)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
     if every_scale:  # every scale byte (E4M3 subnormals and NaN, E8M0 0x00 and 0xFF)
@@ -55,7 +55,8 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
                                              unroll=unroll, skip=skip,
                                              b_source=b_source, a_early=a_early,
                                              dtype=dtype, pair=pair, coalesce=coalesce,
-                                             l2_ahead=l2_ahead, device=device)
+                                             l2_ahead=l2_ahead, band=band,
+                                             device=device)
     if sigma_out:  # gate | up columns back to the σ order (the plain store's)
         out = _unsigma(out)
     assert out.dtype == ml_dtypes.bfloat16 and out.shape == (sum(counts), n)
@@ -199,7 +200,14 @@ def test_spec_checks():
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     every = GP.bundle_specs("sm_90a")
     assert len(every) == len({s.kernel_name for s in every})
-    # MXFP8's 19 (tests/test_matmul_grouped_pdq_mx8.py), then the FP4 ones:
+    # the band kernels: one of each coalesced skip ("out") and 192 x 192 ("in") item, MXFP8's
+    # 8 among them; then MXFP8's 19 (tests/test_matmul_grouped_pdq_mx8.py) and the FP4 ones
+    band = [s for s in every if getattr(s, "band", "all") != "all"]
+    assert len(band) == 38 and sum(s.fmt == "mxfp8" for s in band) == 8
+    assert {GP.dataclasses.replace(s, band="all") for s in band} == {
+        s for s in every if getattr(s, "coalesce", False) and s.band == "all"}
+    assert all((s.band == "out") == s.skip for s in band)
+    every = [s for s in every if getattr(s, "band", "all") == "all"]
     assert sum(getattr(s, "fmt", "") == "mxfp8" for s in every) == 19
     specs = [s for s in every if getattr(s, "fmt", "") != "mxfp8"]
     # 154 pdq kernels (incl. the σ d2 skip items of DISPATCH_DEPTH; 28 f16 / paired-fence
@@ -1155,3 +1163,85 @@ def test_dispatch_specs_bundled(monkeypatch, env):
                 for rows in (None, 32.0, 128.0):
                     d = GP.dispatch_spec(fmt, n, rs, "sm_90a", "interp", sg, rows)
                     assert d.kernel_name.replace("_lockstep", "") in bundled, d
+
+
+# ---- row bands: 128-row items outside (128, 192] rows, 192 x 192 items inside ----------------
+
+#: groups on both sides of both band edges (128 | 129, 192 | 193), an empty and an unused one,
+#: a group of three 128-row tiles
+BAND_CASE = ([128, 129, 0, 192, 193, 40, 300, 150], [0, 1, -1, 2, 3, -1, 1, 0], 4, 48, 128)
+
+
+@pytest.mark.interp
+@pytest.mark.parametrize("case", [
+    (NVFP4, BAND_CASE, "lockstep", True, False, {"dtype": "f16", "pair": True}),  # dispatch's
+    (MXFP4, BAND_CASE, "lockstep", False, True, {"pair": True}),  # σ
+    (NVFP4, CASES[1], "split", False, False, {}),  # 65 / 129 / 257 rows, bf16
+    (MXFP4, CASES[0], "lockstep", False, False, {}),  # every group out of the band
+], ids=lambda c: f"{c[0].name}-{sum(c[1][0])}rows-{c[2]}-rs{int(c[3])}-sg{int(c[4])}"
+                 f"-{'-'.join(c[5])}")
+def test_interp_band_split(case):
+    """The band split (``band="split"``: two launches into one C, each group's rows from one
+    of them): byte-equal to the 128-row skip items alone (and to the grouped wgmma lut
+    kernel), every row written (the output is not pre-zeroed: rows of unused groups are
+    zeros, the others the reference's)."""
+    fmt, (counts, ids, e_count, n, k), loop, rows, sigma, extra = case
+    kw = {"rows": rows, "loop": loop, "prefetch": True, "store": "staged",
+          "check_exact": False, "sigma_out": sigma, "a_source": "workspace", "skip": True,
+          "coalesce": True, **extra}
+    ref_out = _run(fmt, counts, ids, e_count, n, k, **kw)
+    got = _run(fmt, counts, ids, e_count, n, k, band="split", **kw)
+    assert np.array_equal(got.view(np.uint16), ref_out.view(np.uint16))
+
+
+def test_band_plan_checks(monkeypatch):
+    """The dispatch's plan: the band split from TRI_MIN_GROUP_ROWS routed rows a group on
+    (the bundled kernels), one kernel below it, with BAND_ENV=0 or a fixed item height; bad
+    plans and band fields are refused."""
+    names = {s.kernel_name for s in GP.bundle_specs("sm_90a")}
+    for fmt in (NVFP4, MXFP4, GP.Format.from_name("mxfp8")):
+        for sg in (False, True):
+            out, tri = GP.dispatch_plan(fmt, 5760, fmt == NVFP4, "sm_90a", "interp", sg, 128.0)
+            assert (out.band, out.bm, out.skip, tri.band, tri.bm) == ("out", 128, True, "in",
+                                                                       192)
+            assert out.dtype == tri.dtype and out.coalesce and tri.coalesce
+            for s in (out, tri):
+                assert s.kernel_name.replace("_lockstep", "") in names, s.kernel_name
+            (one,) = GP.dispatch_plan(fmt, 5760, fmt == NVFP4, "sm_90a", "interp", sg, 32.0)
+            assert one == GP.dispatch_spec(fmt, 5760, fmt == NVFP4, "sm_90a", "interp", sg, 32.0)
+    monkeypatch.setenv(GP.BAND_ENV, "0")
+    assert len(GP.dispatch_plan(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0)) == 1
+    monkeypatch.delenv(GP.BAND_ENV)
+    monkeypatch.setenv(GP.BM_ENV, "128")
+    assert len(GP.dispatch_plan(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0)) == 1
+    monkeypatch.delenv(GP.BM_ENV)
+    out, tri = GP.dispatch_plan(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0)
+    assert GP.grid(4096, 5760, 128, 192, 192, "in") == (30, 128, 1)
+    with pytest.raises(ValueError, match="band"):
+        GP.check_plan((tri, out))
+    with pytest.raises(ValueError, match="agree on"):
+        GP.check_plan((out, GP.dataclasses.replace(tri, sigma_out=True)))
+    with pytest.raises(ValueError, match="band='in' needs bm=192"):
+        GP.GroupedPdqSpec("nvfp4", prefetch=True, store="staged", a_source="workspace",
+                          skip=True, band="in")
+    with pytest.raises(ValueError, match="band"):
+        GP.GroupedPdqSpec("nvfp4", band="mid")
+    with pytest.raises(ValueError, match="band_plan takes"):
+        GP.band_plan(tri)
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+@pytest.mark.parametrize("item,case", [
+    ("nvfp4-f16", "gpt-oss-4096"), ("nvfp4-f16", "gpt-oss-4096-sigma"), ("nvfp4-f16", "deepseek"),
+    ("mxfp4", "gpt-oss-4096"), ("mxfp4", "every-scale")])
+def test_gpu_band_split(item, case):
+    """The dispatch's band split on the H200 (coalesced paired skip items for the groups
+    outside (128, 192] rows, 192 x 192 items for those inside, one output): the grouped
+    wgmma kernel's bytes (:func:`_run`), every row written."""
+    fmt = NVFP4 if item.startswith("nvfp4") else MXFP4
+    kw = {"rows": fmt == NVFP4, "loop": "split", "device": "cuda", "check_exact": False,
+          "store": "staged", "a_source": "workspace", "prefetch": True, "coalesce": True,
+          "skip": True, "pair": True, "dtype": "f16" if "f16" in item else "bf16",
+          "band": "split"}
+    _gpu_case(fmt, case, kw, seed=7)

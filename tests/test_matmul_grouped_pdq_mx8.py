@@ -160,6 +160,34 @@ def _flag_model(case, k):
 
 
 @pytest.mark.interp
+def test_interp_band_split():
+    """The band split (skip items for the groups outside (128, 192] rows, 192 x 192 items
+    with the L2 prefetch for those inside, one output): the bytes of the skip items alone,
+    within the bound, and a flagged row inside the band fixed up as the portable kernel's."""
+    counts, ids, e_count, n, k = [150, 0, 70, 129, 193], [1, -1, 0, -1, 0], 2, 48, 96
+    case, _, w_scales = make_grouped_case(np.random.default_rng(9), MXFP8, counts, ids,
+                                          e_count, n, k)
+    es = case["expert_start"].astype(np.int64)
+    srow = int(case["a_scale_offsets"][0]) * 128 + 7  # group 0 (150 rows, expert 1), row 7
+    _set_scale(case, "a_scales", srow, 1, 250)  # 2^123: outside the window, row 7 flagged
+    esc = _esc(e_count)
+    kw = {"expert_scales": esc, "fmt": MXFP8, "k": k, "prefetch": True, "loop": "lockstep",
+          "store": "staged", "a_source": "workspace", "skip": True, "coalesce": True,
+          "l2_ahead": GP.MX8_DISPATCH_L2_AHEAD, "device": "interp"}
+    skip = GP.grouped_matmul_block_scaled_pdq(**case, **kw)
+    split = GP.grouped_matmul_block_scaled_pdq(**case, band="split", **kw)
+    assert np.array_equal(split.view(np.uint16), skip.view(np.uint16))
+    port = _portable(case, esc, k, "interp")
+    assert np.array_equal(split[7].view(np.uint16), port[7].view(np.uint16))
+    a_rows, _ = _scale_rows(case, k)
+    mask = np.ones(split.shape, bool)
+    mask[7] = False
+    _check_bound(split, case, a_rows, w_scales, k, esc, mask=mask)
+    _zeros_of_unused(split, case, ids)
+    assert es[-1] == sum(counts)
+
+
+@pytest.mark.interp
 @pytest.mark.parametrize("a_source", ["packed", "workspace"])
 def test_interp_out_of_window(a_source):
     """Scales outside the window: flagged rows bit-equal to the portable kernel, the flag
@@ -246,9 +274,9 @@ def test_dispatch(monkeypatch):
     esc = _esc(e_count)
     out = grouped_matmul_block_scaled(**case, expert_scales=esc, fmt=MXFP8, k=k,
                                       device="interp", target="sm_90a")
-    assert specs == [GP.dispatch_spec(MXFP8, n, False, "sm_90a", "interp",
+    assert specs == [GP.dispatch_plan(MXFP8, n, False, "sm_90a", "interp",
                                       rows_per_group=85 / 3)]
-    assert specs[0].fmt == "mxfp8" and not specs[0].pair
+    assert specs[0][0].fmt == "mxfp8" and not specs[0][0].pair
     _check_bound(out, case, rows, w_scales, k, esc)
     from blockscale.runtime import get_device  # device weights, numpy group vectors (mixed)
 
@@ -348,6 +376,26 @@ def test_gpu_coalesce(items, l2_ahead):
             device="cuda", **kw) for co in (False, True)]
         assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
     _check_bound(outs[1], case, rows, w_scales, k, esc)
+
+
+@pytest.mark.gpu
+@pytest.mark.cuda
+def test_gpu_band_split():
+    """gpt-oss gate_up at T=4096 (128 +- 11 rows a group) through the band split: the bytes of
+    the skip items alone (both with the L2 prefetch), within the bound."""
+    counts, ids = _gpt_oss(4096, 3)
+    n, k, e_count = 5760, 2880, 128
+    case, rows, w_scales = make_grouped_case(np.random.default_rng(6), MXFP8, counts, ids,
+                                             e_count, n, k)
+    esc = _esc(e_count)
+    kw = {"expert_scales": esc, "fmt": MXFP8, "k": k, "prefetch": True, "store": "staged",
+          "a_source": "workspace", "skip": True, "coalesce": True,
+          "l2_ahead": GP.MX8_DISPATCH_L2_AHEAD, "device": "cuda"}
+    skip = GP.grouped_matmul_block_scaled_pdq(**case, **kw)
+    split = GP.grouped_matmul_block_scaled_pdq(**case, band="split", **kw)
+    assert np.array_equal(split.view(np.uint16), skip.view(np.uint16))
+    assert any(GP.BAND_ROWS[0] < c <= GP.BAND_ROWS[1] for c in counts)
+    _check_bound(split, case, rows, w_scales, k, esc)
 
 
 def _portable(case, esc, k, device):

@@ -82,6 +82,9 @@ CASES = [
     (NVFP4, [65, 129], [0, 1], 2, 16, 64, "swiglu_oai", False, False),  # direct stores
     (MXFP8, [130, 0, 5], [1, -1, 0], 2, 16, 96, "silu", False, True),  # MXFP8: 192 x 192
     (MXFP8, [17, 0, 12], [1, -1, 0], 2, 136, 64, "swiglu_oai", False, True),  # skip items
+    # >= 80 rows a group: the band split (150 rows: a 192 x 192 item; 100: a skip item)
+    (NVFP4, [150, 100], [1, 0], 2, 16, 64, "swiglu_oai", True, True),
+    (MXFP8, [100, 0, 150], [1, -1, 0], 2, 16, 64, "silu", False, True),
 ]
 
 
@@ -90,8 +93,9 @@ CASES = [
                          f"-{c[6]}-rs{int(c[7])}-{'st' if c[8] else 'direct'}")
 def test_fused_equals_chained(monkeypatch, case):
     """Through the dispatch (MIN_ROWS lowered; a group of > 16 rows: not the decode
-    kernel): the fused op launches the σ pdq spec of
-    ``dispatch_spec``, the chained matmul the plain one; data and scale bytes equal."""
+    kernel): the fused op launches the σ pdq plan of
+    ``dispatch_plan`` (the band split from 80 rows a group), the chained matmul the plain one;
+    data and scale bytes equal."""
     fmt, counts, ids, e_count, d, k, act, with_rows, staged = case
     monkeypatch.setattr(gw, "MIN_ROWS", 1)
     if not staged:
@@ -105,10 +109,11 @@ def test_fused_equals_chained(monkeypatch, case):
     assert np.array_equal(_bytes(data), _bytes(c_data))
     assert np.array_equal(_bytes(scales), _bytes(c_scales))
     n, rpg = 2 * d, t / len(counts)  # the dispatch's routed rows a group
-    want = [GP.dispatch_spec(fmt, n, with_rows, "sm_90a", "interp", True, rpg),
-            GP.dispatch_spec(fmt, n, with_rows, "sm_90a", "interp", False, rpg)]
+    want = [GP.dispatch_plan(fmt, n, with_rows, "sm_90a", "interp", True, rpg),
+            GP.dispatch_plan(fmt, n, with_rows, "sm_90a", "interp", False, rpg)]
     assert specs == want
-    assert [s.store for s in specs] == ["staged" if staged and n % 16 == 0 else "direct",
+    assert [len(p) for p in specs] == [2 if staged and rpg >= GP.TRI_MIN_GROUP_ROWS else 1] * 2
+    assert [p[0].store for p in specs] == ["staged" if staged and n % 16 == 0 else "direct",
                                         "staged" if staged else "direct"]
     es = sc["expert_start"]
     for g, e in enumerate(ids):  # expert id -1: zero data rows (D8)
@@ -182,7 +187,7 @@ def test_gpu_gpt_oss(fmt, act, monkeypatch):
     specs = _spy(monkeypatch)
     sc = swiglu_case(f, counts, ids, 128, 2880, 2880, seed=4)
     data, scales, c_data, c_scales = fused_and_chained(sc, f, 2880, act, "cuda")
-    assert [(type(s), s.sigma_out, s.store, s.loop) for s in specs] == \
+    assert [(type(p[0]), p[0].sigma_out, p[0].store, p[0].loop) for p in specs] == \
         [(GP.GroupedPdqSpec, True, "staged", "split"), (GP.GroupedPdqSpec, False, "staged",
                                                         "split")]
     np.testing.assert_array_equal(_bytes(data), _bytes(c_data), err_msg="data")
@@ -217,8 +222,8 @@ def test_fused_equals_chained_workspace(monkeypatch, case):
     monkeypatch.setenv(GP.A_SOURCE_ENV, "workspace")
     specs = _spy(monkeypatch)
     ws = fused_and_chained(sc, fmt, k, act, "interp", rows)
-    assert [(s.a_source, s.sigma_out, s.bm, s.skip) for s in specs] == [
-        ("workspace", True, bm, skip), ("workspace", False, bm, skip)]
+    assert [(p[0].a_source, p[0].sigma_out, p[0].bm, p[0].skip, len(p)) for p in specs] == [
+        ("workspace", True, bm, skip, 1), ("workspace", False, bm, skip, 1)]
     for got, want in zip(ws, packed, strict=True):
         assert np.array_equal(_bytes(got), _bytes(want))
     assert np.array_equal(_bytes(ws[0]), _bytes(ws[2]))
@@ -247,7 +252,8 @@ def test_gpu_gpt_oss_workspace(fmt, bm, skip, monkeypatch):
     monkeypatch.setenv(GP.A_SOURCE_ENV, "workspace")
     specs = _spy(monkeypatch)
     ws = fused_and_chained(sc, f, 2880, "silu", "cuda")
-    assert [(s.a_source, s.sigma_out, s.store, s.loop, s.bm, s.skip) for s in specs] == \
+    assert [(p[0].a_source, p[0].sigma_out, p[0].store, p[0].loop, p[0].bm, p[0].skip)
+            for p in specs] == \
         [("workspace", True, "staged", "split", bm, skip),
          ("workspace", False, "staged", "split", bm, skip)]
     for name, got, want in zip(("data", "scales", "chained data", "chained scales"), ws, packed,

@@ -21,13 +21,17 @@ from blockscale.ops import matmul_grouped_sm90 as _gsm90
 from blockscale.ops import matmul_sm90 as _sm90
 
 
-def find_tile(bm: int, kb: Any, groups: Any) -> tuple[Any, Any, Any]:
+def find_tile(bm: int, kb: Any, groups: Any,
+              keep: Any = None) -> tuple[Any, Any, Any]:
     """(group, row tile within the group, whether CTA y has a work item), as
     :func:`blockscale.ops.matmul_grouped_sm90._find_tile` but warp-parallel: lane l of every
     warp takes group ``32 c + l`` of chunk c (``ceil(n_g / bm)`` row tiles), an inclusive
     prefix sum over the lanes (5 ``shfl.idx``) places its tiles after the chunk's base, the
     lane whose range holds y keeps (g, first tile); after the loop a butterfly sum (only that
-    lane is non-zero) gives them to every lane. G / 32 iterations instead of G."""
+    lane is non-zero) gives them to every lane. G / 32 iterations instead of G.
+
+    ``keep``: a callable of a group's row count (index) giving an i1; groups it rejects get
+    no work items (another launch computes them: the grouped pdq kernel's row bands)."""
     from blockscale.compiler.arch import nvvm
 
     y = bir.block_idx("y")
@@ -41,6 +45,8 @@ def find_tile(bm: int, kb: Any, groups: Any) -> tuple[Any, Any, Any]:
         safe = bir.umin(g, bir.sub(groups, 1))  # the loop runs only when groups >= 1
         rows = bir.sub(bir.as_index(bir.load(es, bir.add(safe, 1))),
                        bir.as_index(bir.load(es, safe)))
+        if keep is not None:
+            live = bir.logical_and(live, keep(rows))
         tiles = bir.select(live, bir.ceil_div(rows, bm), 0)
         incl = bir.as_i32(tiles)
         for d in (1, 2, 4, 8, 16):

@@ -45,6 +45,14 @@ paired skip items (:data:`DISPATCH_A_SOURCE`, :data:`DISPATCH_DTYPE`, :data:`DIS
 :data:`DISPATCH_SKIP`, :data:`DISPATCH_PAIR`: the fastest measured on the H200, runs AA / AB /
 AM / AQ / AR); ``BLOCKSCALE_SM90_GROUPED_PDQ_A=packed``, ``..._DTYPE=bf16``,
 ``..._BM=128|192|256``, ``..._SKIP=0`` and ``..._PAIR=0`` select the others (both ops).
+Band split (:func:`dispatch_plan`, session 23): from :data:`TRI_MIN_GROUP_ROWS` routed rows a
+group on, the dispatch launches two kernels into one output: the coalesced 128-row skip items
+for the groups outside :data:`BAND_ROWS` (128 < rows <= 192) and their 192 x 192 twins for the
+groups inside it (``band`` "out" / "in": the warp-parallel group scan gives the other band's
+groups no items). A group of 129-192 rows is then one item whose weights are dequantized once,
+not two 128-row items (the second mostly idle) that dequantize them twice; every other group
+keeps the cheaper 128 x 256 items. At gpt-oss T = 4096 (128 +- 11 rows a group) about half the
+groups are in the band. Same bytes as either kernel alone.
 MXFP8 (:mod:`blockscale.ops.matmul_grouped_pdq_mx8`): the same kernel on exact bf16 operands
 (E4M3 x 2^(b - 127) inside a fixed scale window; phase 1 and the producer convert 32 bytes
 a half), bf16 items only (no f16, no TMA B, no paired fence), between a flag kernel and a
@@ -173,6 +181,18 @@ COALESCE_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_COALESCE"
 #: BLOCKSCALE_SM90_GROUPED_PDQ_MX8_L2=0 (off) | 2 overrides it
 MX8_DISPATCH_L2_AHEAD = 2
 MX8_L2_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_MX8_L2"
+#: row bands (``band``): a kernel takes every group ("all"), only the groups of
+#: ``BAND_ROWS[0] < rows <= BAND_ROWS[1]`` ("in": one 192 x 192 item each) or only the others
+#: ("out": 128-row skip items). As 128-row items such a group is two items whose second is
+#: mostly idle and whose weights are dequantized a second time; as one 192 x 192 item they
+#: are dequantized once (30 column tiles instead of 2 x 23)
+BANDS = ("all", "in", "out")
+BAND_ROWS = (128, 192)
+#: the dispatch's band split (:func:`dispatch_plan`): the "out" and "in" kernels, two launches
+#: into one output, where the routed rows a group average at least :data:`TRI_MIN_GROUP_ROWS`;
+#: BLOCKSCALE_SM90_GROUPED_PDQ_BAND=0 runs the one kernel of :func:`dispatch_spec` instead
+DISPATCH_BAND = True
+BAND_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_BAND"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,6 +246,10 @@ class GroupedPdqSpec(FormatSpec):
             and scales into L2 by ``cp.async.bulk.prefetch.L2`` (its register loads a step
             ahead then hit L2, so the proxy fence that waits for them waits less); B from
             global memory. Same bytes.
+        band: :data:`BANDS`: which groups the kernel computes ("in": those of
+            :data:`BAND_ROWS`, 192 x 192 items only; "out": the others, 128-row skip items
+            only); two launches of "out" and "in" write every row of C (:func:`launch`).
+            Same bytes.
     """
 
     fmt: str
@@ -249,6 +273,7 @@ class GroupedPdqSpec(FormatSpec):
     pair: bool = False
     coalesce: bool = False
     l2_ahead: int = 0
+    band: str = "all"
 
     op: ClassVar[str] = "grouped_matmul_block_scaled_pdq"
     out_dtype: ClassVar[str] = "bfloat16"
@@ -312,6 +337,11 @@ class GroupedPdqSpec(FormatSpec):
                              f"(b_source='global'), got b_source={self.b_source!r}")
         if type(self.l2_ahead) is not int or not 0 <= self.l2_ahead <= 16:
             raise ValueError(f"l2_ahead must be an int in [0, 16], got {self.l2_ahead!r}")
+        H.check_choice(self.band, BANDS, "band")
+        if self.band != "all" and (self.bm, self.skip or self.bm == 192) != (
+                {"in": 192, "out": BM}[self.band], True):
+            raise ValueError(f"band='in' needs bm=192, band='out' bm={BM} with skip=True, got "
+                             f"band={self.band!r}, bm={self.bm}, skip={self.skip}")
         if self.fmt == "mxfp8" and self.b_source != "global":
             raise ValueError(f"MXFP8 reads B from global memory (b_source='global'), got "
                              f"b_source={self.b_source!r}")
@@ -361,6 +391,7 @@ class GroupedPdqSpec(FormatSpec):
         ws += "_pr" if self.pair else ""
         ws += "_co" if self.coalesce else ""
         ws += f"_l2p{self.l2_ahead}" if self.l2_ahead else ""
+        ws += f"_b{self.band}" if self.band != "all" else ""
         return (f"bs_grouped_pdq_{self.fmt}_{self.bm}x{self.bn}_k64_s{self.stages}{pf}{lp}{st}"
                 f"{pr}{rs}{sg}{ws}")
 
@@ -380,9 +411,16 @@ class GroupedPdqSpec(FormatSpec):
                 *(a for a in base if a.name not in ("a", "sfa")), *tmaps)
 
 
-def grid(t: int, n: int, num_groups: int, bn: int = BN, bm: int = BM) -> tuple[int, int, int]:
-    """Column tiles x an upper bound of the (group, row tile) work items."""
-    return (max(1, -(-n // bn)), -(-t // bm) + num_groups, 1)
+def grid(t: int, n: int, num_groups: int, bn: int = BN, bm: int = BM,
+         band: str = "all") -> tuple[int, int, int]:
+    """Column tiles x an upper bound of the (group, row tile) work items (band "in": one a
+    group)."""
+    items = num_groups if band == "in" else -(-t // bm) + num_groups
+    return (max(1, -(-n // bn)), max(1, items), 1)
+
+
+def _grid(spec: GroupedPdqSpec, t: int, n: int, num_groups: int) -> tuple[int, int, int]:
+    return grid(t, n, num_groups, spec.bn, spec.bm, spec.band)
 
 
 def build(spec: GroupedPdqSpec) -> Any:
@@ -414,7 +452,7 @@ def build(spec: GroupedPdqSpec) -> Any:
 
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
         n_count, k, groups = (bir.as_index(kb.arg(x)) for x in ("n", "k", "num_groups"))
-        g, tile, has_work = GW.find_tile(bm, kb, groups)
+        g, tile, has_work = GW.find_tile(bm, kb, groups, _band_filter(spec.band))
         with bir.when(has_work):  # CTA-uniform: the barriers below are reached by all
             start, end, expert, m0, n0, active = _gsm90.work_item(kb, g, tile, bm, bn)
 
@@ -508,6 +546,18 @@ def build(spec: GroupedPdqSpec) -> Any:
     return kb.module
 
 
+def _band_filter(band: str) -> Any:
+    """:func:`blockscale.ops._grouped_wgmma_ir.find_tile`'s ``keep`` for ``band``."""
+    from blockscale.compiler import ir as bir
+
+    lo, hi = BAND_ROWS
+    if band == "all":
+        return None
+    if band == "in":
+        return lambda rows: bir.logical_and(bir.ult(lo, rows), bir.ule(rows, hi))
+    return lambda rows: bir.bit_or(bir.ule(rows, lo), bir.ult(hi, rows))
+
+
 # ---- host side -------------------------------------------------------------------------------
 
 
@@ -523,13 +573,14 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
                                     b_source: str = "global", a_early: bool = False,
                                     dtype: str = "bf16", pair: bool = False,
                                     coalesce: bool = False, l2_ahead: int = 0,
-                                    device: Any = None) -> Any:
+                                    band: str = "all", device: Any = None) -> Any:
     """The kernel called directly (no dispatch), e.g. by tests and benchmarks. Arguments as
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
     ``prefetch``, ``loop``, ``store``, ``producers``, ``bn``, ``depth``, ``sigma_out``,
     ``a_source``, ``bm``, ``unroll``, ``skip``, ``b_source``, ``a_early``, ``dtype``,
     ``pair``, ``coalesce`` and ``l2_ahead`` (:class:`GroupedPdqSpec`; ``bm=256`` with
-    ``bn=128``). Raises ValueError for K % 32 != 0, a format other
+    ``bn=128``); ``band="split"`` runs those (128-row skip) items for the groups outside
+    :data:`BAND_ROWS` and :func:`band_plan`'s 192 x 192 twins for the groups inside. Raises ValueError for K % 32 != 0, a format other
     than NVFP4 / MXFP4 / MXFP8, a staged store with N % 8 != 0, ``sigma_out`` with an odd N (staged:
     N % 16 != 0), or (workspace A) scale tiles not placed as D8 says. MXFP8 runs its flag
     and fixup kernels around it (:mod:`blockscale.ops.matmul_grouped_pdq_mx8`)."""
@@ -539,10 +590,13 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
         hidden, weight, a_scales, b_scales, expert_start, a_scale_offsets, expert_ids,
         expert_scales, fmt, k, a_row_scales, "grouped producer-dequant kernel")
     dev, tgt = H.device_and_target(device, "sm_90a")
-    spec = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
-                          store, producers, bn, depth, sigma_out, a_source, bm, unroll, skip,
-                          b_source, a_early, dtype, pair, coalesce, l2_ahead)
+    H.check_choice(band, ("all", "split"), "band")
+    spec: Any = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
+                               store, producers, bn, depth, sigma_out, a_source, bm, unroll,
+                               skip, b_source, a_early, dtype, pair, coalesce, l2_ahead)
     check_sigma_store(spec, n)
+    if band == "split":
+        spec = band_plan(spec)
     return launch(spec, t, n, g_count, buffers, {"t": t, "n": n, "k": k, "num_groups": g_count},
                   dev)
 
@@ -557,39 +611,74 @@ def check_sigma_store(spec: GroupedPdqSpec, n: int) -> None:
     check_store(spec.store, spec.out_dtype, n)
 
 
-def launch(spec: GroupedPdqSpec, t: int, n: int, num_groups: int, buffers: dict[str, Any],
-           scalars: dict[str, Any], device: Any) -> Any:
+def launch(spec: GroupedPdqSpec | tuple[GroupedPdqSpec, ...], t: int, n: int,
+           num_groups: int, buffers: dict[str, Any], scalars: dict[str, Any],
+           device: Any) -> Any:
     """Run ``spec`` on the grouped op's (checked) buffers (the portable kernel's names); bf16
     ``[T, N]``. A workspace spec launches the grouped phase 1 first (the workspace stays on
-    the device)."""
+    the device). A plan of :func:`dispatch_plan` (a tuple: one spec, or the "out" and "in"
+    band kernels) shares the phase 1 (MXFP8: the flags and the fixup too) and writes one
+    output."""
+    specs = spec if isinstance(spec, tuple) else (spec,)
+    check_plan(specs)
+    main = specs[0]
     empty = t == 0 or n == 0
-    if spec.fmt == "mxfp8" and not empty:
-        return _launch_mx8(spec, t, n, num_groups, buffers, scalars, device)
-    if spec.a_source == "packed" or empty:
-        return H.launch(spec, grid(t, n, num_groups, spec.bn, spec.bm), (t, n), "bfloat16", buffers,
+    if main.fmt == "mxfp8" and not empty:
+        return _launch_mx8(specs, t, n, num_groups, buffers, scalars, device)
+    if main.a_source == "packed" or empty:
+        return H.launch(main, _grid(main, t, n, num_groups), (t, n), "bfloat16", buffers,
                         scalars, device, empty=empty)
     from blockscale.ops import matmul_grouped_p1 as G1
 
-    bufs, host = G1.with_workspace(G1.GroupedP1Spec(spec.fmt, spec.target, dtype=spec.dtype),
+    bufs, host = G1.with_workspace(G1.GroupedP1Spec(main.fmt, main.target, dtype=main.dtype),
                                    buffers, t, scalars["k"], num_groups, device)
-    if spec.b_source == "tma":
+    if main.b_source == "tma":
         from blockscale.ops._pdq_tma import tensormap_values
 
         scalars = {**scalars, **tensormap_values(int(bufs["w"].size), int(bufs["sfb"].size),
                                                  scalars["k"])}
-    out = H.launch(spec, grid(t, n, num_groups, spec.bn, spec.bm), (t, n), "bfloat16", bufs,
-                   scalars, device)
+    out = _launch_plan(specs, t, n, num_groups, bufs, scalars, device)
     return device.to_host(out) if host else out
 
 
-def _launch_mx8(spec: GroupedPdqSpec, t: int, n: int, num_groups: int,
+def check_plan(specs: tuple[GroupedPdqSpec, ...]) -> None:
+    """ValueError unless ``specs`` is one spec of band "all", or band "out" then "in" that
+    differ only in their items (the same format, A, operand type, store and row scales: one
+    phase 1 and one output serve both)."""
+    bands = tuple(s.band for s in specs)
+    if bands not in (("all",), ("out", "in")):
+        raise ValueError(f"a plan is one kernel of band 'all' or the bands ('out', 'in'), got "
+                         f"{bands}")
+    same = ("fmt", "row_scales", "target", "a_source", "dtype", "store", "sigma_out")
+    diff = [f for f in same if len({getattr(s, f) for s in specs}) > 1]
+    if diff:
+        raise ValueError(f"the band kernels of a plan must agree on {diff}, got "
+                         f"{[[getattr(s, f) for f in diff] for s in specs]}")
+
+
+def _launch_plan(specs: tuple[GroupedPdqSpec, ...], t: int, n: int, num_groups: int,
+                 bufs: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
+    """The main kernel(s) on ready buffers: the first allocates C, a band "in" kernel writes
+    its groups' rows into it."""
+    from blockscale.ops.matmul_twophase_mx8 import _launch_inplace
+
+    out = H.launch(specs[0], _grid(specs[0], t, n, num_groups), (t, n), "bfloat16", bufs,
+                   scalars, device)
+    for spec in specs[1:]:
+        _launch_inplace(spec, _grid(spec, t, n, num_groups), {**bufs, "c": out}, scalars,
+                        device)
+    return out
+
+
+def _launch_mx8(specs: tuple[GroupedPdqSpec, ...], t: int, n: int, num_groups: int,
                 buffers: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
-    """MXFP8 (:mod:`blockscale.ops.matmul_grouped_pdq_mx8`): the flag kernel, ``spec`` (its
+    """MXFP8 (:mod:`blockscale.ops.matmul_grouped_pdq_mx8`): the flag kernel, ``specs`` (their
     phase 1 first with the workspace A), then the fixup of the flagged rows, in place."""
     import numpy as np
 
     from blockscale.ops import matmul_grouped_pdq_mx8 as MX8
 
+    spec = specs[0]
     host = all(isinstance(v, np.ndarray) for v in buffers.values())
     if host:  # keep every intermediate on the device
         _p1.check_tile_placement(buffers["expert_start"], buffers["a_scale_offsets"],
@@ -597,14 +686,11 @@ def _launch_mx8(spec: GroupedPdqSpec, t: int, n: int, num_groups: int,
         buffers = {x: device.to_device(np.ascontiguousarray(v)) for x, v in buffers.items()}
     k, experts = scalars["k"], int(buffers["w"].shape[0])
     flags = MX8.flags(buffers, t, n, k, num_groups, experts, spec.target, device)
-    if spec.a_source == "packed":
-        out = H.launch(spec, grid(t, n, num_groups, spec.bn, spec.bm), (t, n), "bfloat16",
-                       buffers, scalars, device)
-    else:
+    bufs = buffers
+    if spec.a_source != "packed":
         bufs, _ = _p1.with_workspace(_p1.GroupedP1Spec("mxfp8", spec.target), buffers, t, k,
                                      num_groups, device)
-        out = H.launch(spec, grid(t, n, num_groups, spec.bn, spec.bm), (t, n), "bfloat16",
-                       bufs, scalars, device)
+    out = _launch_plan(specs, t, n, num_groups, bufs, scalars, device)
     MX8.fixup(out, flags, buffers, t, n, k, num_groups, experts, spec.sigma_out, spec.target,
               device)
     return device.to_host(out) if host else out
@@ -683,6 +769,41 @@ def dispatch_spec(fmt: Format, n: int, row_scales: bool, target: str, device: An
                           sigma_out=sigma_out, a_source=a_source, skip=skip, depth=depth,
                           dtype=dtype if skip else "bf16", pair=pair, coalesce=co,
                           l2_ahead=l2 if co else 0)
+
+
+def dispatch_plan(fmt: Format, n: int, row_scales: bool, target: str, device: Any,
+                  sigma_out: bool = False, rows_per_group: float | None = None
+                  ) -> tuple[GroupedPdqSpec, ...]:
+    """What the grouped dispatch and the fused SwiGLU op's chained path launch (:func:`launch`
+    takes it): where :data:`DISPATCH_BAND` (or :data:`BAND_ENV`), the item height is "auto"
+    (:data:`BM_ENV`), ``rows_per_group`` is at least :data:`TRI_MIN_GROUP_ROWS` and the
+    dispatch's 128-row items are coalesced skip items, the band split: those items for the
+    groups outside :data:`BAND_ROWS` (band "out") and 192 x 192 items of the same operands
+    and loads for the groups inside (band "in"); else ``(dispatch_spec(...),)``. Every
+    group's rows come from one kernel; same bytes as either single kernel."""
+    import os
+
+    one = dispatch_spec(fmt, n, row_scales, target, device, sigma_out, rows_per_group)
+    on = os.environ.get(BAND_ENV, "1" if DISPATCH_BAND else "0") not in ("0", "false", "off")
+    if (not on or rows_per_group is None or rows_per_group < TRI_MIN_GROUP_ROWS
+            or os.environ.get(BM_ENV, str(DISPATCH_BM)) != "auto"):
+        return (one,)
+    items = dispatch_spec(fmt, n, row_scales, target, device, sigma_out)  # 128-row items
+    if not (items.skip and items.coalesce):  # (the band kernels are bundled coalesced)
+        return (one,)
+    return band_plan(items)
+
+
+def band_plan(items: GroupedPdqSpec) -> tuple[GroupedPdqSpec, GroupedPdqSpec]:
+    """The band split of 128-row skip items ``items``: themselves as band "out" and the
+    192 x 192 items of the same operands, loads and prefetch as band "in" (no paired fence:
+    at 128 registers it spills)."""
+    if not items.skip or items.band != "all":
+        raise ValueError(f"band_plan takes 128-row skip items of band 'all', got "
+                         f"skip={items.skip}, band={items.band!r}")
+    tri = dataclasses.replace(items, bm=192, bn=TRI_BN, skip=False, pair=False, stages=None,
+                              band="in")
+    return dataclasses.replace(items, band="out"), tri
 
 
 def kernel(spec: GroupedPdqSpec) -> Any:
@@ -782,7 +903,15 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
                                scaling="fold") for f, rs in variants]
     specs += _mx8_bundle_specs(target)
     specs += _coalesced_bundle_specs(target)
+    specs += _band_bundle_specs(target)
     return sorted(specs, key=lambda s: s.kernel_name)
+
+
+def _band_bundle_specs(target: str) -> list[Any]:
+    """The band kernels :func:`dispatch_plan` can pick: every coalesced skip item of
+    :func:`_coalesced_bundle_specs` as band "out", every coalesced 192 x 192 item as "in"."""
+    return [dataclasses.replace(s, band="out" if s.skip else "in")
+            for s in _coalesced_bundle_specs(target)]
 
 
 def _coalesced_bundle_specs(target: str) -> list[Any]:
@@ -825,9 +954,12 @@ _core.register_op_module(__name__)
 
 __all__ = [
     "GroupedPdqSpec",
+    "band_plan",
     "build",
     "bundle_specs",
+    "check_plan",
     "check_sigma_store",
+    "dispatch_plan",
     "dispatch_spec",
     "grid",
     "grouped_matmul_block_scaled_pdq",

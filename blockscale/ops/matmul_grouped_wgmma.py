@@ -241,7 +241,7 @@ def fast_path(target: str, fmt: Format, t: int, n: int, k: int, num_groups: int,
         from blockscale.ops import matmul_grouped_pdq as GP
 
         def run_pdq(buffers: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
-            pdq = GP.dispatch_spec(fmt, n, row_scales, target, device,
+            pdq = GP.dispatch_plan(fmt, n, row_scales, target, device,
                                    rows_per_group=t / max(num_groups, 1))
             return GP.launch(pdq, t, n, num_groups, buffers, scalars, device)
         return run_pdq

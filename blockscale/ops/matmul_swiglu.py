@@ -378,7 +378,7 @@ def _run_chain(kind: str, buffers: dict[str, Any], fmt: Format, act: GatedActiva
                              sigma_out=True)
         gate_up = MD._launch_grouped(spec, t, n, num_groups, bufs, scalars, device)
     elif GW.uses_pdq(fmt):
-        pdq = GP.dispatch_spec(fmt, n, row_scales, target, device, sigma_out=True,
+        pdq = GP.dispatch_plan(fmt, n, row_scales, target, device, sigma_out=True,
                                rows_per_group=t / max(num_groups, 1))
         gate_up = GP.launch(pdq, t, n, num_groups, bufs, scalars, device)
     else:

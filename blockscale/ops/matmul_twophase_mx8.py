@@ -365,11 +365,11 @@ def _check_epilogue(epilogue: Epilogue | None) -> None:
 
 def _launch_inplace(spec: Any, grid: tuple[int, int, int], buffers: dict[str, Any],
                     scalars: dict[str, Any], dev: Any) -> None:
-    """Launch ``spec`` on ``buffers`` in place (its "inout" buffers, ``dev``'s arrays, are
-    read and written as they are); numpy inputs are copied to ``dev`` and other device memory
-    (torch, ...) is borrowed, as :func:`blockscale.ops._core.launch_op` does."""
+    """Launch ``spec`` on ``buffers`` in place (its "inout" and "out" buffers, ``dev``'s
+    arrays, are read and written as they are); numpy inputs are copied to ``dev`` and other
+    device memory (torch, ...) is borrowed, as :func:`blockscale.ops._core.launch_op` does."""
     kernel = _core.get_kernel(spec)
-    inout = {a.name for a in kernel.args if a.role == "inout"}
+    inout = {a.name for a in kernel.args if a.role in ("inout", "out")}
     ins = {n: v for n, v in buffers.items() if n not in inout}
     foreign = _core._checked_foreign(ins, dev)
     if foreign and hasattr(dev, "check_foreign_memory"):
