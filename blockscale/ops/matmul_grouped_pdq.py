@@ -52,7 +52,8 @@ groups inside it (``band`` "out" / "in": the warp-parallel group scan gives the 
 groups no items). A group of 129-192 rows is then one item whose weights are dequantized once,
 not two 128-row items (the second mostly idle) that dequantize them twice; every other group
 keeps the cheaper 128 x 256 items. At gpt-oss T = 4096 (128 +- 11 rows a group) about half the
-groups are in the band. Same bytes as either kernel alone.
+groups are in the band (H100 run EF, T = 4096: NVFP4 -8 %, MXFP4 -5 % against the best single
+kernel; MXFP8 keeps its 192 x 192 items: no gain). Same bytes as either kernel alone.
 MXFP8 (:mod:`blockscale.ops.matmul_grouped_pdq_mx8`): the same kernel on exact bf16 operands
 (E4M3 x 2^(b - 127) inside a fixed scale window; phase 1 and the producer convert 32 bytes
 a half), bf16 items only (no f16, no TMA B, no paired fence), between a flag kernel and a
@@ -189,9 +190,14 @@ MX8_L2_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_MX8_L2"
 BANDS = ("all", "in", "out")
 BAND_ROWS = (128, 192)
 #: the dispatch's band split (:func:`dispatch_plan`): the "out" and "in" kernels, two launches
-#: into one output, where the routed rows a group average at least :data:`TRI_MIN_GROUP_ROWS`;
-#: BLOCKSCALE_SM90_GROUPED_PDQ_BAND=0 runs the one kernel of :func:`dispatch_spec` instead
+#: into one output, for :data:`BAND_FORMATS` where the routed rows a group average at least
+#: :data:`TRI_MIN_GROUP_ROWS` (H100 run EF, gpt-oss gate_up T=4096, ms: NVFP4 f16 paired skip
+#: items 1.449 -> 1.335, 192 x 192 f16 1.427; MXFP4 192 x 192 1.443 -> 1.366; MXFP8 192 x 192
+#: with the L2 prefetch 1.658, split 1.673: no gain, its skip items are 17 % slower than its
+#: 192 x 192 ones, 1.943); BLOCKSCALE_SM90_GROUPED_PDQ_BAND=0 runs the one kernel of
+#: :func:`dispatch_spec` instead
 DISPATCH_BAND = True
+BAND_FORMATS = FP4_FORMATS
 BAND_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_BAND"
 
 
@@ -775,7 +781,8 @@ def dispatch_plan(fmt: Format, n: int, row_scales: bool, target: str, device: An
                   sigma_out: bool = False, rows_per_group: float | None = None
                   ) -> tuple[GroupedPdqSpec, ...]:
     """What the grouped dispatch and the fused SwiGLU op's chained path launch (:func:`launch`
-    takes it): where :data:`DISPATCH_BAND` (or :data:`BAND_ENV`), the item height is "auto"
+    takes it): for :data:`BAND_FORMATS` where :data:`DISPATCH_BAND` (or :data:`BAND_ENV`),
+    the item height is "auto"
     (:data:`BM_ENV`), ``rows_per_group`` is at least :data:`TRI_MIN_GROUP_ROWS` and the
     dispatch's 128-row items are coalesced skip items, the band split: those items for the
     groups outside :data:`BAND_ROWS` (band "out") and 192 x 192 items of the same operands
@@ -785,7 +792,7 @@ def dispatch_plan(fmt: Format, n: int, row_scales: bool, target: str, device: An
 
     one = dispatch_spec(fmt, n, row_scales, target, device, sigma_out, rows_per_group)
     on = os.environ.get(BAND_ENV, "1" if DISPATCH_BAND else "0") not in ("0", "false", "off")
-    if (not on or rows_per_group is None or rows_per_group < TRI_MIN_GROUP_ROWS
+    if (not on or fmt.name not in BAND_FORMATS or rows_per_group is None or rows_per_group < TRI_MIN_GROUP_ROWS
             or os.environ.get(BM_ENV, str(DISPATCH_BM)) != "auto"):
         return (one,)
     items = dispatch_spec(fmt, n, row_scales, target, device, sigma_out)  # 128-row items
