@@ -1196,8 +1196,8 @@ def test_interp_band_split(case):
 
 def test_band_plan_checks(monkeypatch):
     """The dispatch's plan: the FP4 band split from TRI_MIN_GROUP_ROWS routed rows a group on
-    (the bundled kernels), one kernel below it and for MXFP8, with BAND_ENV=0 or a fixed item height; bad
-    plans and band fields are refused."""
+    (the bundled kernels), one kernel below it and for MXFP8, with BAND_ENV=0 or a fixed item
+    height; bad plans and band fields are refused."""
     names = {s.kernel_name for s in GP.bundle_specs("sm_90a")}
     mxfp8 = GP.Format.from_name("mxfp8")
     for sg in (False, True):  # MXFP8: its 192 x 192 items (the split measured no faster)

@@ -586,10 +586,10 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
     ``a_source``, ``bm``, ``unroll``, ``skip``, ``b_source``, ``a_early``, ``dtype``,
     ``pair``, ``coalesce`` and ``l2_ahead`` (:class:`GroupedPdqSpec`; ``bm=256`` with
     ``bn=128``); ``band="split"`` runs those (128-row skip) items for the groups outside
-    :data:`BAND_ROWS` and :func:`band_plan`'s 192 x 192 twins for the groups inside. Raises ValueError for K % 32 != 0, a format other
-    than NVFP4 / MXFP4 / MXFP8, a staged store with N % 8 != 0, ``sigma_out`` with an odd N (staged:
-    N % 16 != 0), or (workspace A) scale tiles not placed as D8 says. MXFP8 runs its flag
-    and fixup kernels around it (:mod:`blockscale.ops.matmul_grouped_pdq_mx8`)."""
+    :data:`BAND_ROWS` and :func:`band_plan`'s 192 x 192 twins for the groups inside. Raises
+    ValueError for K % 32 != 0, a format other than NVFP4 / MXFP4 / MXFP8, a staged store with
+    N % 8 != 0, ``sigma_out`` with an odd N (staged: N % 16 != 0), or (workspace A) scale
+    tiles not placed as D8 says. MXFP8 runs its flag and fixup kernels around it (:mod:`blockscale.ops.matmul_grouped_pdq_mx8`)."""
     fmt = Format.from_name(fmt)
     H.check_choice(fmt.name, FORMATS, "fmt")
     t, n, k, g_count, buffers = _grouped.tiled_grouped_operands(
@@ -782,17 +782,17 @@ def dispatch_plan(fmt: Format, n: int, row_scales: bool, target: str, device: An
                   ) -> tuple[GroupedPdqSpec, ...]:
     """What the grouped dispatch and the fused SwiGLU op's chained path launch (:func:`launch`
     takes it): for :data:`BAND_FORMATS` where :data:`DISPATCH_BAND` (or :data:`BAND_ENV`),
-    the item height is "auto"
-    (:data:`BM_ENV`), ``rows_per_group`` is at least :data:`TRI_MIN_GROUP_ROWS` and the
-    dispatch's 128-row items are coalesced skip items, the band split: those items for the
-    groups outside :data:`BAND_ROWS` (band "out") and 192 x 192 items of the same operands
-    and loads for the groups inside (band "in"); else ``(dispatch_spec(...),)``. Every
+    the item height is "auto" (:data:`BM_ENV`), ``rows_per_group`` is at least
+    :data:`TRI_MIN_GROUP_ROWS` and the dispatch's 128-row items are coalesced skip items, the
+    band split: those items for the groups outside :data:`BAND_ROWS` (band "out") and 192 x
+    192 items of the same operands and loads for the groups inside (band "in"); else ``(dispatch_spec(...),)``. Every
     group's rows come from one kernel; same bytes as either single kernel."""
     import os
 
     one = dispatch_spec(fmt, n, row_scales, target, device, sigma_out, rows_per_group)
     on = os.environ.get(BAND_ENV, "1" if DISPATCH_BAND else "0") not in ("0", "false", "off")
-    if (not on or fmt.name not in BAND_FORMATS or rows_per_group is None or rows_per_group < TRI_MIN_GROUP_ROWS
+    if (not on or fmt.name not in BAND_FORMATS or rows_per_group is None
+            or rows_per_group < TRI_MIN_GROUP_ROWS
             or os.environ.get(BM_ENV, str(DISPATCH_BM)) != "auto"):
         return (one,)
     items = dispatch_spec(fmt, n, row_scales, target, device, sigma_out)  # 128-row items
