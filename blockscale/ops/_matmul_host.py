@@ -210,6 +210,29 @@ def launch(spec: Any, grid: tuple[int, int, int], out_shape: tuple[int, ...], ou
     return out["c"]
 
 
+def launch_inplace(spec: Any, grid: tuple[int, int, int], buffers: dict[str, Any],
+                    scalars: dict[str, Any], dev: Any) -> None:
+    """Launch ``spec`` on ``buffers`` in place (its "inout" and "out" buffers, ``dev``'s
+    arrays, are read and written as they are); numpy inputs are copied to ``dev`` and other
+    device memory (torch, ...) is borrowed, as :func:`blockscale.ops._core.launch_op` does."""
+    import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
+
+    kernel = _core.get_kernel(spec)
+    inout = {a.name for a in kernel.args if a.role in ("inout", "out")}
+    ins = {n: v for n, v in buffers.items() if n not in inout}
+    foreign = _core._checked_foreign(ins, dev)
+    if foreign and hasattr(dev, "check_foreign_memory"):
+        ins = _core._borrowed(ins, foreign, dev, kernel)
+    buffers = {**buffers, **{n: dev.to_device(np.ascontiguousarray(v))
+                             if isinstance(v, np.ndarray) else v for n, v in ins.items()}}
+    args = [buffers[a.name] if a.kind == "buffer" else scalars[a.name] for a in kernel.args]
+    pick = getattr(dev, "launch_stream", None)
+    if pick is None:
+        dev.launch(kernel, grid, args)
+    else:
+        dev.launch(kernel, grid, args, pick(buffers.values()))
+
+
 _OUT_DTYPES = {"bfloat16": np_dtype("bfloat16"), "float32": np.dtype(np.float32)}
 
 

@@ -666,13 +666,11 @@ def _launch_plan(specs: tuple[GroupedPdqSpec, ...], t: int, n: int, num_groups: 
                  bufs: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
     """The main kernel(s) on ready buffers: the first allocates C, a band "in" kernel writes
     its groups' rows into it."""
-    from blockscale.ops.matmul_twophase_mx8 import _launch_inplace
-
     out = H.launch(specs[0], _grid(specs[0], t, n, num_groups), (t, n), "bfloat16", bufs,
                    scalars, device)
     for spec in specs[1:]:
-        _launch_inplace(spec, _grid(spec, t, n, num_groups), {**bufs, "c": out}, scalars,
-                        device)
+        H.launch_inplace(spec, _grid(spec, t, n, num_groups), {**bufs, "c": out}, scalars,
+                         device)
     return out
 
 

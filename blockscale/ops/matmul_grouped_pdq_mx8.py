@@ -162,15 +162,13 @@ def fixup(c: Any, flag_rows: Any, buffers: dict[str, Any], t: int, n: int, k: in
           device: Any) -> None:
     """Recompute the flagged rows' outputs in ``c`` (a device array, written in place); the
     other ``buffers`` as the grouped op passes them (numpy or device memory:
-    :func:`blockscale.ops.matmul_twophase_mx8._launch_inplace`)."""
-    from blockscale.ops.matmul_twophase_mx8 import _launch_inplace
-
+    :func:`blockscale.ops._matmul_host.launch_inplace`)."""
     bufs = {x: buffers[x] for x in ("a", "w", "sfa", "sfb", "expert_start", "a_scale_offsets",
                                     "expert_ids", "expert_scales")}
-    _launch_inplace(FixupSpec("mxfp8", target, sigma_out),
-                    _rows_grid(t + num_experts * n, FIXUP_SPLIT),
-                    {**bufs, "flags": flag_rows, "c": c},
-                    _scalars(t, n, k, num_groups, num_experts), device)
+    H.launch_inplace(FixupSpec("mxfp8", target, sigma_out),
+                     _rows_grid(t + num_experts * n, FIXUP_SPLIT),
+                     {**bufs, "flags": flag_rows, "c": c},
+                     _scalars(t, n, k, num_groups, num_experts), device)
 
 
 def bundle_specs(target: str = "sm_90a") -> list[Any]:

@@ -363,27 +363,6 @@ def _check_epilogue(epilogue: Epilogue | None) -> None:
                          f"reserved by the two-phase MXFP8 kernels")
 
 
-def _launch_inplace(spec: Any, grid: tuple[int, int, int], buffers: dict[str, Any],
-                    scalars: dict[str, Any], dev: Any) -> None:
-    """Launch ``spec`` on ``buffers`` in place (its "inout" and "out" buffers, ``dev``'s
-    arrays, are read and written as they are); numpy inputs are copied to ``dev`` and other
-    device memory (torch, ...) is borrowed, as :func:`blockscale.ops._core.launch_op` does."""
-    kernel = _core.get_kernel(spec)
-    inout = {a.name for a in kernel.args if a.role in ("inout", "out")}
-    ins = {n: v for n, v in buffers.items() if n not in inout}
-    foreign = _core._checked_foreign(ins, dev)
-    if foreign and hasattr(dev, "check_foreign_memory"):
-        ins = _core._borrowed(ins, foreign, dev, kernel)
-    buffers = {**buffers, **{n: dev.to_device(np.ascontiguousarray(v))
-                             if isinstance(v, np.ndarray) else v for n, v in ins.items()}}
-    args = [buffers[a.name] if a.kind == "buffer" else scalars[a.name] for a in kernel.args]
-    pick = getattr(dev, "launch_stream", None)
-    if pick is None:
-        dev.launch(kernel, grid, args)
-    else:
-        dev.launch(kernel, grid, args, pick(buffers.values()))
-
-
 def _run(d: Any, a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, out_dtype: str,
          epilogue: Epilogue | None, extra: dict[str, Any], dev: Any, tgt: str,
          fields: dict[str, Any]) -> Any:
@@ -421,7 +400,7 @@ def _run(d: Any, a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, out_dtype: st
     c = H.launch(spec, TP.grid(m, n, spec.bm, bn=spec.bn), (m, n), out_dtype,
                  {**ws, FOLD_A: f["fold_a"], FOLD_B: f["fold_b"], **extra},
                  {"m": m, "n": n, "k": k, "alpha": m_alpha}, dev)
-    _launch_inplace(FixupSpec("mxfp8", out_dtype, epilogue, tgt),
+    H.launch_inplace(FixupSpec("mxfp8", out_dtype, epilogue, tgt),
                     rows_grid(m, n, split=FIXUP_SPLIT),
                     {**ops, "flags": f["flags"], "c": c, **extra},
                     {"m": m, "n": n, "k": k, "alpha": alpha}, dev)
