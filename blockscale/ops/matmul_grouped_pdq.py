@@ -344,8 +344,8 @@ class GroupedPdqSpec(FormatSpec):
         if type(self.l2_ahead) is not int or not 0 <= self.l2_ahead <= 16:
             raise ValueError(f"l2_ahead must be an int in [0, 16], got {self.l2_ahead!r}")
         H.check_choice(self.band, BANDS, "band")
-        if self.band != "all" and (self.bm, self.skip or self.bm == 192) != (
-                {"in": 192, "out": BM}[self.band], True):
+        if not {"all": True, "in": self.bm == 192,
+                "out": self.bm == BM and self.skip}[self.band]:
             raise ValueError(f"band='in' needs bm=192, band='out' bm={BM} with skip=True, got "
                              f"band={self.band!r}, bm={self.bm}, skip={self.skip}")
         if self.fmt == "mxfp8" and self.b_source != "global":
@@ -787,16 +787,14 @@ def dispatch_plan(fmt: Format, n: int, row_scales: bool, target: str, device: An
     group's rows come from one kernel; same bytes as either single kernel."""
     import os
 
-    one = dispatch_spec(fmt, n, row_scales, target, device, sigma_out, rows_per_group)
     on = os.environ.get(BAND_ENV, "1" if DISPATCH_BAND else "0") not in ("0", "false", "off")
-    if (not on or fmt.name not in BAND_FORMATS or rows_per_group is None
-            or rows_per_group < TRI_MIN_GROUP_ROWS
-            or os.environ.get(BM_ENV, str(DISPATCH_BM)) != "auto"):
-        return (one,)
-    items = dispatch_spec(fmt, n, row_scales, target, device, sigma_out)  # 128-row items
-    if not (items.skip and items.coalesce):  # (the band kernels are bundled coalesced)
-        return (one,)
-    return band_plan(items)
+    if (on and fmt.name in BAND_FORMATS and rows_per_group is not None
+            and rows_per_group >= TRI_MIN_GROUP_ROWS
+            and os.environ.get(BM_ENV, str(DISPATCH_BM)) == "auto"):
+        items = dispatch_spec(fmt, n, row_scales, target, device, sigma_out)  # 128-row items
+        if items.skip and items.coalesce:  # (the band kernels are bundled coalesced)
+            return band_plan(items)
+    return (dispatch_spec(fmt, n, row_scales, target, device, sigma_out, rows_per_group),)
 
 
 def band_plan(items: GroupedPdqSpec) -> tuple[GroupedPdqSpec, GroupedPdqSpec]:

@@ -401,9 +401,9 @@ def _run(d: Any, a: Any, b: Any, sfa: Any, sfb: Any, alpha: float, out_dtype: st
                  {**ws, FOLD_A: f["fold_a"], FOLD_B: f["fold_b"], **extra},
                  {"m": m, "n": n, "k": k, "alpha": m_alpha}, dev)
     H.launch_inplace(FixupSpec("mxfp8", out_dtype, epilogue, tgt),
-                    rows_grid(m, n, split=FIXUP_SPLIT),
-                    {**ops, "flags": f["flags"], "c": c, **extra},
-                    {"m": m, "n": n, "k": k, "alpha": alpha}, dev)
+                     rows_grid(m, n, split=FIXUP_SPLIT),
+                     {**ops, "flags": f["flags"], "c": c, **extra},
+                     {"m": m, "n": n, "k": k, "alpha": alpha}, dev)
     return dev.to_host(c) if host else c
 
 
