@@ -129,3 +129,53 @@ def test_interleave_follows_stream_and_replays_in_a_graph():
     graph.replay()
     t.cuda.synchronize()
     np.testing.assert_array_equal(captured.numpy(), layouts.interleave(host2))
+
+
+def test_grouped_band_split_side_stream_and_graph_replay():
+    """The grouped op's band split (NVFP4, >= 80 rows a group: 128-row items for the groups
+    outside (128, 192] rows, 192 x 192 items on a side stream for those inside, one output):
+    byte-equal to the two kernels launched in order, also inside ``torch.cuda.graph`` (the
+    side stream joins the capture) and on replay, with every group's rows written."""
+    t = _torch_cuda()
+    from test_matmul_grouped import make_grouped_case
+
+    from blockscale.ops import matmul_grouped_pdq as GP
+
+    rng = np.random.default_rng(5)
+    counts = [140, 100, 170, 128, 0, 129, 192, 60, 150, 131, 90, 185]
+    ids = [e if c else -1 for e, c in enumerate(counts)]
+    case, _, _ = make_grouped_case(rng, NVFP4, counts, ids, len(counts), 1024, 2880)
+    dev = {key: torch.from_numpy(v.view(np.uint8) if v.dtype.itemsize == 1 else
+                                 v.astype(np.int32)).cuda() for key, v in case.items()}
+    for key in ("a_scales", "b_scales"):
+        dev[key] = dev[key].view(torch.float8_e4m3fn)
+    esc = torch.linspace(0.5, 2.0, len(counts), device="cuda", dtype=torch.float32)
+
+    def step():
+        return ops.grouped_matmul_block_scaled(**dev, expert_scales=esc, fmt=NVFP4, k=2880)
+
+    assert len(GP.dispatch_plan(NVFP4, 1024, False, "sm_90a", "cuda", False,
+                                sum(counts) / len(counts))) == 2
+    ordered = pytest.MonkeyPatch()
+    ordered.setenv(GP.STREAMS_ENV, "0")
+    in_order = _bytes(step())
+    ordered.undo()
+    eager = _bytes(step())
+    t.cuda.synchronize()
+    np.testing.assert_array_equal(eager, in_order)
+    single = pytest.MonkeyPatch()  # one kernel for every group: the same bytes
+    single.setenv(GP.BAND_ENV, "0")
+    np.testing.assert_array_equal(eager, _bytes(step()))
+    single.undo()
+
+    step()
+    t.cuda.synchronize()
+    gc.collect()
+    graph = t.cuda.CUDAGraph()
+    with t.cuda.graph(graph):
+        out = step()
+    dev["hidden"].copy_(torch.from_numpy(np.flip(case["hidden"], 0).copy()).cuda())
+    graph.replay()
+    t.cuda.synchronize()
+    np.testing.assert_array_equal(_bytes(out), _bytes(step()))
+    assert not np.array_equal(_bytes(out), eager)
