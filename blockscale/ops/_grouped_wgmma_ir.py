@@ -21,6 +21,11 @@ from blockscale.ops import matmul_grouped_sm90 as _gsm90
 from blockscale.ops import matmul_sm90 as _sm90
 
 
+#: chunks of 32 groups a round of :func:`find_tile`: every load of a round is issued before
+#: its scans, so a CTA waits one load latency a round instead of one a chunk
+FIND_CHUNKS = 8
+
+
 def find_tile(bm: int, kb: Any, groups: Any,
               keep: Any = None) -> tuple[Any, Any, Any]:
     """(group, row tile within the group, whether CTA y has a work item), as
@@ -28,7 +33,9 @@ def find_tile(bm: int, kb: Any, groups: Any,
     warp takes group ``32 c + l`` of chunk c (``ceil(n_g / bm)`` row tiles), an inclusive
     prefix sum over the lanes (5 ``shfl.idx``) places its tiles after the chunk's base, the
     lane whose range holds y keeps (g, first tile); after the loop a butterfly sum (only that
-    lane is non-zero) gives them to every lane. G / 32 iterations instead of G.
+    lane is non-zero) gives them to every lane. The chunks run in rounds of
+    :data:`FIND_CHUNKS` whose ``expert_start`` loads are all issued first (one round up to
+    256 groups).
 
     ``keep``: a callable of a group's row count (index) giving an i1; groups it rejects get
     no work items (another launch computes them: the grouped pdq kernel's row bands)."""
@@ -38,27 +45,32 @@ def find_tile(bm: int, kb: Any, groups: Any,
     es = kb.arg("expert_start")
     lane = bir.urem(bir.thread_idx("x"), 32)
     zero = bir.const(0)
-    with bir.for_range(0, bir.ceil_div(groups, 32), carry=[zero, zero, zero]) as loop:
+    last = bir.sub(groups, 1)  # the loop runs only when groups >= 1
+    with bir.for_range(0, bir.ceil_div(groups, 32 * FIND_CHUNKS),
+                       carry=[zero, zero, zero]) as loop:
         base, my_g, my_start = loop.carried
-        g = bir.add(bir.mul(loop.iv, 32), lane)
-        live = bir.ult(g, groups)
-        safe = bir.umin(g, bir.sub(groups, 1))  # the loop runs only when groups >= 1
-        rows = bir.sub(bir.as_index(bir.load(es, bir.add(safe, 1))),
-                       bir.as_index(bir.load(es, safe)))
-        if keep is not None:
-            live = bir.logical_and(live, keep(rows))
-        tiles = bir.select(live, bir.ceil_div(rows, bm), 0)
-        incl = bir.as_i32(tiles)
-        for d in (1, 2, 4, 8, 16):
-            low = bir.ult(lane, d)
-            src = bir.as_i32(bir.select(low, lane, bir.sub(lane, d)))
-            incl = bir.add(incl, bir.select(low, 0, nvvm.shfl_idx(incl, src)))
-        hi = bir.add(base, bir.as_index(incl))
-        lo = bir.sub(hi, tiles)
-        mine = bir.logical_and(bir.ule(lo, y), bir.ult(y, hi))
-        total = bir.as_index(nvvm.shfl_idx(incl, 31))
-        loop.yield_(bir.add(base, total), bir.select(mine, g, my_g),
-                    bir.select(mine, lo, my_start))
+        chunks = []
+        for c in range(FIND_CHUNKS):  # the round's loads first
+            g = bir.add(bir.mul(bir.add(bir.mul(loop.iv, FIND_CHUNKS), c), 32), lane)
+            safe = bir.umin(g, last)
+            chunks.append((g, bir.load(es, safe), bir.load(es, bir.add(safe, 1))))
+        for g, first, end in chunks:
+            live = bir.ult(g, groups)
+            rows = bir.sub(bir.as_index(end), bir.as_index(first))
+            if keep is not None:
+                live = bir.logical_and(live, keep(rows))
+            tiles = bir.select(live, bir.ceil_div(rows, bm), 0)
+            incl = bir.as_i32(tiles)
+            for d in (1, 2, 4, 8, 16):
+                low = bir.ult(lane, d)
+                src = bir.as_i32(bir.select(low, lane, bir.sub(lane, d)))
+                incl = bir.add(incl, bir.select(low, 0, nvvm.shfl_idx(incl, src)))
+            hi = bir.add(base, bir.as_index(incl))
+            lo = bir.sub(hi, tiles)
+            mine = bir.logical_and(bir.ule(lo, y), bir.ult(y, hi))
+            base = bir.add(base, bir.as_index(nvvm.shfl_idx(incl, 31)))
+            my_g, my_start = bir.select(mine, g, my_g), bir.select(mine, lo, my_start)
+        loop.yield_(base, my_g, my_start)
     total, my_g, my_start = loop.results
     found = []
     for v in (my_g, my_start):
