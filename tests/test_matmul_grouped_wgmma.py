@@ -36,8 +36,8 @@ CASES = [
     # 2-tile group in the last chunk
     ([130 if g == 66 else (7 * g) % 5 for g in range(70)],
      [-1 if g % 9 == 4 else g % 8 for g in range(70)], 8, 16, 64),
-    # 300 groups (two rounds of find_tile's loads), mostly empty: rows in both rounds, a
-    # 2-tile group and an unused one in the second
+    # 300 groups (three rounds of find_tile's loads), mostly empty: rows in three rounds, a
+    # 2-tile group and an unused one in the third
     ([{3: 5, 40: 1, 255: 9, 256: 3, 290: 140, 297: 6}.get(g, 0) for g in range(300)],
      [-1 if g == 297 else g % 4 for g in range(300)], 4, 16, 64),
 ]

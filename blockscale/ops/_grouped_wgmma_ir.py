@@ -22,8 +22,10 @@ from blockscale.ops import matmul_sm90 as _sm90
 
 
 #: chunks of 32 groups a round of :func:`find_tile`: every load of a round is issued before
-#: its scans, so a CTA waits one load latency a round instead of one a chunk
-FIND_CHUNKS = 8
+#: its scans, so a CTA waits about one load latency a round instead of one a chunk (4: one
+#: round for gpt-oss' 128 groups with no dead chunk, two for DeepSeek-V3's 256; at 8 ptxas
+#: issued a round's loads in three batches and scanned the dead chunks too)
+FIND_CHUNKS = 4
 
 
 def find_tile(bm: int, kb: Any, groups: Any,
@@ -35,7 +37,7 @@ def find_tile(bm: int, kb: Any, groups: Any,
     lane whose range holds y keeps (g, first tile); after the loop a butterfly sum (only that
     lane is non-zero) gives them to every lane. The chunks run in rounds of
     :data:`FIND_CHUNKS` whose ``expert_start`` loads are all issued first (one round up to
-    256 groups).
+    128 groups).
 
     ``keep``: a callable of a group's row count (index) giving an i1; groups it rejects get
     no work items (another launch computes them: the grouped pdq kernel's row bands)."""
