@@ -25,7 +25,6 @@ grouped / fused suites' gate_up shape); kernels from the bundle (``make gpu-bund
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -83,8 +82,6 @@ DENSE_IMPLS = (("twophase k64", None),
                                                    "producers": 2, "bn": 192, "depth": 2}))
 #: the L2 prefetch distances of the coalesced items' rows (:func:`extra_specs` bundles them)
 L2_AHEAD = (2, 4)
-#: matmul_grouped_pdq.STREAMS_ENV (a row's "env": set while it runs)
-STREAMS = "BLOCKSCALE_SM90_GROUPED_PDQ_STREAMS"
 #: grouped (label, kind, kwargs)
 GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequant": "lut",
                                                      "kstep": 64, "scaling": "fold"}),
@@ -244,15 +241,6 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                  ("grouped pdq pf staged ws skip co l2p2 band", "pdq",
                   {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
                    "coalesce": True, "l2_ahead": 2, "band": "split"}),
-                 # ... the two launches in order (the dispatch runs the second on a side
-                 # stream: matmul_grouped_pdq.STREAMS_ENV)
-                 ("grouped pdq pf staged ws skip pr co band seq", "pdq",
-                  {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
-                   "pair": True, "coalesce": True, "band": "split", "env": {STREAMS: "0"}}),
-                 ("grouped pdq pf staged ws skip f16 pr co band seq", "pdq",
-                  {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
-                   "dtype": "f16", "pair": True, "coalesce": True, "band": "split",
-                   "env": {STREAMS: "0"}}),
                  # the register-A kernel (NVFP4: the weights converted into the wgmma's A
                  # registers by the consumers; matmul_grouped_rs), its depths and stages
                  ("grouped rs", "rs", {}),
@@ -388,9 +376,6 @@ def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
                 if kind == "p1":  # the grouped phase 1 alone (part of the "ws" rows' time)
                     out.append(_time_phase1(dev, label, case, args, shape.k, log))
                     continue
-                kw, env = {x: v for x, v in kw.items() if x != "env"}, kw.get("env", {})
-                saved = {x: os.environ.get(x) for x in env}
-                os.environ.update(env)
                 try:
                     fn = {"wgmma": gw.grouped_matmul_block_scaled_wgmma,
                           "rs": GR.grouped_matmul_block_scaled_rs}.get(
@@ -414,12 +399,6 @@ def bench_grouped(dev: Any, t_values: Sequence[int], fmts: Sequence[str],
                     ms = ms if ok else None
                 except Exception as e:  # noqa: BLE001 - missing kernel, launch failure
                     ms, text = None, f"error: {type(e).__name__}: {str(e)[:80]}"
-                finally:
-                    for x, v in saved.items():
-                        if v is None:
-                            os.environ.pop(x, None)
-                        else:
-                            os.environ[x] = v
                 rate = f"{2.0 * r.rows * shape.n * shape.k / ms / 1e9:7.1f} TFLOP/s" \
                     if ms else ""
                 log(f"  {case:42} {label:38} {f'{ms:8.3f} ms' if ms else '       -   '} "

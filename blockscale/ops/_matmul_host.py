@@ -211,11 +211,10 @@ def launch(spec: Any, grid: tuple[int, int, int], out_shape: tuple[int, ...], ou
 
 
 def launch_inplace(spec: Any, grid: tuple[int, int, int], buffers: dict[str, Any],
-                    scalars: dict[str, Any], dev: Any, stream: int | None = None) -> None:
+                    scalars: dict[str, Any], dev: Any) -> None:
     """Launch ``spec`` on ``buffers`` in place (its "inout" and "out" buffers, ``dev``'s
     arrays, are read and written as they are); numpy inputs are copied to ``dev`` and other
-    device memory (torch, ...) is borrowed, as :func:`blockscale.ops._core.launch_op` does.
-    ``stream``: the stream handle to launch on (None: ``dev``'s pick for the buffers)."""
+    device memory (torch, ...) is borrowed, as :func:`blockscale.ops._core.launch_op` does."""
     import blockscale.ops._core as _core  # noqa: PLR0402 (no package __getattr__ scan)
 
     kernel = _core.get_kernel(spec)
@@ -231,35 +230,7 @@ def launch_inplace(spec: Any, grid: tuple[int, int, int], buffers: dict[str, Any
     if pick is None:
         dev.launch(kernel, grid, args)
     else:
-        dev.launch(kernel, grid, args, pick(buffers.values()) if stream is None else stream)
-
-
-def launch_side_by_side(launches: Sequence[tuple[Any, tuple[int, int, int]]],
-                        out_shape: tuple[int, ...], out_dtype: str, buffers: dict[str, Any],
-                        scalars: dict[str, Any], dev: Any) -> Any:
-    """Allocate the output ``c`` and launch every ``(spec, grid)`` of ``launches`` into it,
-    kernels that write disjoint parts of it: on a GPU the first on the launch stream, each
-    other on a side stream forked from it after the allocation and joined back into it
-    (``dev.forked``), so a kernel's last wave overlaps the next one's first; elsewhere one
-    after the other. ``buffers``: ``dev``'s arrays. Returns ``c``."""
-    dt = _OUT_DTYPES.get(out_dtype) or np_dtype(out_dtype)
-    pick = getattr(dev, "launch_stream", None)
-    stream = pick(buffers.values()) if pick is not None else None
-    out = dev.alloc(out_shape, dt, stream)
-    bufs = {**buffers, "c": out}
-    if stream is None:
-        for spec, grid in launches:
-            launch_inplace(spec, grid, bufs, scalars, dev)
-        return out
-    (spec, grid), rest = launches[0], launches[1:]
-    with dev.forked(stream, len(rest)) as sides:
-        launch_inplace(spec, grid, bufs, scalars, dev, stream)
-        for (spec, grid), side in zip(rest, sides):
-            launch_inplace(spec, grid, bufs, scalars, dev, side)
-    for value in bufs.values():  # last written on the launch stream, after the join
-        if hasattr(value, "stream") and getattr(value, "device", None) is dev:
-            value.stream = stream
-    return out
+        dev.launch(kernel, grid, args, pick(buffers.values()))
 
 
 _OUT_DTYPES = {"bfloat16": np_dtype("bfloat16"), "float32": np.dtype(np.float32)}

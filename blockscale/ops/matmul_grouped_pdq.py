@@ -199,10 +199,6 @@ BAND_ROWS = (128, 192)
 DISPATCH_BAND = True
 BAND_FORMATS = FP4_FORMATS
 BAND_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_BAND"
-#: a band split's second kernel runs on a side stream (forked after C's allocation, joined
-#: before the call returns), so its first CTAs fill the SMs the first kernel's last wave
-#: leaves idle; BLOCKSCALE_SM90_GROUPED_PDQ_STREAMS=0 launches the two in order
-STREAMS_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_STREAMS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -668,20 +664,14 @@ def check_plan(specs: tuple[GroupedPdqSpec, ...]) -> None:
 
 def _launch_plan(specs: tuple[GroupedPdqSpec, ...], t: int, n: int, num_groups: int,
                  bufs: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
-    """The main kernel(s) on ready buffers into one C: a band split's two kernels side by
-    side (:func:`blockscale.ops._matmul_host.launch_side_by_side`; one after the other where
-    :data:`STREAMS_ENV` is 0)."""
-    import os
-
-    if len(specs) == 1 or os.environ.get(STREAMS_ENV, "1") in ("0", "false", "off"):
-        out = H.launch(specs[0], _grid(specs[0], t, n, num_groups), (t, n), "bfloat16", bufs,
-                       scalars, device)
-        for spec in specs[1:]:
-            H.launch_inplace(spec, _grid(spec, t, n, num_groups), {**bufs, "c": out}, scalars,
-                             device)
-        return out
-    return H.launch_side_by_side([(s, _grid(s, t, n, num_groups)) for s in specs], (t, n),
-                                 "bfloat16", bufs, scalars, device)
+    """The main kernel(s) on ready buffers: the first allocates C, a band "in" kernel writes
+    its groups' rows into it."""
+    out = H.launch(specs[0], _grid(specs[0], t, n, num_groups), (t, n), "bfloat16", bufs,
+                   scalars, device)
+    for spec in specs[1:]:
+        H.launch_inplace(spec, _grid(spec, t, n, num_groups), {**bufs, "c": out}, scalars,
+                         device)
+    return out
 
 
 def _launch_mx8(specs: tuple[GroupedPdqSpec, ...], t: int, n: int, num_groups: int,

@@ -231,27 +231,6 @@ class Event:
             pass
 
 
-class _Fork:
-    """The context of :meth:`CudaDevice.forked`."""
-
-    def __init__(self, device: CudaDevice, stream: int, count: int):
-        self.device, self.stream = device, stream
-        self.sides, self.events = device._side_streams(stream, count)
-
-    def __enter__(self) -> list[int]:
-        drv = _driver()
-        check(drv.cuEventRecord(self.events[0], self.stream), "cuEventRecord")
-        for side in self.sides:
-            check(drv.cuStreamWaitEvent(side.handle, self.events[0], 0), "cuStreamWaitEvent")
-        return [side.handle for side in self.sides]
-
-    def __exit__(self, *exc: object) -> None:
-        drv = _driver()
-        for side, event in zip(self.sides, self.events[1:]):
-            check(drv.cuEventRecord(event, side.handle), "cuEventRecord")
-            check(drv.cuStreamWaitEvent(self.stream, event, 0), "cuStreamWaitEvent")
-
-
 class CudaDevice(GpuDevice):
     """One NVIDIA GPU through the CUDA driver API (primary context)."""
 
@@ -286,8 +265,6 @@ class CudaDevice(GpuDevice):
         self._tensormaps_lock = threading.Lock()
         #: tensor maps written during graph captures (freed as newer ones push them out)
         self._capture_maps: collections.deque[Any] = collections.deque(maxlen=TENSORMAP_CACHE_SIZE)
-        #: launch stream -> (side streams, events) of :meth:`forked`
-        self._sides: dict[int, tuple[list[Stream], list[Any]]] = {}
         self._pool = self._stream_ordered_pool(
             get(attr.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED))
 
@@ -494,25 +471,6 @@ class CudaDevice(GpuDevice):
 
     def create_event(self) -> Event:
         return Event(self)
-
-    def forked(self, stream: int, count: int) -> Any:
-        """``count`` side streams forked from ``stream`` and joined back into it
-        (:meth:`GpuDevice.forked`): events recorded on ``stream`` and on each side stream, so
-        it also works inside a CUDA graph capture (the side streams join the capture)."""
-        return _Fork(self, stream, count)
-
-    def _side_streams(self, stream: int, count: int) -> tuple[list[Stream], list[Any]]:
-        """The cached side streams of ``stream`` (non-blocking) and count + 1 events without
-        timing (the fork's, then one a side stream's join)."""
-        sides, events = self._sides.get(stream, ([], []))
-        drv = _driver()
-        while len(sides) < count:
-            sides.append(Stream(self))
-        while len(events) < count + 1:
-            events.append(check(drv.cuEventCreate(
-                drv.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate"))
-        self._sides[stream] = (sides, events)
-        return sides[:count], events[:count + 1]
 
     def stream_synchronize(self, stream: int | None) -> None:
         self.activate()

@@ -563,15 +563,6 @@ class GpuDevice(Device):
         launches and their outputs go there. None here; CUDA asks torch."""
         return None
 
-    def forked(self, stream: int, count: int) -> Any:
-        """A context manager giving ``count`` stream handles for work that may run
-        concurrently with the work queued on ``stream`` inside it: each starts after the work
-        queued on ``stream`` before it, and ``stream`` waits for all of theirs at its exit.
-        Here (no side streams) every handle is ``stream`` itself: the work runs in order."""
-        import contextlib
-
-        return contextlib.nullcontext([stream] * count)
-
     def launch_stream(self, buffers: Iterable[Any]) -> int:
         """The stream :meth:`launch` uses when given none, for these buffer args: the
         caller's current stream (:meth:`context_stream`), else the first stream a buffer
