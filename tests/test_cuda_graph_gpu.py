@@ -131,7 +131,7 @@ def test_interleave_follows_stream_and_replays_in_a_graph():
     np.testing.assert_array_equal(captured.numpy(), layouts.interleave(host2))
 
 
-def test_grouped_band_split_graph_replay():
+def test_grouped_band_split_graph_replay(monkeypatch):
     """The grouped op's band split (NVFP4, >= 80 rows a group: 128-row items for the groups
     outside (128, 192] rows, 192 x 192 items for those inside, two launches into one output)
     on torch tensors: byte-equal to the one-kernel dispatch, also inside ``torch.cuda.graph``
@@ -158,10 +158,9 @@ def test_grouped_band_split_graph_replay():
                                 sum(counts) / len(counts))) == 2
     eager = _bytes(step())
     t.cuda.synchronize()
-    single = pytest.MonkeyPatch()  # one kernel for every group: the same bytes
-    single.setenv(GP.BAND_ENV, "0")
+    monkeypatch.setenv(GP.BAND_ENV, "0")  # one kernel for every group: the same bytes
     np.testing.assert_array_equal(eager, _bytes(step()))
-    single.undo()
+    monkeypatch.delenv(GP.BAND_ENV)
 
     step()
     t.cuda.synchronize()
