@@ -20,7 +20,6 @@ from blockscale.compiler import ir as bir
 from blockscale.ops import matmul_grouped_sm90 as _gsm90
 from blockscale.ops import matmul_sm90 as _sm90
 
-
 #: chunks of 32 groups a round of :func:`find_tile`: every load of a round is issued before
 #: its scans, so a CTA waits about one load latency a round instead of one a chunk (4: one
 #: round for gpt-oss' 128 groups with no dead chunk, two for DeepSeek-V3's 256; at 8 ptxas
