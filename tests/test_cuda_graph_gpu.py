@@ -133,9 +133,10 @@ def test_interleave_follows_stream_and_replays_in_a_graph():
 
 def test_grouped_band_split_graph_replay(monkeypatch):
     """The grouped op's band split (NVFP4, >= 80 rows a group: 128-row items for the groups
-    outside (128, 192] rows, 192 x 192 items for those inside, two launches into one output)
-    on torch tensors: byte-equal to the one-kernel dispatch, also inside ``torch.cuda.graph``
-    and on replay with new input bytes."""
+    outside (128, 192] rows, 192 x 192 items for those inside, two launches into one output,
+    by programmatic dependent launch) on torch tensors: byte-equal to the one-kernel dispatch
+    and to the pair launched in order, also inside ``torch.cuda.graph`` (a programmatic
+    edge) and on replay with new input bytes."""
     t = _torch_cuda()
     from test_matmul_grouped import make_grouped_case
 
@@ -161,6 +162,9 @@ def test_grouped_band_split_graph_replay(monkeypatch):
     monkeypatch.setenv(GP.BAND_ENV, "0")  # one kernel for every group: the same bytes
     np.testing.assert_array_equal(eager, _bytes(step()))
     monkeypatch.delenv(GP.BAND_ENV)
+    monkeypatch.setenv(GP.BAND_PDL_ENV, "0")  # the pair in order (the dispatch: pdl)
+    np.testing.assert_array_equal(eager, _bytes(step()))
+    monkeypatch.delenv(GP.BAND_PDL_ENV)
 
     step()
     t.cuda.synchronize()

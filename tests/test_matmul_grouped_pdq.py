@@ -37,7 +37,7 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
          stages=None, seed=0, device="interp", check_exact=True, store="direct", producers=1,
          bn=256, depth=1, every_scale=False, a_source="packed", sigma_out=False, bm=128, unroll=1,
          skip=False, b_source="global", a_early=False, dtype="bf16", pair=False,
-         coalesce=False, l2_ahead=0, band="all"):
+         coalesce=False, l2_ahead=0, band="all", pdl=False):
     rng = np.random.default_rng(300 + seed)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
     if every_scale:  # every scale byte (E4M3 subnormals and NaN, E8M0 0x00 and 0xFF)
@@ -55,7 +55,7 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
                                              unroll=unroll, skip=skip,
                                              b_source=b_source, a_early=a_early,
                                              dtype=dtype, pair=pair, coalesce=coalesce,
-                                             l2_ahead=l2_ahead, band=band,
+                                             l2_ahead=l2_ahead, band=band, pdl=pdl,
                                              device=device)
     if sigma_out:  # gate | up columns back to the σ order (the plain store's)
         out = _unsigma(out)
@@ -200,11 +200,13 @@ def test_spec_checks():
     assert GP.grid(16384, 5760, 128, 192) == (30, 256, 1)
     every = GP.bundle_specs("sm_90a")
     assert len(every) == len({s.kernel_name for s in every})
-    # the band kernels: one of each coalesced skip ("out") and 192 x 192 ("in") item, MXFP8's
-    # 8 among them; then MXFP8's 19 (tests/test_matmul_grouped_pdq_mx8.py) and the FP4 ones
+    # the band kernels: one of each coalesced skip ("out") and 192 x 192 ("in") item, the 30
+    # FP4 ones also with pdl, MXFP8's 8 without; then MXFP8's 19
+    # (tests/test_matmul_grouped_pdq_mx8.py) and the FP4 ones
     band = [s for s in every if getattr(s, "band", "all") != "all"]
-    assert len(band) == 38 and sum(s.fmt == "mxfp8" for s in band) == 8
-    assert {GP.dataclasses.replace(s, band="all") for s in band} == {
+    assert len(band) == 68 and sum(s.fmt == "mxfp8" for s in band) == 8
+    assert sum(s.pdl for s in band) == 30 and not any(s.pdl and s.fmt == "mxfp8" for s in band)
+    assert {GP.dataclasses.replace(s, band="all", pdl=False) for s in band} == {
         s for s in every if getattr(s, "coalesce", False) and s.band == "all"}
     assert all((s.band == "out") == s.skip for s in band)
     every = [s for s in every if getattr(s, "band", "all") == "all"]
@@ -1174,7 +1176,8 @@ BAND_CASE = ([128, 129, 0, 192, 193, 40, 300, 150], [0, 1, -1, 2, 3, -1, 1, 0], 
 
 @pytest.mark.interp
 @pytest.mark.parametrize("case", [
-    (NVFP4, BAND_CASE, "lockstep", True, False, {"dtype": "f16", "pair": True}),  # dispatch's
+    (NVFP4, BAND_CASE, "lockstep", True, False, {"dtype": "f16", "pair": True,
+                                                 "pdl": True}),  # the dispatch's
     (MXFP4, BAND_CASE, "lockstep", False, True, {"pair": True}),  # σ
     (NVFP4, CASES[1], "split", False, False, {}),  # 65 / 129 / 257 rows, bf16
     (MXFP4, CASES[0], "lockstep", False, False, {}),  # every group out of the band
@@ -1189,8 +1192,9 @@ def test_interp_band_split(case):
     kw = {"rows": rows, "loop": loop, "prefetch": True, "store": "staged",
           "check_exact": False, "sigma_out": sigma, "a_source": "workspace", "skip": True,
           "coalesce": True, **extra}
+    pdl = kw.pop("pdl", False)
     ref_out = _run(fmt, counts, ids, e_count, n, k, **kw)
-    got = _run(fmt, counts, ids, e_count, n, k, band="split", **kw)
+    got = _run(fmt, counts, ids, e_count, n, k, band="split", pdl=pdl, **kw)
     assert np.array_equal(got.view(np.uint16), ref_out.view(np.uint16))
 
 
@@ -1209,10 +1213,17 @@ def test_band_plan_checks(monkeypatch):
             assert (out.band, out.bm, out.skip, tri.band, tri.bm) == ("out", 128, True, "in",
                                                                        192)
             assert out.dtype == tri.dtype and out.coalesce and tri.coalesce
+            assert out.pdl and tri.pdl and (out.launch_meta, tri.launch_meta) == (
+                {}, {"programmatic_launch": True})
             for s in (out, tri):
                 assert s.kernel_name.replace("_lockstep", "") in names, s.kernel_name
             (one,) = GP.dispatch_plan(fmt, 5760, fmt == NVFP4, "sm_90a", "interp", sg, 32.0)
             assert one == GP.dispatch_spec(fmt, 5760, fmt == NVFP4, "sm_90a", "interp", sg, 32.0)
+    monkeypatch.setenv(GP.BAND_PDL_ENV, "0")  # the pair launched in order
+    for s in GP.dispatch_plan(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0):
+        assert not s.pdl and s.launch_meta == {}
+        assert s.kernel_name.replace("_lockstep", "") in names
+    monkeypatch.delenv(GP.BAND_PDL_ENV)
     monkeypatch.setenv(GP.BAND_ENV, "0")
     assert len(GP.dispatch_plan(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0)) == 1
     monkeypatch.delenv(GP.BAND_ENV)
@@ -1225,6 +1236,15 @@ def test_band_plan_checks(monkeypatch):
         GP.check_plan((tri, out))
     with pytest.raises(ValueError, match="agree on"):
         GP.check_plan((out, GP.dataclasses.replace(tri, sigma_out=True)))
+    with pytest.raises(ValueError, match=r"agree on \['pdl'\]"):
+        GP.check_plan((out, GP.dataclasses.replace(tri, pdl=False)))
+    with pytest.raises(ValueError, match="pdl is for the band kernels"):
+        GP.GroupedPdqSpec("nvfp4", pdl=True)
+    with pytest.raises(TypeError, match="pdl must be a bool"):
+        GP.dataclasses.replace(tri, pdl=1)
+    with pytest.raises(ValueError, match="pdl needs band='split'"):
+        _run(NVFP4, *BAND_CASE, prefetch=True, store="staged", a_source="workspace",
+             skip=True, coalesce=True, pdl=True)
     with pytest.raises(ValueError, match="band='in' needs bm=192"):
         GP.GroupedPdqSpec("nvfp4", prefetch=True, store="staged", a_source="workspace",
                           skip=True, band="in")
@@ -1238,14 +1258,15 @@ def test_band_plan_checks(monkeypatch):
 @pytest.mark.cuda
 @pytest.mark.parametrize("item,case", [
     ("nvfp4-f16", "gpt-oss-4096"), ("nvfp4-f16", "gpt-oss-4096-sigma"), ("nvfp4-f16", "deepseek"),
-    ("mxfp4", "gpt-oss-4096"), ("mxfp4", "every-scale")])
+    ("nvfp4-f16-in-order", "gpt-oss-4096"), ("mxfp4", "gpt-oss-4096"), ("mxfp4", "every-scale")])
 def test_gpu_band_split(item, case):
     """The dispatch's band split on the H200 (coalesced paired skip items for the groups
-    outside (128, 192] rows, 192 x 192 items for those inside, one output): the grouped
-    wgmma kernel's bytes (:func:`_run`), every row written."""
+    outside (128, 192] rows, 192 x 192 items for those inside, one output; by programmatic
+    dependent launch, or "in-order"): the grouped wgmma kernel's bytes (:func:`_run`), every
+    row written."""
     fmt = NVFP4 if item.startswith("nvfp4") else MXFP4
     kw = {"rows": fmt == NVFP4, "loop": "split", "device": "cuda", "check_exact": False,
           "store": "staged", "a_source": "workspace", "prefetch": True, "coalesce": True,
           "skip": True, "pair": True, "dtype": "f16" if "f16" in item else "bf16",
-          "band": "split"}
+          "band": "split", "pdl": "in-order" not in item}
     _gpu_case(fmt, case, kw, seed=7)

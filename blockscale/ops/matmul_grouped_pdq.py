@@ -199,6 +199,12 @@ BAND_ROWS = (128, 192)
 DISPATCH_BAND = True
 BAND_FORMATS = FP4_FORMATS
 BAND_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_BAND"
+#: the band split's two launches by programmatic dependent launch (``pdl``): the "in" kernel
+#: is scheduled once every CTA of the "out" kernel has started, so its items fill the SMs
+#: that the "out" kernel's last wave leaves idle (about half a wave of ~50 us items at
+#: gpt-oss T=4096 on average); BLOCKSCALE_SM90_GROUPED_PDQ_BAND_PDL=0 launches them in order
+DISPATCH_BAND_PDL = True
+BAND_PDL_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_BAND_PDL"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,6 +262,14 @@ class GroupedPdqSpec(FormatSpec):
             :data:`BAND_ROWS`, 192 x 192 items only; "out": the others, 128-row skip items
             only); two launches of "out" and "in" write every row of C (:func:`launch`).
             Same bytes.
+        pdl: (band "out" / "in") programmatic dependent launch of the pair: every thread of
+            the "out" kernel first executes ``griddepcontrol.launch_dependents``; the "in"
+            kernel is launched with programmatic stream serialization (:attr:`launch_meta`),
+            so its CTAs start once every "out" CTA has started, and every thread executes
+            ``griddepcontrol.wait`` last, so it completes after the "out" kernel (the next
+            kernel of the stream waits for both). The two write disjoint rows and read only
+            what was complete before the "out" kernel started (the phase 1 workspace).
+            Same bytes.
     """
 
     fmt: str
@@ -280,6 +294,7 @@ class GroupedPdqSpec(FormatSpec):
     coalesce: bool = False
     l2_ahead: int = 0
     band: str = "all"
+    pdl: bool = False
 
     op: ClassVar[str] = "grouped_matmul_block_scaled_pdq"
     out_dtype: ClassVar[str] = "bfloat16"
@@ -291,7 +306,7 @@ class GroupedPdqSpec(FormatSpec):
         H.check_choice(H.target_name(self.target), TARGETS, "target")
         object.__setattr__(self, "target", H.target_name(self.target))
         for name in ("row_scales", "prefetch", "sigma_out", "skip", "a_early", "pair",
-                     "coalesce"):
+                     "coalesce", "pdl"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got "
                                 f"{type(getattr(self, name)).__name__}")
@@ -348,6 +363,9 @@ class GroupedPdqSpec(FormatSpec):
                 "out": self.bm == BM and self.skip}[self.band]:
             raise ValueError(f"band='in' needs bm=192, band='out' bm={BM} with skip=True, got "
                              f"band={self.band!r}, bm={self.bm}, skip={self.skip}")
+        if self.pdl and self.band == "all":
+            raise ValueError(f"pdl is for the band kernels (band 'out' or 'in'), got "
+                             f"band={self.band!r}")
         if self.fmt == "mxfp8" and self.b_source != "global":
             raise ValueError(f"MXFP8 reads B from global memory (b_source='global'), got "
                              f"b_source={self.b_source!r}")
@@ -398,8 +416,15 @@ class GroupedPdqSpec(FormatSpec):
         ws += "_co" if self.coalesce else ""
         ws += f"_l2p{self.l2_ahead}" if self.l2_ahead else ""
         ws += f"_b{self.band}" if self.band != "all" else ""
+        ws += "_pdl" if self.pdl else ""
         return (f"bs_grouped_pdq_{self.fmt}_{self.bm}x{self.bn}_k64_s{self.stages}{pf}{lp}{st}"
                 f"{pr}{rs}{sg}{ws}")
+
+    @property
+    def launch_meta(self) -> dict[str, Any]:
+        """Kernel metadata the runtime launches by (ops/_core.py copies it into the kernel's
+        ``meta``): ``programmatic_launch`` for the "in" kernel of a :attr:`pdl` pair."""
+        return {"programmatic_launch": True} if self.pdl and self.band == "in" else {}
 
     def args(self) -> tuple[KernelArg, ...]:
         """The portable grouped kernel's parameters (5-D scales, bf16 output); with the
@@ -441,7 +466,7 @@ def build(spec: GroupedPdqSpec) -> Any:
     import blockscale.ops._twophase_ir as T
     import blockscale.ops._wgmma_ir as X
     from blockscale.compiler import ir as bir
-    from blockscale.compiler.arch import tma
+    from blockscale.compiler.arch import nvvm, tma
     from blockscale.layouts import SF_ATOM_ROWS
     from blockscale.ops import matmul_grouped_sm90 as _gsm90
     from blockscale.ops._matmul_ir import tcgen_row_offset
@@ -457,6 +482,8 @@ def build(spec: GroupedPdqSpec) -> Any:
         return TL.tiles(acc) if tall else T.accumulator_tiles(acc, bn)
 
     with bir.kernel_module(spec.kernel_name, spec.target, spec.args(), spec.block) as kb:
+        if spec.pdl and spec.band == "out":  # the "in" kernel may start (GroupedPdqSpec.pdl)
+            nvvm.launch_dependents()
         n_count, k, groups = (bir.as_index(kb.arg(x)) for x in ("n", "k", "num_groups"))
         g, tile, has_work = GW.find_tile(bm, kb, groups, _band_filter(spec.band))
         with bir.when(has_work):  # CTA-uniform: the barriers below are reached by all
@@ -549,6 +576,8 @@ def build(spec: GroupedPdqSpec) -> Any:
                     zeros = [[[zero] * 4 for _ in range(bn // 8)]] * (2 if tall else 1)
                     direct_store(zeros, bir.udiv(tid, 128), lambda v, m, n: v)
                 br.yield_()
+        if spec.pdl and spec.band == "in":  # complete after the "out" kernel (pdl)
+            nvvm.grid_dependency_wait()
     return kb.module
 
 
@@ -579,14 +608,16 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
                                     b_source: str = "global", a_early: bool = False,
                                     dtype: str = "bf16", pair: bool = False,
                                     coalesce: bool = False, l2_ahead: int = 0,
-                                    band: str = "all", device: Any = None) -> Any:
+                                    band: str = "all", pdl: bool = False,
+                                    device: Any = None) -> Any:
     """The kernel called directly (no dispatch), e.g. by tests and benchmarks. Arguments as
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
     ``prefetch``, ``loop``, ``store``, ``producers``, ``bn``, ``depth``, ``sigma_out``,
     ``a_source``, ``bm``, ``unroll``, ``skip``, ``b_source``, ``a_early``, ``dtype``,
     ``pair``, ``coalesce`` and ``l2_ahead`` (:class:`GroupedPdqSpec`; ``bm=256`` with
     ``bn=128``); ``band="split"`` runs those (128-row skip) items for the groups outside
-    :data:`BAND_ROWS` and :func:`band_plan`'s 192 x 192 twins for the groups inside. Raises
+    :data:`BAND_ROWS` and :func:`band_plan`'s 192 x 192 twins for the groups inside (``pdl``:
+    by programmatic dependent launch, :attr:`GroupedPdqSpec.pdl`). Raises
     ValueError for K % 32 != 0, a format other than NVFP4 / MXFP4 / MXFP8, a staged store with
     N % 8 != 0, ``sigma_out`` with an odd N (staged: N % 16 != 0), or (workspace A) scale
     tiles not placed as D8 says. MXFP8 runs its flag and fixup kernels around it (:mod:`blockscale.ops.matmul_grouped_pdq_mx8`)."""
@@ -601,8 +632,10 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
                                store, producers, bn, depth, sigma_out, a_source, bm, unroll,
                                skip, b_source, a_early, dtype, pair, coalesce, l2_ahead)
     check_sigma_store(spec, n)
+    if pdl and band != "split":
+        raise ValueError(f"pdl needs band='split', got band={band!r}")
     if band == "split":
-        spec = band_plan(spec)
+        spec = band_plan(spec, pdl)
     return launch(spec, t, n, g_count, buffers, {"t": t, "n": n, "k": k, "num_groups": g_count},
                   dev)
 
@@ -649,13 +682,13 @@ def launch(spec: GroupedPdqSpec | tuple[GroupedPdqSpec, ...], t: int, n: int,
 
 def check_plan(specs: tuple[GroupedPdqSpec, ...]) -> None:
     """ValueError unless ``specs`` is one spec of band "all", or band "out" then "in" that
-    differ only in their items (the same format, A, operand type, store and row scales: one
-    phase 1 and one output serve both)."""
+    differ only in their items (the same format, A, operand type, store, row scales and
+    ``pdl``: one phase 1 and one output serve both)."""
     bands = tuple(s.band for s in specs)
     if bands not in (("all",), ("out", "in")):
         raise ValueError(f"a plan is one kernel of band 'all' or the bands ('out', 'in'), got "
                          f"{bands}")
-    same = ("fmt", "row_scales", "target", "a_source", "dtype", "store", "sigma_out")
+    same = ("fmt", "row_scales", "target", "a_source", "dtype", "store", "sigma_out", "pdl")
     diff = [f for f in same if len({getattr(s, f) for s in specs}) > 1]
     if diff:
         raise ValueError(f"the band kernels of a plan must agree on {diff}, got "
@@ -665,7 +698,13 @@ def check_plan(specs: tuple[GroupedPdqSpec, ...]) -> None:
 def _launch_plan(specs: tuple[GroupedPdqSpec, ...], t: int, n: int, num_groups: int,
                  bufs: dict[str, Any], scalars: dict[str, Any], device: Any) -> Any:
     """The main kernel(s) on ready buffers: the first allocates C, a band "in" kernel writes
-    its groups' rows into it."""
+    its groups' rows into it. Numpy inputs of a band pair (e.g. routing vectors beside device
+    weights) are uploaded once before both launches, so no copy sits between them (``pdl``)."""
+    if len(specs) > 1:
+        import numpy as np
+
+        bufs = {x: device.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray)
+                else v for x, v in bufs.items()}
     out = H.launch(specs[0], _grid(specs[0], t, n, num_groups), (t, n), "bfloat16", bufs,
                    scalars, device)
     for spec in specs[1:]:
@@ -783,8 +822,10 @@ def dispatch_plan(fmt: Format, n: int, row_scales: bool, target: str, device: An
     the item height is "auto" (:data:`BM_ENV`), ``rows_per_group`` is at least
     :data:`TRI_MIN_GROUP_ROWS` and the dispatch's 128-row items are coalesced skip items, the
     band split: those items for the groups outside :data:`BAND_ROWS` (band "out") and 192 x
-    192 items of the same operands and loads for the groups inside (band "in"); else ``(dispatch_spec(...),)``. Every
-    group's rows come from one kernel; same bytes as either single kernel."""
+    192 items of the same operands and loads for the groups inside (band "in"), by
+    programmatic dependent launch where :data:`DISPATCH_BAND_PDL` (or :data:`BAND_PDL_ENV`);
+    else ``(dispatch_spec(...),)``. Every group's rows come from one kernel; same bytes as
+    either single kernel."""
     import os
 
     on = os.environ.get(BAND_ENV, "1" if DISPATCH_BAND else "0") not in ("0", "false", "off")
@@ -793,20 +834,24 @@ def dispatch_plan(fmt: Format, n: int, row_scales: bool, target: str, device: An
             and os.environ.get(BM_ENV, str(DISPATCH_BM)) == "auto"):
         items = dispatch_spec(fmt, n, row_scales, target, device, sigma_out)  # 128-row items
         if items.skip and items.coalesce:  # (the band kernels are bundled coalesced)
-            return band_plan(items)
+            pdl = os.environ.get(BAND_PDL_ENV, "1" if DISPATCH_BAND_PDL else "0") not in (
+                "0", "false", "off")
+            return band_plan(items, pdl)
     return (dispatch_spec(fmt, n, row_scales, target, device, sigma_out, rows_per_group),)
 
 
-def band_plan(items: GroupedPdqSpec) -> tuple[GroupedPdqSpec, GroupedPdqSpec]:
+def band_plan(items: GroupedPdqSpec, pdl: bool = False
+              ) -> tuple[GroupedPdqSpec, GroupedPdqSpec]:
     """The band split of 128-row skip items ``items``: themselves as band "out" and the
     192 x 192 items of the same operands, loads and prefetch as band "in" (no paired fence:
-    at 128 registers it spills)."""
+    at 128 registers it spills); ``pdl``: the pair by programmatic dependent launch
+    (:attr:`GroupedPdqSpec.pdl`)."""
     if not items.skip or items.band != "all":
         raise ValueError(f"band_plan takes 128-row skip items of band 'all', got "
                          f"skip={items.skip}, band={items.band!r}")
     tri = dataclasses.replace(items, bm=192, bn=TRI_BN, skip=False, pair=False, stages=None,
-                              band="in")
-    return dataclasses.replace(items, band="out"), tri
+                              band="in", pdl=pdl)
+    return dataclasses.replace(items, band="out", pdl=pdl), tri
 
 
 def kernel(spec: GroupedPdqSpec) -> Any:
@@ -912,9 +957,11 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
 
 def _band_bundle_specs(target: str) -> list[Any]:
     """The band kernels :func:`dispatch_plan` can pick: every coalesced skip item of
-    :func:`_coalesced_bundle_specs` as band "out", every coalesced 192 x 192 item as "in"."""
-    return [dataclasses.replace(s, band="out" if s.skip else "in")
-            for s in _coalesced_bundle_specs(target)]
+    :func:`_coalesced_bundle_specs` as band "out", every coalesced 192 x 192 item as "in"
+    (:data:`BAND_FORMATS` also with ``pdl``; MXFP8's for its tests and benchmark rows)."""
+    return [dataclasses.replace(s, band="out" if s.skip else "in", pdl=p)
+            for s in _coalesced_bundle_specs(target)
+            for p in ((False, True) if s.fmt in BAND_FORMATS else (False,))]
 
 
 def _coalesced_bundle_specs(target: str) -> list[Any]:
