@@ -238,7 +238,7 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                  ("grouped pdq pf staged ws skip f16 pr co band", "pdq",
                   {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
                    "dtype": "f16", "pair": True, "coalesce": True, "band": "split"}),
-                 # ... the pair by programmatic dependent launch (the dispatch's)
+                 # ... the pair by programmatic dependent launch
                  ("grouped pdq pf staged ws skip pr co band pdl", "pdq",
                   {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
                    "pair": True, "coalesce": True, "band": "split", "pdl": True}),
@@ -246,6 +246,15 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                   {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
                    "dtype": "f16", "pair": True, "coalesce": True, "band": "split",
                    "pdl": True}),
+                 # ... and both kernels on the dynamic schedule (the dispatch's)
+                 ("grouped pdq pf staged ws skip pr co band pdl dyn", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
+                   "pair": True, "coalesce": True, "band": "split", "pdl": True,
+                   "schedule": "dynamic"}),
+                 ("grouped pdq pf staged ws skip f16 pr co band pdl dyn", "pdq",
+                  {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
+                   "dtype": "f16", "pair": True, "coalesce": True, "band": "split",
+                   "pdl": True, "schedule": "dynamic"}),
                  ("grouped pdq pf staged ws skip co l2p2 band", "pdq",
                   {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
                    "coalesce": True, "l2_ahead": 2, "band": "split"}),

@@ -37,7 +37,7 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
          stages=None, seed=0, device="interp", check_exact=True, store="direct", producers=1,
          bn=256, depth=1, every_scale=False, a_source="packed", sigma_out=False, bm=128, unroll=1,
          skip=False, b_source="global", a_early=False, dtype="bf16", pair=False,
-         coalesce=False, l2_ahead=0, band="all", pdl=False):
+         coalesce=False, l2_ahead=0, band="all", pdl=False, schedule="grid"):
     rng = np.random.default_rng(300 + seed)
     case, row_scales, w_scales = make_grouped_case(rng, fmt, counts, ids, e_count, n, k)
     if every_scale:  # every scale byte (E4M3 subnormals and NaN, E8M0 0x00 and 0xFF)
@@ -56,7 +56,7 @@ def _run(fmt, counts, ids, e_count, n, k, rows=False, loop="lockstep", prefetch=
                                              b_source=b_source, a_early=a_early,
                                              dtype=dtype, pair=pair, coalesce=coalesce,
                                              l2_ahead=l2_ahead, band=band, pdl=pdl,
-                                             device=device)
+                                             schedule=schedule, device=device)
     if sigma_out:  # gate | up columns back to the σ order (the plain store's)
         out = _unsigma(out)
     assert out.dtype == ml_dtypes.bfloat16 and out.shape == (sum(counts), n)
@@ -201,12 +201,14 @@ def test_spec_checks():
     every = GP.bundle_specs("sm_90a")
     assert len(every) == len({s.kernel_name for s in every})
     # the band kernels: one of each coalesced skip ("out") and 192 x 192 ("in") item, the 30
-    # FP4 ones also with pdl, MXFP8's 8 without; then MXFP8's 19
+    # FP4 ones also by pdl on both schedules, MXFP8's 8 only in order; then MXFP8's 19
     # (tests/test_matmul_grouped_pdq_mx8.py) and the FP4 ones
     band = [s for s in every if getattr(s, "band", "all") != "all"]
-    assert len(band) == 68 and sum(s.fmt == "mxfp8" for s in band) == 8
-    assert sum(s.pdl for s in band) == 30 and not any(s.pdl and s.fmt == "mxfp8" for s in band)
-    assert {GP.dataclasses.replace(s, band="all", pdl=False) for s in band} == {
+    assert len(band) == 98 and sum(s.fmt == "mxfp8" for s in band) == 8
+    assert sum(s.pdl for s in band) == 60 and not any(s.pdl and s.fmt == "mxfp8" for s in band)
+    assert sum(s.schedule == "dynamic" for s in band) == 30
+    assert all(s.pdl for s in band if s.schedule == "dynamic")
+    assert {GP.dataclasses.replace(s, band="all", pdl=False, schedule="grid") for s in band} == {
         s for s in every if getattr(s, "coalesce", False) and s.band == "all"}
     assert all((s.band == "out") == s.skip for s in band)
     every = [s for s in every if getattr(s, "band", "all") == "all"]
@@ -1176,9 +1178,12 @@ BAND_CASE = ([128, 129, 0, 192, 193, 40, 300, 150], [0, 1, -1, 2, 3, -1, 1, 0], 
 
 @pytest.mark.interp
 @pytest.mark.parametrize("case", [
-    (NVFP4, BAND_CASE, "lockstep", True, False, {"dtype": "f16", "pair": True,
-                                                 "pdl": True}),  # the dispatch's
+    (NVFP4, BAND_CASE, "lockstep", True, False, {"dtype": "f16", "pair": True, "pdl": True,
+                                                 "schedule": "dynamic"}),  # the dispatch's
     (MXFP4, BAND_CASE, "lockstep", False, True, {"pair": True}),  # σ
+    (MXFP4, BAND_CASE, "lockstep", False, True, {"pair": True, "schedule": "dynamic"}),
+    (NVFP4, BAND_CASE, "split", False, False, {"dtype": "f16", "pair": True, "pdl": True,
+                                               "schedule": "dynamic"}),  # the GPU's loop
     (NVFP4, CASES[1], "split", False, False, {}),  # 65 / 129 / 257 rows, bf16
     (MXFP4, CASES[0], "lockstep", False, False, {}),  # every group out of the band
 ], ids=lambda c: f"{c[0].name}-{sum(c[1][0])}rows-{c[2]}-rs{int(c[3])}-sg{int(c[4])}"
@@ -1192,9 +1197,9 @@ def test_interp_band_split(case):
     kw = {"rows": rows, "loop": loop, "prefetch": True, "store": "staged",
           "check_exact": False, "sigma_out": sigma, "a_source": "workspace", "skip": True,
           "coalesce": True, **extra}
-    pdl = kw.pop("pdl", False)
+    pdl, schedule = kw.pop("pdl", False), kw.pop("schedule", "grid")
     ref_out = _run(fmt, counts, ids, e_count, n, k, **kw)
-    got = _run(fmt, counts, ids, e_count, n, k, band="split", pdl=pdl, **kw)
+    got = _run(fmt, counts, ids, e_count, n, k, band="split", pdl=pdl, schedule=schedule, **kw)
     assert np.array_equal(got.view(np.uint16), ref_out.view(np.uint16))
 
 
@@ -1215,15 +1220,31 @@ def test_band_plan_checks(monkeypatch):
             assert out.dtype == tri.dtype and out.coalesce and tri.coalesce
             assert out.pdl and tri.pdl and (out.launch_meta, tri.launch_meta) == (
                 {}, {"programmatic_launch": True})
+            assert out.schedule == tri.schedule == "dynamic"
+            assert (GP.counter_slot(out), GP.counter_slot(tri)) == (0, 2)
             for s in (out, tri):
                 assert s.kernel_name.replace("_lockstep", "") in names, s.kernel_name
             (one,) = GP.dispatch_plan(fmt, 5760, fmt == NVFP4, "sm_90a", "interp", sg, 32.0)
             assert one == GP.dispatch_spec(fmt, 5760, fmt == NVFP4, "sm_90a", "interp", sg, 32.0)
-    monkeypatch.setenv(GP.BAND_PDL_ENV, "0")  # the pair launched in order
+    monkeypatch.setenv(GP.BAND_PDL_ENV, "0")  # the pair launched in order (on the grid)
     for s in GP.dispatch_plan(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0):
-        assert not s.pdl and s.launch_meta == {}
+        assert not s.pdl and s.launch_meta == {} and s.schedule == "grid"
         assert s.kernel_name.replace("_lockstep", "") in names
     monkeypatch.delenv(GP.BAND_PDL_ENV)
+    monkeypatch.setenv(GP.BAND_SCHEDULE_ENV, "grid")  # by PDL on the upper-bound grids
+    for s in GP.dispatch_plan(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0):
+        assert s.pdl and s.schedule == "grid"
+        assert s.kernel_name.replace("_lockstep", "") in names
+    monkeypatch.setenv(GP.BAND_SCHEDULE_ENV, "static")
+    with pytest.raises(ValueError, match="BLOCKSCALE_SM90_GROUPED_PDQ_BAND_SCHEDULE"):
+        GP.dispatch_plan(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0)
+    monkeypatch.delenv(GP.BAND_SCHEDULE_ENV)
+    assert GP.grid(4096, 5760, 128, 256, 128, "out", ctas=132) == (132, 1, 1)
+    assert GP.grid(1, 256, 1, 256, 128, "out", ctas=132) == (2, 1, 1)  # <= the units
+    with pytest.raises(ValueError, match="schedule='dynamic' reads B from global"):
+        GP.GroupedPdqSpec("nvfp4", a_source="workspace", b_source="tma", schedule="dynamic")
+    with pytest.raises(ValueError, match="schedule"):
+        GP.GroupedPdqSpec("nvfp4", schedule="static")
     monkeypatch.setenv(GP.BAND_ENV, "0")
     assert len(GP.dispatch_plan(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0)) == 1
     monkeypatch.delenv(GP.BAND_ENV)

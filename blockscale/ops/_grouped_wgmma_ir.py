@@ -27,8 +27,8 @@ from blockscale.ops import matmul_sm90 as _sm90
 FIND_CHUNKS = 4
 
 
-def find_tile(bm: int, kb: Any, groups: Any,
-              keep: Any = None) -> tuple[Any, Any, Any]:
+def find_tile(bm: int, kb: Any, groups: Any, keep: Any = None, y: Any = None,
+              with_total: bool = False) -> tuple[Any, ...]:
     """(group, row tile within the group, whether CTA y has a work item), as
     :func:`blockscale.ops.matmul_grouped_sm90._find_tile` but warp-parallel: lane l of every
     warp takes group ``32 c + l`` of chunk c (``ceil(n_g / bm)`` row tiles), an inclusive
@@ -39,10 +39,12 @@ def find_tile(bm: int, kb: Any, groups: Any,
     128 groups).
 
     ``keep``: a callable of a group's row count (index) giving an i1; groups it rejects get
-    no work items (another launch computes them: the grouped pdq kernel's row bands)."""
+    no work items (another launch computes them: the grouped pdq kernel's row bands).
+    ``y``: the work item's index (CTA-uniform; default ``blockIdx.y``); ``with_total``: the
+    work items' count (index) as a fourth result."""
     from blockscale.compiler.arch import nvvm
 
-    y = bir.block_idx("y")
+    y = bir.block_idx("y") if y is None else y
     es = kb.arg("expert_start")
     lane = bir.urem(bir.thread_idx("x"), 32)
     zero = bir.const(0)
@@ -80,6 +82,8 @@ def find_tile(bm: int, kb: Any, groups: Any,
             v = bir.add(v, nvvm.shfl_xor(v, d))
         found.append(bir.as_index(v))
     g, start = found
+    if with_total:
+        return g, bir.sub(y, start), bir.ult(y, total), total
     return g, bir.sub(y, start), bir.ult(y, total)
 
 

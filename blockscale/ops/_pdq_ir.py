@@ -659,7 +659,7 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
                   unroll: int = SPLIT_UNROLL, skip: Any = None,
                   b_tma: tuple[Value, Value] | None = None, a_early: bool = False,
                   dtype: str = "bf16", pair: bool = False, coalesce: bool = False,
-                  l2_ahead: int = 0, clamp_rows: bool = False) -> None:
+                  l2_ahead: int = 0, clamp_rows: bool = False, reuse: bool = False) -> None:
     """The producer / consumer K loop (module docstring) of the ``bm x bn`` tile of A rows
     ``a`` and B rows ``b`` (``b.tile == bn``), then ``epilogue(acc, wg, writers)``: the
     warpgroup's final accumulator struct and index. Without ``all_threads`` it runs in the
@@ -709,7 +709,9 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
     ``b_tma``). ``l2_ahead`` (0: off): the producer brings step t + ``l2_ahead``'s packed
     rows into L2 at step t (:func:`_prefetch_l2`; steps 0 .. l2_ahead - 1 before its loop),
     so its register loads a step ahead hit L2 (not with ``b_tma``). ``clamp_rows``: units
-    past the operand's rows load its last row (:func:`_load_units`)."""
+    past the operand's rows load its last row (:func:`_load_units`). ``reuse``: after the
+    epilogue a CTA barrier and the ring's mbarriers invalidated, so the caller may run the
+    loop again (the dynamic schedule's next unit; not with ``b_tma``)."""
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {list(LOOPS)}, got {loop!r}")
     if producers not in PRODUCERS:
@@ -752,6 +754,8 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         raw = TmaB(kb, fmt, b, *b_tma, ring)
         with bir.when(ring.is_prod):  # before init_barriers' fence and CTA barrier
             raw.init_barriers()
+    if reuse and raw is not None:
+        raise ValueError("reuse is not for b_tma (its TMA ring's barriers stay initialised)")
     ring.init_barriers()
     if tall is None:
         ring.descriptors()
@@ -905,6 +909,7 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         if not all_threads:
             with bir.when(is_cons):
                 epilogue(result(consumer_loop()), ring.wg, None)
+            _release(ring, reuse)
             return
         cons = bir.if_(is_cons, accs_t)
         with cons.then():
@@ -912,6 +917,7 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
         with cons.else_():
             cons.yield_(*zeros())
         epilogue(result(list(cons.results)), ring.wg, is_cons)
+        _release(ring, reuse)
         return
 
     # lockstep: the producers fill steps 0 .. stages - 2 (all free), then one loop
@@ -951,6 +957,21 @@ def emit_mainloop(kb: bir.KernelBuilder, a: Value | PackedRows, m0: Value, b: Pa
             epilogue(result(list(lp.results[:nacc])), ring.wg, None)
     if all_threads:
         epilogue(result(list(lp.results[:nacc])), ring.wg, is_cons)
+    _release(ring, reuse)
+
+
+def _release(ring: _PdqRing, reuse: bool) -> None:
+    """With ``reuse``: a CTA barrier (every thread is past the ring: the epilogue's bulk
+    stores have read their stage), then the thread that initialised the ring's mbarriers
+    invalidates them (:func:`blockscale.ops._grouped_sched_ir.invalidate_barriers`)."""
+    if not reuse:
+        return
+    from blockscale.ops._grouped_sched_ir import invalidate_barriers
+
+    bir.barrier()
+    with bir.when(ring.is_prod):
+        invalidate_barriers([f(bir.const(i)) for i in range(ring.stages)
+                             for f in (ring.full, ring.empty)])
 
 
 def store_tile_staged_sigma(kb: bir.KernelBuilder, acc: list, wc: Any, smem: Value, m0: Value,

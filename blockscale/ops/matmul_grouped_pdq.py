@@ -87,7 +87,7 @@ KERNEL_SOURCES = ("blockscale.ops._pdq_ir", "blockscale.ops._pdq_tall_ir",
                   "blockscale.ops._grouped_wgmma_ir", "blockscale.ops._wgmma_ir",
                   "blockscale.ops._mma_ir", "blockscale.ops._matmul_ir",
                   "blockscale.ops.matmul_sm90", "blockscale.ops.matmul_grouped",
-                  "blockscale.ops.matmul_grouped_sm90")
+                  "blockscale.ops.matmul_grouped_sm90", "blockscale.ops._grouped_sched_ir")
 TARGETS = ("sm_90a",)
 FORMATS = ("nvfp4", "mxfp4", "mxfp8")
 #: the FP4 formats (every variant below; MXFP8: B from global memory, bf16, no paired fence)
@@ -205,6 +205,16 @@ BAND_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_BAND"
 #: gpt-oss T=4096 on average); BLOCKSCALE_SM90_GROUPED_PDQ_BAND_PDL=0 launches them in order
 DISPATCH_BAND_PDL = True
 BAND_PDL_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_BAND_PDL"
+#: work schedules (``schedule``): "grid", a CTA per (column tile, work item) of an upper
+#: bound (its CTAs past the items exit after the scan); "dynamic", about a CTA an SM taking
+#: the units from a counter (:mod:`blockscale.ops._grouped_sched_ir`)
+SCHEDULES = ("grid", "dynamic")
+#: the band split's kernels on the dynamic schedule (H100 run EJ, gpt-oss T=4096, NVFP4 f16:
+#: the pair by PDL on upper-bound grids 1.336 ms, in order 1.332, by PDL on grids of exactly
+#: the items 1.268: the empty CTAs held the programmatic launch back);
+#: BLOCKSCALE_SM90_GROUPED_PDQ_BAND_SCHEDULE=grid | dynamic overrides it
+DISPATCH_BAND_SCHEDULE = "dynamic"
+BAND_SCHEDULE_ENV = "BLOCKSCALE_SM90_GROUPED_PDQ_BAND_SCHEDULE"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,6 +280,11 @@ class GroupedPdqSpec(FormatSpec):
             kernel of the stream waits for both). The two write disjoint rows and read only
             what was complete before the "out" kernel started (the phase 1 workspace).
             Same bytes.
+        schedule: :data:`SCHEDULES`. "dynamic": a grid of about one CTA an SM (:func:`grid`
+            ``ctas``), each taking units (column tile, work item; column fastest) from the
+            int32 ``counters`` argument (words :func:`counter_slot` on, zero before the
+            launch and after it) until they run out; the ring is set up again for each unit
+            (:mod:`blockscale.ops._grouped_sched_ir`). Not with ``b_tma``. Same bytes.
     """
 
     fmt: str
@@ -295,6 +310,7 @@ class GroupedPdqSpec(FormatSpec):
     l2_ahead: int = 0
     band: str = "all"
     pdl: bool = False
+    schedule: str = "grid"
 
     op: ClassVar[str] = "grouped_matmul_block_scaled_pdq"
     out_dtype: ClassVar[str] = "bfloat16"
@@ -363,6 +379,10 @@ class GroupedPdqSpec(FormatSpec):
                 "out": self.bm == BM and self.skip}[self.band]:
             raise ValueError(f"band='in' needs bm=192, band='out' bm={BM} with skip=True, got "
                              f"band={self.band!r}, bm={self.bm}, skip={self.skip}")
+        H.check_choice(self.schedule, SCHEDULES, "schedule")
+        if self.schedule == "dynamic" and self.b_source != "global":
+            raise ValueError(f"schedule='dynamic' reads B from global memory (b_source="
+                             f"'global'), got b_source={self.b_source!r}")
         if self.pdl and self.band == "all":
             raise ValueError(f"pdl is for the band kernels (band 'out' or 'in'), got "
                              f"band={self.band!r}")
@@ -417,6 +437,7 @@ class GroupedPdqSpec(FormatSpec):
         ws += f"_l2p{self.l2_ahead}" if self.l2_ahead else ""
         ws += f"_b{self.band}" if self.band != "all" else ""
         ws += "_pdl" if self.pdl else ""
+        ws += "_dyn" if self.schedule == "dynamic" else ""
         return (f"bs_grouped_pdq_{self.fmt}_{self.bm}x{self.bn}_k64_s{self.stages}{pf}{lp}{st}"
                 f"{pr}{rs}{sg}{ws}")
 
@@ -428,9 +449,12 @@ class GroupedPdqSpec(FormatSpec):
 
     def args(self) -> tuple[KernelArg, ...]:
         """The portable grouped kernel's parameters (5-D scales, bf16 output); with the
-        workspace A, ``wa`` (its bytes) in place of ``a`` and ``sfa``."""
+        workspace A, ``wa`` (its bytes) in place of ``a`` and ``sfa``; the dynamic schedule's
+        ``counters``."""
         base = _grouped.GroupedMatmulSpec(self.fmt, "tcgen5d", "bfloat16", self.row_scales,
                                           self.target).args()
+        if self.schedule == "dynamic":
+            base = (*base, KernelArg("counters", "buffer", "int32", "inout"))
         if self.a_source == "packed":
             return base
         tmaps: tuple[KernelArg, ...] = ()
@@ -443,15 +467,58 @@ class GroupedPdqSpec(FormatSpec):
 
 
 def grid(t: int, n: int, num_groups: int, bn: int = BN, bm: int = BM,
-         band: str = "all") -> tuple[int, int, int]:
+         band: str = "all", ctas: int | None = None) -> tuple[int, int, int]:
     """Column tiles x an upper bound of the (group, row tile) work items (band "in": one a
-    group)."""
+    group); ``ctas`` (the dynamic schedule): that many CTAs, at most one a unit of the bound."""
     items = num_groups if band == "in" else -(-t // bm) + num_groups
-    return (max(1, -(-n // bn)), max(1, items), 1)
+    cols, items = max(1, -(-n // bn)), max(1, items)
+    if ctas is not None:
+        return (max(1, min(ctas, cols * items)), 1, 1)
+    return (cols, items, 1)
 
 
-def _grid(spec: GroupedPdqSpec, t: int, n: int, num_groups: int) -> tuple[int, int, int]:
-    return grid(t, n, num_groups, spec.bn, spec.bm, spec.band)
+#: the dynamic schedule's CTAs off a GPU (the interpreter): two, so units pass between CTAs
+INTERP_CTAS = 2
+
+
+def _grid(spec: GroupedPdqSpec, t: int, n: int, num_groups: int,
+          device: Any = None) -> tuple[int, int, int]:
+    ctas = None
+    if spec.schedule == "dynamic":
+        ctas = int(getattr(device, "sm_count", INTERP_CTAS))
+    return grid(t, n, num_groups, spec.bn, spec.bm, spec.band, ctas)
+
+
+#: int32 words of the dynamic schedule's ``counters`` (two a band kernel)
+COUNTER_WORDS = 4
+
+
+def counter_slot(spec: GroupedPdqSpec) -> int:
+    """The first of the dynamic schedule's two counter words (band "in": 2, so the band pair
+    may run at once, :attr:`GroupedPdqSpec.pdl`)."""
+    return 2 if spec.band == "in" else 0
+
+
+def _with_counters(specs: tuple[GroupedPdqSpec, ...], bufs: dict[str, Any],
+                   device: Any) -> dict[str, Any]:
+    """``bufs`` plus, for a dynamic schedule, ``counters``: numpy zeros beside numpy inputs
+    (copied with them); on a GPU the zeroed buffer of the launch stream that every launch
+    leaves at zero (:func:`blockscale.ops.matmul_decode.split_k_counters`), else fresh
+    zeros."""
+    if all(s.schedule != "dynamic" for s in specs):
+        return bufs
+    import numpy as np
+
+    if all(isinstance(v, np.ndarray) for v in bufs.values()):
+        counters = np.zeros(COUNTER_WORDS, np.int32)
+    elif hasattr(device, "launch_stream"):
+        from blockscale.ops.matmul_decode import split_k_counters
+
+        counters = split_k_counters(device, device.launch_stream(bufs.values()),
+                                    COUNTER_WORDS)
+    else:
+        counters = device.zeros((COUNTER_WORDS,), np.int32)
+    return {**bufs, "counters": counters}
 
 
 def build(spec: GroupedPdqSpec) -> Any:
@@ -485,9 +552,10 @@ def build(spec: GroupedPdqSpec) -> Any:
         if spec.pdl and spec.band == "out":  # the "in" kernel may start (GroupedPdqSpec.pdl)
             nvvm.launch_dependents()
         n_count, k, groups = (bir.as_index(kb.arg(x)) for x in ("n", "k", "num_groups"))
-        g, tile, has_work = GW.find_tile(bm, kb, groups, _band_filter(spec.band))
-        with bir.when(has_work):  # CTA-uniform: the barriers below are reached by all
-            start, end, expert, m0, n0, active = _gsm90.work_item(kb, g, tile, bm, bn)
+        keep = _band_filter(spec.band)
+
+        def item(g: Any, tile: Any, n0: Any) -> None:  # CTA-uniform: every thread runs it
+            start, end, expert, m0, _, active = _gsm90.work_item(kb, g, tile, bm, bn)
 
             def direct_store(c: Any, wg: Any, scale: Any) -> None:  # per slab (tall)
                 if not tall:
@@ -567,7 +635,8 @@ def build(spec: GroupedPdqSpec) -> Any:
                                 b_tma=(bir.udiv(b_srow0, SF_ATOM_ROWS), d1)
                                 if spec.b_source == "tma" else None, a_early=spec.a_early,
                                 dtype=spec.dtype, pair=spec.pair, coalesce=spec.coalesce,
-                                l2_ahead=spec.l2_ahead, clamp_rows=tri)
+                                l2_ahead=spec.l2_ahead, clamp_rows=tri,
+                                reuse=spec.schedule == "dynamic")
                 br.yield_()
             with br.else_():  # expert id -1: zeros (D8), by the consumer warpgroups' rows
                 tid = bir.thread_idx("x")
@@ -576,6 +645,21 @@ def build(spec: GroupedPdqSpec) -> Any:
                     zeros = [[[zero] * 4 for _ in range(bn // 8)]] * (2 if tall else 1)
                     direct_store(zeros, bir.udiv(tid, 128), lambda v, m, n: v)
                 br.yield_()
+        if spec.schedule == "dynamic":  # units (column tile, item) from the counter
+            import blockscale.ops._grouped_sched_ir as SCH
+
+            cols = bir.ceil_div(n_count, bn)
+            *_, total = GW.find_tile(bm, kb, groups, keep, y=bir.const(0), with_total=True)
+
+            def unit(w: Any) -> None:
+                g, tile, _ = GW.find_tile(bm, kb, groups, keep, y=bir.udiv(w, cols))
+                item(g, tile, bir.mul(bir.urem(w, cols), bn))
+            SCH.unit_loop(kb, kb.arg("counters"), counter_slot(spec), bir.mul(total, cols),
+                          unit)
+        else:
+            g, tile, has_work = GW.find_tile(bm, kb, groups, keep)
+            with bir.when(has_work):  # CTA-uniform: the barriers below are reached by all
+                item(g, tile, bir.mul(bir.block_idx("x"), bn))
         if spec.pdl and spec.band == "in":  # complete after the "out" kernel (pdl)
             nvvm.grid_dependency_wait()
     return kb.module
@@ -609,7 +693,7 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
                                     dtype: str = "bf16", pair: bool = False,
                                     coalesce: bool = False, l2_ahead: int = 0,
                                     band: str = "all", pdl: bool = False,
-                                    device: Any = None) -> Any:
+                                    schedule: str = "grid", device: Any = None) -> Any:
     """The kernel called directly (no dispatch), e.g. by tests and benchmarks. Arguments as
     :func:`blockscale.ops.matmul_grouped.grouped_matmul_block_scaled` plus ``stages``,
     ``prefetch``, ``loop``, ``store``, ``producers``, ``bn``, ``depth``, ``sigma_out``,
@@ -617,7 +701,8 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
     ``pair``, ``coalesce`` and ``l2_ahead`` (:class:`GroupedPdqSpec`; ``bm=256`` with
     ``bn=128``); ``band="split"`` runs those (128-row skip) items for the groups outside
     :data:`BAND_ROWS` and :func:`band_plan`'s 192 x 192 twins for the groups inside (``pdl``:
-    by programmatic dependent launch, :attr:`GroupedPdqSpec.pdl`). Raises
+    by programmatic dependent launch, :attr:`GroupedPdqSpec.pdl`; ``schedule``:
+    :attr:`GroupedPdqSpec.schedule`). Raises
     ValueError for K % 32 != 0, a format other than NVFP4 / MXFP4 / MXFP8, a staged store with
     N % 8 != 0, ``sigma_out`` with an odd N (staged: N % 16 != 0), or (workspace A) scale
     tiles not placed as D8 says. MXFP8 runs its flag and fixup kernels around it (:mod:`blockscale.ops.matmul_grouped_pdq_mx8`)."""
@@ -630,12 +715,13 @@ def grouped_matmul_block_scaled_pdq(hidden: Any, weight: Any, a_scales: Any, b_s
     H.check_choice(band, ("all", "split"), "band")
     spec: Any = GroupedPdqSpec(fmt.name, a_row_scales is not None, tgt, stages, prefetch, loop,
                                store, producers, bn, depth, sigma_out, a_source, bm, unroll,
-                               skip, b_source, a_early, dtype, pair, coalesce, l2_ahead)
+                               skip, b_source, a_early, dtype, pair, coalesce, l2_ahead,
+                               schedule=schedule)
     check_sigma_store(spec, n)
     if pdl and band != "split":
         raise ValueError(f"pdl needs band='split', got band={band!r}")
     if band == "split":
-        spec = band_plan(spec, pdl)
+        spec = band_plan(spec, pdl, schedule)
     return launch(spec, t, n, g_count, buffers, {"t": t, "n": n, "k": k, "num_groups": g_count},
                   dev)
 
@@ -665,8 +751,8 @@ def launch(spec: GroupedPdqSpec | tuple[GroupedPdqSpec, ...], t: int, n: int,
     if main.fmt == "mxfp8" and not empty:
         return _launch_mx8(specs, t, n, num_groups, buffers, scalars, device)
     if main.a_source == "packed" or empty:
-        return H.launch(main, _grid(main, t, n, num_groups), (t, n), "bfloat16", buffers,
-                        scalars, device, empty=empty)
+        return H.launch(main, _grid(main, t, n, num_groups, device), (t, n), "bfloat16",
+                        _with_counters(specs, buffers, device), scalars, device, empty=empty)
     from blockscale.ops import matmul_grouped_p1 as G1
 
     bufs, host = G1.with_workspace(G1.GroupedP1Spec(main.fmt, main.target, dtype=main.dtype),
@@ -705,10 +791,13 @@ def _launch_plan(specs: tuple[GroupedPdqSpec, ...], t: int, n: int, num_groups: 
 
         bufs = {x: device.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray)
                 else v for x, v in bufs.items()}
-    out = H.launch(specs[0], _grid(specs[0], t, n, num_groups), (t, n), "bfloat16", bufs,
+    bufs = _with_counters(specs, bufs, device)
+    out = H.launch(specs[0], _grid(specs[0], t, n, num_groups, device), (t, n), "bfloat16",
+                   bufs,
                    scalars, device)
     for spec in specs[1:]:
-        H.launch_inplace(spec, _grid(spec, t, n, num_groups), {**bufs, "c": out}, scalars,
+        H.launch_inplace(spec, _grid(spec, t, n, num_groups, device), {**bufs, "c": out},
+                         scalars,
                          device)
     return out
 
@@ -823,8 +912,8 @@ def dispatch_plan(fmt: Format, n: int, row_scales: bool, target: str, device: An
     :data:`TRI_MIN_GROUP_ROWS` and the dispatch's 128-row items are coalesced skip items, the
     band split: those items for the groups outside :data:`BAND_ROWS` (band "out") and 192 x
     192 items of the same operands and loads for the groups inside (band "in"), by
-    programmatic dependent launch where :data:`DISPATCH_BAND_PDL` (or :data:`BAND_PDL_ENV`);
-    else ``(dispatch_spec(...),)``. Every group's rows come from one kernel; same bytes as
+    programmatic dependent launch where :data:`DISPATCH_BAND_PDL` (or :data:`BAND_PDL_ENV`),
+    then on :data:`DISPATCH_BAND_SCHEDULE` (or :data:`BAND_SCHEDULE_ENV`); else ``(dispatch_spec(...),)``. Every group's rows come from one kernel; same bytes as
     either single kernel."""
     import os
 
@@ -836,22 +925,26 @@ def dispatch_plan(fmt: Format, n: int, row_scales: bool, target: str, device: An
         if items.skip and items.coalesce:  # (the band kernels are bundled coalesced)
             pdl = os.environ.get(BAND_PDL_ENV, "1" if DISPATCH_BAND_PDL else "0") not in (
                 "0", "false", "off")
-            return band_plan(items, pdl)
+            schedule = os.environ.get(BAND_SCHEDULE_ENV, DISPATCH_BAND_SCHEDULE)
+            H.check_choice(schedule, SCHEDULES, BAND_SCHEDULE_ENV)
+            if schedule == "dynamic" and not pdl:
+                schedule = "grid"  # (bundled: in order on the grid, by PDL on both)
+            return band_plan(items, pdl, schedule)
     return (dispatch_spec(fmt, n, row_scales, target, device, sigma_out, rows_per_group),)
 
 
-def band_plan(items: GroupedPdqSpec, pdl: bool = False
+def band_plan(items: GroupedPdqSpec, pdl: bool = False, schedule: str = "grid"
               ) -> tuple[GroupedPdqSpec, GroupedPdqSpec]:
     """The band split of 128-row skip items ``items``: themselves as band "out" and the
     192 x 192 items of the same operands, loads and prefetch as band "in" (no paired fence:
     at 128 registers it spills); ``pdl``: the pair by programmatic dependent launch
-    (:attr:`GroupedPdqSpec.pdl`)."""
+    (:attr:`GroupedPdqSpec.pdl`); ``schedule``: both kernels' (:data:`SCHEDULES`)."""
     if not items.skip or items.band != "all":
         raise ValueError(f"band_plan takes 128-row skip items of band 'all', got "
                          f"skip={items.skip}, band={items.band!r}")
     tri = dataclasses.replace(items, bm=192, bn=TRI_BN, skip=False, pair=False, stages=None,
-                              band="in", pdl=pdl)
-    return dataclasses.replace(items, band="out", pdl=pdl), tri
+                              band="in", pdl=pdl, schedule=schedule)
+    return dataclasses.replace(items, band="out", pdl=pdl, schedule=schedule), tri
 
 
 def kernel(spec: GroupedPdqSpec) -> Any:
@@ -958,10 +1051,12 @@ def bundle_specs(target: str = "sm_90a") -> list[Any]:
 def _band_bundle_specs(target: str) -> list[Any]:
     """The band kernels :func:`dispatch_plan` can pick: every coalesced skip item of
     :func:`_coalesced_bundle_specs` as band "out", every coalesced 192 x 192 item as "in"
-    (:data:`BAND_FORMATS` also with ``pdl``; MXFP8's for its tests and benchmark rows)."""
-    return [dataclasses.replace(s, band="out" if s.skip else "in", pdl=p)
+    (:data:`BAND_FORMATS` also by ``pdl`` on both schedules; MXFP8's in order on the grid,
+    for its tests and benchmark rows)."""
+    fp4 = ((False, "grid"), (True, "grid"), (True, "dynamic"))
+    return [dataclasses.replace(s, band="out" if s.skip else "in", pdl=p, schedule=sc)
             for s in _coalesced_bundle_specs(target)
-            for p in ((False, True) if s.fmt in BAND_FORMATS else (False,))]
+            for p, sc in (fp4 if s.fmt in BAND_FORMATS else ((False, "grid"),))]
 
 
 def _coalesced_bundle_specs(target: str) -> list[Any]:

@@ -2,6 +2,7 @@
 PTX ISA.
 
 Ops: ``llvm.inttoptr`` (shared / tensor-memory addresses), ``nvvm.mbarrier.init``,
+``nvvm.mbarrier.inval``,
 ``nvvm.mbarrier.try_wait.parity``, ``nvvm.tcgen05.{alloc, dealloc, relinquish_alloc_permit,
 fence, cp, mma.block_scale, commit, ld, wait}``. ``blockscale/compiler/arch/tcgen05.py``
 restates the ISA definitions this module implements independently:
@@ -145,6 +146,21 @@ def _mbar_init(op: Any, c: Compiler):
                 continue
             n = _u(f, f.vals[count_s], t, 32)
             tm.bars[(_block(f, t), _u(f, f.vals[addr_s], t))] = [0, n, n]
+    return run
+
+
+@handles("nvvm.mbarrier.inval")
+def _mbar_inval(op: Any, c: Compiler):
+    """``mbarrier.inval``: the word is no mbarrier any more (a wait or arrival on it raises
+    until an ``mbarrier.init``)."""
+    addr_s, *pred = c.slots(op.operands)
+
+    def run(f: Frame) -> None:
+        tm = _tmem(f)
+        for t in _threads(f):
+            if pred and not bool(np.asarray(f.full(f.vals[pred[0]]))[t]):
+                continue
+            tm.bars.pop((_block(f, t), _u(f, f.vals[addr_s], t)), None)
     return run
 
 
