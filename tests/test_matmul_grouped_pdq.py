@@ -1283,11 +1283,12 @@ def test_band_plan_checks(monkeypatch):
 def test_gpu_band_split(item, case):
     """The dispatch's band split on the H200 (coalesced paired skip items for the groups
     outside (128, 192] rows, 192 x 192 items for those inside, one output; by programmatic
-    dependent launch, or "in-order"): the grouped wgmma kernel's bytes (:func:`_run`), every
-    row written."""
+    dependent launch on the dynamic schedule, or "in-order" on the upper-bound grids): the
+    grouped wgmma kernel's bytes (:func:`_run`), every row written."""
     fmt = NVFP4 if item.startswith("nvfp4") else MXFP4
     kw = {"rows": fmt == NVFP4, "loop": "split", "device": "cuda", "check_exact": False,
           "store": "staged", "a_source": "workspace", "prefetch": True, "coalesce": True,
           "skip": True, "pair": True, "dtype": "f16" if "f16" in item else "bf16",
-          "band": "split", "pdl": "in-order" not in item}
+          "band": "split", "pdl": "in-order" not in item,
+          "schedule": "grid" if "in-order" in item else "dynamic"}
     _gpu_case(fmt, case, kw, seed=7)
