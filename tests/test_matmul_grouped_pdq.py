@@ -1179,8 +1179,8 @@ BAND_CASE = ([128, 129, 0, 192, 193, 40, 300, 150], [0, 1, -1, 2, 3, -1, 1, 0], 
 @pytest.mark.interp
 @pytest.mark.parametrize("case", [
     (NVFP4, BAND_CASE, "lockstep", True, False, {"dtype": "f16", "pair": True, "pdl": True,
-                                                 "schedule": "dynamic"}),  # the dispatch's
-    (MXFP4, BAND_CASE, "lockstep", False, True, {"pair": True}),  # σ
+                                                 "schedule": "dynamic"}),  # dynamic schedule
+    (MXFP4, BAND_CASE, "lockstep", False, True, {"pair": True, "pdl": True}),  # σ, dispatch's
     (MXFP4, BAND_CASE, "lockstep", False, True, {"pair": True, "schedule": "dynamic"}),
     (NVFP4, BAND_CASE, "split", False, False, {"dtype": "f16", "pair": True, "pdl": True,
                                                "schedule": "dynamic"}),  # the GPU's loop
@@ -1220,7 +1220,7 @@ def test_band_plan_checks(monkeypatch):
             assert out.dtype == tri.dtype and out.coalesce and tri.coalesce
             assert out.pdl and tri.pdl and (out.launch_meta, tri.launch_meta) == (
                 {}, {"programmatic_launch": True})
-            assert out.schedule == tri.schedule == "dynamic"
+            assert out.schedule == tri.schedule == GP.DISPATCH_BAND_SCHEDULE
             assert (GP.counter_slot(out), GP.counter_slot(tri)) == (0, 2)
             for s in (out, tri):
                 assert s.kernel_name.replace("_lockstep", "") in names, s.kernel_name
@@ -1231,10 +1231,11 @@ def test_band_plan_checks(monkeypatch):
         assert not s.pdl and s.launch_meta == {} and s.schedule == "grid"
         assert s.kernel_name.replace("_lockstep", "") in names
     monkeypatch.delenv(GP.BAND_PDL_ENV)
-    monkeypatch.setenv(GP.BAND_SCHEDULE_ENV, "grid")  # by PDL on the upper-bound grids
-    for s in GP.dispatch_plan(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0):
-        assert s.pdl and s.schedule == "grid"
-        assert s.kernel_name.replace("_lockstep", "") in names
+    for sched in GP.SCHEDULES:  # by PDL on the upper-bound grids / the dynamic schedule
+        monkeypatch.setenv(GP.BAND_SCHEDULE_ENV, sched)
+        for s in GP.dispatch_plan(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0):
+            assert s.pdl and s.schedule == sched
+            assert s.kernel_name.replace("_lockstep", "") in names
     monkeypatch.setenv(GP.BAND_SCHEDULE_ENV, "static")
     with pytest.raises(ValueError, match="BLOCKSCALE_SM90_GROUPED_PDQ_BAND_SCHEDULE"):
         GP.dispatch_plan(NVFP4, 5760, True, "sm_90a", "interp", False, 128.0)
