@@ -650,6 +650,8 @@ def build(spec: GroupedPdqSpec) -> Any:
         if spec.schedule == "dynamic":  # units (column tile, item) from the counter
             import blockscale.ops._grouped_sched_ir as SCH
 
+            if counter_slot(spec) + SCH.SLOT_WORDS > COUNTER_WORDS:
+                raise AssertionError("COUNTER_WORDS disagrees with _grouped_sched_ir")
             cols = bir.ceil_div(n_count, bn)
             *_, total = GW.find_tile(bm, kb, groups, keep, y=bir.const(0), with_total=True)
 
