@@ -797,12 +797,10 @@ def _launch_plan(specs: tuple[GroupedPdqSpec, ...], t: int, n: int, num_groups: 
                 else v for x, v in bufs.items()}
     bufs = _with_counters(specs, bufs, device)
     out = H.launch(specs[0], _grid(specs[0], t, n, num_groups, device), (t, n), "bfloat16",
-                   bufs,
-                   scalars, device)
+                   bufs, scalars, device)
     for spec in specs[1:]:
         H.launch_inplace(spec, _grid(spec, t, n, num_groups, device), {**bufs, "c": out},
-                         scalars,
-                         device)
+                         scalars, device)
     return out
 
 
@@ -917,8 +915,9 @@ def dispatch_plan(fmt: Format, n: int, row_scales: bool, target: str, device: An
     band split: those items for the groups outside :data:`BAND_ROWS` (band "out") and 192 x
     192 items of the same operands and loads for the groups inside (band "in"), by
     programmatic dependent launch where :data:`DISPATCH_BAND_PDL` (or :data:`BAND_PDL_ENV`),
-    then on :data:`DISPATCH_BAND_SCHEDULE` (or :data:`BAND_SCHEDULE_ENV`); else ``(dispatch_spec(...),)``. Every group's rows come from one kernel; same bytes as
-    either single kernel."""
+    then on :data:`DISPATCH_BAND_SCHEDULE` (or :data:`BAND_SCHEDULE_ENV`); else
+    ``(dispatch_spec(...),)``. Every group's rows come from one kernel; same bytes as either
+    single kernel."""
     import os
 
     on = os.environ.get(BAND_ENV, "1" if DISPATCH_BAND else "0") not in ("0", "false", "off")
