@@ -276,13 +276,16 @@ def test_kernel_sass(spec):
     # + the step-0 A copy before the loop of a_early
     assert len(re.findall(r"\bUBLKCP\b", sass)) == copies + (ws + two) * reps + spec.a_early
     assert len(re.findall(r"\bUBLKCP\.S\.G\b", sass)) == (ws + two) * reps + spec.a_early
-    # σ staged: a gate and an up 2-byte store per accumulator pair
+    # σ staged: a gate and an up 2-byte store per accumulator pair (dynamic schedule: + the
+    # unit's hand-over word)
     slabs = 2 if tall else 1
+    dyn = spec.schedule == "dynamic"
     assert len(re.findall(r"\bSTS ", sass)) == (slabs * spec.bn // 4
-                                                if staged and not spec.sigma_out else 0)
+                                                if staged and not spec.sigma_out else 0) + dyn
     assert len(re.findall(r"STS\.U16", sass)) == (slabs * spec.bn // 2
                                                   if staged and spec.sigma_out else 0)
-    assert len(re.findall(r"BAR\.SYNC", sass)) == 1 + 2 * staged
+    # (dynamic schedule: + the unit hand-over's two barriers, the release's one)
+    assert len(re.findall(r"BAR\.SYNC", sass)) == 1 + 2 * staged + 3 * dyn
     log = meta.get("ptxas_log", "")
     assert "C7518" not in log and "C7517" not in log and "C7515" not in log
     assert meta["registers"] <= 65536 // spec.block[0]
@@ -291,11 +294,15 @@ def test_kernel_sass(spec):
     # but for two coalesced ones: MXFP8's 192 x 192 items with the L2 prefetch at 128
     # registers (2: the dispatch's all the same, the fastest MXFP8 items measured, run EE)
     # and NVFP4's bf16 paired skip items (6: a DTYPE_ENV knob's, not the default)
-    assert meta["spill_stores"] <= 48 and meta["spill_loads"] <= 48
+    # The dynamic schedule (not dispatched yet): the unit loop's live values spill, up to 204
+    # bytes (paired skip items), 16 LDL / STL in the producer's paired step (TID reloads
+    # around its barrier waits); none in the consumers' wgmma loop
+    most = 208 if dyn else 48
+    assert meta["spill_stores"] <= most and meta["spill_loads"] <= most
     spilling = {("mxfp8", 192, "bf16", False): 2, ("nvfp4", 128, "bf16", True): 6}
     allowed = spilling.get((spec.fmt, spec.bm, spec.dtype, spec.pair), 0) \
         if spec.coalesce and (spec.l2_ahead or spec.fmt != "mxfp8") else 0
-    assert loop_local(sass) <= (allowed if staged else 2)
+    assert loop_local(sass) <= (16 if dyn else allowed if staged else 2)
 
 
 @pytest.mark.gpu
