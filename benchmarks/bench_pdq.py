@@ -246,7 +246,7 @@ GROUPED_IMPLS = (("wgmma 128x256 lut k64", "wgmma", {"tiles": (128, 256), "dequa
                   {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
                    "dtype": "f16", "pair": True, "coalesce": True, "band": "split",
                    "pdl": True}),
-                 # ... and both kernels on the dynamic schedule (the dispatch's)
+                 # ... and both kernels on the dynamic schedule (an option, not yet dispatched)
                  ("grouped pdq pf staged ws skip pr co band pdl dyn", "pdq",
                   {"prefetch": True, "store": "staged", "a_source": "workspace", "skip": True,
                    "pair": True, "coalesce": True, "band": "split", "pdl": True,

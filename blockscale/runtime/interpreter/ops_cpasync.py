@@ -114,9 +114,7 @@ def _arrivals(op: Any, c: Compiler, what: str, with_tx: bool):
 
     def run(f: Frame) -> None:
         tm = _t5._tmem(f)
-        for t in _t5._threads(f):
-            if pred and not bool(np.asarray(f.full(f.vals[pred[0]]))[t]):
-                continue
+        for t in _t5._threads(f, pred):
             key = (_cl.decode_mapped(f, t, _t5._u(f, f.vals[addr_s], t), what) if mapped
                    else (_t5._block(f, t), _t5._u(f, f.vals[addr_s], t)))
             bar = _bar(f, tm, key, what, t)

@@ -105,8 +105,14 @@ def _tmem(f: Frame) -> _Tmem:
     return t
 
 
-def _threads(f: Frame) -> np.ndarray:
-    return np.flatnonzero(f.active())
+def _threads(f: Frame, pred: list | None = None) -> np.ndarray:
+    """The active threads; with ``pred`` (an op's optional predicate slot, empty or one),
+    those of them where it holds."""
+    threads = np.flatnonzero(f.active())
+    if pred:
+        on = np.asarray(f.full(f.vals[pred[0]])).astype(bool)
+        threads = threads[on[threads]]
+    return threads
 
 
 def _block(f: Frame, t: int) -> int:
@@ -141,9 +147,7 @@ def _mbar_init(op: Any, c: Compiler):
 
     def run(f: Frame) -> None:
         tm = _tmem(f)
-        for t in _threads(f):
-            if pred and not bool(np.asarray(f.full(f.vals[pred[0]]))[t]):
-                continue
+        for t in _threads(f, pred):
             n = _u(f, f.vals[count_s], t, 32)
             tm.bars[(_block(f, t), _u(f, f.vals[addr_s], t))] = [0, n, n]
     return run
@@ -157,9 +161,7 @@ def _mbar_inval(op: Any, c: Compiler):
 
     def run(f: Frame) -> None:
         tm = _tmem(f)
-        for t in _threads(f):
-            if pred and not bool(np.asarray(f.full(f.vals[pred[0]]))[t]):
-                continue
+        for t in _threads(f, pred):
             tm.bars.pop((_block(f, t), _u(f, f.vals[addr_s], t)), None)
     return run
 
